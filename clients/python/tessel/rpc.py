@@ -1,0 +1,260 @@
+"""gRPC plumbing shared by the coordinator, the daemons and the SDK — one place for the contracts:
+
+* every call carries the cluster token (`x-tessel-token` metadata); a wrong or missing token is UNAUTHENTICATED;
+* requests are parsed here, so a malformed or oversized request is INVALID_ARGUMENT and the server keeps serving;
+* tessel exceptions raised by a handler travel as status codes plus the exception's class name, and the client
+  raises the same class again;
+* every client call has a deadline.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.descriptor import ServiceDescriptor
+from google.protobuf.message import DecodeError
+
+from tessel import errors
+
+TOKEN_HEADER = "x-tessel-token"
+ERROR_HEADER = "x-tessel-error"
+CULPRIT_HEADER = "x-tessel-culprit"
+DEFAULT_MAX_REQUEST_BYTES = 1 << 30
+DEFAULT_TIMEOUT_S = 60.0
+
+_STATUS_OF = [  # most specific first
+    (errors.CollectiveMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.JobFailedError, grpc.StatusCode.ABORTED),
+    (errors.RendezvousTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.CollectiveTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (errors.MissingRuntimeError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.ConfigurationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (KeyError, grpc.StatusCode.NOT_FOUND),
+    (errors.TesselError, grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+def token_path() -> Path:
+    return Path(os.environ.get("TESSEL_HOME", Path.home() / ".tessel")) / "token"
+
+
+def cluster_token(create: bool = False) -> str:
+    """The cluster token: $TESSEL_TOKEN, else the token file (~/.tessel/token), else a new one if `create`."""
+    value = os.environ.get("TESSEL_TOKEN")
+    if value:
+        return value
+    path = token_path()
+    if path.exists():
+        return path.read_text().strip()
+    if not create:
+        raise errors.ConfigurationError(
+            "no cluster token: set TESSEL_TOKEN to the token the coordinator was started with "
+            f"(or run on the coordinator's host, where it is in {path})"
+        )
+    value = secrets.token_hex(16)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------- server
+
+
+def _status_for(exc: BaseException) -> grpc.StatusCode:
+    for cls, code in _STATUS_OF:
+        if isinstance(exc, cls):
+            return code
+    return grpc.StatusCode.INTERNAL
+
+
+def _abort_with(context: grpc.ServicerContext, exc: BaseException) -> None:
+    trailers = [(ERROR_HEADER, type(exc).__name__)]
+    culprit = getattr(exc, "culprit_rank", None)
+    if culprit is not None:
+        trailers.append((CULPRIT_HEADER, str(culprit)))
+    context.set_trailing_metadata(tuple(trailers))
+    message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
+    if _status_for(exc) == grpc.StatusCode.INTERNAL:
+        message = f"{type(exc).__name__}: {message}"
+    context.abort(_status_for(exc), str(message))
+
+
+class _Method:
+    """Parses, authenticates and error-maps one RPC before handing it to the servicer's method."""
+
+    def __init__(self, impl: Callable, request_cls: type, token: str, max_request_bytes: int):
+        self.impl, self.request_cls, self.token, self.max_bytes = impl, request_cls, token, max_request_bytes
+
+    def _authenticate(self, context: grpc.ServicerContext) -> None:
+        sent = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
+        if not secrets.compare_digest(sent, self.token):
+            context.abort(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing or wrong cluster token: set TESSEL_TOKEN to the token this cluster was started with",
+            )
+
+    def parse(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        if len(raw) > self.max_bytes:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"request of {len(raw)} bytes exceeds this server's limit of {self.max_bytes} bytes; "
+                "send large tensors in several calls or start the server with a larger --max-request-mb",
+            )
+        try:
+            return self.request_cls.FromString(raw)
+        except DecodeError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed {self.request_cls.__name__}: {exc}")
+
+    def unary(self, raw: bytes, context: grpc.ServicerContext) -> Any:
+        self._authenticate(context)
+        request = self.parse(raw, context)
+        try:
+            return self.impl(request, context)
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) or context.code() is not None:
+                raise
+            _abort_with(context, exc)
+
+    def stream(self, raw_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
+        self._authenticate(context)
+        requests = (self.parse(raw, context) for raw in raw_iterator)
+        try:
+            yield from self.impl(requests, context)
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) or context.code() is not None:
+                raise
+            _abort_with(context, exc)
+
+
+def generic_handler(
+    servicer: Any, service: ServiceDescriptor, token: str, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> grpc.GenericRpcHandler:
+    """A handler for `service` whose methods are the servicer's methods of the same names."""
+    handlers = {}
+    for method in service.methods:
+        impl = getattr(servicer, method.name)
+        request_cls = message_factory.GetMessageClass(method.input_type)
+        response_cls = message_factory.GetMessageClass(method.output_type)
+        wrapped = _Method(impl, request_cls, token, max_request_bytes)
+        kind = (method.client_streaming, method.server_streaming)
+        make = {
+            (False, False): (grpc.unary_unary_rpc_method_handler, wrapped.unary),
+            (True, True): (grpc.stream_stream_rpc_method_handler, wrapped.stream),
+            (False, True): (grpc.unary_stream_rpc_method_handler, None),
+            (True, False): (grpc.stream_unary_rpc_method_handler, None),
+        }[kind]
+        if make[1] is None:
+            raise NotImplementedError(f"{service.full_name}.{method.name}: streaming shape {kind} not wired")
+        handlers[method.name] = make[0](make[1], response_serializer=response_cls.SerializeToString)
+    return grpc.method_handlers_generic_handler(service.full_name, handlers)
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise a clear error if host:port cannot be bound (gRPC alone reports it obscurely)."""
+    if port == 0:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise errors.ConfigurationError(
+                f"cannot listen on {host}:{port}: {exc.strerror}; another process holds the port — "
+                "stop it, pick another --port, or pass --port 0 for any free port"
+            ) from None
+
+
+def start_server(
+    handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1", port: int = 0, max_workers: int = 32
+) -> tuple[grpc.Server, int]:
+    """Start a gRPC server on host:port (0 = any free port); returns (server, bound port)."""
+    check_port_free(host, port)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tessel-rpc"),
+        handlers=handlers,
+        options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
+    )
+    try:
+        bound = server.add_insecure_port(f"{host}:{port}")
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise errors.ConfigurationError(
+            f"cannot listen on {host}:{port}; pick another --port, or pass --port 0 for any free port"
+        )
+    server.start()
+    return server, bound
+
+
+# ---------------------------------------------------------------------------------------------------- client
+
+
+def _error_from(exc: grpc.RpcError, what: str) -> Exception:
+    trailers = dict(exc.trailing_metadata() or ())
+    name = trailers.get(ERROR_HEADER, "")
+    message = f"{exc.details()}"
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        if issubclass(cls, errors.CollectiveMismatchError):
+            return cls(message, int(trailers.get(CULPRIT_HEADER, -1)), "")
+        if issubclass(cls, errors.JobFailedError):
+            return cls(message, int(trailers.get(CULPRIT_HEADER, -1)))
+        return cls(message)
+    code = exc.code()
+    if code == grpc.StatusCode.UNAVAILABLE:
+        return errors.JobFailedError(f"{what} is unreachable: {message}")
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return errors.RendezvousTimeoutError(f"{what}: {message}")
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
+        return errors.ConfigurationError(f"{what}: {message}")
+    if code == grpc.StatusCode.NOT_FOUND:
+        return KeyError(message)
+    return errors.TesselError(f"{what} failed ({code.name}): {message}")
+
+
+class Client:
+    """A stub whose calls carry the token, have a deadline and raise tessel exceptions.
+
+    Example: `Client("127.0.0.1:7000", daemon_pb2_grpc.DaemonStub, token).Status(common_pb2.Empty())`
+    """
+
+    def __init__(self, address: str, stub_cls: type, token: str, timeout_s: float = DEFAULT_TIMEOUT_S):
+        self.address, self.timeout_s = address, timeout_s
+        self.channel = grpc.insecure_channel(
+            address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        )
+        self.stub = stub_cls(self.channel)
+        self.metadata = ((TOKEN_HEADER, token),)
+        self.what = f"{stub_cls.__name__.removesuffix('Stub').lower()} at {address}"
+
+    def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise _error_from(exc, f"{self.what} {method}") from None
+
+    def stream(self, method: str, requests: Iterator[Any]) -> Iterator[Any]:
+        """A long-lived bidirectional stream (no deadline: liveness is its purpose)."""
+        return getattr(self.stub, method)(requests, metadata=self.metadata)
+
+    def __getattr__(self, method: str) -> Callable[..., Any]:
+        if method.startswith("_"):
+            raise AttributeError(method)
+        return lambda request, timeout_s=None: self.call(method, request, timeout_s)
+
+    def close(self) -> None:
+        self.channel.close()

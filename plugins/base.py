@@ -1,0 +1,262 @@
+"""The two small interfaces every hardware plugin implements, the same for CPU, GPU and Ascend.
+
+A plugin package exposes one `Plugin` subclass through the `tessel.plugins` entry-point group. It reports
+whether it can run here (`available()` with a reason), describes its device, and hands out a `ComputePlugin`
+(ONNX executables on the device) and a `CollectivePlugin` (communicators over groups of ranks).
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Reduce ops by their wire names (protos/tessel/v1/collective.proto ReduceOp), lower case in Python.
+REDUCE_OPS = ("sum", "prod", "max", "min", "mean")
+
+# dtypes every collective supports on every plugin.
+COLLECTIVE_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool"))
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One member of a group as seen by the data plane."""
+
+    rank: int  # global rank in the job
+    host_id: str  # equal host ids <=> shared memory reaches the peer
+    data_address: str  # "host:port" of the peer daemon's TCP data plane
+    pid: int  # the peer daemon's process id (liveness check on the same host)
+
+
+def _never_aborted() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class GroupContext:
+    """Everything a communicator needs to know about its group. Group rank i is `ranks[i]`."""
+
+    job_id: str
+    name: str
+    ranks: tuple[int, ...]  # global ranks, in group-rank order
+    rank: int  # this process's global rank
+    peers: tuple[Peer, ...]  # same order as `ranks`
+    # Longest a collective waits for a live peer to arrive; dead peers are detected far sooner.
+    timeout_s: float = 300.0
+    # Polled while waiting: returns the cause once the job has failed elsewhere (set by the daemon from the
+    # coordinator's heartbeat events), so a wait ends within a heartbeat instead of at the timeout.
+    abort: Callable[[], str | None] = field(default=_never_aborted, compare=False, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def group_rank(self) -> int:
+        return self.ranks.index(self.rank)
+
+
+class Handle:
+    """Result of an asynchronous collective: `wait()` returns its value or raises its error."""
+
+    def __init__(self, future: Future):
+        self._future = future
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self._future.result(timeout)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class Communicator(ABC):
+    """Collectives over one group. Ranks in arguments (root, peer, send/recv ranks) are group ranks.
+
+    Every method takes numpy arrays and returns new arrays (inputs are not modified). With `async_op=True`
+    it returns a `Handle` instead; asynchronous calls run in issue order on one background thread per
+    communicator, so every rank sees the same sequence. Before data moves, all participants compare what each
+    is about to do; a disagreement raises `CollectiveMismatchError` on every rank, naming the culprit.
+    """
+
+    def __init__(self, context: GroupContext):
+        self.context = context
+        self._async_lock = threading.Lock()
+        self._async_worker: Any = None
+
+    @property
+    def size(self) -> int:
+        return self.context.size
+
+    @property
+    def group_rank(self) -> int:
+        return self.context.group_rank
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._async_lock:
+            if self._async_worker is None:
+                self._async_worker = ThreadPoolExecutor(1, thread_name_prefix=f"tessel-coll-{self.context.name}")
+            return Handle(self._async_worker.submit(fn, *args, **kwargs))
+
+    # Each public method: sync when async_op is False, else queued on the communicator's worker.
+    def all_reduce(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
+        return self._submit(self._all_reduce, x, op) if async_op else self._all_reduce(x, op)
+
+    def all_gather(self, x: np.ndarray, async_op: bool = False) -> np.ndarray | Handle:
+        """Concatenate every rank's `x` along dim 0, in group-rank order (MindSpore's AllGather)."""
+        return self._submit(self._all_gather, x) if async_op else self._all_gather(x)
+
+    def reduce_scatter(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
+        """Reduce over ranks, then give group rank i block i of dim 0 (dim 0 must divide by the group size)."""
+        return self._submit(self._reduce_scatter, x, op) if async_op else self._reduce_scatter(x, op)
+
+    def broadcast(self, x: np.ndarray, root: int = 0, async_op: bool = False) -> np.ndarray | Handle:
+        return self._submit(self._broadcast, x, root) if async_op else self._broadcast(x, root)
+
+    def all_to_all(
+        self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, async_op: bool = False
+    ) -> np.ndarray | Handle:
+        """Split `x` along split_dim into `size` blocks, send block i to rank i, concat received on concat_dim."""
+        if async_op:
+            return self._submit(self._all_to_all, x, split_dim, concat_dim)
+        return self._all_to_all(x, split_dim, concat_dim)
+
+    def neighbor_exchange(
+        self,
+        sends: Sequence[np.ndarray],
+        send_ranks: Sequence[int],
+        recv_ranks: Sequence[int],
+        recv_shapes: Sequence[Sequence[int]],
+        recv_dtype: np.dtype,
+        async_op: bool = False,
+    ) -> list[np.ndarray] | Handle:
+        """Send sends[i] to send_ranks[i]; receive one tensor of recv_shapes[j] from each recv_ranks[j]."""
+        args = (list(sends), list(send_ranks), list(recv_ranks), [tuple(s) for s in recv_shapes], np.dtype(recv_dtype))
+        return self._submit(self._neighbor_exchange, *args) if async_op else self._neighbor_exchange(*args)
+
+    def send(self, x: np.ndarray, peer: int, async_op: bool = False) -> Handle | None:
+        return self._submit(self._send, x, peer) if async_op else self._send(x, peer)
+
+    def recv(self, shape: Sequence[int], dtype: np.dtype, peer: int, async_op: bool = False) -> np.ndarray | Handle:
+        args = (tuple(shape), np.dtype(dtype), peer)
+        return self._submit(self._recv, *args) if async_op else self._recv(*args)
+
+    def barrier(self, async_op: bool = False) -> Handle | None:
+        return self._submit(self._barrier) if async_op else self._barrier()
+
+    def close(self) -> None:
+        """Release the group's resources (shared memory, sockets). Idempotent."""
+        if self._async_worker is not None:
+            self._async_worker.shutdown(wait=False, cancel_futures=True)
+            self._async_worker = None
+
+    @abstractmethod
+    def _all_reduce(self, x: np.ndarray, op: str) -> np.ndarray: ...
+
+    @abstractmethod
+    def _all_gather(self, x: np.ndarray) -> np.ndarray: ...
+
+    @abstractmethod
+    def _reduce_scatter(self, x: np.ndarray, op: str) -> np.ndarray: ...
+
+    @abstractmethod
+    def _broadcast(self, x: np.ndarray, root: int) -> np.ndarray: ...
+
+    @abstractmethod
+    def _all_to_all(self, x: np.ndarray, split_dim: int, concat_dim: int) -> np.ndarray: ...
+
+    @abstractmethod
+    def _neighbor_exchange(
+        self,
+        sends: list[np.ndarray],
+        send_ranks: list[int],
+        recv_ranks: list[int],
+        recv_shapes: list[tuple[int, ...]],
+        recv_dtype: np.dtype,
+    ) -> list[np.ndarray]: ...
+
+    @abstractmethod
+    def _send(self, x: np.ndarray, peer: int) -> None: ...
+
+    @abstractmethod
+    def _recv(self, shape: tuple[int, ...], dtype: np.dtype, peer: int) -> np.ndarray: ...
+
+    @abstractmethod
+    def _barrier(self) -> None: ...
+
+
+class CollectivePlugin(ABC):
+    """Hands out communicators. `new_group` is called by every member of the group (a rendezvous)."""
+
+    @abstractmethod
+    def new_group(self, context: GroupContext) -> Communicator: ...
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release process-wide resources (listening sockets, thread pools)."""
+
+
+class Executable(ABC):
+    """A compiled ONNX graph on one device."""
+
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+
+class ComputePlugin(ABC):
+    """Runs ONNX graphs on the plugin's device. Filled in by the compiler issue."""
+
+    @abstractmethod
+    def compile(self, onnx_bytes: bytes) -> Executable: ...
+
+    @abstractmethod
+    def run(self, executable: Executable, inputs: dict[str, Any]) -> list[Any]: ...
+
+    def to_device(self, array: np.ndarray) -> Any:
+        return array
+
+    def to_host(self, value: Any) -> np.ndarray:
+        return np.asarray(value)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cpu", "NVIDIA H200", ...
+    device_id: int
+    cores: int
+    memory_bytes: int
+    speed: float = 1.0  # relative to the reference CPU; the coordinator balances batches by it
+
+
+class Plugin(ABC):
+    """One hardware plugin, found through the `tessel.plugins` entry-point group."""
+
+    name: str = ""
+
+    @classmethod
+    @abstractmethod
+    def available(cls) -> tuple[bool, str]:
+        """(True, "") when it can run here, else (False, why and what to install)."""
+
+    @abstractmethod
+    def __init__(self, device_id: int = 0, threads: int = 1): ...
+
+    @property
+    @abstractmethod
+    def device(self) -> DeviceInfo: ...
+
+    @property
+    @abstractmethod
+    def compute(self) -> ComputePlugin: ...
+
+    @property
+    @abstractmethod
+    def collective(self) -> CollectivePlugin: ...
+
+    def close(self) -> None:
+        self.collective.close()

@@ -1,0 +1,76 @@
+"""The CPU plugin: ONNX Runtime's CPU execution provider and host collectives.
+
+Collectives run over shared memory between daemons on one host and over TCP between hosts
+(`TESSEL_TRANSPORT=tcp` forces TCP, for tests and for hosts without /dev/shm).
+"""
+
+from __future__ import annotations
+
+import os
+
+from tessel.plugins.base import CollectivePlugin, Communicator, ComputePlugin, DeviceInfo, GroupContext, Plugin
+
+
+def _memory_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+class CpuCollective(CollectivePlugin):
+    """Picks the transport per group: shared memory when every member is on this host, else TCP."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        from tessel.plugins.cpu.tcp import TcpTransport
+
+        self.tcp = TcpTransport(host)
+
+    @property
+    def data_address(self) -> str:
+        return self.tcp.address
+
+    def new_group(self, context: GroupContext) -> Communicator:
+        forced = os.environ.get("TESSEL_TRANSPORT", "").lower()
+        same_host = len({p.host_id for p in context.peers}) == 1
+        if forced not in ("", "shm", "tcp"):
+            from tessel.errors import ConfigurationError
+
+            raise ConfigurationError(f"TESSEL_TRANSPORT={forced!r} is not a transport; use 'shm' or 'tcp'")
+        if same_host and forced != "tcp":
+            from tessel.plugins.cpu.shm import ShmCommunicator
+
+            return ShmCommunicator(context)
+        return self.tcp.communicator(context)
+
+    def close(self) -> None:
+        self.tcp.close()
+
+
+class CpuPlugin(Plugin):
+    name = "cpu"
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        return True, ""
+
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1"):
+        self.device_id, self.threads = device_id, threads
+        self._collective = CpuCollective(host)
+        self._compute: ComputePlugin | None = None
+
+    @property
+    def device(self) -> DeviceInfo:
+        return DeviceInfo("cpu", self.device_id, self.threads, _memory_bytes())
+
+    @property
+    def compute(self) -> ComputePlugin:
+        if self._compute is None:
+            from tessel.plugins.cpu.compute import CpuCompute
+
+            self._compute = CpuCompute(threads=self.threads)
+        return self._compute
+
+    @property
+    def collective(self) -> CpuCollective:
+        return self._collective
