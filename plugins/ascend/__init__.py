@@ -26,7 +26,6 @@ class AscendPlugin(Plugin):
         return False, "the ascend plugin's HCCL collectives are not built yet; use --plugin cpu"
 
     def __init__(self, device_id: int = 0, threads: int = 1):
-        ok, why = self.available()
-        raise RuntimeError(why)
+        raise RuntimeError(self.available()[1])
 
     device = compute = collective = property(lambda self: None)  # never constructed while unavailable
