@@ -22,9 +22,17 @@ class CpuCollective(CollectivePlugin):
     """Picks the transport per group: shared memory when every member is on this host, else TCP."""
 
     def __init__(self, host: str = "127.0.0.1"):
-        from tessel.plugins.cpu.tcp import TcpTransport
+        self.host = host
+        self._tcp = None
 
-        self.tcp = TcpTransport(host)
+    @property
+    def tcp(self):
+        """The TCP data plane, listening from first use (daemons start it to register its address)."""
+        if self._tcp is None:
+            from tessel.plugins.cpu.tcp import TcpTransport
+
+            self._tcp = TcpTransport(self.host)
+        return self._tcp
 
     @property
     def data_address(self) -> str:
@@ -44,7 +52,8 @@ class CpuCollective(CollectivePlugin):
         return self.tcp.communicator(context)
 
     def close(self) -> None:
-        self.tcp.close()
+        if self._tcp is not None:
+            self._tcp.close()
 
 
 class CpuPlugin(Plugin):
