@@ -73,6 +73,16 @@ class FreeTensorsRequest(_message.Message):
     names: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, session_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class CompileSegmentRequest(_message.Message):
+    __slots__ = ("session_id", "name", "onnx_model")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ONNX_MODEL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    onnx_model: bytes
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., onnx_model: _Optional[bytes] = ...) -> None: ...
+
 class Instruction(_message.Message):
     __slots__ = ("run_segment", "collective", "wait", "free", "copy")
     RUN_SEGMENT_FIELD_NUMBER: _ClassVar[int]
@@ -98,7 +108,7 @@ class RunSegment(_message.Message):
     def __init__(self, segment: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CollectiveOp(_message.Message):
-    __slots__ = ("kind", "op", "group", "inputs", "outputs", "root", "peer", "send_ranks", "recv_ranks", "recv_shapes", "recv_dtype", "handle")
+    __slots__ = ("kind", "op", "group", "inputs", "outputs", "root", "peer", "send_ranks", "recv_ranks", "recv_shapes", "recv_dtype", "handle", "split_dim", "concat_dim")
     KIND_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +121,8 @@ class CollectiveOp(_message.Message):
     RECV_SHAPES_FIELD_NUMBER: _ClassVar[int]
     RECV_DTYPE_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_DIM_FIELD_NUMBER: _ClassVar[int]
+    CONCAT_DIM_FIELD_NUMBER: _ClassVar[int]
     kind: _collective_pb2.CollectiveKind
     op: _collective_pb2.ReduceOp
     group: str
@@ -123,7 +135,9 @@ class CollectiveOp(_message.Message):
     recv_shapes: _containers.RepeatedCompositeFieldContainer[TensorShape]
     recv_dtype: _common_pb2.DType
     handle: str
-    def __init__(self, kind: _Optional[_Union[_collective_pb2.CollectiveKind, str]] = ..., op: _Optional[_Union[_collective_pb2.ReduceOp, str]] = ..., group: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., root: _Optional[int] = ..., peer: _Optional[int] = ..., send_ranks: _Optional[_Iterable[int]] = ..., recv_ranks: _Optional[_Iterable[int]] = ..., recv_shapes: _Optional[_Iterable[_Union[TensorShape, _Mapping]]] = ..., recv_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., handle: _Optional[str] = ...) -> None: ...
+    split_dim: int
+    concat_dim: int
+    def __init__(self, kind: _Optional[_Union[_collective_pb2.CollectiveKind, str]] = ..., op: _Optional[_Union[_collective_pb2.ReduceOp, str]] = ..., group: _Optional[str] = ..., inputs: _Optional[_Iterable[str]] = ..., outputs: _Optional[_Iterable[str]] = ..., root: _Optional[int] = ..., peer: _Optional[int] = ..., send_ranks: _Optional[_Iterable[int]] = ..., recv_ranks: _Optional[_Iterable[int]] = ..., recv_shapes: _Optional[_Iterable[_Union[TensorShape, _Mapping]]] = ..., recv_dtype: _Optional[_Union[_common_pb2.DType, str]] = ..., handle: _Optional[str] = ..., split_dim: _Optional[int] = ..., concat_dim: _Optional[int] = ...) -> None: ...
 
 class TensorShape(_message.Message):
     __slots__ = ("dims",)

@@ -71,6 +71,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.FreeTensorsRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.CompileSegment = channel.unary_unary(
+                '/tessel.v1.Daemon/CompileSegment',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.Execute = channel.unary_unary(
                 '/tessel.v1.Daemon/Execute',
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
@@ -128,6 +133,12 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CompileSegment(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Execute(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -176,6 +187,11 @@ def add_DaemonServicer_to_server(servicer, server):
             'FreeTensors': grpc.unary_unary_rpc_method_handler(
                     servicer.FreeTensors,
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.FreeTensorsRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'CompileSegment': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompileSegment,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'Execute': grpc.unary_unary_rpc_method_handler(
@@ -377,6 +393,33 @@ class Daemon:
             target,
             '/tessel.v1.Daemon/FreeTensors',
             tessel_dot_v1_dot_daemon__pb2.FreeTensorsRequest.SerializeToString,
+            tessel_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompileSegment(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/CompileSegment',
+            tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.SerializeToString,
             tessel_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
