@@ -7,6 +7,7 @@ and is defined for floating dtypes only (an integer mean would silently truncate
 from __future__ import annotations
 
 import numpy as np
+
 from tessel.errors import ConfigurationError
 from tessel.plugins.base import COLLECTIVE_DTYPES, REDUCE_OPS
 

@@ -1,0 +1,5 @@
+import sys
+
+from tessel.daemon.main import main
+
+sys.exit(main())

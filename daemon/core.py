@@ -1,0 +1,246 @@
+"""The daemon as a library object: the SDK hosts it in-process (world of 1) or reaches it over gRPC.
+
+It owns one device through its plugin, and per-(job, rank) sessions holding tensors, communicators and
+compiled segments. The gRPC service (`tessel.daemon.service`) is a thin translation of these methods.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from tessel.daemon.executor import Executor
+from tessel.daemon.session import WORLD_GROUP, Session
+from tessel.errors import ConfigurationError
+from tessel.plugins.base import GroupContext, Peer, Plugin
+from tessel.v1 import common_pb2, daemon_pb2
+
+log = logging.getLogger("tessel.daemon")
+
+# Longest a collective waits for a live peer that never arrives; dead peers are detected much sooner.
+DEFAULT_COLLECTIVE_TIMEOUT_S = float(os.environ.get("TESSEL_COLLECTIVE_TIMEOUT", "300"))
+
+
+def host_id() -> str:
+    """Equal on two processes exactly when they can share memory: hostname plus this boot's id."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = "unknown-boot"
+    return f"{socket.gethostname()}/{boot}"
+
+
+class DaemonCore:
+    """Sessions, tensors and programs on one device.
+
+    Example (in-process, world of 1)::
+
+        core = DaemonCore(load_plugin("cpu"))
+        sid = core.open_session("job", rank=0, world_size=1, members=[])
+        core.put(sid, {"x": np.ones(3, np.float32)})
+    """
+
+    def __init__(self, plugin: Plugin, coordinator=None, daemon_id: str = "local", data_address: str = ""):
+        self.plugin = plugin
+        self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
+        self.daemon_id = daemon_id
+        self.data_address = data_address
+        self.host_id = host_id()
+        self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._executor = Executor(self._group, lambda: self.plugin.compute)
+
+    # ------------------------------------------------------------------------------------------ sessions
+
+    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable) -> str:
+        members = list(members)
+        if world_size < 1 or not 0 <= rank < world_size:
+            raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
+        if members and len(members) != world_size:
+            raise ConfigurationError(f"job {job_id!r}: {len(members)} members for a world of {world_size}")
+        if not members:
+            if world_size != 1:
+                raise ConfigurationError(
+                    f"job {job_id!r}: a world of {world_size} needs the members from the coordinator's JoinJob"
+                )
+            members = [self.member(0)]
+        session = Session(f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}", job_id, rank, world_size, members)
+        with self._lock:
+            self._sessions[session.session_id] = session
+        log.info("opened %s", session.describe())
+        return session.session_id
+
+    def member(self, rank: int) -> common_pb2.Member:
+        """This daemon as a job member (used for the embedded world of 1)."""
+        return common_pb2.Member(
+            rank=rank,
+            daemon_id=self.daemon_id,
+            data_address=self.data_address,
+            host_id=self.host_id,
+            pid=os.getpid(),
+            plugin=self.plugin.name,
+            device_id=self.plugin.device.device_id,
+        )
+
+    def session(self, session_id: str) -> Session:
+        with self._lock:
+            if session_id not in self._sessions:
+                raise ConfigurationError(
+                    f"no session {session_id!r} on daemon {self.daemon_id}; open one with OpenSession "
+                    "(it may have been closed after its job ended or failed)"
+                )
+            return self._sessions[session_id]
+
+    def close_session(self, session_id: str) -> None:
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+        if session is not None:
+            with session.lock:
+                session.close()
+            log.info("closed %s", session.describe())
+
+    def sessions(self) -> list[Session]:
+        with self._lock:
+            return list(self._sessions.values())
+
+    def on_job_event(self, job_id: str, state: str, cause: str, culprit_rank: int = -1) -> None:
+        """The coordinator says a job ended: abort its waits now, free its sessions once they are idle."""
+        for session in self.sessions():
+            if session.job_id != job_id:
+                continue
+            if state == "failed" and session.abort_cause is None:
+                session.culprit_rank = culprit_rank
+                session.abort_cause = cause or "failed"
+            threading.Thread(target=self._reap, args=(session.session_id,), daemon=True).start()
+
+    def _reap(self, session_id: str, grace_s: float = 30.0) -> None:
+        # The client closes its own session when it can; this frees what a dead client left behind.
+        time.sleep(0 if self._sessions.get(session_id) is None else 2.0)
+        deadline = time.monotonic() + grace_s
+        session = self._sessions.get(session_id)
+        if session is None:
+            return
+        while time.monotonic() < deadline:
+            if session.lock.acquire(timeout=0.5):
+                session.lock.release()
+                break
+        self.close_session(session_id)
+
+    # ------------------------------------------------------------------------------------------ groups
+
+    def create_group(self, session_id: str, name: str, ranks: Iterable[int]) -> None:
+        session = self.session(session_id)
+        ranks = [int(r) for r in ranks]
+        if not name or name == WORLD_GROUP:
+            raise ConfigurationError(f"group name {name!r} is reserved or empty; pick another name")
+        if name in session.groups:
+            raise ConfigurationError(f"group {name!r} already exists in job {session.job_id!r}; destroy it first")
+        if len(set(ranks)) != len(ranks) or not ranks:
+            raise ConfigurationError(f"group {name!r}: rank list {ranks} is empty or has duplicates")
+        outside = [r for r in ranks if not 0 <= r < session.world_size]
+        if outside:
+            raise ConfigurationError(f"group {name!r}: ranks {outside} are outside the world of {session.world_size}")
+        if session.rank not in ranks:
+            raise ConfigurationError(
+                f"group {name!r}: rank {session.rank} is not in {ranks}; only members call create_group"
+            )
+        members = session.members
+        if self.coordinator is not None and session.world_size > 1:
+            by_rank = {m.rank: m for m in self.coordinator.create_group(session.job_id, name, ranks, session.rank)}
+            members = [by_rank.get(i, m) for i, m in enumerate(session.members)]
+        session.groups[name] = self._new_communicator(session, name, ranks, members)
+
+    def destroy_group(self, session_id: str, name: str) -> None:
+        session = self.session(session_id)
+        comm = session.groups.pop(name, None)
+        if comm is None:
+            raise ConfigurationError(f"no group {name!r} in job {session.job_id!r}")
+        comm.close()
+        if self.coordinator is not None and session.world_size > 1:
+            self.coordinator.destroy_group(session.job_id, name, session.rank)
+
+    def _group(self, session: Session, name: str):
+        if name not in session.groups:
+            if name != WORLD_GROUP:
+                raise ConfigurationError(
+                    f"no group {name!r} in job {session.job_id!r}; call create_group({name!r}, ranks) first"
+                )
+            ranks = list(range(session.world_size))
+            session.groups[name] = self._new_communicator(session, name, ranks, session.members)
+        return session.groups[name]
+
+    def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
+        peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
+        context = GroupContext(
+            job_id=session.job_id,
+            name=name,
+            ranks=tuple(ranks),
+            rank=session.rank,
+            peers=peers,
+            timeout_s=self.collective_timeout_s,
+            abort=lambda: session.abort_cause,
+        )
+        return self.plugin.collective.new_group(context)
+
+    # ------------------------------------------------------------------------------------------ tensors
+
+    def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
+        session = self.session(session_id)
+        session.check_alive()
+        session.tensors.update(tensors)
+
+    def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
+        session = self.session(session_id)
+        return {n: session.tensor(n) for n in names}
+
+    def free(self, session_id: str, names: Iterable[str]) -> None:
+        session = self.session(session_id)
+        for n in names:
+            session.tensors.pop(n, None)
+
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
+        session = self.session(session_id)
+        session.segments[name] = self.plugin.compute.compile(onnx_model)
+
+    # ------------------------------------------------------------------------------------------ programs
+
+    def execute(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int = 1,
+        fetch: Iterable[str] = (),
+        timings: bool = False,
+    ) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:
+        """Run `program` `repeat` times; return the fetched tensors and per-instruction (kind, seconds)."""
+        session = self.session(session_id)
+        with session.lock:
+            session.check_alive()
+            steps = self._executor.bind(session, program)
+            elapsed = [0.0] * len(steps)
+            clock = time.perf_counter
+            for _ in range(max(1, repeat)):
+                if timings:
+                    for i, (_, step) in enumerate(steps):
+                        start = clock()
+                        step()
+                        elapsed[i] += clock() - start
+                else:
+                    for _, step in steps:
+                        step()
+            fetched = {n: session.tensor(n) for n in fetch}
+        return fetched, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
+
+    def close(self) -> None:
+        for session in self.sessions():
+            self.close_session(session.session_id)
+        self.plugin.close()

@@ -1,0 +1,120 @@
+"""Turns a rank program (typed instructions) into bound steps and runs them against a session.
+
+Binding happens once per Execute, so a program repeated many times pays no per-instruction dispatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tessel.daemon.session import WORLD_GROUP, Session
+from tessel.errors import ConfigurationError
+from tessel.v1 import collective_pb2, daemon_pb2
+from tessel.wire import numpy_dtype
+
+REDUCE_OP_NAMES = {
+    collective_pb2.SUM: "sum",
+    collective_pb2.PROD: "prod",
+    collective_pb2.MAX: "max",
+    collective_pb2.MIN: "min",
+    collective_pb2.MEAN: "mean",
+}
+
+Step = Callable[[], None]
+
+
+def _outputs(op: Any, default: list[str]) -> list[str]:
+    return list(op.outputs) or default
+
+
+def _store(session: Session, names: list[str], values: Any) -> None:
+    if isinstance(values, np.ndarray):
+        values = [values]
+    for name, value in zip(names, values or [], strict=False):
+        session.tensors[name] = value
+
+
+def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -> tuple[Callable, list[str]]:
+    """(a call that starts or runs the collective with async_op as argument, the output names)."""
+    inputs = list(op.inputs)
+    kind = op.kind
+    first = inputs[0] if inputs else ""
+    reduce_op = REDUCE_OP_NAMES[op.op]
+    if kind == collective_pb2.ALL_REDUCE:
+        return (lambda a: comm.all_reduce(session.tensor(first), reduce_op, async_op=a)), _outputs(op, [first])
+    if kind == collective_pb2.ALL_GATHER:
+        return (lambda a: comm.all_gather(session.tensor(first), async_op=a)), _outputs(op, [first])
+    if kind == collective_pb2.REDUCE_SCATTER:
+        return (lambda a: comm.reduce_scatter(session.tensor(first), reduce_op, async_op=a)), _outputs(op, [first])
+    if kind == collective_pb2.BROADCAST:
+        return (lambda a: comm.broadcast(session.tensor(first), op.root, async_op=a)), _outputs(op, [first])
+    if kind == collective_pb2.ALL_TO_ALL:
+        call = lambda a: comm.all_to_all(session.tensor(first), op.split_dim, op.concat_dim, async_op=a)  # noqa: E731
+        return call, _outputs(op, [first])
+    if kind == collective_pb2.NEIGHBOR_EXCHANGE:
+        shapes = [tuple(s.dims) for s in op.recv_shapes]
+        dtype = numpy_dtype(op.recv_dtype) if op.recv_ranks else np.dtype("float32")
+
+        def exchange(a: bool) -> Any:
+            sends = [session.tensor(n) for n in inputs]
+            return comm.neighbor_exchange(sends, list(op.send_ranks), list(op.recv_ranks), shapes, dtype, async_op=a)
+
+        return exchange, list(op.outputs)
+    if kind == collective_pb2.SEND:
+        return (lambda a: comm.send(session.tensor(first), op.peer, async_op=a)), []
+    if kind == collective_pb2.RECV:
+        if len(op.recv_shapes) != 1:
+            raise ConfigurationError("RECV needs exactly one recv_shapes entry (the shape to receive)")
+        shape, dtype = tuple(op.recv_shapes[0].dims), numpy_dtype(op.recv_dtype)
+        return (lambda a: comm.recv(shape, dtype, op.peer, async_op=a)), list(op.outputs)
+    if kind == collective_pb2.BARRIER:
+        return (lambda a: comm.barrier(async_op=a)), []
+    raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
+
+
+class Executor:
+    """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
+
+    def __init__(self, group_of: Callable[[Session, str], Any], compute: Callable[[], Any]):
+        self.group_of = group_of
+        self.compute = compute
+
+    def bind(self, session: Session, program: daemon_pb2.Program) -> list[tuple[str, Step]]:
+        return [self._bind_one(session, i, ins) for i, ins in enumerate(program.instructions)]
+
+    def _bind_one(self, session: Session, index: int, ins: daemon_pb2.Instruction) -> tuple[str, Step]:
+        which = ins.WhichOneof("op")
+        if which is None:
+            raise ConfigurationError(f"instruction {index} is empty (no op set)")
+        op = getattr(ins, which)
+        if which == "collective":
+            comm = self.group_of(session, op.group or WORLD_GROUP)
+            call, outputs = _collective_call(comm, session, op)
+            label = collective_pb2.CollectiveKind.Name(op.kind).lower()
+            if op.handle:
+                return label, lambda: session.handles.__setitem__(op.handle, (call(True), outputs))
+            return label, lambda: _store(session, outputs, call(False))
+        if which == "wait":
+            return "wait", lambda: self._wait(session, op.handle)
+        if which == "free":
+            return "free", lambda: [session.tensors.pop(n, None) for n in op.names] and None
+        if which == "copy":
+            return "copy", lambda: session.tensors.__setitem__(op.target, session.tensor(op.source).copy())
+        if which == "run_segment":
+            return f"run_segment:{op.segment}", lambda: self._run_segment(session, op)
+        raise ConfigurationError(f"instruction {index}: unsupported op {which!r}")
+
+    def _wait(self, session: Session, handle: str) -> None:
+        if handle not in session.handles:
+            raise ConfigurationError(f"wait on unknown handle {handle!r}; start a collective with that handle first")
+        started, outputs = session.handles.pop(handle)
+        _store(session, outputs, started.wait())
+
+    def _run_segment(self, session: Session, op: daemon_pb2.RunSegment) -> None:
+        if op.segment not in session.segments:
+            raise ConfigurationError(f"segment {op.segment!r} is not compiled in {session.describe()}")
+        results = self.compute().run(session.segments[op.segment], {n: session.tensor(n) for n in op.inputs})
+        _store(session, list(op.outputs), list(results))

@@ -1,0 +1,108 @@
+"""`tessel daemon`: one long-running process per device, registered with the coordinator.
+
+    tessel daemon --coordinator 127.0.0.1:7070 --plugin cpu --device 0 --threads 2
+
+The first line on stdout is `tessel daemon <id> listening on <host:port>` (the launcher and tests read it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+
+from tessel import rpc
+from tessel.daemon import service
+from tessel.daemon.core import DaemonCore
+from tessel.errors import TesselError
+
+log = logging.getLogger("tessel.daemon")
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tessel daemon", description="Serve one device to tessel jobs.")
+    parser.add_argument("--coordinator", default=os.environ.get("TESSEL_COORDINATOR", "127.0.0.1:7070"))
+    parser.add_argument("--plugin", default="cpu", help="hardware plugin (entry point in 'tessel.plugins')")
+    parser.add_argument("--device", type=int, default=0, help="device index on this host")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores of this host)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
+    parser.add_argument("--max-request-mb", type=int, default=1024, help="largest accepted request")
+    parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach the coordinator")
+    return parser.parse_args(argv)
+
+
+def _register(args, core: DaemonCore, address: str, coordinator) -> str:
+    from tessel.v1 import coordinator_pb2
+
+    device = core.plugin.device
+    info = coordinator_pb2.DaemonInfo(
+        address=address,
+        data_address=core.data_address,
+        host_id=core.host_id,
+        hostname=socket.gethostname(),
+        plugin=core.plugin.name,
+        device_kind=device.kind,
+        device_id=device.device_id,
+        cores=device.cores,
+        memory_bytes=device.memory_bytes,
+        speed=device.speed,
+        pid=os.getpid(),
+    )
+    deadline = time.monotonic() + args.connect_timeout
+    while True:
+        try:
+            return coordinator.register_daemon(info).daemon_id
+        except TesselError as exc:
+            if time.monotonic() > deadline:
+                raise TesselError(
+                    f"cannot register with the coordinator at {args.coordinator} within {args.connect_timeout} s: "
+                    f"{exc}. Start it with `tessel coordinator` or pass --coordinator HOST:PORT."
+                ) from None
+            time.sleep(0.2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
+    from tessel.coordinator import CoordinatorClient
+    from tessel.plugins import load_plugin
+
+    threads = args.threads or (os.cpu_count() or 1)
+    try:
+        token = rpc.cluster_token()
+        plugin = load_plugin(args.plugin, device_id=args.device, threads=threads)
+        coordinator = CoordinatorClient(args.coordinator, token)
+        data_address = getattr(plugin.collective, "data_address", "")
+        core = DaemonCore(plugin, coordinator, data_address=data_address)
+        server, port = rpc.start_server([service.handler(core, token, args.max_request_mb << 20)], args.host, args.port)
+        address = f"{args.host}:{port}"
+        core.daemon_id = _register(args, core, address, coordinator)
+    except TesselError as exc:
+        print(f"tessel daemon: {exc}", file=sys.stderr)
+        return 2
+    print(f"tessel daemon {core.daemon_id} listening on {address}", flush=True)
+
+    stop = threading.Event()
+
+    def on_event(event) -> None:
+        core.on_job_event(event.job_id, event.state, event.cause, event.culprit_rank)
+
+    beat = coordinator.heartbeat(core.daemon_id, on_event)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    beat.stop()
+    server.stop(grace=1.0).wait(2.0)
+    core.close()
+    coordinator.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""The daemon's gRPC service: a thin translation between protobuf messages and `DaemonCore`."""
+
+from __future__ import annotations
+
+from tessel import rpc
+from tessel.daemon.core import DaemonCore
+from tessel.v1 import common_pb2, daemon_pb2
+from tessel.wire import from_proto, to_proto
+
+SERVICE = daemon_pb2.DESCRIPTOR.services_by_name["Daemon"]
+
+
+class DaemonServicer:
+    def __init__(self, core: DaemonCore):
+        self.core = core
+
+    def OpenSession(self, request, context):
+        session_id = self.core.open_session(request.job_id, request.rank, request.world_size, request.members)
+        return daemon_pb2.OpenSessionReply(session_id=session_id)
+
+    def CloseSession(self, request, context):
+        self.core.close_session(request.session_id)
+        return common_pb2.Empty()
+
+    def CreateGroup(self, request, context):
+        self.core.create_group(request.session_id, request.name, request.ranks)
+        return common_pb2.Empty()
+
+    def DestroyGroup(self, request, context):
+        self.core.destroy_group(request.session_id, request.name)
+        return common_pb2.Empty()
+
+    def PutTensors(self, request, context):
+        tensors = {t.name: from_proto(t.tensor, t.name) for t in request.tensors}
+        self.core.put(request.session_id, tensors)
+        return common_pb2.Empty()
+
+    def GetTensors(self, request, context):
+        found = self.core.get(request.session_id, request.names)
+        return daemon_pb2.GetTensorsReply(tensors=[_named(n, v) for n, v in found.items()])
+
+    def FreeTensors(self, request, context):
+        self.core.free(request.session_id, request.names)
+        return common_pb2.Empty()
+
+    def CompileSegment(self, request, context):
+        self.core.compile_segment(request.session_id, request.name, request.onnx_model)
+        return common_pb2.Empty()
+
+    def Execute(self, request, context):
+        fetched, timings = self.core.execute(
+            request.session_id, request.program, request.repeat, request.fetch, request.timings
+        )
+        return daemon_pb2.ExecuteReply(
+            fetched=[_named(n, v) for n, v in fetched.items()],
+            timings=[daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(timings)],
+        )
+
+    def Status(self, request, context):
+        sessions = self.core.sessions()
+        return daemon_pb2.DaemonStatusReply(
+            daemon_id=self.core.daemon_id,
+            plugin=self.core.plugin.name,
+            sessions=[s.session_id for s in sessions],
+            tensor_bytes=sum(s.tensor_bytes() for s in sessions),
+        )
+
+
+def _named(name, array):
+    return common_pb2.NamedTensor(name=name, tensor=to_proto(array))
+
+
+def handler(core: DaemonCore, token: str, max_request_bytes: int = rpc.DEFAULT_MAX_REQUEST_BYTES):
+    return rpc.generic_handler(DaemonServicer(core), SERVICE, token, max_request_bytes)

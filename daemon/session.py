@@ -1,0 +1,58 @@
+"""A (job, rank) session on a daemon: its tensor store, communicators, async handles and segments."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessel.errors import ConfigurationError, JobFailedError
+from tessel.plugins.base import Communicator, Handle
+
+WORLD_GROUP = "world"
+
+
+@dataclass
+class Session:
+    session_id: str
+    job_id: str
+    rank: int
+    world_size: int
+    members: list  # common_pb2.Member, index = rank
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    groups: dict[str, Communicator] = field(default_factory=dict)
+    handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)
+    segments: dict[str, Any] = field(default_factory=dict)
+    abort_cause: str | None = None
+    culprit_rank: int = -1
+    # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.
+    lock: threading.RLock = field(default_factory=threading.RLock)
+
+    def describe(self) -> str:
+        return f"session {self.session_id} (job {self.job_id!r}, rank {self.rank}/{self.world_size})"
+
+    def check_alive(self) -> None:
+        if self.abort_cause is not None:
+            raise JobFailedError(f"job {self.job_id!r} failed: {self.abort_cause}", self.culprit_rank)
+
+    def tensor(self, name: str) -> np.ndarray:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise ConfigurationError(
+                f"tensor {name!r} is not in the store of {self.describe()}; put it first "
+                f"(present: {sorted(self.tensors)[:10]}{' …' if len(self.tensors) > 10 else ''})"
+            ) from None
+
+    def tensor_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors.values())
+
+    def close(self) -> None:
+        for comm in self.groups.values():
+            comm.close()
+        self.groups.clear()
+        self.handles.clear()
+        self.tensors.clear()
+        self.segments.clear()
