@@ -1,0 +1,40 @@
+"""The `tessel` command: run | coordinator | daemon | status."""
+
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: tessel <command> [options]
+
+commands:
+  run          start N ranks of a script (tessel run -n 4 train.py)
+  coordinator  serve the cluster's coordinator (tessel coordinator --port 7070)
+  daemon       serve one device (tessel daemon --coordinator HOST:PORT --plugin cpu --device 0)
+  status       print the cluster's daemons and jobs (tessel status --coordinator HOST:PORT)
+
+`tessel <command> --help` describes each command's options.
+"""
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "run":
+        from tessel.launcher import main as run
+    elif command == "coordinator":
+        from tessel.coordinator import main as run
+    elif command == "daemon":
+        from tessel.daemon.main import main as run
+    elif command == "status":
+        from tessel.coordinator import status_main as run
+    else:
+        print(f"tessel: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+        return 2
+    return run(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""`tessel.communication` — MindSpore's `mindspore.communication` names and semantics.
+
+from tessel.communication import init, get_rank, get_group_size
+init()                      # under `tessel run -n 4`: joins the job; plain `python`: a world of 1
+print(get_rank(), get_group_size())
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from tessel.communication import runtime as _rt
+from tessel.errors import ConfigurationError
+
+
+class GlobalComm:
+    """MindSpore's GlobalComm: the world group's name and whether init() ran."""
+
+    BACKEND = "tessel"
+    WORLD_COMM_GROUP = "hccl_world_group"
+    INITED = False
+
+
+HCCL_WORLD_COMM_GROUP = "hccl_world_group"
+NCCL_WORLD_COMM_GROUP = "nccl_world_group"
+MCCL_WORLD_COMM_GROUP = "mccl_world_group"
+_WORLD_ALIASES = {HCCL_WORLD_COMM_GROUP, NCCL_WORLD_COMM_GROUP, MCCL_WORLD_COMM_GROUP, "world", None}
+
+
+def init(backend_name: str | None = None) -> None:
+    """Join the job (or start a world of 1). `backend_name` ("hccl", "nccl", "mccl", …) is accepted and ignored:
+    each daemon's plugin picks its native collectives."""
+    _rt.init()
+    GlobalComm.INITED = True
+
+
+def release() -> None:
+    """Release the distributed resources of this process (also runs at interpreter exit)."""
+    _rt.release()
+    GlobalComm.INITED = False
+
+
+def _ranks(group: str | None) -> tuple[int, ...]:
+    runtime = _rt.current()
+    if group in _WORLD_ALIASES:
+        return tuple(range(runtime.world_size))
+    if group not in runtime.groups:
+        raise ConfigurationError(f"unknown group {group!r}; create it with create_group({group!r}, rank_ids) first")
+    return runtime.groups[group]
+
+
+def get_rank(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
+    """This process's rank in `group` (the world by default)."""
+    return _ranks(group).index(_rt.current().rank)
+
+
+def get_group_size(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
+    return len(_ranks(group))
+
+
+def get_local_rank(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
+    """Rank among the processes of this job on this host."""
+    _ranks(group)
+    return _rt.current().local_rank
+
+
+def get_local_rank_size(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
+    _ranks(group)
+    return _rt.current().local_size
+
+
+def get_world_rank_from_group_rank(group: str, group_rank_id: int) -> int:
+    ranks = _ranks(group)
+    if not 0 <= group_rank_id < len(ranks):
+        raise ConfigurationError(f"group rank {group_rank_id} is outside group {group!r} of size {len(ranks)}")
+    return ranks[group_rank_id]
+
+
+def get_group_rank_from_world_rank(world_rank_id: int, group: str) -> int:
+    ranks = _ranks(group)
+    if world_rank_id not in ranks:
+        raise ConfigurationError(f"world rank {world_rank_id} is not in group {group!r} (ranks {list(ranks)})")
+    return ranks.index(world_rank_id)
+
+
+def create_group(group: str, rank_ids: Sequence[int], options: object = None) -> None:
+    """Create a named group of world ranks; every member calls it with the same list (MindSpore's rule)."""
+    runtime = _rt.current()
+    if group in _WORLD_ALIASES:
+        raise ConfigurationError(f"{group!r} names the world group; pick another name")
+    if group in runtime.groups:
+        raise ConfigurationError(f"group {group!r} already exists; destroy_group({group!r}) first")
+    ranks = tuple(int(r) for r in rank_ids)
+    runtime.daemon.create_group(runtime.session_id, group, ranks)
+    runtime.groups[group] = ranks
+
+
+def destroy_group(group: str) -> None:
+    runtime = _rt.current()
+    if group in _WORLD_ALIASES or group not in runtime.groups:
+        raise ConfigurationError(f"cannot destroy group {group!r}: it is the world or was never created")
+    runtime.daemon.destroy_group(runtime.session_id, group)
+    del runtime.groups[group]
+
+
+__all__ = [
+    "HCCL_WORLD_COMM_GROUP",
+    "MCCL_WORLD_COMM_GROUP",
+    "NCCL_WORLD_COMM_GROUP",
+    "GlobalComm",
+    "create_group",
+    "destroy_group",
+    "get_group_rank_from_world_rank",
+    "get_group_size",
+    "get_local_rank",
+    "get_local_rank_size",
+    "get_rank",
+    "get_world_rank_from_group_rank",
+    "init",
+    "release",
+]

@@ -1,0 +1,121 @@
+"""One interface to a daemon, whether it runs in this process (embedded) or behind gRPC."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from tessel import rpc
+from tessel.daemon.core import DaemonCore
+from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
+from tessel.wire import from_proto, to_proto
+
+Timings = list[tuple[str, float]]
+
+
+class LocalDaemon:
+    """A daemon hosted in this process: calls go straight to `DaemonCore`, tensors are not copied."""
+
+    def __init__(self, core: DaemonCore):
+        self.core = core
+
+    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = ()) -> str:
+        return self.core.open_session(job_id, rank, world_size, members)
+
+    def close_session(self, session_id: str) -> None:
+        self.core.close_session(session_id)
+
+    def create_group(self, session_id: str, name: str, ranks: Sequence[int]) -> None:
+        self.core.create_group(session_id, name, ranks)
+
+    def destroy_group(self, session_id: str, name: str) -> None:
+        self.core.destroy_group(session_id, name)
+
+    def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
+        self.core.put(session_id, {k: np.array(v) for k, v in tensors.items()})
+
+    def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self.core.get(session_id, names).items()}
+
+    def free(self, session_id: str, names: Iterable[str]) -> None:
+        self.core.free(session_id, names)
+
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
+        self.core.compile_segment(session_id, name, onnx_model)
+
+    def execute(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int = 1,
+        fetch: Sequence[str] = (),
+        timings: bool = False,
+        feed: dict[str, np.ndarray] | None = None,
+    ) -> tuple[dict[str, np.ndarray], Timings]:
+        feed = {k: np.array(v) for k, v in (feed or {}).items()}
+        fetched, times = self.core.execute(session_id, program, repeat, fetch, timings, feed)
+        return {k: v.copy() for k, v in fetched.items()}, times
+
+    def close(self) -> None:
+        self.core.close()
+
+
+class RemoteDaemon:
+    """A daemon behind gRPC (`tessel daemon`), with the same methods as `LocalDaemon`."""
+
+    def __init__(self, address: str, token: str, timeout_s: float = 3600.0):
+        # Programs may legitimately run long (many steps per call); liveness comes from the coordinator.
+        self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s)
+
+    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = ()) -> str:
+        request = daemon_pb2.OpenSessionRequest(job_id=job_id, rank=rank, world_size=world_size, members=members)
+        return self.client.OpenSession(request, 60.0).session_id
+
+    def close_session(self, session_id: str) -> None:
+        self.client.CloseSession(daemon_pb2.SessionRef(session_id=session_id), 60.0)
+
+    def create_group(self, session_id: str, name: str, ranks: Sequence[int]) -> None:
+        self.client.CreateGroup(daemon_pb2.DaemonGroupRequest(session_id=session_id, name=name, ranks=ranks))
+
+    def destroy_group(self, session_id: str, name: str) -> None:
+        self.client.DestroyGroup(daemon_pb2.DaemonGroupRequest(session_id=session_id, name=name), 60.0)
+
+    def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
+        named = [common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in tensors.items()]
+        self.client.PutTensors(daemon_pb2.PutTensorsRequest(session_id=session_id, tensors=named))
+
+    def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
+        reply = self.client.GetTensors(daemon_pb2.GetTensorsRequest(session_id=session_id, names=list(names)))
+        return {t.name: from_proto(t.tensor, t.name) for t in reply.tensors}
+
+    def free(self, session_id: str, names: Iterable[str]) -> None:
+        self.client.FreeTensors(daemon_pb2.FreeTensorsRequest(session_id=session_id, names=list(names)), 60.0)
+
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
+        request = daemon_pb2.CompileSegmentRequest(session_id=session_id, name=name, onnx_model=onnx_model)
+        self.client.CompileSegment(request)
+
+    def execute(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int = 1,
+        fetch: Sequence[str] = (),
+        timings: bool = False,
+        feed: dict[str, np.ndarray] | None = None,
+    ) -> tuple[dict[str, np.ndarray], Timings]:
+        request = daemon_pb2.ExecuteRequest(
+            session_id=session_id,
+            program=program,
+            repeat=repeat,
+            fetch=list(fetch),
+            timings=timings,
+            feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
+        )
+        reply = self.client.Execute(request)
+        fetched = {t.name: from_proto(t.tensor, t.name) for t in reply.fetched}
+        return fetched, [(t.kind, t.seconds) for t in reply.timings]
+
+    def close(self) -> None:
+        self.client.close()

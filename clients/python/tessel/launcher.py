@@ -1,0 +1,257 @@
+"""`tessel run`: start N copies of a script, one per rank (SPMD, like msrun / torchrun / mpirun).
+
+Without --coordinator it embeds a coordinator in this process and starts N local CPU daemons whose compute
+threads together use this host's cores (never more, unless N itself exceeds the cores); with --coordinator
+it joins the cluster there and the coordinator assigns daemons. Each rank's output goes to
+`<log-dir>/<job>/rank.<r>/{stdout,stderr}`; rank 0 also streams to the terminal. The first rank to fail stops
+the others, and its last lines are printed. Ctrl-C tears everything down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from tessel.errors import ConfigurationError, TesselError
+
+TAIL_LINES = 20
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Children must not outlive the launcher, even when it is SIGKILLed (Linux prctl).
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="tessel run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
+    parser.add_argument("--coordinator", default=None, help="host:port of a running coordinator (default: embed one)")
+    parser.add_argument("--plugin", default="cpu", help="plugin of the local daemons / required of assigned ones")
+    parser.add_argument("--log-dir", default="log_output", help="per-rank logs go to LOG_DIR/<job>/rank.<r>/")
+    parser.add_argument("--job-id", default=None, help="job id (default: the next free number in the log dir)")
+    parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
+    parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
+    parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
+    parser.add_argument("script", help="the training script")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    args = parser.parse_args(argv)
+    if args.nproc < 1:
+        parser.error("-n must be at least 1")
+    if not Path(args.script).is_file():
+        parser.error(f"script {args.script!r} does not exist")
+    return args
+
+
+def _next_job_id(log_dir: Path) -> str:
+    taken = {p.name for p in log_dir.iterdir()} if log_dir.is_dir() else set()
+    n = 1
+    while str(n) in taken:
+        n += 1
+    return str(n)
+
+
+class _Tee(threading.Thread):
+    """Copies a child's pipe to its log file and (for rank 0) the terminal."""
+
+    def __init__(self, pipe, path: Path, echo):
+        super().__init__(daemon=True)
+        self.pipe, self.path, self.echo = pipe, path, echo
+
+    def run(self) -> None:
+        with open(self.path, "wb") as log:
+            for line in iter(self.pipe.readline, b""):
+                log.write(line)
+                log.flush()
+                if self.echo is not None:
+                    self.echo.write(line)
+                    self.echo.flush()
+
+
+class Launch:
+    """One `tessel run`: the embedded coordinator and daemons (if any), and the rank processes."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.daemons: list[subprocess.Popen] = []
+        self.ranks: list[subprocess.Popen] = []
+        self.tees: list[_Tee] = []
+        self.server = None
+        self.daemon_ids: list[str] = []
+        self.token = os.environ.get("TESSEL_TOKEN") or secrets.token_hex(16)
+        self.coordinator = args.coordinator
+
+    # ------------------------------------------------------------------------------------------ cluster
+
+    def start_cluster(self) -> None:
+        from tessel.coordinator import serve
+
+        self.server = serve(host="127.0.0.1", port=0, token=self.token)
+        self.coordinator = self.server.address
+        cores = os.cpu_count() or 1
+        total = self.args.threads or cores
+        threads = max(1, total // self.args.nproc)
+        env = self._base_env()
+        for device in range(self.args.nproc):
+            cmd = [sys.executable, "-m", "tessel.daemon", "--coordinator", self.coordinator, "--plugin",
+                   self.args.plugin, "--device", str(device), "--threads", str(threads)]  # fmt: skip
+            self.daemons.append(subprocess.Popen(
+                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_die_with_parent))  # fmt: skip
+        for device, proc in enumerate(self.daemons):
+            line = self._first_line(proc, f"daemon {device}")
+            self.daemon_ids.append(line.split()[2])
+
+    def _first_line(self, proc: subprocess.Popen, what: str, timeout_s: float = 60.0) -> str:
+        result: list[bytes] = []
+        reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout_s)
+        line = result[0].decode() if result else ""
+        if not line.startswith("tessel daemon"):
+            proc.kill()
+            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
+            raise TesselError(f"{what} did not start within {timeout_s:.0f} s: {line.strip()} {err.strip()}")
+        return line
+
+    def _base_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["TESSEL_TOKEN"] = self.token
+        if self.coordinator:
+            env["TESSEL_COORDINATOR"] = self.coordinator
+        return env
+
+    # ------------------------------------------------------------------------------------------ ranks
+
+    def start_ranks(self, job_id: str, log_root: Path) -> None:
+        n = self.args.nproc
+        for rank in range(n):
+            env = self._base_env()
+            env.update(
+                TESSEL_JOB_ID=job_id, TESSEL_RANK=str(rank), TESSEL_WORLD_SIZE=str(n), TESSEL_PLUGIN=self.args.plugin,
+                TESSEL_JOIN_TIMEOUT=str(self.args.join_timeout), RANK_ID=str(rank), RANK_SIZE=str(n),
+                DEVICE_ID=str(rank), PYTHONUNBUFFERED="1",
+                # The script only drives its daemon; its own numpy must not compete with the daemons' threads.
+                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
+            )  # fmt: skip
+            if self.daemon_ids:
+                env["TESSEL_DAEMON_ID"] = self.daemon_ids[rank]
+            out_dir = log_root / f"rank.{rank}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            proc = subprocess.Popen(
+                [sys.executable, self.args.script, *self.args.args], env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+            echo_out = sys.stdout.buffer if rank == 0 and not self.args.quiet else None
+            echo_err = sys.stderr.buffer if rank == 0 and not self.args.quiet else None
+            for pipe, name, echo in ((proc.stdout, "stdout", echo_out), (proc.stderr, "stderr", echo_err)):
+                tee = _Tee(pipe, out_dir / name, echo)
+                tee.start()
+                self.tees.append(tee)
+            self.ranks.append(proc)
+
+    def wait_ranks(self) -> tuple[int, int]:
+        """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank)."""
+        pending = set(range(len(self.ranks)))
+        while pending:
+            for rank in sorted(pending):
+                code = self.ranks[rank].poll()
+                if code is None:
+                    continue
+                pending.discard(rank)
+                if code != 0:
+                    self._stop(self.ranks)
+                    return code, rank
+            for device, proc in enumerate(self.daemons):
+                if proc.poll() is not None and pending:
+                    # The ranks learn it from the coordinator within seconds and fail with the cause;
+                    # give them that time to report it before stopping them.
+                    self._await_exit(self.ranks, 10.0)
+                    self._stop(self.ranks)
+                    failed = [r for r in range(len(self.ranks)) if self.ranks[r].returncode not in (0, None)]
+                    return (1, failed[0] if failed else device)
+            time.sleep(0.02)
+        return 0, -1
+
+    @staticmethod
+    def _await_exit(procs: list[subprocess.Popen], timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.05)
+
+    def _stop(self, procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        self._await_exit(procs, grace_s)
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+    def shutdown(self) -> None:
+        self._stop(self.ranks)
+        for tee in self.tees:
+            tee.join(timeout=2.0)
+        self._stop(self.daemons)
+        if self.server is not None:
+            self.server.stop()
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, "rb") as f:
+            return b"".join(deque(f, maxlen=lines)).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    log_dir = Path(args.log_dir)
+    job_id = args.job_id or _next_job_id(log_dir)
+    if args.coordinator and not args.job_id:
+        job_id = f"{job_id}-{secrets.token_hex(3)}"  # a shared coordinator sees other users' jobs
+    log_root = log_dir / job_id
+    launch = Launch(args)
+    interrupted = False
+
+    def on_signal(signum, _frame):
+        nonlocal interrupted
+        interrupted = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        if args.coordinator is None:
+            launch.start_cluster()
+        log_root.mkdir(parents=True, exist_ok=True)
+        launch.start_ranks(job_id, log_root)
+        code, failed = launch.wait_ranks()
+    except KeyboardInterrupt:
+        print("tessel run: interrupted; stopping all ranks and daemons", file=sys.stderr)
+        launch.shutdown()
+        return 130
+    except (TesselError, ConfigurationError) as exc:
+        print(f"tessel run: {exc}", file=sys.stderr)
+        launch.shutdown()
+        return 2
+    launch.shutdown()
+    if code != 0:
+        rank_dir = log_root / f"rank.{failed}"
+        print(f"\ntessel run: rank {failed} failed with exit code {code}; last lines of {rank_dir}/stderr:",
+              file=sys.stderr)  # fmt: skip
+        print(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"), file=sys.stderr)
+        return code if code > 0 else 1
+    return 130 if interrupted else 0
