@@ -220,11 +220,14 @@ class DaemonCore:
         repeat: int = 1,
         fetch: Iterable[str] = (),
         timings: bool = False,
+        feed: dict[str, np.ndarray] | None = None,
     ) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:
-        """Run `program` `repeat` times; return the fetched tensors and per-instruction (kind, seconds)."""
+        """Store `feed`, run `program` `repeat` times; return the fetched tensors and per-instruction timings."""
         session = self.session(session_id)
         with session.lock:
             session.check_alive()
+            if feed:
+                session.tensors.update(feed)
             steps = self._executor.bind(session, program)
             elapsed = [0.0] * len(steps)
             clock = time.perf_counter

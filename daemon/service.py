@@ -49,7 +49,12 @@ class DaemonServicer:
 
     def Execute(self, request, context):
         fetched, timings = self.core.execute(
-            request.session_id, request.program, request.repeat, request.fetch, request.timings
+            request.session_id,
+            request.program,
+            request.repeat,
+            request.fetch,
+            request.timings,
+            {t.name: from_proto(t.tensor, t.name) for t in request.feed},
         )
         return daemon_pb2.ExecuteReply(
             fetched=[_named(n, v) for n, v in fetched.items()],

@@ -104,11 +104,29 @@ class Launch:
         threads = max(1, total // self.args.nproc)
         env = self._base_env()
         for device in range(self.args.nproc):
-            cmd = [sys.executable, "-m", "tessel.daemon", "--coordinator", self.coordinator, "--plugin",
-                   self.args.plugin, "--device", str(device), "--threads", str(threads)]  # fmt: skip
-            self.daemons.append(subprocess.Popen(
-                cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_die_with_parent))  # fmt: skip
+            cmd = [
+                sys.executable,
+                "-m",
+                "tessel.daemon",
+                "--coordinator",
+                self.coordinator,
+                "--plugin",
+                self.args.plugin,
+                "--device",
+                str(device),
+                "--threads",
+                str(threads),
+            ]
+            self.daemons.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            )
         for device, proc in enumerate(self.daemons):
             line = self._first_line(proc, f"daemon {device}")
             self.daemon_ids.append(line.split()[2])
@@ -139,20 +157,32 @@ class Launch:
         for rank in range(n):
             env = self._base_env()
             env.update(
-                TESSEL_JOB_ID=job_id, TESSEL_RANK=str(rank), TESSEL_WORLD_SIZE=str(n), TESSEL_PLUGIN=self.args.plugin,
-                TESSEL_JOIN_TIMEOUT=str(self.args.join_timeout), RANK_ID=str(rank), RANK_SIZE=str(n),
-                DEVICE_ID=str(rank), PYTHONUNBUFFERED="1",
+                TESSEL_JOB_ID=job_id,
+                TESSEL_RANK=str(rank),
+                TESSEL_WORLD_SIZE=str(n),
+                TESSEL_PLUGIN=self.args.plugin,
+                TESSEL_JOIN_TIMEOUT=str(self.args.join_timeout),
+                RANK_ID=str(rank),
+                RANK_SIZE=str(n),
+                DEVICE_ID=str(rank),
+                PYTHONUNBUFFERED="1",
                 # The script only drives its daemon; its own numpy must not compete with the daemons' threads.
-                OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1",
-            )  # fmt: skip
+                OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1",
+                MKL_NUM_THREADS="1",
+            )
             if self.daemon_ids:
                 env["TESSEL_DAEMON_ID"] = self.daemon_ids[rank]
             out_dir = log_root / f"rank.{rank}"
             out_dir.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
-                [sys.executable, self.args.script, *self.args.args], env=env, stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
+                [sys.executable, self.args.script, *self.args.args],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
             echo_out = sys.stdout.buffer if rank == 0 and not self.args.quiet else None
             echo_err = sys.stderr.buffer if rank == 0 and not self.args.quiet else None
             for pipe, name, echo in ((proc.stdout, "stdout", echo_out), (proc.stderr, "stderr", echo_err)):
@@ -250,8 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     launch.shutdown()
     if code != 0:
         rank_dir = log_root / f"rank.{failed}"
-        print(f"\ntessel run: rank {failed} failed with exit code {code}; last lines of {rank_dir}/stderr:",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"\ntessel run: rank {failed} failed with exit code {code}; last lines of {rank_dir}/stderr:",
+            file=sys.stderr,
+        )
         print(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"), file=sys.stderr)
         return code if code > 0 else 1
     return 130 if interrupted else 0

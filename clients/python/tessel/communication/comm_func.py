@@ -33,8 +33,13 @@ class ReduceOp:
     MIN = "min"
 
 
-_OPS = {"sum": collective_pb2.SUM, "prod": collective_pb2.PROD, "max": collective_pb2.MAX,
-        "min": collective_pb2.MIN, "mean": collective_pb2.MEAN}  # fmt: skip
+_OPS = {
+    "sum": collective_pb2.SUM,
+    "prod": collective_pb2.PROD,
+    "max": collective_pb2.MAX,
+    "min": collective_pb2.MIN,
+    "mean": collective_pb2.MEAN,
+}
 _names = itertools.count()
 
 
@@ -47,8 +52,9 @@ class CommHandle:
 
     def wait(self) -> Any:
         if not self._done:
-            program = daemon_pb2.Program(instructions=[daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(
-                handle=self._handle))])  # fmt: skip
+            program = daemon_pb2.Program(
+                instructions=[daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=self._handle))]
+            )
             self._result = _run(program, self._outputs)
             self._done = True
         if not self._outputs:
@@ -155,8 +161,9 @@ def neighbor_exchange(
 
 
 def send(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
-    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.SEND, peer=_group_rank(dst, group, "dst"),
-                                   group=_group_name(group))  # fmt: skip
+    spec = daemon_pb2.CollectiveOp(
+        kind=collective_pb2.SEND, peer=_group_rank(dst, group, "dst"), group=_group_name(group)
+    )
     return _collective(spec, [tensor], 0, async_op)
 
 
