@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _register(args, core: DaemonCore, address: str, coordinator) -> str:
+def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None) -> str:
     from tessel.v1 import coordinator_pb2
 
     device = core.plugin.device
@@ -59,7 +59,9 @@ def _register(args, core: DaemonCore, address: str, coordinator) -> str:
         try:
             return coordinator.register_daemon(info).daemon_id
         except TesselError as exc:
-            if time.monotonic() > deadline:
+            if stop is not None and stop.is_set():
+                raise
+            if not forever and time.monotonic() > deadline:
                 raise TesselError(
                     f"cannot register with the coordinator at {args.coordinator} within {args.connect_timeout} s: "
                     f"{exc}. Start it with `tessel coordinator` or pass --coordinator HOST:PORT."
@@ -70,7 +72,7 @@ def _register(args, core: DaemonCore, address: str, coordinator) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
-    from tessel.coordinator import CoordinatorClient
+    from tessel.coordinator import COORDINATOR_LOST, CoordinatorClient
     from tessel.plugins import load_plugin
 
     threads = args.threads or (os.cpu_count() or 1)
@@ -89,14 +91,32 @@ def main(argv: list[str] | None = None) -> int:
     print(f"tessel daemon {core.daemon_id} listening on {address}", flush=True)
 
     stop = threading.Event()
+    lost = threading.Event()
 
     def on_event(event) -> None:
-        core.on_job_event(event.job_id, event.state, event.cause, event.culprit_rank)
+        if event.state == COORDINATOR_LOST:
+            # Its jobs cannot be supervised any more: fail them here, then register again when it is back.
+            for session in core.sessions():
+                core.on_job_event(session.job_id, "failed", event.cause)
+            lost.set()
+        else:
+            core.on_job_event(event.job_id, event.state, event.cause, event.culprit_rank)
 
-    beat = coordinator.heartbeat(core.daemon_id, on_event)
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+        signal.signal(sig, lambda *_: (stop.set(), lost.set()))
+    beat = coordinator.heartbeat(core.daemon_id, on_event)
+    while not stop.is_set():
+        lost.wait()
+        if stop.is_set():
+            break
+        lost.clear()
+        beat.stop()
+        try:
+            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop)
+        except TesselError:
+            break
+        log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)
+        beat = coordinator.heartbeat(core.daemon_id, on_event)
     beat.stop()
     server.stop(grace=1.0).wait(2.0)
     core.close()

@@ -59,7 +59,7 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_daemons(self, n: int, threads: int = 1) -> list[str]:
+    def start_daemons(self, n: int, threads: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
         started = [
             self.spawn(
                 [
@@ -72,6 +72,7 @@ class Cluster:
                     str(i),
                     "--threads",
                     str(threads),
+                    *extra,
                 ]
             )
             for i in range(n)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 USAGE = """usage: tessel <command> [options]
@@ -17,6 +18,8 @@ commands:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The launcher forks children while gRPC threads run; gRPC's fork handlers only add noise there.
+    os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)

@@ -94,7 +94,7 @@ class Launch:
 
     # ------------------------------------------------------------------------------------------ cluster
 
-    def start_cluster(self) -> None:
+    def start_cluster(self, log_root: Path) -> None:
         from tessel.coordinator import serve
 
         self.server = serve(host="127.0.0.1", port=0, token=self.token)
@@ -130,6 +130,13 @@ class Launch:
         for device, proc in enumerate(self.daemons):
             line = self._first_line(proc, f"daemon {device}")
             self.daemon_ids.append(line.split()[2])
+            # The rest of the daemon's output goes to its log; an unread pipe would block it once full.
+            out_dir = log_root / f"daemon.{device}"
+            out_dir.mkdir(parents=True, exist_ok=True)
+            for pipe, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+                tee = _Tee(pipe, out_dir / name, None)
+                tee.start()
+                self.tees.append(tee)
 
     def _first_line(self, proc: subprocess.Popen, what: str, timeout_s: float = 60.0) -> str:
         result: list[bytes] = []
@@ -232,11 +239,11 @@ class Launch:
 
     def shutdown(self) -> None:
         self._stop(self.ranks)
+        if self.server is not None:
+            self.server.stop()  # first, so that daemons going away is not reported as a failure
+        self._stop(self.daemons)
         for tee in self.tees:
             tee.join(timeout=2.0)
-        self._stop(self.daemons)
-        if self.server is not None:
-            self.server.stop()
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -264,9 +271,9 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        if args.coordinator is None:
-            launch.start_cluster()
         log_root.mkdir(parents=True, exist_ok=True)
+        if args.coordinator is None:
+            launch.start_cluster(log_root)
         launch.start_ranks(job_id, log_root)
         code, failed = launch.wait_ranks()
     except KeyboardInterrupt:

@@ -128,7 +128,8 @@ def _embedded() -> Runtime:
 def _distributed(env: LaunchEnv) -> Runtime:
     from tessel import rpc
     from tessel.communication.daemon_handle import RemoteDaemon
-    from tessel.coordinator import CoordinatorClient
+    from tessel.coordinator import COORDINATOR_LOST, CoordinatorClient
+    from tessel.v1 import coordinator_pb2
 
     token = rpc.cluster_token()
     coordinator = CoordinatorClient(env.coordinator, token)
@@ -149,10 +150,12 @@ def _distributed(env: LaunchEnv) -> Runtime:
     )
 
     def on_event(event) -> None:
-        if event.job_id == runtime.job_id and event.state == "failed":
+        # A lost coordinator also ends the job: nobody would tell this rank that a peer died.
+        if event.state in ("failed", COORDINATOR_LOST) and runtime.failure is None:
             runtime.failure, runtime.culprit_rank = event.cause, event.culprit_rank
 
-    runtime.heartbeat = coordinator.heartbeat_client(env.job_id, reply.rank, on_event)
+    member = coordinator_pb2.ClientRef(job_id=env.job_id, rank=reply.rank, pid=os.getpid())
+    runtime.heartbeat = coordinator.heartbeat(member, on_event)
     return runtime
 
 
