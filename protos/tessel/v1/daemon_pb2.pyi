@@ -172,18 +172,20 @@ class Program(_message.Message):
     def __init__(self, instructions: _Optional[_Iterable[_Union[Instruction, _Mapping]]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("session_id", "program", "repeat", "fetch", "timings")
+    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     REPEAT_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    FEED_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     program: Program
     repeat: int
     fetch: _containers.RepeatedScalarFieldContainer[str]
     timings: bool
-    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ...) -> None: ...
+    feed: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
+    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
 
 class InstructionTiming(_message.Message):
     __slots__ = ("index", "kind", "seconds")
