@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonInfo(_message.Message):
-    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank")
+    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class DaemonInfo(_message.Message):
     STATE_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     address: str
     data_address: str
@@ -40,7 +41,8 @@ class DaemonInfo(_message.Message):
     state: str
     job_id: str
     rank: int
-    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+    heartbeat_age_s: float
+    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ...) -> None: ...
 
 class RegisterDaemonRequest(_message.Message):
     __slots__ = ("info",)
@@ -137,7 +139,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "world_size", "state", "cause", "members", "finished_ranks", "started_at")
+    __slots__ = ("job_id", "world_size", "state", "cause", "members", "finished_ranks", "started_at", "culprit_rank")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -145,6 +147,7 @@ class JobInfo(_message.Message):
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_RANKS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_RANK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     world_size: int
     state: str
@@ -152,7 +155,8 @@ class JobInfo(_message.Message):
     members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
     finished_ranks: _containers.RepeatedScalarFieldContainer[int]
     started_at: float
-    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., cause: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., finished_ranks: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ...) -> None: ...
+    culprit_rank: int
+    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., cause: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., finished_ranks: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ..., culprit_rank: _Optional[int] = ...) -> None: ...
 
 class FinishRankRequest(_message.Message):
     __slots__ = ("job_id", "rank")

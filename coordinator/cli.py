@@ -1,0 +1,48 @@
+"""`tessel coordinator` / `python -m tessel.coordinator`: run a coordinator until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from tessel import errors
+from tessel.coordinator.client import DEFAULT_PORT
+from tessel.coordinator.service import serve
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tessel coordinator",
+        description="Run the cluster coordinator. Prints its address (host:port) as the first line of stdout.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 = any)")
+    parser.add_argument("--heartbeat-interval-ms", type=int, default=500, help="how often members beat")
+    parser.add_argument(
+        "--heartbeat-timeout-ms", type=int, default=3000, help="a member silent this long is dead (default 3000)"
+    )
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Serve until interrupted; exit 0 on SIGINT/SIGTERM, 2 on a configuration error (e.g. port in use).
+
+    The token is $TESSEL_TOKEN, else ~/.tessel/token (created if missing).
+    """
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        server = serve(args.host, args.port, None, args.heartbeat_interval_ms, args.heartbeat_timeout_ms)
+    except errors.ConfigurationError as exc:
+        print(f"tessel coordinator: {exc}", file=sys.stderr)
+        return 2
+    print(server.address, flush=True)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: server.stop())
+    while not server.wait(1.0):  # a timed wait keeps the main thread responsive to signals
+        pass
+    return 0

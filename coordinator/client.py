@@ -1,0 +1,233 @@
+"""The typed coordinator client used by daemons, the SDK and the launcher."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import grpc
+
+from tessel import rpc
+from tessel.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+
+log = logging.getLogger("tessel.coordinator")
+
+DEFAULT_PORT = 7070
+COORDINATOR_LOST = "coordinator_lost"  # JobEvent.state a HeartbeatHandle reports when the coordinator goes away
+_DEADLINE_MARGIN_S = 5.0  # gRPC deadline beyond a blocking call's own timeout, so its clear error arrives first
+
+
+def default_address() -> str:
+    """$TESSEL_COORDINATOR, else 127.0.0.1:7070."""
+    return os.environ.get("TESSEL_COORDINATOR") or f"127.0.0.1:{DEFAULT_PORT}"
+
+
+class HeartbeatHandle:
+    """A background heartbeat stream for one member; events arrive through `on_event` (on the handle's thread).
+
+    If the coordinator dies, hangs or ends the stream, the handle sets `lost` (with `lost_reason`) and calls
+    `on_event` once with a JobEvent whose state is COORDINATOR_LOST. `stop()` ends the stream; for a client rank
+    that has not finished (FinishRank), that counts as its death and fails its job.
+    """
+
+    def __init__(
+        self,
+        client: rpc.Client,
+        first: coordinator_pb2.HeartbeatRequest,
+        on_event: Callable[[coordinator_pb2.JobEvent], None],
+        interval_s: float,
+        timeout_s: float,
+    ):
+        self._client, self._first, self._on_event = client, first, on_event
+        self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.job_id = first.client.job_id if first.WhichOneof("who") == "client" else ""
+        self.lost = threading.Event()
+        self.lost_reason = ""
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._call = None
+        self._last_reply = time.monotonic()
+        self._receiver = threading.Thread(target=self._receive, name="tessel-heartbeat", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="tessel-heartbeat-watchdog", daemon=True)
+        self._receiver.start()
+        self._watchdog.start()
+
+    def _beats(self) -> Iterator[coordinator_pb2.HeartbeatRequest]:
+        yield self._first
+        while not self._done.wait(self.interval_s):
+            yield coordinator_pb2.HeartbeatRequest()
+
+    def _receive(self) -> None:
+        try:
+            call = self._client.stream("Heartbeat", self._beats())
+            with self._lock:
+                self._call = call
+                if self._done.is_set():
+                    call.cancel()
+            for reply in call:
+                self._last_reply = time.monotonic()
+                for event in reply.events:
+                    self._deliver(event)
+            self._lose(f"the coordinator at {self._client.address} ended the heartbeat stream (it stopped)")
+        except grpc.RpcError as exc:
+            self._lose(f"heartbeat stream to {self._client.address} broke: {exc.code().name}: {exc.details()}")
+
+    def _watch(self) -> None:
+        while not self._done.wait(self.interval_s):
+            age = time.monotonic() - self._last_reply
+            if age > self.timeout_s:
+                self._lose(f"no reply from the coordinator at {self._client.address} for {age:.1f} s")
+
+    def _deliver(self, event: coordinator_pb2.JobEvent) -> None:
+        try:
+            self._on_event(event)
+        except Exception:  # a faulty callback must not stop liveness
+            log.exception("heartbeat on_event callback failed for %s", event)
+
+    def _lose(self, reason: str) -> None:
+        with self._lock:
+            if self._done.is_set():
+                return
+            self._done.set()
+            self.lost_reason = reason
+            self.lost.set()
+            if self._call is not None:
+                self._call.cancel()
+        log.warning("%s", reason)
+        self._deliver(coordinator_pb2.JobEvent(job_id=self.job_id, state=COORDINATOR_LOST, cause=reason))
+
+    @property
+    def alive(self) -> bool:
+        return not self._done.is_set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """End the stream and its threads (waits at most timeout_s)."""
+        with self._lock:
+            self._done.set()
+            if self._call is not None:
+                self._call.cancel()
+        for thread in (self._receiver, self._watchdog):
+            if thread is not threading.current_thread():
+                thread.join(timeout_s)
+
+
+class CoordinatorClient:
+    """Typed calls to a coordinator; every call has a deadline and raises tessel exceptions.
+
+    Example:
+        client = CoordinatorClient("127.0.0.1:7070")
+        reply = client.join_job("train1", world_size=2, timeout_s=30)
+        print(reply.rank, reply.daemon.daemon_address)
+    """
+
+    def __init__(self, address: str | None = None, token: str | None = None, timeout_s: float = 60.0):
+        self.address = address or default_address()
+        token = token or rpc.cluster_token()
+        self._rpc = rpc.Client(self.address, coordinator_pb2_grpc.CoordinatorStub, token, timeout_s)
+        self._handles: list[HeartbeatHandle] = []
+
+    def _wait_call(self, method: str, request, timeout_s: float):
+        return self._rpc.call(method, request, timeout_s=timeout_s + _DEADLINE_MARGIN_S)
+
+    def register_daemon(self, info: coordinator_pb2.DaemonInfo) -> coordinator_pb2.RegisterDaemonReply:
+        return self._rpc.RegisterDaemon(coordinator_pb2.RegisterDaemonRequest(info=info))
+
+    def heartbeat(
+        self,
+        member: str | coordinator_pb2.ClientRef,
+        on_event: Callable[[coordinator_pb2.JobEvent], None],
+        interval_s: float = 0.5,
+        timeout_s: float | None = None,
+    ) -> HeartbeatHandle:
+        """Start beating for a daemon (its id) or a client rank (ClientRef); timeout_s defaults to 6 intervals."""
+        if isinstance(member, str):
+            first = coordinator_pb2.HeartbeatRequest(daemon_id=member)
+        else:
+            first = coordinator_pb2.HeartbeatRequest(client=member)
+        timeout_s = timeout_s if timeout_s is not None else max(3.0, 6 * interval_s)
+        handle = HeartbeatHandle(self._rpc, first, on_event, interval_s, timeout_s)
+        self._handles = [h for h in self._handles if h.alive] + [handle]
+        return handle
+
+    def join_job(
+        self,
+        job_id: str,
+        world_size: int,
+        rank: int = -1,
+        *,
+        plugin: str = "",
+        daemon_id: str = "",
+        hostname: str | None = None,
+        pid: int | None = None,
+        timeout_s: float = 60.0,
+    ) -> coordinator_pb2.JoinJobReply:
+        """Join and block until all ranks joined and have daemons (RendezvousTimeoutError names the missing)."""
+        request = coordinator_pb2.JoinJobRequest(
+            job_id=job_id,
+            world_size=world_size,
+            rank=rank,
+            plugin=plugin,
+            daemon_id=daemon_id,
+            hostname=hostname if hostname is not None else socket.gethostname(),
+            pid=pid if pid is not None else os.getpid(),
+            timeout_s=timeout_s,
+        )
+        return self._wait_call("JoinJob", request, timeout_s)
+
+    def get_job(self, job_id: str) -> coordinator_pb2.JobInfo:
+        return self._rpc.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id))
+
+    def finish_rank(self, job_id: str, rank: int) -> None:
+        self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank))
+
+    def fail_job(self, job_id: str, rank: int, cause: str) -> None:
+        self._rpc.FailJob(coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause))
+
+    def create_group(
+        self, job_id: str, name: str, ranks: Sequence[int], rank: int, timeout_s: float = 60.0
+    ) -> list[common_pb2.Member]:
+        """Block until every rank of the group called it; returns the group's Members in `ranks` order."""
+        request = coordinator_pb2.CreateGroupRequest(
+            job_id=job_id, name=name, ranks=list(ranks), rank=rank, timeout_s=timeout_s
+        )
+        return list(self._wait_call("CreateGroup", request, timeout_s).members)
+
+    def destroy_group(self, job_id: str, name: str, rank: int) -> None:
+        self._rpc.DestroyGroup(coordinator_pb2.DestroyGroupRequest(job_id=job_id, name=name, rank=rank))
+
+    def barrier(self, job_id: str, name: str, rank: int, ranks: Sequence[int] = (), timeout_s: float = 60.0) -> None:
+        """Block until every rank in `ranks` (default: the whole job) reached the barrier named `name`."""
+        request = coordinator_pb2.BarrierRequest(
+            job_id=job_id, name=name, rank=rank, ranks=list(ranks), timeout_s=timeout_s
+        )
+        self._wait_call("Barrier", request, timeout_s)
+
+    def kv_set(self, job_id: str, key: str, value: bytes) -> None:
+        self._rpc.KeyValueSet(coordinator_pb2.KeyValueSetRequest(job_id=job_id, key=key, value=value))
+
+    def kv_get(self, job_id: str, key: str, timeout_s: float = 60.0) -> bytes:
+        """The key's value, waiting up to timeout_s for it (RendezvousTimeoutError); 0 = no wait (KeyError)."""
+        request = coordinator_pb2.KeyValueGetRequest(job_id=job_id, key=key, timeout_s=timeout_s)
+        return self._wait_call("KeyValueGet", request, timeout_s).value
+
+    def kv_delete(self, job_id: str, key: str) -> None:
+        self._rpc.KeyValueDelete(coordinator_pb2.KeyValueDeleteRequest(job_id=job_id, key=key))
+
+    def cluster_status(self) -> coordinator_pb2.ClusterStatusReply:
+        return self._rpc.ClusterStatus(common_pb2.Empty())
+
+    def close(self) -> None:
+        """Stop this client's heartbeat streams and close its channel."""
+        for handle in self._handles:
+            handle.stop()
+        self._rpc.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,247 @@
+"""The coordinator's records — daemons, jobs, groups, barriers — and the rank → daemon assignment rule.
+
+Plain data plus pure functions; `state.CoordinatorState` owns the lock that guards them.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+
+from tessel import errors
+from tessel.v1 import common_pb2, coordinator_pb2
+
+WAITING, RUNNING, FAILED, FINISHED = "waiting", "running", "failed", "finished"
+IDLE, BUSY, DEAD = "idle", "busy", "dead"
+
+
+@dataclass(eq=False)
+class DaemonRecord:
+    """A registered daemon: what it told us (`info`, whose `state`/`job_id`/`rank` we keep current) and liveness."""
+
+    info: coordinator_pb2.DaemonInfo
+    last_beat: float
+    streams: set[Subscriber] = field(default_factory=set)
+
+    @property
+    def daemon_id(self) -> str:
+        return self.info.daemon_id
+
+    @property
+    def state(self) -> str:
+        return self.info.state
+
+    def where(self) -> str:
+        return f"daemon {self.daemon_id} on host {self.info.hostname or self.info.address}"
+
+
+@dataclass(eq=False)
+class Subscriber:
+    """One open heartbeat stream: a daemon's (`daemon` set) or a client rank's (`job` set).
+
+    Events and control items for the stream go into `outbox`; the stream's sender drains it.
+    """
+
+    outbox: queue.SimpleQueue
+    last_beat: float
+    daemon: DaemonRecord | None = None
+    job: Job | None = None
+    rank: int = -1
+    pid: int = 0
+    closed: bool = False
+
+
+@dataclass
+class Joiner:
+    """A client process that joined a job as `rank`."""
+
+    rank: int
+    plugin: str
+    daemon_id: str  # the pinned daemon, "" = any
+    hostname: str
+    pid: int
+
+
+@dataclass(eq=False)
+class Group:
+    name: str
+    ranks: tuple[int, ...]
+    first_rank: int
+    arrived: set[int] = field(default_factory=set)
+
+    def complete(self) -> bool:
+        return self.arrived.issuperset(self.ranks)
+
+
+@dataclass(eq=False)
+class Barrier:
+    ranks: tuple[int, ...]
+    generation: int = 0
+    arrived: set[int] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Job:
+    """One job: its rendezvous, its assignment once running, and its per-job groups, barriers and KV store."""
+
+    job_id: str
+    world_size: int
+    created_at: float
+    state: str = WAITING
+    joiners: dict[int, Joiner] = field(default_factory=dict)
+    members: list[common_pb2.Member] = field(default_factory=list)
+    daemon_ids: list[str] = field(default_factory=list)
+    finished: set[int] = field(default_factory=set)
+    cause: str = ""
+    culprit_rank: int = -1
+    timed_out: bool = False  # failed because the rendezvous passed its deadline
+    started_at: float = 0.0
+    pending_reasons: list[str] = field(default_factory=list)  # why a complete world has no daemons yet
+    subscribers: set[Subscriber] = field(default_factory=set)
+    groups: dict[str, Group] = field(default_factory=dict)
+    barriers: dict[str, Barrier] = field(default_factory=dict)
+    kv: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in (FAILED, FINISHED)
+
+    def missing_ranks(self) -> list[int]:
+        return [r for r in range(self.world_size) if r not in self.joiners]
+
+    def failure(self) -> errors.TesselError:
+        """The exception every blocked call of this failed job raises."""
+        if self.timed_out:
+            return errors.RendezvousTimeoutError(self.cause)
+        return errors.JobFailedError(f"job '{self.job_id}' failed: {self.cause}", self.culprit_rank)
+
+    def event(self) -> coordinator_pb2.JobEvent:
+        return coordinator_pb2.JobEvent(
+            job_id=self.job_id, state=self.state, cause=self.cause, culprit_rank=self.culprit_rank
+        )
+
+    def describe_rank(self, rank: int) -> str:
+        """'rank 2 (pid 41 on host x, daemon d3)': who a rank is, for failure causes."""
+        joiner = self.joiners.get(rank)
+        parts = [f"pid {joiner.pid} on host {joiner.hostname}"] if joiner else []
+        if rank < len(self.daemon_ids):
+            parts.append(f"daemon {self.daemon_ids[rank]}")
+        return f"rank {rank} ({', '.join(parts)})" if parts else f"rank {rank}"
+
+    def info(self) -> coordinator_pb2.JobInfo:
+        return coordinator_pb2.JobInfo(
+            job_id=self.job_id,
+            world_size=self.world_size,
+            state=self.state,
+            cause=self.cause,
+            members=self.members,
+            finished_ranks=sorted(self.finished),
+            started_at=self.started_at,
+            culprit_rank=self.culprit_rank,
+        )
+
+
+def daemon_order(daemon_id: str) -> tuple[int, str]:
+    """Sort key putting d2 before d10."""
+    digits = daemon_id.lstrip("d")
+    return (int(digits), daemon_id) if digits.isdigit() else (1 << 62, daemon_id)
+
+
+def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
+    return record.state == IDLE and (not joiner.plugin or record.info.plugin == joiner.plugin)
+
+
+def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
+    who = f"rank {joiner.rank} of job '{job.job_id}' is pinned to daemon {joiner.daemon_id}"
+    if record is None:
+        return f"{who}, which is not registered"
+    if taken_by is not None:
+        return f"{who}, which rank {taken_by} is pinned to as well"
+    if joiner.plugin and record.info.plugin != joiner.plugin:
+        return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
+    busy = f" with job '{record.info.job_id}'" if record.state == BUSY else ""
+    return f"{who}, which is {record.state}{busy}"
+
+
+def _explain_unpinned(joiner: Joiner, daemons: dict[str, DaemonRecord]) -> str:
+    plugin = f"'{joiner.plugin}' " if joiner.plugin else ""
+    states = ", ".join(
+        f"{d.daemon_id} {d.state}" for d in sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
+    )
+    return f"rank {joiner.rank} needs an idle {plugin}daemon (registered: {states or 'none'})"
+
+
+def assign_daemons(job: Job, daemons: dict[str, DaemonRecord]) -> tuple[dict[int, DaemonRecord], list[str]]:
+    """Choose a daemon for every rank of a complete world: (assignment, []) or ({}, reasons it is impossible now).
+
+    Deterministic for a given registry: pinned ranks first; then ranks that require a plugin, then the rest, each
+    in rank order, taking the lowest-numbered idle daemon with the right plugin, preferring the rank's own host.
+    """
+    chosen: dict[int, DaemonRecord] = {}
+    reasons: list[str] = []
+    pinned_by: dict[str, int] = {}
+    for rank, joiner in sorted(job.joiners.items()):
+        if not joiner.daemon_id:
+            continue
+        record = daemons.get(joiner.daemon_id)
+        taken_by = pinned_by.get(joiner.daemon_id)
+        if record is None or taken_by is not None or not _fits(record, joiner):
+            reasons.append(_explain_pinned(job, joiner, record, taken_by))
+            continue
+        pinned_by[joiner.daemon_id] = rank
+        chosen[rank] = record
+    free = sorted(
+        (d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by),
+        key=lambda d: daemon_order(d.daemon_id),
+    )
+    unpinned = sorted((j for j in job.joiners.values() if not j.daemon_id), key=lambda j: (not j.plugin, j.rank))
+    for joiner in unpinned:
+        fitting = [d for d in free if _fits(d, joiner)]
+        local = [d for d in fitting if d.info.hostname == joiner.hostname]
+        pick = (local or fitting or [None])[0]
+        if pick is None:
+            reasons.append(_explain_unpinned(joiner, daemons))
+            continue
+        free.remove(pick)
+        chosen[joiner.rank] = pick
+    return ({}, reasons) if reasons else (chosen, [])
+
+
+def member_of(rank: int, record: DaemonRecord) -> common_pb2.Member:
+    info = record.info
+    return common_pb2.Member(
+        rank=rank,
+        daemon_id=info.daemon_id,
+        daemon_address=info.address,
+        data_address=info.data_address,
+        host_id=info.host_id or info.hostname,
+        pid=info.pid,
+        plugin=info.plugin,
+        device_id=info.device_id,
+    )
+
+
+def local_rank_and_size(members: list[common_pb2.Member], rank: int) -> tuple[int, int]:
+    """Position of `rank` among the ranks whose daemons share its host, and how many those are."""
+    same_host = [m.rank for m in members if m.host_id == members[rank].host_id]
+    return same_host.index(rank), len(same_host)
+
+
+def check_ranks(job: Job, ranks: list[int], rank: int, what: str) -> tuple[int, ...]:
+    """Validate a group/barrier rank list against the job; returns it as a tuple."""
+    if not ranks:
+        raise errors.ConfigurationError(f"{what} of job '{job.job_id}': the rank list is empty; name its ranks")
+    bad = [r for r in ranks if not 0 <= r < job.world_size]
+    if bad:
+        raise errors.ConfigurationError(
+            f"{what} of job '{job.job_id}': ranks {bad} are outside the world of {job.world_size} ranks "
+            f"(valid: 0..{job.world_size - 1})"
+        )
+    if len(set(ranks)) != len(ranks):
+        raise errors.ConfigurationError(f"{what} of job '{job.job_id}': ranks {ranks} repeat a rank; list each once")
+    if rank not in ranks:
+        raise errors.ConfigurationError(
+            f"{what} of job '{job.job_id}': rank {rank} called it but is not one of its ranks {ranks}; "
+            "only members may join"
+        )
+    return tuple(ranks)

@@ -1,0 +1,231 @@
+"""The coordinator's gRPC service: RPC methods over `CoordinatorState`, heartbeat streams and the liveness reaper."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+
+from tessel import errors, rpc
+from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
+from tessel.v1 import common_pb2, coordinator_pb2
+
+log = logging.getLogger("tessel.coordinator")
+
+DEFAULT_WAIT_S = 60.0  # a blocking call that gives no timeout_s waits this long at most
+_POLL_S = 0.25  # how often an idle stream sender checks that its call is still alive
+
+
+def _wait_budget(requested_s: float, context: grpc.ServicerContext, default_s: float = DEFAULT_WAIT_S) -> float:
+    """The caller's timeout_s (default_s if unset), cut short so our clear error beats the gRPC deadline."""
+    budget = requested_s if requested_s > 0 else default_s
+    remaining = context.time_remaining()
+    if remaining is not None:
+        budget = min(budget, max(remaining - 0.2, 0.0))
+    return budget
+
+
+class CoordinatorServicer:
+    """Maps each Coordinator RPC onto the state; `tessel.rpc` does auth, parsing and error mapping around it."""
+
+    def __init__(self, state: CoordinatorState, heartbeat_interval_ms: int, heartbeat_timeout_ms: int):
+        self.state = state
+        self.heartbeat_interval_ms, self.heartbeat_timeout_ms = heartbeat_interval_ms, heartbeat_timeout_ms
+
+    def RegisterDaemon(self, request, context):
+        daemon_id = self.state.register_daemon(request.info)
+        return coordinator_pb2.RegisterDaemonReply(
+            daemon_id=daemon_id,
+            heartbeat_interval_ms=self.heartbeat_interval_ms,
+            heartbeat_timeout_ms=self.heartbeat_timeout_ms,
+        )
+
+    def Heartbeat(self, requests: Iterator[coordinator_pb2.HeartbeatRequest], context) -> Iterator:
+        stream = _HeartbeatStream(self.state, requests, self.heartbeat_timeout_ms / 1000)
+        return stream.replies(context)
+
+    def JoinJob(self, request, context):
+        return self.state.join(request, _wait_budget(request.timeout_s, context), context.is_active)
+
+    def GetJob(self, request, context):
+        return self.state.job_info(request.job_id)
+
+    def FinishRank(self, request, context):
+        self.state.finish_rank(request.job_id, request.rank)
+        return common_pb2.Empty()
+
+    def FailJob(self, request, context):
+        self.state.fail_job(request.job_id, request.rank, request.cause)
+        return common_pb2.Empty()
+
+    def CreateGroup(self, request, context):
+        members = self.state.create_group(
+            request.job_id,
+            request.name,
+            list(request.ranks),
+            request.rank,
+            _wait_budget(request.timeout_s, context),
+            context.is_active,
+        )
+        return coordinator_pb2.CreateGroupReply(members=members)
+
+    def DestroyGroup(self, request, context):
+        self.state.destroy_group(request.job_id, request.name, request.rank)
+        return common_pb2.Empty()
+
+    def Barrier(self, request, context):
+        budget = _wait_budget(request.timeout_s, context)
+        self.state.barrier(request.job_id, request.name, request.rank, list(request.ranks), budget, context.is_active)
+        return common_pb2.Empty()
+
+    def KeyValueSet(self, request, context):
+        self.state.kv_set(request.job_id, request.key, request.value)
+        return common_pb2.Empty()
+
+    def KeyValueGet(self, request, context):
+        budget = _wait_budget(request.timeout_s, context, default_s=0.0) if request.timeout_s > 0 else 0.0
+        value = self.state.kv_get(request.job_id, request.key, budget, context.is_active)
+        return coordinator_pb2.KeyValueGetReply(value=value)
+
+    def KeyValueDelete(self, request, context):
+        self.state.kv_delete(request.job_id, request.key)
+        return common_pb2.Empty()
+
+    def ClusterStatus(self, request, context):
+        return self.state.cluster_status()
+
+
+class _HeartbeatStream:
+    """One Heartbeat call: a reader thread takes the beats, the handler's generator sends acks and events.
+
+    Reading on its own thread lets the sender wake for events at once, and lets the first message have a deadline.
+    """
+
+    def __init__(self, state: CoordinatorState, requests: Iterator, first_message_timeout_s: float):
+        self.state, self.requests = state, requests
+        self.first_message_timeout_s = first_message_timeout_s
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.identified = False
+
+    def _read(self) -> None:
+        sub, why = None, "closed its heartbeat stream (the process exited or lost its connection)"
+        try:
+            for request in self.requests:
+                if sub is None:
+                    sub = self.state.subscribe(request, self.outbox)
+                    self.identified = True
+                else:
+                    self.state.beat(sub)
+                self.outbox.put(ACK)
+        except grpc.RpcError:
+            pass  # cancelled: the member's connection broke
+        except Exception as exc:  # unknown member or malformed first message: the sender reports it
+            self.outbox.put(exc)
+        finally:
+            if sub is not None:
+                self.state.stream_closed(sub, why)
+            self.outbox.put(CLOSE)
+
+    def replies(self, context: grpc.ServicerContext) -> Iterator[coordinator_pb2.HeartbeatReply]:
+        threading.Thread(target=self._read, name="tessel-heartbeat-reader", daemon=True).start()
+        first_deadline = time.monotonic() + self.first_message_timeout_s
+        while True:
+            try:
+                item = self.outbox.get(timeout=_POLL_S)
+            except queue.Empty:
+                if not context.is_active():
+                    return
+                if not self.identified and time.monotonic() > first_deadline:
+                    context.abort(
+                        grpc.StatusCode.DEADLINE_EXCEEDED,
+                        f"Heartbeat: no first message within {self.first_message_timeout_s:.1f} s; "
+                        "send the daemon_id or client ref at once",
+                    )
+                continue
+            if item is CLOSE:
+                return
+            if isinstance(item, Exception):
+                raise item
+            reply = coordinator_pb2.HeartbeatReply()
+            if item is not ACK:
+                reply.events.append(item)
+            yield reply
+
+
+class CoordinatorServer:
+    """A running coordinator (embedded in this process): `.address`, `.port`, `.state`, `.stop()`, `.wait()`."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        heartbeat_interval_ms: int,
+        heartbeat_timeout_ms: int,
+        max_workers: int = 1024,
+    ):
+        self.state = CoordinatorState(heartbeat_timeout_s=heartbeat_timeout_ms / 1000)
+        servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms)
+        handler = rpc.generic_handler(servicer, coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"], token)
+        # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily).
+        self._server, self.port = rpc.start_server([handler], host, port, max_workers=max_workers)
+        self.host = host
+        self.address = f"{host}:{self.port}"
+        self._stopped = threading.Event()
+        period = min(heartbeat_interval_ms, heartbeat_timeout_ms) / 1000 / 2
+        self._reaper = threading.Thread(target=self._reap, args=(period,), name="tessel-reaper", daemon=True)
+        self._reaper.start()
+        log.info("coordinator listening on %s", self.address)
+
+    def _reap(self, period_s: float) -> None:
+        while not self._stopped.wait(period_s):
+            try:
+                self.state.expire()
+            except Exception:  # the reaper must outlive any bug, or deaths would go unnoticed
+                log.exception("liveness check failed")
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving: end heartbeat streams, cancel blocked calls after `grace_s`."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        self.state.close_all()
+        self._server.stop(grace_s).wait(grace_s + 5)
+        self._reaper.join(timeout=5)
+        log.info("coordinator at %s stopped", self.address)
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Block until stop() was called (True) or timeout_s passed (False)."""
+        return self._stopped.wait(timeout_s)
+
+    def __enter__(self) -> CoordinatorServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def serve(
+    host: str = "127.0.0.1",
+    port: int = 0,
+    token: str | None = None,
+    heartbeat_interval_ms: int = 500,
+    heartbeat_timeout_ms: int = 3000,
+) -> CoordinatorServer:
+    """Start a coordinator in this process (port 0 = any free port); the token defaults to the cluster token.
+
+    Example:
+        with serve() as server:
+            client = CoordinatorClient(server.address)
+    """
+    if heartbeat_interval_ms <= 0 or heartbeat_timeout_ms <= heartbeat_interval_ms:
+        raise errors.ConfigurationError(
+            f"heartbeat timeout {heartbeat_timeout_ms} ms must exceed the interval {heartbeat_interval_ms} ms > 0; "
+            "use a timeout of several intervals (default 3000 ms over 500 ms)"
+        )
+    token = token or rpc.cluster_token(create=True)
+    return CoordinatorServer(host, port, token, heartbeat_interval_ms, heartbeat_timeout_ms)
