@@ -1,0 +1,45 @@
+"""tessel.dataset — MindSpore's dataset API on Apache Arrow.
+
+Write `import tessel.dataset as ds` where MindSpore scripts write `import mindspore.dataset as ds`:
+
+>>> import numpy as np
+>>> import tessel.dataset as ds
+>>> data = ds.NumpySlicesDataset({"image": np.zeros((4, 2, 2, 1), np.uint8), "label": np.arange(4)}, shuffle=False)
+>>> data = data.map([ds.vision.Rescale(1.0 / 255.0, 0), ds.vision.HWC2CHW()], "image").batch(2)
+>>> [image.shape for image, label in data.create_tuple_iterator(output_numpy=True)]
+[(2, 1, 2, 2), (2, 1, 2, 2)]
+"""
+
+from collections.abc import Sequence
+
+from tessel.dataset import config, transforms, vision
+from tessel.dataset.core import Dataset
+from tessel.dataset.files import ArrowDataset, ParquetDataset
+from tessel.dataset.generator import GeneratorDataset
+from tessel.dataset.parallel import shard_batch, shard_options
+from tessel.dataset.sources import Cifar10Dataset, MnistDataset, NumpySlicesDataset
+from tessel.dataset.spec import from_spec
+
+
+def zip(datasets: Sequence[Dataset]) -> Dataset:
+    """Rows of several datasets side by side (`ds.zip((a, b))`)."""
+    first, *others = datasets
+    return first.zip(others)
+
+
+__all__ = [
+    "ArrowDataset",
+    "Cifar10Dataset",
+    "Dataset",
+    "GeneratorDataset",
+    "MnistDataset",
+    "NumpySlicesDataset",
+    "ParquetDataset",
+    "config",
+    "from_spec",
+    "shard_batch",
+    "shard_options",
+    "transforms",
+    "vision",
+    "zip",
+]

@@ -1,0 +1,45 @@
+"""Process-wide dataset settings: the shuffle seed and the cache directory.
+
+The global shuffle order of every source is a function of (seed, epoch) only, so every rank that uses the same seed
+sees the same permutation and its shard (rows k, k+N, k+2N, ... of that permutation) is disjoint from the others.
+Unlike MindSpore, whose default seed draws a fresh random value per process (so shuffled shards would overlap unless
+the user calls `set_seed`), tessel's default seed is a fixed value: data-parallel ranks agree out of the box.
+
+>>> import tessel.dataset as ds
+>>> ds.config.set_seed(42)
+>>> ds.config.get_seed()
+42
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tessel.errors import ConfigurationError
+
+# MindSpore's config seed default (std::mt19937's default seed); here it is used as-is instead of meaning "random".
+DEFAULT_SEED = 5489
+_MAX_SEED = 2**32 - 1
+_seed = DEFAULT_SEED
+
+
+def set_seed(seed: int) -> None:
+    """Set the seed of every dataset shuffle, sampler and random transform (MindSpore `ds.config.set_seed`)."""
+    global _seed
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
+        raise ConfigurationError(
+            f"ds.config.set_seed: seed must be an int in [0, {_MAX_SEED}], got {seed!r}; pass e.g. set_seed(1)"
+        )
+    _seed = seed
+
+
+def get_seed() -> int:
+    """The seed in effect (`DEFAULT_SEED` unless `set_seed` was called)."""
+    return _seed
+
+
+def get_cache_dir() -> Path:
+    """Where sources are materialized as Arrow IPC files: $TESSEL_CACHE, else ~/.cache/tessel (read on each call)."""
+    configured = os.environ.get("TESSEL_CACHE")
+    return Path(configured).expanduser() if configured else Path.home() / ".cache" / "tessel"

@@ -1,0 +1,145 @@
+"""GeneratorDataset: rows produced by Python code (feed mode only — a daemon cannot run it).
+
+The source is a random-access object (`__getitem__` and `__len__`: shuffled and sharded by index like every other
+source), an iterable, or a callable returning an iterator (read in order; no shuffle or shards, as in MindSpore).
+
+>>> data = GeneratorDataset(lambda: ((i, i * i) for i in range(3)), column_names=["x", "y"])
+>>> [int(y) for x, y in data.create_tuple_iterator(output_numpy=True)]
+[0, 1, 4]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
+from tessel.dataset.ops import column_list
+from tessel.dataset.sampling import check_sampling_args, shard_rows, shard_size
+from tessel.dataset.transforms.base import RaggedRowsError, resolve_dtype, stack_rows
+from tessel.errors import ConfigurationError
+
+
+class GeneratorDataset(Dataset):
+    """Rows from a Python source; each item is a tuple with one array-like per column."""
+
+    def __init__(
+        self,
+        source: Any,
+        column_names: str | list[str] | None = None,
+        column_types: list[Any] | None = None,
+        schema: Any = None,
+        num_samples: int | None = None,
+        num_parallel_workers: int = 1,
+        shuffle: bool | None = None,
+        sampler: Any = None,
+        num_shards: int | None = None,
+        shard_id: int | None = None,
+        python_multiprocessing: bool = True,
+        max_rowsize: int | None = None,
+    ):
+        super().__init__()
+        where = "GeneratorDataset"
+        if column_names is None:
+            raise ConfigurationError(f"{where}: column_names is required, e.g. column_names=['data', 'label']")
+        if sampler is not None:
+            raise ConfigurationError(f"{where}: sampler= is not supported; use shuffle/num_samples/num_shards/shard_id")
+        self.column_names = column_list(column_names, where, "column_names")
+        self.column_types = None
+        if column_types is not None:
+            if len(column_types) != len(self.column_names):
+                raise ConfigurationError(
+                    f"{where}: {len(column_types)} column_types for {len(self.column_names)} columns; give one each"
+                )
+            self.column_types = [resolve_dtype(t, where) for t in column_types]
+        self.source = source
+        self.random_access = hasattr(source, "__getitem__") and hasattr(source, "__len__")
+        self.num_shards, self.shard_id = check_sampling_args(where, num_samples, num_shards, shard_id)
+        self.num_samples = num_samples or None
+        if not self.random_access:
+            if not (callable(source) or hasattr(source, "__iter__")):
+                raise ConfigurationError(
+                    f"{where}: source must be random access (__getitem__ and __len__), iterable, or a callable that "
+                    f"returns an iterator; got {type(source).__name__}"
+                )
+            if shuffle or self.num_shards is not None:
+                raise ConfigurationError(
+                    f"{where}: shuffle=True and num_shards/shard_id need a random-access source (__getitem__ and "
+                    f"__len__); this source is only iterable — give it both methods or pass shuffle=False"
+                )
+        self.shuffle_flag = self.random_access if shuffle is None else bool(shuffle)
+        self._iterable_rows: int | None = None
+
+    def get_col_names(self) -> list[str]:
+        return list(self.column_names)
+
+    def _rows_are_batches(self) -> bool:
+        return False
+
+    def _signature(self) -> str:
+        name = getattr(self.source, "__qualname__", type(self.source).__qualname__)
+        return f"{name},{self.shuffle_flag},{self.num_samples},{self.num_shards}/{self.shard_id}"
+
+    def _num_rows(self) -> int:
+        if self.random_access:
+            return shard_size(len(self.source), self.num_shards, self.num_samples)
+        if self._iterable_rows is None:
+            # Like MindSpore, an iterable's length is found by running it once.
+            total = len(self.source) if hasattr(self.source, "__len__") else sum(1 for _ in self._items())
+            self._iterable_rows = min(total, self.num_samples) if self.num_samples else total
+        return self._iterable_rows
+
+    def _items(self) -> Iterator[Any]:
+        return iter(self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source)
+
+    def _rows(self, ctx: EpochContext) -> Iterator[tuple[np.ndarray, ...]]:
+        if self.random_access:
+            order = shard_rows(
+                len(self.source),
+                self.num_shards,
+                self.shard_id,
+                self.shuffle_flag,
+                ctx.seed,
+                ctx.epoch,
+                self.num_samples,
+            )
+            for index in order:
+                yield self._as_row(self.source[int(index)])
+            return
+        for count, item in enumerate(self._items()):
+            if self.num_samples and count >= self.num_samples:
+                return
+            yield self._as_row(item)
+
+    def _as_row(self, item: Any) -> tuple[np.ndarray, ...]:
+        values = item if isinstance(item, tuple) else (item,)
+        if len(values) != len(self.column_names):
+            raise ConfigurationError(
+                f"GeneratorDataset: the source yields {len(values)} value(s) per row but column_names has "
+                f"{len(self.column_names)}: {self.column_names}; yield a tuple with one value per column"
+            )
+        if self.column_types is None:
+            return tuple(np.asarray(v) for v in values)
+        return tuple(np.asarray(v, dtype=t) for v, t in zip(values, self.column_types))
+
+    def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
+        pending: list[tuple[np.ndarray, ...]] = []
+        size = 0
+        for row in self._rows(ctx):
+            if not pending:
+                size = block_rows(sum(v.nbytes for v in row), ctx.row_multiple)
+            pending.append(row)
+            if len(pending) >= size:
+                yield from self._blocks(pending)
+                pending = []
+        if pending:
+            yield from self._blocks(pending)
+
+    def _blocks(self, rows: list[tuple[np.ndarray, ...]]) -> Iterator[Block]:
+        try:
+            yield dict(zip(self.column_names, stack_rows(rows, "GeneratorDataset")))
+        except RaggedRowsError:
+            for row in rows:  # rows of different shapes cannot share an array: one block per row
+                yield {name: value[None] for name, value in zip(self.column_names, row)}

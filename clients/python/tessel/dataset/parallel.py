@@ -1,0 +1,96 @@
+"""How a rank's input is taken from the data: dataset shards, `full_batch` and `dataset_strategy` slicing.
+
+The SDK's auto-parallel context calls these:
+
+* data parallel (the default): each rank reads its own shard — `shard_options(False, rank, device_num)` gives the
+  `num_shards` / `shard_id` to pass to a source;
+* `full_batch=True` (or dataset_strategy "full_batch"): every rank reads the whole dataset and gets the global batch;
+* `dataset_strategy=((s0, s1, ...), ...)`: every rank reads the global batch and keeps its slice of each input,
+  input i cut into s_d equal parts along each dim d.
+
+Ranks map to slices like MindSpore's VirtualDataset: the device matrix is the strategy with the repeat dimension
+(device_num / prod(strategy)) on the left by default, so rank r holds slice `unravel(r mod prod(strategy))`;
+`repeat_dim_right=True` (MindSpore's `dataset_repeat_dim_right`) puts it on the right: `unravel(r // repeat)`.
+
+>>> import numpy as np
+>>> x = np.arange(8).reshape(4, 2)
+>>> shard_batch((x,), ((2, 1),), rank=1, device_num=2)[0].tolist()
+[[4, 5], [6, 7]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.errors import ConfigurationError
+
+Strategy = str | Sequence[Sequence[int]]
+
+
+def shard_options(full_batch: bool, rank: int, device_num: int) -> dict[str, int | None]:
+    """Keyword arguments for a source: its own shard in data parallel, everything with full_batch."""
+    if full_batch or device_num == 1:
+        return {"num_shards": None, "shard_id": None}
+    return {"num_shards": device_num, "shard_id": rank}
+
+
+def _resolve_strategy(strategy: Strategy, arrays: list[np.ndarray], device_num: int) -> list[tuple[int, ...]]:
+    if strategy == "full_batch":
+        return [(1,) * a.ndim for a in arrays]
+    if strategy == "data_parallel":
+        return [(device_num,) + (1,) * (a.ndim - 1) if a.ndim else () for a in arrays]
+    if isinstance(strategy, str):
+        raise ConfigurationError(
+            f"dataset_strategy {strategy!r} is not 'full_batch', 'data_parallel' or a tuple of per-input tuples"
+        )
+    resolved = [tuple(int(v) for v in s) for s in strategy]
+    if len(resolved) != len(arrays):
+        raise ConfigurationError(
+            f"dataset_strategy has {len(resolved)} entries but the batch has {len(arrays)} inputs; give one tuple per "
+            f"input, e.g. (({device_num}, 1), ({device_num},)) for (image, label)"
+        )
+    return resolved
+
+
+def _slice_input(index: int, array: np.ndarray, split: tuple[int, ...], rank: int, device_num: int, right: bool):
+    where = f"dataset_strategy for input {index} (shape {array.shape})"
+    if len(split) != array.ndim:
+        raise ConfigurationError(f"{where}: {split} has {len(split)} entries, one per dim ({array.ndim}) is needed")
+    parts = int(np.prod(split, dtype=np.int64))
+    if any(s < 1 for s in split) or device_num % parts:
+        raise ConfigurationError(
+            f"{where}: {split} splits into {parts} parts, which must be >= 1 each and divide device_num={device_num}"
+        )
+    for dim, (size, s) in enumerate(zip(array.shape, split)):
+        if size % s:
+            raise ConfigurationError(
+                f"{where}: dim {dim} of size {size} is not divisible by {s}; change the batch size or the strategy"
+            )
+    repeat = device_num // parts
+    coords = np.unravel_index(rank // repeat if right else rank % parts, split) if parts > 1 else (0,) * array.ndim
+    index_tuple = tuple(
+        slice(int(c) * (size // s), (int(c) + 1) * (size // s)) for c, size, s in zip(coords, array.shape, split)
+    )
+    return array[index_tuple]
+
+
+def shard_batch(
+    batch: Sequence[Any] | Mapping[str, Any],
+    strategy: Strategy,
+    rank: int,
+    device_num: int,
+    repeat_dim_right: bool = False,
+) -> Any:
+    """This rank's slice of each input of a global batch (a tuple/list of arrays or a dict), same container type."""
+    if not 0 <= rank < device_num:
+        raise ConfigurationError(f"shard_batch: rank {rank} is not in [0, device_num={device_num})")
+    names = list(batch) if isinstance(batch, Mapping) else None
+    arrays = [np.asarray(v) for v in (batch.values() if isinstance(batch, Mapping) else batch)]
+    splits = _resolve_strategy(strategy, arrays, device_num)
+    sliced = [_slice_input(i, a, s, rank, device_num, repeat_dim_right) for i, (a, s) in enumerate(zip(arrays, splits))]
+    if names is not None:
+        return dict(zip(names, sliced))
+    return type(batch)(sliced) if isinstance(batch, (tuple, list)) else sliced

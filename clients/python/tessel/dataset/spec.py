@@ -1,0 +1,225 @@
+"""Sink mode: a declarative pipeline as a protobuf `DatasetSpec`, and back (`from_spec`) in another process.
+
+Sources are described by their files or inline Arrow data, transforms by their registered names and plain
+parameters, and the spec carries the seed and the next epoch, so the rebuilt pipeline yields exactly the batches
+the original would. Python callables cannot travel (never pickle): such pipelines raise a clear error and run in
+feed mode (`Dataset.iter_record_batches`).
+
+>>> import numpy as np
+>>> from tessel.dataset import NumpySlicesDataset
+>>> data = NumpySlicesDataset({"x": np.arange(6)}, shuffle=False).batch(4)
+>>> [b[0].tolist() for b in from_spec(data.to_spec().SerializeToString()).create_tuple_iterator(output_numpy=True)]
+[[0, 1, 2, 3], [4, 5]]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from tessel.dataset import ops
+from tessel.dataset.core import Dataset
+from tessel.dataset.files import ArrowDataset, ParquetDataset
+from tessel.dataset.generator import GeneratorDataset
+from tessel.dataset.sources import Cifar10Dataset, MappableSource, MnistDataset, NumpySlicesDataset
+from tessel.dataset.storage import record_batch_columns
+from tessel.dataset.transforms.base import is_registered, transform_from_params
+from tessel.errors import ConfigurationError
+from tessel.v1 import dataset_pb2 as pb
+
+DATASET_SPEC_VERSION = 1
+
+
+def unserializable_reason(dataset: Dataset) -> str | None:
+    """Why `dataset` cannot become a spec (the first Python callable found), or None when it can."""
+    if isinstance(dataset, GeneratorDataset):
+        return "GeneratorDataset calls Python code"
+    if isinstance(dataset, ops.MapDataset):
+        for op in dataset.operations:
+            if not is_registered(op):
+                return f"map(input_columns={dataset.input_columns}) applies {op!r}, which is not a registered transform"
+    if type(dataset) not in _WRITERS:
+        return f"{type(dataset).__name__} has no spec form"
+    return next((r for r in map(unserializable_reason, dataset.children) if r), None)
+
+
+def to_spec(dataset: Dataset) -> pb.DatasetSpec:
+    """The DatasetSpec of a declarative pipeline; ConfigurationError (feed mode) if it calls Python code."""
+    reason = unserializable_reason(dataset)
+    if reason:
+        raise ConfigurationError(
+            f"Dataset.to_spec: {reason}, so the pipeline is not serializable and runs in feed mode: stream it with "
+            f"Dataset.iter_record_batches(), or build it from declarative parts (MnistDataset, Cifar10Dataset, "
+            f"NumpySlicesDataset, ArrowDataset, ParquetDataset and the transforms of ds.vision / ds.transforms)"
+        )
+    return pb.DatasetSpec(
+        version=DATASET_SPEC_VERSION,
+        root=_node(dataset),
+        seed=dataset._effective_seed(),
+        epoch=dataset._next_epoch,
+    )
+
+
+def from_spec(spec: pb.DatasetSpec | bytes) -> Dataset:
+    """Rebuild the pipeline a DatasetSpec (or its serialized bytes) describes."""
+    if isinstance(spec, (bytes, bytearray)):
+        spec = pb.DatasetSpec.FromString(bytes(spec))
+    if spec.version != DATASET_SPEC_VERSION:
+        raise ConfigurationError(
+            f"from_spec: DatasetSpec version {spec.version} is not {DATASET_SPEC_VERSION}; run the same tessel "
+            f"version on the client and the daemons"
+        )
+    dataset = _build(spec.root)
+    dataset._seed, dataset._next_epoch = spec.seed, spec.epoch
+    return dataset
+
+
+# -- parameters ------------------------------------------------------------------------------------------------
+def _param(name: str, value: Any) -> pb.ParamValue:
+    if value is None:
+        return pb.ParamValue(none=True)
+    if isinstance(value, (bool, np.bool_)):
+        return pb.ParamValue(bool_value=bool(value))
+    if isinstance(value, (int, np.integer)):
+        return pb.ParamValue(int_value=int(value))
+    if isinstance(value, (float, np.floating)):
+        return pb.ParamValue(float_value=float(value))
+    if isinstance(value, str):
+        return pb.ParamValue(string_value=value)
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in value):
+            return pb.ParamValue(ints=pb.IntList(values=[int(v) for v in value]))
+        if all(isinstance(v, (int, float, np.integer, np.floating)) for v in value):
+            return pb.ParamValue(floats=pb.FloatList(values=[float(v) for v in value]))
+    raise ConfigurationError(f"to_spec: transform parameter {name}={value!r} is not a number, string or number list")
+
+
+def _value(param: pb.ParamValue) -> Any:
+    kind = param.WhichOneof("kind")
+    if kind in ("floats", "ints"):
+        return tuple(getattr(param, kind).values)
+    return None if kind in (None, "none") else getattr(param, kind)
+
+
+def _sampling(source: MappableSource | Any) -> pb.Sampling:
+    return pb.Sampling(
+        shuffle=source.shuffle_flag,
+        num_samples=source.num_samples or 0,
+        num_shards=source.num_shards or 0,
+        shard_id=source.shard_id or 0,
+    )
+
+
+def _sampling_kwargs(sampling: pb.Sampling) -> dict[str, Any]:
+    sharded = sampling.num_shards > 0
+    return {
+        "shuffle": sampling.shuffle,
+        "num_samples": sampling.num_samples or None,
+        "num_shards": sampling.num_shards if sharded else None,
+        "shard_id": sampling.shard_id if sharded else None,
+    }
+
+
+# -- writers: one per node type ----------------------------------------------------------------------------------
+def _inline(d: NumpySlicesDataset) -> pb.DatasetNode:
+    return pb.DatasetNode(inline=pb.InlineSource(arrow_ipc_stream=d.arrow_ipc_stream(), sampling=_sampling(d)))
+
+
+def _files(d: ArrowDataset | ParquetDataset) -> pb.DatasetNode:
+    paths = [str(p.resolve()) for p in d.files]
+    source = pb.FileSource(format=d.kind, paths=paths, columns=d.columns_list or [], sampling=_sampling(d))
+    return pb.DatasetNode(files=source)
+
+
+def _map(d: ops.MapDataset) -> pb.DatasetNode:
+    operations = [
+        pb.TransformSpec(name=type(op).__name__, params={k: _param(k, v) for k, v in op.params().items()})
+        for op in d.operations
+    ]
+    return pb.DatasetNode(
+        map=pb.MapOp(operations=operations, input_columns=d.input_columns, output_columns=d.output_columns)
+    )
+
+
+_WRITERS: dict[type, Callable[[Any], pb.DatasetNode]] = {
+    MnistDataset: lambda d: pb.DatasetNode(
+        mnist=pb.MnistSource(dataset_dir=str(d.dataset_dir.resolve()), usage=d.usage, sampling=_sampling(d))
+    ),
+    Cifar10Dataset: lambda d: pb.DatasetNode(
+        cifar10=pb.Cifar10Source(dataset_dir=str(d.dataset_dir.resolve()), usage=d.usage, sampling=_sampling(d))
+    ),
+    NumpySlicesDataset: _inline,
+    ArrowDataset: _files,
+    ParquetDataset: _files,
+    ops.MapDataset: _map,
+    ops.BatchDataset: lambda d: pb.DatasetNode(
+        batch=pb.BatchOp(batch_size=d.batch_size, drop_remainder=d.drop_remainder)
+    ),
+    ops.ShuffleDataset: lambda d: pb.DatasetNode(shuffle=pb.ShuffleOp(buffer_size=d.buffer_size)),
+    ops.RepeatDataset: lambda d: pb.DatasetNode(repeat=pb.RepeatOp(count=d.count or -1)),
+    ops.TakeDataset: lambda d: pb.DatasetNode(take=pb.TakeOp(count=d.count)),
+    ops.SkipDataset: lambda d: pb.DatasetNode(skip=pb.SkipOp(count=d.count)),
+    ops.ProjectDataset: lambda d: pb.DatasetNode(project=pb.ProjectOp(columns=d.columns)),
+    ops.RenameDataset: lambda d: pb.DatasetNode(
+        rename=pb.RenameOp(input_columns=d.input_columns, output_columns=d.output_columns)
+    ),
+    ops.ZipDataset: lambda d: pb.DatasetNode(zip=pb.ZipOp()),
+    ops.ConcatDataset: lambda d: pb.DatasetNode(concat=pb.ConcatOp()),
+}
+
+
+def _node(dataset: Dataset) -> pb.DatasetNode:
+    node = _WRITERS[type(dataset)](dataset)
+    node.children.extend(_node(child) for child in dataset.children)
+    return node
+
+
+# -- readers: one per oneof case ---------------------------------------------------------------------------------
+def _read_inline(m: pb.InlineSource, children: list[Dataset]) -> Dataset:
+    table = ipc.open_stream(pa.BufferReader(m.arrow_ipc_stream)).read_all().combine_chunks()
+    columns = record_batch_columns(table.to_batches()[0])
+    return NumpySlicesDataset(columns, **_sampling_kwargs(m.sampling))
+
+
+def _read_files(m: pb.FileSource, children: list[Dataset]) -> Dataset:
+    kinds = {"arrow": ArrowDataset, "parquet": ParquetDataset}
+    if m.format not in kinds:
+        raise ConfigurationError(f"from_spec: unknown file format {m.format!r}; expected one of {sorted(kinds)}")
+    columns = list(m.columns) or None
+    return kinds[m.format]([Path(p) for p in m.paths], columns_list=columns, **_sampling_kwargs(m.sampling))
+
+
+def _read_map(m: pb.MapOp, children: list[Dataset]) -> Dataset:
+    operations = [transform_from_params(t.name, {k: _value(v) for k, v in t.params.items()}) for t in m.operations]
+    return children[0].map(operations, list(m.input_columns), list(m.output_columns))
+
+
+_READERS: dict[str, Callable[[Any, list[Dataset]], Dataset]] = {
+    "mnist": lambda m, c: MnistDataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)),
+    "cifar10": lambda m, c: Cifar10Dataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)),
+    "inline": _read_inline,
+    "files": _read_files,
+    "map": _read_map,
+    "batch": lambda m, c: c[0].batch(m.batch_size, m.drop_remainder),
+    "shuffle": lambda m, c: c[0].shuffle(m.buffer_size),
+    "repeat": lambda m, c: c[0].repeat(m.count),
+    "take": lambda m, c: c[0].take(m.count),
+    "skip": lambda m, c: c[0].skip(m.count),
+    "project": lambda m, c: c[0].project(list(m.columns)),
+    "rename": lambda m, c: c[0].rename(list(m.input_columns), list(m.output_columns)),
+    "zip": lambda m, c: ops.ZipDataset(c),
+    "concat": lambda m, c: ops.ConcatDataset(c),
+}
+
+
+def _build(node: pb.DatasetNode) -> Dataset:
+    kind = node.WhichOneof("kind")
+    if kind not in _READERS:
+        raise ConfigurationError(f"from_spec: a pipeline node has kind {kind!r}; expected one of {sorted(_READERS)}")
+    children = [_build(child) for child in node.children]
+    return _READERS[kind](getattr(node, kind), children)

@@ -1,0 +1,25 @@
+"""Image transforms, as `mindspore.dataset.vision`."""
+
+from tessel.dataset.vision.transforms import (
+    HWC2CHW,
+    Border,
+    Inter,
+    Normalize,
+    RandomCrop,
+    RandomHorizontalFlip,
+    Rescale,
+    Resize,
+    ToTensor,
+)
+
+__all__ = [
+    "HWC2CHW",
+    "Border",
+    "Inter",
+    "Normalize",
+    "RandomCrop",
+    "RandomHorizontalFlip",
+    "Rescale",
+    "Resize",
+    "ToTensor",
+]

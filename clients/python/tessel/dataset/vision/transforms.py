@@ -1,0 +1,287 @@
+"""Image transforms (MindSpore `mindspore.dataset.vision`), vectorized over blocks of rows.
+
+Images are HWC (or HW) per row, as MindSpore decodes them; arithmetic is float32 like MindSpore's CPU kernels.
+Random transforms draw their parameters per row from the pipeline's seeded stream, so a run is reproducible from
+(seed, epoch).
+
+>>> import numpy as np
+>>> image = np.full((28, 28, 1), 255, dtype=np.uint8)
+>>> HWC2CHW()(Normalize(mean=(0.5,), std=(0.5,))(Rescale(1 / 255, 0)(image))).shape
+(1, 28, 28)
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.dataset.transforms.base import Transform, register, resolve_dtype
+from tessel.errors import ConfigurationError
+
+
+class Inter(enum.Enum):
+    """Interpolation modes of Resize (MindSpore `vision.Inter`); BILINEAR is LINEAR."""
+
+    LINEAR = "LINEAR"
+    BILINEAR = "LINEAR"
+    NEAREST = "NEAREST"
+
+
+class Border(enum.Enum):
+    """Padding modes (MindSpore `vision.Border`), as numpy.pad modes."""
+
+    CONSTANT = "constant"
+    EDGE = "edge"
+    REFLECT = "reflect"
+    SYMMETRIC = "symmetric"
+
+
+def _enum(enum_type: type[enum.Enum], value: Any, where: str) -> enum.Enum:
+    if isinstance(value, enum_type):
+        return value
+    for member in enum_type:
+        if str(value).upper() in (member.name, str(member.value).upper()):
+            return member
+    raise ConfigurationError(f"{where}: {value!r} is not one of {[m.name for m in enum_type]}")
+
+
+def _size_pair(size: int | Sequence[int], where: str) -> tuple[int, int]:
+    pair = (size, size) if isinstance(size, int) else tuple(size)
+    if len(pair) != 2 or not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v > 0 for v in pair):
+        raise ConfigurationError(f"{where}: size must be a positive int or (height, width), got {size!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _float32_result(x: np.ndarray) -> np.ndarray | None:
+    """`x` itself when a float32 result may overwrite it: the pipeline's own block (it owns its memory)."""
+    return x if x.dtype == np.float32 and x.flags.owndata and x.flags.writeable else None
+
+
+def _check_image(transform: Transform, x: np.ndarray) -> None:
+    if x.ndim not in (3, 4) or x.dtype.kind not in "uifb":
+        raise transform.reject(
+            x, "numeric images of shape <H, W> or <H, W, C>", "apply it before batch() and to the image column"
+        )
+
+
+@register
+class Rescale(Transform):
+    """`x * rescale + shift` in float32 (uint8 pixels to [0, 1] with Rescale(1.0 / 255.0, 0))."""
+
+    def __init__(self, rescale: float, shift: float):
+        self.rescale, self.shift = np.float32(rescale), np.float32(shift)
+        self._params = {"rescale": float(rescale), "shift": float(shift)}
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        if x.dtype.kind not in "uifb":
+            raise self.reject(x, "numeric rows", "decode the images first")
+        out = np.multiply(x, self.rescale, out=_float32_result(x), dtype=np.float32)
+        if self.shift:
+            out += self.shift
+        return out
+
+
+@register
+class Normalize(Transform):
+    """`(x - mean) / std` per channel in float32; `is_hwc` says whether channels are last (HWC) or first (CHW)."""
+
+    def __init__(self, mean: Sequence[float], std: Sequence[float], is_hwc: bool = True):
+        mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
+        if not mean or len(mean) != len(std):
+            raise ConfigurationError(
+                f"vision.Normalize: mean {mean} and std {std} need one value per channel, the same number of each"
+            )
+        if any(s <= 0 for s in std):
+            raise ConfigurationError(f"vision.Normalize: std values must be > 0, got {std}")
+        self.is_hwc = bool(is_hwc)
+        self.mean, self.std = np.float32(mean), np.float32(std)
+        self._params = {"mean": mean, "std": std, "is_hwc": self.is_hwc}
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        channels = 1 if x.ndim == 3 else x.shape[-1] if self.is_hwc else x.shape[1]
+        if channels != len(self.mean):
+            layout = "HWC" if self.is_hwc else "CHW"
+            raise self.reject(
+                x,
+                f"{len(self.mean)} channel(s) in {layout} layout to match mean/std",
+                "give one mean/std per channel or set is_hwc to the image layout",
+            )
+        mean, std = self.mean, self.std
+        if x.ndim == 4 and not self.is_hwc:
+            mean, std = mean[:, None, None], std[:, None, None]
+        out = np.subtract(x, mean, out=_float32_result(x), dtype=np.float32)
+        out /= std
+        return out
+
+
+@register
+class HWC2CHW(Transform):
+    """<H, W, C> to <C, H, W>; <H, W> stays unchanged (MindSpore's rule)."""
+
+    def __init__(self):
+        self._params = {}
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        return x if x.ndim == 3 else np.ascontiguousarray(np.moveaxis(x, 3, 1))
+
+
+@register
+class ToTensor(Transform):
+    """HWC pixels in [0, 255] to CHW in [0, 1] of `output_type` (float32); <H, W> becomes <1, H, W>."""
+
+    def __init__(self, output_type: Any = np.float32):
+        self.dtype = resolve_dtype(output_type, "vision.ToTensor")
+        self._params = {"output_type": self.dtype.name}
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        chw = x[:, None] if x.ndim == 3 else np.moveaxis(x, 3, 1)
+        out = np.divide(chw, np.float32(255.0), dtype=np.float32)
+        return out.astype(self.dtype, copy=False)
+
+
+def _linear_weights(out_len: int, in_len: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    # Pixel centres aligned as in OpenCV's INTER_LINEAR: src = (dst + 0.5) * in/out - 0.5, clamped to the image.
+    src = np.clip((np.arange(out_len) + 0.5) * (in_len / out_len) - 0.5, 0, in_len - 1)
+    low = np.floor(src).astype(np.intp)
+    return low, np.minimum(low + 1, in_len - 1), (src - low).astype(np.float32)
+
+
+@register
+class Resize(Transform):
+    """Resize to (height, width), or the shorter side to `size` keeping the aspect ratio; LINEAR or NEAREST."""
+
+    def __init__(self, size: int | Sequence[int], interpolation: Inter | str = Inter.LINEAR):
+        self.size = size if isinstance(size, int) else _size_pair(size, "vision.Resize")
+        _size_pair(size, "vision.Resize")
+        self.interpolation = _enum(Inter, interpolation, "vision.Resize interpolation")
+        self._params = {"size": self.size, "interpolation": self.interpolation.name}
+
+    def _target(self, height: int, width: int) -> tuple[int, int]:
+        if not isinstance(self.size, int):
+            return self.size
+        if height <= width:
+            return self.size, max(1, int(width * self.size / height))
+        return max(1, int(height * self.size / width)), self.size
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        out_h, out_w = self._target(x.shape[1], x.shape[2])
+        in_h, in_w = x.shape[1:3]
+        if self.interpolation is Inter.NEAREST:
+            rows = np.minimum((np.arange(out_h) * (in_h / out_h)).astype(np.intp), in_h - 1)
+            cols = np.minimum((np.arange(out_w) * (in_w / out_w)).astype(np.intp), in_w - 1)
+            return x[:, rows][:, :, cols]
+        y0, y1, wy = _linear_weights(out_h, in_h)
+        x0, x1, wx = _linear_weights(out_w, in_w)
+        image = x.astype(np.float32, copy=False)
+        wy = wy.reshape((1, -1) + (1,) * (x.ndim - 2))
+        wx = wx.reshape((1, 1, -1) + (1,) * (x.ndim - 3))
+        top, bottom = image[:, y0], image[:, y1]
+        rows = top + (bottom - top) * wy
+        left, right = rows[:, :, x0], rows[:, :, x1]
+        out = left + (right - left) * wx
+        if x.dtype.kind in "iub":
+            info = np.iinfo(x.dtype) if x.dtype.kind != "b" else None
+            out = np.rint(out) if info is None else np.clip(np.rint(out), info.min, info.max)
+        return out.astype(x.dtype, copy=False)
+
+
+def _padding_widths(padding: int | Sequence[int] | None, where: str) -> tuple[int, int, int, int]:
+    """(left, top, right, bottom) from MindSpore's 1-, 2- or 4-value padding."""
+    if padding is None:
+        return 0, 0, 0, 0
+    values = (padding,) if isinstance(padding, int) else tuple(padding)
+    if len(values) not in (1, 2, 4) or any(not isinstance(v, (int, np.integer)) or v < 0 for v in values):
+        raise ConfigurationError(f"{where}: padding must be one, two or four ints >= 0, got {padding!r}")
+    if len(values) == 1:
+        return (int(values[0]),) * 4
+    if len(values) == 2:
+        return int(values[0]), int(values[1]), int(values[0]), int(values[1])
+    return tuple(int(v) for v in values)  # type: ignore[return-value]
+
+
+@register
+class RandomCrop(Transform):
+    """Crop a random (height, width) window per row, after optional padding (MindSpore's RandomCrop)."""
+
+    random = True
+
+    def __init__(
+        self,
+        size: int | Sequence[int],
+        padding: int | Sequence[int] | None = None,
+        pad_if_needed: bool = False,
+        fill_value: int | Sequence[int] = 0,
+        padding_mode: Border | str = Border.CONSTANT,
+    ):
+        self.height, self.width = _size_pair(size, "vision.RandomCrop")
+        self.padding = _padding_widths(padding, "vision.RandomCrop")
+        self.pad_if_needed = bool(pad_if_needed)
+        self.fill_value = fill_value if isinstance(fill_value, int) else tuple(int(v) for v in fill_value)
+        self.padding_mode = _enum(Border, padding_mode, "vision.RandomCrop padding_mode")
+        self._params = {
+            "size": (self.height, self.width),
+            "padding": self.padding,
+            "pad_if_needed": self.pad_if_needed,
+            "fill_value": self.fill_value,
+            "padding_mode": self.padding_mode.name,
+        }
+
+    def _pad(self, x: np.ndarray) -> np.ndarray:
+        left, top, right, bottom = self.padding
+        if self.pad_if_needed:
+            extra_h = max(0, self.height - (x.shape[1] + top + bottom))
+            extra_w = max(0, self.width - (x.shape[2] + left + right))
+            top, bottom = top + extra_h // 2, bottom + extra_h - extra_h // 2
+            left, right = left + extra_w // 2, right + extra_w - extra_w // 2
+        if not any((left, top, right, bottom)):
+            return x
+        widths = [(0, 0), (top, bottom), (left, right)] + [(0, 0)] * (x.ndim - 3)
+        if self.padding_mode is not Border.CONSTANT:
+            return np.pad(x, widths, mode=self.padding_mode.value)
+        out = np.pad(x, widths, mode="constant")
+        if np.any(self.fill_value):
+            mask = np.ones(out.shape[1:3], dtype=bool)
+            mask[top : top + x.shape[1], left : left + x.shape[2]] = False
+            out[:, mask] = self.fill_value
+        return out
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        x = self._pad(x)
+        rows, height, width = x.shape[:3]
+        if height < self.height or width < self.width:
+            raise self.reject(
+                x,
+                f"images of at least {self.height}x{self.width} after padding {self.padding}",
+                "pass a smaller size, padding, or pad_if_needed=True",
+            )
+        tops = rng.integers(0, height - self.height + 1, size=rows)
+        lefts = rng.integers(0, width - self.width + 1, size=rows)
+        row_index = (tops[:, None] + np.arange(self.height))[:, :, None]
+        col_index = (lefts[:, None] + np.arange(self.width))[:, None, :]
+        return x[np.arange(rows)[:, None, None], row_index, col_index]
+
+
+@register
+class RandomHorizontalFlip(Transform):
+    """Mirror each row left-right with probability `prob`."""
+
+    random = True
+
+    def __init__(self, prob: float = 0.5):
+        if not 0.0 <= float(prob) <= 1.0:
+            raise ConfigurationError(f"vision.RandomHorizontalFlip: prob must be in [0, 1], got {prob!r}")
+        self.prob = float(prob)
+        self._params = {"prob": self.prob}
+
+    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        _check_image(self, x)
+        flip = rng.random(len(x)) < self.prob
+        return np.where(flip.reshape((-1,) + (1,) * (x.ndim - 1)), x[:, :, ::-1], x)

@@ -1,0 +1,211 @@
+"""Pipeline operations against plain-Python references over the row values, across block boundaries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+import pytest
+
+import tessel.dataset as ds
+from tessel.dataset import core
+from tessel.errors import ConfigurationError
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch: pytest.MonkeyPatch):
+    """Blocks of a few rows, so every operation meets block boundaries in the middle of the data."""
+    monkeypatch.setattr(core, "TARGET_BLOCK_BYTES", 24)
+
+
+def numbers(n: int, **kwargs) -> ds.Dataset:
+    return ds.NumpySlicesDataset({"x": np.arange(n), "y": np.arange(n) * 10}, shuffle=False, **kwargs)
+
+
+def column(dataset: ds.Dataset, name: str = "x") -> list:
+    return [np.asarray(row[name]).tolist() for row in dataset.create_dict_iterator(num_epochs=1, output_numpy=True)]
+
+
+def test_take_skip_and_their_sizes():
+    assert column(numbers(20).take(7)) == list(range(7))
+    assert column(numbers(20).skip(13)) == list(range(13, 20))
+    assert column(numbers(20).skip(3).take(5)) == [3, 4, 5, 6, 7]
+    assert numbers(20).skip(25).get_dataset_size() == 0 and numbers(20).take(-1).get_dataset_size() == 20
+    assert column(numbers(20).batch(3).take(2)) == [[0, 1, 2], [3, 4, 5]]
+
+
+def test_batch_regroups_rows_of_any_block_size():
+    for size in (1, 4, 7, 20, 25):
+        got = column(numbers(20).batch(size))
+        assert got == [list(range(i, min(i + size, 20))) for i in range(0, 20, size)]
+        assert numbers(20).batch(size).get_dataset_size() == len(got)
+    assert column(numbers(20).batch(3).batch(2), "y")[0] == [[0, 10, 20], [30, 40, 50]]
+
+
+def test_repeat_concatenates_epochs_and_reshuffles_each_time():
+    assert column(numbers(5).repeat(3)) == list(range(5)) * 3
+    shuffled = ds.NumpySlicesDataset({"x": np.arange(30)}).repeat(2)
+    values = column(shuffled)
+    assert sorted(values[:30]) == sorted(values[30:]) == list(range(30)) and values[:30] != values[30:]
+    assert shuffled.get_dataset_size() == 60 and shuffled.get_repeat_count() == 2
+    endless = numbers(4).repeat()
+    iterator = endless.create_tuple_iterator(output_numpy=True)
+    assert [int(next(iterator)[0]) for _ in range(10)] == [0, 1, 2, 3] * 2 + [0, 1]
+    assert endless.get_dataset_size() == -1
+
+
+def test_shuffle_buffer_permutes_rows_per_epoch():
+    data = numbers(40).shuffle(8)
+    iterator = data.create_tuple_iterator(num_epochs=2, output_numpy=True)
+    epochs = [[int(x) for x, _ in iterator] for _ in range(2)]
+    assert all(sorted(e) == list(range(40)) for e in epochs) and epochs[0] != epochs[1]
+    # A row cannot leave before it arrives: output p is drawn from the first p + 8 + 1 rows (one-row blocks here).
+    assert all(value <= position + 8 for position, value in enumerate(epochs[0]))
+    assert any(value < position for position, value in enumerate(epochs[0]))
+    again = numbers(40).shuffle(8).create_tuple_iterator(num_epochs=2, output_numpy=True)
+    assert [[int(x) for x, _ in again] for _ in range(2)] == epochs
+
+
+def test_map_replaces_columns_and_keeps_the_order():
+    data = numbers(6).map(lambda x: x + 1, "x")
+    assert data.get_col_names() == ["x", "y"] and column(data) == [1, 2, 3, 4, 5, 6]
+    split = numbers(6).map(lambda y: (y, -y), "y", ["pos", "neg"])
+    assert split.get_col_names() == ["x", "pos", "neg"] and column(split, "neg") == [0, -10, -20, -30, -40, -50]
+    merged = numbers(6).map(lambda x, y: x + y, ["x", "y"], "sum")
+    assert merged.get_col_names() == ["sum"] and column(merged, "sum") == [11 * i for i in range(6)]
+    assert numbers(6).map(lambda v: v * 2).get_col_names() == ["x", "y"]  # default: the first column
+
+
+def test_map_after_batch_sees_the_whole_batch():
+    seen = []
+    data = numbers(10).batch(4).map(lambda x: (seen.append(x.shape), x.sum())[1], "x")
+    assert column(data) == [6, 22, 17] and seen == [(4,), (4,), (2,)]
+
+
+def test_python_rows_of_different_shapes_flow_until_batch():
+    data = ds.GeneratorDataset(lambda: (np.arange(i) for i in range(1, 6)), ["v"])
+    assert [len(v) for v in column(data, "v")] == [1, 2, 3, 4, 5]
+    padded = data.map(lambda v: np.pad(v, (0, 5 - len(v))), "v").batch(5)
+    assert column(padded, "v")[0][4] == [0, 1, 2, 3, 4]
+    with pytest.raises(ConfigurationError, match="rows of different shapes"):
+        column(data.batch(2), "v")
+
+
+def test_project_rename_zip_concat():
+    assert numbers(3).project(["y", "x"]).get_col_names() == ["y", "x"]
+    renamed = numbers(3).rename("x", "a")
+    assert renamed.get_col_names() == ["a", "y"] and column(renamed, "a") == [0, 1, 2]
+    other = ds.NumpySlicesDataset({"z": np.arange(100, 105)}, shuffle=False)
+    zipped = ds.zip((numbers(7), other))
+    assert zipped.get_col_names() == ["x", "y", "z"] and zipped.get_dataset_size() == 5
+    assert column(zipped, "z") == [100, 101, 102, 103, 104] and column(zipped, "x") == [0, 1, 2, 3, 4]
+    joined = numbers(3) + numbers(2)
+    assert column(joined) == [0, 1, 2, 0, 1] and joined.get_dataset_size() == 5
+
+
+def test_operations_name_missing_or_colliding_columns():
+    with pytest.raises(ConfigurationError, match=r"input_columns \['image'\] not found; the dataset's columns are"):
+        numbers(3).map(ds.vision.HWC2CHW(), "image")
+    with pytest.raises(ConfigurationError, match="project: columns"):
+        numbers(3).project("z")
+    with pytest.raises(ConfigurationError, match="share column names"):
+        ds.zip((numbers(3), numbers(3)))
+    with pytest.raises(ConfigurationError, match="must match"):
+        numbers(3) + numbers(3).rename("x", "q")
+    with pytest.raises(ConfigurationError, match="collide"):
+        numbers(3).map(lambda x: x, "x", "y")
+    with pytest.raises(ConfigurationError, match="pass an instance"):
+        numbers(3).map(ds.vision.HWC2CHW, "x")
+    with pytest.raises(ConfigurationError, match="batch_size must be an int >= 1"):
+        numbers(3).batch(0)
+
+
+def test_iterators_epochs_columns_and_the_tensor_hook(monkeypatch: pytest.MonkeyPatch):
+    data = numbers(3)
+    iterator = data.create_tuple_iterator(columns=["y"], num_epochs=2, output_numpy=True)
+    assert [[int(v[0]) for v in iterator] for _ in range(3)] == [[0, 10, 20], [0, 10, 20], []]
+    wrapped = []
+    monkeypatch.setattr(core, "to_tensor", lambda array: wrapped.append(array) or ("tensor", array.tolist()))
+    assert next(iter(data)) == [("tensor", 0), ("tensor", 0)] and len(wrapped) == 2
+    assert next(data.create_dict_iterator(output_numpy=True))["y"].tolist() == 0
+    with pytest.raises(ConfigurationError, match="not in the dataset"):
+        data.create_tuple_iterator(columns=["nope"])
+    with pytest.raises(ConfigurationError, match="num_epochs"):
+        data.create_tuple_iterator(num_epochs=0)
+
+
+def test_metadata_queries():
+    images = np.zeros((10, 4, 4, 3), np.uint8)
+    data = ds.NumpySlicesDataset((images, np.arange(10, dtype=np.int32)), ["image", "label"])
+    data = data.map(ds.vision.HWC2CHW(), "image").batch(4)
+    assert data.get_col_names() == ["image", "label"]
+    assert data.get_dataset_size() == 3 and data.get_batch_size() == 4
+    assert data.output_shapes() == [[4, 3, 4, 4], [4]]
+    assert data.output_types() == [np.dtype(np.uint8), np.dtype(np.int32)]
+
+
+def test_numpy_slices_inputs_and_errors():
+    assert column(ds.NumpySlicesDataset([1, 2, 3], shuffle=False), "column_0") == [1, 2, 3]
+    two = ds.NumpySlicesDataset((np.arange(2), np.ones((2, 3))), shuffle=False)
+    assert two.get_col_names() == ["column_0", "column_1"]
+    named = ds.NumpySlicesDataset({"a": np.arange(3)}, column_names=["b"], shuffle=False)
+    assert named.get_col_names() == ["b"]
+    with pytest.raises(ConfigurationError, match="'b' has 2 rows but 'a' has 3"):
+        ds.NumpySlicesDataset({"a": np.arange(3), "b": np.arange(2)})
+    with pytest.raises(ConfigurationError, match="must be a dict, tuple, list or numpy array"):
+        ds.NumpySlicesDataset(5)
+
+
+def test_generator_sources_and_their_errors():
+    class Squares:
+        def __getitem__(self, index):
+            return np.int64(index), np.int64(index * index)
+
+        def __len__(self):
+            return 6
+
+    data = ds.GeneratorDataset(Squares(), ["i", "sq"], shuffle=False)
+    assert column(data, "sq") == [0, 1, 4, 9, 16, 25] and data.get_dataset_size() == 6
+    iterable = ds.GeneratorDataset(lambda: iter([(1,), (2,)]), "v", num_samples=1)
+    assert column(iterable, "v") == [1] and iterable.get_dataset_size() == 1
+    typed = ds.GeneratorDataset([(1.7,)], ["v"], column_types=[np.int32])
+    assert next(typed.create_tuple_iterator(output_numpy=True))[0].dtype == np.int32
+    with pytest.raises(ConfigurationError, match="column_names is required"):
+        ds.GeneratorDataset(Squares())
+    with pytest.raises(ConfigurationError, match="need a random-access source"):
+        ds.GeneratorDataset(lambda: iter([]), ["v"], shuffle=True)
+    with pytest.raises(ConfigurationError, match="yields 2 value"):
+        column(ds.GeneratorDataset(Squares(), ["only"]), "only")
+
+
+def test_arrow_files_are_mapped_and_sharded_like_any_source(tmp_path: Path):
+    images = np.arange(7 * 6, dtype=np.float32).reshape(7, 2, 3)
+    table = pa.table({"image": pa.FixedShapeTensorArray.from_numpy_ndarray(images), "label": np.arange(7)})
+    with ipc.new_file(tmp_path / "a.arrow", table.schema) as writer:
+        writer.write_table(table.slice(0, 4))
+    with ipc.new_stream(tmp_path / "b.arrows", table.schema) as writer:  # stream format: cached, then mapped
+        writer.write_table(table.slice(4))
+    data = ds.ArrowDataset([tmp_path / "a.arrow", tmp_path / "b.arrows"], shuffle=False, num_shards=2, shard_id=1)
+    rows = list(data.create_tuple_iterator(output_numpy=True))
+    assert [int(label) for _, label in rows] == [1, 3, 5, 0]
+    np.testing.assert_array_equal(rows[1][0], images[3])
+    only = ds.ArrowDataset(tmp_path, columns_list=["label"], shuffle=False)
+    assert only.get_col_names() == ["label"] and only.get_dataset_size() == 7
+    with pytest.raises(ConfigurationError, match="has no column"):
+        ds.ArrowDataset(tmp_path / "a.arrow", columns_list=["nope"]).get_dataset_size()
+
+
+def test_parquet_files_with_list_columns(tmp_path: Path):
+    vectors = np.arange(10 * 4, dtype=np.int16).reshape(10, 4)
+    pq.write_table(pa.table({"v": list(vectors[:6]), "k": np.arange(6)}), tmp_path / "p0.parquet")
+    pq.write_table(pa.table({"v": list(vectors[6:]), "k": np.arange(6, 10)}), tmp_path / "p1.parquet")
+    data = ds.ParquetDataset(tmp_path, shuffle=False).batch(4)
+    batches = list(data.create_tuple_iterator(output_numpy=True))
+    np.testing.assert_array_equal(np.concatenate([b[0] for b in batches]), vectors)
+    assert batches[0][0].dtype == np.int16 and [len(b[1]) for b in batches] == [4, 4, 2]
+    pq.write_table(pa.table({"v": [[1], [2, 3]]}), tmp_path / "ragged.parquet")
+    with pytest.raises(ConfigurationError, match="lists of different lengths"):
+        ds.ParquetDataset(tmp_path / "ragged.parquet").get_dataset_size()
