@@ -1,0 +1,73 @@
+"""`tensor[key]` on SymbolicTensors: basic numpy indexing lowered to StridedSlice + Reshape, or Gather.
+
+Supported keys: ints, slices, `None` (new axis), `...`, and one int tensor (gathered along its axis, every other
+entry a full slice). Boolean masks are data-dependent shapes and raise TraceError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessel.compiler.builder import SymbolicTensor, apply
+from tessel.compiler.errors import TraceError
+from tessel.compiler.shapes import format_shape
+
+
+def _expand_ellipsis(key: tuple, ndim: int) -> tuple:
+    consumed = sum(1 for k in key if k is not None and k is not Ellipsis)
+    if sum(1 for k in key if k is Ellipsis) > 1:
+        raise TraceError("an index can contain at most one Ellipsis (...)")
+    if consumed > ndim:
+        raise TraceError(f"too many indices ({consumed}) for a tensor of rank {ndim}")
+    # Identity tests only: `==` on a SymbolicTensor would emit an Equal op.
+    at = next((i for i, k in enumerate(key) if k is Ellipsis), None)
+    if at is None:
+        return key + (slice(None),) * (ndim - consumed)
+    return key[:at] + (slice(None),) * (ndim - consumed) + key[at + 1 :]
+
+
+def getitem(x: SymbolicTensor, key: Any) -> SymbolicTensor:
+    key = _expand_ellipsis(key if isinstance(key, tuple) else (key,), x.ndim)
+    tensors = [i for i, k in enumerate(key) if isinstance(k, SymbolicTensor)]
+    if tensors:
+        return _gather(x, key, tensors)
+    begin, end, strides, out_shape = [], [], [], []
+    dim = 0
+    for k in key:
+        if k is None:
+            out_shape.append(1)
+            continue
+        size = x.shape[dim]
+        if isinstance(k, slice):
+            begin.append(k.start)
+            end.append(k.stop)
+            strides.append(1 if k.step is None else k.step)
+            out_shape.append(None)  # filled from the slice's inferred shape
+        else:
+            index = int(k)
+            if isinstance(size, int) and not -size <= index < size:
+                raise TraceError(
+                    f"index {index} is out of bounds for dim {dim} of size {size} ({format_shape(x.shape)})"
+                )
+            begin.append(index)
+            end.append(None if index == -1 else index + 1)
+            strides.append(1)
+        dim += 1
+    sliced = apply("StridedSlice", x, begin=tuple(begin), end=tuple(end), strides=tuple(strides))
+    kept = iter(d for d, k in zip(sliced.shape, (k for k in key if k is not None)) if isinstance(k, slice))
+    shape = tuple(next(kept) if d is None else d for d in out_shape)
+    return sliced if shape == sliced.shape else apply("Reshape", sliced, shape=shape)
+
+
+def _gather(x: SymbolicTensor, key: tuple, tensors: list[int]) -> SymbolicTensor:
+    (axis,) = tensors if len(tensors) == 1 else (None,)
+    others_full = all(isinstance(k, slice) and k == slice(None) for i, k in enumerate(key) if i != axis)
+    if axis is None or not others_full:
+        raise TraceError("tensor indexing supports one int tensor index with full slices elsewhere; use ops.Gather")
+    index = key[axis]
+    if not index.dtype.is_int:
+        raise TraceError(
+            f"indexing with a {index.dtype.value} tensor: boolean masks give data-dependent shapes, which a graph "
+            "cannot hold. Use ops.Select (where) to choose elements, or an int index tensor"
+        )
+    return apply("Gather", x, index, axis=axis)

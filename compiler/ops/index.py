@@ -1,0 +1,271 @@
+"""Indexing ops: StridedSlice, Pad, Gather, GatherElements, ScatterAdd, UnsortedSegmentSum, OneHot.
+
+They come in adjoint pairs, each the other's gradient: StridedSlice/Pad, Gather/UnsortedSegmentSum,
+GatherElements/ScatterAdd.
+"""
+
+from __future__ import annotations
+
+from tessel.compiler.builder import apply as op
+from tessel.compiler.dtypes import DType, as_dtype
+from tessel.compiler.ir import TensorType
+from tessel.compiler.ops.common import ZERO_GRAD, moves_data, require
+from tessel.compiler.registry import REQUIRED, register
+from tessel.compiler.shapes import format_shape, normalize_axis
+
+_INT64_MAX, _INT64_MIN = 2**63 - 1, -(2**63)
+
+
+def slice_specs(x: TensorType, attrs) -> list[tuple[int, int, int, int] | None]:
+    """Per dim: None for a full slice, else (start, stop, step, length) in Python's slice semantics."""
+    begin, end, strides = attrs["begin"], attrs["end"], attrs["strides"]
+    require(
+        len(begin) == len(end) == len(strides) == x.ndim,
+        f"begin/end/strides need one entry per dim of {format_shape(x.shape)}",
+    )
+    specs = []
+    for axis, (b, e, s, d) in enumerate(zip(begin, end, strides, x.shape)):
+        require(s != 0, f"stride of dim {axis} is 0")
+        if s == 1 and b in (None, 0) and e is None:
+            specs.append(None)
+            continue
+        require(isinstance(d, int), f"cannot slice symbolic dim {axis} ({d!r}) other than in full")
+        start, stop, step = slice(b, e, s).indices(d)
+        specs.append((start, stop, step, len(range(start, stop, step))))
+    return specs
+
+
+def _infer_strided_slice(types, attrs):
+    (x,) = types
+    specs = slice_specs(x, attrs)
+    return (TensorType(tuple(d if s is None else s[3] for d, s in zip(x.shape, specs)), x.dtype),)
+
+
+def _lower_strided_slice(ctx, node, inputs, outputs):
+    specs = slice_specs(node.inputs[0].type, node.attrs)
+    axes = [i for i, s in enumerate(specs) if s is not None]
+    if not axes:
+        ctx.add("Identity", inputs, outputs)
+        return
+    starts = [specs[i][0] for i in axes]
+    # Python's normalised stop of -1 with a negative step means "past index 0"; ONNX reads -1 as the last index.
+    ends = [_INT64_MIN if specs[i][1] < 0 else specs[i][1] for i in axes]
+    steps = [specs[i][2] for i in axes]
+    ctx.add("Slice", [inputs[0], ctx.ints(starts), ctx.ints(ends), ctx.ints(axes), ctx.ints(steps)], outputs)
+
+
+def _strided_slice_grad(c):
+    """Place the cotangent back where the slice took it: reverse, spread by the stride with zeros, then pad."""
+    g, x = c.g, c.x
+    for axis, spec in enumerate(slice_specs(x.value.type, c.attrs)):
+        if spec is None:
+            continue
+        start, _, step, length = spec
+        if length == 0:
+            return (op("ZerosLike", x),)
+        first = start if step > 0 else start + (length - 1) * step
+        if step < 0:
+            g = _slice_axis(g, axis, None, None, -1)
+        stride = abs(step)
+        if stride > 1:
+            pads = [(0, 0)] * (g.ndim + 1)
+            pads[axis + 1] = (0, stride - 1)
+            spread = op("Pad", op("ExpandDims", g, axis=axis + 1), paddings=tuple(pads))
+            merged = list(g.shape)
+            merged[axis] = length * stride
+            g = _slice_axis(op("Reshape", spread, shape=tuple(merged)), axis, 0, (length - 1) * stride + 1, 1)
+        pads = [(0, 0)] * g.ndim
+        pads[axis] = (first, x.shape[axis] - first - g.shape[axis])
+        g = op("Pad", g, paddings=tuple(pads))
+    return (g,)
+
+
+def _slice_axis(x, axis, begin, end, stride):
+    n = x.ndim
+    b, e, s = [None] * n, [None] * n, [1] * n
+    b[axis], e[axis], s[axis] = begin, end, stride
+    return op("StridedSlice", x, begin=tuple(b), end=tuple(e), strides=tuple(s))
+
+
+register(
+    "StridedSlice",
+    infer=_infer_strided_slice,
+    lower=_lower_strided_slice,
+    grad=_strided_slice_grad,
+    cost=moves_data,
+    attrs={"begin": REQUIRED, "end": REQUIRED, "strides": REQUIRED},
+    num_inputs=1,
+    doc="StridedSlice(x, begin, end, strides): one entry per dim, Python slice semantics; None = open end.",
+)
+
+
+def _infer_pad(types, attrs):
+    (x,) = types
+    pads = attrs["paddings"]
+    require(len(pads) == x.ndim, f"paddings need one (before, after) pair per dim of {format_shape(x.shape)}")
+    shape = []
+    for d, (before, after) in zip(x.shape, pads):
+        require(before >= 0 and after >= 0, f"paddings {pads} must be non-negative")
+        require(isinstance(d, int) or before == after == 0, f"cannot pad symbolic dim {d!r}")
+        shape.append(d + before + after if isinstance(d, int) else d)
+    return (TensorType(tuple(shape), x.dtype),)
+
+
+def _lower_pad(ctx, node, inputs, outputs):
+    pads = node.attrs["paddings"]
+    flat = [p[0] for p in pads] + [p[1] for p in pads]
+    value = ctx.const(node.attrs["value"], node.inputs[0].dtype)
+    ctx.add("Pad", [inputs[0], ctx.ints(flat), value], outputs, mode="constant")
+
+
+def _pad_grad(c):
+    pads = c.attrs["paddings"]
+    begin = tuple(b if (b or a) else None for b, a in pads)
+    end = tuple(b + d if (b or a) else None for (b, a), d in zip(pads, c.x.shape))
+    return (op("StridedSlice", c.g, begin=begin, end=end, strides=(1,) * len(pads)),)
+
+
+register(
+    "Pad",
+    infer=_infer_pad,
+    lower=_lower_pad,
+    grad=_pad_grad,
+    cost=moves_data,
+    attrs={"paddings": REQUIRED, "value": 0.0},
+    num_inputs=1,
+    doc="Pad(x, paddings=((before, after), ...), value=0.0): constant padding.",
+)
+
+
+def _require_int(t: TensorType, what: str) -> None:
+    require(t.dtype.is_int, f"{what} must be int32 or int64, got {t.dtype.value}")
+
+
+def _infer_gather(types, attrs):
+    x, idx = types
+    _require_int(idx, "indices")
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    return (TensorType(x.shape[:axis] + idx.shape + x.shape[axis + 1 :], x.dtype),)
+
+
+def _gather_grad(c):
+    x, idx = c.inputs
+    axis, k = normalize_axis(c.attrs["axis"], x.ndim), idx.ndim
+    if axis == 0:
+        return op("UnsortedSegmentSum", c.g, idx, num_segments=x.shape[0]), None
+    # Move the gathered dims first, scatter-add along them, then move the result's dim 0 back to `axis`.
+    perm = (*range(axis, axis + k), *range(axis), *range(axis + k, c.g.ndim))
+    summed = op("UnsortedSegmentSum", op("Transpose", c.g, perm=perm), idx, num_segments=x.shape[axis])
+    back = (*range(1, axis + 1), 0, *range(axis + 1, x.ndim))
+    return op("Transpose", summed, perm=back), None
+
+
+register(
+    "Gather",
+    infer=_infer_gather,
+    lower=lambda ctx, node, i, o: ctx.add("Gather", i, o, axis=normalize_axis(node.attrs["axis"], node.inputs[0].ndim)),
+    grad=_gather_grad,
+    cost=moves_data,
+    attrs={"axis": 0},
+    num_inputs=2,
+    doc="Gather(x, indices, axis=0): x's slices at `indices` along `axis` (MindSpore Gather).",
+)
+
+
+def _infer_segment_sum(types, attrs):
+    data, ids = types
+    _require_int(ids, "segment_ids")
+    require(
+        data.shape[: ids.ndim] == ids.shape,
+        f"segment_ids {format_shape(ids.shape)} must match the leading dims of data {format_shape(data.shape)}",
+    )
+    return (TensorType((attrs["num_segments"], *data.shape[ids.ndim :]), data.dtype),)
+
+
+def _lower_segment_sum(ctx, node, inputs, outputs):
+    out = node.outputs[0]
+    zeros = ctx.full(out.shape, 0, out.dtype)
+    ids = ctx.add1("Unsqueeze", [ctx.cast(inputs[1], node.inputs[1].dtype, DType.int64), ctx.ints([-1])])
+    ctx.add("ScatterND", [zeros, ids, inputs[0]], outputs, reduction="add")
+
+
+register(
+    "UnsortedSegmentSum",
+    infer=_infer_segment_sum,
+    lower=_lower_segment_sum,
+    grad=lambda c: (op("Gather", c.g, c.inputs[1], axis=0), None),
+    attrs={"num_segments": REQUIRED},
+    num_inputs=2,
+    doc="UnsortedSegmentSum(data, segment_ids, num_segments): out[i] = sum of data[j] where segment_ids[j] == i.",
+)
+
+
+def _infer_gather_elements(types, attrs):
+    x, idx = types
+    _require_int(idx, "indices")
+    require(idx.ndim == x.ndim, f"indices {format_shape(idx.shape)} need the rank of x {format_shape(x.shape)}")
+    normalize_axis(attrs["axis"], x.ndim)
+    return (TensorType(idx.shape, x.dtype),)
+
+
+def _infer_scatter_add(types, attrs):
+    data, idx, updates = types
+    _require_int(idx, "indices")
+    require(idx.shape == updates.shape, f"indices {format_shape(idx.shape)} and updates must have one shape")
+    require(updates.dtype == data.dtype, f"updates dtype {updates.dtype.value} differs from {data.dtype.value}")
+    normalize_axis(attrs["axis"], data.ndim)
+    return (data,)
+
+
+def _axis_of(node):
+    return normalize_axis(node.attrs["axis"], node.inputs[0].ndim)
+
+
+register(
+    "GatherElements",
+    infer=_infer_gather_elements,
+    lower=lambda ctx, node, i, o: ctx.add("GatherElements", i, o, axis=_axis_of(node)),
+    grad=lambda c: (op("ScatterAdd", op("ZerosLike", c.x), c.inputs[1], c.g, axis=c.attrs["axis"]), None),
+    cost=moves_data,
+    attrs={"axis": 0},
+    num_inputs=2,
+    doc="GatherElements(x, indices, axis): out[..i..] = x[..indices[..i..]..] along `axis`.",
+)
+register(
+    "ScatterAdd",
+    infer=_infer_scatter_add,
+    lower=lambda ctx, node, i, o: ctx.add("ScatterElements", i, o, axis=_axis_of(node), reduction="add"),
+    grad=lambda c: (c.g, None, op("GatherElements", c.g, c.inputs[1], axis=c.attrs["axis"])),
+    attrs={"axis": 0},
+    num_inputs=3,
+    doc="ScatterAdd(data, indices, updates, axis): data with updates added at indices along `axis`.",
+)
+
+
+def _infer_one_hot(types, attrs):
+    (idx,) = types
+    _require_int(idx, "indices")
+    axis = normalize_axis(attrs["axis"], idx.ndim + 1)
+    shape = list(idx.shape)
+    shape.insert(axis, attrs["depth"])
+    return (TensorType(tuple(shape), as_dtype(attrs["dtype"])),)
+
+
+def _lower_one_hot(ctx, node, inputs, outputs):
+    a = node.attrs
+    values = ctx.const([a["off_value"], a["on_value"]], DType.float32)
+    index = ctx.cast(inputs[0], node.inputs[0].dtype, DType.int64)
+    axis = normalize_axis(a["axis"], node.outputs[0].ndim)
+    hot = ctx.add1("OneHot", [index, ctx.const(a["depth"], DType.int64), values], axis=axis)
+    ctx.add("Cast", [hot], outputs, to=node.outputs[0].dtype.onnx)
+
+
+register(
+    "OneHot",
+    infer=_infer_one_hot,
+    lower=_lower_one_hot,
+    grad=ZERO_GRAD,
+    attrs={"depth": REQUIRED, "on_value": 1.0, "off_value": 0.0, "axis": -1, "dtype": DType.float32},
+    num_inputs=1,
+    doc="OneHot(indices, depth, on_value=1, off_value=0, axis=-1, dtype=float32).",
+)

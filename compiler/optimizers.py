@@ -1,0 +1,145 @@
+"""Optimizer update rules as data: each optimizer names its state and writes its update with tensor arithmetic.
+
+The rules follow MindSpore's `nn` optimizers (weight decay adds `weight_decay * p` to the gradient, except in
+AdamWeightDecay where it is decoupled):
+
+- SGD:   accum = momentum * accum + (1 - dampening) * g  (accum = g on the first step); p -= lr * step,
+         step = g + momentum * accum with nesterov, else accum (plain p -= lr * g without momentum)
+- Momentum: v = momentum * v + g; p -= lr * (g + momentum * v) with nesterov, else lr * v
+- Adam:  m, v moving averages; p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)
+- AdamWeightDecay: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)  (no bias correction, as in MindSpore)
+
+An optimizer is a frozen dataclass, so it is part of a train step's identity (and its graph hash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessel.compiler.builder import SymbolicTensor, apply
+
+T = SymbolicTensor
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One piece of optimizer state: per parameter (shaped like it) or global (a float32 scalar)."""
+
+    name: str
+    init: float = 0.0
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    """Base class. `update` returns the new parameter and new slot values; `update_globals` the new globals."""
+
+    learning_rate: float = 0.01
+    weight_decay: float = 0.0
+
+    def slots(self) -> tuple[Slot, ...]:
+        return ()
+
+    def global_slots(self) -> tuple[Slot, ...]:
+        return ()
+
+    def update(self, p: T, g: T, slots: dict[str, T], glob: dict[str, T], lr: T, decay: bool) -> tuple[T, dict]:
+        raise NotImplementedError
+
+    def update_globals(self, glob: dict[str, T]) -> dict[str, T]:
+        return {}
+
+    def _decayed(self, p: T, g: T, decay: bool) -> T:
+        return g + self.weight_decay * p if decay and self.weight_decay else g
+
+
+@dataclass(frozen=True)
+class SGD(Optimizer):
+    learning_rate: float = 0.1
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+
+    def slots(self):
+        return (Slot("accum"),) if self.momentum else ()
+
+    def global_slots(self):
+        return (Slot("stat", 1.0),) if self.momentum else ()
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        if not self.momentum:
+            return p - lr * g, {}
+        # stat is 1 on the first step only: then the accumulator starts as the gradient itself.
+        scale = 1.0 - self.dampening * (1.0 - glob["stat"])
+        accum = self.momentum * slots["accum"] + scale * g
+        step = g + self.momentum * accum if self.nesterov else accum
+        return p - lr * step, {"accum": accum}
+
+    def update_globals(self, glob):
+        return {"stat": apply("ZerosLike", glob["stat"])} if self.momentum else {}
+
+
+@dataclass(frozen=True)
+class Momentum(Optimizer):
+    learning_rate: float = 0.01
+    momentum: float = 0.9
+    use_nesterov: bool = False
+
+    def slots(self):
+        return (Slot("moments"),)
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        v = self.momentum * slots["moments"] + g
+        step = g + self.momentum * v if self.use_nesterov else v
+        return p - lr * step, {"moments": v}
+
+
+def _moments(opt, g: T, slots: dict[str, T]) -> tuple[T, T]:
+    m = opt.beta1 * slots["moment1"] + (1.0 - opt.beta1) * g
+    v = opt.beta2 * slots["moment2"] + (1.0 - opt.beta2) * g * g
+    return m, v
+
+
+@dataclass(frozen=True)
+class Adam(Optimizer):
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    use_nesterov: bool = False
+
+    def slots(self):
+        return (Slot("moment1"), Slot("moment2"))
+
+    def global_slots(self):
+        return (Slot("beta1_power", 1.0), Slot("beta2_power", 1.0))
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        m, v = _moments(self, g, slots)
+        b1t, b2t = glob["beta1_power"] * self.beta1, glob["beta2_power"] * self.beta2
+        lr_t = lr * apply("Sqrt", 1.0 - b2t) / (1.0 - b1t)
+        direction = self.beta1 * m + (1.0 - self.beta1) * g if self.use_nesterov else m
+        return p - lr_t * direction / (apply("Sqrt", v) + self.eps), {"moment1": m, "moment2": v}
+
+    def update_globals(self, glob):
+        return {"beta1_power": glob["beta1_power"] * self.beta1, "beta2_power": glob["beta2_power"] * self.beta2}
+
+
+@dataclass(frozen=True)
+class AdamWeightDecay(Optimizer):
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+
+    def slots(self):
+        return (Slot("moment1"), Slot("moment2"))
+
+    def update(self, p, g, slots, glob, lr, decay):
+        m, v = _moments(self, g, slots)
+        step = m / (apply("Sqrt", v) + self.eps)
+        if decay and self.weight_decay:
+            step = step + self.weight_decay * p
+        return p - lr * step, {"moment1": m, "moment2": v}

@@ -1,0 +1,132 @@
+"""The op registry: every op is defined once, in one `OpDef`, and everything else is generic over it.
+
+An `OpDef` says
+- `infer(types, attrs) -> output types`: shape/dtype inference; raises ShapeInferenceError with the rule broken;
+- `lower(ctx, node, inputs, outputs)`: emits ONNX nodes writing the named outputs (see lower_onnx.LoweringContext);
+- `grad(ctx) -> input cotangents`: the reverse rule, written with other registered ops (see autodiff.GradContext);
+  `grad=None` means "no gradient" (an error if one is needed), `ZERO_GRAD` means "gradient is zero" (Sign, Floor);
+- `sharding`: the slot for the op's sharding rule (which input dims may split, output layout, partial sums);
+  None until the parallel pass lands;
+- `cost(node, sizes) -> Cost`: flops and bytes moved, for the planner (default: one flop per output element).
+
+Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tessel.compiler.errors import ShapeInferenceError
+from tessel.compiler.ir import Attrs, Node, TensorType
+from tessel.compiler.shapes import numel
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What running one node costs: floating-point operations and bytes read plus written."""
+
+    flops: int
+    bytes: int
+
+    def __add__(self, other: Cost) -> Cost:
+        return Cost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+# An attribute without a default: the caller must give it.
+REQUIRED: Any = _Required()
+
+
+class _ZeroGrad:
+    def __repr__(self) -> str:
+        return "ZERO_GRAD"
+
+
+# The gradient of every input is zero (piecewise-constant ops); autodiff stops here without an error.
+ZERO_GRAD: Any = _ZeroGrad()
+
+InferFn = Callable[[tuple[TensorType, ...], Attrs], tuple[TensorType, ...]]
+LowerFn = Callable[[Any, Node, list[str], list[str]], None]
+GradFn = Callable[[Any], tuple[Any, ...]]
+CostFn = Callable[[Node, Mapping[str, int]], Cost]
+
+
+def io_bytes(node: Node, sizes: Mapping[str, int]) -> int:
+    """Bytes of every input and output of a node (symbols valued by `sizes`)."""
+    return sum(numel(v.shape, sizes) * v.dtype.itemsize for v in (*node.inputs, *node.outputs))
+
+
+def elementwise_cost(node: Node, sizes: Mapping[str, int]) -> Cost:
+    return Cost(sum(numel(o.shape, sizes) for o in node.outputs), io_bytes(node, sizes))
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """Everything tessel knows about one op. See the module docstring for each field's contract."""
+
+    name: str
+    infer: InferFn
+    lower: LowerFn
+    grad: GradFn | None
+    attrs: Mapping[str, Any] = field(default_factory=dict)  # attribute name -> default (or REQUIRED)
+    cost: CostFn = elementwise_cost
+    sharding: Any = None  # slot for the parallel pass: the op's sharding rule
+    num_inputs: int | None = None  # None = variadic
+    side_effect: bool = False  # kept by graph building even when no output is used (Assign)
+    doc: str = ""
+
+    def check_arity(self, count: int) -> None:
+        if self.num_inputs is not None and count != self.num_inputs:
+            raise ShapeInferenceError(f"{self.name} takes {self.num_inputs} inputs, got {count}")
+
+    def bind(self, given: Mapping[str, Any]) -> Attrs:
+        """The node's attributes: defaults filled in, unknown names and missing required ones rejected."""
+        unknown = set(given) - set(self.attrs)
+        if unknown:
+            known = ", ".join(self.attrs) or "none"
+            raise ShapeInferenceError(f"unknown attribute(s) {sorted(unknown)}; {self.name} takes: {known}")
+        merged = {**self.attrs, **given}
+        missing = [k for k, v in merged.items() if v is REQUIRED]
+        if missing:
+            raise ShapeInferenceError(f"missing required attribute(s) {missing}")
+        return Attrs(merged)
+
+
+_OPS: dict[str, OpDef] = {}
+
+
+def register(name: str, **fields: Any) -> OpDef:
+    """Define op `name` (see OpDef); redefining a name is an error, so an op lives in exactly one place."""
+    if name in _OPS:
+        raise ValueError(f"op {name!r} is already registered")
+    op = OpDef(name=name, **fields)
+    _OPS[name] = op
+    return op
+
+
+def get(name: str) -> OpDef:
+    """The definition of op `name`; an unknown name is a clear error listing close matches."""
+    _load_ops()
+    try:
+        return _OPS[name]
+    except KeyError:
+        close = [n for n in _OPS if n.lower().startswith(name.lower()[:3])]
+        raise ShapeInferenceError(
+            f"unknown op {name!r}; similar registered ops: {close or sorted(_OPS)[:10]}"
+        ) from None
+
+
+def names() -> list[str]:
+    """Every registered op name, sorted."""
+    _load_ops()
+    return sorted(_OPS)
+
+
+def _load_ops() -> None:
+    import tessel.compiler.ops  # noqa: F401 - registers every op family on first use

@@ -1,0 +1,181 @@
+"""The fused train step: forward, backward and optimizer update compiled into one graph, run with no copies.
+
+`build_train_step(forward, params, optimizer)` extends a traced forward graph (output 0 = the loss) with its
+gradient and the optimizer's update, written as `Assign`s to the parameters and optimizer slots. The learning
+rate is an input, so schedules never recompile.
+
+`TrainStep` runs it on a CpuCompute: every parameter and slot lives in two numpy buffers; one IOBinding reads
+buffer A and writes the new values into B, the other reads B and writes A, and each step flips between them.
+So updates land in place, in memory the caller can read (`step.state[name]`), with no copy and no Python-side
+arithmetic.
+
+    >>> program = build_train_step(traced.graph, ["w1", "b1"], SGD(learning_rate=0.1))
+    >>> step = TrainStep(program, CpuCompute(2), {"w1": w1, "b1": b1})
+    >>> loss = step(x=batch_x, y=batch_y)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessel.compiler.autodiff import gradients
+from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
+from tessel.compiler.dtypes import DType
+from tessel.compiler.errors import ShapeInferenceError
+from tessel.compiler.ir import Graph
+from tessel.compiler.lower_onnx import assign_output_name, model_bytes, output_names
+from tessel.compiler.optimizers import Optimizer
+from tessel.errors import ConfigurationError
+
+LEARNING_RATE = "learning_rate"
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A buffer the train step keeps between steps: a parameter or an optimizer slot (with its initial value)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    init: float | None  # None for parameters (the caller supplies them)
+
+
+@dataclass(frozen=True)
+class TrainProgram:
+    """A compiled-once train step: the graph plus which inputs are data, state and the learning rate."""
+
+    graph: Graph
+    data: tuple[str, ...]
+    state: tuple[StateSpec, ...]
+    outputs: tuple[str, ...]  # loss first, then the forward graph's other outputs
+    optimizer: Optimizer
+
+
+def build_train_step(
+    forward: Graph,
+    params: Sequence[str],
+    optimizer: Optimizer,
+    no_weight_decay: frozenset[str] = frozenset(),
+) -> TrainProgram:
+    """Extend `forward` (loss = output 0) with gradients of `params` and the optimizer update.
+
+    Inputs that `forward` assigns itself (BatchNorm moving statistics) become state too, kept but not trained.
+    """
+    builder = GraphBuilder.extend(forward)
+    lr = builder.add_input(LEARNING_RATE, (), DType.float32)
+    values = [forward.input(n) for n in params]
+    grads = gradients(builder, forward.outputs[0], values)
+    # State = trained parameters, plus inputs the forward graph itself assigns (BatchNorm's moving statistics).
+    assigned = [n.inputs[0].name for n in forward.nodes if n.op == "Assign" and n.inputs[0].name not in params]
+    state = [StateSpec(n, _static(v.shape, n), v.dtype, None) for n, v in zip(params, values)]
+    state += [StateSpec(n, _static(forward.input(n).shape, n), forward.input(n).dtype, None) for n in assigned]
+
+    glob = {}
+    for slot in optimizer.global_slots():
+        name = f"optimizer/{slot.name}"
+        glob[slot.name] = builder.add_input(name, (), DType.float32)
+        state.append(StateSpec(name, (), DType.float32, slot.init))
+    for name, value, grad in zip(params, values, grads):
+        p, g = SymbolicTensor(builder, value), SymbolicTensor(builder, grad)
+        slots = {}
+        for slot in optimizer.slots():
+            slots[slot.name] = builder.add_input(f"{name}/{slot.name}", value.shape, value.dtype)
+            state.append(StateSpec(f"{name}/{slot.name}", _static(value.shape, name), value.dtype, slot.init))
+        new_p, new_slots = optimizer.update(p, g, slots, glob, lr.astype(value.dtype), name not in no_weight_decay)
+        apply("Assign", p, new_p)
+        for slot_name, new in new_slots.items():
+            apply("Assign", slots[slot_name], new)
+    for slot_name, new in optimizer.update_globals(glob).items():
+        apply("Assign", glob[slot_name], new)
+
+    graph = builder.build(forward.outputs, f"{forward.name}_train")
+    state_names = {s.name for s in state} | {LEARNING_RATE}
+    data = tuple(v.name for v in graph.inputs if v.name not in state_names)
+    outputs = tuple(output_names(graph)[: len(forward.outputs)])
+    return TrainProgram(graph, data, tuple(state), outputs, optimizer)
+
+
+def _static(shape, name: str) -> tuple[int, ...]:
+    if not all(isinstance(d, int) for d in shape):
+        raise ShapeInferenceError(f"parameter {name!r} has symbolic shape {shape}; parameters need static shapes")
+    return tuple(shape)
+
+
+class TrainStep:
+    """Runs a TrainProgram step after step on one compute plugin, keeping state in double-buffered numpy arrays."""
+
+    def __init__(self, program: TrainProgram, compute, params: Mapping[str, np.ndarray], learning_rate=None):
+        self.program, self.compute = program, compute
+        self.executable = compute.compile(model_bytes(program.graph))
+        outputs = set(self.executable.output_names)
+        self._buffers: dict[str, list[np.ndarray]] = {}
+        for spec in program.state:
+            first = self._initial(spec, params)
+            written = assign_output_name(spec.name) in outputs
+            self._buffers[spec.name] = [first, first.copy()] if written else [first]
+        rate = program.optimizer.learning_rate if learning_rate is None else learning_rate
+        self._learning_rate = np.array(rate, dtype=np.float32)
+        self._loss = np.zeros((), dtype=self.executable.outputs[0].dtype)
+        self._bindings = [self._bind(parity) for parity in (0, 1)]
+        self._parity = 0
+
+    @staticmethod
+    def _initial(spec: StateSpec, params: Mapping[str, np.ndarray]) -> np.ndarray:
+        if spec.init is not None:
+            return np.full(spec.shape, spec.init, dtype=spec.dtype.numpy)
+        if spec.name not in params:
+            raise ConfigurationError(f"no initial value for parameter {spec.name!r}; pass it in params")
+        value = np.asarray(params[spec.name])
+        if value.shape != spec.shape or value.dtype != spec.dtype.numpy:
+            raise ConfigurationError(
+                f"parameter {spec.name!r} must be {spec.dtype.value}{spec.shape}, got {value.dtype}{value.shape}"
+            )
+        return np.array(value, order="C", copy=True)
+
+    def _bind(self, parity: int):
+        binding = self.compute.bind(self.executable)
+        for name, buffers in self._buffers.items():
+            binding.input(name, buffers[parity % len(buffers)])
+            if len(buffers) == 2:
+                binding.output(assign_output_name(name), buffers[1 - parity])
+        binding.input(LEARNING_RATE, self._learning_rate)
+        loss_shape = self.program.graph.outputs[0].shape
+        binding.output(self.program.outputs[0], self._loss if loss_shape == () else None)
+        for name in self.program.outputs[1:]:
+            binding.output(name)
+        return binding
+
+    @property
+    def state(self) -> dict[str, np.ndarray]:
+        """Current parameters and optimizer slots (views of the live buffers; copy to keep a snapshot)."""
+        return {name: bufs[self._parity % len(bufs)] for name, bufs in self._buffers.items()}
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self._learning_rate)
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self._learning_rate[...] = value  # the bound buffer itself: no rebinding
+
+    def load(self, name: str, value: np.ndarray) -> None:
+        """Overwrite parameter or slot `name` in place."""
+        np.copyto(self.state[name], value, casting="same_kind")
+
+    def __call__(self, **data: np.ndarray):
+        """One step on a batch (keyword per data input); returns the loss, or (loss, *other outputs)."""
+        missing = set(self.program.data) - set(data)
+        if missing:
+            raise ConfigurationError(
+                f"missing data input(s) {sorted(missing)}; the step takes {list(self.program.data)}"
+            )
+        binding = self._bindings[self._parity]
+        for name, array in data.items():
+            binding.input(name, np.ascontiguousarray(array))
+        others = binding.run()
+        self._parity = 1 - self._parity
+        loss = self._loss.copy() if self.program.graph.outputs[0].shape == () else others.pop(0)
+        return (loss, *others) if len(self.program.outputs) > 1 else loss

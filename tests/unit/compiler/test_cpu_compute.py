@@ -1,0 +1,89 @@
+"""CpuCompute: the ComputePlugin on ONNX Runtime's CPU EP (sessions, feeds, bindings, the shared thread pool)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessel.compiler.builder import apply
+from tessel.compiler.lower_onnx import to_onnx
+from tessel.compiler.tracer import TensorSpec, trace
+from tessel.errors import ConfigurationError
+from tessel.plugins.base import ComputePlugin
+from tessel.plugins.cpu import CpuPlugin
+from tessel.plugins.cpu.compute import CpuCompute
+
+
+def model(fn, *specs) -> bytes:
+    return to_onnx(trace(fn, *specs).graph).SerializeToString()
+
+
+AFFINE = model(lambda x, w: (apply("MatMul", x, w), x.sum()), TensorSpec(("N", 3)), TensorSpec((3, 2)))
+
+
+@pytest.fixture(scope="module")
+def compute():
+    return CpuCompute(threads=1)
+
+
+def test_is_the_cpu_plugins_compute_and_shares_one_thread_pool(compute):
+    assert isinstance(compute, ComputePlugin)
+    assert isinstance(CpuPlugin().compute, CpuCompute)
+    # The process-wide pool is created once; later instances report its actual size.
+    assert CpuCompute(threads=2).threads == compute.threads
+
+
+def test_sessions_are_cached_by_model_content(compute):
+    assert compute.compile(AFFINE) is compute.compile(bytes(AFFINE))
+    assert compute.compile(AFFINE) is not compute.compile(model(lambda x: x * 2.0, TensorSpec((2,))))
+
+
+def test_one_session_runs_any_batch_size(compute):
+    exe = compute.compile(AFFINE)
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    for batch in (1, 9):
+        x = np.ones((batch, 3), np.float32)
+        y, total = compute.run(exe, {"x": x, "w": w})
+        np.testing.assert_array_equal(y, x @ w)
+        assert total == batch * 3
+
+
+def test_feed_errors_name_the_input(compute):
+    exe = compute.compile(AFFINE)
+    w = np.zeros((3, 2), np.float32)
+    with pytest.raises(ConfigurationError, match=r"input 'x' must be float32, got float64; convert it"):
+        compute.run(exe, {"x": np.zeros((2, 3)), "w": w})
+    with pytest.raises(ConfigurationError, match=r"input 'w' must have shape \(3, 2\), got \(2, 3\)"):
+        compute.run(exe, {"x": np.zeros((2, 3), np.float32), "w": w.T.copy()})
+    with pytest.raises(ConfigurationError, match=r"missing model input\(s\) \['w'\]"):
+        compute.run(exe, {"x": np.zeros((2, 3), np.float32)})
+    with pytest.raises(ConfigurationError, match="the model has no input 'z'"):
+        compute.run(exe, {"x": np.zeros((2, 3), np.float32), "w": w, "z": w})
+
+
+def test_a_model_runtime_rejects_is_a_clear_error(compute):
+    with pytest.raises(ConfigurationError, match="ONNX Runtime rejected the model"):
+        compute.compile(b"not a model")
+
+
+def test_binding_writes_outputs_into_caller_buffers(compute):
+    exe = compute.compile(AFFINE)
+    binding = compute.bind(exe)
+    x, w = np.ones((4, 3), np.float32), np.full((3, 2), 0.5, np.float32)
+    out = np.empty((4, 2), np.float32)
+    binding.input("x", x)
+    binding.input("w", w)
+    binding.output(exe.output_names[0], out)
+    binding.output(exe.output_names[1])  # allocated by the runtime, returned by run()
+    (total,) = binding.run()
+    np.testing.assert_array_equal(out, x @ w)
+    assert total == 12
+    w[...] = 2.0  # bound inputs are read in place on every run
+    binding.run()
+    np.testing.assert_array_equal(out, x @ w)
+    with pytest.raises(ConfigurationError, match="already bound"):
+        binding.output(exe.output_names[0], out)
+    with pytest.raises(ConfigurationError, match="must be float32, got float64"):
+        compute.bind(exe).output(exe.output_names[0], np.empty((4, 2)))
+    with pytest.raises(ConfigurationError, match="C-contiguous"):
+        compute.bind(exe).input("w", np.ones((2, 3), np.float32).T)
