@@ -14,16 +14,27 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
 from tessel.daemon.executor import Executor
+from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.errors import ConfigurationError
 from tessel.plugins.base import GroupContext, Peer, Plugin
 from tessel.v1 import common_pb2, daemon_pb2
 
 log = logging.getLogger("tessel.daemon")
+
+
+class Result(NamedTuple):
+    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings."""
+
+    fetched: dict[str, np.ndarray]
+    collected: dict[str, np.ndarray]
+    timings: list[tuple[str, float]]
+
 
 # Longest a collective waits for a live peer that never arrives; dead peers are detected much sooner.
 DEFAULT_COLLECTIVE_TIMEOUT_S = float(os.environ.get("TESSEL_COLLECTIVE_TIMEOUT", "300"))
@@ -57,7 +68,7 @@ class DaemonCore:
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._executor = Executor(self._group, lambda: self.plugin.compute)
+        self._executor = Executor(self._group)
 
     # ------------------------------------------------------------------------------------------ sessions
 
@@ -207,9 +218,9 @@ class DaemonCore:
         for n in names:
             session.tensors.pop(n, None)
 
-    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Iterable[str] = ()) -> None:
         session = self.session(session_id)
-        session.segments[name] = self.plugin.compute.compile(onnx_model)
+        session.segments[name] = Segment(name, self.plugin.compute, onnx_model, list(state))
 
     # ------------------------------------------------------------------------------------------ programs
 
@@ -221,9 +232,12 @@ class DaemonCore:
         fetch: Iterable[str] = (),
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
-    ) -> tuple[dict[str, np.ndarray], list[tuple[str, float]]]:
-        """Store `feed`, run `program` `repeat` times; return the fetched tensors and per-instruction timings."""
+        collect: Iterable[str] = (),
+    ) -> Result:
+        """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
+        (stacked on dim 0) and per-instruction timings."""
         session = self.session(session_id)
+        collect = list(collect)
         with session.lock:
             session.check_alive()
             if feed:
@@ -231,6 +245,7 @@ class DaemonCore:
             steps = self._executor.bind(session, program)
             elapsed = [0.0] * len(steps)
             clock = time.perf_counter
+            history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
             for _ in range(max(1, repeat)):
                 if timings:
                     for i, (_, step) in enumerate(steps):
@@ -240,8 +255,13 @@ class DaemonCore:
                 else:
                     for _, step in steps:
                         step()
+                for name in collect:
+                    history[name].append(np.array(session.tensor(name)))
             fetched = {n: session.tensor(n) for n in fetch}
-        return fetched, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
+        collected = {n: np.stack(v) for n, v in history.items()}
+        return Result(
+            fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
+        )
 
     def close(self) -> None:
         for session in self.sessions():

@@ -78,9 +78,8 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
 class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
 
-    def __init__(self, group_of: Callable[[Session, str], Any], compute: Callable[[], Any]):
+    def __init__(self, group_of: Callable[[Session, str], Any]):
         self.group_of = group_of
-        self.compute = compute
 
     def bind(self, session: Session, program: daemon_pb2.Program) -> list[tuple[str, Step]]:
         return [self._bind_one(session, i, ins) for i, ins in enumerate(program.instructions)]
@@ -116,5 +115,4 @@ class Executor:
     def _run_segment(self, session: Session, op: daemon_pb2.RunSegment) -> None:
         if op.segment not in session.segments:
             raise ConfigurationError(f"segment {op.segment!r} is not compiled in {session.describe()}")
-        results = self.compute().run(session.segments[op.segment], {n: session.tensor(n) for n in op.inputs})
-        _store(session, list(op.outputs), list(results))
+        session.segments[op.segment].run(session.tensors, op.inputs, op.outputs)

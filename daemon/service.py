@@ -44,21 +44,25 @@ class DaemonServicer:
         return common_pb2.Empty()
 
     def CompileSegment(self, request, context):
-        self.core.compile_segment(request.session_id, request.name, request.onnx_model)
+        self.core.compile_segment(request.session_id, request.name, request.onnx_model, request.state)
         return common_pb2.Empty()
 
     def Execute(self, request, context):
-        fetched, timings = self.core.execute(
+        result = self.core.execute(
             request.session_id,
             request.program,
             request.repeat,
             request.fetch,
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
+            request.collect,
         )
         return daemon_pb2.ExecuteReply(
-            fetched=[_named(n, v) for n, v in fetched.items()],
-            timings=[daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(timings)],
+            fetched=[_named(n, v) for n, v in result.fetched.items()],
+            collected=[_named(n, v) for n, v in result.collected.items()],
+            timings=[
+                daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)
+            ],
         )
 
     def Status(self, request, context):

@@ -27,7 +27,7 @@ from tessel.v1 import common_pb2 as tessel_dot_v1_dot_common__pb2
 from tessel.v1 import collective_pb2 as tessel_dot_v1_dot_collective__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"j\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\"&\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"M\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\"\xd9\x01\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x42\x04\n\x02op\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\x9f\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"f\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\"^\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x32\x92\x05\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"j\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\"&\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\\\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x03(\t\"\xd9\x01\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x42\x04\n\x02op\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\xb0\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12\x0f\n\x07\x63ollect\x18\x07 \x03(\t\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x91\x01\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\x12)\n\tcollected\x18\x03 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"^\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x32\x92\x05\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -51,31 +51,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FREETENSORSREQUEST']._serialized_start=540
   _globals['_FREETENSORSREQUEST']._serialized_end=595
   _globals['_COMPILESEGMENTREQUEST']._serialized_start=597
-  _globals['_COMPILESEGMENTREQUEST']._serialized_end=674
-  _globals['_INSTRUCTION']._serialized_start=677
-  _globals['_INSTRUCTION']._serialized_end=894
-  _globals['_RUNSEGMENT']._serialized_start=896
-  _globals['_RUNSEGMENT']._serialized_end=958
-  _globals['_COLLECTIVEOP']._serialized_start=961
-  _globals['_COLLECTIVEOP']._serialized_end=1303
-  _globals['_TENSORSHAPE']._serialized_start=1305
-  _globals['_TENSORSHAPE']._serialized_end=1332
-  _globals['_WAITOP']._serialized_start=1334
-  _globals['_WAITOP']._serialized_end=1358
-  _globals['_FREEOP']._serialized_start=1360
-  _globals['_FREEOP']._serialized_end=1383
-  _globals['_COPYOP']._serialized_start=1385
-  _globals['_COPYOP']._serialized_end=1425
-  _globals['_PROGRAM']._serialized_start=1427
-  _globals['_PROGRAM']._serialized_end=1482
-  _globals['_EXECUTEREQUEST']._serialized_start=1485
-  _globals['_EXECUTEREQUEST']._serialized_end=1644
-  _globals['_INSTRUCTIONTIMING']._serialized_start=1646
-  _globals['_INSTRUCTIONTIMING']._serialized_end=1711
-  _globals['_EXECUTEREPLY']._serialized_start=1713
-  _globals['_EXECUTEREPLY']._serialized_end=1815
-  _globals['_DAEMONSTATUSREPLY']._serialized_start=1817
-  _globals['_DAEMONSTATUSREPLY']._serialized_end=1911
-  _globals['_DAEMON']._serialized_start=1914
-  _globals['_DAEMON']._serialized_end=2572
+  _globals['_COMPILESEGMENTREQUEST']._serialized_end=689
+  _globals['_INSTRUCTION']._serialized_start=692
+  _globals['_INSTRUCTION']._serialized_end=909
+  _globals['_RUNSEGMENT']._serialized_start=911
+  _globals['_RUNSEGMENT']._serialized_end=973
+  _globals['_COLLECTIVEOP']._serialized_start=976
+  _globals['_COLLECTIVEOP']._serialized_end=1318
+  _globals['_TENSORSHAPE']._serialized_start=1320
+  _globals['_TENSORSHAPE']._serialized_end=1347
+  _globals['_WAITOP']._serialized_start=1349
+  _globals['_WAITOP']._serialized_end=1373
+  _globals['_FREEOP']._serialized_start=1375
+  _globals['_FREEOP']._serialized_end=1398
+  _globals['_COPYOP']._serialized_start=1400
+  _globals['_COPYOP']._serialized_end=1440
+  _globals['_PROGRAM']._serialized_start=1442
+  _globals['_PROGRAM']._serialized_end=1497
+  _globals['_EXECUTEREQUEST']._serialized_start=1500
+  _globals['_EXECUTEREQUEST']._serialized_end=1676
+  _globals['_INSTRUCTIONTIMING']._serialized_start=1678
+  _globals['_INSTRUCTIONTIMING']._serialized_end=1743
+  _globals['_EXECUTEREPLY']._serialized_start=1746
+  _globals['_EXECUTEREPLY']._serialized_end=1891
+  _globals['_DAEMONSTATUSREPLY']._serialized_start=1893
+  _globals['_DAEMONSTATUSREPLY']._serialized_end=1987
+  _globals['_DAEMON']._serialized_start=1990
+  _globals['_DAEMON']._serialized_end=2648
 # @@protoc_insertion_point(module_scope)

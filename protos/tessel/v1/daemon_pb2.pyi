@@ -74,14 +74,16 @@ class FreeTensorsRequest(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class CompileSegmentRequest(_message.Message):
-    __slots__ = ("session_id", "name", "onnx_model")
+    __slots__ = ("session_id", "name", "onnx_model", "state")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     ONNX_MODEL_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     name: str
     onnx_model: bytes
-    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., onnx_model: _Optional[bytes] = ...) -> None: ...
+    state: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., onnx_model: _Optional[bytes] = ..., state: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Instruction(_message.Message):
     __slots__ = ("run_segment", "collective", "wait", "free", "copy")
@@ -172,20 +174,22 @@ class Program(_message.Message):
     def __init__(self, instructions: _Optional[_Iterable[_Union[Instruction, _Mapping]]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed")
+    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed", "collect")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     REPEAT_FIELD_NUMBER: _ClassVar[int]
     FETCH_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     FEED_FIELD_NUMBER: _ClassVar[int]
+    COLLECT_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     program: Program
     repeat: int
     fetch: _containers.RepeatedScalarFieldContainer[str]
     timings: bool
     feed: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
-    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
+    collect: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., collect: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class InstructionTiming(_message.Message):
     __slots__ = ("index", "kind", "seconds")
@@ -198,12 +202,14 @@ class InstructionTiming(_message.Message):
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class ExecuteReply(_message.Message):
-    __slots__ = ("fetched", "timings")
+    __slots__ = ("fetched", "timings", "collected")
     FETCHED_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_FIELD_NUMBER: _ClassVar[int]
     fetched: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
     timings: _containers.RepeatedCompositeFieldContainer[InstructionTiming]
-    def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ...) -> None: ...
+    collected: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
+    def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatusReply(_message.Message):
     __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes")

@@ -77,7 +77,7 @@ def _run(program: daemon_pb2.Program, outputs: list[str], feed: dict | None = No
     runtime = _rt.current()
     runtime.check()
     program.instructions.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=list(feed or ()))))
-    fetched, _ = runtime.daemon.execute(runtime.session_id, program, fetch=outputs, feed=feed)
+    fetched = runtime.daemon.execute(runtime.session_id, program, fetch=outputs, feed=feed).fetched
     if outputs:
         runtime.daemon.free(runtime.session_id, outputs)
     return [fetched[n] for n in outputs]

@@ -7,11 +7,9 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from tessel import rpc
-from tessel.daemon.core import DaemonCore
+from tessel.daemon.core import DaemonCore, Result
 from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
 from tessel.wire import from_proto, to_proto
-
-Timings = list[tuple[str, float]]
 
 
 class LocalDaemon:
@@ -41,8 +39,8 @@ class LocalDaemon:
     def free(self, session_id: str, names: Iterable[str]) -> None:
         self.core.free(session_id, names)
 
-    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
-        self.core.compile_segment(session_id, name, onnx_model)
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Sequence[str] = ()) -> None:
+        self.core.compile_segment(session_id, name, onnx_model, state)
 
     def execute(
         self,
@@ -52,10 +50,11 @@ class LocalDaemon:
         fetch: Sequence[str] = (),
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
-    ) -> tuple[dict[str, np.ndarray], Timings]:
+        collect: Sequence[str] = (),
+    ) -> Result:
         feed = {k: np.array(v) for k, v in (feed or {}).items()}
-        fetched, times = self.core.execute(session_id, program, repeat, fetch, timings, feed)
-        return {k: v.copy() for k, v in fetched.items()}, times
+        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect)
+        return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
 
     def close(self) -> None:
         self.core.close()
@@ -92,8 +91,10 @@ class RemoteDaemon:
     def free(self, session_id: str, names: Iterable[str]) -> None:
         self.client.FreeTensors(daemon_pb2.FreeTensorsRequest(session_id=session_id, names=list(names)), 60.0)
 
-    def compile_segment(self, session_id: str, name: str, onnx_model: bytes) -> None:
-        request = daemon_pb2.CompileSegmentRequest(session_id=session_id, name=name, onnx_model=onnx_model)
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Sequence[str] = ()) -> None:
+        request = daemon_pb2.CompileSegmentRequest(
+            session_id=session_id, name=name, onnx_model=onnx_model, state=list(state)
+        )
         self.client.CompileSegment(request)
 
     def execute(
@@ -104,7 +105,8 @@ class RemoteDaemon:
         fetch: Sequence[str] = (),
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
-    ) -> tuple[dict[str, np.ndarray], Timings]:
+        collect: Sequence[str] = (),
+    ) -> Result:
         request = daemon_pb2.ExecuteRequest(
             session_id=session_id,
             program=program,
@@ -112,10 +114,14 @@ class RemoteDaemon:
             fetch=list(fetch),
             timings=timings,
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
+            collect=list(collect),
         )
         reply = self.client.Execute(request)
-        fetched = {t.name: from_proto(t.tensor, t.name) for t in reply.fetched}
-        return fetched, [(t.kind, t.seconds) for t in reply.timings]
+        return Result(
+            {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
+            {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
+            [(t.kind, t.seconds) for t in reply.timings],
+        )
 
     def close(self) -> None:
         self.client.close()

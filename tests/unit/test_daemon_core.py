@@ -1,0 +1,110 @@
+"""The daemon as a library object: sessions, tensor store, programs, stateful segments, bad input."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessel.compiler import SGD, Adam, TensorSpec, TrainStep, apply, build_train_step, model_bytes, trace
+from tessel.daemon import DaemonCore
+from tessel.errors import ConfigurationError, JobFailedError
+from tessel.plugins import load_plugin
+from tessel.v1 import collective_pb2, daemon_pb2
+
+IN, HIDDEN, OUT = 6, 8, 3
+
+
+def mlp(x, y, w1, b1, w2, b2):
+    h = apply("ReLU", apply("MatMul", x, w1, transpose_b=True) + b1)
+    logits = apply("MatMul", h, w2, transpose_b=True) + b2
+    return apply("SparseSoftmaxCrossEntropy", logits, y).mean()
+
+
+SPECS = [TensorSpec(("N", IN)), TensorSpec(("N",), "int32"), TensorSpec((HIDDEN, IN)), TensorSpec((HIDDEN,)),
+         TensorSpec((OUT, HIDDEN)), TensorSpec((OUT,))]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def core():
+    running = DaemonCore(load_plugin("cpu", threads=1))
+    yield running
+    running.close()
+
+
+def _params(seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = {"w1": (HIDDEN, IN), "b1": (HIDDEN,), "w2": (OUT, HIDDEN), "b2": (OUT,)}
+    return {k: (rng.standard_normal(s) * 0.5).astype(np.float32) for k, s in shapes.items()}
+
+
+def _batches(n):
+    rng = np.random.default_rng(7)
+    for _ in range(n):
+        x = rng.standard_normal((16, IN)).astype(np.float32)
+        yield x, ((x[:, 0] > 0).astype(np.int32) + (x[:, 1] > 0.5).astype(np.int32))
+
+
+def _program(*instructions):
+    return daemon_pb2.Program(instructions=[daemon_pb2.Instruction(**i) for i in instructions])
+
+
+@pytest.mark.parametrize("optimizer", [SGD(learning_rate=0.1), Adam(learning_rate=0.01)], ids=repr)
+def test_stateful_segment_trains_like_the_in_process_train_step(core, optimizer):
+    program = build_train_step(trace(mlp, *SPECS).graph, ["w1", "b1", "w2", "b2"], optimizer)
+    reference = TrainStep(program, core.plugin.compute, _params())
+    sid = core.open_session("seg", 0, 1, [])
+    initial = {s.name: reference.state[s.name].copy() for s in program.state}
+    initial["learning_rate"] = np.array(program.optimizer.learning_rate, np.float32)
+    core.put(sid, initial)
+    core.compile_segment(sid, "step", model_bytes(program.graph), [s.name for s in program.state])
+    run = _program({"run_segment": daemon_pb2.RunSegment(segment="step", outputs=[program.outputs[0]])})
+    for x, y in _batches(5):
+        want = reference(x=x, y=y)
+        got = core.execute(sid, run, feed={"x": x, "y": y}, fetch=[program.outputs[0]]).fetched[program.outputs[0]]
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+    for name, value in reference.state.items():
+        np.testing.assert_allclose(core.get(sid, [name])[name], value, rtol=1e-6, atol=1e-7)
+    # A put replaces the state the segment trains from (e.g. a checkpoint load).
+    core.put(sid, {"w1": np.zeros((HIDDEN, IN), np.float32)})
+    core.execute(sid, run, feed=dict(zip("xy", next(_batches(1)))))
+    assert np.abs(core.get(sid, ["w1"])["w1"]).max() < 1.0
+    core.close_session(sid)
+
+
+def test_repeat_and_collect_return_every_repetition(core):
+    sid = core.open_session("rep", 0, 1, [])
+    core.put(sid, {"x": np.arange(3, dtype=np.float64)})
+    program = _program(
+        {"collective": daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, inputs=["x"], outputs=["y"])},
+        {"copy": daemon_pb2.CopyOp(source="y", target="x")},
+    )
+    result = core.execute(sid, program, repeat=4, collect=["y"], fetch=["x"], timings=True)
+    assert result.collected["y"].shape == (4, 3)
+    assert [label for label, _ in result.timings] == ["all_reduce", "copy"]
+    np.testing.assert_array_equal(result.fetched["x"], np.arange(3))  # world of 1: the sum is the value itself
+    core.close_session(sid)
+
+
+def test_bad_input_names_the_thing_and_the_fix(core):
+    sid = core.open_session("bad", 0, 1, [])
+    with pytest.raises(ConfigurationError, match="tensor 'nope' is not in the store"):
+        core.execute(sid, _program({"copy": daemon_pb2.CopyOp(source="nope", target="x")}))
+    with pytest.raises(ConfigurationError, match="no session 'missing'"):
+        core.put("missing", {})
+    with pytest.raises(ConfigurationError, match="rank 3 is outside a world of 2"):
+        core.open_session("j", 3, 2, [])
+    with pytest.raises(ConfigurationError, match="not compiled"):
+        core.execute(sid, _program({"run_segment": daemon_pb2.RunSegment(segment="s")}))
+    with pytest.raises(ConfigurationError, match="create_group"):
+        core.execute(sid, _program({"collective": daemon_pb2.CollectiveOp(kind=collective_pb2.BARRIER,
+                                                                          group="g")}))  # fmt: skip
+    with pytest.raises(ConfigurationError, match="empty"):
+        core.execute(sid, daemon_pb2.Program(instructions=[daemon_pb2.Instruction()]))
+    core.close_session(sid)
+
+
+def test_a_failed_job_aborts_its_session(core):
+    sid = core.open_session("doomed", 0, 1, [])
+    core.on_job_event("doomed", "failed", "rank 1 died", 1)
+    with pytest.raises(JobFailedError, match="rank 1 died"):
+        core.execute(sid, _program())
