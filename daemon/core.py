@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tessel.daemon.datasets import DatasetCursor
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -221,6 +222,12 @@ class DaemonCore:
     def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Iterable[str] = ()) -> None:
         session = self.session(session_id)
         session.segments[name] = Segment(name, self.plugin.compute, onnx_model, list(state))
+
+    def open_dataset(self, session_id: str, name: str, spec, columns: Iterable[str] = ()) -> DatasetCursor:
+        """Sink mode: read this rank's shard of the pipeline `spec` here; NextBatch instructions step it."""
+        session = self.session(session_id)
+        session.datasets[name] = DatasetCursor(name, spec, list(columns))
+        return session.datasets[name]
 
     # ------------------------------------------------------------------------------------------ programs
 

@@ -102,6 +102,8 @@ class Executor:
             return "free", lambda: [session.tensors.pop(n, None) for n in op.names] and None
         if which == "copy":
             return "copy", lambda: session.tensors.__setitem__(op.target, session.tensor(op.source).copy())
+        if which == "next_batch":
+            return f"next_batch:{op.dataset}", lambda: self._next_batch(session, op)
         if which == "run_segment":
             return f"run_segment:{op.segment}", lambda: self._run_segment(session, op)
         raise ConfigurationError(f"instruction {index}: unsupported op {which!r}")
@@ -116,3 +118,14 @@ class Executor:
         if op.segment not in session.segments:
             raise ConfigurationError(f"segment {op.segment!r} is not compiled in {session.describe()}")
         session.segments[op.segment].run(session.tensors, op.inputs, op.outputs)
+
+    def _next_batch(self, session: Session, op: daemon_pb2.NextBatch) -> None:
+        if op.dataset not in session.datasets:
+            raise ConfigurationError(f"dataset {op.dataset!r} is not open in {session.describe()}; OpenDataset first")
+        cursor = session.datasets[op.dataset]
+        row = cursor.next()
+        if len(op.outputs) != len(row):
+            raise ConfigurationError(
+                f"next_batch of {op.dataset!r}: {len(op.outputs)} output names for columns {cursor.columns}"
+            )
+        _store(session, list(op.outputs), row)

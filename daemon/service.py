@@ -47,6 +47,10 @@ class DaemonServicer:
         self.core.compile_segment(request.session_id, request.name, request.onnx_model, request.state)
         return common_pb2.Empty()
 
+    def OpenDataset(self, request, context):
+        cursor = self.core.open_dataset(request.session_id, request.name, request.spec, request.columns)
+        return daemon_pb2.OpenDatasetReply(batches_per_epoch=cursor.batches_per_epoch, columns=cursor.columns)
+
     def Execute(self, request, context):
         result = self.core.execute(
             request.session_id,

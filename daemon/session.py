@@ -25,6 +25,7 @@ class Session:
     groups: dict[str, Communicator] = field(default_factory=dict)
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)
     segments: dict[str, Any] = field(default_factory=dict)
+    datasets: dict[str, Any] = field(default_factory=dict)
     abort_cause: str | None = None
     culprit_rank: int = -1
     # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.
@@ -56,3 +57,4 @@ class Session:
         self.handles.clear()
         self.tensors.clear()
         self.segments.clear()
+        self.datasets.clear()

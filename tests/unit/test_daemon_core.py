@@ -108,3 +108,25 @@ def test_a_failed_job_aborts_its_session(core):
     core.on_job_event("doomed", "failed", "rank 1 died", 1)
     with pytest.raises(JobFailedError, match="rank 1 died"):
         core.execute(sid, _program())
+
+
+def test_sink_dataset_on_the_daemon_yields_the_clients_batches_across_epochs(core):
+    import tessel.dataset as ds
+
+    def pipeline():
+        data = {"x": np.arange(30, dtype=np.float32).reshape(10, 3), "y": np.arange(10, dtype=np.int32)}
+        return ds.NumpySlicesDataset(data, shuffle=True, num_shards=3, shard_id=1).batch(2)
+
+    client = pipeline()
+    expected = [b for b in client.create_tuple_iterator(output_numpy=True, num_epochs=3)]
+    sid = core.open_session("sink", 0, 1, [])
+    cursor = core.open_dataset(sid, "train", pipeline().to_spec())
+    assert cursor.batches_per_epoch == 2 and cursor.columns == ["x", "y"]
+    step = _program({"next_batch": daemon_pb2.NextBatch(dataset="train", outputs=["bx", "by"])})
+    result = core.execute(sid, step, repeat=6, collect=["bx", "by"])
+    for i, (x, y) in enumerate(expected):
+        np.testing.assert_array_equal(result.collected["bx"][i], x)
+        np.testing.assert_array_equal(result.collected["by"][i], y)
+    with pytest.raises(ConfigurationError, match="not open"):
+        core.execute(sid, _program({"next_batch": daemon_pb2.NextBatch(dataset="nope", outputs=["a"])}))
+    core.close_session(sid)

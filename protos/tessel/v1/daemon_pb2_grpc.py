@@ -76,6 +76,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.OpenDataset = channel.unary_unary(
+                '/tessel.v1.Daemon/OpenDataset',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.FromString,
+                _registered_method=True)
         self.Execute = channel.unary_unary(
                 '/tessel.v1.Daemon/Execute',
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
@@ -139,6 +144,13 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OpenDataset(self, request, context):
+        """Sink mode: the daemon reads its own shard of a declarative pipeline; NextBatch instructions step through it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Execute(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -193,6 +205,11 @@ def add_DaemonServicer_to_server(servicer, server):
                     servicer.CompileSegment,
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'OpenDataset': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenDataset,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.SerializeToString,
             ),
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
@@ -421,6 +438,33 @@ class Daemon:
             '/tessel.v1.Daemon/CompileSegment',
             tessel_dot_v1_dot_daemon__pb2.CompileSegmentRequest.SerializeToString,
             tessel_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenDataset(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/OpenDataset',
+            tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.SerializeToString,
+            tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.FromString,
             options,
             channel_credentials,
             insecure,

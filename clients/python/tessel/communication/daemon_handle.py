@@ -42,6 +42,11 @@ class LocalDaemon:
     def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Sequence[str] = ()) -> None:
         self.core.compile_segment(session_id, name, onnx_model, state)
 
+    def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
+        """Sink mode: the daemon reads its shard of `spec` (a DatasetSpec); returns (batches per epoch, columns)."""
+        cursor = self.core.open_dataset(session_id, name, spec, columns)
+        return cursor.batches_per_epoch, list(cursor.columns)
+
     def execute(
         self,
         session_id: str,
@@ -96,6 +101,11 @@ class RemoteDaemon:
             session_id=session_id, name=name, onnx_model=onnx_model, state=list(state)
         )
         self.client.CompileSegment(request)
+
+    def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
+        request = daemon_pb2.OpenDatasetRequest(session_id=session_id, name=name, spec=spec, columns=list(columns))
+        reply = self.client.OpenDataset(request)
+        return reply.batches_per_epoch, list(reply.columns)
 
     def execute(
         self,
