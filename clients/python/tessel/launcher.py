@@ -198,28 +198,46 @@ class Launch:
                 self.tees.append(tee)
             self.ranks.append(proc)
 
-    def wait_ranks(self) -> tuple[int, int]:
-        """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank)."""
+    def wait_ranks(self, job_id: str) -> tuple[int, int, str]:
+        """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank, cause)."""
         pending = set(range(len(self.ranks)))
         while pending:
+            failed = None
             for rank in sorted(pending):
                 code = self.ranks[rank].poll()
-                if code is None:
-                    continue
-                pending.discard(rank)
-                if code != 0:
-                    self._stop(self.ranks)
-                    return code, rank
-            for device, proc in enumerate(self.daemons):
-                if proc.poll() is not None and pending:
-                    # The ranks learn it from the coordinator within seconds and fail with the cause;
-                    # give them that time to report it before stopping them.
-                    self._await_exit(self.ranks, 10.0)
-                    self._stop(self.ranks)
-                    failed = [r for r in range(len(self.ranks)) if self.ranks[r].returncode not in (0, None)]
-                    return (1, failed[0] if failed else device)
+                if code is not None:
+                    pending.discard(rank)
+                    if code != 0:
+                        failed = rank
+                        break
+            if failed is None and pending and any(proc.poll() is not None for proc in self.daemons):
+                # The ranks learn of a dead daemon from the coordinator within seconds and fail with the cause.
+                self._await_exit(self.ranks, 10.0)
+                failed = next((r for r, p in enumerate(self.ranks) if p.returncode not in (0, None)), -1)
+            if failed is not None:
+                culprit, cause = self._culprit(job_id)
+                self._stop(self.ranks)
+                rank = culprit if culprit >= 0 else failed
+                code = self.ranks[rank].returncode if rank >= 0 else 1
+                return (code or 1), rank, cause
             time.sleep(0.02)
-        return 0, -1
+        return 0, -1, ""
+
+    def _culprit(self, job_id: str, wait_s: float = 2.0) -> tuple[int, str]:
+        """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict."""
+        from tessel.coordinator import CoordinatorClient
+
+        deadline = time.monotonic() + wait_s
+        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0) as client:
+            while time.monotonic() < deadline:
+                try:
+                    job = client.get_job(job_id)
+                except (TesselError, KeyError):
+                    return -1, ""
+                if job.state == "failed":
+                    return job.culprit_rank, job.cause
+                time.sleep(0.05)
+        return -1, ""
 
     @staticmethod
     def _await_exit(procs: list[subprocess.Popen], timeout_s: float) -> None:
@@ -275,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.coordinator is None:
             launch.start_cluster(log_root)
         launch.start_ranks(job_id, log_root)
-        code, failed = launch.wait_ranks()
+        code, failed, cause = launch.wait_ranks(job_id)
     except KeyboardInterrupt:
         print("tessel run: interrupted; stopping all ranks and daemons", file=sys.stderr)
         launch.shutdown()
@@ -287,8 +305,9 @@ def main(argv: list[str] | None = None) -> int:
     launch.shutdown()
     if code != 0:
         rank_dir = log_root / f"rank.{failed}"
+        because = f" ({cause})" if cause else ""
         print(
-            f"\ntessel run: rank {failed} failed with exit code {code}; last lines of {rank_dir}/stderr:",
+            f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:",
             file=sys.stderr,
         )
         print(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"), file=sys.stderr)

@@ -10,8 +10,10 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import socket
+import sys
 import threading
 from dataclasses import dataclass, field
 
@@ -156,7 +158,24 @@ def _distributed(env: LaunchEnv) -> Runtime:
 
     member = coordinator_pb2.ClientRef(job_id=env.job_id, rank=reply.rank, pid=os.getpid())
     runtime.heartbeat = coordinator.heartbeat(member, on_event)
+    _report_uncaught_exceptions(runtime)
     return runtime
+
+
+def _report_uncaught_exceptions(runtime: Runtime) -> None:
+    """An exception that ends this rank fails the job at once, naming this rank and the exception, so the other
+    ranks stop waiting for it with that cause (instead of a bare "peer went away")."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if runtime.failure is None and runtime.coordinator is not None:
+            runtime.failure, runtime.culprit_rank = f"{kind.__name__}: {value}", runtime.rank
+            # If the coordinator is gone too, the broken heartbeat stream tells the same story.
+            with contextlib.suppress(TesselError):
+                runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
 
 
 def init() -> Runtime:
