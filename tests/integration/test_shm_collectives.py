@@ -1,0 +1,385 @@
+"""The shared-memory transport in real worker processes: every collective against numpy, and its failure modes."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import os
+import threading
+
+import numpy as np
+import pytest
+from collective_harness import leaked_segments, make_input, run_collectives
+
+from tessel.errors import ConfigurationError
+from tessel.plugins.base import GroupContext, Peer
+from tessel.plugins.cpu.shm import ShmCommunicator
+from tessel.plugins.cpu.shm_segment import Layout, Segment, segment_path
+
+DTYPES = ("float16", "float32", "float64", "int32", "int64", "bool")
+LARGE = 1_100_000  # float32 elements: 4.4 MB, several pipelined segments
+TOLERANCE = {"float16": 2e-3, "float32": 1e-6, "float64": 1e-12}
+
+
+# ---------------------------------------------------------------------------------------------- references
+
+
+def _inputs(step: dict, ranks: list[int]) -> list[np.ndarray]:
+    return list(_inputs_of(step["name"], tuple(step.get("shape", [4])), step.get("dtype", "float32"), tuple(ranks)))
+
+
+@functools.lru_cache(maxsize=4)
+def _inputs_of(name: str, shape: tuple[int, ...], dtype: str, ranks: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    return tuple(make_input(0, name, r, shape, dtype) for r in ranks)
+
+
+def _reduce(xs: list[np.ndarray], op: str) -> np.ndarray:
+    """The reduction in float64 (exact for these inputs), cast back; bool follows logic."""
+    if xs[0].dtype == np.bool_:
+        stacked = np.stack(xs)
+        return stacked.any(0) if op in ("sum", "max") else stacked.all(0)
+    wide = np.stack(xs).astype(np.float64)
+    value = {"sum": wide.sum(0), "prod": wide.prod(0), "max": wide.max(0), "min": wide.min(0)}.get(op)
+    if op == "mean":
+        value = wide.sum(0) / len(xs)
+    return value.astype(xs[0].dtype)
+
+
+def reference(step: dict, members: list[int], rank: int) -> np.ndarray | list[np.ndarray]:
+    """What group member `rank` must get from `step`, computed with numpy from every member's input."""
+    op, xs, me, size = step["op"], _inputs(step, members), members.index(rank), len(members)
+    if op == "all_reduce":
+        return _reduce(xs, step.get("reduce", "sum"))
+    if op == "all_gather":
+        return np.concatenate(xs, axis=0)
+    if op == "reduce_scatter":
+        return np.split(_reduce(xs, step.get("reduce", "sum")), size, axis=0)[me]
+    if op == "broadcast":
+        return xs[step.get("root", 0)]
+    if op == "all_to_all":
+        blocks = [np.split(x, size, axis=step["split_dim"])[me] for x in xs]
+        return np.concatenate(blocks, axis=step["concat_dim"])
+    if op == "neighbor_exchange":
+        got, seen = [], {}
+        for source in step["recv_ranks"][str(rank)]:
+            k = seen[source] = seen.get(source, -1) + 1
+            sent_to = step["send_ranks"][str(members[source])]
+            index = [i for i, r in enumerate(sent_to) if r == me][k]
+            got.append(make_input(0, f"{step['name']}.{index}", members[source], step["shape"], step["dtype"]))
+        return got
+    if op == "recv":  # what the sender (the "peer" of the recv, a group rank) sent
+        return make_input(0, step["name"], members[step["peer"]], step["shape"], step["dtype"])
+    raise ValueError(op)
+
+
+def assert_same(actual: np.ndarray, expected: np.ndarray, what: str) -> None:
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape, (what, actual.shape, expected.shape)
+    tolerance = TOLERANCE.get(str(expected.dtype))
+    if tolerance is None:
+        np.testing.assert_array_equal(actual, expected, err_msg=what)
+    else:
+        np.testing.assert_allclose(actual, expected, rtol=tolerance, atol=tolerance, err_msg=what)
+
+
+# ---------------------------------------------------------------------------------------------- the batch
+
+
+def collective_steps(size: int) -> tuple[list[dict], dict]:
+    """Many collectives in one launch: each op, dtype, reduce op, edge sizes, large sizes, async, subgroups."""
+    steps: list[dict] = []
+
+    def add(op: str, shape: list[int], dtype: str = "float32", group: str = "world", **more) -> None:
+        steps.append({"name": f"s{len(steps)}", "op": op, "shape": shape, "dtype": dtype, "group": group, **more})
+
+    for dtype in DTYPES:
+        for op in ("sum", "prod", "max", "min") + (("mean",) if dtype.startswith("float") else ()):
+            add("all_reduce", [7], dtype, reduce=op)
+        for shape in ([0], [1], [3, 0], [1001], [2, 3, 5], []):
+            add("all_reduce", shape, dtype, reduce="max" if dtype == "bool" else "sum")
+        add("all_gather", [3, 2], dtype)
+        add("reduce_scatter", [size * 2, 3], dtype, reduce="min")
+        add("broadcast", [5], dtype, root=size - 1)
+        add("all_to_all", [size * 2, 3], dtype, split_dim=0, concat_dim=1)
+    _add_large_and_empty(add, size)
+    _add_exchanges(add, steps, size)
+    for op, shape in (("all_reduce", [1000]), ("all_gather", [2, 2]), ("all_reduce", [LARGE])):
+        add(op, shape, "float32", async_op=True)
+    steps.append({"name": "wait", "op": "wait"})
+    groups = {}
+    if size >= 4:  # a subgroup with its own segment, also used while the world group is busy on another thread
+        groups["pair"] = {"ranks": [1, 3]}
+        add("all_reduce", [9], "float32", group="pair")
+        add("all_gather", [2, 2], "int32", group="pair")
+        world, pair = ({"name": f"c{g}", "op": "all_reduce", "shape": [50_000], "group": g} for g in ("world", "pair"))
+        steps.append({"name": "concurrent", "op": "concurrent", "steps": [world, pair]})
+    return steps, groups
+
+
+def _add_large_and_empty(add, size: int) -> None:
+    """Sizes >= 4 MiB (pipelined segments and rounds, zero-copy inputs, also mixed) and 0-element tensors."""
+    add("all_reduce", [LARGE], "float32", reduce="sum")
+    add("all_reduce", [LARGE + 3], "float32", reduce="mean", zero_copy=True)
+    add("all_reduce", [LARGE + 5], "float32", reduce="max", zero_copy=True, per_rank={"0": {"zero_copy": False}})
+    add("all_reduce", [LARGE // 2 + 1], "float64", reduce="max")
+    add("all_reduce", [LARGE // 2 + 1], "float16", reduce="sum")  # numpy's float16 is slow: 2.2 MB
+    add("all_reduce", [LARGE // 2, 2], "int64", reduce="prod")
+    add("all_reduce", [20_000], "float32", reduce="sum", zero_copy=True)
+    add("all_gather", [LARGE // 4 + 1, 2], "float32")
+    add("all_gather", [0, 4], "float32")
+    add("reduce_scatter", [size * (1_200_001 // size)], "float32", reduce="mean")
+    add("reduce_scatter", [0, 2], "int32")
+    add("broadcast", [LARGE + 1], "float32", root=0)
+    add("broadcast", [0], "int64", root=0)
+    add("all_to_all", [3, size * (370_001 // size)], "float32", split_dim=1, concat_dim=0)
+    add("all_to_all", [size, 0], "float32", split_dim=0, concat_dim=-1)
+
+
+def _add_exchanges(add, steps: list[dict], size: int) -> None:
+    """Neighbor exchanges (a ring; both neighbors, pipelined) and send/recv, including both ways at once."""
+    ring = {str(r): [(r + 1) % size] for r in range(size)}
+    back = {str(r): [(r - 1) % size] for r in range(size)}
+    add("neighbor_exchange", [4, 3], "float32", send_ranks=ring, recv_ranks=back)
+    both = {str(r): [(r + 1) % size, (r - 1) % size] for r in range(size)}
+    add("neighbor_exchange", [300_000], "int32", send_ranks=both, recv_ranks=both)
+    if size == 1:
+        return
+    receiver = size - 1
+    as_receiver = {str(receiver): {"op": "recv", "peer": 0}}
+    for shape in ([6], [400_000]):  # one round, then pipelined through the pair channel
+        add("send", shape, "float64", peer=receiver, ranks=[0, receiver], per_rank=as_receiver)
+    # Both directions at once, one thread each: pair channels are independent of each other.
+    peers = {"0": {"peer": 1}, "1": {"peer": 0}}
+    swap = {"name": "swap", "shape": [70_000], "dtype": "int64", "ranks": [0, 1], "per_rank": peers}
+    steps.append({"name": "both", "op": "concurrent", "steps": [{**swap, "op": "send"}, {**swap, "op": "recv"}]})
+
+
+def _expected_steps(steps: list[dict]) -> list[dict]:
+    flat = []
+    for step in steps:
+        flat.extend(step["steps"] if step["op"] == "concurrent" else [step])
+    return [s for s in flat if s["op"] not in ("wait", "barrier")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 8])
+def test_every_collective_matches_numpy(tmp_path, size):
+    steps, groups = collective_steps(size)
+    run = run_collectives(tmp_path, size, steps, groups=groups, deadline_s=150)
+    assert run.returncodes == [0] * size, run.describe()
+    all_groups = run.spec["groups"]
+    checked = 0
+    for step in _expected_steps(steps):
+        members = all_groups[step.get("group", "world")]["ranks"]
+        same_everywhere = None  # all_reduce, all_gather and broadcast give every rank the same: compute it once
+        for rank in step.get("ranks", members):
+            resolved = {**step, **step.get("per_rank", {}).get(str(rank), {})}
+            assert run.error(rank, step["name"]) is None, run.error(rank, step["name"])["traceback"]
+            if resolved["op"] == "send":
+                continue
+            if same_everywhere is None or resolved["op"] not in ("all_reduce", "all_gather", "broadcast"):
+                expected = same_everywhere = reference(resolved, members, rank)
+            if isinstance(expected, list):
+                for i, value in enumerate(expected):
+                    assert_same(run.output(rank, step["name"], i), value, f"{step} rank {rank} output {i}")
+            else:
+                assert_same(run.output(rank, step["name"]), expected, f"{step} rank {rank}")
+            checked += 1
+    assert checked > 40 * size
+    assert leaked_segments(run) == []
+
+
+# ---------------------------------------------------------------------------------------------- failures
+
+
+def _errors(run, name: str, ranks) -> list[dict]:
+    errors = [run.error(r, name) for r in ranks]
+    assert all(e is not None for e in errors), (name, errors, run.describe())
+    return errors
+
+
+@pytest.mark.slow
+def test_mismatches_raise_on_every_rank_naming_the_culprit(tmp_path):
+    def all_reduce(name: str, **more) -> dict:
+        return {"name": name, "op": "all_reduce", "shape": [4, 4], "dtype": "float32", **more}
+
+    steps = [
+        all_reduce("shape", per_rank={"2": {"shape": [4, 3]}}),
+        all_reduce("ok1"),
+        all_reduce("dtype", per_rank={"1": {"dtype": "float64"}}),
+        all_reduce("op", per_rank={"0": {"reduce": "max"}}),
+        all_reduce("order", per_rank={"2": {"op": "all_gather"}}),
+        {"name": "root", "op": "broadcast", "shape": [3], "root": 0, "per_rank": {"1": {"root": 2}}},
+        {"name": "indivisible", "op": "reduce_scatter", "shape": [4]},
+        {"name": "bad_root", "op": "broadcast", "shape": [3], "root": 5},
+        {"name": "pair", "op": "send", "shape": [4], "peer": 1, "ranks": [0, 1],
+         "per_rank": {"1": {"op": "recv", "peer": 0, "shape": [5]}}},
+        {"name": "ring", "op": "neighbor_exchange", "shape": [2], "dtype": "float32",
+         "send_ranks": {"0": [1], "1": [2], "2": [0]}, "recv_ranks": {"0": [2], "1": [0], "2": [1]},
+         "recv_shapes": {"0": [[2]], "1": [[3]], "2": [[2]]}},
+        all_reduce("ok2", dtype="int32"),
+    ]  # fmt: skip
+    run = run_collectives(tmp_path, 3, steps)
+    assert run.returncodes == [0, 0, 0], run.describe()
+    expectations = {
+        "shape": (2, "shape", ["rank 2 has shape (4, 3)", "rank 0 has shape (4, 4)", "all_reduce #0"]),
+        "dtype": (1, "dtype", ["rank 1 has dtype float64", "float32"]),
+        "op": (0, "op", ["rank 0 has reduce op 'max'", "'sum'"]),
+        "order": (2, "kind", ["rank 2 calls all_gather", "calls all_reduce", "same order"]),
+        "root": (1, "root", ["rank 1 has root 2", "root 0"]),
+    }
+    for name, (culprit, field, phrases) in expectations.items():
+        messages = set()
+        for error in _errors(run, name, range(3)):
+            assert error["type"] == "CollectiveMismatchError", error
+            assert (error["culprit_rank"], error["field"]) == (culprit, field), error
+            assert all(p in error["message"] for p in phrases), error["message"]
+            messages.add(error["message"])
+        assert len(messages) == 1, messages  # the same verdict everywhere
+    for error in _errors(run, "indivisible", range(3)):
+        assert error["type"] == "ConfigurationError" and "divisible by the group size 3" in error["message"], error
+    for error in _errors(run, "bad_root", range(3)):
+        assert error["type"] == "ConfigurationError" and "root 5 is not a group rank" in error["message"], error
+    for error in _errors(run, "pair", [0, 1]):
+        assert (error["type"], error["culprit_rank"], error["field"]) == ("CollectiveMismatchError", 0, "shape")
+        assert "rank 0 sends shape (4,) but rank 1 expects (5,)" in error["message"], error["message"]
+    for error in _errors(run, "ring", range(3)):
+        assert (error["type"], error["culprit_rank"]) == ("CollectiveMismatchError", 0), error
+        assert "rank 0 sends shape (2,) float32 to rank 1 but rank 1 expects shape (3,) float32" in error["message"]
+    for name in ("ok1", "ok2"):  # the group stays usable after every mismatch
+        step = next(s for s in steps if s["name"] == name)
+        for rank in range(3):
+            assert_same(run.output(rank, name), reference(step, [0, 1, 2], rank), name)
+    assert leaked_segments(run) == []
+
+
+@pytest.mark.slow
+def test_killed_peer_fails_the_others_within_seconds(tmp_path):
+    steps = [
+        {"name": "warm", "op": "all_reduce", "shape": [1000]},
+        {"name": "kill", "op": "kill", "ranks": [0], "seconds": 0.3},  # rank 0 created the segment
+        {"name": "loop", "op": "all_reduce", "shape": [LARGE // 4], "repeat": 3000},
+    ]
+    run = run_collectives(tmp_path, 3, steps)
+    assert run.returncodes[0] == -9 and run.returncodes[1:] == [0, 0], run.describe()
+    killed = json.loads((run.directory / "killed.0.json").read_text())["time"]
+    for error in _errors(run, "loop", [1, 2]):
+        assert error["type"] == "PeerFailedError" and error["culprit_rank"] == 0, error
+        assert f"rank 0 (group rank 0, pid {run.results[1]['pids'][0]})" in error["message"], error["message"]
+        assert "died" in error["message"], error["message"]
+        assert error["time"] - killed < 5.0, error["time"] - killed
+    assert leaked_segments(run) == []
+
+
+@pytest.mark.slow
+def test_abort_timeout_and_close_end_the_wait_with_the_cause(tmp_path):
+    cause = "job failed: rank 1 missed its heartbeats"
+    steps = [
+        {"name": "nap1", "op": "sleep", "ranks": [1], "seconds": 1.5},
+        {"name": "aborted", "op": "all_reduce", "group": "a", "abort": {"0": [0.3, cause]}},
+        {"name": "nap2", "op": "sleep", "ranks": [1], "seconds": 2.5},
+        {"name": "late", "op": "all_reduce", "group": "t"},
+        {"name": "aborted_again", "op": "all_reduce", "group": "a"},
+        {"name": "late_again", "op": "all_reduce", "group": "t"},
+        {"name": "leave", "op": "close", "group": "c", "ranks": [1]},
+        {"name": "orphan", "op": "all_reduce", "group": "c", "ranks": [0]},
+        {"name": "after", "op": "all_reduce", "shape": [3]},
+    ]
+    groups = {"a": {"ranks": [0, 1]}, "t": {"ranks": [0, 1], "timeout_s": 1.0}, "c": {"ranks": [0, 1]}}
+    run = run_collectives(tmp_path, 2, steps, groups=groups)
+    assert run.returncodes == [0, 0], run.describe()
+    # Rank 0 arrived before it gave up, so rank 1 completes that collective; the group is broken from then on.
+    (aborted,) = _errors(run, "aborted", [0])
+    assert aborted["type"] == "PeerFailedError" and cause in aborted["message"], aborted
+    (timed_out,) = _errors(run, "late", [0])
+    assert timed_out["type"] == "CollectiveTimeoutError", timed_out
+    assert "rank 1 (group rank 1, pid" in timed_out["message"] and "did not arrive within 1 s" in timed_out["message"]
+    assert 0.9 < timed_out["time"] - run.time_of(0, "late:start") < 2.5
+    assert aborted["time"] - run.time_of(0, "aborted:start") < 1.5  # at the abort (0.3 s), not the timeout (30 s)
+    for name in ("aborted", "late"):
+        assert run.error(1, name) is None and run.output(1, name).shape == (4,)
+        mine, theirs = _errors(run, f"{name}_again", [0, 1])
+        assert mine["type"] == "PeerFailedError" and "unusable after an earlier failure" in mine["message"], mine
+        assert theirs["type"] == "PeerFailedError" and "rank 0" in theirs["message"], theirs
+        assert "left the group after an error" in theirs["message"], theirs
+    (orphan,) = _errors(run, "orphan", [0])
+    assert orphan["type"] == "PeerFailedError" and "rank 1 (group rank 1, pid" in orphan["message"], orphan
+    assert "closed the group" in orphan["message"] and orphan["time"] - run.time_of(1, "leave:start") < 1.0
+    step = steps[-1]
+    for rank in (0, 1):  # other groups are unaffected
+        assert_same(run.output(rank, "after"), reference(step, [0, 1], rank), "after")
+    assert leaked_segments(run) == []
+
+
+# ---------------------------------------------------------------------------------------------- in this process
+
+
+def _context(name: str, size: int = 1, rank: int = 0, pid: int | None = None) -> GroupContext:
+    peers = tuple(Peer(r, "here", "", pid or os.getpid()) for r in range(size))
+    return GroupContext(f"unit-{os.getpid()}", name, tuple(range(size)), rank, peers, timeout_s=5.0)
+
+
+def test_one_rank_group_copies_and_buffers_come_back_to_the_arena():
+    comm = ShmCommunicator(_context("solo"))
+    try:
+        x = np.arange(10, dtype=np.float32)
+        out = comm.all_reduce(x, "mean")
+        np.testing.assert_array_equal(out, x)
+        assert out is not x and not np.shares_memory(out, x)
+        free = comm._arena.free_bytes()
+        buffer = comm.buffer((1000, 1000), np.float32)
+        buffer[:] = 2.0
+        view = buffer[10:20]
+        np.testing.assert_array_equal(comm.all_reduce(buffer, "sum"), buffer)
+        assert comm._arena.free_bytes() < free
+        del buffer
+        gc.collect()
+        assert comm._arena.free_bytes() < free  # the view still holds the space
+        del view
+        gc.collect()
+        assert comm._arena.free_bytes() == free
+        with pytest.raises(ConfigurationError, match="TESSEL_SHM_ARENA_MIB"):
+            comm.buffer((comm._arena.size + 1,), np.uint8)
+        with pytest.raises(ConfigurationError, match="dtype complex64"):
+            comm.all_reduce(np.zeros(3, np.complex64))
+        with pytest.raises(ConfigurationError, match="'mean' needs a floating dtype"):
+            comm.all_reduce(np.zeros(3, np.int32), "mean")
+        with pytest.raises(ConfigurationError, match="peer 0 must be another group rank"):
+            comm.send(x, 0)
+        np.testing.assert_array_equal(comm.all_reduce(x), x)  # still usable after refused calls
+    finally:
+        comm.close()
+    comm.close()  # idempotent
+    with pytest.raises(ConfigurationError, match="closed"):
+        comm.all_reduce(np.zeros(2))
+    assert not os.path.exists(segment_path(_context("solo")))
+
+
+def test_a_stale_segment_is_never_joined_and_is_replaced():
+    context = _context("stale", size=2, rank=1)
+    stale_owner = _context("stale", size=2, rank=0, pid=os.getpid() + 1_000_000)
+    stale = Segment.create(stale_owner, Layout(2, 4096, 4096, 0))  # same name, another creator pid
+    try:
+        assert Segment.try_attach(context) is None
+        fresh_creator = _context("stale", size=2, rank=0)
+        results = {}
+        threads = [
+            threading.Thread(target=lambda c=c: results.__setitem__(c.rank, ShmCommunicator(c)))
+            for c in (fresh_creator, context)
+        ]
+        [t.start() for t in threads]
+        [t.join(timeout=20) for t in threads]
+        assert set(results) == {0, 1}
+        out = {}
+        threads = [
+            threading.Thread(target=lambda r=r: out.__setitem__(r, results[r].all_reduce(np.full(3, r + 1.0))))
+            for r in (0, 1)
+        ]
+        [t.start() for t in threads]
+        [t.join(timeout=20) for t in threads]
+        np.testing.assert_array_equal(out[0], np.full(3, 3.0))
+        np.testing.assert_array_equal(out[1], np.full(3, 3.0))
+        [c.close() for c in results.values()]
+        assert not os.path.exists(segment_path(context))
+    finally:
+        stale.close()
