@@ -102,30 +102,42 @@ class Communicator(ABC):
         with self._async_lock:
             if self._async_worker is None:
                 self._async_worker = ThreadPoolExecutor(1, thread_name_prefix=f"tessel-coll-{self.context.name}")
-            return Handle(self._async_worker.submit(fn, *args, **kwargs))
+            handle = Handle(self._async_worker.submit(fn, *args, **kwargs))
+            if fn not in (self._send, self._recv):
+                self._last_group_call = handle
+            return handle
 
-    # Each public method: sync when async_op is False, else queued on the communicator's worker.
+    def _dispatch(self, async_op: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run now, or queue on the worker. A synchronous group collective first waits for the asynchronous ones
+        issued before it, so every rank runs its collectives in issue order (send/recv order per peer pair is the
+        transport's business: they may legitimately overlap a collective in the other direction)."""
+        if async_op:
+            return self._submit(fn, *args)
+        pending = getattr(self, "_last_group_call", None)
+        if pending is not None and fn not in (self._send, self._recv):
+            self._last_group_call = None
+            pending.wait()
+        return fn(*args)
+
     def all_reduce(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
-        return self._submit(self._all_reduce, x, op) if async_op else self._all_reduce(x, op)
+        return self._dispatch(async_op, self._all_reduce, x, op)
 
     def all_gather(self, x: np.ndarray, async_op: bool = False) -> np.ndarray | Handle:
         """Concatenate every rank's `x` along dim 0, in group-rank order (MindSpore's AllGather)."""
-        return self._submit(self._all_gather, x) if async_op else self._all_gather(x)
+        return self._dispatch(async_op, self._all_gather, x)
 
     def reduce_scatter(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
         """Reduce over ranks, then give group rank i block i of dim 0 (dim 0 must divide by the group size)."""
-        return self._submit(self._reduce_scatter, x, op) if async_op else self._reduce_scatter(x, op)
+        return self._dispatch(async_op, self._reduce_scatter, x, op)
 
     def broadcast(self, x: np.ndarray, root: int = 0, async_op: bool = False) -> np.ndarray | Handle:
-        return self._submit(self._broadcast, x, root) if async_op else self._broadcast(x, root)
+        return self._dispatch(async_op, self._broadcast, x, root)
 
     def all_to_all(
         self, x: np.ndarray, split_dim: int = 0, concat_dim: int = 0, async_op: bool = False
     ) -> np.ndarray | Handle:
         """Split `x` along split_dim into `size` blocks, send block i to rank i, concat received on concat_dim."""
-        if async_op:
-            return self._submit(self._all_to_all, x, split_dim, concat_dim)
-        return self._all_to_all(x, split_dim, concat_dim)
+        return self._dispatch(async_op, self._all_to_all, x, split_dim, concat_dim)
 
     def neighbor_exchange(
         self,
@@ -138,17 +150,16 @@ class Communicator(ABC):
     ) -> list[np.ndarray] | Handle:
         """Send sends[i] to send_ranks[i]; receive one tensor of recv_shapes[j] from each recv_ranks[j]."""
         args = (list(sends), list(send_ranks), list(recv_ranks), [tuple(s) for s in recv_shapes], np.dtype(recv_dtype))
-        return self._submit(self._neighbor_exchange, *args) if async_op else self._neighbor_exchange(*args)
+        return self._dispatch(async_op, self._neighbor_exchange, *args)
 
     def send(self, x: np.ndarray, peer: int, async_op: bool = False) -> Handle | None:
-        return self._submit(self._send, x, peer) if async_op else self._send(x, peer)
+        return self._dispatch(async_op, self._send, x, peer)
 
     def recv(self, shape: Sequence[int], dtype: np.dtype, peer: int, async_op: bool = False) -> np.ndarray | Handle:
-        args = (tuple(shape), np.dtype(dtype), peer)
-        return self._submit(self._recv, *args) if async_op else self._recv(*args)
+        return self._dispatch(async_op, self._recv, tuple(shape), np.dtype(dtype), peer)
 
     def barrier(self, async_op: bool = False) -> Handle | None:
-        return self._submit(self._barrier) if async_op else self._barrier()
+        return self._dispatch(async_op, self._barrier)
 
     def close(self) -> None:
         """Release the group's resources (shared memory, sockets). Idempotent."""
