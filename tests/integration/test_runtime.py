@@ -222,3 +222,29 @@ def test_daemon_port_in_use_is_a_clear_error(cluster):
         _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert f"127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_status_command_shows_daemons_and_the_running_job(cluster, tmp_path):
+    ids = cluster.start_daemons(2)
+    script = tmp_path / "hold.py"
+    script.write_text(
+        "from tessel.communication import init, comm_func\nimport time\ninit()\ncomm_func.barrier()\ntime.sleep(3)\n"
+    )
+    env = dict(cluster.env, TESSEL_JOB_ID="held", TESSEL_WORLD_SIZE="2")
+    ranks = [subprocess.Popen([sys.executable, str(script)], env=dict(env, TESSEL_RANK=str(r))) for r in (0, 1)]
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = run_tessel(
+                ["status", "--coordinator", cluster.address], tmp_path, 30, env={"TESSEL_TOKEN": cluster.token}
+            )
+            if "running" in status.stdout:
+                break
+            time.sleep(0.2)
+        assert status.returncode == 0, status.stderr
+        assert all(daemon_id in status.stdout for daemon_id in ids)
+        assert re.search(r"held\s+2\s+running", status.stdout), status.stdout
+        assert re.search(r"held/[01]", status.stdout), status.stdout  # each daemon shows its job and rank
+    finally:
+        for proc in ranks:
+            assert proc.wait(60) == 0
