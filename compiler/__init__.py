@@ -9,6 +9,14 @@ Every op is defined once in `tessel.compiler.ops` (see `registry.OpDef`); everyt
 """
 
 from tessel.compiler.autodiff import GradContext, grad_graph, gradients
+from tessel.compiler.buckets import (
+    DEFAULT_BUCKET_BYTES,
+    Bucket,
+    bucket_allreduce,
+    data_parallel_train_step,
+    mirror_parameters,
+    plan_buckets,
+)
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType, as_dtype, promote
 from tessel.compiler.eager import EagerExecutor
@@ -16,6 +24,8 @@ from tessel.compiler.errors import GradientError, ShapeInferenceError, TraceErro
 from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.lower_onnx import OPSET, assign_output_name, model_bytes, output_names, to_onnx
 from tessel.compiler.optimizers import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
+from tessel.compiler.rank_program import RankProgram, RankSegment, group_name, lower_rank_program
+from tessel.compiler.rank_simulator import simulate
 from tessel.compiler.registry import REQUIRED, ZERO_GRAD, Cost, OpDef, register
 from tessel.compiler.registry import get as get_op
 from tessel.compiler.registry import names as op_names
@@ -23,6 +33,7 @@ from tessel.compiler.tracer import TensorSpec, Trace, Traced, current_trace_buil
 from tessel.compiler.train_step import StateSpec, TrainProgram, TrainStep, build_train_step
 
 __all__ = [
+    "DEFAULT_BUCKET_BYTES",
     "OPSET",
     "REQUIRED",
     "SGD",
@@ -30,6 +41,7 @@ __all__ = [
     "Adam",
     "AdamWeightDecay",
     "Attrs",
+    "Bucket",
     "ConstArray",
     "Cost",
     "DType",
@@ -42,6 +54,8 @@ __all__ = [
     "Node",
     "OpDef",
     "Optimizer",
+    "RankProgram",
+    "RankSegment",
     "ShapeInferenceError",
     "StateSpec",
     "SymbolicTensor",
@@ -57,16 +71,23 @@ __all__ = [
     "apply_all",
     "as_dtype",
     "assign_output_name",
+    "bucket_allreduce",
     "build_train_step",
     "current_trace_builder",
+    "data_parallel_train_step",
     "get_op",
     "grad_graph",
     "gradients",
+    "group_name",
+    "lower_rank_program",
+    "mirror_parameters",
     "model_bytes",
     "op_names",
     "output_names",
+    "plan_buckets",
     "promote",
     "register",
+    "simulate",
     "to_onnx",
     "trace",
 ]

@@ -1,0 +1,217 @@
+"""Gradient reduction for data parallelism, bucketed and overlapped with the backward pass.
+
+Every parameter replicated over a group is read through a `Mirror` (identity forward; its gradient is the
+AllReduce(sum) over the group, times 1/size with gradients_mean), so autodiff of the local graph yields reduced
+gradients, as MindSpore's _MirrorOperator does. `bucket_allreduce` then fuses those AllReduces (fusion > 0)
+into buckets of about `bucket_bytes` (DDP's default: 25 MiB): one flat AllReduce per bucket, placed right after
+the bucket's last gradient is computed, while everything that reads a reduced gradient (the optimizer update)
+moves after the backward. Lowered by `lower_rank_program`, each bucket's AllReduce starts asynchronously, the
+rest of the backward runs in the next segment while it is in flight, and the wait comes just before the update.
+
+    train = data_parallel_train_step(forward, ["w1", "b1"], Momentum(0.1, 0.9), group=(0, 1, 2, 3))
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=4)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tessel.compiler import registry
+from tessel.compiler.builder import SymbolicTensor, apply, apply_all
+from tessel.compiler.dtypes import DType
+from tessel.compiler.ir import Graph, Node, Value
+from tessel.compiler.ops.collective import collective
+from tessel.compiler.optimizers import Optimizer
+from tessel.compiler.rank_rewrite import Rewriter
+from tessel.compiler.shapes import is_static, numel
+from tessel.compiler.train_step import TrainProgram, build_train_step
+from tessel.errors import ConfigurationError
+from tessel.v1 import collective_pb2
+
+DEFAULT_BUCKET_BYTES = 25 * 2**20
+
+
+@dataclass(frozen=True, eq=False)
+class Bucket:
+    """AllReduce nodes fused into one, in the order their inputs become ready."""
+
+    reductions: tuple[Node, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(n) for n in self.reductions)
+
+    @property
+    def group(self) -> tuple[int, ...]:
+        return self.reductions[0].attrs["group"]
+
+    @property
+    def dtype(self) -> DType:
+        return self.reductions[0].inputs[0].dtype
+
+    def __repr__(self) -> str:
+        return f"Bucket({len(self.reductions)} tensors, {self.nbytes} bytes, group={self.group})"
+
+
+def _nbytes(node: Node) -> int:
+    return numel(node.inputs[0].shape) * node.inputs[0].dtype.itemsize
+
+
+def _fusible(node: Node) -> bool:
+    spec = collective(node.op)
+    return (
+        spec is not None
+        and spec.kind == collective_pb2.ALL_REDUCE
+        and node.attrs["fusion"] > 0
+        and is_static(node.inputs[0].shape)
+    )
+
+
+def mirror_parameters(
+    forward: Graph, params: Sequence[str], group: tuple[int, ...], *, mean: bool = True, fusion: int = 1
+) -> Graph:
+    """`forward` with each parameter in `params` read through Mirror(group, mean), placed before its first
+    reader. Writes to a parameter (Assign) still target the parameter itself."""
+    targets = {forward.input(name) for name in params}
+    rewriter = Rewriter(forward)
+    mirrored: dict[Value, Value] = {}
+    for node in forward.nodes:
+        write = registry.get(node.op).side_effect
+        inputs = []
+        for position, value in enumerate(node.inputs):
+            if value in targets and not (write and position == 0):
+                if value not in mirrored:
+                    with rewriter.at(node.source):
+                        mirror = apply("Mirror", rewriter.tensor(value), group=tuple(group), mean=mean, fusion=fusion)
+                    mirrored[value] = mirror.value
+                value = mirrored[value]
+            inputs.append(rewriter.get(value))
+        rewriter.keep(node, inputs)
+    return rewriter.build()
+
+
+def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
+    """The buckets bucket_allreduce would make, ordered by when their last gradient is ready.
+
+    AllReduces with fusion > 0 and a static shape are taken in the order their inputs are computed; a bucket
+    holds one (group, reduce op, dtype, fusion) and closes before it would exceed `bucket_bytes` (a tensor
+    larger than that gets a bucket of its own) or take a reduction that depends on one already in it.
+    """
+    if bucket_bytes <= 0:
+        raise ConfigurationError(f"bucket_bytes must be positive, got {bucket_bytes}; DDP's default is 25 MiB")
+    ready: dict[Value, int] = {}
+    upstream: dict[Value, frozenset[Node]] = {}
+    candidates: list[tuple[int, int, Node, frozenset[Node]]] = []
+    for index, node in enumerate(graph.nodes):
+        above = frozenset().union(*(upstream.get(v, frozenset()) for v in node.inputs))
+        if _fusible(node):
+            candidates.append((ready.get(node.inputs[0], -1), index, node, above))
+            above = above | {node}
+        for out in node.outputs:
+            ready[out], upstream[out] = index, above
+    open_buckets: dict[tuple, list[Node]] = {}
+    closed: list[tuple[int, Bucket]] = []
+    last_ready: dict[Node, int] = {}
+    for when, _, node, above in sorted(candidates, key=lambda c: c[:2]):
+        key = (node.attrs["group"], node.attrs["reduce_op"], node.inputs[0].dtype, node.attrs["fusion"])
+        current = open_buckets.setdefault(key, [])
+        size = sum(map(_nbytes, current))
+        if current and (size + _nbytes(node) > bucket_bytes or above.intersection(current)):
+            closed.append((last_ready[current[-1]], Bucket(tuple(current))))
+            current = open_buckets[key] = []
+        current.append(node)
+        last_ready[node] = when
+    closed += [(last_ready[nodes[-1]], Bucket(tuple(nodes))) for nodes in open_buckets.values() if nodes]
+    return [bucket for _, bucket in sorted(closed, key=lambda item: item[0])]
+
+
+def bucket_allreduce(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Graph:
+    """Fuse the gradient AllReduces of `graph` into buckets (see plan_buckets) and order the graph for overlap:
+    each bucket's AllReduce right after its last input is computed, its results split back just before their
+    first reader, and every node that reads a reduced gradient after all nodes that do not."""
+    buckets = plan_buckets(graph, bucket_bytes)
+    if not buckets:
+        return graph
+    member = {node: bucket for bucket in buckets for node in bucket.reductions}
+    producer = {out: node for node in graph.nodes for out in node.outputs}
+    positions = {node: i for i, node in enumerate(graph.nodes)}
+    start_after: dict[Node | None, list[Bucket]] = {}
+    for bucket in buckets:
+        sources = [producer.get(n.inputs[0]) for n in bucket.reductions]
+        if any(source in member for source in sources):
+            raise ConfigurationError(
+                "a fused AllReduce (fusion > 0) reads the result of another one; mark the inner one fusion=0"
+            )
+        last = max(sources, key=lambda s: -1 if s is None else positions[s])
+        start_after.setdefault(last, []).append(bucket)
+    early, late, reduced = [], [], {n.outputs[0] for n in member}
+    for node in graph.nodes:
+        if node in member:
+            continue
+        if any(v in reduced for v in node.inputs):
+            reduced.update(node.outputs)
+            late.append(node)
+        else:
+            early.append(node)
+    return _Fuser(graph, start_after).run(early + late)
+
+
+class _Fuser:
+    def __init__(self, graph: Graph, start_after: dict[Node | None, list[Bucket]]):
+        self.graph, self.start_after = graph, start_after
+        self.rewriter = Rewriter(graph)
+        self.flat: dict[Bucket, SymbolicTensor] = {}
+        self.unsplit: dict[Value, Bucket] = {}
+
+    def run(self, order: list[Node]) -> Graph:
+        for bucket in self.start_after.get(None, []):
+            self._start(bucket)
+        for node in order:
+            for value in node.inputs:
+                if value in self.unsplit:
+                    self._split(self.unsplit[value])
+            self.rewriter.keep(node)
+            for bucket in self.start_after.get(node, []):
+                self._start(bucket)
+        for value in self.graph.outputs:
+            if value in self.unsplit:
+                self._split(self.unsplit[value])
+        return self.rewriter.build()
+
+    def _start(self, bucket: Bucket) -> None:
+        first = bucket.reductions[0]
+        if len(bucket.reductions) == 1:
+            self.rewriter.keep(first)
+            return
+        with self.rewriter.at(first.source):
+            flat = [apply("Reshape", self.rewriter.tensor(n.inputs[0]), shape=(-1,)) for n in bucket.reductions]
+            self.flat[bucket] = apply("AllReduce", apply("Concat", *flat, axis=0), **dict(first.attrs))
+        self.unsplit.update((n.outputs[0], bucket) for n in bucket.reductions)
+
+    def _split(self, bucket: Bucket) -> None:
+        sizes = tuple(numel(n.inputs[0].shape) for n in bucket.reductions)
+        with self.rewriter.at(bucket.reductions[0].source):
+            pieces = apply_all("Split", self.flat[bucket], axis=0, sizes=sizes)
+            for node, piece in zip(bucket.reductions, pieces):
+                out = node.outputs[0]
+                self.rewriter.alias(out, apply("Reshape", piece, shape=out.shape).value)
+                del self.unsplit[out]
+
+
+def data_parallel_train_step(
+    forward: Graph,
+    params: Sequence[str],
+    optimizer: Optimizer,
+    group: tuple[int, ...],
+    *,
+    mean: bool = True,
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    no_weight_decay: frozenset[str] = frozenset(),
+) -> TrainProgram:
+    """build_train_step with the gradients of `params` all-reduced over `group` (mean: divided by its size,
+    MindSpore's gradients_mean), bucketed and overlapped. Lower the result with lower_rank_program."""
+    mirrored = mirror_parameters(forward, params, group, mean=mean)
+    program = build_train_step(mirrored, params, optimizer, no_weight_decay)
+    return dataclasses.replace(program, graph=bucket_allreduce(program.graph, bucket_bytes))

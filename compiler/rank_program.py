@@ -1,0 +1,273 @@
+"""Lowering a graph to a rank program: ONNX segments split at collectives, plus the typed instructions that run
+them on a daemon (RunSegment, CollectiveOp, WaitOp, FreeOp).
+
+    program = lower_rank_program(train_graph, state=[s.name for s in train.state], world_size=4)
+    print(program.dump())                      # segments, collectives, waits, in run order
+    installed = program.install(daemon, session_id, initial=params)
+    losses = installed.run(feed={"x": x, "y": y}).fetched[program.outputs[0]]
+
+Names in the daemon's store: graph inputs keep their names, graph outputs are named like `to_onnx` names them
+("out<i>" or the Value's name), and tensors passed between steps are "<graph>@<hash>/v<k>" (freed at the end
+of the program). A collective whose result is not needed by the very next step starts asynchronously and is
+waited for just before its first reader; so is one issued while another on the same group is in flight (a
+communicator runs its asynchronous calls in order on one thread). Groups: the world is "" (the daemon's world
+group); any other tuple of ranks is "g_<r0>_<r1>..." and listed in `RankProgram.groups` for creation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tessel.compiler.ir import Graph, Node, Value
+from tessel.compiler.lower_onnx import model_bytes, output_names
+from tessel.compiler.ops.collective import collective, group_ranks
+from tessel.compiler.rank_plan import Step, is_write, plan_steps
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives
+from tessel.errors import ConfigurationError
+from tessel.v1 import collective_pb2, daemon_pb2
+
+if TYPE_CHECKING:
+    from tessel.compiler.rank_daemon import InstalledProgram
+
+
+def group_name(ranks: tuple[int, ...], world_size: int | None) -> str:
+    """The daemon group name of `ranks`: "" for the whole world in order, else "g_<r0>_<r1>..."."""
+    if world_size is not None and ranks == tuple(range(world_size)):
+        return ""
+    return "g_" + "_".join(map(str, ranks))
+
+
+@dataclass(frozen=True, eq=False)
+class RankSegment:
+    """One ONNX segment: its graph, the serialized model, the state it writes in place and the outputs it keeps."""
+
+    name: str
+    graph: Graph
+    onnx: bytes
+    state: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, eq=False)
+class RankProgram:
+    """What one rank runs: compiled segments, the instruction list, the groups to create first, and which store
+    names are data (fed each step), state (kept between steps, updated in place) and outputs."""
+
+    name: str
+    segments: Mapping[str, RankSegment]
+    program: daemon_pb2.Program
+    groups: Mapping[str, tuple[int, ...]]
+    data_inputs: tuple[str, ...]
+    state_inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def collective_counts(self) -> Counter:
+        """How many collectives of each kind one run issues, e.g. Counter({'ALL_REDUCE': 2})."""
+        return Counter(
+            collective_pb2.CollectiveKind.Name(i.collective.kind)
+            for i in self.program.instructions
+            if i.WhichOneof("op") == "collective"
+        )
+
+    def dump(self) -> str:
+        """The instruction list, one line each (segments show their inputs and outputs)."""
+        lines = [f"rank program {self.name} (groups {dict(self.groups)})"]
+        for index, ins in enumerate(self.program.instructions):
+            lines.append(f"  {index:3d} {_describe(ins, self.segments)}")
+        return "\n".join(lines)
+
+    def install(self, daemon: Any, session_id: str, initial: Mapping[str, Any] | None = None) -> InstalledProgram:
+        """Create the groups, compile the segments and store `initial` values (parameters) on a daemon handle
+        (tessel.communication.daemon_handle.LocalDaemon / RemoteDaemon). Every member of a group must install
+        its program too: creating a group is a rendezvous."""
+        from tessel.compiler.rank_daemon import install
+
+        return install(self, daemon, session_id, initial)
+
+    def run_on(self, daemon: Any, session_id: str, **execute: Any) -> Any:
+        """Install on first use for (daemon, session), then run once: `execute` takes feed=, fetch= (default: the
+        outputs), repeat=, collect=, timings= as `daemon.execute` does. Returns the daemon's Result."""
+        from tessel.compiler.rank_daemon import installed
+
+        return installed(self, daemon, session_id).run(**execute)
+
+
+def lower_rank_program(
+    graph: Graph,
+    *,
+    state: Collection[str] = (),
+    donate: Collection[str] = (),
+    world_size: int | None = None,
+) -> RankProgram:
+    """Lower `graph` (which may hold collectives) to a RankProgram.
+
+    `state`: inputs kept on the daemon between runs (parameters, optimizer slots); every input an `Assign`
+    writes is state too. `donate`: data inputs the program may free after the run (batches a NextBatch stores
+    again each run). `world_size`: lets the world's group run as the daemon's world group ("").
+    """
+    unknown = sorted(set(state) - {v.name for v in graph.inputs})
+    if unknown:
+        raise ConfigurationError(
+            f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
+        )
+    prepared = alias_effects(expand_collectives(graph))
+    steps = plan_steps(prepared)
+    names = _StoreNames(prepared)
+    written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
+    _check_outputs(prepared, written)
+    state_names = tuple(v.name for v in graph.inputs if v.name in {*state, *written})
+    segments: dict[str, RankSegment] = {}
+    readers = _readers(steps, prepared)
+    for index, step in enumerate(steps):
+        if step.collective is None:
+            segment = _segment(step, f"{names.prefix}/s{index}", prepared, names, readers, index)
+            segments[segment.name] = segment
+    instructions, groups = _instructions(steps, segments, names, readers, world_size)
+    kept = set(prepared.outputs) | set(prepared.inputs)
+    temporary = sorted(n for v, n in names.assigned.items() if v not in kept) + sorted(set(donate))
+    if temporary:
+        instructions.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=temporary)))
+    return RankProgram(
+        name=names.prefix,
+        segments=segments,
+        program=daemon_pb2.Program(instructions=instructions),
+        groups=groups,
+        data_inputs=tuple(v.name for v in graph.inputs if v.name not in state_names),
+        state_inputs=state_names,
+        outputs=tuple(names(v) for v in prepared.outputs),
+    )
+
+
+class _StoreNames:
+    """Store names: graph inputs by name, graph outputs as to_onnx names them, others "<prefix>/v<k>"."""
+
+    def __init__(self, graph: Graph):
+        self.prefix = f"{graph.name}@{graph.hash[:8]}"
+        self.assigned: dict[Value, str] = {}
+        self._fixed: dict[Value, str] = {v: v.name for v in graph.inputs}
+        for value, name in zip(graph.outputs, output_names(graph)):
+            self._fixed.setdefault(value, name)
+
+    def __call__(self, value: Value) -> str:
+        if value in self._fixed:
+            return self._fixed[value]
+        if value not in self.assigned:
+            self.assigned[value] = f"{self.prefix}/v{len(self.assigned)}"
+        return self.assigned[value]
+
+
+def _check_outputs(graph: Graph, written: set[str]) -> None:
+    for value in graph.outputs:
+        if value.name in written and value in graph.inputs:
+            raise ConfigurationError(
+                f"graph {graph.name!r} returns parameter {value.name!r} and also assigns it, so the returned value "
+                "would be the new one after the run; return a copy (ops.Identity) computed before the write"
+            )
+
+
+def _readers(steps: list[Step], graph: Graph) -> dict[Value, list[int]]:
+    """For each value, the indices of the steps reading it; graph outputs are read at len(steps)."""
+    readers: dict[Value, list[int]] = {}
+    for index, step in enumerate(steps):
+        for value in step.reads():
+            readers.setdefault(value, []).append(index)
+    for value in graph.outputs:
+        readers.setdefault(value, []).append(len(steps))
+    return readers
+
+
+def _segment(step: Step, name: str, graph: Graph, names: _StoreNames, readers, index: int) -> RankSegment:
+    """The ONNX segment of `step`: inputs are what it reads from elsewhere, outputs what later steps read."""
+    produced = {o for n in step.nodes for o in n.outputs}
+    local: dict[Value, Value] = {}
+    inputs: list[Value] = []
+    for value in (v for n in step.nodes for v in n.inputs):
+        if value not in produced and value not in local:
+            local[value] = value if value in graph.inputs else Value(value.type, names(value))
+            inputs.append(local[value])
+    nodes, exported = [], []
+    for node in step.nodes:
+        for out in node.outputs:
+            later = any(i > index for i in readers.get(out, ()))
+            local[out] = Value(out.type, names(out)) if later else out
+            exported += [local[out]] if later else []
+        renamed = (tuple(local[v] for v in node.inputs), tuple(local[o] for o in node.outputs))
+        nodes.append(Node(node.op, renamed[0], node.attrs, renamed[1], node.source))
+    inputs += _symbol_sources(nodes, inputs, graph)
+    segment_graph = Graph(tuple(inputs), tuple(nodes), tuple(exported), name.replace("/", "_"))
+    state = tuple(n.inputs[0].name for n in step.nodes if is_write(n))
+    return RankSegment(name, segment_graph, model_bytes(segment_graph), state, tuple(v.name for v in exported))
+
+
+def _symbol_sources(nodes: Sequence[Node], inputs: Sequence[Value], graph: Graph) -> list[Value]:
+    """Graph inputs to add so that every symbolic dim the segment computes with can be read at run time."""
+    have = {d for v in inputs for d in v.shape if isinstance(d, str)}
+    extra = []
+    for symbol in sorted({d for n in nodes for v in n.outputs for d in v.shape if isinstance(d, str)} - have):
+        source = next((v for v in graph.inputs if symbol in v.shape), None)
+        if source is not None and source not in inputs and source not in extra:
+            extra.append(source)
+    return extra
+
+
+def _instructions(steps, segments, names, readers, world_size):
+    instructions: list[daemon_pb2.Instruction] = []
+    groups: dict[str, tuple[int, ...]] = {}
+    pending: dict[str, tuple[str, list[Value]]] = {}  # handle -> (group, outputs)
+    segment_names = iter(segments)
+    for index, step in enumerate(steps):
+        reads = step.reads()
+        for handle, (_, outputs) in list(pending.items()):
+            if reads.intersection(outputs):
+                instructions.append(daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=handle)))
+                del pending[handle]
+        if step.collective is None:
+            segment = segments[next(segment_names)]
+            run = daemon_pb2.RunSegment(segment=segment.name, outputs=segment.outputs)
+            instructions.append(daemon_pb2.Instruction(run_segment=run))
+            continue
+        node, spec = step.collective, collective(step.collective.op)
+        ranks = group_ranks(node.attrs)
+        group = group_name(ranks, world_size)
+        if group:
+            groups[group] = ranks
+        outputs = [] if spec.alias else list(node.outputs)
+        first_read = min((i for o in outputs for i in readers.get(o, ()) if i > index), default=len(steps))
+        handle = ""
+        if first_read > index + 1 or any(g == group for g, _ in pending.values()):
+            handle = f"{names.prefix}/h{index}"
+            pending[handle] = (group, outputs)
+        op = daemon_pb2.CollectiveOp(
+            kind=spec.kind,
+            group=group,
+            inputs=[names(v) for v in node.inputs] if spec.wire_inputs else [],
+            outputs=[names(v) for v in outputs],
+            handle=handle,
+            **spec.fields(node),
+        )
+        instructions.append(daemon_pb2.Instruction(collective=op))
+    for handle in pending:
+        instructions.append(daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=handle)))
+    return instructions, dict(sorted(groups.items()))
+
+
+def _describe(ins: daemon_pb2.Instruction, segments: Mapping[str, RankSegment]) -> str:
+    which = ins.WhichOneof("op")
+    op = getattr(ins, which)
+    if which == "run_segment":
+        segment = segments[op.segment]
+        ins_names = ", ".join(v.name for v in segment.graph.inputs)
+        writes = f" writes {list(segment.state)}" if segment.state else ""
+        return f"run {op.segment} ({len(segment.graph.nodes)} nodes) ({ins_names}) -> {list(op.outputs)}{writes}"
+    if which == "collective":
+        kind = collective_pb2.CollectiveKind.Name(op.kind)
+        start = f" start {op.handle}" if op.handle else ""
+        return f"{kind} group={op.group or 'world'!r} {list(op.inputs)} -> {list(op.outputs)}{start}"
+    if which == "wait":
+        return f"wait {op.handle}"
+    if which == "free":
+        return f"free {len(op.names)} tensors"
+    return f"{which} {op}"
