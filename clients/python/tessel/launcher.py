@@ -55,7 +55,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _next_job_id(log_dir: Path) -> str:
-    taken = {p.name for p in log_dir.iterdir()} if log_dir.is_dir() else set()
+    # Directories are "<n>" (embedded cluster) or "<n>-<suffix>" (shared coordinator): n counts both.
+    taken = {p.name.split("-")[0] for p in log_dir.iterdir()} if log_dir.is_dir() else set()
     n = 1
     while str(n) in taken:
         n += 1
