@@ -1,0 +1,385 @@
+"""The parallel pass: a forward graph + strategies -> one graph per rank, with collectives inserted and
+parameters sliced (MindSpore's step_parallel).
+
+    plan = parallelize(graph, {matmul_node: ((1, 1), (1, 2))}, device_num=8, parameters=["w"])
+    rank_graph = plan.rank_graph(3)                         # rank 3's forward graph (local shapes)
+    w_piece = plan.local_value("w", full_w, rank=3)         # the slice of w's initial value rank 3 holds
+    train = grad_graph(rank_graph, ["w"])                   # gradients of rank 3's slice, already reduced
+
+It works in two stages. `parallelize` decides, once for the whole world: every node's placement (its strategy,
+checked, or data parallel), every parameter's layout (its consumers must agree), every value's layout, and the
+redistribution (redistribution.py) wherever a consumer needs another layout than its producer gives.
+`rank_graph(rank)` then writes rank `rank`'s program: parameters and inputs at their local shapes, each op on
+local shapes (attributes that hold shapes rewritten), the collectives and slices of each redistribution, a
+`Mirror` on every parameter replicated over some axes (its gradient is all-reduced over exactly them) and a
+`VirtualDiv` on every output held by several ranks (see virtual_ops.py), so that autodiff of the rank graph is
+exact. Every local op's output shape is checked against its layout: a wrong rule fails here, never silently.
+
+Inputs that are not parameters arrive as the dataset gives them: `dataset="data_parallel"` (each rank reads its
+own slice of the batch, dim 0; MindSpore's full_batch=False), "full_batch" (every rank the whole batch) or one
+strategy per data input (dataset_strategy). The graph's shapes are the *global* ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessel.compiler.builder import GraphBuilder, SymbolicTensor
+from tessel.compiler.dtypes import DType
+from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
+from tessel.compiler.parallel import redistribution
+from tessel.compiler.parallel.layout import Layout, piece
+from tessel.compiler.parallel.op_rules import rule_for
+from tessel.compiler.parallel.redistribution import ALL_STEPS, Redistribution
+from tessel.compiler.parallel.rules import ShardingSpec
+from tessel.compiler.parallel.strategy import Placement, StrategyError, resolve
+from tessel.compiler.shapes import format_shape, is_static
+from tessel.errors import ConfigurationError
+
+Key = tuple  # (node, input index) | (node, "out", output index) | ("output", graph output index)
+
+
+@dataclass(frozen=True, eq=False)
+class LocalOp:
+    """What a rule's custom emitter sees: the rank's builder, the logical node, its local inputs and attributes,
+    the node's spec and placement, and the rank."""
+
+    builder: GraphBuilder
+    node: Node
+    inputs: tuple[Value, ...]
+    attrs: Attrs
+    spec: ShardingSpec
+    placement: Placement
+    rank: int
+
+    def tensor(self, index: int) -> SymbolicTensor:
+        return SymbolicTensor(self.builder, self.inputs[index])
+
+    def default(self) -> tuple[Value, ...]:
+        """The node's own op on the local inputs."""
+        return self.builder.emit(self.node.op, self.inputs, self.attrs)
+
+    def block(self, label: str) -> tuple[int, int]:
+        """(this rank's block, number of blocks) along a label of the spec."""
+        return self.placement.block(self.rank, label)
+
+    def rank_constant(self, value: Any, dtype: DType) -> SymbolicTensor:
+        """A constant whose value depends on the rank. It gets a node of its own: the builder would merge it with
+        an equal constant on some ranks only, and the ranks' graphs must keep one structure."""
+        (out,) = self.builder.emit("Constant", (), {"value": ConstArray.of(value, dtype)})
+        return SymbolicTensor(self.builder, out)
+
+
+@dataclass(frozen=True, eq=False)
+class ParallelPlan:
+    """The parallel pass's decisions for one graph on `device_num` devices (see the module docstring)."""
+
+    graph: Graph
+    device_num: int
+    parameters: tuple[str, ...]
+    specs: Mapping[Node, ShardingSpec]
+    placements: Mapping[Node, Placement]
+    layouts: Mapping[Value, Layout]
+    redistributions: Mapping[Key, Redistribution]
+    output_layouts: tuple[Layout, ...]
+    _rank_graphs: dict[int, Graph] = field(default_factory=dict, repr=False)
+
+    def input_layout(self, name: str) -> Layout:
+        return self.layouts[self.graph.input(name)]
+
+    def local_value(self, name: str, full: np.ndarray, rank: int) -> np.ndarray:
+        """Rank `rank`'s slice of input or parameter `name`, cut from its full (deterministic) value."""
+        value = self.graph.input(name)
+        full = np.asarray(full)
+        if full.shape != value.shape:
+            raise ConfigurationError(
+                f"{name!r} is {format_shape(value.shape)} in the graph, got a value of shape {format_shape(full.shape)}"
+            )
+        return piece(full, self.layouts[value], rank)
+
+    def local_feeds(self, feeds: Mapping[str, np.ndarray], rank: int) -> dict[str, np.ndarray]:
+        """Every named full value sliced for `rank`."""
+        return {name: self.local_value(name, full, rank) for name, full in feeds.items()}
+
+    def rank_graph(self, rank: int) -> Graph:
+        """Rank `rank`'s forward graph (built once, then cached)."""
+        if not 0 <= rank < self.device_num:
+            raise ConfigurationError(f"rank {rank} is outside the world of {self.device_num} devices")
+        if rank not in self._rank_graphs:
+            self._rank_graphs[rank] = _RankBuilder(self, rank).build()
+        return self._rank_graphs[rank]
+
+
+# --- stage 1: decisions for the whole world -------------------------------------------------------------------------
+
+
+def parallelize(
+    graph: Graph,
+    strategies: Mapping[Node | int, Any] | None = None,
+    device_num: int = 1,
+    parameters: Collection[str] = (),
+    dataset: str | Sequence | Mapping[str, Any] = "data_parallel",
+    steps: frozenset[str] = ALL_STEPS,
+) -> ParallelPlan:
+    """Plan `graph` on `device_num` devices. `strategies` maps nodes (or their index in graph.nodes) to a
+    strategy (a tuple of cuts per input, a Strategy, a Primitive after .shard(), or "data_parallel"); unlisted
+    nodes run data parallel. `parameters` names the inputs that are parameters. `steps` limits redistribution
+    to some kinds (redistribution.TABLE)."""
+    if device_num < 1:
+        raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
+    _check_static(graph)
+    given = _by_node(graph, strategies or {})
+    params = set(parameters)
+    unknown = sorted(params - {v.name for v in graph.inputs})
+    if unknown:
+        raise ConfigurationError(f"parameters {unknown} are not inputs of graph {graph.name!r}")
+    specs = {node: rule_for(node.op)(node) for node in graph.nodes}
+    placements: dict[Node, Placement] = {}
+    param_values = {v for v in graph.inputs if v.name in params}
+    for node in graph.nodes:
+        if node.op != "Assign":
+            held = {i for i, v in enumerate(node.inputs) if v in param_values}
+            placements[node] = resolve(node, specs[node], given.get(node), device_num, held)
+    layouts = _input_layouts(graph, placements, param_values, device_num, dataset)
+    for node in graph.nodes:
+        if node.op == "Assign":
+            placements[node] = _assign_placement(node, layouts, device_num)
+    redistributions, output_layouts = _route(graph, placements, layouts, steps)
+    return ParallelPlan(
+        graph,
+        device_num,
+        tuple(v.name for v in graph.inputs if v in param_values),
+        specs,
+        placements,
+        layouts,
+        redistributions,
+        output_layouts,
+    )
+
+
+def _check_static(graph: Graph) -> None:
+    for v in (*graph.inputs, *(o for n in graph.nodes for o in n.outputs)):
+        if not is_static(v.shape):
+            raise ConfigurationError(
+                f"graph {graph.name!r} has a tensor of shape {format_shape(v.shape)} ({v!r}); the parallel pass "
+                "needs static shapes to cut them. Fix: trace with the global batch size as a number"
+            )
+
+
+def _by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+    out = {}
+    members = set(graph.nodes)
+    for key, value in strategies.items():
+        node = graph.nodes[key] if isinstance(key, int) else key
+        if node not in members:
+            raise ConfigurationError(f"a strategy was given for {key!r}, which is not a node of graph {graph.name!r}")
+        out[node] = value
+    return out
+
+
+def _input_layouts(graph, placements, param_values, device_num, dataset) -> dict[Value, Layout]:
+    """Parameters take the layout their consumers ask for (all must agree); data inputs the dataset's."""
+    layouts: dict[Value, Layout] = {}
+    first_user: dict[Value, Node] = {}
+    for node, placement in placements.items():
+        for i, v in enumerate(node.inputs):
+            want = placement.inputs[i]
+            if v not in param_values or want is None:
+                continue
+            if v in layouts and not layouts[v].same_as(want):
+                raise StrategyError(_conflict(v, first_user[v], layouts[v], placements, node, want))
+            layouts.setdefault(v, want)
+            first_user.setdefault(v, node)
+    data = [v for v in graph.inputs if v not in param_values]
+    for v, layout in zip(data, _dataset_layouts(data, device_num, dataset)):
+        layouts[v] = layout
+    for v in param_values - set(layouts):
+        layouts[v] = Layout.replicated(v.ndim, device_num)
+    return layouts
+
+
+def _conflict(value: Value, first: Node, had: Layout, placements, node: Node, want: Layout) -> str:
+    def at(n: Node) -> str:
+        return f"{n.op}" + (f" (at {n.source})" if n.source else "") + f" with strategy {placements[n].strategy}"
+
+    return (
+        f"parameter {value.name!r} {format_shape(value.shape)} is used by {at(first)}, which cuts it as "
+        f"{had.describe()}, and by {at(node)}, which cuts it as {want.describe()}; the rule: a parameter has one "
+        "layout, so every op using it must cut it alike. Fix: give both ops the same cuts for this input"
+    )
+
+
+def _dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+    if dataset == "full_batch":
+        return [Layout.replicated(v.ndim, device_num) for v in data]
+    if dataset == "data_parallel":
+        out = []
+        for v in data:
+            if v.ndim == 0:
+                out.append(Layout.replicated(0, device_num))
+                continue
+            if v.shape[0] % device_num:
+                raise ConfigurationError(
+                    f"input {v.name!r} {format_shape(v.shape)}: its batch dim {v.shape[0]} does not divide among "
+                    f"{device_num} devices (full_batch=False: each rank reads its own slice of the batch). Fix: "
+                    f"use a global batch that is a multiple of {device_num}, or full_batch=True"
+                )
+            out.append(Layout.from_strategy((device_num,) + (1,) * (v.ndim - 1), device_num))
+        return out
+    if isinstance(dataset, Mapping):
+        entries = [dataset.get(v.name) for v in data]
+    else:
+        entries = list(dataset)
+        if len(entries) != len(data):
+            raise ConfigurationError(
+                f"dataset_strategy has {len(entries)} entries for {len(data)} data inputs {[v.name for v in data]}"
+            )
+    out = []
+    for v, entry in zip(data, entries):
+        layout = Layout.replicated(v.ndim, device_num) if entry is None else entry
+        layout = layout if isinstance(layout, Layout) else Layout.from_strategy(tuple(layout), device_num)
+        layout.check(v.shape, f"input {v.name!r}")
+        out.append(layout)
+    return out
+
+
+def _assign_placement(node: Node, layouts: Mapping[Value, Layout], device_num: int) -> Placement:
+    """Assign writes a parameter in place: the new value takes the parameter's layout."""
+    target = node.inputs[0]
+    layout = layouts.get(target) or Layout.replicated(target.ndim, device_num)
+    return Placement(node.op, ((),) * 2, "parameter", layout.device_matrix, (), (layout, layout), (layout,))
+
+
+def _route(graph, placements, layouts, steps) -> tuple[dict[Key, Redistribution], tuple[Layout, ...]]:
+    """Every value's layout in order, and a redistribution wherever a consumer wants another one."""
+    routes: dict[Key, Redistribution] = {}
+
+    def move(key: Key, value: Value, want: Layout) -> None:
+        have = layouts[value]
+        if not have.same_as(want):
+            routes[key] = redistribution.plan(have, want, tuple(value.shape), value.dtype.itemsize, steps)
+
+    for node in graph.nodes:
+        placement = placements[node]
+        for i, v in enumerate(node.inputs):
+            if placement.inputs[i] is not None:
+                move((node, i), v, placement.inputs[i])
+        for j, out in enumerate(node.outputs):
+            layouts[out] = placement.outputs[j]
+            if placement.out_targets is not None:
+                move((node, "out", j), out, placement.out_targets[j])
+                layouts[out] = placement.out_targets[j]
+    finals = []
+    for k, v in enumerate(graph.outputs):
+        final = layouts[v].without_partial()
+        move(("output", k), v, final)
+        finals.append(final)
+    return routes, tuple(finals)
+
+
+# --- stage 2: one rank's graph ---------------------------------------------------------------------------------------
+
+
+class _RankBuilder:
+    """Writes one rank's graph from a plan."""
+
+    def __init__(self, plan: ParallelPlan, rank: int):
+        self.plan, self.rank = plan, rank
+        self.builder = GraphBuilder(f"{plan.graph.name}_rank{rank}")
+        self.env: dict[Value, Value] = {}
+        self.mirrored: dict[Value, Value] = {}
+        self.layout_of: dict[Value, Layout] = {}
+        self.params = {plan.graph.input(name) for name in plan.parameters}
+        self.source_of: dict[Node, str | None] = {}  # rank node -> the user's line of the logical node it serves
+
+    def emit(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
+        (out,) = self.builder.emit(op, inputs, attrs)
+        if layout is not None:
+            self.layout_of[out] = layout
+        return out
+
+    def build(self) -> Graph:
+        plan = self.plan
+        for v in plan.graph.inputs:
+            layout = plan.layouts[v]
+            local = Value(TensorType(layout.local_shape(v.shape), v.dtype), v.name, layout)
+            self.builder.inputs.append(local)
+            self.env[v] = local
+        for node in plan.graph.nodes:
+            first = len(self.builder.nodes)
+            self.node(node)
+            self.source_of.update((n, node.source) for n in self.builder.nodes[first:])
+        outputs = []
+        producers = plan.graph.producers
+        for k, (v, layout) in enumerate(zip(plan.graph.outputs, plan.output_layouts)):
+            first = len(self.builder.nodes)
+            x = self.route(("output", k), self.env[v])
+            if v.dtype.is_float and layout.replicas > 1:
+                x = self.emit("VirtualDiv", (x,), {"divisor": layout.replicas}, layout)
+            source = producers[v].source if v in producers else None
+            self.source_of.update((n, source) for n in self.builder.nodes[first:])
+            outputs.append(x)
+        return _with_layouts(self.builder.build(outputs), self.layout_of, self.source_of)
+
+    def route(self, key: Key, value: Value) -> Value:
+        move = self.plan.redistributions.get(key)
+        return value if move is None else redistribution.emit_steps(move, value, self.rank, self.emit)
+
+    def read(self, node: Node, i: int) -> Value:
+        v = node.inputs[i]
+        x = self.env[v]
+        if v in self.params and not (node.op == "Assign" and i == 0):
+            x = self.mirror(v, x)
+        return self.route((node, i), x)
+
+    def mirror(self, param: Value, local: Value) -> Value:
+        """A parameter held by several ranks is read through a Mirror over exactly those ranks."""
+        layout = self.plan.layouts[param]
+        if layout.replicas == 1 or not param.dtype.is_float:
+            return local
+        if param not in self.mirrored:
+            group = layout.mesh.group(self.rank, layout.replicated_axes)
+            self.mirrored[param] = self.emit("Mirror", (local,), {"group": group}, layout)
+        return self.mirrored[param]
+
+    def node(self, node: Node) -> None:
+        plan = self.plan
+        spec, placement = plan.specs[node], plan.placements[node]
+        inputs = tuple(self.read(node, i) for i in range(len(node.inputs)))
+        attrs = node.attrs
+        if spec.shape_attr is not None:
+            local = placement.outputs[0].local_shape(node.outputs[0].shape)
+            attrs = Attrs({**dict(attrs), spec.shape_attr: local})
+        local_op = LocalOp(self.builder, node, inputs, attrs, spec, placement, self.rank)
+        outputs = spec.emit(local_op) if spec.emit is not None else local_op.default()
+        for j, (out, value) in enumerate(zip(node.outputs, outputs)):
+            layout = placement.outputs[j]
+            expected = layout.local_shape(out.shape)
+            if tuple(value.shape) != expected:
+                raise AssertionError(
+                    f"the sharding rule of {node.op} gave output {j} the local shape {format_shape(value.shape)}, "
+                    f"but its layout {layout} needs {format_shape(expected)}: the rule is wrong"
+                )
+            self.layout_of[value] = layout
+            self.env[out] = self.route((node, "out", j), value)
+
+
+def _with_layouts(graph: Graph, layout_of: Mapping[Value, Layout], source_of: Mapping[Node, str | None]) -> Graph:
+    """The same graph with each node output's `layout` slot filled (Values are immutable: they are replaced) and
+    each node pointing at the user's line of the node it implements."""
+    renamed: dict[Value, Value] = {v: v for v in graph.inputs}
+    nodes = []
+    for node in graph.nodes:
+        outs = []
+        for out in node.outputs:
+            layout = layout_of.get(out)
+            renamed[out] = out if layout is None else dataclasses.replace(out, layout=layout)
+            outs.append(renamed[out])
+        source = source_of.get(node, node.source)
+        nodes.append(Node(node.op, tuple(renamed[v] for v in node.inputs), node.attrs, tuple(outs), source))
+    return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name)
