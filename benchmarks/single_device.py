@@ -1,6 +1,6 @@
 """One device, one process: tessel's fused train step of the MLP 784-512-512-10 vs a hand-fused ONNX Runtime step.
 
-Usage: python benchmarks/single_device.py [--threads 2] [--batches 32 256] [--seconds 3] [--torch]
+Usage: python benchmarks/single_device.py [--threads 2] [--batches 32 256] [--seconds 3] [--torch] [--no-sdk]
 
 Both sides run forward + backward + SGD on the same ONNX Runtime build with one global thread pool and
 double-buffered IOBindings, so the ratio is what tessel's tracing, autodiff and lowering cost at run time. The
@@ -8,11 +8,16 @@ hand-fused graph is written node by node below (Gemm, SoftmaxCrossEntropyLoss, a
 Rounds alternate between the sides so machine noise hits all alike; figures are medians per step of wall time
 and of process CPU time (all threads), the steadier of the two when other work shares the cores.
 With --torch, PyTorch's eager step (same threads) is measured too.
+
+The SDK side ("tessel Model.train") is what a user runs: `Model(net, nn.CrossEntropyLoss(), nn.SGD(...)).train()`
+over a NumpySlicesDataset of the same batch, through the embedded daemon (one Execute per step), timed end to
+end per step (data pipeline, callbacks and the step). Target: at most 1.25x the hand-fused ORT step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -150,6 +155,45 @@ def torch_step(params, threads):
     return step
 
 
+class ModelTrain:
+    """The SDK path: tessel.Model.train of nn.Dense layers holding `params`, plain SGD, one epoch = `steps` steps."""
+
+    def __init__(self, params: dict[str, np.ndarray], threads: int, steps: int = 50):
+        os.environ.setdefault("TESSEL_THREADS", str(threads))  # the embedded daemon shares the global ORT pool
+        import tessel as ms
+        from tessel import nn
+
+        layers = [nn.Dense(DIMS[i], DIMS[i + 1]) for i in range(len(DIMS) - 1)]
+        for i, dense in enumerate(layers):
+            dense.weight.set_data(params[f"w{i}"])
+            dense.bias.set_data(params[f"b{i}"])
+        net = nn.SequentialCell(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
+        self.model = ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.01))
+        self.steps, self.datasets = steps, {}
+
+    def dataset(self, x: np.ndarray, y: np.ndarray):
+        import tessel.dataset as ds
+
+        key = (x.shape, x.ctypes.data)
+        if key not in self.datasets:
+            data = {"x": np.tile(x, (self.steps, 1)), "y": np.tile(y, self.steps)}
+            self.datasets[key] = ds.NumpySlicesDataset(data, shuffle=False).batch(len(x))
+        return self.datasets[key]
+
+    def measure(self, x: np.ndarray, y: np.ndarray, seconds: float) -> tuple[float, float]:
+        """(wall, process CPU) ms per step: medians over epochs of `steps` steps."""
+        dataset = self.dataset(x, y)
+        self.model.train(1, dataset)  # compile and warm up
+        wall, cpu = [], []
+        deadline = time.perf_counter() + seconds
+        while time.perf_counter() < deadline or not wall:
+            start, start_cpu = time.perf_counter(), time.process_time()
+            self.model.train(1, dataset)
+            wall.append((time.perf_counter() - start) / self.steps * 1e3)
+            cpu.append((time.process_time() - start_cpu) / self.steps * 1e3)
+        return statistics.median(wall), statistics.median(cpu)
+
+
 def median_ms(step, x, y, seconds: float) -> tuple[float, float]:
     """(wall, process CPU) ms per step, medians over blocks of 10 steps. CPU time is steadier on a busy machine."""
     for _ in range(5):
@@ -172,6 +216,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="measuring time per side and round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--torch", action="store_true", help="also measure PyTorch's eager step")
+    parser.add_argument("--no-sdk", action="store_true", help="skip tessel Model.train through the SDK")
     args = parser.parse_args()
 
     from tessel.plugins.cpu.compute import CpuCompute
@@ -179,6 +224,8 @@ def main() -> None:
     compute = CpuCompute(threads=args.threads)
     params = initial_params()
     sides = {"tessel": tessel_step(compute, params), "onnxruntime (hand-fused)": HandFusedStep(compute, params)}
+    if not args.no_sdk:
+        sides["tessel Model.train (SDK)"] = ModelTrain(params, args.threads)
     if args.torch:
         sides["pytorch (eager)"] = torch_step(params, args.threads)
     rng = np.random.default_rng(1)
@@ -189,7 +236,9 @@ def main() -> None:
         results = {name: [] for name in sides}
         for _ in range(args.rounds):
             for name, step in sides.items():
-                results[name].append(median_ms(step, x, y, args.seconds / args.rounds))
+                share = args.seconds / args.rounds
+                measured = step.measure(x, y, share) if isinstance(step, ModelTrain) else median_ms(step, x, y, share)
+                results[name].append(measured)
         wall = {name: statistics.median(r[0] for r in rs) for name, rs in results.items()}
         cpu = {name: statistics.median(r[1] for r in rs) for name, rs in results.items()}
         base = "onnxruntime (hand-fused)"

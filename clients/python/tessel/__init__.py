@@ -1,0 +1,81 @@
+"""tessel — MindSpore's programming model on ONNX Runtime daemons: write `import tessel as ms`.
+
+    import tessel as ms
+    from tessel import nn, ops
+    import tessel.dataset as ds
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = nn.SequentialCell(nn.Flatten(), nn.Dense(784, 512), nn.ReLU(), nn.Dense(512, 10))
+    model = ms.Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.01, 0.9), metrics={"accuracy"})
+    model.train(3, ds.MnistDataset(path).map(...).batch(32), callbacks=[ms.train.LossMonitor(100)])
+
+Names load on first use, so processes that only import a part of tessel (the daemon, the CLI) stay light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "train"}
+_DTYPES = {
+    "bool_",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "float16",
+    "float32",
+    "float64",
+    "half",
+    "single",
+    "double",
+    "dtype_to_nptype",
+    "pytype_to_dtype",
+}
+_NAMES = {
+    "Tensor": "tessel.common.tensor",
+    "Parameter": "tessel.common.parameter",
+    "ParameterTuple": "tessel.common.parameter",
+    "set_seed": "tessel.common.seed",
+    "get_seed": "tessel.common.seed",
+    "jit": "tessel.common.compiled",
+    "set_context": "tessel.context",
+    "get_context": "tessel.context",
+    "GRAPH_MODE": "tessel.context",
+    "PYNATIVE_MODE": "tessel.context",
+    "ParallelMode": "tessel.context",
+    "set_auto_parallel_context": "tessel.context",
+    "get_auto_parallel_context": "tessel.context",
+    "reset_auto_parallel_context": "tessel.context",
+    "value_and_grad": "tessel.autograd",
+    "grad": "tessel.autograd",
+    "GradOperation": "tessel.autograd",
+    "Model": "tessel.train.model",
+    "save_checkpoint": "tessel.train.serialization",
+    "load_checkpoint": "tessel.train.serialization",
+    "load_param_into_net": "tessel.train.serialization",
+    "export": "tessel.train.serialization",
+    **dict.fromkeys(_DTYPES, "tessel.common.dtype"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "dtype":  # the dtype module, as mindspore.dtype (mstype)
+        value: Any = importlib.import_module("tessel.common.dtype")
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"tessel.{name}")
+    elif name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    else:
+        raise AttributeError(f"module 'tessel' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_SUBMODULES, *_NAMES, "dtype"})
+
+
+__all__ = sorted({*_SUBMODULES, *_NAMES, "dtype"})

@@ -1,0 +1,183 @@
+"""Automatic differentiation with MindSpore's API: `value_and_grad`, `grad`, `GradOperation`.
+
+    >>> grad_fn = ms.value_and_grad(forward_fn, None, net.trainable_params(), has_aux=True)
+    >>> (loss, logits), grads = grad_fn(data, label)     # one Execute on the daemon
+    >>> optimizer(grads)                                  # grads never leave the daemon
+
+Called eagerly, the function is traced and differentiated once per input signature and compiled into one
+daemon segment computing the value and the gradients; values come back, gradients stay on the daemon as handle
+Tensors (fetched only if read). Called inside a trace (a cell's construct in graph mode, a custom train step),
+the gradient ops are added to that graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.common.compiled import CompiledFunction, arg_names_of
+from tessel.common.parameter import Parameter
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import current
+from tessel.compiler import GradientError, SymbolicTensor, apply, gradients
+from tessel.errors import ConfigurationError
+
+
+def _sum_outputs(out: Any) -> Any:
+    """The scalar whose gradient MindSpore takes for a function with several outputs: the sum of them all."""
+    from tessel.ops import functional as F
+
+    leaves = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, Tensor)]
+    floats = [o for o in leaves if o.dtype.is_float]
+    if not floats:
+        raise GradientError("the function returns no float tensor to differentiate")
+    total = F.sum(floats[0])
+    for o in floats[1:]:
+        total = total + F.sum(o)
+    return total
+
+
+class _AllPositions(tuple):
+    """grad_position meaning "every input" (GradOperation(get_all=True))."""
+
+    def __new__(cls):
+        return super().__new__(cls, ())
+
+
+class _GradFunction:
+    """fn with gradients: returns (value, grads), grads, or (grads, aux) depending on how it was made."""
+
+    def __init__(
+        self, fn: Callable, positions: Any, weights: Any, has_aux: bool, layout: Callable, sens_param: bool = False
+    ):
+        if positions is None and weights is None:
+            raise ConfigurationError("value_and_grad/grad: grad_position and weights cannot both be None")
+        self.fn, self.positions, self.has_aux, self.layout, self.sens_param = fn, positions, has_aux, layout, sens_param
+        self.single_weight = isinstance(weights, Parameter)
+        self.weights = [weights] if self.single_weight else (None if weights is None else list(weights))
+        bad = [type(w).__name__ for w in self.weights or () if not isinstance(w, Parameter)]
+        if bad:
+            raise ConfigurationError(f"weights must be Parameters (e.g. net.trainable_params()), got {bad}")
+        from tessel.nn.cell import Cell
+
+        names = arg_names_of(fn.construct if isinstance(fn, Cell) else fn)
+        name = getattr(fn, "__name__", type(fn).__name__)
+        self.compiled = CompiledFunction(self._emit, f"grad_{name}", device_result=True, arg_names=names)
+
+    def __call__(self, *args: Any) -> Any:
+        if current() is not None:
+            value, grads = self._emit(*args)
+        else:
+            value, grads = self.compiled(*args)
+        return self.layout(value, grads)
+
+    def _positions(self, count: int) -> tuple[int, ...]:
+        if self.positions is None:
+            return ()
+        if isinstance(self.positions, _AllPositions):
+            return tuple(range(count))
+        positions = (self.positions,) if isinstance(self.positions, int) else tuple(self.positions)
+        for p in positions:
+            if not -count <= p < count:
+                raise ConfigurationError(f"grad_position {p} is out of range for a call with {count} argument(s)")
+        return tuple(p % count for p in positions)
+
+    def _emit(self, *args: Any) -> tuple[Any, Any]:
+        trace = current()
+        sens = None
+        if self.sens_param:
+            args, sens = args[:-1], args[-1]
+        positions = self._positions(len(args))
+        wrt = [_symbolic(trace, args[i], f"argument {i}") for i in positions]
+        wrt += [trace.param(w) for w in self.weights or ()]
+        out = self.fn(*args)
+        if self.has_aux:
+            if not isinstance(out, (tuple, list)) or not out:
+                raise ConfigurationError("has_aux=True: the function must return (loss, aux, ...)")
+            loss = out[0]
+        else:
+            loss = out if isinstance(out, Tensor) else _sum_outputs(out)
+        loss_sym = _symbolic(trace, loss, "the loss")
+        seed = None if sens is None else _symbolic(trace, sens, "sens").value
+        grads = gradients(trace.builder, loss_sym.value, [w.value for w in wrt], seed)
+        grads = [Tensor._wrap_symbolic(SymbolicTensor(trace.builder, g)) for g in grads]
+        input_grads, weight_grads = tuple(grads[: len(positions)]), tuple(grads[len(positions) :])
+        if isinstance(self.positions, int):
+            input_grads = input_grads[0]
+        if self.single_weight:
+            weight_grads = weight_grads[0]
+        if self.positions is None:
+            structured = weight_grads
+        elif self.weights is None:
+            structured = input_grads
+        else:
+            structured = (input_grads, weight_grads)
+        value = tuple(out) if isinstance(out, list) else out
+        return value, structured
+
+
+def _symbolic(trace, x: Any, what: str) -> SymbolicTensor:
+    sym = trace.to_symbolic(x)
+    if isinstance(sym, SymbolicTensor):
+        return sym
+    if isinstance(sym, (int, float, np.ndarray, np.generic)):  # a constant: its gradient is still defined
+        return apply("Identity", SymbolicTensor(trace.builder, trace.builder.constant(sym)))
+    raise ConfigurationError(f"cannot differentiate with respect to {what}: {type(x).__name__} is not a tensor")
+
+
+def value_and_grad(
+    fn: Callable,
+    grad_position: int | Sequence[int] | None = 0,
+    weights: Any = None,
+    has_aux: bool = False,
+    return_ids: bool = False,
+) -> Callable:
+    """A function returning (fn's value, gradients) (MindSpore `value_and_grad`).
+
+    Gradients: of the inputs at grad_position (a Tensor for an int, a tuple for a tuple), of `weights` (a tuple,
+    or one Tensor for one Parameter), or (input grads, weight grads) when both are given. With has_aux=True fn
+    returns (loss, aux...) and only loss is differentiated; otherwise every output contributes (summed).
+    """
+    return _GradFunction(fn, grad_position, weights, has_aux, lambda value, grads: (value, grads))
+
+
+def grad(
+    fn: Callable,
+    grad_position: int | Sequence[int] | None = 0,
+    weights: Any = None,
+    has_aux: bool = False,
+    return_ids: bool = False,
+) -> Callable:
+    """A function returning fn's gradients (and the aux outputs, as (grads, aux), with has_aux=True)."""
+
+    def layout(value, grads):
+        return (grads, tuple(value[1:])) if has_aux else grads
+
+    return _GradFunction(fn, grad_position, weights, has_aux, layout)
+
+
+class GradOperation:
+    """MindSpore's GradOperation: `GradOperation(get_all, get_by_list, sens_param)(fn, weights)(*inputs)`.
+
+    Returns the first input's gradient, all inputs' (get_all), the weights' (get_by_list) or both as a pair; with
+    sens_param the last input is the output's cotangent (the sensitivity).
+    """
+
+    def __init__(self, get_all: bool = False, get_by_list: bool = False, sens_param: bool = False):
+        self.get_all, self.get_by_list, self.sens_param = get_all, get_by_list, sens_param
+        self._cache: dict[tuple, _GradFunction] = {}
+
+    def __call__(self, fn: Callable, weights: Any = None) -> Callable:
+        key = (id(fn), None if weights is None else tuple(map(id, weights)))
+        made = self._cache.get(key)
+        if made is None:
+            if self.get_by_list and weights is None:
+                raise ConfigurationError("GradOperation(get_by_list=True) needs weights: grad_op(fn, weights)")
+            positions = _AllPositions() if self.get_all else (None if self.get_by_list else 0)
+            made = _GradFunction(
+                fn, positions, weights if self.get_by_list else None, False, lambda value, grads: grads, self.sens_param
+            )
+            self._cache[key] = made
+        return made

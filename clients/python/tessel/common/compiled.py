@@ -1,0 +1,375 @@
+"""Compiled SDK functions: traced once per input signature, compiled into a daemon segment, run with one Execute.
+
+A signature is the (shape, dtype) of every tensor argument plus the Python values of the others. The batch dim
+is symbolic ("N") for every argument whose dim 0 equals the first argument's, so one graph serves every batch
+size; a function that needs static shapes (slicing the batch, splitting it) is retraced with exact shapes, once.
+
+Results come back to the client, except those a function marks as device results (gradients): these stay in the
+daemon's store as handle Tensors under fixed names, which the next call overwrites (a still-referenced handle is
+first copied aside on the daemon, see Engine.execute).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tessel.common import parameter as P
+from tessel.common.engine import engine, program
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import SdkTrace
+from tessel.compiler import Graph, Node, Value
+from tessel.compiler.ir import Attrs
+from tessel.compiler.tracer import OutputTree, flatten
+
+BATCH = "N"
+
+
+# --- graph helpers ----------------------------------------------------------------------------------------------
+
+
+def name_outputs(graph: Graph, names: Sequence[str]) -> Graph:
+    """`graph` whose outputs are named `names` (each through an Identity, which ONNX Runtime removes)."""
+    nodes, outputs = list(graph.nodes), []
+    for value, name in zip(graph.outputs, names):
+        named = Value(value.type, name)
+        nodes.append(Node("Identity", (value,), Attrs({}), (named,)))
+        outputs.append(named)
+    return Graph(graph.inputs, tuple(nodes), tuple(outputs), graph.name)
+
+
+def rename_inputs(graph: Graph, mapping: dict[str, str]) -> Graph:
+    """`graph` with inputs renamed by `mapping` (state names are store names, so they must not collide)."""
+    new = {v: Value(v.type, mapping[v.name], v.layout) for v in graph.inputs if v.name in mapping}
+    sub = lambda v: new.get(v, v)  # noqa: E731
+    nodes = tuple(Node(n.op, tuple(map(sub, n.inputs)), n.attrs, n.outputs, n.source) for n in graph.nodes)
+    return Graph(tuple(map(sub, graph.inputs)), nodes, tuple(map(sub, graph.outputs)), graph.name)
+
+
+def assigned_inputs(graph: Graph) -> list[str]:
+    """Names of the inputs the graph writes (Assign), i.e. its state."""
+    names = []
+    for node in graph.nodes:
+        if node.op == "Assign" and node.inputs[0].name not in names:
+            names.append(node.inputs[0].name)
+    return names
+
+
+# --- signatures -------------------------------------------------------------------------------------------------
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, (Tensor, np.ndarray))
+
+
+def host_array(x: Any) -> np.ndarray:
+    return x.asnumpy() if isinstance(x, Tensor) else np.ascontiguousarray(x)
+
+
+@dataclass
+class Call:
+    """One call's arguments, flattened: leaves, how to re-nest them, and an input name per leaf."""
+
+    leaves: list[Any]
+    tree: OutputTree
+    names: list[str]
+    resident: list[bool]  # the leaf is a handle in the daemon's store: the graph reads it there, by its name
+
+    @staticmethod
+    def of(args: tuple, kwargs: dict, arg_names: Sequence[str], engine_id: int = 0) -> Call:
+        leaves, tree = flatten((tuple(args), dict(sorted(kwargs.items()))))
+        names = []
+        for i, arg in enumerate(args):
+            names += _leaf_names(arg_names[i] if i < len(arg_names) else f"arg{i}", arg)
+        for key in sorted(kwargs):
+            names += _leaf_names(key, kwargs[key])
+        resident = [False] * len(leaves)
+        for i, leaf in enumerate(leaves):
+            ref = leaf._ref if isinstance(leaf, Tensor) else None
+            if ref is not None and ref.engine.id == engine_id and ref.name not in names:
+                names[i], resident[i] = ref.name, True
+        return Call(leaves, tree, names, resident)
+
+    def specs(self, symbolic: bool) -> list[tuple | None]:
+        """(shape, dtype) per tensor leaf (batch dims symbolic when asked), None for Python values."""
+        shapes = [tuple(leaf.shape) if is_tensor(leaf) else None for leaf in self.leaves]
+        batch = next((s[0] for s in shapes if s), None) if symbolic else None
+        out = []
+        for leaf, shape in zip(self.leaves, shapes):
+            if shape is None:
+                out.append(None)
+                continue
+            if batch is not None and shape and shape[0] == batch:
+                shape = (BATCH, *shape[1:])
+            out.append((shape, str(getattr(leaf.dtype, "value", leaf.dtype))))
+        return out
+
+    def key(self, symbolic: bool) -> tuple:
+        parts = []
+        for leaf, spec, name, resident in zip(self.leaves, self.specs(symbolic), self.names, self.resident):
+            parts.append(("value", _hashable(leaf)) if spec is None else (*spec, name) if resident else spec)
+        return (symbolic, tuple(parts))
+
+    def batch_size(self) -> int | None:
+        return next((leaf.shape[0] for leaf in self.leaves if is_tensor(leaf) and leaf.shape), None)
+
+
+def _quick_signature(args: tuple) -> tuple | None:
+    """(shape, dtype) of each argument when all are plain arrays or host Tensors (the per-step case), else None."""
+    parts = []
+    for a in args:
+        array = a if type(a) is np.ndarray else a._array if type(a) is Tensor else None
+        if array is None:
+            return None
+        parts.append((array.shape, array.dtype))
+    return tuple(parts)
+
+
+def _leaf_names(base: str, value: Any) -> list[str]:
+    leaves, _ = flatten(value)
+    return [base] if len(leaves) == 1 else [f"{base}.{j}" for j in range(len(leaves))]
+
+
+def _hashable(value: Any) -> Any:
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return repr(value)
+
+
+def arg_names_of(fn: Callable) -> list[str]:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def trace_call(
+    fn: Callable, call: Call, name: str, symbolic: bool, params_first=()
+) -> tuple[Graph, OutputTree, SdkTrace]:
+    """Trace fn on symbolic tensors shaped like `call`'s tensor leaves; Python values pass through."""
+    with SdkTrace(name) as tr:
+        for p in params_first:
+            tr.param(p)
+        leaves = [
+            leaf if spec is None else Tensor._wrap_symbolic(tr.input(input_name, spec[0], spec[1]))
+            for leaf, spec, input_name in zip(call.leaves, call.specs(symbolic), call.names)
+        ]
+        args, kwargs = call.tree.unflatten(leaves)
+        graph, out_tree = tr.build(fn(*args, **kwargs))
+    return graph, out_tree, tr
+
+
+def count_leaves(tree: OutputTree) -> int:
+    return 1 if tree.kind == "leaf" else sum(count_leaves(c) for c in tree.children)
+
+
+# --- compiled functions -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Entry:
+    """One compiled signature: its daemon segment and how to feed, run and unpack it."""
+
+    segment: tuple[str, Graph, list[str]]  # (segment name, graph with named outputs, state names)
+    data: list[tuple[str, int]]  # (input name, leaf index)
+    params: list[P.Parameter]
+    assigned: list[P.Parameter]
+    feeders: dict[str, Callable[[], np.ndarray]]
+    after_run: list[Callable[[], None]]
+    host_names: list[str]
+    device_names: list[str]
+    device_types: list[tuple[tuple, Any]]
+    out_tree: OutputTree
+    batch_outputs: bool = False  # some output's shape follows the batch size
+    modes: tuple = ()  # (cell, training, float dtype) at trace time; the entry serves calls in the same modes
+    programs: dict = field(default_factory=dict)
+    engine_id: int = 0
+    staged_at: int = -1
+
+    def program(self, eng, batch: int | None):
+        """The program to run; outputs shaped by the batch get one daemon segment per batch size, because a
+        daemon segment reuses its output buffers from run to run."""
+        if self.engine_id != eng.id:
+            self.programs, self.engine_id, self.staged_at = {}, eng.id, -1
+        key = batch if self.batch_outputs else None
+        prog = self.programs.get(key)
+        if prog is None:
+            seg, graph, state = self.segment
+            name = seg if key is None else f"{seg}@{batch}"
+            eng.compile(name, graph, state)
+            prog = self.programs[key] = program(name, graph_out_names(graph))
+        return prog
+
+    def run(self, call: Call) -> Any:
+        eng = engine()
+        batch = call.batch_size()
+        prog = self.program(eng, batch)
+        feed = {name: host_array(call.leaves[i]) for name, i in self.data}
+        if self.staged_at != P.host_writes():
+            P.stage(eng, self.params, feed)
+            self.staged_at = P.host_writes()
+        for name, feeder in self.feeders.items():
+            feed[name] = feeder()
+        fetched = eng.execute(prog, feed, self.host_names, self.device_names)
+        P.updated_on_device(self.assigned)
+        for hook in self.after_run:
+            hook()
+        values = [Tensor._wrap(fetched[n]) for n in self.host_names]
+        for name, (shape, dtype) in zip(self.device_names, self.device_types):
+            values.append(eng.handle(name, tuple(batch if d == BATCH else d for d in shape), dtype))
+        return self.out_tree.unflatten(values)
+
+
+def graph_out_names(graph: Graph) -> list[str]:
+    return [v.name for v in graph.outputs]
+
+
+def make_entry(
+    graph: Graph,
+    out_tree: OutputTree,
+    tr: SdkTrace,
+    call: Call,
+    name: str,
+    device_result: bool,
+    extra_params: Sequence[P.Parameter] = (),
+) -> Entry:
+    """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
+    seg = f"{name}:{graph.hash[:12]}"
+    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
+    host_names = [f"{seg}/out{i}" for i in range(n_host)]
+    device_names = [f"{seg}/dev{i}" for i in range(len(graph.outputs) - n_host)]
+    state = assigned_inputs(graph)
+    by_key = {p.key: p for p in (*tr.parameters(), *extra_params)}
+    input_names = {v.name for v in graph.inputs}
+    return Entry(
+        segment=(seg, name_outputs(graph, host_names + device_names), state),
+        data=[(n, i) for i, n in enumerate(call.names) if n in input_names and not call.resident[i]],
+        params=[p for key, p in by_key.items() if key in input_names],
+        assigned=[by_key[s] for s in state if s in by_key],
+        feeders={k: f for k, f in tr.feeders.items() if k in input_names},
+        after_run=list(tr.after_run),
+        host_names=host_names,
+        device_names=device_names,
+        device_types=[(v.shape, v.dtype) for v in graph.outputs[n_host:]],
+        out_tree=out_tree,
+        batch_outputs=any(BATCH in v.shape for v in graph.outputs),
+        modes=tr.modes(),
+    )
+
+
+class CompiledFunction:
+    """`fn` compiled per input signature and run on the daemon (GRAPH_MODE cells, value_and_grad, jit).
+
+    With `device_result=True`, fn returns (host part, device part) and the device part stays on the daemon.
+    """
+
+    def __init__(
+        self,
+        fn: Callable,
+        name: str,
+        *,
+        params_first: Callable[[], Sequence] = tuple,
+        device_result: bool = False,
+        key_extra: Callable[[], Any] = lambda: None,
+        arg_names: Sequence[str] | None = None,
+        symbolic_batch: bool = True,
+        transform: Callable | None = None,
+    ):
+        self.fn, self.name = fn, name
+        self.params_first, self.device_result, self.key_extra = params_first, device_result, key_extra
+        self.arg_names = list(arg_names) if arg_names is not None else arg_names_of(fn)
+        # transform(graph, trace) -> (graph, extra Parameters): rewrites the traced graph before it is compiled.
+        self.transform = transform
+        # Static shapes when asked, or once a symbolic-batch trace failed and an exact-shape one worked.
+        self.static = not symbolic_batch
+        self.entries: dict[tuple, list[Entry]] = {}
+        self._quick: dict[tuple, tuple] = {}  # (shape, dtype) per plain array argument -> (key, tree, names)
+
+    def __deepcopy__(self, memo: dict) -> CompiledFunction:
+        # Compiled entries name the original's parameters: a copied cell compiles afresh.
+        import copy
+
+        fn, params_first, transform = (copy.deepcopy(f, memo) for f in (self.fn, self.params_first, self.transform))
+        made = CompiledFunction(
+            fn,
+            self.name,
+            params_first=params_first,
+            device_result=self.device_result,
+            key_extra=self.key_extra,
+            arg_names=self.arg_names,
+            transform=transform,
+        )
+        made.static = self.static
+        return made
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        entry, call = self.entry(args, kwargs)
+        return entry.run(call)
+
+    def entry(self, args: tuple, kwargs: dict) -> tuple[Entry, Call]:
+        """The compiled entry for this call's signature and cell modes (traced and compiled on first use)."""
+        quick = _quick_signature(args) if not kwargs else None
+        known = self._quick.get((quick, self.static)) if quick is not None else None
+        if known is not None:
+            key, tree, names = known
+            call = Call(list(args), tree, names, [False] * len(args))
+        else:
+            call = Call.of(args, kwargs, self.arg_names, engine().id)
+            key = (call.key(not self.static), self.key_extra())
+        for entry in self.entries.get(key, ()):
+            if all(c.training == training and c._float_dtype == dtype for c, training, dtype in entry.modes):
+                break
+        else:
+            entry = self._build(call)
+            key = (call.key(not self.static), self.key_extra())
+            self.entries.setdefault(key, []).append(entry)
+        if quick is not None and known is None:
+            self._quick[(quick, self.static)] = (key, call.tree, call.names)
+        return entry, call
+
+    def _build(self, call: Call) -> Entry:
+        if not self.static:
+            try:
+                return self._trace(call, symbolic=True)
+            except Exception:
+                pass
+        entry = self._trace(call, symbolic=False)
+        self.static = True
+        return entry
+
+    def _trace(self, call: Call, symbolic: bool) -> Entry:
+        graph, out_tree, tr = trace_call(self.fn, call, self.name, symbolic, tuple(self.params_first()))
+        extra = ()
+        if self.transform is not None:
+            graph, extra = self.transform(graph, tr)
+        return make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
+
+
+def jit(function: Callable | None = None, **_: Any) -> Callable:
+    """Compile a function of Tensors once per input signature (MindSpore `jit`); inside a trace it is inlined.
+
+    >>> @ms.jit
+    ... def step(x, y):
+    ...     return ops.matmul(x, y).sum()
+    """
+    import functools
+
+    from tessel.common.tracing import current
+
+    def wrap(fn: Callable) -> Callable:
+        compiled = CompiledFunction(fn, getattr(fn, "__name__", "jit"))
+
+        @functools.wraps(fn)
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return fn(*args, **kwargs) if current() is not None else compiled(*args, **kwargs)
+
+        return run
+
+    return wrap if function is None else wrap(function)

@@ -1,0 +1,150 @@
+"""The SDK's handle on this process's daemon: compiled segments, one Execute per call, eager ops.
+
+All compiled execution goes through `runtime.daemon` (embedded in-process for a world of 1, gRPC under
+`tessel run`), so the same code runs distributed. Results the client does not need right away (gradients) stay
+in the daemon's store as handle Tensors; a handle whose store name is about to be overwritten while the Tensor
+is still alive is first copied aside in the daemon's store, in the same Execute (`Engine.execute(writes=...)`),
+so a Tensor never changes value under its user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import os
+import re
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.common.tensor import DeviceRef
+from tessel.communication import runtime
+from tessel.compiler import EagerExecutor, Graph, model_bytes
+from tessel.v1 import daemon_pb2
+
+_ids = itertools.count(1)
+_engine: Engine | None = None
+
+
+def engine() -> Engine:
+    """The engine of the current runtime (starting a world of 1 in this process when nothing was launched)."""
+    global _engine
+    current = runtime._runtime
+    if _engine is not None and current is _engine.runtime:
+        return _engine
+    _engine = Engine(runtime.init())
+    return _engine
+
+
+def program(segment: str, outputs: Sequence[str] = (), copies: Sequence[tuple[str, str]] = ()) -> daemon_pb2.Program:
+    """A program running one segment (after optional store copies source → target)."""
+    instructions = [daemon_pb2.Instruction(copy=daemon_pb2.CopyOp(source=s, target=t)) for s, t in copies]
+    run = daemon_pb2.RunSegment(segment=segment, outputs=list(outputs))
+    instructions.append(daemon_pb2.Instruction(run_segment=run))
+    return daemon_pb2.Program(instructions=instructions)
+
+
+class Engine:
+    """Compiles segments once, runs programs, fetches and tracks handle Tensors on one daemon session."""
+
+    def __init__(self, rt: runtime.Runtime):
+        self.runtime = rt
+        self.daemon, self.session = rt.daemon, rt.session_id
+        self.id = next(_ids)
+        self._segments: set[str] = set()
+        self._live: dict[str, weakref.ref] = {}
+        self._backups = itertools.count()
+        self._unused: list[str] = []  # store names of collected handles, freed by the next Execute
+        core = getattr(self.daemon, "core", None)
+        # Embedded daemon: eager ops run on its compute plugin directly; remote: as one-node segments.
+        self.eager = EagerExecutor(core.plugin.compute if core is not None else _DaemonCompute(self))
+
+    @property
+    def world_size(self) -> int:
+        return self.runtime.world_size
+
+    def compile(self, name: str, graph: Graph, state: Iterable[str] = ()) -> None:
+        """Compile `graph` as segment `name` (once); `state` inputs are updated in place by "<name>/new" outputs."""
+        if name in self._segments:
+            return
+        _save_graph(name, graph)
+        self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
+        self._segments.add(name)
+
+    def execute(
+        self,
+        prog: daemon_pb2.Program,
+        feed: dict[str, np.ndarray] | None = None,
+        fetch: Sequence[str] = (),
+        writes: Iterable[str] = (),
+    ) -> dict[str, np.ndarray]:
+        """One Execute: store `feed`, run `prog`, return `fetch`; live handles named in `writes` are copied aside."""
+        self.runtime.check()
+        before = self._preserve(writes)
+        if self._unused:
+            frees, self._unused = self._unused, []
+            before.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=frees)))
+        if before:
+            prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
+        return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
+
+    def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
+        return self.daemon.get(self.session, list(names)) if names else {}
+
+    def handle(self, name: str, shape: tuple[int, ...], dtype: Any):
+        """A Tensor naming store entry `name` (fetched on first use)."""
+        from tessel.common.tensor import Tensor
+
+        tensor = Tensor._wrap_ref(DeviceRef(self, name, shape, dtype))
+        self._live[name] = weakref.ref(tensor)
+        return tensor
+
+    def _preserve(self, names: Iterable[str]) -> list[daemon_pb2.Instruction]:
+        """Copy instructions moving still-referenced handles out of the way of a run that overwrites them."""
+        copies = []
+        for name in names:
+            ref = self._live.pop(name, None)
+            tensor = ref() if ref is not None else None
+            if tensor is not None and tensor._ref is not None and tensor._ref.name == name:
+                aside = f"{name}@{next(self._backups)}"
+                copies.append(daemon_pb2.Instruction(copy=daemon_pb2.CopyOp(source=name, target=aside)))
+                tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype)
+                weakref.finalize(tensor, self._unused.append, aside)
+        return copies
+
+
+class _DaemonCompute:
+    """The ComputePlugin face EagerExecutor needs, running each op as a one-node segment on a remote daemon."""
+
+    def __init__(self, owner: Engine):
+        self.owner = owner
+
+    def compile(self, onnx_bytes: bytes) -> tuple[daemon_pb2.Program, list[str]]:
+        import onnx
+
+        name = "eager/" + hashlib.sha256(onnx_bytes).hexdigest()[:16]
+        outputs = [o.name for o in onnx.load_from_string(onnx_bytes).graph.output]
+        if name not in self.owner._segments:
+            self.owner.daemon.compile_segment(self.owner.session, name, onnx_bytes, [])
+            self.owner._segments.add(name)
+        return program(name, outputs), outputs
+
+    def run(self, executable, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+        prog, outputs = executable
+        fetched = self.owner.execute(prog, feed=dict(inputs), fetch=outputs)
+        return [fetched[n] for n in outputs]
+
+
+def _save_graph(name: str, graph: Graph) -> None:
+    """With set_context(save_graphs=...) write the graph's text dump, one file per compiled segment."""
+    from tessel import context
+
+    if not context.get_context("save_graphs"):
+        return
+    folder = context.get_context("save_graphs_path") or "."
+    os.makedirs(folder, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    with open(os.path.join(folder, f"{safe}.ir"), "w", encoding="utf-8") as out:
+        out.write(graph.dump() + "\n")

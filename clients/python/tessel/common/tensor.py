@@ -1,0 +1,424 @@
+"""`Tensor`: MindSpore's tensor, backed by a host array, a name in the daemon's store, or a value being traced.
+
+    >>> import tessel as ms
+    >>> x = ms.Tensor([[1.0, 2.0], [3.0, 4.0]])
+    >>> (x @ x.T).sum()
+    Tensor(shape=[], dtype=Float32, value= 30.)
+
+Host tensors run their ops eagerly (one compiled op at a time). Handle tensors (gradients left on the daemon) are
+fetched on first use. While a function is traced (graph mode, value_and_grad, Model.train) the tensors it sees
+are symbolic: their values exist only when the compiled graph runs, so reading one is a clear TraceError.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tessel.common.dtype import DType, default_dtype_of, ms_name, to_dtype
+from tessel.common.tracing import apply_op, current
+from tessel.compiler import SymbolicTensor, TraceError, as_dtype
+from tessel.dataset import core as _dataset_core
+from tessel.errors import ConfigurationError
+
+
+class DeviceRef:
+    """A tensor living in the daemon's store under `name`."""
+
+    __slots__ = ("dtype", "engine", "name", "shape")
+
+    def __init__(self, engine, name: str, shape: tuple, dtype: DType):
+        self.engine, self.name, self.shape, self.dtype = engine, name, tuple(shape), dtype
+
+
+class Tensor:
+    """A tensor (MindSpore `Tensor(input_data=None, dtype=None, shape=None, init=None)`)."""
+
+    __slots__ = ("__weakref__", "_array", "_ref", "_sym")
+    __array_ufunc__ = None  # `ndarray + Tensor` uses our reflected operators
+
+    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
+        if init is not None:
+            from tessel.common.initializer import init_array
+
+            if shape is None:
+                raise ConfigurationError("Tensor(init=...) needs shape=; e.g. Tensor(shape=(2, 3), init='normal')")
+            array = init_array(init, (shape,) if isinstance(shape, int) else shape, dtype or DType.float32)
+        elif input_data is None:
+            raise ConfigurationError("Tensor() needs input_data, or shape= and init= (e.g. init=One())")
+        elif isinstance(input_data, Tensor):
+            array = np.array(input_data.asnumpy())
+        else:
+            array = np.array(input_data, dtype=default_dtype_of(input_data))
+        if dtype is not None:
+            array = array.astype(to_dtype(dtype).numpy)
+        _check_dtype(array)
+        self._array, self._ref, self._sym = array, None, None
+
+    # --- construction without copies (SDK internals) ---------------------------------------------------------------
+    @classmethod
+    def _wrap(cls, array: np.ndarray) -> Tensor:
+        t = object.__new__(Tensor)
+        t._array, t._ref, t._sym = array, None, None
+        return t
+
+    @classmethod
+    def _wrap_symbolic(cls, sym: SymbolicTensor) -> Tensor:
+        t = object.__new__(Tensor)
+        t._array, t._ref, t._sym = None, None, sym
+        return t
+
+    @classmethod
+    def _wrap_ref(cls, ref: DeviceRef) -> Tensor:
+        t = object.__new__(Tensor)
+        t._array, t._ref, t._sym = None, ref, None
+        return t
+
+    @staticmethod
+    def from_numpy(array: np.ndarray) -> Tensor:
+        """A Tensor sharing `array`'s memory."""
+        array = np.asarray(array)
+        _check_dtype(array)
+        return Tensor._wrap(array)
+
+    def _materialize(self, array: np.ndarray) -> None:
+        self._array, self._ref = array, None
+
+    # --- metadata -------------------------------------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        if self._sym is not None:
+            return tuple(self._sym.shape)
+        return self._array.shape if self._array is not None else self._ref.shape
+
+    @property
+    def dtype(self) -> DType:
+        if self._sym is not None:
+            return self._sym.dtype
+        return as_dtype(self._array.dtype) if self._array is not None else self._ref.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        shape = self.shape
+        if any(isinstance(d, str) for d in shape):
+            raise TraceError(f"size of a traced tensor with symbolic shape {shape} is known only when it runs")
+        return int(np.prod(shape, dtype=np.int64))
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
+    @property
+    def T(self) -> Tensor:
+        return self.transpose()
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def numel(self) -> int:
+        return self.size
+
+    def has_init(self) -> bool:
+        return False
+
+    def init_data(self) -> Tensor:
+        return self
+
+    # --- values ---------------------------------------------------------------------------------------------------
+    def asnumpy(self) -> np.ndarray:
+        """The value as a numpy array (fetched from the daemon for handle tensors)."""
+        if self._array is not None:
+            return self._array
+        if self._ref is not None:
+            ref = self._ref
+            self._materialize(ref.engine.get([ref.name])[ref.name])
+            return self._array
+        return self._sym.asnumpy()  # raises TraceError: values of traced tensors do not exist yet
+
+    numpy = asnumpy
+
+    def item(self) -> Any:
+        return self.asnumpy().item() if self._sym is None else self._sym.item()
+
+    def tolist(self) -> Any:
+        return self.asnumpy().tolist()
+
+    def copy(self) -> Tensor:
+        return Tensor._wrap(np.array(self.asnumpy())) if self._sym is None else self
+
+    def __array__(self, dtype=None, copy=None):
+        array = self.asnumpy() if self._sym is None else self._sym.__array__()
+        return array if dtype is None else array.astype(dtype)
+
+    def __bool__(self) -> bool:
+        return bool(self._sym) if self._sym is not None else bool(self.asnumpy())
+
+    def __int__(self) -> int:
+        return int(self._sym) if self._sym is not None else int(self.asnumpy())
+
+    def __float__(self) -> float:
+        return float(self._sym) if self._sym is not None else float(self.asnumpy())
+
+    def __index__(self) -> int:
+        return self._sym.__index__() if self._sym is not None else int(self.asnumpy())
+
+    def __len__(self) -> int:
+        if self._sym is not None:
+            return len(self._sym)
+        if not self.shape:
+            raise TypeError("len() of a 0-d Tensor")
+        return self.shape[0]
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def __repr__(self) -> str:
+        head = f"Tensor(shape={list(self.shape)}, dtype={ms_name(self.dtype)}, value="
+        if self._sym is not None:
+            return head + " <traced>)"
+        text = np.array2string(self.asnumpy(), separator=", ")
+        return head + (f" {text})" if self.ndim <= 1 else f"\n{text})")
+
+    def __str__(self) -> str:
+        return repr(self) if self._sym is not None else str(self.asnumpy())
+
+    __hash__ = object.__hash__
+
+    # --- indexing -------------------------------------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> Tensor:
+        trace = current()
+        if trace is not None:
+            sym = trace.to_symbolic(self)
+            if not isinstance(sym, SymbolicTensor):
+                sym = SymbolicTensor(trace.builder, trace.builder.constant(sym))
+            return Tensor._wrap_symbolic(sym[_map_key(key, trace.to_symbolic)])
+        return Tensor._wrap(np.array(self.asnumpy()[_map_key(key, _as_index)]))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if self._sym is not None or current() is not None:
+            raise TraceError(
+                "in-place assignment to a tensor cannot be traced; build the new value with ops.select or "
+                "ops.concat instead, or run in PYNATIVE_MODE"
+            )
+        array = np.array(self.asnumpy())
+        array[_map_key(key, _as_index)] = value.asnumpy() if isinstance(value, Tensor) else value
+        self._set_host(array)
+
+    def _set_host(self, array: np.ndarray) -> None:
+        self._array, self._ref = array, None
+
+    # --- arithmetic and comparison (MindSpore semantics: scalars are weak, comparisons give bool) --------------------
+    def __add__(self, o):
+        return apply_op("Add", self, o)
+
+    def __radd__(self, o):
+        return apply_op("Add", o, self)
+
+    def __sub__(self, o):
+        return apply_op("Sub", self, o)
+
+    def __rsub__(self, o):
+        return apply_op("Sub", o, self)
+
+    def __mul__(self, o):
+        return apply_op("Mul", self, o)
+
+    def __rmul__(self, o):
+        return apply_op("Mul", o, self)
+
+    def __truediv__(self, o):
+        return F.div(self, o)
+
+    def __rtruediv__(self, o):
+        return F.div(o, self)
+
+    def __floordiv__(self, o):
+        return F.floor_divide(self, o)
+
+    def __rfloordiv__(self, o):
+        return F.floor_divide(o, self)
+
+    def __mod__(self, o):
+        return F.remainder(self, o)
+
+    def __pow__(self, o):
+        return apply_op("Pow", self, o)
+
+    def __rpow__(self, o):
+        return apply_op("Pow", o, self)
+
+    def __matmul__(self, o):
+        return F.matmul(self, o)
+
+    def __rmatmul__(self, o):
+        return F.matmul(o, self)
+
+    def __neg__(self):
+        return apply_op("Neg", self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return apply_op("Abs", self)
+
+    def __lt__(self, o):
+        return apply_op("Less", self, o)
+
+    def __le__(self, o):
+        return apply_op("LessEqual", self, o)
+
+    def __gt__(self, o):
+        return apply_op("Greater", self, o)
+
+    def __ge__(self, o):
+        return apply_op("GreaterEqual", self, o)
+
+    def __eq__(self, o):  # type: ignore[override]
+        return apply_op("Equal", self, o)
+
+    def __ne__(self, o):  # type: ignore[override]
+        return apply_op("NotEqual", self, o)
+
+    def __and__(self, o):
+        return apply_op("LogicalAnd", self, o)
+
+    def __or__(self, o):
+        return apply_op("LogicalOr", self, o)
+
+    def __invert__(self):
+        return apply_op("LogicalNot", self)
+
+    # --- methods (each one functional op) ----------------------------------------------------------------------------
+    def astype(self, dtype: Any, copy: bool = True) -> Tensor:
+        return F.cast(self, dtype)
+
+    def to(self, dtype: Any) -> Tensor:
+        return F.cast(self, dtype)
+
+    def float(self) -> Tensor:
+        return F.cast(self, DType.float32)
+
+    def half(self) -> Tensor:
+        return F.cast(self, DType.float16)
+
+    def int(self) -> Tensor:
+        return F.cast(self, DType.int32)
+
+    def long(self) -> Tensor:
+        return F.cast(self, DType.int64)
+
+    def bool(self) -> Tensor:
+        return F.cast(self, DType.bool_)
+
+    def reshape(self, *shape) -> Tensor:
+        return F.reshape(self, _varargs(shape))
+
+    view = reshape
+
+    def transpose(self, *perm) -> Tensor:
+        perm = _varargs(perm)
+        return F.transpose(self, perm or tuple(reversed(range(self.ndim))))
+
+    def permute(self, *perm) -> Tensor:
+        return F.transpose(self, _varargs(perm))
+
+    def flatten(self, order: str = "C", *, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        return F.flatten(self, start_dim=start_dim, end_dim=end_dim)
+
+    def squeeze(self, axis=None) -> Tensor:
+        return F.squeeze(self, axis)
+
+    def expand_dims(self, axis: int) -> Tensor:
+        return F.expand_dims(self, axis)
+
+    def unsqueeze(self, dim: int) -> Tensor:
+        return F.expand_dims(self, dim)
+
+    def sum(self, axis=None, dtype=None, keepdims: bool = False) -> Tensor:
+        out = F.sum(self, axis, keepdims)
+        return out if dtype is None else F.cast(out, dtype)
+
+    def mean(self, axis=None, keep_dims: bool = False) -> Tensor:
+        return F.mean(self, axis, keep_dims)
+
+    def max(self, axis=None, keepdims: bool = False) -> Tensor:
+        return F.amax(self, axis, keepdims)
+
+    def min(self, axis=None, keepdims: bool = False) -> Tensor:
+        return F.amin(self, axis, keepdims)
+
+    def argmax(self, axis=None, keepdims: bool = False) -> Tensor:
+        return F.argmax(self, axis, keepdims)
+
+    def argmin(self, axis=None, keepdims: bool = False) -> Tensor:
+        return F.argmin(self, axis, keepdims)
+
+    def abs(self) -> Tensor:
+        return apply_op("Abs", self)
+
+    def exp(self) -> Tensor:
+        return apply_op("Exp", self)
+
+    def log(self) -> Tensor:
+        return apply_op("Log", self)
+
+    def sqrt(self) -> Tensor:
+        return apply_op("Sqrt", self)
+
+    def square(self) -> Tensor:
+        return apply_op("Square", self)
+
+    def neg(self) -> Tensor:
+        return apply_op("Neg", self)
+
+    def matmul(self, other) -> Tensor:
+        return F.matmul(self, other)
+
+    def clip(self, xmin=None, xmax=None) -> Tensor:
+        return F.clamp(self, xmin, xmax)
+
+    def broadcast_to(self, shape) -> Tensor:
+        return F.broadcast_to(self, shape)
+
+
+def _varargs(args: tuple) -> tuple:
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else tuple(args)
+
+
+def _as_index(x: Any) -> Any:
+    return x.asnumpy() if isinstance(x, Tensor) else x
+
+
+def _map_key(key: Any, convert) -> Any:
+    if isinstance(key, tuple):
+        return tuple(convert(k) if isinstance(k, Tensor) else k for k in key)
+    return convert(key) if isinstance(key, Tensor) else key
+
+
+def _check_dtype(array: np.ndarray) -> None:
+    try:
+        as_dtype(array.dtype)
+    except TypeError:
+        raise ConfigurationError(
+            f"cannot make a Tensor of numpy dtype {array.dtype}; use bool, int8/16/32/64, uint8 or float16/32/64"
+        ) from None
+
+
+def _dataset_tensor(array: np.ndarray) -> Tensor:
+    return Tensor._wrap(array)
+
+
+# Dataset iterators (output_numpy=False) yield SDK Tensors.
+_dataset_core.to_tensor = _dataset_tensor
+
+from tessel.ops import functional as F  # noqa: E402 - the functional ops need Tensor defined first

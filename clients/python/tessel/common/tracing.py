@@ -1,0 +1,164 @@
+"""Tracing SDK code: a compiler `Trace` plus the Parameters it reads and the inputs fed at each run.
+
+Inside `with SdkTrace(...)`, SDK Tensors are backed by SymbolicTensors; every op goes through `apply_op`,
+which records it in the trace (tracing) or runs it at once on the daemon's compute (eager, PYNATIVE_MODE).
+Each Parameter read while tracing becomes one graph input named by its store key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from tessel.common.dtype import default_dtype_of
+from tessel.compiler import Graph, SymbolicTensor, Trace, TraceError, apply_all
+from tessel.compiler.tracer import OutputTree, flatten
+
+_local = threading.local()
+
+
+def compute_dtype() -> Any:
+    """The float dtype parameters are computed in inside a cell set with `to_float` (None elsewhere)."""
+    stack = getattr(_local, "float_dtypes", None)
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def compute_in(dtype: Any) -> Iterator[None]:
+    """Inside `with compute_in(dtype)`, float parameters enter ops cast to `dtype` (Cell.to_float)."""
+    stack = _local.__dict__.setdefault("float_dtypes", [])
+    stack.append(dtype)
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
+def current() -> SdkTrace | None:
+    """The innermost SDK trace on this thread, or None when running eagerly."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+class SdkTrace:
+    """A trace in progress: the graph builder, Parameters read (in order) and run-time inputs (learning rates)."""
+
+    def __init__(self, name: str):
+        self.trace = Trace(name)
+        self.builder = self.trace.builder
+        self.params: dict[int, tuple[Any, SymbolicTensor]] = {}
+        self.feeders: dict[str, Callable[[], np.ndarray]] = {}
+        self.after_run: list[Callable[[], None]] = []
+        self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
+
+    def __enter__(self) -> SdkTrace:
+        self.trace.__enter__()
+        if not hasattr(_local, "stack"):
+            _local.stack = []
+        _local.stack.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _local.stack.pop()
+        self.trace.__exit__(*exc)
+
+    def param(self, parameter) -> SymbolicTensor:
+        """The graph input carrying `parameter` (added on first use)."""
+        found = self.params.get(id(parameter))
+        if found is None:
+            sym = self.trace.input(parameter.key, parameter.shape, parameter.dtype)
+            found = self.params[id(parameter)] = (parameter, sym)
+        return found[1]
+
+    def note_cell(self, cell: Any) -> None:
+        self.cells.setdefault(id(cell), cell)
+
+    def modes(self) -> tuple:
+        """(cell, training, float dtype) of every cell traced through: what the graph depends on besides inputs."""
+        return tuple((c, c.training, c._float_dtype) for c in self.cells.values())
+
+    def parameters(self) -> list:
+        return [p for p, _ in self.params.values()]
+
+    def input(self, name: str, shape: tuple, dtype: Any) -> SymbolicTensor:
+        return self.trace.input(name, shape, dtype)
+
+    def run_input(self, name: str, shape: tuple, dtype: Any, feeder: Callable[[], np.ndarray]) -> SymbolicTensor:
+        """An input whose value `feeder()` computes at every run (a learning rate for this step)."""
+        if name in self.feeders:
+            return next(SymbolicTensor(self.builder, v) for v in self.builder.inputs if v.name == name)
+        self.feeders[name] = feeder
+        return self.trace.input(name, shape, dtype)
+
+    def to_symbolic(self, x: Any) -> Any:
+        """An op argument as the compiler takes it: SymbolicTensor, Python scalar or numpy constant."""
+        from tessel.common.parameter import Parameter
+        from tessel.common.tensor import Tensor
+
+        if isinstance(x, Parameter):
+            dtype = compute_dtype()
+            if dtype is not None and x.dtype.is_float and x.dtype != dtype:
+                return apply_all("Cast", self.param(x), dtype=dtype)[0]
+            return self.param(x)
+        if isinstance(x, Tensor):
+            if x._sym is not None:
+                if x._sym.builder is not self.builder:
+                    raise TraceError(
+                        "a tensor traced in another function was used here; pass it in as an argument instead"
+                    )
+                return x._sym
+            return x.asnumpy()
+        if isinstance(x, (list, tuple)):
+            if any(isinstance(i, Tensor) for i in x):
+                raise TraceError("a list of tensors cannot be one op input; stack or concat them first")
+            return np.asarray(x, dtype=default_dtype_of(x))
+        return x
+
+    def build(self, outputs: Any) -> tuple[Graph, OutputTree]:
+        """The graph of `outputs` (nested tuples/lists/dicts of Tensors or numbers) and their nesting."""
+        leaves, tree = flatten(outputs)
+        values = []
+        for leaf in leaves:
+            sym = self.to_symbolic(leaf)
+            if isinstance(sym, SymbolicTensor):
+                values.append(sym.value)
+            elif isinstance(sym, (bool, int, float, np.ndarray, np.generic)):
+                values.append(self.builder.constant(sym))
+            else:
+                raise TraceError(f"a traced function returned {type(leaf).__name__}; return tensors or numbers")
+        return self.builder.build(values), tree
+
+
+def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:
+    """Apply registered op `op`: recorded when tracing, run now otherwise. Returns a Tensor or a tuple of them."""
+    from tessel.common.tensor import Tensor
+
+    trace = current()
+    if trace is not None:
+        outs = apply_all(op, *(trace.to_symbolic(x) for x in inputs), **attrs)
+        wrapped = tuple(Tensor._wrap_symbolic(o) for o in outs)
+    else:
+        from tessel.common.engine import engine
+
+        arrays = [_host(x) for x in inputs]
+        result = engine().eager.run(op, *arrays, **attrs)
+        wrapped = tuple(Tensor._wrap(np.asarray(r)) for r in (result if isinstance(result, tuple) else (result,)))
+    return wrapped[0] if len(wrapped) == 1 else wrapped
+
+
+def _host(x: Any) -> Any:
+    from tessel.common.tensor import Tensor
+
+    if isinstance(x, Tensor):
+        array = x.asnumpy()
+        dtype = compute_dtype() if x.__class__.__name__ == "Parameter" else None
+        return array.astype(dtype.numpy) if dtype is not None and array.dtype.kind == "f" else array
+    if isinstance(x, np.generic):
+        return np.asarray(x)
+    if isinstance(x, (list, tuple)):
+        return np.asarray(x, dtype=default_dtype_of(x))
+    return x

@@ -1,0 +1,110 @@
+"""`tessel.nn` — MindSpore's `mindspore.nn`: Cell, layers, losses, optimizers, schedules and training wrappers.
+
+>>> from tessel import nn
+>>> net = nn.SequentialCell(nn.Flatten(), nn.Dense(784, 512), nn.ReLU(), nn.Dense(512, 10))
+>>> optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
+"""
+
+from tessel.common.parameter import Parameter, ParameterTuple
+from tessel.nn.cell import Cell
+from tessel.nn.container import CellList, SequentialCell
+from tessel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
+from tessel.nn.layers import (
+    GELU,
+    Dense,
+    Dropout,
+    Embedding,
+    Flatten,
+    Identity,
+    LeakyReLU,
+    LogSoftmax,
+    ReLU,
+    ReLU6,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Tanh,
+    get_activation,
+)
+from tessel.nn.loss import (
+    BCEWithLogitsLoss,
+    CrossEntropyLoss,
+    L1Loss,
+    LossBase,
+    MSELoss,
+    NLLLoss,
+    SoftmaxCrossEntropyWithLogits,
+)
+from tessel.nn.norm import BatchNorm1d, BatchNorm2d, LayerNorm
+from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
+from tessel.nn.optim import __all__ as _optim_names
+from tessel.nn.wrap import (
+    DistributedGradReducer,
+    MicroBatchInterleaved,
+    TrainOneStepCell,
+    WithEvalCell,
+    WithLossCell,
+)
+
+_METRICS = (
+    "Accuracy",
+    "Loss",
+    "Metric",
+    "MAE",
+    "MSE",
+    "Top1CategoricalAccuracy",
+    "Top5CategoricalAccuracy",
+    "TopKCategoricalAccuracy",
+)
+
+
+def __getattr__(name: str):
+    # MindSpore 1.x kept metrics in nn; they live in tessel.train.metrics.
+    if name in _METRICS:
+        from tessel.train import metrics
+
+        return getattr(metrics, name)
+    raise AttributeError(f"module 'tessel.nn' has no attribute {name!r}")
+
+
+__all__ = [
+    "GELU",
+    "AvgPool2d",
+    "BCEWithLogitsLoss",
+    "BatchNorm1d",
+    "BatchNorm2d",
+    "Cell",
+    "CellList",
+    "Conv2d",
+    "CrossEntropyLoss",
+    "Dense",
+    "DistributedGradReducer",
+    "Dropout",
+    "Embedding",
+    "Flatten",
+    "Identity",
+    "L1Loss",
+    "LayerNorm",
+    "LeakyReLU",
+    "LogSoftmax",
+    "LossBase",
+    "MSELoss",
+    "MaxPool2d",
+    "MicroBatchInterleaved",
+    "NLLLoss",
+    "Parameter",
+    "ParameterTuple",
+    "ReLU",
+    "ReLU6",
+    "SequentialCell",
+    "SiLU",
+    "Sigmoid",
+    "Softmax",
+    "SoftmaxCrossEntropyWithLogits",
+    "Tanh",
+    "TrainOneStepCell",
+    "WithEvalCell",
+    "WithLossCell",
+    "get_activation",
+    *_optim_names,
+]

@@ -1,0 +1,238 @@
+"""`nn.Cell`: MindSpore's module base class, with MindSpore's parameter naming and its two execution modes.
+
+GRAPH_MODE (the default): calling a cell traces `construct` once per input signature, compiles the graph into a
+daemon segment and runs it with one Execute per call. PYNATIVE_MODE: `construct` runs in Python, op by op.
+Inside a trace (value_and_grad, Model.train, an outer cell) cells simply add their ops to the graph.
+
+Parameter names follow MindSpore: assigning a child cell prefixes its parameters with the attribute name, so
+`self.dense_relu_sequential = nn.SequentialCell(nn.Dense(...))` names the weight
+"dense_relu_sequential.0.weight". Errors raised while a cell runs name the cell by that path.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from typing import Any
+
+from tessel import context
+from tessel.common.compiled import CompiledFunction, arg_names_of
+from tessel.common.parameter import DEFAULT_NAME, Parameter, ParameterTuple
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import compute_in, current
+from tessel.compiler import GradientError, ShapeInferenceError, TraceError
+from tessel.errors import ConfigurationError
+
+_calls = threading.local()
+_NAMED_ERRORS = (ShapeInferenceError, TraceError, GradientError, ConfigurationError)
+
+
+class Cell:
+    """Base class of networks, layers, losses and optimizers (MindSpore `nn.Cell`)."""
+
+    def __init__(self, auto_prefix: bool = True, flags: dict | None = None):
+        object.__setattr__(self, "_params", OrderedDict())
+        object.__setattr__(self, "_cells", OrderedDict())
+        object.__setattr__(self, "_auto_prefix", auto_prefix)
+        object.__setattr__(self, "training", False)
+        object.__setattr__(self, "requires_grad", False)
+        object.__setattr__(self, "_float_dtype", None)
+        object.__setattr__(self, "_compiled", None)
+        object.__setattr__(self, "pipeline_stage", 0)
+        object.__setattr__(self, "_shard", None)
+
+    # --- attributes: parameters and child cells are registered, MindSpore style -------------------------------------
+    def __setattr__(self, name: str, value: Any) -> None:
+        params, cells = self.__dict__.get("_params"), self.__dict__.get("_cells")
+        if params is None:
+            raise ConfigurationError(f"{type(self).__name__}: call super().__init__() before assigning attributes")
+        if isinstance(value, Parameter):
+            if value.name == DEFAULT_NAME:
+                value.name = name
+            params[name] = value
+            cells.pop(name, None)
+            self.__dict__.pop(name, None)
+        elif isinstance(value, Cell):
+            if self._auto_prefix:
+                value.update_parameters_name(name + ".")
+            cells[name] = value
+            params.pop(name, None)
+            self.__dict__.pop(name, None)
+        elif value is None and (name in params or name in cells):
+            (params if name in params else cells)[name] = None
+        else:
+            if isinstance(value, ParameterTuple):
+                for p in value:
+                    params.setdefault(p.name, p)
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        for store in ("_params", "_cells"):
+            found = self.__dict__.get(store)
+            if found is not None and name in found:
+                return found[name]
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
+
+    def __delattr__(self, name: str) -> None:
+        for store in (self._params, self._cells):
+            if name in store:
+                del store[name]
+                return
+        object.__delattr__(self, name)
+
+    def insert_child_to_cell(self, child_name: str, child_cell: Cell) -> None:
+        if not isinstance(child_cell, Cell):
+            raise ConfigurationError(f"insert_child_to_cell: {child_name!r} must be a Cell, got {type(child_cell)}")
+        setattr(self, child_name, child_cell)
+
+    def insert_param_to_cell(self, param_name: str, param: Parameter, check_name_contain_dot: bool = True) -> None:
+        if check_name_contain_dot and "." in param_name:
+            raise ConfigurationError(f"parameter name {param_name!r} must not contain '.'")
+        setattr(self, param_name, param)
+
+    def update_parameters_name(self, prefix: str = "", recurse: bool = True) -> None:
+        """Prefix the names of this cell's parameters (what assigning a child cell does)."""
+        for p in self.get_parameters(expand=recurse):
+            p.name = prefix + p.name
+
+    # --- traversal ----------------------------------------------------------------------------------------------------
+    def cells_and_names(self, cells: set | None = None, name_prefix: str = "") -> Iterator[tuple[str, Cell]]:
+        """(name, cell) for this cell and every descendant, each once; names are attribute paths."""
+        seen = cells if cells is not None else set()
+        if id(self) in seen:
+            return
+        seen.add(id(self))
+        yield name_prefix, self
+        for name, cell in self._cells.items():
+            if cell is not None:
+                yield from cell.cells_and_names(seen, f"{name_prefix}.{name}" if name_prefix else name)
+
+    def name_cells(self) -> OrderedDict:
+        return OrderedDict((k, v) for k, v in self._cells.items() if v is not None)
+
+    def cells(self):
+        return self.name_cells().values()
+
+    def parameters_and_names(self, name_prefix: str = "", expand: bool = True) -> Iterator[tuple[str, Parameter]]:
+        """(attribute path, parameter) for every parameter, each once."""
+        cells = self.cells_and_names(name_prefix=name_prefix) if expand else [(name_prefix, self)]
+        seen = set()
+        for cell_name, cell in cells:
+            for name, p in cell._params.items():
+                if p is not None and id(p) not in seen:
+                    seen.add(id(p))
+                    yield (f"{cell_name}.{name}" if cell_name else name), p
+
+    def get_parameters(self, expand: bool = True) -> Iterator[Parameter]:
+        for _, p in self.parameters_and_names(expand=expand):
+            yield p
+
+    def trainable_params(self, recurse: bool = True) -> list[Parameter]:
+        return [p for p in self.get_parameters(recurse) if p.requires_grad]
+
+    def untrainable_params(self, recurse: bool = True) -> list[Parameter]:
+        return [p for p in self.get_parameters(recurse) if not p.requires_grad]
+
+    def parameters_dict(self, recurse: bool = True) -> OrderedDict:
+        return OrderedDict((p.name, p) for p in self.get_parameters(recurse))
+
+    # --- modes ----------------------------------------------------------------------------------------------------
+    def set_train(self, mode: bool = True) -> Cell:
+        """Training mode (Dropout active, BatchNorm batch statistics) for this cell and its descendants."""
+        for _, cell in self.cells_and_names():
+            object.__setattr__(cell, "training", bool(mode))
+        return self
+
+    def set_grad(self, requires_grad: bool = True) -> Cell:
+        object.__setattr__(self, "requires_grad", requires_grad)
+        return self
+
+    def to_float(self, dst_type: Any) -> Cell:
+        """Run this cell (and its children) in `dst_type`: floating inputs are cast on entry."""
+        from tessel.common.dtype import to_dtype
+
+        for _, cell in self.cells_and_names():
+            object.__setattr__(cell, "_float_dtype", to_dtype(dst_type))
+        return self
+
+    def set_data_parallel(self) -> Cell:
+        object.__setattr__(self, "_shard", "data_parallel")
+        return self
+
+    def shard(self, in_strategy=None, out_strategy=None, parameter_plan=None, device="Ascend", level=0) -> Cell:
+        object.__setattr__(self, "_shard", {"in_strategy": in_strategy, "out_strategy": out_strategy})
+        return self
+
+    def recompute(self, **_: Any) -> Cell:
+        return self
+
+    @property
+    def cls_name(self) -> str:
+        return type(self).__name__
+
+    # --- running ----------------------------------------------------------------------------------------------------
+    def construct(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{self.cls_name} must define construct()")
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        stack = _calls.__dict__.setdefault("stack", [])
+        stack.append(self)
+        try:
+            trace = current()
+            if trace is not None:
+                trace.note_cell(self)
+                return self._construct(*args, **kwargs)
+            if context.get_context("mode") == context.PYNATIVE_MODE:
+                return self._construct(*args, **kwargs)
+            return self._graph_call(*args, **kwargs)
+        except _NAMED_ERRORS as err:
+            raise _named(err, self, stack) from None
+        finally:
+            stack.pop()
+
+    def _construct(self, *args: Any, **kwargs: Any) -> Any:
+        if self._float_dtype is None:
+            return self.construct(*args, **kwargs)
+        args = tuple(_cast_float(a, self._float_dtype) for a in args)
+        with compute_in(self._float_dtype):
+            return self.construct(*args, **kwargs)
+
+    def _graph_call(self, *args: Any, **kwargs: Any) -> Any:
+        if self._compiled is None:
+            compiled = CompiledFunction(self._traced, self.cls_name, arg_names=arg_names_of(self.construct))
+            object.__setattr__(self, "_compiled", compiled)
+        return self._compiled(*args, **kwargs)
+
+    def _traced(self, *args: Any, **kwargs: Any) -> Any:
+        current().note_cell(self)
+        return self._construct(*args, **kwargs)
+
+    # --- repr -------------------------------------------------------------------------------------------------------
+    def extend_repr(self) -> str:
+        return ""
+
+    def __repr__(self) -> str:
+        lines = [f"  ({name}): " + repr(cell).replace("\n", "\n  ") for name, cell in self.name_cells().items()]
+        head = f"{self.cls_name}<{self.extend_repr()}"
+        return head + (">" if not lines else "\n" + "\n".join(lines) + "\n  >")
+
+
+def _cast_float(value: Any, dtype) -> Any:
+    if isinstance(value, Tensor) and value.dtype.is_float and value.dtype != dtype:
+        return value.astype(dtype)
+    return value
+
+
+def _named(err: Exception, cell: Cell, stack: list) -> Exception:
+    """Name the innermost failing cell by its path from the outermost cell of this call (once)."""
+    if getattr(err, "_tessel_cell", None) is None:
+        err._tessel_cell = cell
+    if len(stack) > 1 or getattr(err, "_tessel_named", False):
+        return err
+    failing = err._tessel_cell
+    path = next((name for name, c in cell.cells_and_names() if c is failing), "")
+    where = f"{failing.cls_name} '{path}'" if path else f"{failing.cls_name}"
+    named = type(err)(f"in cell {where}: {err}")
+    named._tessel_named = True
+    return named.with_traceback(err.__traceback__)

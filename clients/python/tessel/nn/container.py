@@ -1,0 +1,83 @@
+"""Containers: SequentialCell (cells applied in order) and CellList (a list of cells)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from typing import Any
+
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+
+
+def _check(cell: Any, where: str) -> Cell:
+    if not isinstance(cell, Cell):
+        raise ConfigurationError(f"{where}: expected a Cell, got {type(cell).__name__}")
+    return cell
+
+
+class SequentialCell(Cell):
+    """Cells applied one after the other; children are named "0", "1", … (or by an OrderedDict's keys).
+
+    >>> from tessel import nn
+    >>> net = nn.SequentialCell(nn.Dense(4, 8), nn.ReLU(), nn.Dense(8, 2))
+    """
+
+    def __init__(self, *args: Any):
+        super().__init__()
+        cells = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple, OrderedDict, dict)) else args
+        items = cells.items() if isinstance(cells, dict) else ((str(i), c) for i, c in enumerate(cells))
+        for name, cell in items:
+            self.insert_child_to_cell(name, _check(cell, "SequentialCell"))
+
+    def __getitem__(self, index: int | slice) -> Any:
+        cells = list(self._cells.values())
+        if isinstance(index, slice):
+            return SequentialCell(cells[index])
+        return cells[index]
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __iter__(self):
+        return iter(self._cells.values())
+
+    def append(self, cell: Cell) -> SequentialCell:
+        self.insert_child_to_cell(str(len(self._cells)), _check(cell, "SequentialCell.append"))
+        return self
+
+    def construct(self, x):
+        for cell in self._cells.values():
+            x = cell(x)
+        return x
+
+
+class CellList(Cell):
+    """A list of cells, registered as children "0", "1", …"""
+
+    def __init__(self, args: Iterable[Cell] | None = None):
+        super().__init__()
+        for cell in args or ():
+            self.append(cell)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        cells = list(self._cells.values())
+        return CellList(cells[index]) if isinstance(index, slice) else cells[index]
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __iter__(self):
+        return iter(self._cells.values())
+
+    def append(self, cell: Cell) -> CellList:
+        self.insert_child_to_cell(str(len(self._cells)), _check(cell, "CellList.append"))
+        return self
+
+    def extend(self, cells: Iterable[Cell]) -> CellList:
+        for cell in cells:
+            self.append(cell)
+        return self
+
+    def construct(self, *inputs):
+        raise ConfigurationError("CellList is a container; call its cells, e.g. for cell in self.layers: x = cell(x)")

@@ -1,0 +1,110 @@
+"""Convolution and pooling over NCHW: Conv2d (MindSpore defaults: pad_mode='same', no bias), MaxPool2d, AvgPool2d."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tessel.common.dtype import DType
+from tessel.common.initializer import HeUniform, Uniform
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.nn.layers import _positive, make_parameter, require_float
+from tessel.ops import functional as F
+
+
+def _pair(value: Any, name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
+        raise ConfigurationError(f"{name} must be a positive int or a pair of them, got {value!r}")
+    return pair
+
+
+def _pad_mode(pad_mode: str, padding: Any) -> str:
+    pad_mode = pad_mode.lower()
+    if pad_mode not in ("same", "valid", "pad"):
+        raise ConfigurationError(f"pad_mode must be 'same', 'valid' or 'pad', got {pad_mode!r}")
+    if pad_mode != "pad" and padding not in (0, (0, 0, 0, 0)):
+        raise ConfigurationError(f"padding={padding!r} needs pad_mode='pad' (got {pad_mode!r})")
+    return pad_mode
+
+
+class Conv2d(Cell):
+    """2-D convolution; weight (out_channels, in_channels / group, kh, kw)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        pad_mode: str = "same",
+        padding: Any = 0,
+        dilation: Any = 1,
+        group: int = 1,
+        has_bias: bool = False,
+        weight_init: Any = None,
+        bias_init: Any = None,
+        data_format: str = "NCHW",
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        _positive("Conv2d", in_channels=in_channels, out_channels=out_channels, group=group)
+        if in_channels % group or out_channels % group:
+            raise ConfigurationError(f"Conv2d: in/out channels ({in_channels}, {out_channels}) must divide by group")
+        if data_format != "NCHW":
+            raise ConfigurationError(f"Conv2d: only data_format='NCHW' is supported, got {data_format!r}")
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
+        self.pad_mode, self.padding, self.group = _pad_mode(pad_mode, padding), padding, group
+        self.in_channels, self.out_channels, self.has_bias = in_channels, out_channels, has_bias
+        shape = (out_channels, in_channels // group, *self.kernel_size)
+        self.weight = make_parameter(
+            HeUniform(math.sqrt(5)) if weight_init is None else weight_init, shape, dtype, "weight"
+        )
+        fan_in = in_channels // group * math.prod(self.kernel_size)
+        bias_init = Uniform(1.0 / math.sqrt(fan_in)) if bias_init is None else bias_init
+        self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
+
+    def construct(self, x):
+        require_float(self, x)
+        return F.conv2d(x, self.weight, self.bias, self.stride, self.pad_mode, self.padding, self.dilation, self.group)
+
+    def extend_repr(self) -> str:
+        return (
+            f"input_channels={self.in_channels}, output_channels={self.out_channels}, "
+            f"kernel_size={self.kernel_size}, stride={self.stride}, pad_mode={self.pad_mode}"
+        )
+
+
+class _Pool2d(Cell):
+    _fn = None
+
+    def __init__(
+        self,
+        kernel_size: Any = 1,
+        stride: Any = 1,
+        pad_mode: str = "valid",
+        padding: Any = 0,
+        data_format: str = "NCHW",
+        **options: Any,
+    ):
+        super().__init__()
+        self.kernel_size, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
+        self.pad_mode, self.padding = _pad_mode(pad_mode, padding), padding
+        self.options = options
+
+
+class MaxPool2d(_Pool2d):
+    """Max over kernel_size windows, moving by stride."""
+
+    def construct(self, x):
+        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.pad_mode)
+
+
+class AvgPool2d(_Pool2d):
+    """Mean over kernel_size windows (count_include_pad=True, as MindSpore)."""
+
+    def construct(self, x):
+        include = self.options.get("count_include_pad", True)
+        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, include, self.pad_mode)

@@ -1,0 +1,203 @@
+"""Basic layers: Dense, Flatten, Dropout, Embedding, Identity and the activation cells, with MindSpore's defaults
+(Dense: weight HeUniform(sqrt(5)), bias Uniform(1/sqrt(in_channels)); "normal" = Normal(sigma=0.01))."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from tessel.common.dtype import DType, ms_name, to_dtype
+from tessel.common.initializer import HeUniform, Uniform, init_array
+from tessel.common.parameter import Parameter
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.ops import functional as F
+
+
+def require_float(cell: Cell, x: Any, name: str = "x") -> None:
+    """Raise a clear error unless input `name` of `cell` is a float tensor."""
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not dtype.is_float:
+        got = ms_name(dtype) if dtype is not None else type(x).__name__
+        shape = tuple(getattr(x, "shape", ()))
+        raise ConfigurationError(
+            f"{cell.cls_name} input {name!r} must be a float tensor, got {got} of shape {shape}; "
+            f"cast it first, e.g. {name}.astype(ms.float32) or a dataset TypeCast(ms.float32)"
+        )
+
+
+def _positive(cell: str, **values: int) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigurationError(f"{cell}: {name} must be a positive int, got {value!r}")
+
+
+def make_parameter(init: Any, shape: tuple, dtype: Any, name: str, requires_grad: bool = True) -> Parameter:
+    return Parameter(init_array(init, shape, dtype), name=name, requires_grad=requires_grad)
+
+
+class Dense(Cell):
+    """y = activation(x @ weight.T + bias); weight is (out_channels, in_channels)."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        weight_init: Any = None,
+        bias_init: Any = None,
+        has_bias: bool = True,
+        activation: Any = None,
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        _positive("Dense", in_channels=in_channels, out_channels=out_channels)
+        self.in_channels, self.out_channels, self.has_bias = in_channels, out_channels, has_bias
+        weight_init = HeUniform(math.sqrt(5)) if weight_init is None else weight_init
+        self.weight = make_parameter(weight_init, (out_channels, in_channels), dtype, "weight")
+        bias_init = Uniform(1.0 / math.sqrt(in_channels)) if bias_init is None else bias_init
+        self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
+        self.activation = get_activation(activation) if isinstance(activation, str) else activation
+
+    def construct(self, x):
+        require_float(self, x)
+        lead = x.shape[:-1]
+        if x.ndim != 2:
+            x = F.reshape(x, (-1, x.shape[-1]))
+        out = F.matmul(x, self.weight, transpose_b=True)
+        if self.has_bias:
+            out = out + self.bias
+        if self.activation is not None:
+            out = self.activation(out)
+        return out if len(lead) == 1 else F.reshape(out, (*lead, self.out_channels))
+
+    def extend_repr(self) -> str:
+        return f"input_channels={self.in_channels}, output_channels={self.out_channels}, has_bias={self.has_bias}"
+
+
+class Flatten(Cell):
+    """Merge dims start_dim..end_dim (default: all but the batch dim)."""
+
+    def __init__(self, start_dim: int = 1, end_dim: int = -1):
+        super().__init__()
+        self.start_dim, self.end_dim = start_dim, end_dim
+
+    def construct(self, x):
+        return F.flatten(x, start_dim=self.start_dim, end_dim=self.end_dim)
+
+
+class Identity(Cell):
+    def construct(self, x):
+        return x
+
+
+class Dropout(Cell):
+    """Zero elements with probability p (= 1 - keep_prob) while training; the identity in eval mode."""
+
+    def __init__(self, keep_prob: float | None = None, p: float | None = None, dtype: Any = DType.float32):
+        super().__init__()
+        if keep_prob is not None and p is not None:
+            raise ConfigurationError("Dropout: give either keep_prob or p, not both")
+        p = 1.0 - keep_prob if keep_prob is not None else (0.5 if p is None else p)
+        if not 0.0 <= p < 1.0:
+            raise ConfigurationError(f"Dropout: p must be in [0, 1) (keep_prob in (0, 1]), got p={p}")
+        from tessel.common import seed
+
+        self.p, self.seed = float(p), seed.next_op_seed()
+
+    def construct(self, x):
+        if not self.training or self.p == 0.0:
+            return x
+        return F.dropout(x, self.p, training=True, seed=self.seed)
+
+    def extend_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Embedding(Cell):
+    """Rows of embedding_table (vocab_size, embedding_size) at integer ids."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        embedding_size: int,
+        use_one_hot: bool = False,
+        embedding_table: Any = "normal",
+        dtype: Any = DType.int32,
+        padding_idx: int | None = None,
+    ):
+        super().__init__()
+        _positive("Embedding", vocab_size=vocab_size, embedding_size=embedding_size)
+        self.vocab_size, self.embedding_size, self.use_one_hot = vocab_size, embedding_size, use_one_hot
+        table = init_array(embedding_table, (vocab_size, embedding_size), DType.float32)
+        if padding_idx is not None:
+            if not 0 <= padding_idx < vocab_size:
+                raise ConfigurationError(f"Embedding: padding_idx {padding_idx} is outside [0, {vocab_size})")
+            table[padding_idx] = 0
+        self.embedding_table = Parameter(table, name="embedding_table")
+        self.dtype = to_dtype(dtype)
+
+    def construct(self, ids):
+        if not ids.dtype.is_int:
+            raise ConfigurationError(
+                f"Embedding input 'ids' must be an int tensor, got {ms_name(ids.dtype)}; cast with ids.astype(ms.int32)"
+            )
+        if self.use_one_hot:
+            hot = F.one_hot(ids, self.vocab_size, 1.0, 0.0)
+            return F.matmul(F.reshape(hot, (-1, self.vocab_size)), self.embedding_table).reshape(
+                (*ids.shape, self.embedding_size)
+            )
+        return F.gather(self.embedding_table, ids, 0)
+
+    def extend_repr(self) -> str:
+        return f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}"
+
+
+def _activation_cell(name: str, fn, doc: str, **defaults):
+    def __init__(self, *args, **kwargs):
+        Cell.__init__(self)
+        if len(args) > len(defaults):
+            raise ConfigurationError(f"{name} takes at most {len(defaults)} argument(s) {list(defaults)}, got {args}")
+        for key, value in {**defaults, **dict(zip(defaults, args)), **kwargs}.items():
+            object.__setattr__(self, key, value)
+
+    def construct(self, x):
+        return fn(self, x)
+
+    return type(name, (Cell,), {"__init__": __init__, "construct": construct, "__doc__": doc})
+
+
+ReLU = _activation_cell("ReLU", lambda c, x: F.relu(x), "max(x, 0).")
+ReLU6 = _activation_cell("ReLU6", lambda c, x: F.relu6(x), "min(max(x, 0), 6).")
+Sigmoid = _activation_cell("Sigmoid", lambda c, x: F.sigmoid(x), "1 / (1 + e^-x).")
+Tanh = _activation_cell("Tanh", lambda c, x: F.tanh(x), "tanh x.")
+SiLU = _activation_cell("SiLU", lambda c, x: F.silu(x), "x * sigmoid(x).")
+GELU = _activation_cell(
+    "GELU",
+    lambda c, x: F.gelu(x, "tanh" if c.approximate else "none"),
+    "GELU (tanh form when approximate).",
+    approximate=True,
+)
+LeakyReLU = _activation_cell("LeakyReLU", lambda c, x: F.leaky_relu(x, c.alpha), "x or alpha*x.", alpha=0.2)
+Softmax = _activation_cell("Softmax", lambda c, x: F.softmax(x, c.axis), "softmax over axis.", axis=-1)
+LogSoftmax = _activation_cell("LogSoftmax", lambda c, x: F.log_softmax(x, c.axis), "log-softmax.", axis=-1)
+
+_ACTIVATIONS = {
+    "relu": ReLU,
+    "relu6": ReLU6,
+    "sigmoid": Sigmoid,
+    "tanh": Tanh,
+    "gelu": GELU,
+    "silu": SiLU,
+    "swish": SiLU,
+    "leakyrelu": LeakyReLU,
+    "softmax": Softmax,
+    "logsoftmax": LogSoftmax,
+}
+
+
+def get_activation(name: str, prim_name: str | None = None) -> Cell:
+    """The activation cell called `name` ("relu", "gelu", ...)."""
+    key = name.lower().replace("_", "")
+    if key not in _ACTIVATIONS:
+        raise ConfigurationError(f"unknown activation {name!r}; use one of {sorted(_ACTIVATIONS)}")
+    return _ACTIVATIONS[key]()

@@ -1,0 +1,117 @@
+"""Loss cells (MindSpore `nn.CrossEntropyLoss`, `nn.SoftmaxCrossEntropyWithLogits`, `nn.MSELoss`, `nn.L1Loss`,
+`nn.NLLLoss`, `nn.BCEWithLogitsLoss`): construct(logits, labels) → the loss, reduced by `reduction`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessel.common.tracing import apply_op
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.ops import functional as F
+from tessel.ops.nn_functional import check_reduction, reduce_loss
+
+
+class LossBase(Cell):
+    """Base of losses: `get_loss(x, weights)` applies weights and the reduction ('mean', 'sum' or 'none')."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        check_reduction(reduction)
+        self.reduction = reduction
+
+    def get_loss(self, x, weights: Any = 1.0):
+        if not (isinstance(weights, float) and weights == 1.0):
+            x = x * weights
+        return reduce_loss(x, self.reduction)
+
+    def extend_repr(self) -> str:
+        return f"reduction={self.reduction}"
+
+
+def _check_labels(cell: Cell, logits, labels) -> None:
+    if labels.dtype.is_int:
+        expected = tuple(logits.shape[:1]) + tuple(logits.shape[2:]) if logits.ndim > 1 else ()
+    elif labels.dtype.is_float:
+        expected = tuple(logits.shape)
+    else:
+        raise ConfigurationError(f"{cell.cls_name} input 'labels' must be int class indices or float probabilities")
+    if tuple(labels.shape) != expected:
+        kind = "class indices" if labels.dtype.is_int else "probabilities"
+        raise ConfigurationError(
+            f"{cell.cls_name}: labels of shape {tuple(labels.shape)} ({kind}, {labels.dtype.value}) do not fit "
+            f"logits of shape {tuple(logits.shape)}; expected labels of shape {expected}. Class indices must be int "
+            "(e.g. a dataset TypeCast(ms.int32)); float labels are read as per-class probabilities"
+        )
+
+
+class CrossEntropyLoss(LossBase):
+    """Softmax cross-entropy of logits (N, C) against class indices (N,) or probabilities (N, C)."""
+
+    def __init__(
+        self, weight: Any = None, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0
+    ):
+        super().__init__(reduction)
+        if not 0.0 <= label_smoothing <= 1.0:
+            raise ConfigurationError(f"CrossEntropyLoss: label_smoothing must be in [0, 1], got {label_smoothing}")
+        self.weight, self.ignore_index, self.label_smoothing = weight, ignore_index, label_smoothing
+
+    def construct(self, logits, labels):
+        _check_labels(self, logits, labels)
+        return F.cross_entropy(logits, labels, self.weight, self.ignore_index, self.reduction, self.label_smoothing)
+
+
+class NLLLoss(LossBase):
+    """Negative log-likelihood of log-probabilities (N, C) at class indices (N,)."""
+
+    def __init__(self, weight: Any = None, ignore_index: int = -100, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.weight, self.ignore_index = weight, ignore_index
+
+    def construct(self, logits, labels):
+        _check_labels(self, logits, labels)
+        return F.nll_loss(logits, labels, self.weight, self.ignore_index, self.reduction)
+
+
+class SoftmaxCrossEntropyWithLogits(LossBase):
+    """Per-sample softmax cross-entropy (reduction='none' by default); sparse=True takes class indices."""
+
+    def __init__(self, sparse: bool = False, reduction: str = "none"):
+        super().__init__(reduction)
+        self.sparse = sparse
+
+    def construct(self, logits, labels):
+        if self.sparse:
+            _check_labels(self, logits, labels)
+            return self.get_loss(apply_op("SparseSoftmaxCrossEntropy", logits, labels))
+        if tuple(labels.shape) != tuple(logits.shape):
+            raise ConfigurationError(
+                f"SoftmaxCrossEntropyWithLogits(sparse=False): labels {tuple(labels.shape)} must be one-hot/"
+                f"probabilities shaped like logits {tuple(logits.shape)}; pass sparse=True for class indices"
+            )
+        return self.get_loss(apply_op("SoftmaxCrossEntropy", logits, F.cast(labels, logits.dtype)))
+
+
+class MSELoss(LossBase):
+    """(x - y)², reduced."""
+
+    def construct(self, logits, labels):
+        return F.mse_loss(logits, labels, self.reduction)
+
+
+class L1Loss(LossBase):
+    """|x - y|, reduced."""
+
+    def construct(self, logits, labels):
+        return F.l1_loss(logits, labels, self.reduction)
+
+
+class BCEWithLogitsLoss(LossBase):
+    """Sigmoid cross-entropy of logits against targets in [0, 1]."""
+
+    def __init__(self, reduction: str = "mean", weight: Any = None, pos_weight: Any = None):
+        super().__init__(reduction)
+        self.weight, self.pos_weight = weight, pos_weight
+
+    def construct(self, logits, labels):
+        return F.binary_cross_entropy_with_logits(logits, labels, self.weight, self.pos_weight, self.reduction)

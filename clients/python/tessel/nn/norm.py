@@ -1,0 +1,110 @@
+"""Normalisation layers: LayerNorm, BatchNorm1d and BatchNorm2d (MindSpore's names, defaults and momentum:
+moving = momentum * moving + (1 - momentum) * batch, momentum=0.9)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tessel.common.dtype import DType
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.nn.layers import _positive, make_parameter, require_float
+from tessel.ops import functional as F
+
+
+class LayerNorm(Cell):
+    """Normalise over dims from begin_norm_axis, scale by gamma and shift by beta (shaped normalized_shape)."""
+
+    def __init__(
+        self,
+        normalized_shape: Any,
+        begin_norm_axis: int = -1,
+        begin_params_axis: int = -1,
+        gamma_init: Any = "ones",
+        beta_init: Any = "zeros",
+        epsilon: float = 1e-7,
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+        if not shape:
+            raise ConfigurationError("LayerNorm: normalized_shape must name at least one dim")
+        self.normalized_shape, self.epsilon = shape, epsilon
+        self.begin_norm_axis, self.begin_params_axis = begin_norm_axis, begin_params_axis
+        self.gamma = make_parameter(gamma_init, shape, dtype, "gamma")
+        self.beta = make_parameter(beta_init, shape, dtype, "beta")
+
+    def construct(self, x):
+        require_float(self, x)
+        from tessel.common.tracing import apply_op
+
+        y, _, _ = apply_op(
+            "LayerNorm",
+            x,
+            self.gamma,
+            self.beta,
+            begin_norm_axis=self.begin_norm_axis,
+            begin_params_axis=self.begin_params_axis,
+            epsilon=self.epsilon,
+        )
+        return y
+
+    def extend_repr(self) -> str:
+        return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
+
+
+class _BatchNorm(Cell):
+    _ndims: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.9,
+        affine: bool = True,
+        gamma_init: Any = "ones",
+        beta_init: Any = "zeros",
+        moving_mean_init: Any = "zeros",
+        moving_var_init: Any = "ones",
+        use_batch_statistics: bool | None = None,
+        data_format: str = "NCHW",
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        _positive(self.cls_name, num_features=num_features)
+        if not 0.0 <= momentum <= 1.0:
+            raise ConfigurationError(f"{self.cls_name}: momentum must be in [0, 1], got {momentum}")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        self.use_batch_statistics = use_batch_statistics
+        shape = (num_features,)
+        self.gamma = make_parameter(gamma_init, shape, dtype, "gamma", requires_grad=affine)
+        self.beta = make_parameter(beta_init, shape, dtype, "beta", requires_grad=affine)
+        self.moving_mean = make_parameter(moving_mean_init, shape, dtype, "moving_mean", requires_grad=False)
+        self.moving_variance = make_parameter(moving_var_init, shape, dtype, "moving_variance", requires_grad=False)
+
+    def construct(self, x):
+        require_float(self, x)
+        if x.ndim not in self._ndims:
+            raise ConfigurationError(
+                f"{self.cls_name} takes inputs of rank {' or '.join(map(str, self._ndims))} (N, C, ...), "
+                f"got shape {tuple(x.shape)}"
+            )
+        training = self.training if self.use_batch_statistics is None else self.use_batch_statistics
+        return F.batch_norm(
+            x, self.moving_mean, self.moving_variance, self.gamma, self.beta, training, 1.0 - self.momentum, self.eps
+        )
+
+    def extend_repr(self) -> str:
+        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class BatchNorm1d(_BatchNorm):
+    """Batch normalisation of (N, C) or (N, C, L) inputs over all dims but C."""
+
+    _ndims = (2, 3)
+
+
+class BatchNorm2d(_BatchNorm):
+    """Batch normalisation of (N, C, H, W) inputs over N, H and W."""
+
+    _ndims = (4,)

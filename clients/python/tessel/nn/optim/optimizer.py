@@ -1,0 +1,210 @@
+"""`nn.Optimizer`: parameters, learning rate (fixed, per-step list or schedule), weight decay and moment slots.
+
+The update rule is the compiler's (`tessel.compiler.optimizers`, MindSpore's formulas). Calling the optimizer
+with gradients applies one update on the daemon: compiled once per gradient signature, parameters and slots
+updated in place. When the gradients are handles left on the daemon by value_and_grad, the update reads them
+there (nothing crosses the wire but the learning rate). Inside a trace the update is added to the graph.
+Model.train instead fuses forward, backward and this update into one graph (`build_train_step`).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from tessel.common.compiled import CompiledFunction
+from tessel.common.dtype import DType
+from tessel.common.parameter import Parameter, ParameterTuple
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import current
+from tessel.compiler import SymbolicTensor, apply
+from tessel.compiler.optimizers import Optimizer as Rule
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.nn.optim.learning_rate import LearningRateSchedule
+
+_serials = itertools.count()
+
+
+def _decay_filter(p: Parameter) -> bool:
+    # MindSpore's default: no weight decay on normalisation scales and shifts.
+    return "beta" not in p.name and "gamma" not in p.name
+
+
+def _parse_params(parameters: Any, weight_decay: float) -> tuple[list[Parameter], set[str], float]:
+    """(parameters, names of those without decay, the weight decay) from a list or MindSpore parameter groups."""
+    items = list(parameters)
+    if not items:
+        raise ConfigurationError("the optimizer got an empty parameter list; pass net.trainable_params()")
+    if not isinstance(items[0], dict):
+        bad = [type(p).__name__ for p in items if not isinstance(p, Parameter)]
+        if bad:
+            raise ConfigurationError(f"optimizer parameters must be Parameters, got {bad}")
+        return items, {p.key for p in items if not _decay_filter(p)}, float(weight_decay)
+    params, no_decay, decays, order = [], set(), {float(weight_decay)} - {0.0}, None
+    for group in items:
+        unknown = set(group) - {"params", "weight_decay", "order_params", "grad_centralization"}
+        if unknown:
+            raise ConfigurationError(f"parameter group keys {sorted(unknown)} are not supported (per-group 'lr')")
+        if "order_params" in group:
+            order = list(group["order_params"])
+            continue
+        decay = float(group.get("weight_decay", weight_decay))
+        params += list(group["params"])
+        if decay == 0.0:
+            no_decay.update(p.key for p in group["params"])
+        else:
+            decays.add(decay)
+    if len(decays) > 1:
+        raise ConfigurationError(f"parameter groups use different nonzero weight decays {sorted(decays)}; use one")
+    if order is not None:
+        ids = {id(p) for p in params}
+        params = [p for p in order if id(p) in ids]
+    return params, no_decay, decays.pop() if decays else 0.0
+
+
+def _lr_source(learning_rate: Any) -> Any:
+    if isinstance(learning_rate, LearningRateSchedule):
+        return learning_rate
+    if isinstance(learning_rate, Tensor):
+        learning_rate = learning_rate.asnumpy()
+    values = np.asarray(learning_rate, dtype=np.float64)
+    if values.ndim > 1 or values.size == 0 or not np.all(np.isfinite(values)) or np.any(values < 0):
+        raise ConfigurationError(
+            f"learning_rate must be a non-negative float, a 1-D list of per-step rates or a LearningRateSchedule, "
+            f"got {learning_rate!r}"
+        )
+    return float(values) if values.ndim == 0 else values
+
+
+class Optimizer(Cell):
+    """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {}  # compiler slot -> MindSpore checkpoint prefix
+
+    def __init__(self, learning_rate: Any, parameters: Any, weight_decay: float = 0.0, loss_scale: float = 1.0):
+        super().__init__(auto_prefix=False)
+        params, no_decay, decay = _parse_params(parameters, weight_decay)
+        if decay < 0 or loss_scale <= 0:
+            raise ConfigurationError(f"weight_decay must be >= 0 and loss_scale > 0, got {decay}, {loss_scale}")
+        self.parameters = ParameterTuple(params)
+        object.__setattr__(self, "_no_decay", frozenset(no_decay))
+        self.weight_decay, self.loss_scale = decay, float(loss_scale)
+        self.learning_rate = _lr_source(learning_rate)
+        self.key = f"optimizer{next(_serials)}"
+        self._step = 0
+        self._rule: Rule = self._make_rule(decay)
+        self._slots: dict[str, list[Parameter]] = {}
+        for slot in self._rule.slots():
+            prefix = self._slot_names.get(slot.name, slot.name)
+            made = [
+                Parameter(
+                    np.full(p.shape, slot.init, p.dtype.numpy), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}"
+                )
+                for p in params
+            ]
+            self._slots[slot.name] = made
+            setattr(self, prefix, ParameterTuple(made))
+        self._globals: dict[str, Parameter] = {}
+        for slot in self._rule.global_slots():
+            glob = Parameter(np.array(slot.init, np.float32), slot.name, False, key=f"{self.key}/{slot.name}")
+            self._globals[slot.name] = glob
+            setattr(self, slot.name, glob)
+        object.__setattr__(
+            self,
+            "_update",
+            CompiledFunction(
+                lambda *grads: self._emit(grads), f"{self.cls_name}_update", symbolic_batch=False, arg_names=()
+            ),
+        )
+
+    def _make_rule(self, weight_decay: float) -> Rule:
+        raise NotImplementedError
+
+    # --- learning rate ----------------------------------------------------------------------------------------
+    @property
+    def lr_key(self) -> str:
+        return f"{self.key}/learning_rate"
+
+    def learning_rate_at(self, step: int) -> float:
+        """The learning rate used by update number `step` (0-based); per-step lists hold their last value."""
+        lr = self.learning_rate
+        if isinstance(lr, LearningRateSchedule):
+            return float(lr.lr_at(step))
+        if isinstance(lr, np.ndarray):
+            return float(lr[min(step, len(lr) - 1)])
+        return lr
+
+    def get_lr(self) -> Tensor:
+        return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
+
+    def _lr_feed(self) -> np.ndarray:
+        return np.array(self.learning_rate_at(self._step), np.float32)
+
+    def _advance(self) -> None:
+        self.__dict__["_step"] += 1  # once per step: skip Cell.__setattr__
+
+    @property
+    def global_step(self) -> Tensor:
+        return Tensor._wrap(np.array([self._step], np.int32))
+
+    # --- state ------------------------------------------------------------------------------------------------
+    def slot_parameters(self) -> list[Parameter]:
+        """Every moment slot and global (beta powers) parameter."""
+        return [p for made in self._slots.values() for p in made] + list(self._globals.values())
+
+    def rename_map(self) -> dict[str, str]:
+        """build_train_step's generic input names -> this optimizer's store names."""
+        mapping = {"learning_rate": self.lr_key}
+        mapping.update({f"optimizer/{name}": p.key for name, p in self._globals.items()})
+        return mapping
+
+    @property
+    def no_decay_keys(self) -> frozenset[str]:
+        return self._no_decay
+
+    # --- applying an update ----------------------------------------------------------------------------------
+    def __call__(self, gradients: Sequence[Any]) -> Any:
+        gradients = tuple(gradients)
+        if len(gradients) != len(self.parameters):
+            raise ConfigurationError(
+                f"{self.cls_name} updates {len(self.parameters)} parameters but got {len(gradients)} gradients; "
+                "pass the gradients of exactly optimizer.parameters, in that order"
+            )
+        for p, g in zip(self.parameters, gradients):
+            if tuple(g.shape) != tuple(p.shape):
+                raise ConfigurationError(f"gradient for {p.name!r} has shape {tuple(g.shape)}, expected {p.shape}")
+        if current() is not None:
+            return self._emit(gradients)
+        self._update(*gradients)
+        return True
+
+    def _emit(self, gradients: Sequence[Any]) -> Any:
+        """Add the update of every parameter (and slot) to the current trace."""
+        trace = current()
+        lr = trace.run_input(self.lr_key, (), DType.float32, self._lr_feed)
+        if self._advance not in trace.after_run:
+            trace.after_run.append(self._advance)
+        glob = {name: trace.param(p) for name, p in self._globals.items()}
+        for i, (p, g) in enumerate(zip(self.parameters, gradients)):
+            p_sym, g_sym = trace.param(p), trace.to_symbolic(g)
+            if not isinstance(g_sym, SymbolicTensor):
+                g_sym = SymbolicTensor(trace.builder, trace.builder.constant(np.asarray(g_sym, p.dtype.numpy)))
+            if self.loss_scale != 1.0:
+                g_sym = g_sym * (1.0 / self.loss_scale)
+            slots = {name: trace.param(made[i]) for name, made in self._slots.items()}
+            decay = p.key not in self._no_decay
+            new_p, new_slots = self._rule.update(p_sym, g_sym.astype(p.dtype), slots, glob, lr.astype(p.dtype), decay)
+            apply("Assign", p_sym, new_p)
+            for name, value in new_slots.items():
+                apply("Assign", slots[name], value)
+        for name, value in self._rule.update_globals(glob).items():
+            apply("Assign", glob[name], value)
+        return True
+
+    def extend_repr(self) -> str:
+        lr = self.learning_rate
+        return f"learning_rate={lr if isinstance(lr, float) else type(lr).__name__}, weight_decay={self.weight_decay}"

@@ -1,0 +1,128 @@
+"""The optimizers (MindSpore's names, arguments and formulas; see tessel.compiler.optimizers):
+
+- SGD:      accum = momentum * accum + (1 - dampening) * g (accum = g on the first step); p -= lr * accum
+            (p -= lr * (g + momentum * accum) with nesterov; p -= lr * g without momentum)
+- Momentum: v = momentum * v + g; p -= lr * v (lr * (g + momentum * v) with use_nesterov)
+- Adam:     bias-corrected moments; p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)
+- AdamWeightDecay: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)
+Weight decay (except AdamWeightDecay's) adds weight_decay * p to the gradient of every parameter whose name
+contains neither "beta" nor "gamma" (MindSpore's default filter), or of the parameter groups that ask for it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from tessel.compiler import optimizers as rules
+from tessel.errors import ConfigurationError
+from tessel.nn.optim.optimizer import Optimizer
+
+# Hyper-parameters are set (through vars) before Optimizer.__init__, which builds the rule from them.
+
+
+def _in_range(name: str, value: float, low: float, high: float, closed_high: bool = False) -> None:
+    ok = low <= value <= high if closed_high else low <= value < high
+    if not ok:
+        raise ConfigurationError(f"{name} must be in [{low}, {high}{']' if closed_high else ')'}, got {value}")
+
+
+class SGD(Optimizer):
+    """Stochastic gradient descent with optional momentum, dampening and Nesterov."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"accum": "accum"}
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any = 0.1,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+        loss_scale: float = 1.0,
+    ):
+        if momentum < 0 or (nesterov and (momentum <= 0 or dampening != 0)):
+            raise ConfigurationError("SGD: momentum must be >= 0; nesterov needs momentum > 0 and dampening = 0")
+        vars(self).update(momentum=float(momentum), dampening=float(dampening), nesterov=nesterov)
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.SGD(0.0, weight_decay, self.momentum, self.dampening, self.nesterov)
+
+
+class Momentum(Optimizer):
+    """Momentum: v = momentum * v + g; p -= lr * v."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"moments": "moments"}
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any,
+        momentum: float,
+        weight_decay: float = 0.0,
+        loss_scale: float = 1.0,
+        use_nesterov: bool = False,
+    ):
+        if momentum < 0:
+            raise ConfigurationError(f"Momentum: momentum must be >= 0, got {momentum}")
+        vars(self).update(momentum=float(momentum), use_nesterov=use_nesterov)
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.Momentum(0.0, weight_decay, self.momentum, self.use_nesterov)
+
+
+class Adam(Optimizer):
+    """Adam with bias correction (MindSpore's Adam)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"moment1": "moment1", "moment2": "moment2"}
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any = 1e-3,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-8,
+        use_locking: bool = False,
+        use_nesterov: bool = False,
+        weight_decay: float = 0.0,
+        loss_scale: float = 1.0,
+        use_amsgrad: bool = False,
+        **kwargs: Any,
+    ):
+        _in_range("beta1", beta1, 0.0, 1.0)
+        _in_range("beta2", beta2, 0.0, 1.0)
+        if eps <= 0 or use_amsgrad:
+            raise ConfigurationError("Adam: eps must be > 0; use_amsgrad is not supported")
+        vars(self).update(beta1=beta1, beta2=beta2, eps=eps, use_nesterov=use_nesterov)
+        super().__init__(learning_rate, params, weight_decay, loss_scale)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.Adam(0.0, weight_decay, self.beta1, self.beta2, self.eps, self.use_nesterov)
+
+
+class AdamWeightDecay(Optimizer):
+    """Adam with decoupled weight decay and no bias correction (MindSpore's AdamWeightDecay)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"moment1": "adam_m", "moment2": "adam_v"}
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any = 1e-3,
+        beta1: float = 0.9,
+        beta2: float = 0.999,
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+    ):
+        _in_range("beta1", beta1, 0.0, 1.0)
+        _in_range("beta2", beta2, 0.0, 1.0)
+        if eps <= 0:
+            raise ConfigurationError(f"AdamWeightDecay: eps must be > 0, got {eps}")
+        vars(self).update(beta1=beta1, beta2=beta2, eps=eps)
+        super().__init__(learning_rate, params, weight_decay, 1.0)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.AdamWeightDecay(0.0, weight_decay, self.beta1, self.beta2, self.eps)

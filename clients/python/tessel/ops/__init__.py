@@ -1,0 +1,32 @@
+"""`tessel.ops` — MindSpore's operators: Primitive classes (`ops.MatMul()`), functional forms (`ops.matmul`),
+communication primitives (`ops.AllReduce`) and `ops.ReduceOp`.
+
+    >>> from tessel import ops
+    >>> matmul = ops.MatMul().shard(((1, 1), (1, 2)))     # the strategy is kept for the parallel pass
+"""
+
+from tessel.communication.comm_func import ReduceOp
+from tessel.ops import functional
+from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, ReduceScatter
+from tessel.ops.functional import *  # noqa: F403 - the functional forms are ops.<name>
+from tessel.ops.functional import (  # explicit names that star-import would skip or that shadow builtins
+    abs,
+    pow,
+    round,
+    sum,
+)
+from tessel.ops.primitive import *  # noqa: F403
+from tessel.ops.primitive import Primitive
+
+
+def __getattr__(name: str):
+    # Autodiff lives in tessel.autograd, which imports nn-level code; load it on first use.
+    if name in ("GradOperation", "grad", "value_and_grad"):
+        from tessel import autograd as _grad
+
+        return getattr(_grad, name)
+    raise AttributeError(f"module 'tessel.ops' has no attribute {name!r}")
+
+
+__all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "Primitive", "ReduceOp", "ReduceScatter", "functional"]
+__all__ += ["abs", "pow", "round", "sum"]

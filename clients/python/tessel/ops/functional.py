@@ -1,0 +1,353 @@
+"""MindSpore's functional ops (`ops.matmul`, `ops.sum`, `ops.reshape`, …) over SDK Tensors.
+
+Each function maps MindSpore's arguments onto one or a few registered compiler ops through `apply_op`, so it
+works alike when tracing (graph mode, autodiff) and eagerly (PYNATIVE_MODE). Python scalars stay weakly typed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.common.dtype import DType, to_dtype
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import apply_op, current
+from tessel.errors import ConfigurationError
+
+
+def _unary(op: str, doc: str):
+    def fn(input: Any) -> Tensor:
+        return apply_op(op, input)
+
+    fn.__doc__ = doc
+    return fn
+
+
+def _binary(op: str, doc: str):
+    def fn(input: Any, other: Any) -> Tensor:
+        return apply_op(op, input, other)
+
+    fn.__doc__ = doc
+    return fn
+
+
+abs = _unary("Abs", "|x|, element-wise.")
+neg = _unary("Neg", "-x, element-wise.")
+exp = _unary("Exp", "e^x, element-wise.")
+log = _unary("Log", "ln x, element-wise.")
+sqrt = _unary("Sqrt", "sqrt(x), element-wise.")
+rsqrt = _unary("Rsqrt", "1 / sqrt(x), element-wise.")
+square = _unary("Square", "x², element-wise.")
+sin = _unary("Sin", "sin x, element-wise.")
+cos = _unary("Cos", "cos x, element-wise.")
+erf = _unary("Erf", "erf x, element-wise.")
+floor = _unary("Floor", "floor x, element-wise.")
+ceil = _unary("Ceil", "ceil x, element-wise.")
+round = _unary("Round", "x rounded half to even, element-wise.")
+sign = _unary("Sign", "sign x, element-wise.")
+reciprocal = _unary("Reciprocal", "1 / x, element-wise.")
+logical_not = _unary("LogicalNot", "not x, element-wise.")
+stop_gradient = _unary("StopGradient", "x, with no gradient flowing back through it.")
+zeros_like = _unary("ZerosLike", "Zeros of x's shape and dtype.")
+ones_like = _unary("OnesLike", "Ones of x's shape and dtype.")
+
+add = _binary("Add", "x + y with broadcasting.")
+sub = _binary("Sub", "x - y with broadcasting.")
+mul = _binary("Mul", "x * y with broadcasting.")
+pow = _binary("Pow", "x ** y with broadcasting.")
+maximum = _binary("Maximum", "Element-wise maximum.")
+minimum = _binary("Minimum", "Element-wise minimum.")
+equal = _binary("Equal", "x == y (bool).")
+not_equal = _binary("NotEqual", "x != y (bool).")
+ne = not_equal
+greater = _binary("Greater", "x > y (bool).")
+gt = greater
+greater_equal = _binary("GreaterEqual", "x >= y (bool).")
+ge = greater_equal
+less = _binary("Less", "x < y (bool).")
+lt = less
+less_equal = _binary("LessEqual", "x <= y (bool).")
+le = less_equal
+logical_and = _binary("LogicalAnd", "x and y, element-wise.")
+logical_or = _binary("LogicalOr", "x or y, element-wise.")
+
+
+def dtype_of(x: Any) -> DType:
+    """The dtype x has as an op input (Python ints are int64, floats float32, as MindSpore)."""
+    if isinstance(x, Tensor):
+        return x.dtype
+    if isinstance(x, np.ndarray | np.generic):
+        return to_dtype(x.dtype)
+    return to_dtype(type(x))
+
+
+def div(input: Any, other: Any, rounding_mode: str | None = None) -> Tensor:
+    """True division; integer inputs divide as float32 (MindSpore `ops.div`)."""
+    if rounding_mode == "floor":
+        return floor_divide(input, other)
+    if dtype_of(input).is_int and dtype_of(other).is_int:
+        input, other = cast(input, DType.float32), (cast(other, DType.float32) if _is_tensor(other) else other)
+    return apply_op("Div", input, other)
+
+
+true_divide = div
+
+
+def floor_divide(input: Any, other: Any) -> Tensor:
+    """floor(x / y); integers keep their dtype (computed exactly through float64)."""
+    if dtype_of(input).is_int and dtype_of(other).is_int:
+        out_dtype = dtype_of(input) if _is_tensor(input) else dtype_of(other)
+        wide = [cast(v, DType.float64) if _is_tensor(v) else float(v) for v in (input, other)]
+        return cast(apply_op("Floor", apply_op("Div", *wide)), out_dtype)
+    return apply_op("Floor", apply_op("Div", input, other))
+
+
+def remainder(input: Any, other: Any) -> Tensor:
+    """x - floor(x / y) * y (the sign follows y, as Python's %)."""
+    return sub(input, mul(floor_divide(input, other), other))
+
+
+def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
+    out = input
+    if min is not None:
+        out = maximum(out, min)
+    if max is not None:
+        out = minimum(out, max)
+    return out
+
+
+clip = clamp
+
+
+def isnan(input: Any) -> Tensor:
+    return not_equal(input, input)
+
+
+def isfinite(input: Any) -> Tensor:
+    return logical_and(equal(input, input), less(abs(input), float("inf")))
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, Tensor | np.ndarray)
+
+
+def matmul(input: Any, other: Any, transpose_a: bool = False, transpose_b: bool = False) -> Tensor:
+    """Matrix product: 2-D × 2-D is MatMul, batched inputs BatchMatMul; a 1-D operand is a vector."""
+    a_dim, b_dim = _ndim(input), _ndim(other)
+    if a_dim == 1 or b_dim == 1:
+        a = expand_dims(input, 0) if a_dim == 1 else input
+        b = expand_dims(other, -1) if b_dim == 1 else other
+        out = matmul(a, b, transpose_a, transpose_b)
+        return squeeze(out, -1 if b_dim == 1 else -2) if a_dim != b_dim else reshape(out, ())
+    op = "MatMul" if a_dim == 2 and b_dim == 2 else "BatchMatMul"
+    return apply_op(op, input, other, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+def bmm(input_x: Any, mat2: Any) -> Tensor:
+    return apply_op("BatchMatMul", input_x, mat2)
+
+
+def _ndim(x: Any) -> int:
+    return x.ndim if isinstance(x, Tensor) else np.ndim(x)
+
+
+def _axis(axis: Any) -> Any:
+    if axis is None or (isinstance(axis, (tuple, list)) and len(axis) == 0):
+        return None
+    return tuple(axis) if isinstance(axis, (tuple, list)) else int(axis)
+
+
+def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    out = apply_op("ReduceSum", input, axis=_axis(dim), keep_dims=bool(keepdim))
+    return out if dtype is None else cast(out, dtype)
+
+
+def mean(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
+    return apply_op("ReduceMean", input, axis=_axis(axis), keep_dims=bool(keep_dims))
+
+
+def amax(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
+    return apply_op("ReduceMax", input, axis=_axis(axis), keep_dims=bool(keepdims))
+
+
+def amin(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
+    return apply_op("ReduceMin", input, axis=_axis(axis), keep_dims=bool(keepdims))
+
+
+def _arg(op: str, input: Any, dim: Any, keepdim: bool) -> Tensor:
+    if dim is None:
+        return apply_op(op, reshape(input, (-1,)), axis=0, keep_dims=False, output_type=DType.int64)
+    return apply_op(op, input, axis=int(dim), keep_dims=bool(keepdim), output_type=DType.int64)
+
+
+def argmax(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Index of the maximum (over the flattened tensor when dim is None), int64."""
+    return _arg("Argmax", input, dim, keepdim)
+
+
+def argmin(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    return _arg("Argmin", input, dim, keepdim)
+
+
+def cast(input: Any, dtype: Any) -> Tensor:
+    dtype = to_dtype(dtype)
+    if isinstance(input, Tensor) and input.dtype == dtype:
+        return input
+    return apply_op("Cast", input, dtype=dtype)
+
+
+def reshape(input: Any, shape: Any) -> Tensor:
+    if isinstance(shape, Tensor):
+        shape = tuple(int(d) for d in shape.asnumpy().reshape(-1))
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    return apply_op("Reshape", input, shape=shape)
+
+
+def transpose(input: Any, input_perm: Sequence[int]) -> Tensor:
+    return apply_op("Transpose", input, perm=tuple(int(p) for p in input_perm))
+
+
+permute = transpose
+
+
+def expand_dims(input_x: Any, axis: int) -> Tensor:
+    return apply_op("ExpandDims", input_x, axis=int(axis))
+
+
+unsqueeze = expand_dims
+
+
+def squeeze(input: Any, axis: Any = None) -> Tensor:
+    return apply_op("Squeeze", input, axis=() if axis is None else _axis(axis))
+
+
+def flatten(input: Any, order: str = "C", *, start_dim: int = 1, end_dim: int = -1) -> Tensor:
+    """Merge dims start_dim..end_dim (MindSpore `ops.flatten`, default: keep dim 0)."""
+    shape = input.shape if isinstance(input, Tensor) else np.shape(input)
+    ndim = len(shape)
+    if ndim == 0:
+        return reshape(input, (1,))
+    start, end = start_dim % ndim, end_dim % ndim
+    if start == 1 and end == ndim - 1 and ndim >= 2:
+        return apply_op("Flatten", input)
+    if start >= end:
+        return input
+    merged = shape[start : end + 1]
+    if any(isinstance(d, str) for d in merged):
+        raise ConfigurationError(f"flatten: cannot merge symbolic dims {merged}; flatten dims of known size")
+    return reshape(input, (*shape[:start], int(np.prod(merged)), *shape[end + 1 :]))
+
+
+def concat(tensors: Sequence[Any], axis: int = 0) -> Tensor:
+    return apply_op("Concat", *tensors, axis=int(axis))
+
+
+cat = concat
+
+
+def stack(tensors: Sequence[Any], axis: int = 0) -> Tensor:
+    return concat([expand_dims(t, axis) for t in tensors], axis)
+
+
+def split(tensor: Any, split_size_or_sections: Any, axis: int = 0) -> tuple[Tensor, ...]:
+    """Split along `axis` into chunks of `split_size_or_sections` (an int; the last may be smaller) or sizes."""
+    dim = tensor.shape[axis]
+    if isinstance(split_size_or_sections, int):
+        step = split_size_or_sections
+        sizes = tuple(min(step, dim - i) for i in range(0, dim, step))
+    else:
+        sizes = tuple(int(s) for s in split_size_or_sections)
+    out = apply_op("Split", tensor, axis=int(axis), sizes=sizes)
+    return out if isinstance(out, tuple) else (out,)
+
+
+def chunk(input: Any, chunks: int, axis: int = 0) -> tuple[Tensor, ...]:
+    dim = input.shape[axis]
+    return split(input, -(-dim // chunks), axis)
+
+
+def broadcast_to(input: Any, shape: Sequence[int]) -> Tensor:
+    return apply_op("BroadcastTo", input, shape=tuple(shape))
+
+
+def gather(input_params: Any, input_indices: Any, axis: int, batch_dims: int = 0) -> Tensor:
+    if batch_dims:
+        raise ConfigurationError("ops.gather: batch_dims is not supported; use batch_dims=0")
+    return apply_op("Gather", input_params, input_indices, axis=int(axis))
+
+
+def gather_elements(input: Any, dim: int, index: Any) -> Tensor:
+    return apply_op("GatherElements", input, index, axis=int(dim))
+
+
+def one_hot(indices: Any, depth: int, on_value: Any = 1.0, off_value: Any = 0.0, axis: int = -1) -> Tensor:
+    dtype = on_value.dtype if isinstance(on_value, Tensor) else DType.float32
+    on = float(on_value.asnumpy()) if isinstance(on_value, Tensor) else float(on_value)
+    off = float(off_value.asnumpy()) if isinstance(off_value, Tensor) else float(off_value)
+    return apply_op("OneHot", indices, depth=int(depth), on_value=on, off_value=off, axis=int(axis), dtype=dtype)
+
+
+def select(cond: Any, x: Any, y: Any) -> Tensor:
+    return apply_op("Select", cond, x, y)
+
+
+def where(condition: Any, input: Any, other: Any) -> Tensor:
+    return apply_op("Select", condition, input, other)
+
+
+def _filled(shape: Any, value: float, dtype: Any) -> Tensor:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    dtype = to_dtype(dtype or DType.float32)
+    if current() is None:
+        return Tensor._wrap(np.full(shape, value, dtype.numpy))
+    return apply_op("Fill", shape=shape, dtype=dtype, value=value)
+
+
+def zeros(size: Any, dtype: Any = None) -> Tensor:
+    return _filled(size, 0, dtype)
+
+
+def ones(size: Any, dtype: Any = None) -> Tensor:
+    return _filled(size, 1, dtype)
+
+
+def full(size: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:
+    return _filled(size, fill_value, dtype or dtype_of(fill_value))
+
+
+def fill(type: Any, shape: Any, value: Any) -> Tensor:
+    return _filled(shape, value, type)
+
+
+def depend(value: Any, expr: Any) -> Any:
+    """`value`, computed after `expr` (ordering only matters in graphs)."""
+    trace = current()
+    if trace is None:
+        return value
+    deps = [e for e in (expr if isinstance(expr, (tuple, list)) else (expr,)) if isinstance(e, Tensor)]
+    return apply_op("Depend", value, *deps) if deps else value
+
+
+def assign(variable: Any, value: Any) -> Any:
+    """Write `value` into Parameter `variable` (a state update of the compiled graph when tracing)."""
+    if current() is not None:
+        return apply_op("Assign", variable, cast(value, variable.dtype))
+    variable.set_data(value)
+    return variable
+
+
+def shape(input_x: Any) -> tuple:
+    return tuple(input_x.shape)
+
+
+def rank(input_x: Any) -> int:
+    return len(input_x.shape)
+
+
+def size(input_x: Any) -> int:
+    return input_x.size
+
+
+from tessel.ops.nn_functional import *  # noqa: E402,F403 - one namespace, as MindSpore's ops

@@ -1,0 +1,326 @@
+"""Neural-network functional ops: activations, dropout, dense/conv/pooling, normalisation and losses.
+
+The losses follow MindSpore 2.x (`ops.cross_entropy`, `ops.nll_loss`, …): class indices or probabilities as
+targets, `weight`, `ignore_index` (default -100), `reduction` in {'mean', 'sum', 'none'}, label smoothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tessel.common import seed as _seed
+from tessel.common.tensor import Tensor
+from tessel.common.tracing import apply_op, current
+from tessel.errors import ConfigurationError
+
+__all__ = [
+    "avg_pool2d",
+    "batch_norm",
+    "bias_add",
+    "binary_cross_entropy_with_logits",
+    "conv2d",
+    "cross_entropy",
+    "dense",
+    "dropout",
+    "gelu",
+    "l1_loss",
+    "layer_norm",
+    "leaky_relu",
+    "log_softmax",
+    "max_pool2d",
+    "mse_loss",
+    "nll_loss",
+    "relu",
+    "relu6",
+    "sigmoid",
+    "silu",
+    "softmax",
+    "tanh",
+]
+
+
+def relu(input: Any) -> Tensor:
+    return apply_op("ReLU", input)
+
+
+def relu6(x: Any) -> Tensor:
+    return apply_op("Minimum", apply_op("ReLU", x), 6.0)
+
+
+def sigmoid(input: Any) -> Tensor:
+    return apply_op("Sigmoid", input)
+
+
+def tanh(input: Any) -> Tensor:
+    return apply_op("Tanh", input)
+
+
+def silu(input: Any) -> Tensor:
+    return apply_op("Mul", input, apply_op("Sigmoid", input))
+
+
+def gelu(input_x: Any, approximate: str = "none") -> Tensor:
+    if approximate not in ("none", "tanh"):
+        raise ConfigurationError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return apply_op("GELU", input_x, approximate=approximate)
+
+
+def leaky_relu(input: Any, alpha: float = 0.2) -> Tensor:
+    return apply_op("LeakyReLU", input, alpha=float(alpha))
+
+
+def softmax(input: Any, axis: int = -1, *, dtype: Any = None) -> Tensor:
+    from tessel.ops.functional import cast
+
+    return apply_op("Softmax", input if dtype is None else cast(input, dtype), axis=int(axis))
+
+
+def log_softmax(logits: Any, axis: int = -1) -> Tensor:
+    return apply_op("LogSoftmax", logits, axis=int(axis))
+
+
+def dropout(input: Any, p: float = 0.5, training: bool = True, seed: int | None = None) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p) (identity when not training)."""
+    if not 0.0 <= p < 1.0:
+        raise ConfigurationError(f"dropout: p={p} must be in [0, 1)")
+    if not training or p == 0.0:
+        return input
+    if current() is None:  # eager: draw the mask here, from the seeded streams
+        x = input.asnumpy() if isinstance(input, Tensor) else np.asarray(input)
+        keep = _seed.next_stream().random(x.shape) >= p
+        return Tensor._wrap((x * keep / (1.0 - p)).astype(x.dtype))
+    op_seed = _seed.next_op_seed() if seed is None else int(seed)
+    return apply_op("Dropout", input, p=float(p), seed=op_seed, training=True)[0]
+
+
+def bias_add(input_x: Any, bias: Any) -> Tensor:
+    return apply_op("BiasAdd", input_x, bias)
+
+
+def dense(input: Any, weight: Any, bias: Any = None) -> Tensor:
+    """input @ weight.T + bias (weight is (out, in), as nn.Dense)."""
+    out = apply_op("MatMul", input, weight, transpose_b=True)
+    return out if bias is None else apply_op("BiasAdd", out, bias)
+
+
+def _pads(padding: Any) -> Any:
+    return padding if isinstance(padding, int) else tuple(int(p) for p in padding)
+
+
+def conv2d(
+    input: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    pad_mode: str = "valid",
+    padding: Any = 0,
+    dilation: Any = 1,
+    groups: int = 1,
+) -> Tensor:
+    """2-D convolution over NCHW; pad_mode 'valid', 'same' or 'pad' (with `padding`)."""
+    if pad_mode == "valid" and padding != 0:
+        pad_mode = "pad"
+    out = apply_op(
+        "Conv2D",
+        input,
+        weight,
+        stride=stride,
+        dilation=dilation,
+        pad_mode=pad_mode,
+        pad=_pads(padding),
+        group=int(groups),
+    )
+    return out if bias is None else apply_op("BiasAdd", out, bias)
+
+
+def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, pad_mode: str = "valid") -> Tensor:
+    pad_mode = "pad" if padding != 0 and pad_mode == "valid" else pad_mode
+    return apply_op(
+        "MaxPool",
+        x,
+        kernel_size=kernel_size,
+        strides=kernel_size if stride is None else stride,
+        pad_mode=pad_mode,
+        pad=_pads(padding),
+    )
+
+
+def avg_pool2d(
+    input_x: Any,
+    kernel_size: Any = 1,
+    stride: Any = None,
+    padding: Any = 0,
+    count_include_pad: bool = True,
+    pad_mode: str = "valid",
+) -> Tensor:
+    pad_mode = "pad" if padding != 0 and pad_mode == "valid" else pad_mode
+    return apply_op(
+        "AvgPool",
+        input_x,
+        kernel_size=kernel_size,
+        strides=kernel_size if stride is None else stride,
+        pad_mode=pad_mode,
+        pad=_pads(padding),
+        count_include_pad=bool(count_include_pad),
+    )
+
+
+def layer_norm(input: Any, normalized_shape: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Tensor:
+    from tessel.ops.functional import ones, zeros
+
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    axis = len(input.shape) - len(shape)
+    weight = ones(shape, input.dtype) if weight is None else weight
+    bias = zeros(shape, input.dtype) if bias is None else bias
+    return apply_op("LayerNorm", input, weight, bias, begin_norm_axis=axis, begin_params_axis=axis, epsilon=eps)[0]
+
+
+def batch_norm(
+    input_x: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any,
+    bias: Any,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> Tensor:
+    """Batch normalisation over channel dim 1; in training the running statistics (Parameters) are updated:
+    new = (1 - momentum) * running + momentum * batch (variance unbiased)."""
+    from tessel.ops.functional import assign
+
+    if not training:
+        return apply_op("BatchNorm", input_x, weight, bias, running_mean, running_var, epsilon=eps)
+    y, new_mean, new_var, _, _ = apply_op(
+        "BatchNorm",
+        input_x,
+        weight,
+        bias,
+        running_mean,
+        running_var,
+        is_training=True,
+        epsilon=eps,
+        momentum=momentum,
+    )
+    assign(running_mean, new_mean)
+    assign(running_var, new_var)
+    return y
+
+
+# --- losses ---------------------------------------------------------------------------------------------------------
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+def reduce_loss(loss: Any, reduction: str) -> Tensor:
+    from tessel.ops.functional import mean, sum
+
+    check_reduction(reduction)
+    return mean(loss) if reduction == "mean" else sum(loss) if reduction == "sum" else loss
+
+
+def check_reduction(reduction: str) -> None:
+    if reduction not in _REDUCTIONS:
+        raise ConfigurationError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")
+
+
+def _class_last(x: Any) -> Any:
+    """Move MindSpore's class axis 1 of an (N, C, d1, ...) input last."""
+    from tessel.ops.functional import transpose
+
+    ndim = len(x.shape)
+    return x if ndim <= 2 else transpose(x, (0, *range(2, ndim), 1))
+
+
+def _weighted_mean(per: Any, weights: Any, reduction: str) -> Tensor:
+    from tessel.ops.functional import sum
+
+    per = per * weights
+    if reduction == "mean":
+        return sum(per) / sum(weights)
+    return sum(per) if reduction == "sum" else per
+
+
+def cross_entropy(
+    input: Any,
+    target: Any,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Softmax cross-entropy of logits (class axis 1) with class indices or class probabilities."""
+    from tessel.ops.functional import gather, mean, select, sum
+
+    check_reduction(reduction)
+    logits = _class_last(input)
+    classes = logits.shape[-1]
+    if target.dtype.is_float:  # probabilities
+        target = _class_last(target)
+        if label_smoothing:
+            target = target * (1.0 - label_smoothing) + label_smoothing / classes
+        log_p = log_softmax(logits, -1)
+        terms = target * log_p if weight is None else target * log_p * weight
+        return reduce_loss(-sum(terms, -1), reduction)
+    if label_smoothing and weight is not None:
+        raise ConfigurationError("cross_entropy: label_smoothing together with weight is not supported")
+    keep = target != ignore_index
+    safe = select(keep, target, 0)
+    per = apply_op("SparseSoftmaxCrossEntropy", logits, safe)
+    if label_smoothing:
+        per = per * (1.0 - label_smoothing) - mean(log_softmax(logits, -1), -1) * label_smoothing
+    weights = apply_op("Cast", keep, dtype=per.dtype)
+    if weight is not None:
+        weights = weights * gather(weight, safe, 0)
+    return _weighted_mean(per, weights, reduction)
+
+
+def nll_loss(
+    inputs: Any,
+    target: Any,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Negative log-likelihood of log-probabilities `inputs` (class axis 1) at class indices `target`."""
+    from tessel.ops.functional import expand_dims, gather, gather_elements, mean, select, squeeze
+
+    check_reduction(reduction)
+    log_p = _class_last(inputs)
+    keep = target != ignore_index
+    safe = select(keep, target, 0)
+    per = -squeeze(gather_elements(log_p, -1, expand_dims(safe, -1)), -1)
+    if label_smoothing:
+        per = per * (1.0 - label_smoothing) - mean(log_p, -1) * label_smoothing
+    weights = apply_op("Cast", keep, dtype=per.dtype)
+    if weight is not None:
+        weights = weights * gather(weight, safe, 0)
+    return _weighted_mean(per, weights, reduction)
+
+
+def mse_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+    return reduce_loss(apply_op("Square", apply_op("Sub", input, target)), reduction)
+
+
+def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+    return reduce_loss(apply_op("Abs", apply_op("Sub", input, target)), reduction)
+
+
+def binary_cross_entropy_with_logits(
+    logits: Any, label: Any, weight: Any = None, pos_weight: Any = None, reduction: str = "mean"
+) -> Tensor:
+    """Sigmoid cross-entropy, computed stably: max(x, 0) - x*y + log(1 + exp(-|x|)) (pos_weight scales y terms)."""
+    from tessel.ops.functional import exp, log, maximum
+
+    x = logits
+    softplus_neg = log(exp(-abs(x)) + 1.0) + maximum(-x, 0.0)  # log(1 + exp(-x))
+    if pos_weight is None:
+        per = (1.0 - label) * x + softplus_neg
+    else:
+        per = (1.0 - label) * x + (1.0 + (pos_weight - 1.0) * label) * softplus_neg
+    if weight is not None:
+        per = per * weight
+    return reduce_loss(per, reduction)

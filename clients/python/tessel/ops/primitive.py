@@ -1,0 +1,365 @@
+"""Primitive classes (`ops.MatMul()(x, w)`, `ops.ReduceSum(keep_dims=True)(x, 1)`, …) with `shard()`.
+
+A Primitive is configured at construction and applied by calling it; each maps onto registered compiler ops.
+`shard(in_strategy, out_strategy)` validates and stores the operator's parallel strategy for the parallel pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from tessel.common.dtype import DType, to_dtype
+from tessel.common.tracing import apply_op
+from tessel.errors import ConfigurationError
+from tessel.ops import functional as F
+
+
+def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
+    if strategy is None:
+        return None
+    if not isinstance(strategy, (tuple, list)) or not all(
+        s is None or (isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s)) for s in strategy
+    ):
+        raise ConfigurationError(
+            f"{name}.shard: {what} must be a tuple with one tuple of positive ints per input (splits per dim), "
+            f"e.g. ((1, 1), (1, 2)); got {strategy!r}"
+        )
+    return tuple(None if s is None else tuple(s) for s in strategy)
+
+
+class Primitive:
+    """Base of every primitive: a name, attributes and an optional sharding strategy."""
+
+    def __init__(self, name: str | None = None):
+        self.name = name or type(self).__name__
+        self.attrs: dict[str, Any] = {}
+        self.in_strategy: tuple | None = None
+        self.out_strategy: tuple | None = None
+        self.instance_name = ""
+
+    def shard(self, in_strategy: Sequence | None = None, out_strategy: Sequence | None = None, **_: Any) -> Primitive:
+        """Set this operator's strategy: in_strategy[i][d] = how many parts input i is split into along dim d."""
+        self.in_strategy = _check_strategy(in_strategy, "in_strategy", self.name)
+        self.out_strategy = _check_strategy(out_strategy, "out_strategy", self.name)
+        return self
+
+    def add_prim_attr(self, name: str, value: Any) -> Primitive:
+        self.attrs[name] = value
+        return self
+
+    def set_prim_instance_name(self, instance_name: str) -> Primitive:
+        self.instance_name = instance_name
+        return self
+
+    def __call__(self, *args: Any) -> Any:
+        raise NotImplementedError(f"{self.name} does not define how it is applied")
+
+    def __repr__(self) -> str:
+        shown = dict(self.attrs, **({"in_strategy": self.in_strategy} if self.in_strategy else {}))
+        return f"Prim[{self.name}]" + (f"<{', '.join(f'{k}={v}' for k, v in shown.items())}>" if shown else "")
+
+
+class _Op(Primitive):
+    """A primitive applying one registered op (`_op`) to its inputs, with the attributes given at construction."""
+
+    _op = ""
+
+    def __init__(self, **attrs: Any):
+        super().__init__()
+        self.attrs.update(attrs)
+
+    def __call__(self, *inputs: Any) -> Any:
+        return apply_op(self._op, *inputs, **self.attrs)
+
+
+def _op_class(name: str, op: str | None = None) -> type:
+    return type(name, (_Op,), {"_op": op or name, "__doc__": f"MindSpore `ops.{name}`: compiler op {op or name}."})
+
+
+Add = _op_class("Add")
+TensorAdd = Add
+Sub = _op_class("Sub")
+Mul = _op_class("Mul")
+Pow = _op_class("Pow")
+Maximum = _op_class("Maximum")
+Minimum = _op_class("Minimum")
+Equal = _op_class("Equal")
+NotEqual = _op_class("NotEqual")
+Greater = _op_class("Greater")
+GreaterEqual = _op_class("GreaterEqual")
+Less = _op_class("Less")
+LessEqual = _op_class("LessEqual")
+LogicalAnd = _op_class("LogicalAnd")
+LogicalOr = _op_class("LogicalOr")
+LogicalNot = _op_class("LogicalNot")
+Neg = _op_class("Neg")
+Exp = _op_class("Exp")
+Log = _op_class("Log")
+Sqrt = _op_class("Sqrt")
+Rsqrt = _op_class("Rsqrt")
+Square = _op_class("Square")
+Abs = _op_class("Abs")
+Sin = _op_class("Sin")
+Cos = _op_class("Cos")
+Erf = _op_class("Erf")
+Floor = _op_class("Floor")
+Ceil = _op_class("Ceil")
+Round = _op_class("Round")
+Sign = _op_class("Sign")
+Reciprocal = _op_class("Reciprocal")
+ReLU = _op_class("ReLU")
+Sigmoid = _op_class("Sigmoid")
+Tanh = _op_class("Tanh")
+StopGradient = _op_class("StopGradient")
+ZerosLike = _op_class("ZerosLike")
+OnesLike = _op_class("OnesLike")
+Identity = _op_class("Identity")
+BiasAdd = _op_class("BiasAdd")
+Select = _op_class("Select")
+Flatten = _op_class("Flatten")
+
+
+class Div(Primitive):
+    def __call__(self, x, y):
+        return F.div(x, y)
+
+
+RealDiv = Div
+
+
+class MatMul(_Op):
+    _op = "MatMul"
+
+    def __init__(self, transpose_a: bool = False, transpose_b: bool = False):
+        super().__init__(transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+class BatchMatMul(MatMul):
+    _op = "BatchMatMul"
+
+
+class _Reduce(Primitive):
+    _op = ""
+
+    def __init__(self, keep_dims: bool = False):
+        super().__init__()
+        self.attrs["keep_dims"] = keep_dims
+
+    def __call__(self, x, axis=()):
+        return apply_op(self._op, x, axis=F._axis(axis), keep_dims=self.attrs["keep_dims"])
+
+
+ReduceSum = type("ReduceSum", (_Reduce,), {"_op": "ReduceSum"})
+ReduceMean = type("ReduceMean", (_Reduce,), {"_op": "ReduceMean"})
+ReduceMax = type("ReduceMax", (_Reduce,), {"_op": "ReduceMax"})
+ReduceMin = type("ReduceMin", (_Reduce,), {"_op": "ReduceMin"})
+
+
+class Softmax(_Op):
+    _op = "Softmax"
+
+    def __init__(self, axis: int = -1):
+        super().__init__(axis=axis[0] if isinstance(axis, (tuple, list)) else axis)
+
+
+class LogSoftmax(Softmax):
+    _op = "LogSoftmax"
+
+
+class GeLU(_Op):
+    _op = "GELU"
+
+    def __init__(self):
+        super().__init__(approximate="tanh")
+
+
+class Argmax(_Op):
+    _op = "Argmax"
+
+    def __init__(self, axis: int = -1, output_type: Any = DType.int32):
+        super().__init__(axis=axis, keep_dims=False, output_type=to_dtype(output_type))
+
+
+class Reshape(Primitive):
+    def __call__(self, x, shape):
+        return F.reshape(x, shape)
+
+
+class Transpose(Primitive):
+    def __call__(self, x, perm):
+        return F.transpose(x, perm)
+
+
+class ExpandDims(Primitive):
+    def __call__(self, x, axis):
+        return F.expand_dims(x, axis)
+
+
+class Squeeze(Primitive):
+    def __init__(self, axis: Any = ()):
+        super().__init__()
+        self.attrs["axis"] = axis
+
+    def __call__(self, x):
+        return F.squeeze(x, self.attrs["axis"] or None)
+
+
+class Concat(Primitive):
+    def __init__(self, axis: int = 0):
+        super().__init__()
+        self.attrs["axis"] = axis
+
+    def __call__(self, tensors):
+        return F.concat(tensors, self.attrs["axis"])
+
+
+class Stack(Concat):
+    def __call__(self, tensors):
+        return F.stack(tensors, self.attrs["axis"])
+
+
+class Split(Primitive):
+    def __init__(self, axis: int = 0, output_num: int = 1):
+        super().__init__()
+        self.attrs.update(axis=axis, output_num=output_num)
+
+    def __call__(self, x):
+        out = apply_op("Split", x, axis=self.attrs["axis"], output_num=self.attrs["output_num"])
+        return out if isinstance(out, tuple) else (out,)
+
+
+class Cast(Primitive):
+    def __call__(self, x, dtype):
+        return F.cast(x, dtype)
+
+
+class Gather(Primitive):
+    def __call__(self, input_params, input_indices, axis, batch_dims=0):
+        return F.gather(input_params, input_indices, axis, batch_dims)
+
+
+class OneHot(Primitive):
+    def __init__(self, axis: int = -1):
+        super().__init__()
+        self.attrs["axis"] = axis
+
+    def __call__(self, indices, depth, on_value, off_value):
+        return F.one_hot(indices, depth, on_value, off_value, self.attrs["axis"])
+
+
+class Conv2D(_Op):
+    _op = "Conv2D"
+
+    def __init__(
+        self,
+        out_channel: int,
+        kernel_size: Any,
+        mode: int = 1,
+        pad_mode: str = "valid",
+        pad: Any = 0,
+        stride: Any = 1,
+        dilation: Any = 1,
+        group: int = 1,
+        data_format: str = "NCHW",
+    ):
+        if data_format != "NCHW":
+            raise ConfigurationError(f"Conv2D: only data_format='NCHW' is supported, got {data_format!r}")
+        super().__init__(stride=stride, dilation=dilation, pad_mode=pad_mode.lower(), pad=pad, group=group)
+
+
+class MaxPool(_Op):
+    _op = "MaxPool"
+
+    def __init__(self, kernel_size: Any = 1, strides: Any = 1, pad_mode: str = "valid", data_format: str = "NCHW"):
+        super().__init__(kernel_size=kernel_size, strides=strides, pad_mode=pad_mode.lower())
+
+
+class AvgPool(MaxPool):
+    _op = "AvgPool"
+
+
+class SoftmaxCrossEntropyWithLogits(Primitive):
+    """(per-sample loss, gradient softmax(logits) - labels) for probability labels."""
+
+    def __call__(self, logits, labels):
+        return apply_op("SoftmaxCrossEntropy", logits, labels), F.softmax(logits, -1) - labels
+
+
+class SparseSoftmaxCrossEntropyWithLogits(Primitive):
+    """Mean cross-entropy of logits at class indices (is_grad=False)."""
+
+    def __init__(self, is_grad: bool = False):
+        super().__init__()
+        if is_grad:
+            raise ConfigurationError("SparseSoftmaxCrossEntropyWithLogits(is_grad=True) is not supported")
+
+    def __call__(self, logits, labels):
+        return F.mean(apply_op("SparseSoftmaxCrossEntropy", logits, labels))
+
+
+class Depend(Primitive):
+    def __call__(self, value, expr):
+        return F.depend(value, expr)
+
+
+class Assign(Primitive):
+    def __call__(self, variable, value):
+        return F.assign(variable, value)
+
+
+class Zeros(Primitive):
+    def __call__(self, size, type=None):
+        return F.zeros(size, type)
+
+
+class Ones(Primitive):
+    def __call__(self, size, type=None):
+        return F.ones(size, type)
+
+
+class Fill(Primitive):
+    def __call__(self, type, shape, value):
+        return F.fill(type, shape, value)
+
+
+class Shape(Primitive):
+    def __call__(self, x):
+        return tuple(x.shape)
+
+
+class Rank(Primitive):
+    def __call__(self, x):
+        return len(x.shape)
+
+
+class StridedSlice(Primitive):
+    def __init__(self, begin_mask=0, end_mask=0, ellipsis_mask=0, new_axis_mask=0, shrink_axis_mask=0):
+        super().__init__()
+        if any((begin_mask, end_mask, ellipsis_mask, new_axis_mask, shrink_axis_mask)):
+            raise ConfigurationError("StridedSlice masks are not supported; index with x[a:b:c] instead")
+
+    def __call__(self, x, begin, end, strides):
+        return x[tuple(slice(b, e, s) for b, e, s in zip(begin, end, strides))]
+
+
+class Dropout(Primitive):
+    def __init__(self, keep_prob: float = 0.5, Seed0: int = 0, Seed1: int = 0):
+        super().__init__()
+        self.attrs["keep_prob"] = keep_prob
+
+    def __call__(self, x):
+        out = F.dropout(x, 1.0 - self.attrs["keep_prob"], training=True)
+        return out, F.not_equal(out, 0.0)
+
+
+class LayerNorm(Primitive):
+    """(y, mean, variance) over dims begin_norm_axis..; gamma/beta shaped like x.shape[begin_params_axis:]."""
+
+    def __init__(self, begin_norm_axis: int = 1, begin_params_axis: int = 1, epsilon: float = 1e-7):
+        super().__init__()
+        self.attrs.update(begin_norm_axis=begin_norm_axis, begin_params_axis=begin_params_axis, epsilon=epsilon)
+
+    def __call__(self, x, gamma, beta):
+        y, mean, rstd = apply_op("LayerNorm", x, gamma, beta, **self.attrs)
+        return y, mean, F.reciprocal(F.square(rstd)) - self.attrs["epsilon"]

@@ -1,0 +1,48 @@
+"""`tessel.train` — MindSpore's `mindspore.train`: Model, callbacks, metrics, checkpoints and export."""
+
+from tessel.train.callback import (
+    Callback,
+    CheckpointConfig,
+    History,
+    LambdaCallback,
+    LossMonitor,
+    ModelCheckpoint,
+    RunContext,
+    TimeMonitor,
+)
+from tessel.train.metrics import (
+    MAE,
+    MSE,
+    Accuracy,
+    Loss,
+    Metric,
+    Top1CategoricalAccuracy,
+    Top5CategoricalAccuracy,
+    TopKCategoricalAccuracy,
+)
+from tessel.train.model import Model
+from tessel.train.serialization import export, load_checkpoint, load_param_into_net, save_checkpoint
+
+__all__ = [
+    "MAE",
+    "MSE",
+    "Accuracy",
+    "Callback",
+    "CheckpointConfig",
+    "History",
+    "LambdaCallback",
+    "Loss",
+    "LossMonitor",
+    "Metric",
+    "Model",
+    "ModelCheckpoint",
+    "RunContext",
+    "TimeMonitor",
+    "Top1CategoricalAccuracy",
+    "Top5CategoricalAccuracy",
+    "TopKCategoricalAccuracy",
+    "export",
+    "load_checkpoint",
+    "load_param_into_net",
+    "save_checkpoint",
+]

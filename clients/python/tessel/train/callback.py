@@ -1,0 +1,262 @@
+"""Training callbacks with MindSpore's API: Callback, RunContext, LossMonitor, TimeMonitor, ModelCheckpoint,
+CheckpointConfig, LambdaCallback and History.
+
+Model.train calls on_train_begin, then per epoch on_train_epoch_begin, per step on_train_step_begin/_end, then
+on_train_epoch_end, and finally on_train_end; each receives a RunContext whose original_args() is cb_params
+(cur_epoch_num, cur_step_num, batch_num, epoch_num, net_outputs, train_network, optimizer, ...).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+import numpy as np
+
+from tessel.common.tensor import Tensor
+from tessel.errors import ConfigurationError
+
+
+class CallbackParam(dict):
+    """cb_params: a dict whose keys are also attributes (MindSpore's _InternalCallbackParam)."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"cb_params has no {name!r}; it has {sorted(self)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        self[name] = value
+
+
+class RunContext:
+    """What callbacks get: original_args() (the cb_params) and request_stop()."""
+
+    def __init__(self, original_args: CallbackParam):
+        self._original_args, self._stop_requested = original_args, False
+
+    def original_args(self) -> CallbackParam:
+        return self._original_args
+
+    def request_stop(self) -> None:
+        self._stop_requested = True
+
+    def get_stop_requested(self) -> bool:
+        return self._stop_requested
+
+
+class Callback:
+    """Base class; override any of on_train_* / on_eval_* (or MindSpore 1.x's begin/epoch_end/step_end/end)."""
+
+    def on_train_begin(self, run_context: RunContext) -> None:
+        self.begin(run_context)
+
+    def on_train_epoch_begin(self, run_context: RunContext) -> None:
+        self.epoch_begin(run_context)
+
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        self.epoch_end(run_context)
+
+    def on_train_step_begin(self, run_context: RunContext) -> None:
+        self.step_begin(run_context)
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        self.step_end(run_context)
+
+    def on_train_end(self, run_context: RunContext) -> None:
+        self.end(run_context)
+
+    def on_eval_begin(self, run_context: RunContext) -> None:
+        pass
+
+    def on_eval_epoch_begin(self, run_context: RunContext) -> None:
+        pass
+
+    def on_eval_step_begin(self, run_context: RunContext) -> None:
+        pass
+
+    def on_eval_step_end(self, run_context: RunContext) -> None:
+        pass
+
+    def on_eval_epoch_end(self, run_context: RunContext) -> None:
+        pass
+
+    def on_eval_end(self, run_context: RunContext) -> None:
+        pass
+
+    def begin(self, run_context: RunContext) -> None:
+        pass
+
+    def epoch_begin(self, run_context: RunContext) -> None:
+        pass
+
+    def epoch_end(self, run_context: RunContext) -> None:
+        pass
+
+    def step_begin(self, run_context: RunContext) -> None:
+        pass
+
+    def step_end(self, run_context: RunContext) -> None:
+        pass
+
+    def end(self, run_context: RunContext) -> None:
+        pass
+
+
+def as_callbacks(callbacks: Any) -> list[Callback]:
+    if callbacks is None:
+        return []
+    items = list(callbacks) if isinstance(callbacks, (list, tuple)) else [callbacks]
+    bad = [type(c).__name__ for c in items if not isinstance(c, Callback)]
+    if bad:
+        raise ConfigurationError(f"callbacks must be Callback instances, got {bad}")
+    return items
+
+
+def loss_value(outputs: Any) -> float | None:
+    """The scalar loss in net_outputs (the first output, averaged), as LossMonitor reads it."""
+    if isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], Tensor):
+        outputs = outputs[0]
+    if isinstance(outputs, Tensor):
+        return float(np.mean(outputs.asnumpy()))
+    return float(outputs) if isinstance(outputs, (int, float, np.number)) else None
+
+
+class LossMonitor(Callback):
+    """Print "epoch: E step: S, loss is L" every per_print_times steps; a NaN or Inf loss stops training with an
+    error naming the epoch and step (MindSpore's behaviour)."""
+
+    def __init__(self, per_print_times: int = 1):
+        if isinstance(per_print_times, bool) or not isinstance(per_print_times, int) or per_print_times < 0:
+            raise ConfigurationError(f"LossMonitor: per_print_times must be an int >= 0, got {per_print_times!r}")
+        self._per_print_times, self._last_print_time = per_print_times, 0
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        loss = loss_value(cb.net_outputs)
+        step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
+        if loss is not None and not np.isfinite(loss):
+            # MindSpore raises ValueError; ConfigurationError is one (divergence usually means bad hyper-parameters).
+            raise ConfigurationError(
+                f"epoch: {cb.cur_epoch_num} step: {step_in_epoch}. Invalid loss, terminating training."
+            )
+        if self._per_print_times and cb.cur_step_num - self._last_print_time >= self._per_print_times:
+            self._last_print_time = cb.cur_step_num
+            print(f"epoch: {cb.cur_epoch_num} step: {step_in_epoch}, loss is {loss}", flush=True)
+
+    def on_train_begin(self, run_context: RunContext) -> None:
+        self._last_print_time = run_context.original_args().cur_step_num
+
+
+class TimeMonitor(Callback):
+    """Print each epoch's time and the time per step."""
+
+    def __init__(self, data_size: int | None = None):
+        self.data_size, self._start = data_size, 0.0
+
+    def on_train_epoch_begin(self, run_context: RunContext) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        elapsed_ms = (time.perf_counter() - self._start) * 1000
+        steps = self.data_size or cb.get("epoch_steps") or cb.batch_num
+        print(
+            f"Train epoch time: {elapsed_ms:5.3f} ms, per step time: {elapsed_ms / max(steps, 1):5.3f} ms", flush=True
+        )
+
+
+class LambdaCallback(Callback):
+    """A callback from functions: LambdaCallback(on_train_step_end=lambda run_context: ...)."""
+
+    def __init__(self, **hooks: Any):
+        for name, fn in hooks.items():
+            if not name.startswith(("on_train_", "on_eval_")) or not hasattr(Callback, name):
+                raise ConfigurationError(f"LambdaCallback: unknown hook {name!r}")
+            setattr(self, name, fn)
+
+
+class History(Callback):
+    """Records the loss of every epoch's last step in .epoch and .history["net_output"]."""
+
+    def __init__(self):
+        self.epoch: list[int] = []
+        self.history: dict[str, list] = {"net_output": []}
+
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        self.epoch.append(cb.cur_epoch_num)
+        self.history["net_output"].append(loss_value(cb.net_outputs))
+
+
+class CheckpointConfig:
+    """When ModelCheckpoint saves and how many files it keeps."""
+
+    def __init__(
+        self,
+        save_checkpoint_steps: int = 1,
+        save_checkpoint_seconds: int = 0,
+        keep_checkpoint_max: int = 5,
+        keep_checkpoint_per_n_minutes: int = 0,
+        integrated_save: bool = True,
+        async_save: bool = False,
+        saved_network: Any = None,
+        append_info: Any = None,
+        **_: Any,
+    ):
+        for name, value in (
+            ("save_checkpoint_steps", save_checkpoint_steps),
+            ("keep_checkpoint_max", keep_checkpoint_max),
+            ("save_checkpoint_seconds", save_checkpoint_seconds),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"CheckpointConfig: {name} must be an int >= 0, got {value!r}")
+        if not save_checkpoint_steps and not save_checkpoint_seconds:
+            raise ConfigurationError("CheckpointConfig: save_checkpoint_steps and save_checkpoint_seconds are both 0")
+        self.save_checkpoint_steps, self.save_checkpoint_seconds = save_checkpoint_steps, save_checkpoint_seconds
+        self.keep_checkpoint_max, self.saved_network = keep_checkpoint_max, saved_network
+        self.append_info = append_info
+
+
+class ModelCheckpoint(Callback):
+    """Save "<prefix>-<epoch>_<step>.ckpt" into `directory` every save_checkpoint_steps steps (and at the end),
+    keeping the newest keep_checkpoint_max files."""
+
+    def __init__(self, prefix: str = "CKP", directory: str | None = None, config: CheckpointConfig | None = None):
+        if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):
+            raise ConfigurationError(f"ModelCheckpoint: prefix {prefix!r} must be letters, digits, '_', '-', '.'")
+        self.prefix, self.directory = prefix, os.path.abspath(directory or ".")
+        self.config = config or CheckpointConfig()
+        self._saved: list[str] = []
+        self._last_step, self._last_time = -1, time.monotonic()
+        self.latest_ckpt_file_name = ""
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        steps, seconds = self.config.save_checkpoint_steps, self.config.save_checkpoint_seconds
+        due = (steps and cb.cur_step_num % steps == 0) or (seconds and time.monotonic() - self._last_time >= seconds)
+        if due:
+            self._save(cb)
+
+    def on_train_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        if cb.cur_step_num != self._last_step:
+            self._save(cb)
+
+    def _save(self, cb: CallbackParam) -> None:
+        from tessel.train.serialization import save_checkpoint
+
+        step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
+        path = os.path.join(self.directory, f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.ckpt")
+        save_checkpoint(self.config.saved_network or cb.train_network, path, append_dict=self.config.append_info)
+        self._last_step, self._last_time, self.latest_ckpt_file_name = cb.cur_step_num, time.monotonic(), path
+        if path in self._saved:
+            self._saved.remove(path)
+        self._saved.append(path)
+        while self.config.keep_checkpoint_max and len(self._saved) > self.config.keep_checkpoint_max:
+            old = self._saved.pop(0)
+            if os.path.exists(old):
+                os.remove(old)

@@ -1,0 +1,229 @@
+"""`Model`: MindSpore's high-level train / eval / predict.
+
+    >>> model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.SGD(net.trainable_params(), 1e-2),
+    ...                  metrics={"accuracy", "loss"})
+    >>> model.train(10, train_dataset, callbacks=[LossMonitor(20)])
+    >>> model.eval(test_dataset)                       # {'accuracy': ..., 'loss': ...}
+
+Training compiles forward, backward and the optimizer update into one graph (once per input signature) and runs
+one Execute per step on this rank's daemon: the batch goes in, the loss comes back, parameters and optimizer
+state stay on the daemon. `dataset_sink_mode=True` currently runs the same per-step path (callbacks still see
+every step); sinking the dataset into the daemon (many steps per request) is planned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from tessel import context
+from tessel.errors import ConfigurationError
+from tessel.nn.cell import Cell
+from tessel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
+from tessel.train.callback import CallbackParam, RunContext, as_callbacks
+from tessel.train.metrics import Loss, get_metrics
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"Model: {name} must be an int >= {minimum}, got {value!r}")
+    return value
+
+
+class Model:
+    """Train, evaluate and predict with a network, a loss function and an optimizer."""
+
+    def __init__(
+        self,
+        network: Cell,
+        loss_fn: Cell | None = None,
+        optimizer: Any = None,
+        metrics: Any = None,
+        eval_network: Cell | None = None,
+        eval_indexes: list[int] | None = None,
+        amp_level: str = "O0",
+        boost_level: str = "O0",
+        **kwargs: Any,
+    ):
+        if not isinstance(network, Cell):
+            raise ConfigurationError(f"Model: network must be a Cell, got {type(network).__name__}")
+        if amp_level != "O0" or boost_level != "O0":
+            raise ConfigurationError("Model: only amp_level='O0' and boost_level='O0' are supported; use to_float()")
+        if eval_indexes is not None and (len(eval_indexes) != 3 or eval_network is None):
+            raise ConfigurationError("Model: eval_indexes needs eval_network and 3 indexes (loss, prediction, label)")
+        self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
+        self._metrics = get_metrics(metrics)
+        self._eval_network, self._eval_indexes = eval_network, eval_indexes
+        self._train_network = self._build_train_network()
+
+    def _build_train_network(self) -> Cell | None:
+        if self._optimizer is None:
+            return self._network if isinstance(self._network, TrainOneStepCell) else None
+        loss_net = WithLossCell(self._network, self._loss_fn) if self._loss_fn is not None else self._network
+        return TrainOneStepCell(loss_net, self._optimizer)
+
+    @property
+    def train_network(self) -> Cell | None:
+        return self._train_network
+
+    @property
+    def predict_network(self) -> Cell:
+        return self._network
+
+    @property
+    def eval_network(self) -> Cell | None:
+        return self._eval_network
+
+    # --- training -------------------------------------------------------------------------------------------
+    def train(
+        self,
+        epoch: int,
+        train_dataset: Any,
+        callbacks: Any = None,
+        dataset_sink_mode: bool = False,
+        sink_size: int = -1,
+        initial_epoch: int = 0,
+    ) -> None:
+        """Train for `epoch` epochs (from initial_epoch), one compiled fused step per batch."""
+        if self._train_network is None:
+            raise ConfigurationError(
+                "Model.train needs an optimizer: Model(net, loss_fn, optimizer) or Model(TrainOneStepCell(...))"
+            )
+        _positive_int("epoch", epoch)
+        _positive_int("initial_epoch", initial_epoch, 0)
+        if initial_epoch >= epoch:
+            raise ConfigurationError(f"Model.train: initial_epoch {initial_epoch} must be below epoch {epoch}")
+        if sink_size != -1:
+            _positive_int("sink_size", sink_size)
+        self._check_parallel()
+        _check_dataset(train_dataset)
+        sinking = dataset_sink_mode and sink_size > 0
+        steps = sink_size if sinking else train_dataset.get_dataset_size()
+        net = self._train_network
+        step = net._fused if type(net).construct is TrainOneStepCell.construct else net
+        cb = CallbackParam(
+            train_network=net,
+            network=self._network,
+            optimizer=self._optimizer,
+            loss_fn=self._loss_fn,
+            epoch_num=epoch,
+            batch_num=steps,
+            cur_epoch_num=initial_epoch,
+            cur_step_num=initial_epoch * steps,
+            net_outputs=None,
+            train_dataset=train_dataset,
+            dataset_sink_mode=dataset_sink_mode,
+            mode="train",
+            parallel_mode=context.get_auto_parallel_context("parallel_mode"),
+            device_number=context.get_auto_parallel_context("device_num"),
+        )
+        net.set_train(True)
+        epochs = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
+        _run_epochs(step, epochs, range(initial_epoch + 1, epoch + 1), cb, as_callbacks(callbacks))
+
+    def _check_parallel(self) -> None:
+        mode = context.get_auto_parallel_context("parallel_mode")
+        if mode != context.ParallelMode.STAND_ALONE and context.get_auto_parallel_context("device_num") > 1:
+            raise ConfigurationError(
+                f"Model.train with parallel_mode={mode!r} over several devices needs the parallel pass, which is "
+                "not available in this build; train with parallel_mode='stand_alone' per rank"
+            )
+
+    # --- evaluation and prediction ------------------------------------------------------------------------------
+    def eval(self, valid_dataset: Any, callbacks: Any = None, dataset_sink_mode: bool = False) -> dict[str, float]:
+        """The metrics over one pass of valid_dataset (network in inference mode)."""
+        if not self._metrics:
+            raise ConfigurationError("Model.eval needs metrics: Model(..., metrics={'accuracy', 'loss'})")
+        _check_dataset(valid_dataset)
+        net, indexes = self._evaluator()
+        for metric in self._metrics.values():
+            metric.clear()
+        net.set_train(False)
+        for batch in next(_epochs(valid_dataset)):
+            if indexes is None:
+                loss, prediction, label = None, net(*batch[:-1]), batch[-1]
+            else:
+                outputs = net(*batch)
+                loss, prediction, label = (outputs[i] for i in indexes)
+            for metric in self._metrics.values():
+                if isinstance(metric, Loss):
+                    metric.update(loss)
+                else:
+                    metric.update(prediction, label)
+        return {name: metric.eval() for name, metric in self._metrics.items()}
+
+    def _evaluator(self) -> tuple[Cell, tuple[int, int, int] | None]:
+        if self._eval_network is not None:
+            return self._eval_network, tuple(self._eval_indexes or (0, 1, 2))
+        if self._loss_fn is not None:
+            return WithEvalCell(self._network, self._loss_fn), (0, 1, 2)
+        if isinstance(self._network, WithLossCell):
+            return WithEvalCell(self._network.backbone_network, self._network._loss_fn), (0, 1, 2)
+        if any(isinstance(m, Loss) for m in self._metrics.values()):
+            raise ConfigurationError("Model.eval: the 'loss' metric needs loss_fn or an eval_network")
+        return self._network, None
+
+    def predict(self, *predict_data: Any) -> Any:
+        """network(*predict_data) in inference mode."""
+        self._network.set_train(False)
+        return self._network(*predict_data)
+
+
+def _check_dataset(dataset: Any) -> None:
+    if not hasattr(dataset, "create_tuple_iterator") or not hasattr(dataset, "get_dataset_size"):
+        raise ConfigurationError(
+            f"Model needs a tessel.dataset Dataset (e.g. ds.MnistDataset(...).batch(32)), got {type(dataset).__name__}"
+        )
+
+
+def _epochs(dataset: Any) -> Iterator[Iterator]:
+    """One iterator of batches (lists of numpy arrays) per epoch."""
+    while True:
+        yield iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True))
+
+
+def _sunk_epochs(dataset: Any, sink_size: int) -> Iterator[Iterator]:
+    """Epochs of exactly sink_size steps, taken from the dataset repeated endlessly."""
+    rows = dataset.create_tuple_iterator(num_epochs=-1, output_numpy=True)
+
+    def take() -> Iterator:
+        taken, empty_passes = 0, 0
+        while taken < sink_size:
+            try:
+                batch = next(rows)
+            except StopIteration:  # an epoch of the dataset ended; the next call starts another
+                empty_passes += 1
+                if empty_passes > 1:
+                    raise ConfigurationError("Model.train: the dataset yields no batches") from None
+                continue
+            empty_passes, taken = 0, taken + 1
+            yield batch
+
+    while True:
+        yield take()
+
+
+def _run_epochs(step, epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list) -> None:
+    """The training loop proper: one `step(*batch)` per batch, with the callbacks around it."""
+    run_context = RunContext(cb)
+    for callback in callbacks:
+        callback.on_train_begin(run_context)
+    for number in numbers:
+        cb["cur_epoch_num"] = number
+        for callback in callbacks:
+            callback.on_train_epoch_begin(run_context)
+        for batch in next(epochs):
+            cb["cur_step_num"] += 1
+            for callback in callbacks:
+                callback.on_train_step_begin(run_context)
+            cb["net_outputs"] = step(*batch)
+            for callback in callbacks:
+                callback.on_train_step_end(run_context)
+            if run_context._stop_requested:
+                break
+        for callback in callbacks:
+            callback.on_train_epoch_end(run_context)
+        if run_context._stop_requested:
+            break
+    for callback in callbacks:
+        callback.on_train_end(run_context)

@@ -1,0 +1,92 @@
+"""Loss cells against numpy (float64) references, every reduction, weights, ignore_index and label smoothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sdk_testkit import finite_difference, log_softmax, rand
+
+import tessel as ms
+from tessel import nn
+from tessel.errors import ConfigurationError
+
+LOGITS = rand(6, 4).astype(np.float64)
+LABELS = np.array([0, 3, 1, 1, 2, 3], np.int32)
+WEIGHT = np.array([1.0, 2.0, 0.5, 1.5])
+
+
+def reduce(per, reduction, weights=None):
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / weights.sum() if weights is not None else per.mean()
+
+
+def call(cell, logits, labels):
+    return cell(ms.Tensor(logits.astype(np.float32)), ms.Tensor(labels)).asnumpy()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_cross_entropy_with_class_indices(reduction):
+    nll = -log_softmax(LOGITS)[np.arange(6), LABELS]
+    got = call(nn.CrossEntropyLoss(reduction=reduction), LOGITS, LABELS)
+    np.testing.assert_allclose(got, reduce(nll, reduction), rtol=1e-5)
+    w = WEIGHT[LABELS]
+    got = call(nn.CrossEntropyLoss(weight=ms.Tensor(WEIGHT.astype(np.float32)), reduction=reduction), LOGITS, LABELS)
+    np.testing.assert_allclose(got, reduce(nll * w, reduction, w), rtol=1e-5)
+
+
+def test_cross_entropy_ignore_index_label_smoothing_and_probabilities():
+    labels = LABELS.copy()
+    labels[[1, 4]] = -100
+    nll = -log_softmax(LOGITS)[np.arange(6), np.maximum(labels, 0)]
+    keep = labels != -100
+    np.testing.assert_allclose(call(nn.CrossEntropyLoss(), LOGITS, labels), nll[keep].mean(), rtol=1e-5)
+    smoothed = 0.9 * (-log_softmax(LOGITS)[np.arange(6), LABELS]) + 0.1 * (-log_softmax(LOGITS).mean(-1))
+    np.testing.assert_allclose(
+        call(nn.CrossEntropyLoss(label_smoothing=0.1), LOGITS, LABELS), smoothed.mean(), rtol=1e-5
+    )
+    probs = np.random.default_rng(1).dirichlet(np.ones(4), 6)
+    want = -(probs * log_softmax(LOGITS)).sum(-1).mean()
+    np.testing.assert_allclose(call(nn.CrossEntropyLoss(), LOGITS, probs.astype(np.float32)), want, rtol=1e-5)
+
+
+def test_softmax_cross_entropy_with_logits_and_nll():
+    nll = -log_softmax(LOGITS)[np.arange(6), LABELS]
+    sparse = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")
+    np.testing.assert_allclose(call(sparse, LOGITS, LABELS), nll.mean(), rtol=1e-5)
+    onehot = np.eye(4, dtype=np.float32)[LABELS]
+    np.testing.assert_allclose(call(nn.SoftmaxCrossEntropyWithLogits(), LOGITS, onehot), nll, rtol=1e-5)
+    np.testing.assert_allclose(call(nn.NLLLoss(), log_softmax(LOGITS), LABELS), nll.mean(), rtol=1e-5)
+    nll_w = nn.NLLLoss(weight=ms.Tensor(WEIGHT.astype(np.float32)), reduction="sum")
+    np.testing.assert_allclose(call(nll_w, log_softmax(LOGITS), LABELS), (nll * WEIGHT[LABELS]).sum(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_regression_losses(reduction):
+    x, y = rand(3, 4), rand(3, 4, seed=1)
+    np.testing.assert_allclose(call(nn.MSELoss(reduction), x, y), reduce((x - y) ** 2, reduction), rtol=1e-5)
+    np.testing.assert_allclose(call(nn.L1Loss(reduction), x, y), reduce(np.abs(x - y), reduction), rtol=1e-5)
+    t = (rand(3, 4, seed=2) > 0).astype(np.float32)
+    bce = np.maximum(x, 0) - x * t + np.log1p(np.exp(-np.abs(x)))
+    np.testing.assert_allclose(call(nn.BCEWithLogitsLoss(reduction), x, t), reduce(bce, reduction), rtol=1e-5)
+
+
+def test_cross_entropy_gradient_matches_finite_differences():
+    loss = nn.CrossEntropyLoss(weight=ms.Tensor(WEIGHT.astype(np.float32)))
+    grad = ms.grad(lambda z, y: loss(z, y))(ms.Tensor(LOGITS.astype(np.float32)), ms.Tensor(LABELS)).asnumpy()
+    logits = LOGITS.copy()
+
+    def reference():
+        w = WEIGHT[LABELS]
+        return float((-log_softmax(logits)[np.arange(6), LABELS] * w).sum() / w.sum())
+
+    np.testing.assert_allclose(grad, finite_difference(reference, logits), rtol=1e-4, atol=1e-6)
+
+
+def test_label_errors_name_the_problem():
+    with pytest.raises(ConfigurationError, match=r"labels of shape \(6, 4\).*expected labels of shape \(6,\)"):
+        call(nn.CrossEntropyLoss(), LOGITS, np.zeros((6, 4), np.int32))
+    with pytest.raises(ConfigurationError, match="reduction must be one of"):
+        nn.MSELoss("average")

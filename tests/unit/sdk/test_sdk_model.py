@@ -1,0 +1,161 @@
+"""Model.train / eval / predict, the callback protocol, LossMonitor's exact output and ModelCheckpoint."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from sdk_testkit import log_softmax, rand
+
+import tessel as ms
+import tessel.dataset as ds
+from tessel import nn, train
+from tessel.errors import ConfigurationError
+
+DATA = rand(40, 6)
+LABELS = (DATA[:, 0] > 0).astype(np.int32) + (DATA[:, 1] > 0).astype(np.int32)
+
+
+def dataset(batch=4):
+    return ds.NumpySlicesDataset({"data": DATA, "label": LABELS}, shuffle=False).batch(batch)
+
+
+def make(optimizer=nn.Momentum, seed=7, **kw):
+    ms.set_seed(seed)
+    net = nn.SequentialCell(nn.Dense(6, 8), nn.ReLU(), nn.Dense(8, 3))
+    opt = (
+        optimizer(net.trainable_params(), 0.1, 0.9)
+        if optimizer is nn.Momentum
+        else optimizer(net.trainable_params(), 0.1)
+    )
+    return net, ms.Model(net, nn.CrossEntropyLoss(), opt, **kw)
+
+
+class Recorder(train.Callback):
+    def __init__(self, stop_at=None):
+        self.calls, self.losses, self.stop_at = [], [], stop_at
+
+    def on_train_begin(self, rc):
+        self.calls.append("begin")
+
+    def on_train_epoch_begin(self, rc):
+        self.calls.append(f"epoch_begin{rc.original_args().cur_epoch_num}")
+
+    def on_train_step_end(self, rc):
+        cb = rc.original_args()
+        self.losses.append(float(cb.net_outputs.asnumpy()))
+        self.calls.append(f"step{cb.cur_step_num}")
+        assert isinstance(cb.train_network, nn.TrainOneStepCell) and cb.batch_num == 10 and cb.epoch_num == 2
+        if cb.cur_step_num == self.stop_at:
+            rc.request_stop()
+
+    def on_train_epoch_end(self, rc):
+        self.calls.append("epoch_end")
+
+    def on_train_end(self, rc):
+        self.calls.append("end")
+
+
+def test_loss_monitor_prints_mindspore_format_on_global_step_multiples(capsys):
+    _, model = make()
+    recorder = Recorder()
+    model.train(2, dataset(), callbacks=[recorder, train.LossMonitor(3)])
+    lines = capsys.readouterr().out.splitlines()
+    steps = [3, 6, 9, 12, 15, 18]
+    want = [f"epoch: {(s - 1) // 10 + 1} step: {(s - 1) % 10 + 1}, loss is {recorder.losses[s - 1]}" for s in steps]
+    assert lines == want
+    assert lines[3].startswith("epoch: 2 step: 2, loss is ")
+    assert recorder.calls[:3] == ["begin", "epoch_begin1", "step1"] and recorder.calls[-2:] == ["epoch_end", "end"]
+    assert recorder.losses[-1] < recorder.losses[0]
+
+
+def test_a_nan_loss_raises_naming_epoch_and_step():
+    class NanLoss(nn.Cell):
+        def construct(self, logits, labels):
+            return logits.sum() * float("nan")
+
+    net = nn.Dense(6, 3)
+    model = ms.Model(net, NanLoss(), nn.SGD(net.trainable_params(), 0.1))
+    with pytest.raises(ValueError, match=r"^epoch: 1 step: 1\. Invalid loss, terminating training\.$"):
+        model.train(1, dataset(), callbacks=[train.LossMonitor()])
+
+
+def test_request_stop_ends_training_after_the_step():
+    _, model = make()
+    recorder = Recorder(stop_at=13)
+    model.train(2, dataset(), callbacks=[recorder])
+    assert recorder.calls[-3:] == ["step13", "epoch_end", "end"]
+
+
+def test_model_train_equals_the_custom_loop():
+    net_a, model = make(optimizer=nn.Adam)
+    model.train(2, dataset())
+    net_b, _ = make(optimizer=nn.Adam)
+    loss_fn, optimizer = nn.CrossEntropyLoss(), nn.Adam(net_b.trainable_params(), 0.1)
+    grad_fn = ms.value_and_grad(lambda d, y: loss_fn(net_b(d), y), None, optimizer.parameters)
+    for _ in range(2):
+        for data, label in dataset():
+            _, grads = grad_fn(data, label)
+            optimizer(grads)
+    for a, b in zip(net_a.trainable_params(), net_b.trainable_params()):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-5, atol=1e-6, err_msg=a.name)
+
+
+def test_eval_and_predict_match_numpy():
+    net, model = make(metrics={"accuracy", "loss"})
+    model.train(1, dataset())
+    w0, b0, w1, b1 = (p.asnumpy().astype(np.float64) for p in net.trainable_params())
+    logits = np.maximum(DATA @ w0.T + b0, 0) @ w1.T + b1
+    result = model.eval(dataset(batch=16))  # batches of 16, 16 and 8
+    assert result["accuracy"] == pytest.approx((logits.argmax(1) == LABELS).mean())
+    per_batch = [-log_softmax(logits[i : i + 16])[np.arange(len(LABELS[i : i + 16])), LABELS[i : i + 16]].mean()
+                 for i in (0, 16, 32)]  # fmt: skip
+    assert result["loss"] == pytest.approx(np.mean(per_batch), rel=1e-5)
+    np.testing.assert_allclose(model.predict(ms.Tensor(DATA)).asnumpy(), logits, rtol=1e-4, atol=1e-5)
+
+
+def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
+    net, model = make()
+    config = train.CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=2)
+    checkpoint = train.ModelCheckpoint("net", str(tmp_path), config)
+    model.train(2, dataset(), callbacks=[checkpoint])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["net-2_10.ckpt", "net-2_6.ckpt"]
+    saved = ms.load_checkpoint(str(tmp_path / "net-2_10.ckpt"))
+    for p in net.trainable_params():
+        np.testing.assert_array_equal(saved[p.name].asnumpy(), p.asnumpy())
+    assert "moments.0.weight" in saved  # the optimizer's state is in the train network's checkpoint
+    assert checkpoint.latest_ckpt_file_name.endswith("net-2_10.ckpt")
+
+
+def test_sink_size_makes_epochs_of_that_many_steps():
+    _, model = make()
+    recorder = []
+    cb = train.LambdaCallback(on_train_step_end=lambda rc: recorder.append(rc.original_args().cur_step_num))
+    model.train(3, dataset(), callbacks=[cb], dataset_sink_mode=True, sink_size=7)
+    assert recorder == list(range(1, 22))
+
+
+def test_misuse_is_a_clear_error():
+    net = nn.Dense(6, 3)
+    with pytest.raises(ConfigurationError, match=r"Model\.train needs an optimizer"):
+        ms.Model(net, nn.CrossEntropyLoss()).train(1, dataset())
+    with pytest.raises(ConfigurationError, match=r"Model\.eval needs metrics"):
+        ms.Model(net, nn.CrossEntropyLoss()).eval(dataset())
+    with pytest.raises(ConfigurationError, match="epoch must be an int >= 1"):
+        make()[1].train(0, dataset())
+    with pytest.raises(ConfigurationError, match=r"needs a tessel\.dataset Dataset"):
+        make()[1].train(1, [(DATA, LABELS)])
+    with pytest.raises(ConfigurationError, match="unknown metric 'f1'"):
+        ms.Model(net, metrics={"f1"})
+
+
+def test_time_monitor_and_history_report_every_epoch(capsys):
+    _, model = make()
+    history = train.History()
+    model.train(2, dataset(), callbacks=[train.TimeMonitor(), history])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and all(
+        re.fullmatch(r"Train epoch time: \d+\.\d{3} ms, per step time: \d+\.\d{3} ms", line) for line in lines
+    )
+    assert history.epoch == [1, 2] and len(history.history["net_output"]) == 2

@@ -1,0 +1,141 @@
+"""Optimizers through the SDK against numpy implementations of MindSpore's formulas; learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from sdk_testkit import rand
+
+import tessel as ms
+from tessel import nn
+from tessel.errors import ConfigurationError
+
+STEPS = 3
+GRADS = [[rand(3, 2, seed=10 + s), rand(2, seed=20 + s)] for s in range(STEPS)]
+
+
+def numpy_steps(kind: str, params, lrs, wd=0.0, **hp):
+    """MindSpore's update rules in float64, one parameter at a time."""
+    params = [p.astype(np.float64) for p in params]
+    state = [dict(m=np.zeros_like(p), v=np.zeros_like(p)) for p in params]
+    for t in range(STEPS):
+        lr = lrs[t]
+        for p, g, s in zip(params, GRADS[t], state):
+            g = g.astype(np.float64)
+            if kind != "adamw" and wd:
+                g = g + wd * p
+            if kind == "sgd":
+                m, d = hp.get("momentum", 0.0), hp.get("dampening", 0.0)
+                s["m"] = g.copy() if t == 0 else m * s["m"] + (1 - d) * g
+                step = g + m * s["m"] if hp.get("nesterov") else s["m"]
+                p -= lr * (step if m else g)
+            elif kind == "momentum":
+                s["m"] = hp["momentum"] * s["m"] + g
+                p -= lr * (g + hp["momentum"] * s["m"] if hp.get("use_nesterov") else s["m"])
+            else:
+                b1, b2, eps = hp.get("beta1", 0.9), hp.get("beta2", 0.999), hp["eps"]
+                s["m"] = b1 * s["m"] + (1 - b1) * g
+                s["v"] = b2 * s["v"] + (1 - b2) * g * g
+                if kind == "adam":
+                    scale = lr * math.sqrt(1 - b2 ** (t + 1)) / (1 - b1 ** (t + 1))
+                    p -= scale * s["m"] / (np.sqrt(s["v"]) + eps)
+                else:
+                    p -= lr * (s["m"] / (np.sqrt(s["v"]) + eps) + wd * p)
+    return params
+
+
+CASES = [
+    ("sgd", nn.SGD, {}),
+    ("sgd", nn.SGD, {"momentum": 0.9, "dampening": 0.1}),
+    ("sgd", nn.SGD, {"momentum": 0.9, "nesterov": True}),
+    ("momentum", nn.Momentum, {"momentum": 0.9}),
+    ("momentum", nn.Momentum, {"momentum": 0.8, "use_nesterov": True}),
+    ("adam", nn.Adam, {"eps": 1e-8}),
+    ("adamw", nn.AdamWeightDecay, {"eps": 1e-6}),
+]
+
+
+@pytest.mark.parametrize(("kind", "cls", "hp"), CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.01])
+def test_updates_match_mindspore_formulas(kind, cls, hp, weight_decay):
+    w = ms.Parameter(ms.Tensor(rand(3, 2)), name="w")
+    b = ms.Parameter(ms.Tensor(rand(2, seed=1)), name="b")
+    start = [w.asnumpy().copy(), b.asnumpy().copy()]
+    lrs = [0.1, 0.05, 0.02]
+    optimizer = cls([w, b], learning_rate=lrs, weight_decay=weight_decay, **hp)
+    for grads in GRADS:
+        optimizer(tuple(ms.Tensor(g) for g in grads))
+    want = numpy_steps(kind, start, lrs, weight_decay, **hp)
+    np.testing.assert_allclose(w.asnumpy(), want[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(b.asnumpy(), want[1], rtol=1e-5, atol=1e-6)
+    assert optimizer.global_step.asnumpy().tolist() == [STEPS]
+
+
+def test_gradients_left_on_the_daemon_update_like_host_gradients():
+    x, labels = ms.Tensor(rand(8, 4)), ms.Tensor(np.arange(8, dtype=np.int32) % 3)
+    results = []
+    for from_daemon in (True, False):
+        ms.set_seed(5)
+        net = nn.Dense(4, 3)
+        loss_fn, optimizer = nn.CrossEntropyLoss(), nn.Adam(net.trainable_params(), 0.01)
+        grad_fn = ms.value_and_grad(
+            lambda d, y, net=net, loss_fn=loss_fn: loss_fn(net(d), y), None, optimizer.parameters
+        )
+        for _ in range(3):
+            _, grads = grad_fn(x, labels)
+            optimizer(grads if from_daemon else tuple(ms.Tensor(g.asnumpy()) for g in grads))
+        results.append(net.weight.asnumpy().copy())
+    np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
+
+
+def test_weight_decay_skips_normalisation_parameters_and_groups_choose():
+    gamma = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="norm.gamma")
+    w = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="w")
+    opt = nn.SGD([gamma, w], learning_rate=1.0, weight_decay=0.5)
+    opt((ms.Tensor(np.zeros(2, np.float32)), ms.Tensor(np.zeros(2, np.float32))))
+    assert gamma.asnumpy().tolist() == [1.0, 1.0] and w.asnumpy().tolist() == [0.5, 0.5]
+    a = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="a")
+    c = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="c")
+    opt = nn.SGD([{"params": [a], "weight_decay": 0.5}, {"params": [c]}], learning_rate=1.0)
+    opt((ms.Tensor(np.zeros(2, np.float32)),) * 2)
+    assert a.asnumpy().tolist() == [0.5, 0.5] and c.asnumpy().tolist() == [1.0, 1.0]
+    with pytest.raises(ConfigurationError, match="per-group 'lr'"):
+        nn.SGD([{"params": [a], "lr": 0.1}], learning_rate=1.0)
+    with pytest.raises(ConfigurationError, match="updates 2 parameters but got 1 gradients"):
+        opt((ms.Tensor(np.zeros(2, np.float32)),))
+
+
+def test_learning_rate_lists_match_mindspore_examples():
+    assert nn.piecewise_constant_lr([2, 5, 10], [0.1, 0.05, 0.01]) == [0.1] * 2 + [0.05] * 3 + [0.01] * 5
+    assert nn.cosine_decay_lr(0.01, 0.1, 6, 2, 2) == pytest.approx([0.1, 0.1, 0.055, 0.055, 0.01, 0.01])
+    assert nn.exponential_decay_lr(0.1, 0.9, 6, 2, 1) == pytest.approx([0.1, 0.1, 0.09, 0.09, 0.081, 0.081])
+    assert nn.warmup_lr(0.1, 6, 2, 2) == pytest.approx([0.0, 0.0, 0.05, 0.05, 0.1, 0.1])
+    poly = [0.1, 0.1, 0.07363961030678928, 0.07363961030678928, 0.01, 0.01]
+    assert nn.polynomial_decay_lr(0.1, 0.01, 6, 2, 2, 0.5) == pytest.approx(poly)
+    natural = [0.1] * 4 + [0.016529888822158657] * 2
+    assert nn.natural_exp_decay_lr(0.1, 0.9, 6, 2, 2, True) == pytest.approx(natural)
+    assert nn.inverse_decay_lr(0.1, 0.5, 6, 2, 2, True) == pytest.approx([0.1] * 4 + [0.1 / 1.5] * 2)
+
+
+def test_schedules_give_the_rate_of_each_step():
+    cases = [
+        (nn.ExponentialDecayLR(0.1, 0.9, 4), lambda s: 0.1 * 0.9 ** (s / 4)),
+        (nn.ExponentialDecayLR(0.1, 0.9, 4, is_stair=True), lambda s: 0.1 * 0.9 ** (s // 4)),
+        (nn.NaturalExpDecayLR(0.1, 0.9, 4), lambda s: 0.1 * math.exp(-0.9 * s / 4)),
+        (nn.InverseDecayLR(0.1, 0.5, 4), lambda s: 0.1 / (1 + 0.5 * s / 4)),
+        (nn.CosineDecayLR(0.01, 0.1, 4), lambda s: 0.01 + 0.045 * (1 + math.cos(math.pi * min(s, 4) / 4))),
+        (nn.PolynomialDecayLR(0.1, 0.01, 4, 2.0), lambda s: 0.09 * (1 - min(s, 4) / 4) ** 2 + 0.01),
+        (nn.WarmUpLR(0.1, 4), lambda s: 0.1 * min(s, 4) / 4),
+    ]
+    for schedule, formula in cases:
+        for step in (0, 1, 3, 6):
+            assert schedule.lr_at(step) == pytest.approx(formula(step)), type(schedule).__name__
+            assert schedule(ms.Tensor(np.int32(step))).asnumpy() == pytest.approx(formula(step), rel=1e-6)
+    w = ms.Parameter(ms.Tensor(np.zeros(1, np.float32)), name="w")
+    opt = nn.SGD([w], learning_rate=nn.WarmUpLR(1.0, 4))
+    for _ in range(3):
+        opt((ms.Tensor(np.ones(1, np.float32)),))
+    assert w.asnumpy()[0] == pytest.approx(-(0 + 0.25 + 0.5))  # steps 0, 1, 2 of the warm-up
+    assert opt.get_lr().asnumpy() == pytest.approx(0.75)
