@@ -28,6 +28,8 @@ from tessel.v1 import common_pb2, daemon_pb2
 
 log = logging.getLogger("tessel.daemon")
 
+BOUND_PROGRAMS = 64  # bound programs cached per session
+
 
 class Result(NamedTuple):
     """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings."""
@@ -170,6 +172,7 @@ class DaemonCore:
             by_rank = {m.rank: m for m in self.coordinator.create_group(session.job_id, name, ranks, session.rank)}
             members = [by_rank.get(i, m) for i, m in enumerate(session.members)]
         session.groups[name] = self._new_communicator(session, name, ranks, members)
+        session.bound.clear()
 
     def destroy_group(self, session_id: str, name: str) -> None:
         session = self.session(session_id)
@@ -177,6 +180,7 @@ class DaemonCore:
         if comm is None:
             raise ConfigurationError(f"no group {name!r} in job {session.job_id!r}")
         comm.close()
+        session.bound.clear()
         if self.coordinator is not None and session.world_size > 1:
             self.coordinator.destroy_group(session.job_id, name, session.rank)
 
@@ -249,7 +253,7 @@ class DaemonCore:
             session.check_alive()
             if feed:
                 session.tensors.update(feed)
-            steps = self._executor.bind(session, program)
+            steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
             clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
@@ -269,6 +273,18 @@ class DaemonCore:
         return Result(
             fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
         )
+
+    def _bound(self, session: Session, program: daemon_pb2.Program) -> list:
+        """The program's bound steps, cached per session by the program's bytes: a training loop sends the same
+        program every step, and binding it again would cost more than running a small step."""
+        key = program.SerializeToString(deterministic=True)
+        steps = session.bound.get(key)
+        if steps is None:
+            steps = self._executor.bind(session, program)
+            if len(session.bound) >= BOUND_PROGRAMS:
+                session.bound.pop(next(iter(session.bound)))
+            session.bound[key] = steps
+        return steps
 
     def close(self) -> None:
         for session in self.sessions():

@@ -26,6 +26,7 @@ class Session:
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)
     segments: dict[str, Any] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)
+    bound: dict[bytes, list] = field(default_factory=dict)  # program bytes -> bound steps (DaemonCore._bound)
     abort_cause: str | None = None
     culprit_rank: int = -1
     # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.
@@ -58,3 +59,4 @@ class Session:
         self.tensors.clear()
         self.segments.clear()
         self.datasets.clear()
+        self.bound.clear()

@@ -57,7 +57,9 @@ class LocalDaemon:
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
     ) -> Result:
-        feed = {k: np.array(v) for k, v in (feed or {}).items()}
+        # Feeds are borrowed for the call (the daemon never writes into them); fetched values are copied because
+        # they may be live buffers the next step overwrites in place.
+        feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
         result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect)
         return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
 
