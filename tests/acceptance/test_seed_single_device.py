@@ -1,9 +1,9 @@
 """The seed scripts on one device, end to end: each runs unchanged (imports aside) as its own process.
 
-The data is the MNIST-format digits set of `examples/make_digits.py` (10k train / 2k test). An MLP cannot reach
-MNIST-like accuracy on it: PyTorch itself tops out near 85 % after 5 epochs and 91 % after 20. So the Model.train
-acceptance compares tessel with PyTorch trained the same way (same model, initialisation scheme, optimizer,
-batch size and epochs) on the same files, instead of with a fixed number.
+The data is the MNIST-format digits set of `examples/make_digits.py` (10k train / 2k test, the test images drawn
+from handwriting held out of the train split). The seed MLP must reach the issue's 95 % test accuracy in 8 epochs (97-98 % measured);
+PyTorch trained the same way (same model, initialisation scheme, optimizer, batch size and epochs) on the same files
+is reported beside it as the reference.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def pytorch_accuracy(digits: Path, epochs: int) -> float:
 
 
 def test_model_train_mlp_learns_the_digits_like_pytorch(digits, tmp_path):
-    epochs = 5
+    epochs = 8
     out = run_seed("mnist_mlp_model_train.py", digits, tmp_path, EPOCHS=str(epochs))
     lines = out.splitlines()
     monitor = [re.fullmatch(r"epoch: (\d+) step: (\d+), loss is (\d+\.\d+(?:e-?\d+)?)", line) for line in lines[:-1]]
@@ -86,7 +86,7 @@ def test_model_train_mlp_learns_the_digits_like_pytorch(digits, tmp_path):
     assert losses[-1] < losses[0] / 2
     accuracy = float(lines[-1].removeprefix("accuracy: "))
     reference = pytorch_accuracy(digits, epochs)
-    assert accuracy >= 0.8 and accuracy >= reference - 0.03, (accuracy, reference)
+    assert accuracy >= 0.95 and accuracy >= reference - 0.02, (accuracy, reference)
 
 
 def test_data_parallel_custom_loop_runs_unchanged_on_one_device(digits, tmp_path):
