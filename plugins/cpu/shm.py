@@ -3,12 +3,20 @@
 Every collective is a few rounds of the engine in `shm_channel` (write your half, meet, read the others'):
 
 - all_reduce, small (<= `small_bytes`): one round, every member reduces every member's copy (latency-optimal);
-- all_reduce, large: pipelined in segments of size * chunk elements; member i reduces chunk i of a segment from
-  every member into its next half while the next segment is written, then everyone copies the reduced chunks
-  (bandwidth-optimal, segments + 1 rounds). An input made by `buffer()` is read in place (no copy-in);
-- reduce_scatter: member i reduces block i's slice of every member's half (one round per slice);
-- all_gather, broadcast, all_to_all, neighbor_exchange: streams of half-sized rounds;
+- all_reduce, all_gather and broadcast, large: the pipelines of `shm_pipelines`, which write straight into the
+  peers' outputs (bandwidth-optimal). An input made by `buffer()` is read in place (no copy-in);
+- reduce_scatter: member i reduces block i's slice of every other member's half and of its own input (one round
+  per slice);
+- all_gather and broadcast, small; all_to_all, neighbor_exchange: streams of half-sized rounds;
 - send/recv: a channel per (sender, receiver) pair, so they need not involve the rest of the group.
+
+The outputs of the pipelines, and any output of RECYCLE_BYTES or more, live in this rank's arena (where `buffer()`
+arrays live): peers can write them, and their memory is reused once the caller drops them, where a fresh numpy
+array of 32 MiB or more would fault in and zero its pages on every call (measured here: 10-15 ms per 64 MiB, more
+than the copy that fills it; glibc's mmap threshold cannot be raised past 32 MiB). They are ordinary numpy arrays
+that do not own their memory, and like `buffer()` arrays they keep the group's mapping alive until they are
+dropped, also after close(). Outputs take arena space only while half of the arena stays free for `buffer()`;
+otherwise they come from numpy and the pipelines take their fallback.
 
 Results are bitwise identical on every member (each element is reduced once, in group-rank order).
 Semantics follow MindSpore: all_gather concatenates on dim 0, reduce_scatter gives rank i block i of dim 0,
@@ -25,16 +33,14 @@ import numpy as np
 
 from tessel.errors import ConfigurationError
 from tessel.plugins.base import Communicator, GroupContext
-from tessel.plugins.cpu import reduce
+from tessel.plugins.cpu import reduce, shm_pipelines
 from tessel.plugins.cpu.shm_agree import Descriptor
 from tessel.plugins.cpu.shm_arena import Arena
 from tessel.plugins.cpu.shm_channel import Channel, Engine
+from tessel.plugins.cpu.shm_pipelines import BYTE as _BYTE
+from tessel.plugins.cpu.shm_pipelines import ceil_div as _ceil
 
-_BYTE = np.dtype(np.uint8)
-
-
-def _ceil(a: int, b: int) -> int:
-    return -(-a // b)
+RECYCLE_BYTES = 1 << 20  # outputs from this size on come from the arena (see the module docstring)
 
 
 def _bytes_of(x: np.ndarray) -> np.ndarray:
@@ -62,9 +68,13 @@ class ShmCommunicator(Communicator):
         # all_reduce up to this size takes the one-round algorithm: measured crossovers on 2 cores were about
         # 512 KiB at 2 ranks, 256 KiB at 3, 192 KiB at 4 and 128 KiB at 8 (the one-round work grows with size**2).
         self.small_bytes = min(256 << 10, (768 << 10) // context.size)
+        # all_gather (output size) and broadcast from these sizes on take the pipelines: measured crossovers on
+        # 2 cores were 256-512 KiB for all_gather and about 1 MiB for broadcast, at 2 and 4 ranks.
+        self.gather_bytes = 512 << 10
+        self.broadcast_bytes = 1 << 20
         self._engine = Engine(context)
         layout = self._engine.layout
-        self._arena = Arena(layout.arena_start(context.group_rank), layout.arena)
+        self._arena = Arena(layout.arena_start(context.group_rank), layout.arena, self._engine.segment.reserve)
         self._problems: dict[tuple[np.dtype, str | None], str] = {}
         self._views: dict[tuple, tuple] = {}
 
@@ -87,21 +97,36 @@ class ShmCommunicator(Communicator):
                 f"({self._arena.free_bytes()} of {self._arena.size} bytes free on rank {self.context.rank}); "
                 "free buffers you no longer use or raise TESSEL_SHM_ARENA_MIB before creating the group"
             )
-        try:
-            engine.segment.reserve(offset, max(nbytes, 1))
-        except ConfigurationError:
-            self._arena.free(offset, nbytes)
-            raise
-        flat = np.frombuffer(engine.segment.raw[offset : offset + nbytes], dtype)
-        flat.fill(0)
-        weakref.finalize(flat, self._arena.free, offset, nbytes)
-        return flat.reshape(shape)
+        array = self._array_at(offset, shape, dtype, nbytes)
+        array.fill(0)
+        return array
 
     def close(self) -> None:
         """Leave the group: peers still waiting for this rank get PeerFailedError. Idempotent."""
         super().close()
         self._views.clear()
         self._engine.close()
+
+    # ---------------------------------------------------------------------------------------------- outputs
+
+    def _array_at(self, offset: int, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+        """An array over arena bytes [offset, offset + nbytes) that frees them when it and its views are gone."""
+        flat = np.frombuffer(self._engine.segment.raw[offset : offset + nbytes], dtype)
+        weakref.finalize(flat, self._arena.free, offset, nbytes).atexit = False
+        return flat.reshape(shape)
+
+    def _output(self, shape: tuple[int, ...], dtype: np.dtype, shared: bool = False) -> tuple[np.ndarray, int]:
+        """A new uninitialised output and its offset in the segment: in the arena when `shared` (a pipeline's) or
+        large, when there is room; -1 when it is private (from numpy)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if nbytes and (shared or nbytes >= RECYCLE_BYTES):
+            try:
+                offset = self._arena.allocate(nbytes, keep_free=self._arena.size // 2)
+            except ConfigurationError:
+                offset = None  # /dev/shm is full: a private output works as well
+            if offset is not None:
+                return self._array_at(offset, shape, dtype, nbytes), offset
+        return np.empty(shape, dtype), -1
 
     # ---------------------------------------------------------------------------------------------- helpers
 
@@ -128,14 +153,17 @@ class ShmCommunicator(Communicator):
         start = layout.half(0, 0, parity) + offset
         return self._engine.segment.strided(start, self.size, count, dtype, 2 * layout.group_half)
 
-    def _combine(self, rows: np.ndarray, out: np.ndarray, op: str) -> None:
+    def _combine(self, rows: np.ndarray | list[np.ndarray], out: np.ndarray, op: str) -> None:
         """out = rows[0] op rows[1] op ... in group-rank order (the same order on every member)."""
         if len(rows) == 1:
             np.copyto(out, rows[0])
-        elif len(rows) == 2:
-            reduce.ufunc(out.dtype, op)(rows[0], rows[1], out=out)
-        else:
+        elif isinstance(rows, np.ndarray) and len(rows) > 2:
             reduce.ufunc(out.dtype, op).reduce(rows, axis=0, out=out)
+        else:
+            ufunc = reduce.ufunc(out.dtype, op)
+            ufunc(rows[0], rows[1], out=out)
+            for row in rows[2:]:
+                ufunc(out, row, out=out)
 
     def _raise_everywhere(self, described: Descriptor, channel: Channel | None = None) -> NoReturn:
         """Publish a local problem instead of data: the agreement then raises it on every member alike."""
@@ -188,59 +216,9 @@ class ShmCommunicator(Communicator):
         return offset if self._arena.contains(offset, x.nbytes) else -1
 
     def _all_reduce_large(self, x: np.ndarray, op: str, described: Descriptor) -> np.ndarray:
-        engine, layout, size, me = self._engine, self._engine.layout, self.size, self.group_rank
-        segment, dtype, count = engine.segment, x.dtype, x.size
         described.offset = self._zero_copy_offset(x)
-        flat = x.reshape(count)
-        out = np.empty(count, dtype)
-        per_segment = size * (layout.chunk // dtype.itemsize)
-        segments = _ceil(count, per_segment)
-        reduced_at = size * layout.chunk  # the reduced chunk sits after the input slice in each half
-        ufunc = reduce.ufunc(dtype, op)
-        offsets: list[int] = []
-
-        def bounds(index: int, member: int) -> tuple[int, int]:
-            start = index * per_segment
-            length = min(per_segment, count - start)
-            return start + member * length // size, start + (member + 1) * length // size
-
-        def write(index: int, parity: int) -> None:
-            # Only the chunks the others reduce: this rank reads its own chunk straight from x.
-            if index < segments and described.offset < 0:
-                start, stop = index * per_segment, min(count, (index + 1) * per_segment)
-                lo, hi = bounds(index, me)
-                mine = segment.array(layout.half(0, me, parity), stop - start, dtype)
-                mine[: lo - start] = flat[start:lo]
-                mine[hi - start :] = flat[hi:stop]
-
-        def operand(member: int, index: int, parity: int, lo: int, hi: int) -> np.ndarray:
-            if member == me and offsets[me] < 0:
-                return flat[lo:hi]
-            if offsets[member] >= 0:
-                return segment.array(offsets[member] + lo * dtype.itemsize, hi - lo, dtype)
-            relative = lo - index * per_segment
-            return segment.array(layout.half(0, member, parity) + relative * dtype.itemsize, hi - lo, dtype)
-
-        def read(index: int, parity: int) -> None:
-            if not offsets:
-                offsets.extend(engine.zero_copy_offsets(engine.group))
-            if index > 0:  # copy out the chunks reduced in the previous round
-                for member in range(size):
-                    lo, hi = bounds(index - 1, member)
-                    out[lo:hi] = segment.array(layout.half(0, member, parity) + reduced_at, hi - lo, dtype)
-            if index < segments:  # reduce this rank's chunk of this segment into its next half
-                lo, hi = bounds(index, me)
-                target = segment.array(layout.half(0, me, 1 - parity) + reduced_at, hi - lo, dtype)
-                operands = [operand(m, index, parity, lo, hi) for m in range(size)]
-                if size == 1:
-                    np.copyto(target, operands[0])
-                else:
-                    ufunc(operands[0], operands[1], out=target)
-                for more in operands[2:]:
-                    ufunc(target, more, out=target)
-                reduce.finish(target, op, size)
-
-        engine.run(engine.group, described, segments + 1, write, read, reserve=layout.group_half)
+        out, described.output = self._output((x.size,), x.dtype, shared=True)
+        shm_pipelines.all_reduce(self._engine, x.reshape(x.size), out, op, described)
         return out.reshape(x.shape)
 
     # ---------------------------------------------------------------------------------------------- the others
@@ -252,8 +230,12 @@ class ShmCommunicator(Communicator):
         if problem:
             self._raise_everywhere(described)
         data, total, step = _bytes_of(x), x.nbytes, self._engine.layout.group_half
-        out = np.empty((self.size * x.shape[0], *x.shape[1:]), x.dtype)
+        large = self.size * total >= self.gather_bytes
+        out, described.output = self._output((self.size * x.shape[0], *x.shape[1:]), x.dtype, shared=large)
         gathered = out.reshape(out.size).view(_BYTE).reshape(self.size, total)
+        if large:
+            shm_pipelines.all_gather(self._engine, data, gathered, described)
+            return out
 
         def write(index: int, parity: int) -> None:
             lo, hi = index * step, min(total, (index + 1) * step)
@@ -276,8 +258,14 @@ class ShmCommunicator(Communicator):
         if problem:
             self._raise_everywhere(described)
         data, total, step = _bytes_of(x), x.nbytes, self._engine.layout.group_half
-        out = x.copy() if root == self.group_rank else np.empty(x.shape, x.dtype)
+        large = total >= self.broadcast_bytes
+        out, described.output = self._output(x.shape, x.dtype, shared=large)
         received = out.reshape(out.size).view(_BYTE) if out.size else np.empty(0, _BYTE)
+        if large:
+            shm_pipelines.broadcast(self._engine, data, received, root, described)
+            return out
+        if root == self.group_rank:
+            np.copyto(out, x)
 
         def write(index: int, parity: int) -> None:
             if root == self.group_rank:
@@ -306,18 +294,21 @@ class ShmCommunicator(Communicator):
             self._raise_everywhere(described)
         block = x.size // size
         blocks = np.ascontiguousarray(x).reshape(size, block)
-        out = np.empty((x.shape[0] // size, *x.shape[1:]), x.dtype)
+        out = self._output((x.shape[0] // size, *x.shape[1:]), x.dtype)[0]
         flat = out.reshape(block)
-        step = max(1, self._engine.layout.group_half // x.dtype.itemsize // size)
+        step, me = max(1, self._engine.layout.group_half // x.dtype.itemsize // size), self.group_rank
 
         def write(index: int, parity: int) -> None:
+            # Every block but this rank's own, which it reads straight from x.
             lo, hi = index * step, min(block, (index + 1) * step)
-            mine = self._half(parity, size * (hi - lo) * x.dtype.itemsize).view(x.dtype)
-            mine.reshape(size, hi - lo)[:] = blocks[:, lo:hi]
+            mine = self._half(parity, size * (hi - lo) * x.dtype.itemsize).view(x.dtype).reshape(size, hi - lo)
+            mine[:me] = blocks[:me, lo:hi]
+            mine[me + 1 :] = blocks[me + 1 :, lo:hi]
 
         def read(index: int, parity: int) -> None:
             lo, hi = index * step, min(block, (index + 1) * step)
-            rows = self._rows(parity, self.group_rank * (hi - lo) * x.dtype.itemsize, hi - lo, x.dtype)
+            rows = list(self._rows(parity, me * (hi - lo) * x.dtype.itemsize, hi - lo, x.dtype))
+            rows[me] = blocks[me, lo:hi]
             self._combine(rows, flat[lo:hi], op)
 
         reserve = size * min(block, step) * x.dtype.itemsize

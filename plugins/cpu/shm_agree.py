@@ -20,9 +20,10 @@ import numpy as np
 from tessel.errors import CollectiveMismatchError, ConfigurationError
 
 MAX_DIMS = 32
-# seq kind ndim failed dtype op root split_dim concat_dim shape[MAX_DIMS] | per member: zero-copy offset, extra length
+# seq kind ndim failed dtype op root split_dim concat_dim shape[MAX_DIMS] | per member: input and output offsets,
+# extra length (the per-member part is not compared)
 _FIXED = struct.Struct(f"<QBBB5x8s8siii4x{MAX_DIMS}q")
-_PER_MEMBER = struct.Struct("<qI4x")
+_PER_MEMBER = struct.Struct("<qqI4x")
 _SEQ = struct.Struct("<Q")
 COMPARED_BYTES = _FIXED.size
 _TEMPLATES: dict[tuple, bytes] = {}
@@ -54,6 +55,7 @@ class Descriptor:
     split_dim: int = 0
     concat_dim: int = 0
     offset: int = -1  # where this member's input already lies in the segment (zero-copy), else -1
+    output: int = -1  # where this member's output lies in the segment (peers may write it), else -1
     extra: dict | None = None  # neighbor exchange: peer lists and shapes
     # A local check failed (bad argument): published instead of data so that every member raises the same error.
     error: str = ""
@@ -62,20 +64,21 @@ class Descriptor:
         """Write the descriptor at `offset`; never raises, so a member cannot fail before publishing."""
         if self.extra is None and not self.error and len(self.shape) <= MAX_DIMS:
             # The common case repeats (a training step issues the same collectives every step): reuse the bytes.
-            key = (self.kind, self.dtype, self.shape, self.op, self.root, self.split_dim, self.concat_dim, self.offset)
+            key = (self.kind, self.dtype, self.shape, self.op, self.root, self.split_dim, self.concat_dim)
             template = _TEMPLATES.get(key)
             if template is None:
                 if len(_TEMPLATES) > 4096:
                     _TEMPLATES.clear()
-                scratch = bytearray(_FIXED.size + _PER_MEMBER.size)
-                self._pack_slowly(memoryview(scratch), 0, capacity)
+                scratch = bytearray(_FIXED.size)
+                self._pack_slowly(memoryview(scratch), 0, capacity, fixed_only=True)
                 template = _TEMPLATES[key] = bytes(scratch)
             buffer[offset : offset + len(template)] = template
             _SEQ.pack_into(buffer, offset, self.seq)
+            _PER_MEMBER.pack_into(buffer, offset + _FIXED.size, self.offset, self.output, 0)
             return
         self._pack_slowly(buffer, offset, capacity)
 
-    def _pack_slowly(self, buffer: memoryview, offset: int, capacity: int) -> None:
+    def _pack_slowly(self, buffer: memoryview, offset: int, capacity: int, fixed_only: bool = False) -> None:
         if len(self.shape) > MAX_DIMS and not self.error:
             self.error = f"tensors with more than {MAX_DIMS} dims are not supported (shape {self.shape})"
         shape = self.shape if len(self.shape) <= MAX_DIMS else ()
@@ -89,26 +92,29 @@ class Descriptor:
         kind, dtype, op = KINDS.index(self.kind), self.dtype.encode()[:8], self.op.encode()[:8]
         fields = (self.seq, kind, len(shape), bool(self.error), dtype, op, self.root, self.split_dim, self.concat_dim)
         _FIXED.pack_into(buffer, offset, *fields, *dims)
-        _PER_MEMBER.pack_into(buffer, offset + _FIXED.size, self.offset, len(extra))
+        if fixed_only:
+            return
+        _PER_MEMBER.pack_into(buffer, offset + _FIXED.size, self.offset, self.output, len(extra))
         start = offset + _FIXED.size + _PER_MEMBER.size
         buffer[start : start + len(extra)] = extra
 
     @classmethod
     def unpack_from(cls, buffer: memoryview, offset: int) -> Descriptor:
         seq, kind, ndim, failed, dtype, op, root, split_dim, concat_dim, *dims = _FIXED.unpack_from(buffer, offset)
-        zero_copy, extra_length = _PER_MEMBER.unpack_from(buffer, offset + _FIXED.size)
+        zero_copy, output, extra_length = _PER_MEMBER.unpack_from(buffer, offset + _FIXED.size)
         start = offset + _FIXED.size + _PER_MEMBER.size
         extra = json.loads(bytes(buffer[start : start + extra_length])) if extra_length else None
         error = extra.pop("error", "") if failed and extra else ""
         name = KINDS[kind] if kind < len(KINDS) else f"kind {kind}"
         described = cls(seq, name, _text(dtype), tuple(dims[:ndim]), _text(op), root, split_dim, concat_dim)
-        described.offset, described.extra, described.error = zero_copy, None if failed else extra, error
+        described.offset, described.output = zero_copy, output
+        described.extra, described.error = None if failed else extra, error
         return described
 
 
-def member_offset(buffer: memoryview, offset: int) -> int:
-    """The zero-copy input offset of the descriptor at `offset` (-1: the input was copied into the channel)."""
-    return _PER_MEMBER.unpack_from(buffer, offset + _FIXED.size)[0]
+def member_offsets(buffer: memoryview, offset: int) -> tuple[int, int]:
+    """(input, output) offsets in the segment of the descriptor at `offset`; -1 where that array is private."""
+    return _PER_MEMBER.unpack_from(buffer, offset + _FIXED.size)[:2]
 
 
 def _encode(extra: dict | None) -> bytes:

@@ -1,46 +1,68 @@
-"""Allocation of zero-copy buffers inside one rank's arena of the group segment.
+"""Allocation of shared arrays inside one rank's arena of the group segment: zero-copy inputs and large outputs.
 
-A buffer's space returns to the arena when the array and every view of it are gone: each buffer is built on its
-own memoryview, so numpy's base chain of every view ends at the buffer array, and a weakref finalizer on that
-array frees the range.
+A block's space returns to the arena when its array and every view of it are gone: each block is built on its
+own memoryview, so numpy's base chain of every view ends at the block's array, and a weakref finalizer on that
+array frees the range. The arena's file pages are backed with memory (fallocate) up to a high-water mark that
+only grows: backing an already backed range costs milliseconds per 64 MiB, so it is done once.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 ALIGNMENT = 64  # a cache line: vectorised reductions and copies start aligned
 
 
 class Arena:
-    """First-fit allocator over [start, start + size) with coalescing frees. Thread-safe."""
+    """First-fit allocator over [start, start + size) with coalescing frees. Thread-safe.
 
-    def __init__(self, start: int, size: int):
+    `reserve(offset, length)` backs a range of the segment with memory (raising ConfigurationError when /dev/shm
+    is full); `allocate` calls it for whatever part of a new block lies beyond the high-water mark.
+    """
+
+    def __init__(self, start: int, size: int, reserve: Callable[[int, int], None]):
         self.start, self.size = start, size
         self._free: list[tuple[int, int]] = [(start, size)] if size else []
         self._lock = threading.Lock()
+        self._reserve = reserve
+        self._backed_end = start
 
-    def allocate(self, nbytes: int) -> int | None:
-        """Offset of a fresh range of at least `nbytes` (aligned), or None when no free range is large enough."""
-        need = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
+    def allocate(self, nbytes: int, keep_free: int = 0) -> int | None:
+        """Offset of a fresh, backed range of at least `nbytes` (aligned), or None when no free range is large
+        enough or taking it would leave less than `keep_free` bytes free. Raises when backing it fails."""
+        need = _rounded(nbytes)
         with self._lock:
+            if sum(length for _, length in self._free) - need < keep_free:
+                return None
             for i, (offset, length) in enumerate(self._free):
                 if length >= need:
                     self._free[i : i + 1] = [(offset + need, length - need)] if length > need else []
-                    return offset
-        return None
+                    break
+            else:
+                return None
+            if offset + need > self._backed_end:
+                try:
+                    self._reserve(self._backed_end, offset + need - self._backed_end)
+                except BaseException:
+                    self._free_locked(offset, need)
+                    raise
+                self._backed_end = offset + need
+            return offset
 
     def free(self, offset: int, nbytes: int) -> None:
-        need = max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)
         with self._lock:
-            blocks = sorted([*self._free, (offset, need)])
-            merged: list[tuple[int, int]] = []
-            for start, length in blocks:
-                if merged and merged[-1][0] + merged[-1][1] == start:
-                    merged[-1] = (merged[-1][0], merged[-1][1] + length)
-                else:
-                    merged.append((start, length))
-            self._free = merged
+            self._free_locked(offset, _rounded(nbytes))
+
+    def _free_locked(self, offset: int, need: int) -> None:
+        blocks = sorted([*self._free, (offset, need)])
+        merged: list[tuple[int, int]] = []
+        for start, length in blocks:
+            if merged and merged[-1][0] + merged[-1][1] == start:
+                merged[-1] = (merged[-1][0], merged[-1][1] + length)
+            else:
+                merged.append((start, length))
+        self._free = merged
 
     def contains(self, offset: int, nbytes: int) -> bool:
         return self.start <= offset and offset + nbytes <= self.start + self.size
@@ -48,3 +70,7 @@ class Arena:
     def free_bytes(self) -> int:
         with self._lock:
             return sum(length for _, length in self._free)
+
+
+def _rounded(nbytes: int) -> int:
+    return max(ALIGNMENT, -(-nbytes // ALIGNMENT) * ALIGNMENT)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from tessel.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
 from tessel.plugins.base import GroupContext
-from tessel.plugins.cpu.shm_agree import COMPARED_BYTES, Descriptor, check_group, check_pair, member_offset
+from tessel.plugins.cpu.shm_agree import COMPARED_BYTES, Descriptor, check_group, check_pair, member_offsets
 from tessel.plugins.cpu.shm_segment import ATTACHED, CLOSED, FAILED, Segment, open_segment
 from tessel.plugins.cpu.shm_sync import Liveness, Sync
 
@@ -228,7 +228,8 @@ class Engine:
             slots = self._slot_cache[key] = (*(offset for offset, _ in places), places[0][1])
         return slots
 
-    def zero_copy_offsets(self, channel: Channel) -> list[int]:
-        """Each member's zero-copy input offset from the descriptors of the collective just agreed on."""
+    def member_offsets(self, channel: Channel) -> list[tuple[int, int]]:
+        """Each member's (input, output) offsets in the segment (-1: private) from the descriptors of the
+        collective just agreed on; valid from its first read on."""
         slots = self._slots(channel, (channel.seq - 1) % 2)[:-1]
-        return [member_offset(self.segment.raw, s) for s in slots]
+        return [member_offsets(self.segment.raw, s) for s in slots]

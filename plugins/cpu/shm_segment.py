@@ -13,7 +13,7 @@ Layout (offsets from the start of the file):
     descriptors                 per channel member, two parity slots (what the member is about to do)
     group data, per rank        two halves of (size + 1) * chunk bytes (double-buffered by round parity)
     pair data, per (src, dst)   two halves of pair_half bytes (send/recv between two ranks)
-    arena, per rank             where `buffer()` arrays live (zero-copy collective inputs)
+    arena, per rank             where `buffer()` arrays (zero-copy inputs) and large collective outputs live
 
 Channel 0 is the whole group; channel 1 + src * size + dst carries send/recv from src to dst.
 """
@@ -37,7 +37,7 @@ from tessel.plugins.base import GroupContext
 
 SHM_DIR = "/dev/shm"
 MAGIC = b"TESSHM01"
-VERSION = 1
+VERSION = 2  # 2: descriptors carry output offsets
 HEADER_BYTES = 4096
 MAX_RANKS = (HEADER_BYTES - 128) // 8
 GROUP_DESC_BYTES = 4096  # room for a neighbor exchange's peer lists
