@@ -5,6 +5,11 @@ All compiled execution goes through `runtime.daemon` (embedded in-process for a 
 in the daemon's store as handle Tensors; a handle whose store name is about to be overwritten while the Tensor
 is still alive is first copied aside in the daemon's store, in the same Execute (`Engine.execute(writes=...)`),
 so a Tensor never changes value under its user.
+
+A graph holding collectives (ops.AllReduce in a construct, data parallelism's bucketed gradient reduction) cannot
+be one ONNX segment: `Engine.compile` lowers it to a rank program (segments split at the collectives, see
+`tessel.compiler.lower_rank_program`), installs its groups and segments, and from then on a `RunSegment` of its
+name in any program this engine executes stands for the rank program's instructions.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import numpy as np
 
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
-from tessel.compiler import EagerExecutor, Graph, model_bytes
+from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes
+from tessel.compiler.ops.collective import collective
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
@@ -57,6 +63,8 @@ class Engine:
         self._live: dict[str, weakref.ref] = {}
         self._backups = itertools.count()
         self._unused: list[str] = []  # store names of collected handles, freed by the next Execute
+        self._rank_programs: dict[str, daemon_pb2.Program] = {}  # segment name -> its rank program's instructions
+        self._expanded: dict[int, tuple[daemon_pb2.Program, daemon_pb2.Program]] = {}
         core = getattr(self.daemon, "core", None)
         # Embedded daemon: eager ops run on its compute plugin directly; remote: as one-node segments.
         self.eager = EagerExecutor(core.plugin.compute if core is not None else _DaemonCompute(self))
@@ -70,8 +78,36 @@ class Engine:
         if name in self._segments:
             return
         _save_graph(name, graph)
-        self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
+        if has_collectives(graph):
+            # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
+            named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
+            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
+            lowered.install(self.daemon, self.session)
+            self._rank_programs[name] = lowered.program
+        else:
+            self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
         self._segments.add(name)
+
+    def expand(self, prog: daemon_pb2.Program) -> daemon_pb2.Program:
+        """`prog` with every RunSegment of a rank-lowered graph replaced by that rank program's instructions."""
+        if not self._rank_programs:
+            return prog
+        known = self._expanded.get(id(prog))
+        if known is not None and known[0] is prog:
+            return known[1]
+        out, changed = [], False
+        for ins in prog.instructions:
+            lowered = self._rank_programs.get(ins.run_segment.segment) if ins.HasField("run_segment") else None
+            if lowered is None:
+                out.append(ins)
+            else:
+                out.extend(lowered.instructions)
+                changed = True
+        expanded = daemon_pb2.Program(instructions=out) if changed else prog
+        if len(self._expanded) > 256:  # one-off programs: keep the cache small
+            self._expanded.clear()
+        self._expanded[id(prog)] = (prog, expanded)  # programs of compiled entries are reused every step
+        return expanded
 
     def execute(
         self,
@@ -86,6 +122,7 @@ class Engine:
         if self._unused:
             frees, self._unused = self._unused, []
             before.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=frees)))
+        prog = self.expand(prog)
         if before:
             prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
         return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
@@ -113,6 +150,11 @@ class Engine:
                 tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype)
                 weakref.finalize(tensor, self._unused.append, aside)
         return copies
+
+
+def has_collectives(graph: Graph) -> bool:
+    """True when `graph` communicates (a collective or a Mirror), so it runs as a rank program."""
+    return any(node.op == "Mirror" or collective(node.op) is not None for node in graph.nodes)
 
 
 class _DaemonCompute:

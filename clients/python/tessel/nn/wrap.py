@@ -6,11 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from tessel import context
+from tessel.common import rank_step
 from tessel.common.compiled import CompiledFunction, arg_names_of, rename_inputs
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
-from tessel.compiler import Graph, build_train_step
+from tessel.compiler import Graph, apply, bucket_allreduce
 from tessel.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
@@ -49,7 +50,10 @@ class FusedTrainStep:
     """Forward, backward and the optimizer update of a loss network as one compiled graph (`build_train_step`):
     one Execute per step, parameters and optimizer slots updated in place on the daemon.
 
-    `sens` scales the gradients (loss scaling); the step returns the unscaled loss.
+    The gradient reduction follows the parallel mode (`rank_step.parallel_train_program`): under DATA_PARALLEL the
+    step all-reduces gradients in buckets that start while the backward still runs; collectives the network calls
+    itself (manual parallelism) are part of the graph either way. `sens` scales the gradients (loss scaling); the
+    step returns the unscaled loss.
     """
 
     def __init__(self, network: Cell, optimizer, sens: float = 1.0):
@@ -60,7 +64,10 @@ class FusedTrainStep:
             params_first=lambda: optimizer.parameters,
             arg_names=arg_names_of(network.construct),
             transform=self._transform,
+            key_extra=rank_step.parallel_mode,
         )
+        self._checked: set[int] = set()  # engines on which the replicas were found identical
+        self._partition = None  # semi-auto: this rank's partition (slices of parameters and batches)
 
     def _forward(self, *inputs: Any) -> Any:
         out = self.network(*inputs)
@@ -73,14 +80,73 @@ class FusedTrainStep:
                 "the network given to Model/TrainOneStepCell calls an optimizer itself; pass the loss network only"
             )
         opt = self.optimizer
-        program = build_train_step(graph, [p.key for p in opt.parameters], opt._rule, opt.no_decay_keys)
+        keys = [p.key for p in opt.parameters]
+        program, self._partition = rank_step.parallel_train_program(
+            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: {p.key: p.asnumpy() for p in opt.parameters}
+        )
+        self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
         trace.after_run.append(opt._advance)
         return rename_inputs(program.graph, opt.rename_map()), opt.slot_parameters()
 
+    def prepare(self, *inputs: Any):
+        """(compiled entry, call) for inputs like these, after the once-per-engine replica check."""
+        entry, call = self.compiled.entry(inputs, {})
+        from tessel.common.engine import engine
+
+        eng = engine()
+        if eng.id not in self._checked:
+            if rank_step.data_parallel():
+                rank_step.check_replicas([(p.name, p.asnumpy()) for p in self.optimizer.parameters])
+            if self._partition is not None:
+                self._install_partition(eng)
+            self._checked.add(eng.id)
+        return entry, call
+
+    def _install_partition(self, eng) -> None:
+        """Semi-auto: this rank's parameter slices (and slot buffers shaped like them) go to the daemon."""
+        import numpy as np
+
+        values = dict(self._partition.params)
+        opt = self.optimizer
+        renamed = opt.rename_map()
+        for spec in self._partition_state:
+            if spec.name not in values and spec.init is not None:
+                values[renamed.get(spec.name, spec.name)] = np.full(spec.shape, spec.init, spec.dtype.numpy)
+        eng.daemon.put(eng.session, values)
+        for p in (*opt.parameters, *opt.slot_parameters()):
+            if p.key in values:
+                p._device = eng.id
+
+    def before_run(self, feed: dict) -> None:
+        """Semi-auto: replace the batch in `feed` by this rank's slices of it."""
+        if self._partition is not None:
+            feed.update(self._partition.slice_feeds(dict(feed)))
+
     def __call__(self, *inputs: Any) -> Tensor:
-        out = self.compiled(*inputs)
+        entry, call = self.prepare(*inputs)
+        out = entry.run(call) if self._partition is None else _run_partitioned(entry, call, self)
         return out[1] if self.sens != 1.0 else out
+
+
+def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
+    """Entry.run with the batch sliced for this rank (semi-auto parallelism)."""
+    from tessel.common import parameter as P
+    from tessel.common.compiled import host_array
+    from tessel.common.engine import engine
+
+    eng = engine()
+    prog = entry.program(eng, call.batch_size())
+    feed = {name: host_array(call.leaves[i]) for name, i in entry.data}
+    P.stage(eng, entry.params, feed)
+    for name, feeder in entry.feeders.items():
+        feed[name] = feeder()
+    step.before_run(feed)
+    fetched = eng.execute(prog, feed, entry.host_names)
+    P.updated_on_device(entry.assigned)
+    for hook in entry.after_run:
+        hook()
+    return entry.out_tree.unflatten([Tensor._wrap(fetched[n]) for n in entry.host_names])
 
 
 class TrainOneStepCell(Cell):
@@ -117,7 +183,12 @@ class TrainOneStepCell(Cell):
 
 
 class DistributedGradReducer(Cell):
-    """Sum (or average, mean=True) gradients over the data-parallel group; the identity on one device."""
+    """Sum (or average, mean=True) gradients over the data-parallel group; the identity on one device.
+
+    Inside a traced step it adds one AllReduce per gradient; called on gradients held by the daemon (a custom
+    loop: `grads = grad_reducer(grads)` after `value_and_grad`) it runs one compiled program that fuses them into
+    buckets (see rank_step.bucket_bytes), so the gradients never come back to the client.
+    """
 
     def __init__(
         self,
@@ -129,25 +200,50 @@ class DistributedGradReducer(Cell):
     ):
         super().__init__(auto_prefix=False)
         self.mean = context.get_auto_parallel_context("gradients_mean") if mean is None else mean
-        self.degree, self.group = degree, group
+        self.degree, self.group, self.fusion_type = degree, group, max(1, int(fusion_type))
+        object.__setattr__(self, "_parameters", tuple(parameters))
+        object.__setattr__(self, "_checked", set())
+        object.__setattr__(
+            self,
+            "_compiled",
+            CompiledFunction(
+                lambda *grads: ((), self._reduce(grads)),
+                "grad_reducer",
+                device_result=True,
+                symbolic_batch=False,
+                arg_names=(),
+                transform=lambda graph, trace: (bucket_allreduce(graph, rank_step.bucket_bytes()), ()),
+            ),
+        )
+
+    def _reduce(self, grads: Any) -> tuple:
+        from tessel.common.tracing import current as trace
+        from tessel.ops.comm import group_ranks
+
+        ranks = group_ranks(self.group)
+        scale = 1.0 / (self.degree or len(ranks)) if self.mean else 1.0
+        out = []
+        for g in grads:
+            symbolic = trace().to_symbolic(g)
+            summed = apply("AllReduce", symbolic, reduce_op="sum", group=ranks, fusion=self.fusion_type)
+            out.append(Tensor._wrap_symbolic(summed * scale if scale != 1.0 else summed))
+        return tuple(out)
 
     def __call__(self, grads: Any) -> Any:
-        from tessel import communication
-        from tessel.common.engine import engine
+        from tessel.ops.comm import group_ranks
 
-        engine()
-        size = communication.get_group_size(self.group)
-        if size == 1:
+        grads = tuple(grads)
+        if len(group_ranks(self.group)) == 1 or not grads:
             return grads
         if current() is not None:
-            raise ConfigurationError(
-                f"DistributedGradReducer over {size} ranks inside a compiled graph needs the parallel pass; set "
-                "set_auto_parallel_context(parallel_mode=ParallelMode.DATA_PARALLEL) or reduce eagerly"
-            )
-        from tessel.communication import comm_func
+            return self._reduce(grads)
+        from tessel.common.engine import engine
 
-        scale = 1.0 / (self.degree or size) if self.mean else 1.0
-        return tuple(Tensor._wrap(comm_func.all_reduce(g.asnumpy(), "sum", self.group) * scale) for g in grads)
+        eng = engine()
+        if eng.id not in self._checked:
+            rank_step.check_replicas([(p.name, p.asnumpy()) for p in self._parameters])
+            self._checked.add(eng.id)
+        return tuple(self._compiled(*grads)[1])
 
 
 class MicroBatchInterleaved(Cell):

@@ -1,17 +1,27 @@
 """Communication primitives (`ops.AllReduce`, `ops.AllGather`, …) for networks written against MindSpore.
 
-On a group of one device every collective is the identity (a sum, gather or broadcast over one rank), so
-manual-parallel scripts run unchanged on a single device, in graphs and eagerly, with identity gradients
-(AllReduce' = AllReduce over one rank). Over several ranks an eager call runs the collective on the daemon
-(`communication.comm_func`); inside compiled graphs collectives are lowered by the parallel pass.
+Inside a compiled graph (a cell's construct in GRAPH_MODE, a train step, value_and_grad) each primitive records
+the compiler's collective op over the group's global ranks, so it is differentiable with MindSpore's semantics
+(AllReduce(sum)' = AllReduce(sum), AllGather' = ReduceScatter, AlltoAll' = AlltoAll with the dims swapped,
+NeighborExchange' = the reverse exchange, Broadcast' = identity; see tessel.compiler.ops.collective), and the
+engine runs the graph as a rank program split at the collectives. Called eagerly (PYNATIVE_MODE, or on host
+values) the collective runs on the daemon at once (`communication.comm_func`). On a group of one device every
+collective is the identity, so manual-parallel scripts run unchanged on a single device.
+
+    >>> class ReduceLoss(nn.Cell):                     # the manual-parallel seed's loss
+    ...     def construct(self, data, label):
+    ...         return ops.AllReduce()(nn.CrossEntropyLoss()(data, label)) / get_group_size()
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
+
 from tessel.common.tensor import Tensor
-from tessel.common.tracing import current
+from tessel.common.tracing import apply_op, current
 from tessel.communication import GlobalComm
 from tessel.communication.comm_func import ReduceOp
 from tessel.errors import ConfigurationError
@@ -20,42 +30,62 @@ from tessel.ops.primitive import Primitive
 _REDUCE_OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD)
 
 
-def _group_size(group: str) -> int:
+def group_ranks(group: str) -> tuple[int, ...]:
+    """The global ranks of `group` in group-rank order (the world's for the default group)."""
     from tessel import communication
     from tessel.common.engine import engine
 
     engine()  # makes sure the runtime is up (a world of 1 when nothing was launched)
-    return communication.get_group_size(group)
+    return communication._ranks(group)
+
+
+def _group_index(ranks: tuple[int, ...], rank: int, what: str, name: str) -> int:
+    if rank not in ranks:
+        raise ConfigurationError(f"{name}: {what} {rank} is not a member of the group (global ranks {list(ranks)})")
+    return ranks.index(rank)
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
 
 
 class _Collective(Primitive):
+    """One input, one output: traced as compiler op `_op` with `_traced_attrs()`, eager through `_eager`."""
+
+    _op = ""
+
     def __init__(self, group: str = GlobalComm.WORLD_COMM_GROUP, **attrs: Any):
         super().__init__()
         self.group = group
         self.attrs.update(group=group, **attrs)
 
     def __call__(self, x: Any) -> Any:
-        if _group_size(self.group) == 1:
+        ranks = group_ranks(self.group)
+        if len(ranks) == 1:
             return x
         if current() is not None:
-            raise ConfigurationError(
-                f"{self.name} over {_group_size(self.group)} ranks inside a compiled graph needs the parallel pass; "
-                "set_auto_parallel_context(parallel_mode=...) or call it eagerly (PYNATIVE_MODE)"
-            )
-        array = x.asnumpy() if isinstance(x, Tensor) else x
-        return Tensor._wrap(self._eager(array))
+            return apply_op(self._op, x, group=ranks, **self._traced_attrs(ranks))
+        return Tensor._wrap(np.asarray(self._eager(_host(x))))
 
-    def _eager(self, array):
+    def _traced_attrs(self, ranks: tuple[int, ...]) -> dict[str, Any]:
+        return {}
+
+    def _eager(self, array: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
 
 class AllReduce(_Collective):
     """Reduce `x` over the group (op: ReduceOp.SUM, MAX, MIN, PROD); every rank gets the result."""
 
+    _op = "AllReduce"
+
     def __init__(self, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP):
         if op not in _REDUCE_OPS:
             raise ConfigurationError(f"AllReduce: op must be one of {_REDUCE_OPS}, got {op!r}")
         super().__init__(group, op=op)
+
+    def _traced_attrs(self, ranks):
+        return {"reduce_op": self.attrs["op"]}
 
     def _eager(self, array):
         from tessel.communication import comm_func
@@ -64,7 +94,12 @@ class AllReduce(_Collective):
 
 
 class AllGather(_Collective):
-    """Concatenate every rank's `x` along dim 0."""
+    """Concatenate every rank's `x` along dim 0, in group-rank order."""
+
+    _op = "AllGather"
+
+    def _traced_attrs(self, ranks):
+        return {"axis": 0}
 
     def _eager(self, array):
         from tessel.communication import comm_func
@@ -73,10 +108,17 @@ class AllGather(_Collective):
 
 
 class ReduceScatter(_Collective):
-    """Reduce over the group, then rank r keeps block r of dim 0."""
+    """Reduce over the group, then group rank r keeps block r of dim 0."""
+
+    _op = "ReduceScatter"
 
     def __init__(self, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP):
+        if op not in _REDUCE_OPS:
+            raise ConfigurationError(f"ReduceScatter: op must be one of {_REDUCE_OPS}, got {op!r}")
         super().__init__(group, op=op)
+
+    def _traced_attrs(self, ranks):
+        return {"reduce_op": self.attrs["op"], "axis": 0}
 
     def _eager(self, array):
         from tessel.communication import comm_func
@@ -85,13 +127,20 @@ class ReduceScatter(_Collective):
 
 
 class Broadcast(_Collective):
-    """Every rank gets root_rank's tensors; takes and returns a tuple (MindSpore's signature)."""
+    """Every rank gets root_rank's tensors (root_rank is a global rank); takes and returns a tuple (MindSpore)."""
+
+    _op = "Broadcast"
 
     def __init__(self, root_rank: int, group: str = GlobalComm.WORLD_COMM_GROUP):
         super().__init__(group, root_rank=root_rank)
 
     def __call__(self, x: Any) -> Any:
+        if not isinstance(x, (tuple, list)):
+            raise ConfigurationError("Broadcast takes a tuple of tensors, e.g. ops.Broadcast(0)((x,))")
         return tuple(super(Broadcast, self).__call__(t) for t in x)
+
+    def _traced_attrs(self, ranks):
+        return {"root": _group_index(ranks, self.attrs["root_rank"], "root_rank", "Broadcast")}
 
     def _eager(self, array):
         from tessel.communication import comm_func
@@ -100,12 +149,87 @@ class Broadcast(_Collective):
 
 
 class AlltoAll(_Collective):
-    """Split dim `split_dim` into split_count blocks, exchange them, concatenate along `concat_dim`."""
+    """Split dim `split_dim` into split_count blocks, send block i to group rank i, concatenate along concat_dim."""
+
+    _op = "AlltoAll"
 
     def __init__(self, split_count: int, split_dim: int, concat_dim: int, group: str = GlobalComm.WORLD_COMM_GROUP):
         super().__init__(group, split_count=split_count, split_dim=split_dim, concat_dim=concat_dim)
 
+    def _check(self, ranks):
+        if self.attrs["split_count"] != len(ranks):
+            raise ConfigurationError(
+                f"AlltoAll: split_count={self.attrs['split_count']} must equal the group size {len(ranks)}"
+            )
+
+    def _traced_attrs(self, ranks):
+        self._check(ranks)
+        return {"split_dim": self.attrs["split_dim"], "concat_dim": self.attrs["concat_dim"]}
+
     def _eager(self, array):
         from tessel.communication import comm_func
 
+        self._check(group_ranks(self.group))
         return comm_func.all_to_all(array, self.attrs["split_dim"], self.attrs["concat_dim"], self.group)
+
+
+class NeighborExchange(Primitive):
+    """Send inputs[i] to global rank send_rank_ids[i]; receive recv_shapes[j] from recv_rank_ids[j] (MindSpore's
+    signature: a tuple in, a tuple out). Differentiable: the gradient runs the reverse exchange."""
+
+    def __init__(
+        self,
+        send_rank_ids: Sequence[int],
+        recv_rank_ids: Sequence[int],
+        recv_shapes: Sequence[Sequence[int]],
+        send_shapes: Sequence[Sequence[int]],
+        recv_type: Any,
+        group: str = GlobalComm.WORLD_COMM_GROUP,
+    ):
+        super().__init__()
+        if len(send_rank_ids) != len(send_shapes) or len(recv_rank_ids) != len(recv_shapes):
+            raise ConfigurationError(
+                f"NeighborExchange: {len(send_shapes)} send_shapes for {len(send_rank_ids)} send ranks and "
+                f"{len(recv_shapes)} recv_shapes for {len(recv_rank_ids)} recv ranks; give one shape per rank"
+            )
+        self.group = group
+        self.attrs.update(
+            send_rank_ids=tuple(send_rank_ids),
+            recv_rank_ids=tuple(recv_rank_ids),
+            recv_shapes=tuple(tuple(s) for s in recv_shapes),
+            send_shapes=tuple(tuple(s) for s in send_shapes),
+            recv_type=recv_type,
+            group=group,
+        )
+
+    def __call__(self, inputs: Any) -> tuple:
+        inputs = tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,)
+        for x, shape in zip(inputs, self.attrs["send_shapes"]):
+            if tuple(x.shape) != shape:
+                raise ConfigurationError(f"NeighborExchange: input shape {tuple(x.shape)} != send_shapes {shape}")
+        return exchange(
+            inputs, self.attrs["send_rank_ids"], self.attrs["recv_rank_ids"], self.attrs["recv_shapes"],
+            self.attrs["recv_type"], self.group,
+        )  # fmt: skip
+
+
+def exchange(inputs, send_ids, recv_ids, recv_shapes, recv_type, group: str) -> tuple:
+    """NeighborExchange over global rank ids: traced in a graph, run on the daemon otherwise."""
+    from tessel.common.dtype import to_dtype
+
+    ranks = group_ranks(group)
+    dtype = np.dtype(to_dtype(recv_type).numpy)
+    if not recv_ids:
+        return ()
+    if current() is not None:
+        out = apply_op(
+            "NeighborExchange", *inputs,
+            send_ranks=tuple(_group_index(ranks, r, "send rank", "NeighborExchange") for r in send_ids),
+            recv_ranks=tuple(_group_index(ranks, r, "recv rank", "NeighborExchange") for r in recv_ids),
+            recv_shapes=tuple(recv_shapes), recv_dtype=str(dtype), group=ranks,
+        )  # fmt: skip
+        return out if isinstance(out, tuple) else (out,)
+    from tessel.communication import comm_func
+
+    got = comm_func.neighbor_exchange([_host(x) for x in inputs], send_ids, recv_ids, recv_shapes, dtype, group)
+    return tuple(Tensor._wrap(np.asarray(a)) for a in got)

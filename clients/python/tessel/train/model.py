@@ -6,9 +6,15 @@
     >>> model.eval(test_dataset)                       # {'accuracy': ..., 'loss': ...}
 
 Training compiles forward, backward and the optimizer update into one graph (once per input signature) and runs
-one Execute per step on this rank's daemon: the batch goes in, the loss comes back, parameters and optimizer
-state stay on the daemon. `dataset_sink_mode=True` currently runs the same per-step path (callbacks still see
-every step); sinking the dataset into the daemon (many steps per request) is planned.
+it on this rank's daemon; parameters and optimizer state stay there. The parallel mode decides the gradient
+reduction (DATA_PARALLEL: bucketed AllReduce overlapping the backward, inserted by the step itself; manual /
+HYBRID_PARALLEL: the network's own collectives), see `tessel.common.rank_step`.
+
+* `dataset_sink_mode=True` with a declarative pipeline (`dataset.is_serializable()`): the pipeline goes to the
+  daemon as a spec, the daemon reads its own shard and runs a whole epoch (or `sink_size` steps) per Execute,
+  returning each step's loss; the step callbacks then run once per step (LossMonitor prints every step).
+* Otherwise (feed mode: `dataset_sink_mode=False`, or a pipeline with Python callables such as
+  GeneratorDataset or a map with a lambda): one Execute per step with the batch fed from the client.
 """
 
 from __future__ import annotations
@@ -16,10 +22,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 from tessel import context
+from tessel.common import rank_step
+from tessel.common.tensor import Tensor
 from tessel.errors import ConfigurationError
 from tessel.nn.cell import Cell
-from tessel.nn.wrap import TrainOneStepCell, WithEvalCell, WithLossCell
+from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
 from tessel.train.callback import CallbackParam, RunContext, as_callbacks
 from tessel.train.metrics import Loss, get_metrics
 
@@ -95,12 +105,15 @@ class Model:
             raise ConfigurationError(f"Model.train: initial_epoch {initial_epoch} must be below epoch {epoch}")
         if sink_size != -1:
             _positive_int("sink_size", sink_size)
-        self._check_parallel()
         _check_dataset(train_dataset)
-        sinking = dataset_sink_mode and sink_size > 0
-        steps = sink_size if sinking else train_dataset.get_dataset_size()
+        self._check_parallel(train_dataset)
         net = self._train_network
         step = net._fused if type(net).construct is TrainOneStepCell.construct else net
+        runner = None
+        if dataset_sink_mode and isinstance(step, FusedTrainStep) and _serializable(train_dataset):
+            runner = rank_step.SinkRunner(step, train_dataset)
+        sinking = dataset_sink_mode and sink_size > 0
+        steps = sink_size if sinking else train_dataset.get_dataset_size()
         cb = CallbackParam(
             train_network=net,
             network=self._network,
@@ -118,16 +131,17 @@ class Model:
             device_number=context.get_auto_parallel_context("device_num"),
         )
         net.set_train(True)
+        numbers = range(initial_epoch + 1, epoch + 1)
+        if runner is not None:
+            _run_sunk(runner, steps, numbers, cb, as_callbacks(callbacks))
+            return
         epochs = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
-        _run_epochs(step, epochs, range(initial_epoch + 1, epoch + 1), cb, as_callbacks(callbacks))
+        _run_epochs(step, epochs, numbers, cb, as_callbacks(callbacks))
 
-    def _check_parallel(self) -> None:
-        mode = context.get_auto_parallel_context("parallel_mode")
-        if mode != context.ParallelMode.STAND_ALONE and context.get_auto_parallel_context("device_num") > 1:
-            raise ConfigurationError(
-                f"Model.train with parallel_mode={mode!r} over several devices needs the parallel pass, which is "
-                "not available in this build; train with parallel_mode='stand_alone' per rank"
-            )
+    def _check_parallel(self, dataset: Any) -> None:
+        rank_step.check_mode()
+        if rank_step.data_parallel():
+            rank_step.warn_unsharded(dataset)
 
     # --- evaluation and prediction ------------------------------------------------------------------------------
     def eval(self, valid_dataset: Any, callbacks: Any = None, dataset_sink_mode: bool = False) -> dict[str, float]:
@@ -176,6 +190,11 @@ def _check_dataset(dataset: Any) -> None:
         )
 
 
+def _serializable(dataset: Any) -> bool:
+    check = getattr(dataset, "is_serializable", None)
+    return bool(check()) if check is not None else False
+
+
 def _epochs(dataset: Any) -> Iterator[Iterator]:
     """One iterator of batches (lists of numpy arrays) per epoch."""
     while True:
@@ -217,6 +236,32 @@ def _run_epochs(step, epochs: Iterator[Iterator], numbers: range, cb: CallbackPa
             for callback in callbacks:
                 callback.on_train_step_begin(run_context)
             cb["net_outputs"] = step(*batch)
+            for callback in callbacks:
+                callback.on_train_step_end(run_context)
+            if run_context._stop_requested:
+                break
+        for callback in callbacks:
+            callback.on_train_epoch_end(run_context)
+        if run_context._stop_requested:
+            break
+    for callback in callbacks:
+        callback.on_train_end(run_context)
+
+
+def _run_sunk(runner: rank_step.SinkRunner, steps: int, numbers: range, cb: CallbackParam, callbacks: list) -> None:
+    """Sink mode's loop: one Execute per epoch of `steps` steps, then the step callbacks once per step's loss."""
+    run_context = RunContext(cb)
+    for callback in callbacks:
+        callback.on_train_begin(run_context)
+    for number in numbers:
+        cb["cur_epoch_num"] = number
+        for callback in callbacks:
+            callback.on_train_epoch_begin(run_context)
+        for loss in runner.run(steps):
+            cb["cur_step_num"] += 1
+            for callback in callbacks:
+                callback.on_train_step_begin(run_context)
+            cb["net_outputs"] = Tensor._wrap(np.array(loss, np.float32))
             for callback in callbacks:
                 callback.on_train_step_end(run_context)
             if run_context._stop_requested:

@@ -1,0 +1,202 @@
+"""The parallel side of training: which gradient reduction a train step gets, replica checks, and sink mode.
+
+* `parallel_train_program` turns a traced loss graph into the train step of the current parallel mode:
+  DATA_PARALLEL mirrors every parameter over the world (bucketed, overlapped gradient AllReduce, mean with
+  gradients_mean); SEMI_AUTO/AUTO_PARALLEL partitions the graph for this rank (`tessel.parallel.semi_auto`) first;
+  STAND_ALONE / HYBRID_PARALLEL keep the user's own collectives (manual parallelism) and add none.
+* `check_replicas`: every rank must start data parallelism from identical parameters (same seed, same init); a
+  checksum per parameter is all-gathered once and a difference is an error naming the parameter and the ranks.
+* `run_sunk`: sink mode. The dataset's spec goes to the daemon, which reads its own shard; one Execute runs
+  `[NextBatch, <train step>]` k times and returns the k losses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel import context
+from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step
+from tessel.compiler import data_parallel_train_step as _dp_train_step
+from tessel.errors import ConfigurationError
+from tessel.v1 import daemon_pb2
+
+_PARALLEL = context.ParallelMode
+_MEAN_MODES = (_PARALLEL.DATA_PARALLEL, _PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL)
+_datasets = itertools.count()
+
+
+def world_size() -> int:
+    from tessel.common.engine import engine
+
+    return engine().world_size
+
+
+def parallel_mode() -> str:
+    return context.get_auto_parallel_context("parallel_mode")
+
+
+def data_parallel() -> bool:
+    """DATA_PARALLEL over more than one rank: train steps reduce gradients themselves."""
+    return parallel_mode() == _PARALLEL.DATA_PARALLEL and world_size() > 1
+
+
+def bucket_bytes() -> int:
+    """Gradient bucket size: set_auto_parallel_context(comm_fusion={"allreduce": {"mode": "size", "config": MB}})
+    (MindSpore's knob), else 25 MiB (DDP's default)."""
+    fusion = context.get_auto_parallel_context("comm_fusion") or {}
+    config = fusion.get("allreduce", {}) if isinstance(fusion, dict) else {}
+    if config.get("mode") == "size":
+        size = config.get("config")
+        if isinstance(size, bool) or not isinstance(size, (int, float)) or size <= 0:
+            raise ConfigurationError(f"comm_fusion allreduce config must be a positive size in MB, got {size!r}")
+        return int(size * 2**20)
+    return DEFAULT_BUCKET_BYTES
+
+
+def check_mode() -> None:
+    """gradients_mean only means something where the framework reduces gradients itself."""
+    mode = parallel_mode()
+    if context.get_auto_parallel_context("gradients_mean") and mode not in _MEAN_MODES and world_size() > 1:
+        raise ConfigurationError(
+            f"gradients_mean=True is not supported with parallel_mode={mode!r}: only {list(_MEAN_MODES)} reduce "
+            "gradients themselves. Set parallel_mode=ParallelMode.DATA_PARALLEL, or drop gradients_mean and "
+            "average in the network (manual parallelism: ops.AllReduce()(loss) / get_group_size())"
+        )
+
+
+def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, full_values: Callable[[], dict]):
+    """(TrainProgram, RankPartition or None) for the current parallel mode (see the module docstring)."""
+    mode, world = parallel_mode(), world_size()
+    if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
+        mean = bool(context.get_auto_parallel_context("gradients_mean"))
+        group = tuple(range(world))
+        return _dp_train_step(
+            graph, keys, rule, group, mean=mean, bucket_bytes=bucket_bytes(), no_weight_decay=no_decay
+        ), None
+    if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
+        try:
+            from tessel.parallel.semi_auto import partition_for_rank
+        except ImportError as missing:
+            raise ConfigurationError(
+                f"parallel_mode={mode!r}: semi-auto parallelism is not available in this build ({missing}); "
+                "use DATA_PARALLEL or manual parallelism (HYBRID_PARALLEL)"
+            ) from None
+        from tessel.communication import get_rank
+
+        part = partition_for_rank(graph, trace, list(keys), full_values(), get_rank(), world)
+        program = build_train_step(part.graph, keys, rule, no_decay)
+        return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part
+    return build_train_step(graph, keys, rule, no_decay), None
+
+
+def _with_graph(program: TrainProgram, graph) -> TrainProgram:
+    import dataclasses
+
+    return dataclasses.replace(program, graph=graph)
+
+
+# --- identical replicas ---------------------------------------------------------------------------------------
+
+
+def _checksum(array: np.ndarray) -> float:
+    """48 bits of a digest of shape, dtype and bytes: exact in a float64, equal only for equal values."""
+    array = np.ascontiguousarray(array)
+    digest = hashlib.blake2b(f"{array.shape}{array.dtype}".encode() + array.tobytes(), digest_size=6).digest()
+    return float(int.from_bytes(digest, "little"))
+
+
+def check_replicas(named: Sequence[tuple[str, np.ndarray]]) -> None:
+    """Raise unless every rank holds the same parameters (count, shapes and values) as every other."""
+    from tessel.communication import comm_func, get_group_size
+
+    world = get_group_size()
+    if world == 1:
+        return
+    counts = comm_func.all_gather_into_tensor(np.array([len(named)], np.int64)).reshape(world)
+    if len(set(counts.tolist())) > 1:
+        raise ConfigurationError(
+            f"data parallel: ranks hold different numbers of parameters ({dict(enumerate(counts.tolist()))}); "
+            "every rank must build the same network"
+        )
+    sums = np.array([_checksum(array) for _, array in named], np.float64)
+    gathered = comm_func.all_gather_into_tensor(sums).reshape(world, len(named))
+    for index, (name, _) in enumerate(named):
+        column = gathered[:, index]
+        if np.all(column == column[0]):
+            continue
+        groups: dict[float, list[int]] = {}
+        for rank, value in enumerate(column.tolist()):
+            groups.setdefault(value, []).append(rank)
+        raise ConfigurationError(
+            f"data parallel: parameter {name!r} differs across ranks (ranks grouped by equal value: "
+            f"{sorted(groups.values())}); every rank must start from identical parameters: call ms.set_seed(...) "
+            "with the same seed on every rank before building the network, and load the same checkpoint"
+        )
+
+
+def warn_unsharded(dataset: Any) -> None:
+    """DATA_PARALLEL with a dataset that every rank reads whole trains N times on the same data."""
+    node, shards = dataset, None
+    while node is not None and shards is None:
+        shards = getattr(node, "num_shards", None)
+        node = node.children[0] if getattr(node, "children", None) else None
+    if not shards or shards == 1:
+        warnings.warn(
+            f"DATA_PARALLEL over {world_size()} ranks with a dataset that has no num_shards: every rank sees the "
+            "same data. Pass num_shards=get_group_size(), shard_id=get_rank() to the dataset source",
+            UserWarning,
+            stacklevel=3,
+        )
+
+
+# --- sink mode ------------------------------------------------------------------------------------------------
+
+
+class SinkRunner:
+    """Runs a fused train step k steps per Execute with the daemon reading this rank's shard of `dataset`."""
+
+    def __init__(self, step: Any, dataset: Any):
+        from tessel.common.engine import engine
+
+        self.step, self.engine = step, engine()
+        self.name = f"sink{next(_datasets)}"
+        self.batches_per_epoch, self.columns = self.engine.daemon.open_dataset(
+            self.engine.session, self.name, dataset.to_spec(), []
+        )
+        first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+        self.entry, self.call = step.prepare(*first)
+        names = [name for name, _ in sorted(self.entry.data, key=lambda item: item[1])]
+        if len(names) != len(self.columns):
+            raise ConfigurationError(
+                f"sink mode: the network takes {len(names)} data inputs {names} but the dataset has columns "
+                f"{self.columns}; map the dataset to exactly the network's inputs"
+            )
+        self.inputs = names
+
+    def run(self, steps: int) -> list[float]:
+        """Run `steps` train steps in one Execute; the per-step losses."""
+        from tessel.common import parameter as P
+
+        eng, entry = self.engine, self.entry
+        prog = eng.expand(entry.program(eng, self.call.batch_size()))
+        feed: dict[str, np.ndarray] = {}
+        P.stage(eng, entry.params, feed)
+        for name, feeder in entry.feeders.items():
+            feed[name] = feeder()
+        self.step.before_run(feed)
+        loss = entry.host_names[0]
+        batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
+        program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
+        eng.runtime.check()
+        result = eng.daemon.execute(eng.session, program, repeat=steps, feed=feed, collect=[loss])
+        P.updated_on_device(entry.assigned)
+        for _ in range(steps):
+            for hook in entry.after_run:
+                hook()
+        return [float(v) for v in np.asarray(result.collected[loss]).reshape(steps, -1)[:, 0]]

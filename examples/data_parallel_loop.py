@@ -1,0 +1,67 @@
+"""The data-parallel seed (custom loop: value_and_grad + DistributedGradReducer), as written for MindSpore.
+
+python examples/make_digits.py /tmp/digits
+DATA_PATH=/tmp/digits tessel run -n 2 examples/data_parallel_loop.py    # logs: log_output/<job>/rank.<r>/stdout
+"""
+
+import os
+
+import tessel as ms
+import tessel.dataset as ds
+from tessel import nn
+from tessel.communication import get_group_size, get_rank, init
+
+ms.set_context(mode=ms.GRAPH_MODE)
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+init()
+ms.set_seed(1)
+
+
+def create_dataset(batch_size):
+    dataset_path = os.getenv("DATA_PATH")
+    dataset = ds.MnistDataset(dataset_path, num_shards=get_group_size(), shard_id=get_rank())
+    image_transforms = [ds.vision.Rescale(1.0 / 255.0, 0), ds.vision.Normalize(mean=(0.1307,), std=(0.3081,)),
+                        ds.vision.HWC2CHW()]  # fmt: skip
+    dataset = dataset.map(image_transforms, "image")
+    dataset = dataset.map(ds.transforms.TypeCast(ms.int32), "label")
+    return dataset.batch(batch_size)
+
+
+class Network(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.flatten = nn.Flatten()
+        self.dense_relu_sequential = nn.SequentialCell(
+            nn.Dense(28 * 28, 512, weight_init="normal", bias_init="zeros"),
+            nn.ReLU(),
+            nn.Dense(512, 512, weight_init="normal", bias_init="zeros"),
+            nn.ReLU(),
+            nn.Dense(512, 10, weight_init="normal", bias_init="zeros"),
+        )
+
+    def construct(self, x):
+        return self.dense_relu_sequential(self.flatten(x))
+
+
+data_set = create_dataset(32)
+net = Network()
+loss_fn = nn.CrossEntropyLoss()
+optimizer = nn.SGD(net.trainable_params(), 1e-2)
+
+
+def forward_fn(data, label):
+    logits = net(data)
+    return loss_fn(logits, label), logits
+
+
+grad_fn = ms.value_and_grad(forward_fn, None, net.trainable_params(), has_aux=True)
+grad_reducer = nn.DistributedGradReducer(optimizer.parameters)
+for epoch in range(int(os.getenv("EPOCHS", "10"))):
+    i = 0
+    for data, label in data_set:
+        (loss, _), grads = grad_fn(data, label)
+        grads = grad_reducer(grads)
+        optimizer(grads)
+        if i % 50 == 0:
+            print(f"epoch: {epoch}, step: {i}, loss is {loss}")
+        i += 1  # noqa: SIM113 (the seed's loop, as written)

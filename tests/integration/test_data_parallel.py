@@ -1,0 +1,67 @@
+"""DATA_PARALLEL through the SDK on real daemons (`tessel run -n N`): N ranks with gradients_mean equal 1-rank
+training on the N-times global batch (float64 numpy reference, checked by scripts/dp_train.py on every rank),
+through Model.train (feed and sink mode), the custom loop with DistributedGradReducer, PYNATIVE_MODE and
+gradients_mean=False; plus the error paths (scripts/dp_errors.py)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, run_tessel
+
+SCRIPTS = ROOT / "tests" / "integration" / "scripts"
+pytestmark = pytest.mark.slow
+
+
+def _run(tmp: Path, n: int, script: str, *args: str) -> list[str]:
+    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [(tmp / "log_output" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(n)]
+
+
+def _numbers(text: str, label: str) -> np.ndarray:
+    found = re.search(rf"^{label} (.+)$", text, re.M)
+    assert found, text
+    return np.array([float(v) for v in found.group(1).split()])
+
+
+def _check(outputs: list[str], mode: str) -> None:
+    n = len(outputs)
+    for rank, out in enumerate(outputs):
+        found = re.search(rf"dp {mode} ok on rank {rank} of {n}: relative error (\S+)", out)
+        assert found and float(found.group(1)) <= 1e-5, out
+    # The global batch's loss is the mean of the ranks' losses (equal shards).
+    losses = np.mean([_numbers(out, "losses") for out in outputs], axis=0)
+    np.testing.assert_allclose(losses, _numbers(outputs[0], "reference"), rtol=1e-5)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_model_train_data_parallel_equals_one_rank_on_the_global_batch(tmp_path, n):
+    _check(_run(tmp_path, n, "dp_train.py", "model"), "model")
+
+
+@pytest.mark.parametrize("mode", ["sink", "loop", "pynative", "sum"])
+def test_sink_custom_loop_pynative_and_sum_modes_match_the_reference(tmp_path, mode):
+    _check(_run(tmp_path, 3, "dp_train.py", mode), mode)
+
+
+def test_dataset_without_num_shards_warns_that_every_rank_sees_the_same_data(tmp_path):
+    for out in _run(tmp_path, 2, "dp_errors.py", "unsharded"):
+        assert "every rank sees the same data" in out and "trained" in out, out
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("differs", r"parameter 'weight' differs across ranks \(ranks grouped by equal value: \[\[0\], \[1\]\]\)"),
+        ("count", r"different numbers of parameters \(\{0: 2, 1: 4\}\)"),
+        ("mean", r"gradients_mean=True is not supported with parallel_mode='hybrid_parallel'"),
+    ],
+)
+def test_data_parallel_errors_name_the_cause_on_every_rank(tmp_path, case, message):
+    for out in _run(tmp_path, 2, "dp_errors.py", case):
+        assert re.search("caught: .*" + message, out), out

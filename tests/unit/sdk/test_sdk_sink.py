@@ -1,0 +1,81 @@
+"""Model.train's sink mode on the embedded daemon: a serializable pipeline runs a whole epoch (or sink_size steps)
+per Execute with the daemon reading the data itself, returns each step's loss for the callbacks, and trains
+exactly as feed mode does; a pipeline with Python callables falls back to feed mode (one Execute per step)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel as ms
+import tessel.dataset as ds
+from tessel import nn
+from tessel.common.engine import engine
+from tessel.train import LossMonitor
+
+ROWS, BATCH = 24, 4
+
+
+def _data():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((ROWS, 6)).astype(np.float32)
+    return x, (x[:, 0] > 0).astype(np.int32)
+
+
+def _train(sink: bool, dataset, epochs: int = 2, sink_size: int = -1):
+    """(per-step losses, final weight, Executes run) of a fresh Dense net trained on `dataset`."""
+    ms.set_seed(4)
+    net = nn.Dense(6, 2)
+    model = ms.Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    losses = []
+
+    class Record(LossMonitor):
+        def on_train_step_end(self, run_context):
+            losses.append(float(run_context.original_args().net_outputs.asnumpy()))
+
+    daemon = engine().daemon
+    calls, execute = [], daemon.execute
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs.get("repeat", 1))
+        return execute(*args, **kwargs)
+
+    daemon.execute = counting
+    try:
+        model.train(epochs, dataset, callbacks=[Record(1)], dataset_sink_mode=sink, sink_size=sink_size)
+    finally:
+        del daemon.execute
+    return np.array(losses), net.weight.asnumpy(), calls
+
+
+def test_sink_mode_runs_an_epoch_per_execute_and_trains_like_feed_mode():
+    x, y = _data()
+    sunk, weight, calls = _train(True, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH))
+    fed, want, fed_calls = _train(False, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH))
+    steps = ROWS // BATCH
+    assert len(sunk) == 2 * steps and sorted(calls)[-2:] == [steps, steps]
+    assert max(fed_calls) == 1 and len(fed_calls) >= 2 * steps
+    np.testing.assert_allclose(sunk, fed, rtol=1e-6)
+    np.testing.assert_allclose(weight, want, rtol=1e-6, atol=1e-7)
+
+
+def test_sink_size_sets_the_steps_per_execute_and_every_step_reaches_the_callbacks():
+    x, y = _data()
+    losses, _, calls = _train(True, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH), 3, 4)
+    assert len(losses) == 12 and sorted(calls)[-3:] == [4, 4, 4]
+
+
+def test_a_pipeline_with_python_callables_falls_back_to_feed_mode():
+    x, y = _data()
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).map(lambda v: v * 1.0, "x").batch(BATCH)
+    assert not dataset.is_serializable()
+    losses, _, calls = _train(True, dataset, 1)
+    assert len(losses) == ROWS // BATCH and max(calls) == 1
+
+
+@pytest.mark.parametrize("mean", [True, False])
+def test_gradients_mean_on_one_device_is_accepted_in_data_parallel(mean):
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=mean)
+    x, y = _data()
+    losses, _, _ = _train(True, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH), 1)
+    assert np.all(np.isfinite(losses))
