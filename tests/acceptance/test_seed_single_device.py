@@ -1,9 +1,9 @@
 """The seed scripts on one device, end to end: each runs unchanged (imports aside) as its own process.
 
 The data is the MNIST-format digits set of `examples/make_digits.py` (10k train / 2k test, the test images drawn
-from handwriting held out of the train split). The seed MLP must reach the issue's 95 % test accuracy in 8 epochs (97-98 % measured);
-PyTorch trained the same way (same model, initialisation scheme, optimizer, batch size and epochs) on the same files
-is reported beside it as the reference.
+from handwriting held out of the train split). The seed MLP must reach the issue's 95 % test accuracy in 8 epochs
+(97-98 % measured); PyTorch trained the same way (same model, initialisation scheme, optimizer, batch size and
+epochs) on the same files is reported beside it as the reference.
 """
 
 from __future__ import annotations
