@@ -185,7 +185,16 @@ class Binding:
         if all(a is not None for a in self._outputs.values()):
             return []
         values = self._binding.get_outputs()
-        return [v.numpy() for v, a in zip(values, self._outputs.values()) if a is None]
+        result = [v.numpy() for v, a in zip(values, self._outputs.values()) if a is None]
+        # Runtime-allocated outputs stay bound to this run's shapes; bind them afresh so that the next run may
+        # have another batch size.
+        self._binding.clear_binding_outputs()
+        for name, array in self._outputs.items():
+            if array is None:
+                self._binding.bind_output(name, "cpu")
+            else:
+                self._binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+        return result
 
 
 def _contiguous(name: str, array: np.ndarray) -> np.ndarray:

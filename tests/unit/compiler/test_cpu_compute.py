@@ -87,3 +87,18 @@ def test_binding_writes_outputs_into_caller_buffers(compute):
         compute.bind(exe).output(exe.output_names[0], np.empty((4, 2)))
     with pytest.raises(ConfigurationError, match="C-contiguous"):
         compute.bind(exe).input("w", np.ones((2, 3), np.float32).T)
+
+
+def test_a_binding_runs_again_with_another_batch_size():
+    from tessel.compiler import TensorSpec, apply, model_bytes, trace
+
+    traced = trace(lambda x: apply("ReLU", x) * 2.0, TensorSpec(("N", 3)))
+    compute = CpuCompute(threads=1)
+    exe = compute.compile(model_bytes(traced.graph))
+    binding = compute.bind(exe)
+    binding.output(exe.output_names[0])
+    for rows in (4, 2, 5):
+        x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) - 4
+        binding.input(exe.input_names[0], x)
+        (y,) = binding.run()
+        np.testing.assert_array_equal(y, np.maximum(x, 0) * 2)
