@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -54,6 +54,12 @@ class SdkTrace:
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
+        # For the parallel pass (tessel.parallel): the Primitive whose call created a node, and the nodes created
+        # inside a cell set with set_data_parallel(), both keyed by the node's first output (graph rewrites that
+        # rename inputs or add nodes keep output Values, not Node objects).
+        self.primitive_of: dict[Any, Any] = {}
+        self.data_parallel: set[Any] = set()
+        self.cell_stack: list[Any] = []
 
     def __enter__(self) -> SdkTrace:
         self.trace.__enter__()
@@ -76,6 +82,28 @@ class SdkTrace:
 
     def note_cell(self, cell: Any) -> None:
         self.cells.setdefault(id(cell), cell)
+
+    @contextlib.contextmanager
+    def in_cell(self, cell: Any) -> Iterator[None]:
+        """Ops traced inside `with trace.in_cell(cell)` belong to `cell` (Cell.set_data_parallel)."""
+        self.note_cell(cell)
+        self.cell_stack.append(cell)
+        try:
+            yield
+        finally:
+            self.cell_stack.pop()
+
+    def record(self, op: str, outputs: tuple[SymbolicTensor, ...]) -> None:
+        """Note which Primitive call and which data-parallel cell created the node of `outputs`."""
+        if not outputs:
+            return
+        key = outputs[0].value
+        stack = _primitive_stack()
+        if stack:
+            primitive, call = stack[-1]
+            self.primitive_of[key] = PrimitiveCall(primitive, call, op)
+        if any(getattr(cell, "_shard", None) == "data_parallel" for cell in self.cell_stack):
+            self.data_parallel.add(key)
 
     def modes(self) -> tuple:
         """(cell, training, float dtype) of every cell traced through: what the graph depends on besides inputs."""
@@ -133,6 +161,34 @@ class SdkTrace:
         return self.builder.build(values), tree
 
 
+class PrimitiveCall(NamedTuple):
+    """One node's creator: the Primitive, which call of a primitive it was (a counter per thread) and the op."""
+
+    primitive: Any
+    call: int
+    op: str
+
+
+def _primitive_stack() -> list:
+    return _local.__dict__.setdefault("primitives", [])
+
+
+@contextlib.contextmanager
+def created_by(primitive: Any) -> Iterator[None]:
+    """Ops applied inside `with created_by(primitive)` were created by calling `primitive` (its shard() strategy
+    applies to them). Only the outermost primitive counts: one that calls others owns what they create."""
+    stack = _primitive_stack()
+    if stack:
+        stack.append(stack[-1])
+    else:
+        _local.calls = getattr(_local, "calls", 0) + 1
+        stack.append((primitive, _local.calls))
+    try:
+        yield
+    finally:
+        stack.pop()
+
+
 def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:
     """Apply registered op `op`: recorded when tracing, run now otherwise. Returns a Tensor or a tuple of them."""
     from tessel.common.tensor import Tensor
@@ -140,6 +196,7 @@ def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:
     trace = current()
     if trace is not None:
         outs = apply_all(op, *(trace.to_symbolic(x) for x in inputs), **attrs)
+        trace.record(op, outs)
         wrapped = tuple(Tensor._wrap_symbolic(o) for o in outs)
     else:
         from tessel.common.engine import engine

@@ -157,6 +157,8 @@ class Cell:
         return self
 
     def set_data_parallel(self) -> Cell:
+        """Every op of this cell (and of the cells inside it) without a shard() strategy runs data parallel under
+        SEMI_AUTO_PARALLEL / AUTO_PARALLEL (its batch dim cut over all devices), instead of being searched."""
         object.__setattr__(self, "_shard", "data_parallel")
         return self
 
@@ -181,8 +183,8 @@ class Cell:
         try:
             trace = current()
             if trace is not None:
-                trace.note_cell(self)
-                return self._construct(*args, **kwargs)
+                with trace.in_cell(self):
+                    return self._construct(*args, **kwargs)
             if context.get_context("mode") == context.PYNATIVE_MODE:
                 return self._construct(*args, **kwargs)
             return self._graph_call(*args, **kwargs)
@@ -205,8 +207,8 @@ class Cell:
         return self._compiled(*args, **kwargs)
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
-        current().note_cell(self)
-        return self._construct(*args, **kwargs)
+        with current().in_cell(self):
+            return self._construct(*args, **kwargs)
 
     # --- repr -------------------------------------------------------------------------------------------------------
     def extend_repr(self) -> str:

@@ -6,11 +6,12 @@ A Primitive is configured at construction and applied by calling it; each maps o
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tessel.common.dtype import DType, to_dtype
-from tessel.common.tracing import apply_op
+from tessel.common.tracing import apply_op, created_by, current
 from tessel.errors import ConfigurationError
 from tessel.ops import functional as F
 
@@ -28,8 +29,29 @@ def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
     return tuple(None if s is None else tuple(s) for s in strategy)
 
 
+def _recorded(call: Callable) -> Callable:
+    """`call` that, while tracing, tells the trace which Primitive created the ops it applies (so the parallel pass
+    finds each op's shard() strategy)."""
+
+    @functools.wraps(call)
+    def wrapper(self: Primitive, *args: Any, **kwargs: Any) -> Any:
+        if current() is None:
+            return call(self, *args, **kwargs)
+        with created_by(self):
+            return call(self, *args, **kwargs)
+
+    wrapper._tessel_recorded = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 class Primitive:
     """Base of every primitive: a name, attributes and an optional sharding strategy."""
+
+    def __init_subclass__(cls, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        call = cls.__dict__.get("__call__")
+        if call is not None and not getattr(call, "_tessel_recorded", False):
+            cls.__call__ = _recorded(call)
 
     def __init__(self, name: str | None = None):
         self.name = name or type(self).__name__
@@ -38,8 +60,17 @@ class Primitive:
         self.out_strategy: tuple | None = None
         self.instance_name = ""
 
+    @property
+    def main_op(self) -> str:
+        """The compiler op a shard() strategy applies to (a primitive may emit helper ops around it)."""
+        return getattr(type(self), "_op", "") or self.name
+
     def shard(self, in_strategy: Sequence | None = None, out_strategy: Sequence | None = None, **_: Any) -> Primitive:
-        """Set this operator's strategy: in_strategy[i][d] = how many parts input i is split into along dim d."""
+        """Set this operator's strategy: in_strategy[i][d] = how many parts input i is split into along dim d
+        (SEMI_AUTO_PARALLEL / AUTO_PARALLEL; checked against the op and device_num when the network compiles).
+
+            >>> matmul = ops.MatMul().shard(((1, 1), (1, 2)))   # the weight's dim 1 cut in two
+        """
         self.in_strategy = _check_strategy(in_strategy, "in_strategy", self.name)
         self.out_strategy = _check_strategy(out_strategy, "out_strategy", self.name)
         return self
@@ -282,12 +313,16 @@ class AvgPool(MaxPool):
 class SoftmaxCrossEntropyWithLogits(Primitive):
     """(per-sample loss, gradient softmax(logits) - labels) for probability labels."""
 
+    _op = "SoftmaxCrossEntropy"
+
     def __call__(self, logits, labels):
         return apply_op("SoftmaxCrossEntropy", logits, labels), F.softmax(logits, -1) - labels
 
 
 class SparseSoftmaxCrossEntropyWithLogits(Primitive):
     """Mean cross-entropy of logits at class indices (is_grad=False)."""
+
+    _op = "SparseSoftmaxCrossEntropy"
 
     def __init__(self, is_grad: bool = False):
         super().__init__()
