@@ -8,6 +8,7 @@ epochs) on the same files is reported beside it as the reference.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
@@ -85,8 +86,10 @@ def test_model_train_mlp_learns_the_digits_like_pytorch(digits, tmp_path):
     losses = [float(m[3]) for m in monitor]
     assert losses[-1] < losses[0] / 2
     accuracy = float(lines[-1].removeprefix("accuracy: "))
-    reference = pytorch_accuracy(digits, epochs)
-    assert accuracy >= 0.95 and accuracy >= reference - 0.02, (accuracy, reference)
+    assert accuracy >= 0.95, accuracy
+    if importlib.util.find_spec("torch") is not None:  # the peer, when installed (pip install '.[bench]')
+        reference = pytorch_accuracy(digits, epochs)
+        assert accuracy >= reference - 0.02, (accuracy, reference)
 
 
 def test_data_parallel_custom_loop_runs_unchanged_on_one_device(digits, tmp_path):
