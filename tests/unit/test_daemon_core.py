@@ -130,3 +130,14 @@ def test_sink_dataset_on_the_daemon_yields_the_clients_batches_across_epochs(cor
     with pytest.raises(ConfigurationError, match="not open"):
         core.execute(sid, _program({"next_batch": daemon_pb2.NextBatch(dataset="nope", outputs=["a"])}))
     core.close_session(sid)
+
+
+def test_large_requests_are_split_so_the_heartbeat_keeps_running():
+    from tessel.communication.daemon_handle import REQUEST_CHUNK_BYTES, _batches_of
+
+    big = np.zeros(REQUEST_CHUNK_BYTES // 4 + 1, np.float32)  # one tensor over the limit: alone in its request
+    small = {f"s{i}": np.zeros(REQUEST_CHUNK_BYTES // 12, np.uint8) for i in range(5)}
+    groups = list(_batches_of({"big": big, **small}))
+    assert list(groups[0]) == ["big"]
+    assert all(sum(v.nbytes for v in g.values()) <= REQUEST_CHUNK_BYTES for g in groups[1:])
+    assert sum(len(g) for g in groups) == 6

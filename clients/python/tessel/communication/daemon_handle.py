@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -10,6 +10,26 @@ from tessel import rpc
 from tessel.daemon.core import DaemonCore, Result
 from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
 from tessel.wire import from_proto, to_proto
+
+# Largest request the client builds at once. Serializing a request holds the GIL; a 256 MiB one held it long enough
+# on a loaded machine for this rank's heartbeat to lapse, and the coordinator failed the job. Bounded requests let
+# the heartbeat thread run between them.
+REQUEST_CHUNK_BYTES = 32 << 20
+
+
+def _batches_of(tensors: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray]]:
+    """Tensors grouped so that a group stays under REQUEST_CHUNK_BYTES (a larger tensor goes alone)."""
+    group: dict[str, np.ndarray] = {}
+    size = 0
+    for name, value in tensors.items():
+        nbytes = np.asarray(value).nbytes
+        if group and size + nbytes > REQUEST_CHUNK_BYTES:
+            yield group
+            group, size = {}, 0
+        group[name] = value
+        size += nbytes
+    if group or not tensors:
+        yield group
 
 
 class LocalDaemon:
@@ -88,8 +108,9 @@ class RemoteDaemon:
         self.client.DestroyGroup(daemon_pb2.DaemonGroupRequest(session_id=session_id, name=name), 60.0)
 
     def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
-        named = [common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in tensors.items()]
-        self.client.PutTensors(daemon_pb2.PutTensorsRequest(session_id=session_id, tensors=named))
+        for group in _batches_of(tensors):
+            named = [common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in group.items()]
+            self.client.PutTensors(daemon_pb2.PutTensorsRequest(session_id=session_id, tensors=named))
 
     def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
         reply = self.client.GetTensors(daemon_pb2.GetTensorsRequest(session_id=session_id, names=list(names)))
@@ -119,6 +140,11 @@ class RemoteDaemon:
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
     ) -> Result:
+        feed = dict(feed or {})
+        large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
+        if large:  # sent ahead in bounded requests (see REQUEST_CHUNK_BYTES)
+            self.put(session_id, large)
+            feed = {k: v for k, v in feed.items() if k not in large}
         request = daemon_pb2.ExecuteRequest(
             session_id=session_id,
             program=program,
