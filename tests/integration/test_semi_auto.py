@@ -1,6 +1,6 @@
 """SEMI_AUTO_PARALLEL through the SDK on real daemons (`tessel run -n N`): a Megatron MLP written with
-Primitive.shard() and trained by Model.train equals 1-rank training on the global batch (float64 numpy reference,
-checked on every rank by scripts/semi_train.py)."""
+Primitive.shard(), and the semi-auto tutorial's SemiAutoParallelNet, trained by Model.train equal 1-rank training on
+the global batch (float64 numpy reference, checked on every rank by scripts/semi_train.py and scripts/semi_seed.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +11,33 @@ import pytest
 from tests.conftest import ROOT, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_train.py"
+SEED_SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_seed.py"
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_megatron_mlp_with_full_batch_trains_like_one_rank(tmp_path, n):
-    result = run_tessel(["run", "-n", str(n), str(SCRIPT), "full_batch"], tmp_path, 300)
+@pytest.mark.parametrize("data_import", ["full_batch", "data_parallel"])
+def test_megatron_mlp_trains_like_one_rank_with_either_data_import(tmp_path, n, data_import):
+    """full_batch: every rank reads the global batch; data_parallel (full_batch=False, the default): each rank's
+    dataset is sharded with num_shards/shard_id and the engine traces the step at the global shape."""
+    result = run_tessel(["run", "-n", str(n), str(SCRIPT), data_import], tmp_path, 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_ranks(tmp_path, n, rf"semi {data_import} ok on rank {{rank}} of {{n}}: loss error (\S+)")
+
+
+def check_ranks(tmp_path, n: int, pattern: str) -> None:
+    """Every rank printed `pattern` (formatted with rank and n) with a loss error of at most 1e-5."""
     for rank in range(n):
         out = (tmp_path / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
-        found = re.search(rf"semi full_batch ok on rank {rank} of {n}: loss error (\S+)", out)
+        found = re.search(pattern.format(rank=rank, n=n), out)
         assert found and float(found.group(1)) <= 1e-5, out
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+@pytest.mark.parametrize("variant", ["unconfigured", "reschedule"])
+def test_the_seeds_semi_auto_parallel_net_trains_like_one_device(tmp_path, n, variant):
+    """The tutorial's SemiAutoParallelNet: fc ((1, 1), (1, 2)) then an unconfigured MatMul (data parallel), or
+    then fc2 ((N, 1), (1, 1)) (a redistribution between them), through Model.train with full_batch=False."""
+    result = run_tessel(["run", "-n", str(n), str(SEED_SCRIPT), variant], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_ranks(tmp_path, n, rf"semi seed {variant} ok on rank {{rank}} of {{n}}: loss error (\S+)")

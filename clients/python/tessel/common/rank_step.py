@@ -95,6 +95,31 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fu
     return build_train_step(graph, keys, rule, no_decay), None
 
 
+def global_inputs(inputs: Sequence[Any]) -> tuple | None:
+    """Stand-ins of the global (traced) shape for a semi-auto train step's data inputs when each rank's dataset
+    yields only its slice (full_batch=False or a dataset_strategy); None when the inputs are traced as they are
+    (not semi-auto, one rank, or full_batch=True). The stand-ins are zero-stride views: no global batch is
+    allocated, only its shape and dtype matter to the trace."""
+    mode, world = parallel_mode(), world_size()
+    if world == 1 or mode not in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
+        return None
+    from tessel.parallel.semi_auto import dataset_setting, global_shape
+
+    dataset = dataset_setting()
+    if dataset == "full_batch":
+        return None
+    out, column = [], 0
+    for value in inputs:
+        if not hasattr(value, "shape") or not hasattr(value, "dtype"):
+            out.append(value)
+            continue
+        dtype = value.dtype if isinstance(value, np.ndarray) else value.dtype.numpy
+        shape = global_shape(tuple(value.shape), column, world, dataset)
+        out.append(np.broadcast_to(np.zeros((), dtype), shape))
+        column += 1
+    return tuple(out)
+
+
 def _with_graph(program: TrainProgram, graph) -> TrainProgram:
     import dataclasses
 

@@ -11,6 +11,7 @@ from tessel.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
 from tessel.ops import functional as F
+from tessel.ops import primitive
 
 
 def _pair(value: Any, name: str) -> tuple[int, int]:
@@ -30,7 +31,11 @@ def _pad_mode(pad_mode: str, padding: Any) -> str:
 
 
 class Conv2d(Cell):
-    """2-D convolution; weight (out_channels, in_channels / group, kh, kw)."""
+    """2-D convolution; weight (out_channels, in_channels / group, kh, kw).
+
+    As in MindSpore, the convolution and the bias are the primitives `self.conv2d` (Conv2D) and `self.bias_add`
+    (BiasAdd), so semi-auto parallelism shards them: `net.conv.conv2d.shard(((2, 1, 1, 1), (1, 1, 1, 1)))`.
+    """
 
     def __init__(
         self,
@@ -65,10 +70,22 @@ class Conv2d(Cell):
         fan_in = in_channels // group * math.prod(self.kernel_size)
         bias_init = Uniform(1.0 / math.sqrt(fan_in)) if bias_init is None else bias_init
         self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
+        pad = padding if isinstance(padding, int) else tuple(int(p) for p in padding)
+        self.conv2d = primitive.Conv2D(
+            out_channels,
+            self.kernel_size,
+            pad_mode=self.pad_mode,
+            pad=pad,
+            stride=self.stride,
+            dilation=self.dilation,
+            group=group,
+        )
+        self.bias_add = primitive.BiasAdd()
 
     def construct(self, x):
         require_float(self, x)
-        return F.conv2d(x, self.weight, self.bias, self.stride, self.pad_mode, self.padding, self.dilation, self.group)
+        out = self.conv2d(x, self.weight)
+        return self.bias_add(out, self.bias) if self.has_bias else out
 
     def extend_repr(self) -> str:
         return (

@@ -12,6 +12,7 @@ from tessel.common.parameter import Parameter
 from tessel.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
+from tessel.ops import primitive
 
 
 def require_float(cell: Cell, x: Any, name: str = "x") -> None:
@@ -37,7 +38,11 @@ def make_parameter(init: Any, shape: tuple, dtype: Any, name: str, requires_grad
 
 
 class Dense(Cell):
-    """y = activation(x @ weight.T + bias); weight is (out_channels, in_channels)."""
+    """y = activation(x @ weight.T + bias); weight is (out_channels, in_channels).
+
+    As in MindSpore, the product and the bias are the primitives `self.matmul` (MatMul(transpose_b=True)) and
+    `self.bias_add` (BiasAdd), so semi-auto parallelism shards them: `net.fc1.matmul.shard(((2, 1), (4, 1)))`.
+    """
 
     def __init__(
         self,
@@ -57,15 +62,17 @@ class Dense(Cell):
         bias_init = Uniform(1.0 / math.sqrt(in_channels)) if bias_init is None else bias_init
         self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
         self.activation = get_activation(activation) if isinstance(activation, str) else activation
+        self.matmul = primitive.MatMul(transpose_b=True)
+        self.bias_add = primitive.BiasAdd()
 
     def construct(self, x):
         require_float(self, x)
         lead = x.shape[:-1]
         if x.ndim != 2:
             x = F.reshape(x, (-1, x.shape[-1]))
-        out = F.matmul(x, self.weight, transpose_b=True)
+        out = self.matmul(x, self.weight)
         if self.has_bias:
-            out = out + self.bias
+            out = self.bias_add(out, self.bias)
         if self.activation is not None:
             out = self.activation(out)
         return out if len(lead) == 1 else F.reshape(out, (*lead, self.out_channels))

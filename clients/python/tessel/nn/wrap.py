@@ -7,7 +7,7 @@ from typing import Any
 
 from tessel import context
 from tessel.common import rank_step
-from tessel.common.compiled import CompiledFunction, arg_names_of, rename_inputs
+from tessel.common.compiled import Call, CompiledFunction, arg_names_of, rename_inputs
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
@@ -90,11 +90,20 @@ class FusedTrainStep:
         return rename_inputs(program.graph, opt.rename_map()), opt.slot_parameters()
 
     def prepare(self, *inputs: Any):
-        """(compiled entry, call) for inputs like these, after the once-per-engine replica check."""
-        entry, call = self.compiled.entry(inputs, {})
+        """(compiled entry, call) for inputs like these, after the once-per-engine replica check.
+
+        Semi-auto parallelism plans the GLOBAL network, so where each rank's dataset yields its own slice of the
+        batch (full_batch=False, dataset_strategy) the step is traced on stand-ins of the global shape
+        (`semi_auto.global_shape`) while the call still feeds this rank's slice."""
         from tessel.common.engine import engine
 
         eng = engine()
+        stand_ins = rank_step.global_inputs(inputs)
+        if stand_ins is None:
+            entry, call = self.compiled.entry(inputs, {})
+        else:
+            entry, _ = self.compiled.entry(stand_ins, {})
+            call = Call.of(inputs, {}, self.compiled.arg_names, eng.id)
         if eng.id not in self._checked:
             if rank_step.data_parallel():
                 rank_step.check_replicas([(p.name, p.asnumpy()) for p in self.optimizer.parameters])
