@@ -7,7 +7,7 @@ communication primitives (`ops.AllReduce`) and `ops.ReduceOp`.
 
 from tessel.communication.comm_func import ReduceOp
 from tessel.ops import functional
-from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, ReduceScatter
+from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborExchange, ReduceScatter
 from tessel.ops.functional import *  # noqa: F403 - the functional forms are ops.<name>
 from tessel.ops.functional import (  # explicit names that star-import would skip or that shadow builtins
     abs,
@@ -15,6 +15,7 @@ from tessel.ops.functional import (  # explicit names that star-import would ski
     round,
     sum,
 )
+from tessel.ops.halo import NeighborExchangeV2
 from tessel.ops.primitive import *  # noqa: F403
 from tessel.ops.primitive import Primitive
 
@@ -28,5 +29,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tessel.ops' has no attribute {name!r}")
 
 
-__all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "Primitive", "ReduceOp", "ReduceScatter", "functional"]
+__all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "NeighborExchange", "NeighborExchangeV2", "Primitive"]
+__all__ += ["ReduceOp", "ReduceScatter", "functional"]
 __all__ += ["abs", "pow", "round", "sum"]

@@ -1,0 +1,215 @@
+"""Data-parallel training throughput: tessel (`tessel run`, Model.train) vs PyTorch DDP (gloo), side by side in one run.
+
+Usage: python benchmarks/data_parallel.py [--ranks 1,2,4] [--batches 32,256] [--epochs 16] [--quick]
+                                          [--json out.json]
+
+Model, optimizer and data are the same on both sides: the seeds' MLP (Flatten + Dense 784-512-512-10 with ReLU),
+SGD lr 0.01, CrossEntropyLoss, per-rank batch B, synthetic MNIST-shaped rows (normalised images, labels a fixed
+linear map of the image decides) sharded MindSpore's way (rank k gets rows k, k + N, ...). Threads: the host's
+C cores are shared out as max(1, C // N) compute threads per rank on both sides (tessel: `tessel run --threads
+C`, which gives each local daemon C // N; DDP: torch.set_num_threads).
+- tessel: `tessel run -n N benchmarks/_dp_tessel.py` (embedded coordinator + N daemons), DATA_PARALLEL with
+  gradients_mean=True, `Model.train` with dataset_sink_mode=True (row "sink": the daemon reads its own shard and
+  runs an epoch per Execute), then, in the same job, dataset_sink_mode=False (row "feed": one Execute per step,
+  the batch sent by the script);
+- DDP: N `benchmarks/_dp_torch.py` processes, torch.distributed over gloo (init_method tcp://127.0.0.1),
+  DistributedDataParallel, torch.optim.SGD.
+Each side trains E epochs of S steps; epoch 1 (compilation, warm-up) is excluded and throughput is
+N x B x S / (the median over epochs 2..E of the slowest rank's epoch time): the median keeps a burst of load from
+other processes on a shared machine out of the figure. Results are checked before any figure is
+printed: every rank must end with the same parameters (checksums agree to 1e-6 relative), every loss must be
+finite and the last epoch's mean loss must be below the first epoch's. (That N-rank training equals one device on
+the global batch is tested in tests/integration/test_data_parallel.py, not here.) Scaling efficiency =
+samples/s at N / (N x samples/s at 1).
+
+Then job start-up on a standing cluster: `tessel coordinator --port 0` and 4 `tessel daemon` processes are
+started once, and the whole `tessel run -n 4 --coordinator ADDR _dp_tessel.py --one-step` command (a job that
+trains one step) is timed wall-clock, median of 3 (msrun pays 13-15 s per job).
+
+Targets (PASS/FAIL): tessel sink ≥ 2x DDP's samples/s at every (N, B); the one-step job ≤ 2 s. The machine is
+usually shared: compare the figures of one run, and expect ±10-30 % between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever the working directory
+
+from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
+
+SPEEDUP_TARGET = 2.0  # tessel sink / DDP
+LAUNCH_TARGET_S = 2.0
+LAUNCH_WORLD = 4
+# Steps per epoch by per-rank batch: 3200-4096 rows per rank per epoch, so each epoch is long enough to time.
+STEPS = {32: 100, 256: 16}
+DEADLINE_S = 240.0
+
+
+def parse_list(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a comma-separated list of positive integers")
+    return values
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ranks", type=parse_list, default=[1, 2, 4], help="world sizes (default 1,2,4)")
+    parser.add_argument("--batches", type=parse_list, default=[32, 256], help="per-rank batches (default 32,256)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first one untimed (default 16; quick 4)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores shared out among the ranks")
+    parser.add_argument("--launches", type=int, help="timed one-step jobs (default 3; quick 1)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: ranks 1,2, batch 32, 4 epochs, 1 launch")
+    parser.add_argument("--json", type=Path, help="also write every epoch time (per rank) to this file")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.ranks = [1, 2] if args.ranks == [1, 2, 4] else args.ranks
+        args.batches = [32] if args.batches == [32, 256] else args.batches
+    args.epochs = args.epochs or (4 if args.quick else 16)
+    args.launches = args.launches or (1 if args.quick else 3)
+    if args.epochs < 2:
+        parser.error("--epochs must be ≥ 2 (the first epoch is warm-up)")
+    return args
+
+
+def steps_for(batch: int) -> int:
+    return STEPS.get(batch, max(2, 3200 // batch))
+
+
+def check(records: list[dict], what: str) -> None:
+    """Every rank ends with the same parameters; losses are finite and fall. Raises BenchmarkError otherwise."""
+    first = records[0]["checksums"]
+    for record in records[1:]:
+        for index, (a, b) in enumerate(zip(first, record["checksums"])):
+            if abs(a - b) > 1e-6 * max(1.0, abs(a)):
+                raise BenchmarkError(f"{what}: rank {record['rank']} parameter {index} sums to {b}, rank 0 to {a}")
+    steps = records[0]["steps"]
+    for mode, run in records[0]["modes"].items():
+        losses = run["losses"]
+        if not all(math.isfinite(v) for v in losses):
+            raise BenchmarkError(f"{what} {mode}: a loss is not finite")
+        if statistics.fmean(losses[-steps:]) >= statistics.fmean(losses[:steps]):
+            raise BenchmarkError(f"{what} {mode}: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
+
+
+def throughput(records: list[dict], mode: str) -> float:
+    """Samples per second: one epoch's samples over the median, across epochs 2..E, of the slowest rank's time."""
+    world, batch, steps = records[0]["world"], records[0]["batch"], records[0]["steps"]
+    per_epoch = zip(*(r["modes"][mode]["epoch_seconds"][1:] for r in records))
+    return world * batch * steps / statistics.median([max(ranks) for ranks in per_epoch])
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, dict, list]:
+    """{(series, N, B): samples/s}, {(side, N, B): error}, raw records."""
+    rates, errors, raw = {}, {}, []
+    for batch in args.batches:
+        steps = steps_for(batch)
+        for world in args.ranks:
+            threads = max(1, args.cores // world)
+            sides = {
+                "tessel": lambda w=world, b=batch, s=steps: run_tessel(
+                    w, args.cores, ["--batch", str(b), "--steps", str(s), "--epochs", str(args.epochs)], DEADLINE_S
+                ),
+                "DDP": lambda w=world, b=batch, s=steps, t=threads: run_ddp(w, t, b, s, args.epochs, DEADLINE_S),
+            }
+            for side, run in sides.items():
+                started = time.monotonic()
+                print(f"[{side}, {world} ranks, batch {batch}] running ...", file=sys.stderr, flush=True)
+                try:
+                    records = run()
+                    check(records, f"{side} {world} ranks batch {batch}")
+                except BenchmarkError as exc:
+                    errors[(side, world, batch)] = str(exc).splitlines()[0]
+                    print(f"[{side}, {world} ranks, batch {batch}] FAILED: {exc}", file=sys.stderr, flush=True)
+                    continue
+                print(f"[{side}, {world} ranks, batch {batch}] done in {time.monotonic() - started:.1f} s",
+                      file=sys.stderr, flush=True)  # fmt: skip
+                raw.append({"side": side, "ranks": world, "batch": batch, "records": records})
+                for mode in records[0]["modes"]:
+                    rates[({"sink": "tessel sink", "feed": "tessel feed"}.get(mode, "DDP"), world, batch)] = throughput(
+                        records, mode
+                    )
+    return rates, errors, raw
+
+
+def launch_times(args: argparse.Namespace) -> list[float]:
+    threads = max(1, args.cores // LAUNCH_WORLD)
+    with ResidentCluster(LAUNCH_WORLD, threads) as cluster:
+        cluster.time_launch(TESSEL_RANK, ["--one-step"], DEADLINE_S)  # untimed: first job warms the page cache
+        return [cluster.time_launch(TESSEL_RANK, ["--one-step"], DEADLINE_S) for _ in range(args.launches)]
+
+
+def _cell(value: float | None, fmt: str, suffix: str = "") -> str:
+    return format(value, fmt) + suffix if value is not None else format("-", f">{fmt.split('.')[0]}") + suffix
+
+
+def table(args: argparse.Namespace, rates: dict) -> list[str]:
+    series = ("tessel sink", "tessel feed", "DDP")
+    head = f"{'batch':>5} {'N':>2} | {'sink':>8} {'feed':>8} {'DDP':>8} | {'sink/DDP':>8} {'feed/DDP':>8} |"
+    lines = [head + f" {'eff sink':>8} {'eff feed':>8} {'eff DDP':>8} | target", "-" * (len(head) + 38)]
+    for batch in args.batches:
+        for world in args.ranks:
+            got = {s: rates.get((s, world, batch)) for s in series}
+            ratio = {s: got[s] / got["DDP"] if got[s] and got["DDP"] else None for s in series[:2]}
+            base = {s: rates.get((s, 1, batch)) for s in series}
+            eff = {s: got[s] / (world * base[s]) if got[s] and base[s] else None for s in series}
+            verdict = (
+                "-" if ratio["tessel sink"] is None else "PASS" if ratio["tessel sink"] >= SPEEDUP_TARGET else "FAIL"
+            )
+            lines.append(
+                f"{batch:>5} {world:>2} | " + " ".join(_cell(got[s], "8.0f") for s in series) + " | "
+                + " ".join(_cell(ratio[s], "7.2f", "x") for s in series[:2]) + " | "
+                + " ".join(_cell(eff[s], "8.2f") for s in series) + f" | {verdict}"
+            )  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    rates, errors, raw = measure(args)
+    try:
+        launches = launch_times(args)
+        launch_error = ""
+    except BenchmarkError as exc:
+        launches, launch_error = [], str(exc).splitlines()[0]
+    print(
+        f"data parallel: MLP 784-512-512-10, SGD lr 0.01, CrossEntropyLoss; {args.cores} cores, "
+        f"max(1, {args.cores} // N) threads per rank; {args.epochs - 1} timed epochs (+1 warm-up); "
+        f"steps/epoch {', '.join(f'B={b}: {steps_for(b)}' for b in args.batches)}"
+    )
+    print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time")
+    print("sink/DDP, feed/DDP: tessel's samples/s over DDP's; eff: samples/s at N / (N x samples/s at 1)")
+    print("\n".join(table(args, rates)))
+    for (side, world, batch), error in sorted(errors.items()):
+        print(f"{side} {world} ranks batch {batch}: FAILED ({error})")
+    if launches:
+        median = statistics.median(launches)
+        verdict = "PASS" if median <= LAUNCH_TARGET_S else "FAIL"
+        runs = ", ".join(f"{s:.2f}" for s in launches)
+        print(f"`tessel run -n {LAUNCH_WORLD}` one-step job on running daemons: median {median:.2f} s of [{runs}] "
+              f"(target ≤ {LAUNCH_TARGET_S:.0f} s; msrun 13-15 s): {verdict}")  # fmt: skip
+    else:
+        print(f"`tessel run -n {LAUNCH_WORLD}` one-step job on running daemons: FAILED ({launch_error})")
+    # Other processes on the host skew both sides: the load average tells how quiet the run was.
+    load = f"1-min load average {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"
+    print(f"total wall time {time.monotonic() - started:.0f} s; {load} ({args.cores} cores)")
+    if args.json:
+        config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        rows = [{"series": s, "ranks": n, "batch": b, "samples_per_s": v} for (s, n, b), v in rates.items()]
+        record = {"config": config, "rates": rows, "launch_seconds": launches, "errors": [list(k) for k in errors]}
+        args.json.write_text(json.dumps(record | {"runs": raw}, indent=1))
+        print(f"wrote {args.json}")
+    return 1 if errors or not launches else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
