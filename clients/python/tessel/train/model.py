@@ -132,11 +132,12 @@ class Model:
         )
         net.set_train(True)
         numbers = range(initial_epoch + 1, epoch + 1)
-        if runner is not None:
-            _run_sunk(runner, steps, numbers, cb, as_callbacks(callbacks))
-            return
-        epochs = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
-        _run_epochs(step, epochs, numbers, cb, as_callbacks(callbacks))
+        if runner is not None:  # the daemon runs each epoch; its per-step losses feed the step callbacks
+            epochs = (_sunk_steps(runner, steps) for _ in numbers)
+        else:
+            batches = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
+            epochs = (_fed_steps(step, batches) for _ in numbers)
+        _run_epochs(epochs, numbers, cb, as_callbacks(callbacks))
 
     def _check_parallel(self, dataset: Any) -> None:
         rank_step.check_mode()
@@ -222,46 +223,33 @@ def _sunk_epochs(dataset: Any, sink_size: int) -> Iterator[Iterator]:
         yield take()
 
 
-def _run_epochs(step, epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list) -> None:
-    """The training loop proper: one `step(*batch)` per batch, with the callbacks around it."""
+def _fed_steps(step, batches: Iterator[Iterator]) -> Iterator:
+    """One epoch's steps in feed mode (generators run lazily: after the epoch-begin callbacks)."""
+    for batch in next(batches):
+        yield lambda batch=batch: step(*batch)
+
+
+def _sunk_steps(runner: rank_step.SinkRunner, steps: int) -> Iterator:
+    """One epoch in sink mode: a single Execute on the daemon, then each step's loss in turn."""
+    for loss in runner.run(steps):
+        yield lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
+
+
+def _run_epochs(epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list) -> None:
+    """The training loop proper: each epoch yields one thunk per step (running the step, or reading the loss a sunk
+    epoch already computed on the daemon), with the callbacks around it."""
     run_context = RunContext(cb)
     for callback in callbacks:
         callback.on_train_begin(run_context)
-    for number in numbers:
+    for number, steps in zip(numbers, epochs):
         cb["cur_epoch_num"] = number
         for callback in callbacks:
             callback.on_train_epoch_begin(run_context)
-        for batch in next(epochs):
+        for run_step in steps:
             cb["cur_step_num"] += 1
             for callback in callbacks:
                 callback.on_train_step_begin(run_context)
-            cb["net_outputs"] = step(*batch)
-            for callback in callbacks:
-                callback.on_train_step_end(run_context)
-            if run_context._stop_requested:
-                break
-        for callback in callbacks:
-            callback.on_train_epoch_end(run_context)
-        if run_context._stop_requested:
-            break
-    for callback in callbacks:
-        callback.on_train_end(run_context)
-
-
-def _run_sunk(runner: rank_step.SinkRunner, steps: int, numbers: range, cb: CallbackParam, callbacks: list) -> None:
-    """Sink mode's loop: one Execute per epoch of `steps` steps, then the step callbacks once per step's loss."""
-    run_context = RunContext(cb)
-    for callback in callbacks:
-        callback.on_train_begin(run_context)
-    for number in numbers:
-        cb["cur_epoch_num"] = number
-        for callback in callbacks:
-            callback.on_train_epoch_begin(run_context)
-        for loss in runner.run(steps):
-            cb["cur_step_num"] += 1
-            for callback in callbacks:
-                callback.on_train_step_begin(run_context)
-            cb["net_outputs"] = Tensor._wrap(np.array(loss, np.float32))
+            cb["net_outputs"] = run_step()
             for callback in callbacks:
                 callback.on_train_step_end(run_context)
             if run_context._stop_requested:
