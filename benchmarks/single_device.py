@@ -11,7 +11,9 @@ With --torch, PyTorch's eager step (same threads) is measured too.
 
 The SDK side ("tessel Model.train") is what a user runs: `Model(net, nn.CrossEntropyLoss(), nn.SGD(...)).train()`
 over a NumpySlicesDataset of the same batch, through the embedded daemon (one Execute per step), timed end to
-end per step (data pipeline, callbacks and the step). Target: at most 1.25x the hand-fused ORT step.
+end per step (data pipeline, callbacks and the step). Target: at most 1.25x the hand-fused ORT step. The row
+"Model.train, sink" is the same with dataset_sink_mode=True: the daemon reads the batches and runs an epoch per
+Execute.
 """
 
 from __future__ import annotations
@@ -158,7 +160,7 @@ def torch_step(params, threads):
 class ModelTrain:
     """The SDK path: tessel.Model.train of nn.Dense layers holding `params`, plain SGD, one epoch = `steps` steps."""
 
-    def __init__(self, params: dict[str, np.ndarray], threads: int, steps: int = 50):
+    def __init__(self, params: dict[str, np.ndarray], threads: int, steps: int = 50, sink: bool = False):
         os.environ.setdefault("TESSEL_THREADS", str(threads))  # the embedded daemon shares the global ORT pool
         import tessel as ms
         from tessel import nn
@@ -169,7 +171,7 @@ class ModelTrain:
             dense.bias.set_data(params[f"b{i}"])
         net = nn.SequentialCell(layers[0], nn.ReLU(), layers[1], nn.ReLU(), layers[2])
         self.model = ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.01))
-        self.steps, self.datasets = steps, {}
+        self.steps, self.datasets, self.sink = steps, {}, sink
 
     def dataset(self, x: np.ndarray, y: np.ndarray):
         import tessel.dataset as ds
@@ -183,12 +185,12 @@ class ModelTrain:
     def measure(self, x: np.ndarray, y: np.ndarray, seconds: float) -> tuple[float, float]:
         """(wall, process CPU) ms per step: medians over epochs of `steps` steps."""
         dataset = self.dataset(x, y)
-        self.model.train(1, dataset)  # compile and warm up
+        self.model.train(1, dataset, dataset_sink_mode=self.sink)  # compile and warm up
         wall, cpu = [], []
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline or not wall:
             start, start_cpu = time.perf_counter(), time.process_time()
-            self.model.train(1, dataset)
+            self.model.train(1, dataset, dataset_sink_mode=self.sink)
             wall.append((time.perf_counter() - start) / self.steps * 1e3)
             cpu.append((time.process_time() - start_cpu) / self.steps * 1e3)
         return statistics.median(wall), statistics.median(cpu)
@@ -226,6 +228,7 @@ def main() -> None:
     sides = {"tessel": tessel_step(compute, params), "onnxruntime (hand-fused)": HandFusedStep(compute, params)}
     if not args.no_sdk:
         sides["tessel Model.train (SDK)"] = ModelTrain(params, args.threads)
+        sides["tessel Model.train, sink"] = ModelTrain(params, args.threads, sink=True)
     if args.torch:
         sides["pytorch (eager)"] = torch_step(params, args.threads)
     rng = np.random.default_rng(1)

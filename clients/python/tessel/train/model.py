@@ -19,6 +19,7 @@ HYBRID_PARALLEL: the network's own collectives), see `tessel.common.rank_step`.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,7 @@ class Model:
         self._metrics = get_metrics(metrics)
         self._eval_network, self._eval_indexes = eval_network, eval_indexes
         self._train_network = self._build_train_network()
+        self._sink_runners: dict[int, tuple[Any, ...]] = {}
 
     def _build_train_network(self) -> Cell | None:
         if self._optimizer is None:
@@ -111,7 +113,7 @@ class Model:
         step = net._fused if type(net).construct is TrainOneStepCell.construct else net
         runner = None
         if dataset_sink_mode and isinstance(step, FusedTrainStep) and _serializable(train_dataset):
-            runner = rank_step.SinkRunner(step, train_dataset)
+            runner = self._sink_runner(step, train_dataset)
         sinking = dataset_sink_mode and sink_size > 0
         steps = sink_size if sinking else train_dataset.get_dataset_size()
         cb = CallbackParam(
@@ -138,6 +140,22 @@ class Model:
             batches = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
             epochs = (_fed_steps(step, batches) for _ in numbers)
         _run_epochs(epochs, numbers, cb, as_callbacks(callbacks))
+
+    def _sink_runner(self, step: FusedTrainStep, dataset: Any) -> rank_step.SinkRunner:
+        """The runner whose daemon-side reader has `dataset` open, kept across train() calls: opening it again
+        would serialize the pipeline (with NumpySlicesDataset, all its data) and restart it; kept, the next call
+        goes on from the epoch where the last one ended."""
+        from tessel.common.engine import engine
+
+        key = (weakref.ref(dataset), engine().id, step)
+        kept = self._sink_runners.get(id(dataset))
+        if kept is not None and kept[0]() is dataset and kept[1:3] == key[1:]:
+            return kept[3]
+        runner = rank_step.SinkRunner(step, dataset)
+        if len(self._sink_runners) >= 4:
+            self._sink_runners.pop(next(iter(self._sink_runners)))
+        self._sink_runners[id(dataset)] = (*key, runner)
+        return runner
 
     def _check_parallel(self, dataset: Any) -> None:
         rank_step.check_mode()
