@@ -89,6 +89,22 @@ def test_binding_writes_outputs_into_caller_buffers(compute):
         compute.bind(exe).input("w", np.ones((2, 3), np.float32).T)
 
 
+def test_outputs_of_static_shape_come_back_as_new_arrays_on_every_run(compute):
+    exe = compute.compile(AFFINE)
+    binding = compute.bind(exe)
+    x = np.ones((2, 3), np.float32)
+    binding.input("x", x)
+    binding.input("w", np.ones((3, 2), np.float32))
+    binding.output(exe.output_names[0])  # (N, 2): allocated by the runtime
+    binding.output(exe.output_names[1])  # a scalar: a fresh numpy array per run
+    y1, total1 = binding.run()
+    x[...] = 2.0
+    y2, total2 = binding.run()
+    assert (total1, total2) == (6, 12) and total1 is not total2
+    np.testing.assert_array_equal(y1, np.full((2, 2), 3.0))
+    np.testing.assert_array_equal(y2, np.full((2, 2), 6.0))
+
+
 def test_a_binding_runs_again_with_another_batch_size():
     from tessel.compiler import TensorSpec, apply, model_bytes, trace
 

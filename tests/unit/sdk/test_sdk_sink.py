@@ -79,3 +79,27 @@ def test_gradients_mean_on_one_device_is_accepted_in_data_parallel(mean):
     x, y = _data()
     losses, _, _ = _train(True, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH), 1)
     assert np.all(np.isfinite(losses))
+
+
+def test_train_calls_on_one_dataset_open_it_once_and_go_on_like_one_call():
+    """Two train(1) calls in sink mode equal one train(2): the daemon's reader is kept, not reopened."""
+    x, y = _data()
+    ms.set_seed(4)
+    net = nn.Dense(6, 2)
+    model = ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1))
+    dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True).batch(BATCH)
+    daemon = engine().daemon
+    opened, open_dataset = [], daemon.open_dataset
+    daemon.open_dataset = lambda *a, **k: opened.append(a[1]) or open_dataset(*a, **k)
+    try:
+        model.train(1, dataset, dataset_sink_mode=True)
+        model.train(1, dataset, dataset_sink_mode=True)
+    finally:
+        del daemon.open_dataset
+    assert len(opened) == 1
+    ms.set_seed(4)
+    whole = nn.Dense(6, 2)
+    ms.Model(whole, nn.CrossEntropyLoss(), nn.SGD(whole.trainable_params(), 0.1)).train(
+        2, ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=True).batch(BATCH), dataset_sink_mode=True
+    )
+    np.testing.assert_allclose(net.weight.asnumpy(), whole.weight.asnumpy(), rtol=1e-6, atol=1e-7)
