@@ -22,11 +22,17 @@ import numpy as np
 
 from tessel.compiler.rank_program import RankProgram
 from tessel.errors import CollectiveMismatchError, ConfigurationError
-from tessel.plugins.cpu.reduce import ufunc
+from tessel.plugins.cpu.reduce import finish, ufunc
 from tessel.v1 import collective_pb2
 from tessel.wire import numpy_dtype
 
-_REDUCE = {collective_pb2.SUM: "sum", collective_pb2.PROD: "prod", collective_pb2.MAX: "max", collective_pb2.MIN: "min"}
+_REDUCE = {
+    collective_pb2.SUM: "sum",
+    collective_pb2.PROD: "prod",
+    collective_pb2.MAX: "max",
+    collective_pb2.MIN: "min",
+    collective_pb2.MEAN: "mean",
+}
 _STATE_SUFFIX = "/new"
 
 
@@ -178,7 +184,8 @@ def _compute(parts: list[_Part], ranks: tuple[int, ...]) -> list[list[np.ndarray
             )
     n, kind, xs = len(parts), first.kind, [p.values[0] if p.values else None for p in parts]
     if kind in (collective_pb2.ALL_REDUCE, collective_pb2.REDUCE_SCATTER):
-        total = functools.reduce(ufunc(xs[0].dtype, _REDUCE[first.op]), xs)
+        total = np.array(functools.reduce(ufunc(xs[0].dtype, _REDUCE[first.op]), xs))
+        finish(total, _REDUCE[first.op], n)
         if kind == collective_pb2.ALL_REDUCE:
             return [[np.array(total)] for _ in parts]
         return [[block] for block in np.split(total, n, axis=0)]

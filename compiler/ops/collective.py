@@ -6,6 +6,7 @@ ranks (indices into `group`), as on the daemon's wire. Shape inference knows the
 `axis` multiplies that dim by it, ReduceScatter divides it. Gradients follow MindSpore's bprops:
 
     AllReduce(sum)'  = AllReduce(sum)                 AllGather'     = ReduceScatter(sum), same axis
+    AllReduce(mean)' = AllReduce(mean)
     AllReduce(max/min)' = AllReduce(sum)(g) * (x == out)   ReduceScatter(sum)' = AllGather, same axis
     AllReduce(prod)' = AllReduce(sum)(g * out) / x    AlltoAll'      = AlltoAll with split/concat dims swapped
     Broadcast'       = g (identity on every rank)     NeighborExchange' = NeighborExchange with send/recv swapped
@@ -38,7 +39,9 @@ from tessel.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 from tessel.wire import wire_dtype
 
-REDUCE_OPS = {name: collective_pb2.ReduceOp.Value(name.upper()) for name in ("sum", "max", "min", "prod")}
+# "mean" (the sum divided by the group size, in the collective's final pass) serves gradients_mean; MindSpore's
+# AllReduce does not offer it, so tessel.ops does not either.
+REDUCE_OPS = {name: collective_pb2.ReduceOp.Value(name.upper()) for name in ("sum", "max", "min", "prod", "mean")}
 # What the daemons' collectives carry (plugins.base.COLLECTIVE_DTYPES).
 WIRE_DTYPES = (DType.float16, DType.float32, DType.float64, DType.int32, DType.int64, DType.bool_)
 
@@ -165,7 +168,7 @@ def _all_reduce_grad(c):
     reduce, group = c.attrs["reduce_op"], c.attrs["group"]
     if reduce == "prod":
         return (op("AllReduce", c.g * c.out, reduce_op="sum", group=group) / c.x,)
-    dx = op("AllReduce", c.g, reduce_op="sum", group=group)
+    dx = op("AllReduce", c.g, reduce_op="mean" if reduce == "mean" else "sum", group=group)
     if reduce in ("max", "min"):
         dx = dx * op("Equal", c.x, c.out).astype(dx.dtype)  # the cotangent goes where x was the extremum
     return (dx,)
@@ -515,8 +518,10 @@ def _mirror_grad(c):
     n = len(c.attrs["group"])
     if n == 1:
         return (c.g,)
-    summed = op("AllReduce", c.g, reduce_op="sum", group=c.attrs["group"], fusion=c.attrs["fusion"])
-    return (summed * (1.0 / n) if c.attrs["mean"] else summed,)
+    # With mean, the collective divides in its last pass over the data; a Mul after it would be one more pass
+    # over every gradient (and, fused into buckets, one per piece after the split).
+    reduce = "mean" if c.attrs["mean"] else "sum"
+    return (op("AllReduce", c.g, reduce_op=reduce, group=c.attrs["group"], fusion=c.attrs["fusion"]),)
 
 
 register(

@@ -69,8 +69,8 @@ ERRORS = [
      r"group size 2; AlltoAll sends"),
     ("AlltoAll", [("N", 4)], {"group": G2, "split_dim": 1}, r"AlltoAll.*dim 0 of \(N, 2\) is the symbol 'N'; "
      r"AlltoAll makes concat_dim group-size times larger"),
-    ("AllReduce", [(2,)], {"group": G2, "reduce_op": "mean"}, r"AllReduce.*reduce_op='mean' is not a reduce op; "
-     r"use one of \['max', 'min', 'prod', 'sum'\]"),
+    ("AllReduce", [(2,)], {"group": G2, "reduce_op": "avg"}, r"AllReduce.*reduce_op='avg' is not a reduce op; "
+     r"use one of \['max', 'mean', 'min', 'prod', 'sum'\]"),
     ("AllReduce", [(2,)], {"group": "world"}, r"group 'world' must be a non-empty tuple of distinct global ranks"),
     ("AllReduce", [(2,)], {"group": (0, 0)}, r"group \(0, 0\) must be a non-empty tuple of distinct global ranks"),
     ("AllReduce", [(2,)], {}, r"missing required attribute\(s\) \['group'\]"),
