@@ -142,7 +142,14 @@ class Optimizer(Cell):
         return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
 
     def _lr_feed(self) -> np.ndarray:
-        return np.array(self.learning_rate_at(self._step), np.float32)
+        # The same (read-only) array while the rate stays the same: the daemon then need not bind it again.
+        value = self.learning_rate_at(self._step)
+        cached = self.__dict__.get("_lr_cached")
+        if cached is None or cached[0] != value:
+            array = np.array(value, np.float32)
+            array.flags.writeable = False
+            cached = self.__dict__["_lr_cached"] = (value, array)
+        return cached[1]
 
     def _advance(self) -> None:
         self.__dict__["_step"] += 1  # once per step: skip Cell.__setattr__
