@@ -37,3 +37,11 @@ def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> float:
 
 def rand(*shape: int, seed: int = 0, dtype=np.float32) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def np_conv2d(x, w, b=None, stride=1, pad=(0, 0, 0, 0)):
+    """NCHW convolution with OIHW weights; pad = (top, bottom, left, right)."""
+    x = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[1]), (pad[2], pad[3])))
+    windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
+    out = np.einsum("nchwij,ocij->nohw", windows, w)
+    return out if b is None else out + b[None, :, None, None]

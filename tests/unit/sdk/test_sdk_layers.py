@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from sdk_testkit import finite_difference, log_softmax, rand, softmax
+from sdk_testkit import finite_difference, log_softmax, np_conv2d, rand, softmax
 
 import tessel as ms
 from tessel import nn, ops
@@ -15,13 +15,6 @@ from tessel import nn, ops
 
 def run(cell, *arrays):
     return cell(*(ms.Tensor(a) for a in arrays)).asnumpy()
-
-
-def np_conv2d(x, w, b=None, stride=1, pad=(0, 0, 0, 0)):
-    x = np.pad(x, ((0, 0), (0, 0), (pad[0], pad[1]), (pad[2], pad[3])))
-    windows = np.lib.stride_tricks.sliding_window_view(x, w.shape[2:], axis=(2, 3))[:, :, ::stride, ::stride]
-    out = np.einsum("nchwij,ocij->nohw", windows, w)
-    return out if b is None else out + b[None, :, None, None]
 
 
 def np_pool(x, k, s, reduce):
