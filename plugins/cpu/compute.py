@@ -189,7 +189,7 @@ class Binding:
             raise ConfigurationError(f"output buffer {name!r} must be {port.dtype}, got {array.dtype}")
         else:
             _contiguous(name, array)
-            self._binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+            self._bind_output(name, array.dtype, list(array.shape), array.ctypes.data)
         self._outputs[name] = array
 
     def _bind_fresh(self, name: str) -> np.ndarray:
@@ -200,11 +200,11 @@ class Binding:
 
     def run(self) -> list[np.ndarray]:
         """Execute; returns the outputs that were not bound to buffers, in binding order."""
-        fresh = {name: self._kept[name] for name in self._fresh}
+        fresh = {name: self._kept[name] for name in self._fresh}  # the caller keeps these; the next run gets new ones
         self.exe.session.run_with_iobinding(self._binding)
-        for name in self._fresh:  # the next run writes into new arrays: the caller keeps these
-            self._bind_fresh(name)
-        if len(fresh) + sum(a is not None for a in self._outputs.values()) == len(self._outputs):
+        if not any(a is None and name not in fresh for name, a in self._outputs.items()):
+            for name in fresh:
+                self._bind_fresh(name)
             return [fresh[name] for name, a in self._outputs.items() if a is None]
         values = self._binding.get_outputs()
         result = [
@@ -212,16 +212,16 @@ class Binding:
             for (name, a), v in zip(self._outputs.items(), values)
             if a is None
         ]
-        # Runtime-allocated outputs stay bound to this run's shapes; bind them afresh so that the next run may
-        # have another batch size.
+        # Runtime-allocated outputs stay bound to this run's shapes; bind every output afresh, in order, so that the
+        # next run may have another batch size.
         self._binding.clear_binding_outputs()
         for name, array in self._outputs.items():
-            if name in self._fresh:
+            if name in fresh:
                 self._bind_fresh(name)
             elif array is None:
                 self._binding.bind_output(name, "cpu")
             else:
-                self._binding.bind_output(name, "cpu", 0, array.dtype, list(array.shape), array.ctypes.data)
+                self._bind_output(name, array.dtype, list(array.shape), array.ctypes.data)
         return result
 
 
