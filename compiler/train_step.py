@@ -67,7 +67,10 @@ def build_train_step(
     builder = GraphBuilder.extend(forward)
     lr = builder.add_input(LEARNING_RATE, (), DType.float32)
     values = [forward.input(n) for n in params]
-    grads = gradients(builder, forward.outputs[0], values)
+    loss = SymbolicTensor(builder, forward.outputs[0])
+    fold = optimizer.folds_learning_rate() and _full_precision(forward)
+    sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
+    grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
     # State = trained parameters, plus inputs the forward graph itself assigns (BatchNorm's moving statistics).
     assigned = [n.inputs[0].name for n in forward.nodes if n.op == "Assign" and n.inputs[0].name not in params]
     state = [StateSpec(n, _static(v.shape, n), v.dtype, None) for n, v in zip(params, values)]
@@ -84,7 +87,11 @@ def build_train_step(
         for slot in optimizer.slots():
             slots[slot.name] = builder.add_input(f"{name}/{slot.name}", value.shape, value.dtype)
             state.append(StateSpec(f"{name}/{slot.name}", _static(value.shape, name), value.dtype, slot.init))
-        new_p, new_slots = optimizer.update(p, g, slots, glob, lr.astype(value.dtype), name not in no_weight_decay)
+        rate, decay = lr.astype(value.dtype), name not in no_weight_decay
+        if fold:
+            new_p, new_slots = optimizer.update_scaled(p, g, rate, decay), {}
+        else:
+            new_p, new_slots = optimizer.update(p, g, slots, glob, rate, decay)
         apply("Assign", p, new_p)
         for slot_name, new in new_slots.items():
             apply("Assign", slots[slot_name], new)
@@ -96,6 +103,11 @@ def build_train_step(
     data = tuple(v.name for v in graph.inputs if v.name not in state_names)
     outputs = tuple(output_names(graph)[: len(forward.outputs)])
     return TrainProgram(graph, data, tuple(state), outputs, optimizer)
+
+
+def _full_precision(graph: Graph) -> bool:
+    """No half-precision value anywhere: gradients pre-scaled by a small learning rate could underflow in one."""
+    return not any(v.dtype == DType.float16 for n in graph.nodes for v in (*n.inputs, *n.outputs))
 
 
 def _static(shape, name: str) -> tuple[int, ...]:

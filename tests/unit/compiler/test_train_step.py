@@ -101,6 +101,7 @@ class Reference:
 
 OPTIMIZERS = [
     SGD(learning_rate=0.1),
+    SGD(learning_rate=0.1, weight_decay=0.05),
     SGD(learning_rate=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01),
     SGD(learning_rate=0.1, momentum=0.8, nesterov=True),
     Momentum(learning_rate=0.05, momentum=0.9),
@@ -137,6 +138,16 @@ def test_training_reduces_the_loss_and_keeps_state_in_place():
     # Two buffers per state entry, flipped every step: the same memory is reused, never reallocated.
     assert {id(v) for v in step.state.values()} == buffers  # after an even number of further steps
     assert set(step.state) == {*PARAMS, *(f"{p}/moments" for p in PARAMS)}
+
+
+def test_plain_sgd_folds_the_learning_rate_into_the_backward_pass():
+    # The loss seed is lr, so no multiply by lr runs over a parameter-sized gradient: each update is one Sub.
+    graph = build_train_step(trace(mlp, *SPECS).graph, PARAMS, SGD(learning_rate=0.1)).graph
+    big = [n for n in graph.nodes if n.op == "Mul" and any(v.shape == SPECS[2].shape for v in n.outputs)]
+    assert not big
+    assert len([n for n in graph.nodes if n.op == "Sub" and n.inputs[0].name in PARAMS]) == len(PARAMS)
+    with_momentum = build_train_step(trace(mlp, *SPECS).graph, PARAMS, SGD(learning_rate=0.1, momentum=0.9)).graph
+    assert any(n.op == "Mul" and any(v.shape == SPECS[2].shape for v in n.outputs) for n in with_momentum.nodes)
 
 
 def test_learning_rate_changes_without_recompiling():
