@@ -3,10 +3,12 @@
 Every parameter replicated over a group is read through a `Mirror` (identity forward; its gradient is the
 AllReduce(sum) over the group, times 1/size with gradients_mean), so autodiff of the local graph yields reduced
 gradients, as MindSpore's _MirrorOperator does. `bucket_allreduce` then fuses those AllReduces (fusion > 0)
-into buckets of about `bucket_bytes` (DDP's default: 25 MiB): one flat AllReduce per bucket, placed right after
-the bucket's last gradient is computed, while everything that reads a reduced gradient (the optimizer update)
-moves after the backward. Lowered by `lower_rank_program`, each bucket's AllReduce starts asynchronously, the
-rest of the backward runs in the next segment while it is in flight, and the wait comes just before the update.
+into buckets of about `bucket_bytes` (DDP's default: 25 MiB): one AllReduceBucket per bucket (the daemon
+reduces its tensors as one flat array, which the backward segment writes its gradients into directly), placed
+right after the bucket's last gradient is computed, while everything that reads a reduced gradient (the
+optimizer update) moves after the backward. Lowered by `lower_rank_program`, each bucket's reduction starts
+asynchronously, the rest of the backward runs in the next segment while it is in flight, and the wait comes
+just before the update.
 
     train = data_parallel_train_step(forward, ["w1", "b1"], Momentum(0.1, 0.9), group=(0, 1, 2, 3))
     program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=4)
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tessel.compiler import registry
-from tessel.compiler.builder import SymbolicTensor, apply, apply_all
+from tessel.compiler.builder import apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.ops.collective import collective
@@ -129,8 +131,8 @@ def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list
 
 def bucket_allreduce(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Graph:
     """Fuse the gradient AllReduces of `graph` into buckets (see plan_buckets) and order the graph for overlap:
-    each bucket's AllReduce right after its last input is computed, its results split back just before their
-    first reader, and every node that reads a reduced gradient after all nodes that do not."""
+    each bucket's AllReduceBucket right after its last input is computed, and every node that reads a reduced
+    gradient after all nodes that do not."""
     buckets = plan_buckets(graph, bucket_bytes)
     if not buckets:
         return graph
@@ -162,22 +164,14 @@ class _Fuser:
     def __init__(self, graph: Graph, start_after: dict[Node | None, list[Bucket]]):
         self.graph, self.start_after = graph, start_after
         self.rewriter = Rewriter(graph)
-        self.flat: dict[Bucket, SymbolicTensor] = {}
-        self.unsplit: dict[Value, Bucket] = {}
 
     def run(self, order: list[Node]) -> Graph:
         for bucket in self.start_after.get(None, []):
             self._start(bucket)
         for node in order:
-            for value in node.inputs:
-                if value in self.unsplit:
-                    self._split(self.unsplit[value])
             self.rewriter.keep(node)
             for bucket in self.start_after.get(node, []):
                 self._start(bucket)
-        for value in self.graph.outputs:
-            if value in self.unsplit:
-                self._split(self.unsplit[value])
         return self.rewriter.build()
 
     def _start(self, bucket: Bucket) -> None:
@@ -185,19 +179,11 @@ class _Fuser:
         if len(bucket.reductions) == 1:
             self.rewriter.keep(first)
             return
+        inputs = [self.rewriter.tensor(n.inputs[0]) for n in bucket.reductions]
         with self.rewriter.at(first.source):
-            flat = [apply("Reshape", self.rewriter.tensor(n.inputs[0]), shape=(-1,)) for n in bucket.reductions]
-            self.flat[bucket] = apply("AllReduce", apply("Concat", *flat, axis=0), **dict(first.attrs))
-        self.unsplit.update((n.outputs[0], bucket) for n in bucket.reductions)
-
-    def _split(self, bucket: Bucket) -> None:
-        sizes = tuple(numel(n.inputs[0].shape) for n in bucket.reductions)
-        with self.rewriter.at(bucket.reductions[0].source):
-            pieces = apply_all("Split", self.flat[bucket], axis=0, sizes=sizes)
-            for node, piece in zip(bucket.reductions, pieces):
-                out = node.outputs[0]
-                self.rewriter.alias(out, apply("Reshape", piece, shape=out.shape).value)
-                del self.unsplit[out]
+            reduced = apply_all("AllReduceBucket", *inputs, reduce_op=first.attrs["reduce_op"], group=bucket.group)
+        for node, out in zip(bucket.reductions, reduced):
+            self.rewriter.alias(node.outputs[0], out.value)
 
 
 def data_parallel_train_step(

@@ -183,12 +183,11 @@ def _compute(parts: list[_Part], ranks: tuple[int, ...]) -> list[list[np.ndarray
                 "kind",
             )
     n, kind, xs = len(parts), first.kind, [p.values[0] if p.values else None for p in parts]
-    if kind in (collective_pb2.ALL_REDUCE, collective_pb2.REDUCE_SCATTER):
-        total = np.array(functools.reduce(ufunc(xs[0].dtype, _REDUCE[first.op]), xs))
-        finish(total, _REDUCE[first.op], n)
-        if kind == collective_pb2.ALL_REDUCE:
-            return [[np.array(total)] for _ in parts]
-        return [[block] for block in np.split(total, n, axis=0)]
+    if kind == collective_pb2.ALL_REDUCE:  # several inputs: a bucket, each tensor reduced on its own
+        totals = [_reduced([p.values[i] for p in parts], first.op) for i in range(len(parts[0].values))]
+        return [[np.array(total) for total in totals] for _ in parts]
+    if kind == collective_pb2.REDUCE_SCATTER:
+        return [[block] for block in np.split(_reduced(xs, first.op), n, axis=0)]
     if kind == collective_pb2.ALL_GATHER:
         return [[np.concatenate(xs, axis=0)] for _ in parts]
     if kind == collective_pb2.BROADCAST:
@@ -199,6 +198,12 @@ def _compute(parts: list[_Part], ranks: tuple[int, ...]) -> list[list[np.ndarray
     if kind == collective_pb2.NEIGHBOR_EXCHANGE:
         return [_exchange(parts, i) for i in range(n)]
     raise ConfigurationError(f"the simulator does not run collective kind {kind}")
+
+
+def _reduced(xs: list[np.ndarray], op: int) -> np.ndarray:
+    total = np.array(functools.reduce(ufunc(xs[0].dtype, _REDUCE[op]), xs))
+    finish(total, _REDUCE[op], len(xs))
+    return total
 
 
 def _exchange(parts: list[_Part], me: int) -> list[np.ndarray]:

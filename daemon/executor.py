@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
@@ -38,11 +39,16 @@ def _store(session: Session, names: list[str], values: Any) -> None:
 
 
 def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -> tuple[Callable, list[str]]:
-    """(a call that starts or runs the collective with async_op as argument, the output names)."""
+    """(a call that starts or runs the collective with async_op as argument, the output names). The call of a
+    bucket (an ALL_REDUCE of several tensors) is its FlatBucket."""
     inputs = list(op.inputs)
     kind = op.kind
     first = inputs[0] if inputs else ""
     reduce_op = REDUCE_OP_NAMES[op.op]
+    if kind == collective_pb2.ALL_REDUCE and len(inputs) > 1:
+        bucket = FlatBucket(comm, inputs)
+        call = _BucketCall(bucket, session, reduce_op)
+        return call, _outputs(op, inputs)
     if kind == collective_pb2.ALL_REDUCE:
         return (lambda a: comm.all_reduce(session.tensor(first), reduce_op, async_op=a)), _outputs(op, [first])
     if kind == collective_pb2.ALL_GATHER:
@@ -75,6 +81,19 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
 
 
+class _BucketCall:
+    """Runs a FlatBucket on the session's tensors (what _collective_call returns for a bucket)."""
+
+    def __init__(self, bucket: FlatBucket, session: Session, reduce_op: str):
+        self.bucket, self.session, self.reduce_op = bucket, session, reduce_op
+
+    def __call__(self, async_op: bool) -> Any:
+        missing = [n for n in self.bucket.names if n not in self.session.tensors]
+        if missing:
+            self.session.tensor(missing[0])  # raises the store's error naming the tensor
+        return self.bucket(self.session.tensors, self.reduce_op, async_op)
+
+
 class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
 
@@ -82,9 +101,15 @@ class Executor:
         self.group_of = group_of
 
     def bind(self, session: Session, program: daemon_pb2.Program) -> list[tuple[str, Step]]:
-        return [self._bind_one(session, i, ins) for i, ins in enumerate(program.instructions)]
+        buckets: dict[int, FlatBucket] = {}
+        steps = [self._bind_one(session, i, ins, buckets) for i, ins in enumerate(program.instructions)]
+        if buckets:
+            _place_buckets(session, program, buckets)
+        return steps
 
-    def _bind_one(self, session: Session, index: int, ins: daemon_pb2.Instruction) -> tuple[str, Step]:
+    def _bind_one(
+        self, session: Session, index: int, ins: daemon_pb2.Instruction, buckets: dict[int, FlatBucket]
+    ) -> tuple[str, Step]:
         which = ins.WhichOneof("op")
         if which is None:
             raise ConfigurationError(f"instruction {index} is empty (no op set)")
@@ -92,6 +117,8 @@ class Executor:
         if which == "collective":
             comm = self.group_of(session, op.group or WORLD_GROUP)
             call, outputs = _collective_call(comm, session, op)
+            if isinstance(call, _BucketCall):
+                buckets[index] = call.bucket
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
             if op.handle:
                 return label, lambda: session.handles.__setitem__(op.handle, (call(True), outputs))
@@ -129,3 +156,24 @@ class Executor:
                 f"next_batch of {op.dataset!r}: {len(op.outputs)} output names for columns {cursor.columns}"
             )
         _store(session, list(op.outputs), row)
+
+
+def _place_buckets(session: Session, program: daemon_pb2.Program, buckets: dict[int, FlatBucket]) -> None:
+    """Lay out each bucket whose tensors all come from segments with static shapes, and bind those segment
+    outputs onto the bucket's views, so that the segments write the gradients where the all-reduce reads them."""
+    producers: dict[str, Any] = {}
+    for index, ins in enumerate(program.instructions):
+        if ins.WhichOneof("op") == "run_segment":
+            segment = session.segments.get(ins.run_segment.segment)
+            for name in ins.run_segment.outputs:
+                producers[name] = segment
+        elif index in buckets:
+            bucket = buckets[index]
+            sources = [producers.get(name) for name in bucket.names]
+            ports = [s.output_port(n) if s is not None else None for s, n in zip(sources, bucket.names)]
+            static = all(p is not None and all(isinstance(d, int) for d in p.shape) for p in ports)
+            if not static or len({p.dtype for p in ports}) != 1:
+                continue  # laid out on the first run instead, and filled by copies
+            bucket.plan([(p.shape, p.dtype) for p in ports])
+            for segment, name, view in zip(sources, bucket.names, bucket.views):
+                segment.place(name, view)

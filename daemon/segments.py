@@ -28,6 +28,7 @@ class Segment:
         self.updated = tuple(s for s in state if s + NEW in outputs)
         self.data = tuple(n for n in self.exe.input_names if n not in self.state)
         self._buffers: dict[str, list[np.ndarray]] = {}
+        self._placed: dict[str, np.ndarray] = {}  # outputs written into buffers given by place()
         self._bindings: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._parity = 0
         self._bindable = hasattr(compute, "bind")
@@ -45,12 +46,31 @@ class Segment:
         binding = self._binding(self._parity, tuple(outputs), tensors)
         for name in names:
             binding.input(name, _contiguous(tensors[name]))
-        values = binding.run()
+        values = iter(binding.run())
         self._parity = 1 - self._parity
         for name in self.updated:
             tensors[name] = self._buffers[name][self._parity]
-        for name, value in zip(outputs, values):
-            tensors[name] = value
+        placed = self._placed
+        for name in outputs:
+            tensors[name] = placed[name] if name in placed else next(values)
+
+    def output_port(self, name: str) -> Any:
+        """The model's output `name` (name, dtype, shape), or None."""
+        ports = getattr(self.exe, "outputs", ())
+        return next((p for p in ports if p.name == name), None)
+
+    def place(self, name: str, array: np.ndarray) -> None:
+        """Write output `name` into `array` on every run from now on (a view of a gradient bucket's buffer);
+        the array must have the output's static shape and dtype."""
+        port = self.output_port(name)
+        if port is None or tuple(port.shape) != array.shape or port.dtype != array.dtype:
+            raise ConfigurationError(
+                f"segment {self.name!r}: cannot place output {name!r} into a {array.dtype}{list(array.shape)} "
+                f"buffer; the model's output is {port and (str(port.dtype) + str(list(port.shape)))}"
+            )
+        if self._bindable:
+            self._placed[name] = array
+            self._bindings.clear()
 
     def _run_plain(self, tensors: dict, names: tuple[str, ...], outputs: Sequence[str]) -> None:
         feeds = {n: tensors[n] for n in (*names, *self.state)}
@@ -84,7 +104,7 @@ class Segment:
                 else:
                     binding.input(name, _contiguous(tensors[name]))
             for name in outputs:
-                binding.output(name)
+                binding.output(name, self._placed.get(name))
             self._bindings[key] = binding
         return self._bindings[key]
 

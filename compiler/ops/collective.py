@@ -34,7 +34,7 @@ from tessel.compiler.errors import GradientError
 from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import free, require
 from tessel.compiler.registry import REQUIRED, Cost, register
-from tessel.compiler.shapes import format_shape, normalize_axis, numel
+from tessel.compiler.shapes import format_shape, is_static, normalize_axis, numel
 from tessel.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 from tessel.wire import wire_dtype
@@ -189,6 +189,41 @@ _register(
     num_inputs=1,
     doc="AllReduce(x, reduce_op='sum'|'max'|'min'|'prod', group=ranks): every rank gets the reduction over the group. "
     "`fusion` > 0 marks gradient reductions that bucket_allreduce may fuse (MindSpore's fusion attribute).",
+)
+
+
+# --- AllReduceBucket ----------------------------------------------------------------------------------------------
+
+
+def _infer_bucket(types, attrs):
+    group_ranks(attrs)
+    _reduce_op(attrs)
+    require(len(types) >= 2, f"AllReduceBucket fuses several tensors, got {len(types)}; use AllReduce for one")
+    for t in types:
+        _wire_dtype(t)
+        require(is_static(t.shape), f"AllReduceBucket needs static shapes, got {format_shape(t.shape)}")
+    dtypes = sorted({t.dtype.value for t in types})
+    require(len(dtypes) == 1, f"AllReduceBucket tensors must share one dtype, got {dtypes}; bucket each dtype apart")
+    return tuple(types)
+
+
+def _bucket_cost(node, sizes):
+    n = len(node.attrs["group"])
+    elements = sum(numel(v.shape, sizes) for v in node.inputs)
+    nbytes = sum(_nbytes(v, sizes) for v in node.inputs)
+    return Cost(elements * (n - 1) // n, 2 * (n - 1) * nbytes // n)
+
+
+_register(
+    "AllReduceBucket",
+    Collective(collective_pb2.ALL_REDUCE, fields=lambda node: {"op": REDUCE_OPS[node.attrs["reduce_op"]]}),
+    infer=_infer_bucket,
+    grad=None,
+    cost=_bucket_cost,
+    attrs={"reduce_op": "sum", "group": REQUIRED},
+    doc="AllReduceBucket(*xs, reduce_op, group): AllReduce of each x, run as one flat reduction (a gradient bucket; "
+    "bucket_allreduce emits it after autodiff, so it has no gradient). On the wire: one ALL_REDUCE with several "
+    "inputs, which the daemon reduces in one buffer that the producing segment writes into directly.",
 )
 
 

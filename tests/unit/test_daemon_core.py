@@ -85,6 +85,61 @@ def test_repeat_and_collect_return_every_repetition(core):
     core.close_session(sid)
 
 
+def _two_output_model() -> bytes:
+    """x (3, 4) -> a = 2 x (3, 4), b = x summed over rows (4,): two static outputs for one bucket."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("Add", ["x", "x"], ["a"]),
+            helper.make_node("ReduceSum", ["x", "axes"], ["b"], keepdims=0),
+        ],
+        "two",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 4])],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in (("a", [3, 4]), ("b", [4]))],
+        [helper.make_tensor("axes", TensorProto.INT64, [1], [0])],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def test_a_bucket_is_reduced_in_one_buffer_that_the_segment_writes_into(core):
+    sid = core.open_session("bucket", 0, 1, [])
+    core.compile_segment(sid, "two", _two_output_model())
+    session = core.session(sid)
+
+    def program(names, handle=""):
+        bucket = daemon_pb2.CollectiveOp(
+            kind=collective_pb2.ALL_REDUCE, op=collective_pb2.MEAN, inputs=names, outputs=["r" + n for n in names],
+            handle=handle,
+        )  # fmt: skip
+        steps = [{"run_segment": daemon_pb2.RunSegment(segment="two", outputs=["a", "b"])}, {"collective": bucket}]
+        return _program(*steps, *([{"wait": daemon_pb2.WaitOp(handle=handle)}] if handle else []))
+
+    def address(name):
+        return session.tensors[name].__array_interface__["data"][0]
+
+    a_bytes, b_bytes = 3 * 4 * 4, 4 * 4
+
+    def check(which, x):
+        got = core.execute(sid, which, feed={"x": x}, fetch=["ra", "rb"]).fetched
+        np.testing.assert_array_equal(got["ra"], 2 * x)  # a world of one: the mean is the value itself
+        np.testing.assert_array_equal(got["rb"], x.sum(axis=0))
+
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    in_order, reversed_order = program(["a", "b"]), program(["b", "a"], handle="h")
+    check(in_order, x)
+    # The segment wrote a and b back to back into the bucket's buffer: nothing was concatenated or copied in.
+    assert address("a") + a_bytes == address("b")
+    # Another program placing the same outputs in its own bucket (here one run asynchronously) takes them over;
+    # the first one then copies them in, and both stay right.
+    check(reversed_order, x + 1)
+    assert address("b") + b_bytes == address("a")
+    for step in range(2, 4):
+        check(in_order, x + step)
+        check(reversed_order, x - step)
+    core.close_session(sid)
+
+
 def test_bad_input_names_the_thing_and_the_fix(core):
     sid = core.open_session("bad", 0, 1, [])
     with pytest.raises(ConfigurationError, match="tensor 'nope' is not in the store"):

@@ -303,6 +303,20 @@ def test_bucketed_gradients_start_early_and_are_awaited_just_before_the_update()
     assert program.segments[program.program.instructions[update].run_segment.segment].state  # which writes state
 
 
+def test_a_bucket_travels_as_one_all_reduce_of_its_gradients_with_no_concat_or_split():
+    # The daemon lays a bucket out in one buffer that the backward segment writes into (daemon/buckets.py), so the
+    # segments neither concatenate the gradients nor split the result: each update reads its gradient as is.
+    train = data_parallel_train_step(_dp_forward(), PARAMS, SGD(0.1), (0, 1), bucket_bytes=1 << 20)
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
+    (bucket,) = [i.collective for i in program.program.instructions if i.WhichOneof("op") == "collective"]
+    assert len(bucket.inputs) == len(bucket.outputs) == len(PARAMS)
+    backward, update = (program.segments[name] for name in program.segments)
+    assert set(bucket.inputs) <= set(backward.outputs)
+    assert set(bucket.outputs) <= {v.name for v in update.graph.inputs}
+    ops = {n.op for segment in program.segments.values() for n in segment.graph.nodes}
+    assert not ops & {"Concat", "Split", "Reshape"}
+
+
 @pytest.mark.parametrize("n", [2, 3])
 def test_data_parallel_training_equals_one_device_on_the_global_batch(n):
     optimizer = Momentum(learning_rate=0.1, momentum=0.9)
