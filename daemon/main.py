@@ -34,6 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
     parser.add_argument("--max-request-mb", type=int, default=1024, help="largest accepted request")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach the coordinator")
+    parser.add_argument(
+        "--no-unix-socket", action="store_true", help="serve Execute over gRPC only (no Unix socket for local clients)"
+    )
     return parser.parse_args(argv)
 
 
@@ -82,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         core = DaemonCore(plugin, coordinator, data_address=data_address)
-        server, port = rpc.start_server([service.handler(core, token, args.max_request_mb << 20)], args.host, args.port)
+        max_bytes = args.max_request_mb << 20
+        local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
+        handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
+        server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"{args.host}:{port}"
         core.daemon_id = _register(args, core, address, coordinator)
     except TesselError as exc:
@@ -119,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
         beat = coordinator.heartbeat(core.daemon_id, on_event)
     beat.stop()
     server.stop(grace=1.0).wait(2.0)
+    if local is not None:
+        local.close()
     core.close()
     coordinator.close()
     return 0

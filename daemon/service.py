@@ -2,21 +2,29 @@
 
 from __future__ import annotations
 
+import logging
+
 from tessel import rpc
 from tessel.daemon.core import DaemonCore
+from tessel.errors import ConfigurationError
 from tessel.v1 import common_pb2, daemon_pb2
 from tessel.wire import from_proto, to_proto
 
 SERVICE = daemon_pb2.DESCRIPTOR.services_by_name["Daemon"]
+log = logging.getLogger("tessel.daemon")
 
 
 class DaemonServicer:
-    def __init__(self, core: DaemonCore):
-        self.core = core
+    """`local_socket`: the path of the daemon's Unix socket for Execute (daemon/local_channel.py), if it has one."""
+
+    def __init__(self, core: DaemonCore, local_socket: str = ""):
+        self.core, self.local_socket = core, local_socket
 
     def OpenSession(self, request, context):
         session_id = self.core.open_session(request.job_id, request.rank, request.world_size, request.members)
-        return daemon_pb2.OpenSessionReply(session_id=session_id)
+        return daemon_pb2.OpenSessionReply(
+            session_id=session_id, local_socket=self.local_socket, host_id=self.core.host_id
+        )
 
     def CloseSession(self, request, context):
         self.core.close_session(request.session_id)
@@ -83,5 +91,19 @@ def _named(name, array):
     return common_pb2.NamedTensor(name=name, tensor=to_proto(array))
 
 
-def handler(core: DaemonCore, token: str, max_request_bytes: int = rpc.DEFAULT_MAX_REQUEST_BYTES):
-    return rpc.generic_handler(DaemonServicer(core), SERVICE, token, max_request_bytes)
+def handler(
+    core: DaemonCore, token: str, max_request_bytes: int = rpc.DEFAULT_MAX_REQUEST_BYTES, local_socket: str = ""
+):
+    return rpc.generic_handler(DaemonServicer(core, local_socket), SERVICE, token, max_request_bytes)
+
+
+def serve_local(core: DaemonCore, token: str, max_request_bytes: int = rpc.DEFAULT_MAX_REQUEST_BYTES):
+    """A LocalExecuteServer for `core` (Execute over a Unix socket), or None where it cannot listen."""
+    from tessel.daemon.local_channel import LocalExecuteServer
+
+    servicer = DaemonServicer(core)
+    try:
+        return LocalExecuteServer(lambda request: servicer.Execute(request, None), token, max_request_bytes)
+    except (OSError, ConfigurationError) as exc:
+        log.warning("no local Execute socket (%s); clients on this host use gRPC", exc)
+        return None

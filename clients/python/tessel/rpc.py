@@ -77,16 +77,36 @@ def _status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _abort_with(context: grpc.ServicerContext, exc: BaseException) -> None:
-    trailers = [(ERROR_HEADER, type(exc).__name__)]
-    culprit = getattr(exc, "culprit_rank", None)
-    if culprit is not None:
-        trailers.append((CULPRIT_HEADER, str(culprit)))
-    context.set_trailing_metadata(tuple(trailers))
+def error_fields(exc: BaseException) -> tuple[str, str, int | None]:
+    """(class name, message, culprit rank or None): what travels back to the client for a failed call."""
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     if _status_for(exc) == grpc.StatusCode.INTERNAL:
         message = f"{type(exc).__name__}: {message}"
-    context.abort(_status_for(exc), str(message))
+    return type(exc).__name__, str(message), getattr(exc, "culprit_rank", None)
+
+
+def rebuilt_error(kind: str, message: str, culprit: int | None) -> Exception | None:
+    """The client-side exception for error_fields' values: the tessel.errors class `kind` (or KeyError), or None
+    when `kind` names neither."""
+    if kind == "KeyError":
+        return KeyError(message)
+    cls = getattr(errors, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        return None
+    if issubclass(cls, errors.CollectiveMismatchError):
+        return cls(message, -1 if culprit is None else culprit, "")
+    if issubclass(cls, errors.JobFailedError):
+        return cls(message, -1 if culprit is None else culprit)
+    return cls(message)
+
+
+def _abort_with(context: grpc.ServicerContext, exc: BaseException) -> None:
+    kind, message, culprit = error_fields(exc)
+    trailers = [(ERROR_HEADER, kind)]
+    if culprit is not None:
+        trailers.append((CULPRIT_HEADER, str(culprit)))
+    context.set_trailing_metadata(tuple(trailers))
+    context.abort(_status_for(exc), message)
 
 
 class _Method:
@@ -205,15 +225,11 @@ def start_server(
 
 def _error_from(exc: grpc.RpcError, what: str) -> Exception:
     trailers = dict(exc.trailing_metadata() or ())
-    name = trailers.get(ERROR_HEADER, "")
     message = f"{exc.details()}"
-    cls = getattr(errors, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        if issubclass(cls, errors.CollectiveMismatchError):
-            return cls(message, int(trailers.get(CULPRIT_HEADER, -1)), "")
-        if issubclass(cls, errors.JobFailedError):
-            return cls(message, int(trailers.get(CULPRIT_HEADER, -1)))
-        return cls(message)
+    culprit = trailers.get(CULPRIT_HEADER)
+    rebuilt = rebuilt_error(trailers.get(ERROR_HEADER, ""), message, None if culprit is None else int(culprit))
+    if rebuilt is not None and not isinstance(rebuilt, KeyError):
+        return rebuilt
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
         return errors.JobFailedError(f"{what} is unreachable: {message}")

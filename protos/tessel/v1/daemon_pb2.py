@@ -28,7 +28,7 @@ from tessel.v1 import collective_pb2 as tessel_dot_v1_dot_collective__pb2
 from tessel.v1 import dataset_pb2 as tessel_dot_v1_dot_dataset__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\x1a\x17tessel/v1/dataset.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"j\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\"&\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\\\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x03(\t\"m\n\x12OpenDatasetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.tessel.v1.DatasetSpec\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\">\n\x10OpenDatasetReply\x12\x19\n\x11\x62\x61tches_per_epoch\x18\x01 \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"\x85\x02\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x12*\n\nnext_batch\x18\x06 \x01(\x0b\x32\x14.tessel.v1.NextBatchH\x00\x42\x04\n\x02op\"-\n\tNextBatch\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\xb0\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12\x0f\n\x07\x63ollect\x18\x07 \x03(\t\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x91\x01\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\x12)\n\tcollected\x18\x03 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"^\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x32\xdd\x05\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bOpenDataset\x12\x1d.tessel.v1.OpenDatasetRequest\x1a\x1b.tessel.v1.OpenDatasetReply\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\x1a\x17tessel/v1/dataset.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"j\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\"M\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0clocal_socket\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\"]\n\x11LocalExecuteError\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhas_culprit\x18\x03 \x01(\x08\x12\x14\n\x0c\x63ulprit_rank\x18\x04 \x01(\x05\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\\\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x03(\t\"m\n\x12OpenDatasetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.tessel.v1.DatasetSpec\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\">\n\x10OpenDatasetReply\x12\x19\n\x11\x62\x61tches_per_epoch\x18\x01 \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"\x85\x02\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x12*\n\nnext_batch\x18\x06 \x01(\x0b\x32\x14.tessel.v1.NextBatchH\x00\x42\x04\n\x02op\"-\n\tNextBatch\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\xb0\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12\x0f\n\x07\x63ollect\x18\x07 \x03(\t\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\x91\x01\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\x12)\n\tcollected\x18\x03 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"^\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x32\xdd\x05\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bOpenDataset\x12\x1d.tessel.v1.OpenDatasetRequest\x1a\x1b.tessel.v1.OpenDatasetReply\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,49 +40,51 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENSESSIONREQUEST']._serialized_start=148
   _globals['_OPENSESSIONREQUEST']._serialized_end=254
   _globals['_OPENSESSIONREPLY']._serialized_start=256
-  _globals['_OPENSESSIONREPLY']._serialized_end=294
-  _globals['_DAEMONGROUPREQUEST']._serialized_start=296
-  _globals['_DAEMONGROUPREQUEST']._serialized_end=365
-  _globals['_PUTTENSORSREQUEST']._serialized_start=367
-  _globals['_PUTTENSORSREQUEST']._serialized_end=447
-  _globals['_GETTENSORSREQUEST']._serialized_start=449
-  _globals['_GETTENSORSREQUEST']._serialized_end=503
-  _globals['_GETTENSORSREPLY']._serialized_start=505
-  _globals['_GETTENSORSREPLY']._serialized_end=563
-  _globals['_FREETENSORSREQUEST']._serialized_start=565
-  _globals['_FREETENSORSREQUEST']._serialized_end=620
-  _globals['_COMPILESEGMENTREQUEST']._serialized_start=622
-  _globals['_COMPILESEGMENTREQUEST']._serialized_end=714
-  _globals['_OPENDATASETREQUEST']._serialized_start=716
-  _globals['_OPENDATASETREQUEST']._serialized_end=825
-  _globals['_OPENDATASETREPLY']._serialized_start=827
-  _globals['_OPENDATASETREPLY']._serialized_end=889
-  _globals['_INSTRUCTION']._serialized_start=892
-  _globals['_INSTRUCTION']._serialized_end=1153
-  _globals['_NEXTBATCH']._serialized_start=1155
-  _globals['_NEXTBATCH']._serialized_end=1200
-  _globals['_RUNSEGMENT']._serialized_start=1202
-  _globals['_RUNSEGMENT']._serialized_end=1264
-  _globals['_COLLECTIVEOP']._serialized_start=1267
-  _globals['_COLLECTIVEOP']._serialized_end=1609
-  _globals['_TENSORSHAPE']._serialized_start=1611
-  _globals['_TENSORSHAPE']._serialized_end=1638
-  _globals['_WAITOP']._serialized_start=1640
-  _globals['_WAITOP']._serialized_end=1664
-  _globals['_FREEOP']._serialized_start=1666
-  _globals['_FREEOP']._serialized_end=1689
-  _globals['_COPYOP']._serialized_start=1691
-  _globals['_COPYOP']._serialized_end=1731
-  _globals['_PROGRAM']._serialized_start=1733
-  _globals['_PROGRAM']._serialized_end=1788
-  _globals['_EXECUTEREQUEST']._serialized_start=1791
-  _globals['_EXECUTEREQUEST']._serialized_end=1967
-  _globals['_INSTRUCTIONTIMING']._serialized_start=1969
-  _globals['_INSTRUCTIONTIMING']._serialized_end=2034
-  _globals['_EXECUTEREPLY']._serialized_start=2037
-  _globals['_EXECUTEREPLY']._serialized_end=2182
-  _globals['_DAEMONSTATUSREPLY']._serialized_start=2184
-  _globals['_DAEMONSTATUSREPLY']._serialized_end=2278
-  _globals['_DAEMON']._serialized_start=2281
-  _globals['_DAEMON']._serialized_end=3014
+  _globals['_OPENSESSIONREPLY']._serialized_end=333
+  _globals['_LOCALEXECUTEERROR']._serialized_start=335
+  _globals['_LOCALEXECUTEERROR']._serialized_end=428
+  _globals['_DAEMONGROUPREQUEST']._serialized_start=430
+  _globals['_DAEMONGROUPREQUEST']._serialized_end=499
+  _globals['_PUTTENSORSREQUEST']._serialized_start=501
+  _globals['_PUTTENSORSREQUEST']._serialized_end=581
+  _globals['_GETTENSORSREQUEST']._serialized_start=583
+  _globals['_GETTENSORSREQUEST']._serialized_end=637
+  _globals['_GETTENSORSREPLY']._serialized_start=639
+  _globals['_GETTENSORSREPLY']._serialized_end=697
+  _globals['_FREETENSORSREQUEST']._serialized_start=699
+  _globals['_FREETENSORSREQUEST']._serialized_end=754
+  _globals['_COMPILESEGMENTREQUEST']._serialized_start=756
+  _globals['_COMPILESEGMENTREQUEST']._serialized_end=848
+  _globals['_OPENDATASETREQUEST']._serialized_start=850
+  _globals['_OPENDATASETREQUEST']._serialized_end=959
+  _globals['_OPENDATASETREPLY']._serialized_start=961
+  _globals['_OPENDATASETREPLY']._serialized_end=1023
+  _globals['_INSTRUCTION']._serialized_start=1026
+  _globals['_INSTRUCTION']._serialized_end=1287
+  _globals['_NEXTBATCH']._serialized_start=1289
+  _globals['_NEXTBATCH']._serialized_end=1334
+  _globals['_RUNSEGMENT']._serialized_start=1336
+  _globals['_RUNSEGMENT']._serialized_end=1398
+  _globals['_COLLECTIVEOP']._serialized_start=1401
+  _globals['_COLLECTIVEOP']._serialized_end=1743
+  _globals['_TENSORSHAPE']._serialized_start=1745
+  _globals['_TENSORSHAPE']._serialized_end=1772
+  _globals['_WAITOP']._serialized_start=1774
+  _globals['_WAITOP']._serialized_end=1798
+  _globals['_FREEOP']._serialized_start=1800
+  _globals['_FREEOP']._serialized_end=1823
+  _globals['_COPYOP']._serialized_start=1825
+  _globals['_COPYOP']._serialized_end=1865
+  _globals['_PROGRAM']._serialized_start=1867
+  _globals['_PROGRAM']._serialized_end=1922
+  _globals['_EXECUTEREQUEST']._serialized_start=1925
+  _globals['_EXECUTEREQUEST']._serialized_end=2101
+  _globals['_INSTRUCTIONTIMING']._serialized_start=2103
+  _globals['_INSTRUCTIONTIMING']._serialized_end=2168
+  _globals['_EXECUTEREPLY']._serialized_start=2171
+  _globals['_EXECUTEREPLY']._serialized_end=2316
+  _globals['_DAEMONSTATUSREPLY']._serialized_start=2318
+  _globals['_DAEMONSTATUSREPLY']._serialized_end=2412
+  _globals['_DAEMON']._serialized_start=2415
+  _globals['_DAEMON']._serialized_end=3148
 # @@protoc_insertion_point(module_scope)

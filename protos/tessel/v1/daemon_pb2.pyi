@@ -29,10 +29,26 @@ class OpenSessionRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
-    __slots__ = ("session_id",)
+    __slots__ = ("session_id", "local_socket", "host_id")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SOCKET_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
     session_id: str
-    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+    local_socket: str
+    host_id: str
+    def __init__(self, session_id: _Optional[str] = ..., local_socket: _Optional[str] = ..., host_id: _Optional[str] = ...) -> None: ...
+
+class LocalExecuteError(_message.Message):
+    __slots__ = ("kind", "message", "has_culprit", "culprit_rank")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    HAS_CULPRIT_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_RANK_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    message: str
+    has_culprit: bool
+    culprit_rank: int
+    def __init__(self, kind: _Optional[str] = ..., message: _Optional[str] = ..., has_culprit: _Optional[bool] = ..., culprit_rank: _Optional[int] = ...) -> None: ...
 
 class DaemonGroupRequest(_message.Message):
     __slots__ = ("session_id", "name", "ranks")

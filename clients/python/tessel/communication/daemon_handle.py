@@ -7,7 +7,8 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from tessel import rpc
-from tessel.daemon.core import DaemonCore, Result
+from tessel.daemon.core import DaemonCore, Result, host_id
+from tessel.daemon.local_channel import LocalExecuteClient
 from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
 from tessel.wire import from_proto, to_proto
 
@@ -93,10 +94,19 @@ class RemoteDaemon:
     def __init__(self, address: str, token: str, timeout_s: float = 3600.0):
         # Programs may legitimately run long (many steps per call); liveness comes from the coordinator.
         self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s)
+        self.token, self.timeout_s = token, timeout_s
+        self.local: LocalExecuteClient | None = None  # Execute over the daemon's Unix socket, when on this host
 
     def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = ()) -> str:
         request = daemon_pb2.OpenSessionRequest(job_id=job_id, rank=rank, world_size=world_size, members=members)
-        return self.client.OpenSession(request, 60.0).session_id
+        reply = self.client.OpenSession(request, 60.0)
+        if self.local is None and reply.local_socket and reply.host_id == host_id():
+            try:
+                what = f"daemon at {self.client.address} Execute (Unix socket)"
+                self.local = LocalExecuteClient(reply.local_socket, self.token, self.timeout_s, what)
+            except OSError:
+                self.local = None  # e.g. another mount namespace: gRPC works everywhere
+        return reply.session_id
 
     def close_session(self, session_id: str) -> None:
         self.client.CloseSession(daemon_pb2.SessionRef(session_id=session_id), 60.0)
@@ -154,7 +164,7 @@ class RemoteDaemon:
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
             collect=list(collect),
         )
-        reply = self.client.Execute(request)
+        reply = self.local.execute(request) if self.local is not None else self.client.Execute(request)
         return Result(
             {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
             {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
@@ -162,4 +172,6 @@ class RemoteDaemon:
         )
 
     def close(self) -> None:
+        if self.local is not None:
+            self.local.close()
         self.client.close()

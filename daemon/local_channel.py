@@ -1,0 +1,186 @@
+"""Execute over a Unix socket: the hot path between a client and a daemon on the same host.
+
+gRPC's Python stack costs about half a millisecond per call on a 2-core host (measured here: an empty Execute
+took 0.56 ms, a raw Unix-socket round trip 7 us), which is most of a small training step in feed mode, where
+every step is one Execute. So a daemon also listens on a Unix socket in a private directory (mode 0700) and
+serves Execute there, and only Execute: everything else stays on gRPC. The frames hold the same protobuf
+messages as the gRPC call (never pickle): one kind byte, an 8-byte little-endian length, the payload.
+
+    client -> TOKEN (the cluster token, once per connection), then REQUEST (an ExecuteRequest) ...
+    daemon -> REPLY (an ExecuteReply) or ERROR (a LocalExecuteError: the exception the gRPC path would raise)
+
+A wrong token or an oversized frame closes the connection. The client side (LocalExecuteClient) is used by
+RemoteDaemon when the daemon reports this socket and the same host id; a daemon that dies closes the socket,
+so a waiting client fails at once instead of at its deadline.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import shutil
+import socket
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tessel import rpc
+from tessel.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError, TesselError
+from tessel.v1 import daemon_pb2
+
+log = logging.getLogger("tessel.daemon")
+
+TOKEN, REQUEST, REPLY, ERROR = 1, 2, 3, 4
+_HEADER = struct.Struct("<BQ")
+_MAX_PATH = 100  # sun_path holds 108 bytes on Linux
+
+
+class ChannelClosed(Exception):
+    """The peer closed the connection (or sent something that is not a frame)."""
+
+
+def send_frame(sock: socket.socket, kind: int, payload: bytes) -> None:
+    header = _HEADER.pack(kind, len(payload))
+    if len(payload) < 1 << 16:
+        sock.sendall(header + payload)  # one system call for a small frame
+    else:
+        sock.sendall(header)
+        sock.sendall(payload)
+
+
+def recv_frame(sock: socket.socket, max_bytes: int) -> tuple[int, bytes]:
+    kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
+    if size > max_bytes:
+        raise ChannelClosed(f"a {size}-byte frame is over the {max_bytes}-byte limit")
+    return kind, _recv_exactly(sock, size)
+
+
+def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+    buffer = bytearray(size)
+    view, got = memoryview(buffer), 0
+    while got < size:
+        count = sock.recv_into(view[got:], size - got)
+        if count == 0:
+            raise ChannelClosed("the connection was closed")
+        got += count
+    return bytes(buffer)
+
+
+class LocalExecuteServer:
+    """Serves `execute(ExecuteRequest) -> ExecuteReply` on a Unix socket, one thread per connection."""
+
+    def __init__(self, execute: Callable[[Any], Any], token: str, max_request_bytes: int):
+        self.execute, self.token, self.max_bytes = execute, token, max_request_bytes
+        self.directory = tempfile.mkdtemp(prefix="tessel-daemon-")  # mode 0700: only this user can connect
+        self.path = os.path.join(self.directory, "execute.sock")
+        if len(self.path) > _MAX_PATH:
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise ConfigurationError(f"the socket path {self.path} is too long for a Unix socket; set TMPDIR shorter")
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(self.path)
+        self._listener.listen(64)
+        self._closed = False
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, name="tessel-local-accept", daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                self._connections.add(conn)
+            threading.Thread(target=self._serve, args=(conn,), name="tessel-local-execute", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            kind, token = recv_frame(conn, 1024)
+            if kind != TOKEN or not secrets.compare_digest(token, self.token.encode()):
+                log.warning("local Execute socket: a connection without the cluster token was closed")
+                return
+            while True:
+                kind, payload = recv_frame(conn, self.max_bytes)
+                if kind != REQUEST:
+                    return
+                send_frame(conn, *self._answer(payload))
+        except (ChannelClosed, OSError):
+            pass
+        finally:
+            with self._lock:
+                self._connections.discard(conn)
+            conn.close()
+
+    def _answer(self, payload: bytes) -> tuple[int, bytes]:
+        try:
+            reply = self.execute(daemon_pb2.ExecuteRequest.FromString(payload))
+            return REPLY, reply.SerializeToString()
+        except Exception as exc:  # the same mapping as the gRPC path (rpc._abort_with)
+            kind, message, culprit = rpc.error_fields(exc)
+            error = daemon_pb2.LocalExecuteError(
+                kind=kind, message=message, has_culprit=culprit is not None, culprit_rank=culprit or 0
+            )
+            return ERROR, error.SerializeToString()
+
+    def close(self) -> None:
+        self._closed = True
+        self._listener.close()
+        with self._lock:
+            for conn in self._connections:
+                conn.shutdown(socket.SHUT_RDWR)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class LocalExecuteClient:
+    """Sends Execute requests over a daemon's Unix socket; one call at a time (calls from threads queue)."""
+
+    def __init__(self, path: str, token: str, timeout_s: float, what: str):
+        self.what, self.timeout_s = what, timeout_s
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.settimeout(10.0)
+            self._sock.connect(path)
+            send_frame(self._sock, TOKEN, token.encode())
+        except OSError:
+            self._sock.close()
+            raise
+        self._lock = threading.Lock()
+
+    def execute(self, request: daemon_pb2.ExecuteRequest, timeout_s: float | None = None) -> daemon_pb2.ExecuteReply:
+        payload = request.SerializeToString()
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise JobFailedError(f"{self.what}: the connection to the daemon was lost earlier")
+            sock.settimeout(timeout_s or self.timeout_s)
+            try:
+                send_frame(sock, REQUEST, payload)
+                kind, body = recv_frame(sock, 1 << 62)
+            except TimeoutError:
+                self._drop()  # a late reply would answer the next request
+                raise RendezvousTimeoutError(
+                    f"{self.what}: no reply within {timeout_s or self.timeout_s:g} s; the program may be stuck in a "
+                    "collective that another rank never called"
+                ) from None
+            except (ChannelClosed, OSError) as exc:
+                self._drop()
+                raise JobFailedError(f"{self.what} is unreachable: {exc}; is the daemon still running?") from None
+        if kind == REPLY:
+            return daemon_pb2.ExecuteReply.FromString(body)
+        error = daemon_pb2.LocalExecuteError.FromString(body)
+        culprit = error.culprit_rank if error.has_culprit else None
+        rebuilt = rpc.rebuilt_error(error.kind, error.message, culprit)
+        raise rebuilt if rebuilt is not None else TesselError(f"{self.what} failed: {error.message}")
+
+    def _drop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
