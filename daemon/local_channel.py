@@ -16,6 +16,7 @@ so a waiting client fails at once instead of at its deadline.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import secrets
@@ -131,7 +132,8 @@ class LocalExecuteServer:
         self._listener.close()
         with self._lock:
             for conn in self._connections:
-                conn.shutdown(socket.SHUT_RDWR)
+                with contextlib.suppress(OSError):  # already closed by the peer
+                    conn.shutdown(socket.SHUT_RDWR)  # wakes its thread, and a client waiting on it fails at once
         shutil.rmtree(self.directory, ignore_errors=True)
 
 
