@@ -81,8 +81,13 @@ class LocalExecuteServer:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise ConfigurationError(f"the socket path {self.path} is too long for a Unix socket; set TMPDIR shorter")
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(self.path)
-        self._listener.listen(64)
+        try:
+            self._listener.bind(self.path)
+            self._listener.listen(64)
+        except OSError:
+            self._listener.close()
+            shutil.rmtree(self.directory, ignore_errors=True)
+            raise
         self._closed = False
         self._connections: set[socket.socket] = set()
         self._lock = threading.Lock()
