@@ -9,12 +9,12 @@ elsewhere (another program placed that output, a shape changed) is copied in.
 
     bucket = FlatBucket(comm, ["g/w", "g/b"])
     bucket.plan([((512, 784), np.float32), ((512,), np.float32)])   # before the first run, to place outputs
-    reduced_w, reduced_b = bucket(tensors, "mean", async_op=False)
+    reduced_w, reduced_b = bucket([grad_w, grad_b], "mean", async_op=False)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -61,9 +61,8 @@ class FlatBucket:
                 pass  # the shared arena is full: a private buffer works, with a copy inside the all_reduce
         return np.zeros(size, dtype)
 
-    def __call__(self, tensors: Mapping[str, np.ndarray], op: str, async_op: bool) -> Any:
-        """All-reduce the named tensors of `tensors`; returns their reduced values (or a handle to them)."""
-        xs = [tensors[name] for name in self.names]
+    def __call__(self, xs: Sequence[np.ndarray], op: str, async_op: bool) -> Any:
+        """All-reduce the tensors (in `names` order); returns their reduced values (or a handle to them)."""
         signature = tuple((x.shape, x.dtype) for x in xs)
         if signature != self.signature:
             self.plan(signature)

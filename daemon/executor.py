@@ -39,16 +39,11 @@ def _store(session: Session, names: list[str], values: Any) -> None:
 
 
 def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -> tuple[Callable, list[str]]:
-    """(a call that starts or runs the collective with async_op as argument, the output names). The call of a
-    bucket (an ALL_REDUCE of several tensors) is its FlatBucket."""
+    """(a call that starts or runs the collective with async_op as argument, the output names)."""
     inputs = list(op.inputs)
     kind = op.kind
     first = inputs[0] if inputs else ""
     reduce_op = REDUCE_OP_NAMES[op.op]
-    if kind == collective_pb2.ALL_REDUCE and len(inputs) > 1:
-        bucket = FlatBucket(comm, inputs)
-        call = _BucketCall(bucket, session, reduce_op)
-        return call, _outputs(op, inputs)
     if kind == collective_pb2.ALL_REDUCE:
         return (lambda a: comm.all_reduce(session.tensor(first), reduce_op, async_op=a)), _outputs(op, [first])
     if kind == collective_pb2.ALL_GATHER:
@@ -81,19 +76,6 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
 
 
-class _BucketCall:
-    """Runs a FlatBucket on the session's tensors (what _collective_call returns for a bucket)."""
-
-    def __init__(self, bucket: FlatBucket, session: Session, reduce_op: str):
-        self.bucket, self.session, self.reduce_op = bucket, session, reduce_op
-
-    def __call__(self, async_op: bool) -> Any:
-        missing = [n for n in self.bucket.names if n not in self.session.tensors]
-        if missing:
-            self.session.tensor(missing[0])  # raises the store's error naming the tensor
-        return self.bucket(self.session.tensors, self.reduce_op, async_op)
-
-
 class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
 
@@ -116,9 +98,15 @@ class Executor:
         op = getattr(ins, which)
         if which == "collective":
             comm = self.group_of(session, op.group or WORLD_GROUP)
-            call, outputs = _collective_call(comm, session, op)
-            if isinstance(call, _BucketCall):
-                buckets[index] = call.bucket
+            if op.kind == collective_pb2.ALL_REDUCE and len(op.inputs) > 1:  # a bucket: see daemon/buckets.py
+                bucket = buckets[index] = FlatBucket(comm, op.inputs)
+                reduce_op = REDUCE_OP_NAMES[op.op]
+                call, outputs = (
+                    (lambda a: bucket([session.tensor(n) for n in bucket.names], reduce_op, a)),
+                    list(op.outputs),
+                )
+            else:
+                call, outputs = _collective_call(comm, session, op)
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
             if op.handle:
                 return label, lambda: session.handles.__setitem__(op.handle, (call(True), outputs))

@@ -52,14 +52,14 @@ def send_frame(sock: socket.socket, kind: int, payload: bytes) -> None:
         sock.sendall(payload)
 
 
-def recv_frame(sock: socket.socket, max_bytes: int) -> tuple[int, bytes]:
+def recv_frame(sock: socket.socket, max_bytes: int) -> tuple[int, bytearray]:
     kind, size = _HEADER.unpack(_recv_exactly(sock, _HEADER.size))
     if size > max_bytes:
         raise ChannelClosed(f"a {size}-byte frame is over the {max_bytes}-byte limit")
     return kind, _recv_exactly(sock, size)
 
 
-def _recv_exactly(sock: socket.socket, size: int) -> bytes:
+def _recv_exactly(sock: socket.socket, size: int) -> bytearray:
     buffer = bytearray(size)
     view, got = memoryview(buffer), 0
     while got < size:
@@ -67,7 +67,7 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytes:
         if count == 0:
             raise ChannelClosed("the connection was closed")
         got += count
-    return bytes(buffer)
+    return buffer  # protobuf parses a bytearray as it is: no copy
 
 
 class LocalExecuteServer:
@@ -121,7 +121,7 @@ class LocalExecuteServer:
                 self._connections.discard(conn)
             conn.close()
 
-    def _answer(self, payload: bytes) -> tuple[int, bytes]:
+    def _answer(self, payload: bytearray) -> tuple[int, bytes]:
         try:
             reply = self.execute(daemon_pb2.ExecuteRequest.FromString(payload))
             return REPLY, reply.SerializeToString()
