@@ -149,6 +149,13 @@ def test_plain_sgd_folds_the_learning_rate_into_the_backward_pass():
     with_momentum = build_train_step(trace(mlp, *SPECS).graph, PARAMS, SGD(learning_rate=0.1, momentum=0.9)).graph
     assert any(n.op == "Mul" and any(v.shape == SPECS[2].shape for v in n.outputs) for n in with_momentum.nodes)
 
+    def half_mlp(x, y, w1, b1, w2, b2):  # a float16 hidden layer: lr-scaled gradients could underflow in it
+        h = apply("ReLU", apply("MatMul", x, w1, transpose_b=True) + b1).astype("float16").astype("float32")
+        return apply("SparseSoftmaxCrossEntropy", apply("MatMul", h, w2, transpose_b=True) + b2, y).mean()
+
+    half = build_train_step(trace(half_mlp, *SPECS).graph, PARAMS, SGD(learning_rate=0.1)).graph
+    assert any(n.op == "Mul" and any(v.shape == SPECS[2].shape for v in n.outputs) for n in half.nodes)
+
 
 def test_learning_rate_changes_without_recompiling():
     program = build_train_step(trace(mlp, *SPECS).graph, PARAMS, SGD(learning_rate=0.1))
