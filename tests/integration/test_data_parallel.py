@@ -17,8 +17,8 @@ SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 pytestmark = pytest.mark.slow
 
 
-def _run(tmp: Path, n: int, script: str, *args: str) -> list[str]:
-    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 300)
+def _run(tmp: Path, n: int, script: str, *args: str, env: dict | None = None) -> list[str]:
+    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 300, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [(tmp / "log_output" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(n)]
 
@@ -42,6 +42,11 @@ def _check(outputs: list[str], mode: str) -> None:
 @pytest.mark.parametrize("n", [2, 3, 4])
 def test_model_train_data_parallel_equals_one_rank_on_the_global_batch(tmp_path, n):
     _check(_run(tmp_path, n, "dp_train.py", "model"), "model")
+
+
+def test_data_parallel_over_tcp_equals_one_rank(tmp_path):
+    # The inter-host transport has no shared memory: gradient buckets are laid out in private buffers and copied.
+    _check(_run(tmp_path, 2, "dp_train.py", "model", env={"TESSEL_TRANSPORT": "tcp"}), "model")
 
 
 @pytest.mark.parametrize("mode", ["sink", "loop", "pynative", "sum"])
