@@ -25,6 +25,7 @@ from pathlib import Path
 from tessel.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
+RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
 _PR_SET_PDEATHSIG = 1
 
 
@@ -217,6 +218,10 @@ class Launch:
                 failed = next((r for r, p in enumerate(self.ranks) if p.returncode not in (0, None)), -1)
             if failed is not None:
                 culprit, cause = self._culprit(job_id)
+                if cause:
+                    # The coordinator failed the job, so the other ranks hear of it from their daemons within
+                    # moments and exit saying why; stopping them at once raced that, and their logs stayed empty.
+                    self._await_exit(self.ranks, RANKS_LEARN_S)
                 self._stop(self.ranks)
                 rank = culprit if culprit >= 0 else failed
                 code = self.ranks[rank].returncode if rank >= 0 else 1
