@@ -28,6 +28,13 @@ trains one step) is timed wall-clock, median of 3 (msrun pays 13-15 s per job).
 
 Targets (PASS/FAIL): tessel sink ≥ 2x DDP's samples/s at every (N, B); the one-step job ≤ 2 s. The machine is
 usually shared: compare the figures of one run, and expect ±10-30 % between runs.
+
+Last, what the hardware allows: the bounds table times, in this process with ONNX Runtime, the step's eight
+matrix products alone (forward 3, input gradients 2, weight gradients 3: the fp32 FLOPs every framework must do;
+inputs and outputs bound to preallocated buffers), with the threads one rank gets. N ranks on C cores take at
+least that time per step when N ≤ C, and N / C times the 1-thread time when they share cores. "max sink/DDP" is
+the ratio to DDP that a tessel step costing only that would reach: where it is below 2, the 2x target cannot be
+met on this machine however fast the rest (loss, all-reduce, update, data) is.
 """
 
 from __future__ import annotations
@@ -41,9 +48,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever the working directory
 
 from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
+from single_device import DIMS
 
 SPEEDUP_TARGET = 2.0  # tessel sink / DDP
 LAUNCH_TARGET_S = 2.0
@@ -147,6 +157,83 @@ def launch_times(args: argparse.Namespace) -> list[float]:
         return [cluster.time_launch(TESSEL_RANK, ["--one-step"], DEADLINE_S) for _ in range(args.launches)]
 
 
+def _matrix_products_model(batch: int) -> bytes:
+    """The MLP step's eight matrix products as independent Gemm nodes (weights (out, in), like nn.Dense)."""
+    from onnx import TensorProto, helper
+
+    dims, nodes, names = DIMS, [], []
+    inputs = {f"a{i}": [batch, dims[i]] for i in range(len(dims) - 1)}  # layer inputs
+    inputs |= {f"g{i}": [batch, dims[i + 1]] for i in range(len(dims) - 1)}  # output gradients
+    inputs |= {f"w{i}": [dims[i + 1], dims[i]] for i in range(len(dims) - 1)}
+    for i in range(len(dims) - 1):
+        nodes.append(helper.make_node("Gemm", [f"a{i}", f"w{i}"], [f"z{i}"], transB=1))  # forward
+        nodes.append(helper.make_node("Gemm", [f"g{i}", f"a{i}"], [f"dw{i}"], transA=1))  # weight gradient
+        names += [(f"z{i}", [batch, dims[i + 1]]), (f"dw{i}", [dims[i + 1], dims[i]])]
+        if i > 0:  # no input gradient for the first layer
+            nodes.append(helper.make_node("Gemm", [f"g{i}", f"w{i}"], [f"da{i}"]))
+            names.append((f"da{i}", [batch, dims[i]]))
+    graph = helper.make_graph(
+        nodes,
+        "matrix_products",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in inputs.items()],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, shape) for n, shape in names],
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
+
+
+def gemm_bounds(args: argparse.Namespace, seconds: float = 0.6) -> dict[tuple[int, int], float]:
+    """{(threads, B): ms}: the step's matrix products alone in ONNX Runtime, inputs and outputs bound to
+    preallocated buffers, per thread count a rank gets; rounds alternate between the configurations, and the
+    fastest round is kept: a bound must not count time that other processes on the host took."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    runs = {}
+    for batch in args.batches:
+        for threads in sorted({max(1, args.cores // n) for n in args.ranks} | {1}):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            session = ort.InferenceSession(_matrix_products_model(batch), options, providers=["CPUExecutionProvider"])
+            binding = session.io_binding()
+            inputs = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in session.get_inputs()}
+            outputs = {p.name: np.empty(p.shape, np.float32) for p in session.get_outputs()}
+            for name, array in inputs.items():
+                binding.bind_cpu_input(name, array)
+            for name, array in outputs.items():
+                binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+            runs[(threads, batch)] = (session, binding, (inputs, outputs))  # the buffers stay alive while bound
+    times: dict[tuple[int, int], list[float]] = {key: [] for key in runs}
+    for _ in range(7):
+        for key, (session, binding, _) in runs.items():
+            session.run_with_iobinding(binding)
+            count, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds / 7:
+                session.run_with_iobinding(binding)
+                count += 1
+            times[key].append((time.perf_counter() - start) / count * 1e3)
+    return {key: min(values) for key, values in times.items()}
+
+
+def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[str]:
+    """Per (B, N): the step time 2x DDP needs, the matrix products' wall time per step, and the ratio to DDP a step
+    costing only that would reach."""
+    head = f"{'batch':>5} {'N':>2} | {'2x DDP needs':>12} | {'GEMMs alone':>11} | {'max sink/DDP':>12}"
+    lines = [head, "-" * len(head)]
+    for batch in args.batches:
+        for world in args.ranks:
+            ddp = rates.get(("DDP", world, batch))
+            threads = 1 if world > args.cores else max(1, args.cores // world)
+            wall = bounds[(threads, batch)] * max(1.0, world / args.cores)  # ranks beyond the cores share them
+            needs = world * batch / (SPEEDUP_TARGET * ddp) * 1e3 if ddp else None
+            reach = world * batch / (wall / 1e3) / ddp if ddp else None
+            verdict = "  (2x unreachable)" if reach is not None and reach < SPEEDUP_TARGET else ""
+            lines.append(
+                f"{batch:>5} {world:>2} | {_cell(needs, '9.2f', ' ms')} | {wall:8.2f} ms | "
+                f"{_cell(reach, '11.2f', 'x')}{verdict}"
+            )  # fmt: skip
+    return lines
+
+
 def _cell(value: float | None, fmt: str, suffix: str = "") -> str:
     return format(value, fmt) + suffix if value is not None else format("-", f">{fmt.split('.')[0]}") + suffix
 
@@ -189,6 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time")
     print("sink/DDP, feed/DDP: tessel's samples/s over DDP's; eff: samples/s at N / (N x samples/s at 1)")
     print("\n".join(table(args, rates)))
+    bounds = gemm_bounds(args)
+    print(
+        "bounds: wall time per step of N ranks doing nothing but the step's matrix products, with each rank's "
+        "threads (GEMMs alone); max sink/DDP: the ratio a step costing only that would reach"
+    )
+    print("\n".join(bounds_table(args, rates, bounds)))
     for (side, world, batch), error in sorted(errors.items()):
         print(f"{side} {world} ranks batch {batch}: FAILED ({error})")
     if launches:
@@ -206,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         rows = [{"series": s, "ranks": n, "batch": b, "samples_per_s": v} for (s, n, b), v in rates.items()]
         record = {"config": config, "rates": rows, "launch_seconds": launches, "errors": [list(k) for k in errors]}
+        record["gemm_bounds_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in bounds.items()]
         args.json.write_text(json.dumps(record | {"runs": raw}, indent=1))
         print(f"wrote {args.json}")
     return 1 if errors or not launches else 0
