@@ -18,14 +18,15 @@ import data_parallel
 
 
 def test_the_bound_model_computes_every_matrix_product_of_the_mlp_step():
-    import onnxruntime as ort
+    from tessel.plugins.cpu.compute import CpuCompute  # shares the process's ONNX Runtime thread pool
 
     batch, dims = 4, data_parallel.DIMS
     model = data_parallel._matrix_products_model(batch)
     rng = np.random.default_rng(0)
-    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
-    feeds = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in session.get_inputs()}
-    got = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds)))
+    compute = CpuCompute()
+    exe = compute.compile(model)
+    feeds = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in exe.inputs}
+    got = dict(zip(exe.output_names, compute.run(exe, feeds)))
     f64 = {k: v.astype(np.float64) for k, v in feeds.items()}
     for i in range(len(dims) - 1):
         np.testing.assert_allclose(got[f"z{i}"], f64[f"a{i}"] @ f64[f"w{i}"].T, rtol=1e-5, atol=1e-4)
