@@ -190,7 +190,7 @@ def gemm_bounds(args: argparse.Namespace, seconds: float = 0.6) -> dict[tuple[in
     rng = np.random.default_rng(0)
     runs = {}
     for batch in args.batches:
-        for threads in sorted({max(1, args.cores // n) for n in args.ranks} | {1}):
+        for threads in sorted({max(1, args.cores // n) for n in args.ranks}):
             options = ort.SessionOptions()
             options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
             session = ort.InferenceSession(_matrix_products_model(batch), options, providers=["CPUExecutionProvider"])
@@ -222,7 +222,7 @@ def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[st
     for batch in args.batches:
         for world in args.ranks:
             ddp = rates.get(("DDP", world, batch))
-            threads = 1 if world > args.cores else max(1, args.cores // world)
+            threads = max(1, args.cores // world)
             wall = bounds[(threads, batch)] * max(1.0, world / args.cores)  # ranks beyond the cores share them
             needs = world * batch / (SPEEDUP_TARGET * ddp) * 1e3 if ddp else None
             reach = world * batch / (wall / 1e3) / ddp if ddp else None
