@@ -235,7 +235,10 @@ def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[st
 
 
 def _cell(value: float | None, fmt: str, suffix: str = "") -> str:
-    return format(value, fmt) + suffix if value is not None else format("-", f">{fmt.split('.')[0]}") + suffix
+    """value formatted with its suffix, or a dash as wide when there is no value (that side's run failed)."""
+    if value is None:
+        return format("-", f">{int(fmt.split('.')[0]) + len(suffix)}")
+    return format(value, fmt) + suffix
 
 
 def table(args: argparse.Namespace, rates: dict) -> list[str]:

@@ -61,3 +61,11 @@ def test_ranks_beyond_the_cores_share_the_one_thread_time_and_a_short_bound_is_f
     assert "2.77x" in rows[2] and "unreachable" not in rows[2]
     needs = float(rows[0].split("|")[1].split()[0])
     assert needs == pytest.approx(256 / (2 * 64_000) * 1e3, abs=0.01)
+
+
+def test_a_cell_whose_ddp_run_failed_prints_dashes_instead_of_a_ratio():
+    args = argparse.Namespace(cores=2, ranks=[2], batches=[32])
+    (row,) = data_parallel.bounds_table(args, {}, {(1, 32): 0.8})[2:]
+    needs, wall, reach = (cell.strip() for cell in row.split("|")[1:])
+    assert needs == "-" and wall == "0.80 ms" and reach == "-"
+    assert "unreachable" not in row
