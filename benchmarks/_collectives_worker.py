@@ -89,7 +89,7 @@ class TesselBackend:
     """tessel's CPU plugin, one process per rank, groups built exactly as tests/integration does."""
 
     def __init__(self, spec: dict, rank: int):
-        from tessel.plugins.base import GroupContext, Peer
+        from tessel.core.plugin import GroupContext, Peer
         from tessel.plugins.cpu import CpuPlugin
 
         self.plugin = CpuPlugin(threads=1)

@@ -42,7 +42,7 @@ import numpy as np
 import tessel as ms
 from tessel import nn, ops
 from tessel.compiler import SGD, bucket_allreduce, build_train_step, lower_rank_program, simulate
-from tessel.errors import JobFailedError
+from tessel.core.errors import JobFailedError
 from tessel.parallel import trace_network
 from tessel.parallel.semi_auto import partition_for_rank
 from tessel.plugins.cpu.compute import CpuCompute

@@ -25,7 +25,7 @@ from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.lower_onnx import OPSET, assign_output_name, model_bytes, output_names, to_onnx
 from tessel.compiler.optimizers import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
 from tessel.compiler.rank_program import RankProgram, RankSegment, group_name, lower_rank_program
-from tessel.compiler.rank_simulator import simulate
+from tessel.compiler.rank_simulator import run_graphs, simulate
 from tessel.compiler.registry import REQUIRED, ZERO_GRAD, Cost, OpDef, register
 from tessel.compiler.registry import get as get_op
 from tessel.compiler.registry import names as op_names
@@ -87,6 +87,7 @@ __all__ = [
     "plan_buckets",
     "promote",
     "register",
+    "run_graphs",
     "simulate",
     "to_onnx",
     "trace",

@@ -29,7 +29,7 @@ from tessel.compiler.optimizers import Optimizer
 from tessel.compiler.rank_rewrite import Rewriter
 from tessel.compiler.shapes import is_static, numel
 from tessel.compiler.train_step import TrainProgram, build_train_step
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2
 
 DEFAULT_BUCKET_BYTES = 25 * 2**20

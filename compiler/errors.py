@@ -1,8 +1,8 @@
-"""Errors the compiler raises. Both are `tessel.errors.ConfigurationError`s: the user's program is at fault."""
+"""Errors the compiler raises. Both are `tessel.core.errors.ConfigurationError`s: the user's program is at fault."""
 
 from __future__ import annotations
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class ShapeInferenceError(ConfigurationError):

@@ -26,7 +26,7 @@ from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import collective, group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
 from tessel.compiler.rank_rewrite import alias_effects, expand_collectives
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
 if TYPE_CHECKING:

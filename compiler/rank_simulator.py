@@ -1,5 +1,8 @@
-"""Running the rank programs of a whole world in one process, without daemons: for tests and for debugging a
-lowering ("what does each rank hold after instruction 7?").
+"""Running a whole world in one process, without daemons: the one in-process simulator, for tests and for
+debugging a plan or a lowering ("what does each rank hold after instruction 7?").
+
+`simulate` runs the ranks' RankPrograms; `run_graphs` runs the ranks' graphs (a parallel plan's rank graphs, say)
+by lowering each to its rank program first, so both go through the same instructions the daemons run.
 
 Segments run on a ComputePlugin (ONNX Runtime); collectives are numpy over the ranks' values with the daemons'
 semantics (plugins.base.Communicator): AllGather concatenates on dim 0 in group-rank order, ReduceScatter gives
@@ -9,30 +12,26 @@ are group ranks. Asynchronous starts do not block; a collective completes once e
 
     stores = simulate([program] * 2, [feeds_rank0, feeds_rank1], CpuCompute(1))
     loss_on_rank_1 = stores[1][program.outputs[0]]
+    outs = run_graphs([plan.rank_graph(r) for r in range(4)], [plan.local_feeds(feeds, r) for r in range(4)], compute)
+
+The collectives' numpy semantics are tessel.core.collectives, the reference every plugin is tested against.
 """
 
 from __future__ import annotations
 
-import functools
 from collections import defaultdict, deque
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from tessel.compiler.rank_program import RankProgram
-from tessel.errors import CollectiveMismatchError, ConfigurationError
-from tessel.plugins.cpu.reduce import finish, ufunc
+from tessel.compiler.ir import Graph
+from tessel.compiler.rank_program import RankProgram, lower_rank_program
+from tessel.core import collectives
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError
+from tessel.core.wire import numpy_dtype, reduce_op_name
 from tessel.v1 import collective_pb2
-from tessel.wire import numpy_dtype
 
-_REDUCE = {
-    collective_pb2.SUM: "sum",
-    collective_pb2.PROD: "prod",
-    collective_pb2.MAX: "max",
-    collective_pb2.MIN: "min",
-    collective_pb2.MEAN: "mean",
-}
 _STATE_SUFFIX = "/new"
 
 
@@ -182,44 +181,41 @@ def _compute(parts: list[_Part], ranks: tuple[int, ...]) -> list[list[np.ndarray
                 culprit,
                 "kind",
             )
-    n, kind, xs = len(parts), first.kind, [p.values[0] if p.values else None for p in parts]
+    kind, xs = first.kind, [p.values[0] if p.values else None for p in parts]
     if kind == collective_pb2.ALL_REDUCE:  # several inputs: a bucket, each tensor reduced on its own
-        totals = [_reduced([p.values[i] for p in parts], first.op) for i in range(len(parts[0].values))]
+        op = reduce_op_name(first.op)
+        totals = [collectives.reduce([p.values[i] for p in parts], op) for i in range(len(parts[0].values))]
         return [[np.array(total) for total in totals] for _ in parts]
     if kind == collective_pb2.REDUCE_SCATTER:
-        return [[block] for block in np.split(_reduced(xs, first.op), n, axis=0)]
+        return [[block] for block in collectives.reduce_scatter(xs, reduce_op_name(first.op))]
     if kind == collective_pb2.ALL_GATHER:
-        return [[np.concatenate(xs, axis=0)] for _ in parts]
+        return [[whole] for whole in collectives.all_gather(xs)]
     if kind == collective_pb2.BROADCAST:
-        return [[xs[first.root].copy()] for _ in parts]
+        return [[x] for x in collectives.broadcast(xs, first.root)]
     if kind == collective_pb2.ALL_TO_ALL:
-        blocks = [np.split(x, n, axis=first.split_dim) for x in xs]
-        return [[np.concatenate([blocks[j][i] for j in range(n)], axis=first.concat_dim)] for i in range(n)]
+        return [[x] for x in collectives.all_to_all(xs, first.split_dim, first.concat_dim)]
     if kind == collective_pb2.NEIGHBOR_EXCHANGE:
-        return [_exchange(parts, i) for i in range(n)]
+        _check_exchange(parts)
+        return collectives.neighbor_exchange(
+            [p.values for p in parts], [p.op.send_ranks for p in parts], [p.op.recv_ranks for p in parts]
+        )
     raise ConfigurationError(f"the simulator does not run collective kind {kind}")
 
 
-def _reduced(xs: list[np.ndarray], op: int) -> np.ndarray:
-    total = np.array(functools.reduce(ufunc(xs[0].dtype, _REDUCE[op]), xs))
-    finish(total, _REDUCE[op], len(xs))
-    return total
-
-
-def _exchange(parts: list[_Part], me: int) -> list[np.ndarray]:
-    op, received = parts[me].op, []
-    for source, shape in zip(op.recv_ranks, op.recv_shapes):
-        sender = parts[source].op
-        if me not in sender.send_ranks:
-            raise ConfigurationError(f"group rank {me} expects a tensor from {source}, which sends it nothing")
-        value = parts[source].values[list(sender.send_ranks).index(me)]
-        if tuple(value.shape) != tuple(shape.dims) or value.dtype != numpy_dtype(op.recv_dtype):
-            raise ConfigurationError(
-                f"group rank {me} expects {numpy_dtype(op.recv_dtype)}{tuple(shape.dims)} from {source}, "
-                f"which sends {value.dtype}{value.shape}"
-            )
-        received.append(value.copy())
-    return received
+def _check_exchange(parts: list[_Part]) -> None:
+    """Each received tensor must have the shape and dtype its receiver declared."""
+    for me, part in enumerate(parts):
+        op = part.op
+        for source, shape in zip(op.recv_ranks, op.recv_shapes):
+            sender = parts[source].op
+            if me not in sender.send_ranks:
+                continue  # collectives.neighbor_exchange names the missing send
+            value = parts[source].values[list(sender.send_ranks).index(me)]
+            if tuple(value.shape) != tuple(shape.dims) or value.dtype != numpy_dtype(op.recv_dtype):
+                raise ConfigurationError(
+                    f"group rank {me} expects {numpy_dtype(op.recv_dtype)}{tuple(shape.dims)} from {source}, "
+                    f"which sends {value.dtype}{value.shape}"
+                )
 
 
 def simulate(
@@ -231,3 +227,16 @@ def simulate(
     for _ in range(runs - 1):
         world.run([{} for _ in programs], stores)
     return stores
+
+
+def run_graphs(
+    graphs: Sequence[Graph], feeds: Sequence[Mapping[str, np.ndarray]], compute: Any
+) -> list[list[np.ndarray]]:
+    """Run graphs[r] on feeds[r] for every rank r, collectives across ranks; returns each rank's outputs."""
+    for rank, (graph, feed) in enumerate(zip(graphs, feeds)):
+        missing = [v.name for v in graph.inputs if v.name not in feed]
+        if missing:
+            raise ConfigurationError(f"rank {rank}: no value for input(s) {missing}")
+    programs = [lower_rank_program(graph, world_size=len(graphs)) for graph in graphs]
+    stores = World(programs, compute).run(feeds)
+    return [[store[name] for name in program.outputs] for program, store in zip(programs, stores)]

@@ -28,7 +28,7 @@ from tessel.compiler.errors import ShapeInferenceError
 from tessel.compiler.ir import Graph
 from tessel.compiler.lower_onnx import assign_output_name, model_bytes, output_names
 from tessel.compiler.optimizers import Optimizer
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 LEARNING_RATE = "learning_rate"
 

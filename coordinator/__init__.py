@@ -8,10 +8,10 @@ Example (embedded, as the launcher does):
 """
 
 from tessel.coordinator.cli import main
-from tessel.coordinator.client import COORDINATOR_LOST, DEFAULT_PORT, CoordinatorClient, HeartbeatHandle
 from tessel.coordinator.service import CoordinatorServer, serve
 from tessel.coordinator.state import CoordinatorState
 from tessel.coordinator.status import format_status, status_main
+from tessel.core.coordinator_client import COORDINATOR_LOST, DEFAULT_PORT, CoordinatorClient, HeartbeatHandle
 
 __all__ = [
     "COORDINATOR_LOST",

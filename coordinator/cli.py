@@ -8,9 +8,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tessel import errors
-from tessel.coordinator.client import DEFAULT_PORT
 from tessel.coordinator.service import serve
+from tessel.core import errors
+from tessel.core.coordinator_client import DEFAULT_PORT
 
 
 def _parser() -> argparse.ArgumentParser:

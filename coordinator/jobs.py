@@ -8,7 +8,7 @@ from __future__ import annotations
 import queue
 from dataclasses import dataclass, field
 
-from tessel import errors
+from tessel.core import errors
 from tessel.v1 import common_pb2, coordinator_pb2
 
 WAITING, RUNNING, FAILED, FINISHED = "waiting", "running", "failed", "finished"

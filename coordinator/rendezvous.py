@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 
-from tessel import errors
 from tessel.coordinator import jobs
 from tessel.coordinator.jobs import FAILED, RUNNING, Job
+from tessel.core import errors
 from tessel.v1 import common_pb2
 
 

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import grpc
 
-from tessel import errors, rpc
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
+from tessel.core import errors, rpc
 from tessel.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger("tessel.coordinator")
@@ -30,7 +30,7 @@ def _wait_budget(requested_s: float, context: grpc.ServicerContext, default_s: f
 
 
 class CoordinatorServicer:
-    """Maps each Coordinator RPC onto the state; `tessel.rpc` does auth, parsing and error mapping around it."""
+    """Maps each Coordinator RPC onto the state; `tessel.core.rpc` does auth, parsing and error mapping around it."""
 
     def __init__(self, state: CoordinatorState, heartbeat_interval_ms: int, heartbeat_timeout_ms: int):
         self.state = state

@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from tessel import errors
 from tessel.coordinator import jobs
 from tessel.coordinator.jobs import BUSY, DEAD, FAILED, FINISHED, IDLE, RUNNING, DaemonRecord, Job, Subscriber
 from tessel.coordinator.rendezvous import RendezvousMixin
+from tessel.core import errors
 from tessel.v1 import coordinator_pb2
 
 log = logging.getLogger("tessel.coordinator")

@@ -6,8 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tessel import errors
-from tessel.coordinator.client import CoordinatorClient, default_address
+from tessel.core import errors
+from tessel.core.coordinator_client import CoordinatorClient, default_address
 from tessel.v1 import coordinator_pb2
 
 

@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import GroupContext, Peer, Plugin
 from tessel.daemon.datasets import DatasetCursor
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
-from tessel.errors import ConfigurationError
-from tessel.plugins.base import GroupContext, Peer, Plugin
 from tessel.v1 import common_pb2, daemon_pb2
 
 log = logging.getLogger("tessel.daemon")

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class DatasetCursor:

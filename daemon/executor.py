@@ -10,19 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
+from tessel.core.wire import REDUCE_OP_NAMES, numpy_dtype
 from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
-from tessel.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
-from tessel.wire import numpy_dtype
-
-REDUCE_OP_NAMES = {
-    collective_pb2.SUM: "sum",
-    collective_pb2.PROD: "prod",
-    collective_pb2.MAX: "max",
-    collective_pb2.MIN: "min",
-    collective_pb2.MEAN: "mean",
-}
 
 Step = Callable[[], None]
 

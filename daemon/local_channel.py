@@ -28,8 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from tessel import rpc
-from tessel.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError, TesselError
+from tessel.core import rpc
+from tessel.core.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError, TesselError
 from tessel.v1 import daemon_pb2
 
 log = logging.getLogger("tessel.daemon")

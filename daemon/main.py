@@ -16,10 +16,10 @@ import sys
 import threading
 import time
 
-from tessel import rpc
+from tessel.core import rpc
+from tessel.core.errors import TesselError
 from tessel.daemon import service
 from tessel.daemon.core import DaemonCore
-from tessel.errors import TesselError
 
 log = logging.getLogger("tessel.daemon")
 
@@ -75,8 +75,8 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
-    from tessel.coordinator import COORDINATOR_LOST, CoordinatorClient
-    from tessel.plugins import load_plugin
+    from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient
+    from tessel.core.plugin import load_plugin
 
     threads = args.threads or (os.cpu_count() or 1)
     try:

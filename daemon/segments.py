@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 NEW = "/new"
 

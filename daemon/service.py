@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 
-from tessel import rpc
+from tessel.core import rpc
+from tessel.core.errors import ConfigurationError
+from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore
-from tessel.errors import ConfigurationError
 from tessel.v1 import common_pb2, daemon_pb2
-from tessel.wire import from_proto, to_proto
 
 SERVICE = daemon_pb2.DESCRIPTOR.services_by_name["Daemon"]
 log = logging.getLogger("tessel.daemon")

@@ -8,8 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from tessel.errors import ConfigurationError, JobFailedError
-from tessel.plugins.base import Communicator, Handle
+from tessel.core.errors import ConfigurationError, JobFailedError
+from tessel.core.plugin import Communicator, Handle
 
 WORLD_GROUP = "world"
 

@@ -1,6 +1,10 @@
-"""Hardware plugins: the `Plugin` interface and the registry that finds plugins by entry point."""
+"""Hardware plugins (cpu, gpu, ascend), each found through the `tessel.plugins` entry-point group.
 
-from tessel.plugins.base import (
+The contract they implement, and the lookup, live in `tessel.core.plugin`; the names are re-exported here for
+plugin authors and tests.
+"""
+
+from tessel.core.plugin import (
     COLLECTIVE_DTYPES,
     REDUCE_OPS,
     CollectivePlugin,
@@ -12,8 +16,9 @@ from tessel.plugins.base import (
     Handle,
     Peer,
     Plugin,
+    available_plugins,
+    load_plugin,
 )
-from tessel.plugins.registry import available_plugins, load_plugin
 
 __all__ = [
     "COLLECTIVE_DTYPES",

@@ -35,15 +35,14 @@ from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import free, require
 from tessel.compiler.registry import REQUIRED, Cost, register
 from tessel.compiler.shapes import format_shape, is_static, normalize_axis, numel
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
+from tessel.core.wire import COLLECTIVE_DTYPES, REDUCE_OPS, wire_dtype
 from tessel.v1 import collective_pb2, daemon_pb2
-from tessel.wire import wire_dtype
 
 # "mean" (the sum divided by the group size, in the collective's final pass) serves gradients_mean; MindSpore's
 # AllReduce does not offer it, so tessel.ops does not either.
-REDUCE_OPS = {name: collective_pb2.ReduceOp.Value(name.upper()) for name in ("sum", "max", "min", "prod", "mean")}
-# What the daemons' collectives carry (plugins.base.COLLECTIVE_DTYPES).
-WIRE_DTYPES = (DType.float16, DType.float32, DType.float64, DType.int32, DType.int64, DType.bool_)
+# What the daemons' collectives carry.
+WIRE_DTYPES = tuple(as_dtype(d) for d in COLLECTIVE_DTYPES)
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@
 Modules: mesh (device matrices), layout (Layout, Shard/Replicate/Partial), rules + op_rules (the sharding rule of
 every op), strategy (shard() strategies -> placements), redistribution (cost table, planner, cache), partition
 (the pass), virtual_ops (VirtualDiv), explain (explain / save_graphs / collective_counts), cost (candidate
-strategies and their cost, for AUTO_PARALLEL later), simulate (an in-process N-rank executor for tests).
+strategies and their cost, for AUTO_PARALLEL later). tessel.compiler.rank_simulator runs the rank graphs of a plan.
 """
 
 from tessel.compiler.parallel import virtual_ops  # noqa: F401 - registers VirtualDiv

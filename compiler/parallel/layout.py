@@ -23,7 +23,7 @@ import numpy as np
 
 from tessel.compiler.parallel.mesh import DeviceMesh
 from tessel.compiler.shapes import format_shape
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 PARTIAL_OPS = ("sum", "max", "min")
 

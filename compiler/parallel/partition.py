@@ -39,7 +39,7 @@ from tessel.compiler.parallel.redistribution import ALL_STEPS, Redistribution
 from tessel.compiler.parallel.rules import ShardingSpec
 from tessel.compiler.parallel.strategy import Placement, StrategyError, resolve
 from tessel.compiler.shapes import format_shape, is_static
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 Key = tuple  # (node, input index) | (node, "out", output index) | ("output", graph output index)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from tessel.plugins.base import Plugin
+from tessel.core.plugin import Plugin
 
 
 class AscendPlugin(Plugin):

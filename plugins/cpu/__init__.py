@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from tessel.plugins.base import CollectivePlugin, Communicator, ComputePlugin, DeviceInfo, GroupContext, Plugin
+from tessel.core.plugin import CollectivePlugin, Communicator, ComputePlugin, DeviceInfo, GroupContext, Plugin
 
 
 def _memory_bytes() -> int:
@@ -42,7 +42,7 @@ class CpuCollective(CollectivePlugin):
         forced = os.environ.get("TESSEL_TRANSPORT", "").lower()
         same_host = len({p.host_id for p in context.peers}) == 1
         if forced not in ("", "shm", "tcp"):
-            from tessel.errors import ConfigurationError
+            from tessel.core.errors import ConfigurationError
 
             raise ConfigurationError(f"TESSEL_TRANSPORT={forced!r} is not a transport; use 'shm' or 'tcp'")
         if same_host and forced != "tcp":

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from tessel.errors import ConfigurationError, MissingRuntimeError
-from tessel.plugins.base import ComputePlugin, Executable
+from tessel.core.errors import ConfigurationError, MissingRuntimeError
+from tessel.core.plugin import ComputePlugin, Executable
 
 _ORT_TYPES = {
     "tensor(float)": np.float32,

@@ -31,9 +31,10 @@ from typing import NoReturn
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
-from tessel.plugins.base import Communicator, GroupContext
-from tessel.plugins.cpu import reduce, shm_pipelines
+from tessel.core import collectives
+from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import Communicator, GroupContext
+from tessel.plugins.cpu import shm_pipelines
 from tessel.plugins.cpu.shm_agree import Descriptor
 from tessel.plugins.cpu.shm_arena import Arena
 from tessel.plugins.cpu.shm_channel import Channel, Engine
@@ -135,7 +136,7 @@ class ShmCommunicator(Communicator):
         key = (dtype, op)
         if key not in self._problems:
             try:
-                reduce.check(dtype, op)
+                collectives.check(dtype, op)
                 self._problems[key] = ""
             except ConfigurationError as error:
                 self._problems[key] = str(error)
@@ -158,9 +159,9 @@ class ShmCommunicator(Communicator):
         if len(rows) == 1:
             np.copyto(out, rows[0])
         elif isinstance(rows, np.ndarray) and len(rows) > 2:
-            reduce.ufunc(out.dtype, op).reduce(rows, axis=0, out=out)
+            collectives.ufunc(out.dtype, op).reduce(rows, axis=0, out=out)
         else:
-            ufunc = reduce.ufunc(out.dtype, op)
+            ufunc = collectives.ufunc(out.dtype, op)
             ufunc(rows[0], rows[1], out=out)
             for row in rows[2:]:
                 ufunc(out, row, out=out)
@@ -204,7 +205,7 @@ class ShmCommunicator(Communicator):
         def read(_: int, parity: int) -> None:
             flat = out.reshape(x.size)
             self._combine(self._small_views(parity, x.dtype, x.size)[1], flat, op)
-            reduce.finish(flat, op, self.size)
+            collectives.finish(flat, op, self.size)
 
         self._engine.run(self._engine.group, described, 1, write, read, reserve=x.nbytes)
         return out
@@ -313,7 +314,7 @@ class ShmCommunicator(Communicator):
 
         reserve = size * min(block, step) * x.dtype.itemsize
         self._engine.run(self._engine.group, described, max(1, _ceil(block, step)), write, read, reserve=reserve)
-        reduce.finish(flat, op, size)
+        collectives.finish(flat, op, size)
         return out
 
     def _all_to_all(self, x: np.ndarray, split_dim: int, concat_dim: int) -> np.ndarray:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessel.errors import CollectiveMismatchError, ConfigurationError
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError
+from tessel.core.wire import COLLECTIVE_KIND_CODES, COLLECTIVE_KINDS
 
 MAX_DIMS = 32
 # seq kind ndim failed dtype op root split_dim concat_dim shape[MAX_DIMS] | per member: input and output offsets,
@@ -28,17 +29,6 @@ _SEQ = struct.Struct("<Q")
 COMPARED_BYTES = _FIXED.size
 _TEMPLATES: dict[tuple, bytes] = {}
 
-KINDS = (
-    "barrier",
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "all_to_all",
-    "neighbor_exchange",
-    "send",
-    "recv",
-)
 _FIELDS = ("seq", "kind", "dtype", "shape", "op", "root", "split_dim", "concat_dim")
 
 
@@ -89,7 +79,7 @@ class Descriptor:
         while self.error and len(extra := _encode({"error": self.error})) > room:
             self.error = self.error[: len(self.error) // 2]
         dims = (*shape, *([0] * (MAX_DIMS - len(shape))))
-        kind, dtype, op = KINDS.index(self.kind), self.dtype.encode()[:8], self.op.encode()[:8]
+        kind, dtype, op = COLLECTIVE_KIND_CODES[self.kind], self.dtype.encode()[:8], self.op.encode()[:8]
         fields = (self.seq, kind, len(shape), bool(self.error), dtype, op, self.root, self.split_dim, self.concat_dim)
         _FIXED.pack_into(buffer, offset, *fields, *dims)
         if fixed_only:
@@ -105,7 +95,7 @@ class Descriptor:
         start = offset + _FIXED.size + _PER_MEMBER.size
         extra = json.loads(bytes(buffer[start : start + extra_length])) if extra_length else None
         error = extra.pop("error", "") if failed and extra else ""
-        name = KINDS[kind] if kind < len(KINDS) else f"kind {kind}"
+        name = COLLECTIVE_KINDS.get(kind, f"kind {kind}")
         described = cls(seq, name, _text(dtype), tuple(dims[:ndim]), _text(op), root, split_dim, concat_dim)
         described.offset, described.output = zero_copy, output
         described.extra, described.error = None if failed else extra, error

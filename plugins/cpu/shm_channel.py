@@ -18,8 +18,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from tessel.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
-from tessel.plugins.base import GroupContext
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
+from tessel.core.plugin import GroupContext
 from tessel.plugins.cpu.shm_agree import COMPARED_BYTES, Descriptor, check_group, check_pair, member_offsets
 from tessel.plugins.cpu.shm_segment import ATTACHED, CLOSED, FAILED, Segment, open_segment
 from tessel.plugins.cpu.shm_sync import Liveness, Sync

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessel.plugins.cpu import reduce
+from tessel.core import collectives
 from tessel.plugins.cpu.shm_agree import Descriptor
 from tessel.plugins.cpu.shm_channel import Engine
 
@@ -61,7 +61,7 @@ class _AllReduce:
         self.segments = ceil_div(flat.size, self.per_segment)
         self.reserve = self.layout.group_half
         self.reduced_at = self.size * self.layout.chunk  # fallback: a reduced chunk follows the input slice
-        self.ufunc = reduce.ufunc(flat.dtype, op)
+        self.ufunc = collectives.ufunc(flat.dtype, op)
         self.members: list[tuple[int, int]] = []  # each member's (input, output) offsets, agreed in round 0
         self.push = False
 
@@ -112,7 +112,7 @@ class _AllReduce:
             self.ufunc(operands[0], operands[1], out=target)
         for more in operands[2:]:
             self.ufunc(target, more, out=target)
-        reduce.finish(target, self.op, self.size)
+        collectives.finish(target, self.op, self.size)
 
     def operand(self, member: int, index: int, parity: int, lo: int, hi: int) -> np.ndarray:
         """Member's elements lo:hi: from its zero-copy input, this rank's own input, or the member's half."""

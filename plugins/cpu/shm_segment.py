@@ -32,8 +32,8 @@ from functools import cached_property
 
 import numpy as np
 
-from tessel.errors import CollectiveTimeoutError, ConfigurationError
-from tessel.plugins.base import GroupContext
+from tessel.core.errors import CollectiveTimeoutError, ConfigurationError
+from tessel.core.plugin import GroupContext
 
 SHM_DIR = "/dev/shm"
 MAGIC = b"TESSHM01"

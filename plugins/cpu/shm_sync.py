@@ -23,8 +23,8 @@ import os
 import time
 from collections.abc import Callable
 
-from tessel.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
-from tessel.plugins.base import GroupContext
+from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
+from tessel.core.plugin import GroupContext
 from tessel.plugins.cpu import futex
 from tessel.plugins.cpu.shm_segment import CLOSED, FAILED, Segment
 

@@ -24,8 +24,8 @@ import threading
 import time
 import weakref
 
-from tessel.errors import ConfigurationError, PeerFailedError
-from tessel.plugins.base import GroupContext
+from tessel.core.errors import ConfigurationError, PeerFailedError
+from tessel.core.plugin import GroupContext
 from tessel.plugins.cpu.tcp_wire import POLL_SLICE_S, Clock, Link, Who, process_alive
 
 _MAGIC = b"TSL1"

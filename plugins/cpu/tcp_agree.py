@@ -16,22 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tessel.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
-from tessel.plugins.base import GroupContext
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
+from tessel.core.plugin import GroupContext
+from tessel.core.wire import COLLECTIVE_KIND_CODES, COLLECTIVE_KINDS, REDUCE_OP_NAMES, REDUCE_OPS
 from tessel.plugins.cpu.tcp_wire import Clock, Link, Who, exchange
 
-KINDS = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "broadcast",
-    "all_to_all",
-    "neighbor_exchange",
-    "send",
-    "recv",
-    "barrier",
-)
-OPS = (None, "sum", "prod", "max", "min", "mean")
+_NO_OP = -1  # the reduce-op code of collectives that reduce nothing
 _MAGIC = 0x3143534544534C54  # b"TSLDESC1"
 # magic, seq, kind, op, dtype (numpy dtype.str), root, split_dim, concat_dim, peer, meta count, data bytes
 _HEAD = struct.Struct("<Qqqq8sqqqqqq")
@@ -58,8 +48,9 @@ class Descriptor:
 
     def head(self, data_nbytes: int) -> bytes:
         dtype = self.dtype.encode()[:8]
+        kind, op = COLLECTIVE_KIND_CODES[self.kind], _NO_OP if self.op is None else REDUCE_OPS[self.op]
         return _HEAD.pack(
-            _MAGIC, self.seq, KINDS.index(self.kind), OPS.index(self.op), dtype, self.root, self.split_dim,
+            _MAGIC, self.seq, kind, op, dtype, self.root, self.split_dim,
             self.concat_dim, self.peer, len(self.meta), data_nbytes,
         )  # fmt: skip
 
@@ -95,7 +86,15 @@ def _decode(head: bytes, body: memoryview) -> Block:
     _, seq, kind, op, dtype, root, split_dim, concat_dim, peer, meta_count, data_nbytes = _HEAD.unpack(head)
     meta = tuple(int(v) for v in np.frombuffer(body, dtype="<i8", count=meta_count))
     descriptor = Descriptor(
-        seq, KINDS[kind], OPS[op], dtype.rstrip(b"\0").decode(), root, split_dim, concat_dim, peer, meta
+        seq,
+        COLLECTIVE_KINDS[kind],
+        REDUCE_OP_NAMES.get(op),
+        dtype.rstrip(b"\0").decode(),
+        root,
+        split_dim,
+        concat_dim,
+        peer,
+        meta,
     )
     return Block(descriptor, body[8 * meta_count : 8 * meta_count + data_nbytes])
 
@@ -107,7 +106,7 @@ def _read_blocks(count: int, who: Who, what: str, into: list) -> Iterator[memory
     sizes = []
     for i in range(count):
         magic, _, kind, op, *_, meta_count, data_nbytes = _HEAD.unpack_from(heads, i * _HEAD.size)
-        valid = magic == _MAGIC and 0 <= kind < len(KINDS) and 0 <= op < len(OPS)
+        valid = magic == _MAGIC and kind in COLLECTIVE_KINDS and (op == _NO_OP or op in REDUCE_OP_NAMES)
         if not (valid and 0 <= meta_count <= _MAX_META and 0 <= data_nbytes < 1 << 48):
             raise PeerFailedError(
                 f"{what}: the stream from {who} is out of step (bad descriptor); that rank left the group's "

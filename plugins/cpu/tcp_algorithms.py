@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from tessel.plugins.cpu import reduce
+from tessel.core import collectives
 from tessel.plugins.cpu.tcp_wire import Clock, Link, as_bytes, exchange, reading
 
 LinkTo = Callable[[int], Link]
@@ -50,7 +50,7 @@ def ring_reduce_scatter(
         outgoing = source[bounds[send] : bounds[send + 1]]
         incoming = out[bounds[receive] : bounds[receive + 1]]
         exchange(clock, [(after, [as_bytes(outgoing)])], [(before, reading(as_bytes(incoming)))])
-        reduce.reduce_into(incoming, x[bounds[receive] : bounds[receive + 1]], op)
+        collectives.reduce_into(incoming, x[bounds[receive] : bounds[receive + 1]], op)
     return out
 
 

@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from tessel.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
-from tessel.plugins.base import COLLECTIVE_DTYPES, REDUCE_OPS, Communicator, GroupContext, Handle
-from tessel.plugins.cpu import reduce
+from tessel.core import collectives
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
+from tessel.core.plugin import COLLECTIVE_DTYPES, REDUCE_OPS, Communicator, GroupContext, Handle
 from tessel.plugins.cpu import tcp_algorithms as algorithms
 from tessel.plugins.cpu.tcp_agree import (
     Block,
@@ -166,8 +166,8 @@ class TcpCommunicator(Communicator):
         """Reduce rows `rows` of every member's small input, in group-rank order (the same bits everywhere)."""
         out = _from_block(blocks[0], x.dtype, x.shape)[rows].copy()
         for block in blocks[1:]:
-            reduce.reduce_into(out, _from_block(block, x.dtype, x.shape)[rows], op)
-        reduce.finish(out, op, self.size)
+            collectives.reduce_into(out, _from_block(block, x.dtype, x.shape)[rows], op)
+        collectives.finish(out, op, self.size)
         return out
 
     def _all_reduce(self, x: np.ndarray, op: str) -> np.ndarray:
@@ -176,11 +176,11 @@ class TcpCommunicator(Communicator):
         with self._call("all_reduce") as (clock, link):
             small = self._small(x)
             blocks = self._agree(clock, link, self._describe("all_reduce", x, op=op), as_bytes(x) if small else None)
-            reduce.check(x.dtype, op)
+            collectives.check(x.dtype, op)
             if small:
                 return self._reduce_blocks(blocks, x, op, ...)
             out = algorithms.ring_all_reduce(clock, self.group_rank, self.size, link, x, op)
-            reduce.finish(out, op, self.size)
+            collectives.finish(out, op, self.size)
             return out
 
     def _reduce_scatter(self, x: np.ndarray, op: str) -> np.ndarray:
@@ -191,7 +191,7 @@ class TcpCommunicator(Communicator):
             blocks = self._agree(
                 clock, link, self._describe("reduce_scatter", x, op=op), as_bytes(x) if small else None
             )
-            reduce.check(x.dtype, op)
+            collectives.check(x.dtype, op)
             self._needs_dim0("reduce_scatter", x, divisible=True)
             rows = x.shape[0] // self.size
             mine = slice(self.group_rank * rows, (self.group_rank + 1) * rows)
@@ -201,7 +201,7 @@ class TcpCommunicator(Communicator):
             bounds = [i * rows * row_elements for i in range(self.size + 1)]
             work = algorithms.ring_reduce_scatter(clock, self.group_rank, self.size, link, x.reshape(-1), bounds, op)
             out = work[bounds[self.group_rank] : bounds[self.group_rank + 1]].reshape((rows, *x.shape[1:])).copy()
-            reduce.finish(out, op, self.size)
+            collectives.finish(out, op, self.size)
             return out
 
     def _all_gather(self, x: np.ndarray) -> np.ndarray:
@@ -209,7 +209,7 @@ class TcpCommunicator(Communicator):
         with self._call("all_gather") as (clock, link):
             small = self._small(x)
             blocks = self._agree(clock, link, self._describe("all_gather", x), as_bytes(x) if small else None)
-            reduce.check(x.dtype)
+            collectives.check(x.dtype)
             self._needs_dim0("all_gather", x, divisible=False)
             if small:
                 return np.concatenate([_from_block(block, x.dtype, x.shape) for block in blocks])
@@ -225,7 +225,7 @@ class TcpCommunicator(Communicator):
             small = self._small(x)
             data = as_bytes(x) if small and root == self.group_rank else None
             blocks = self._agree(clock, link, self._describe("broadcast", x, root=root), data)
-            reduce.check(x.dtype)
+            collectives.check(x.dtype)
             self._check_rank("broadcast", "root", root, allow_self=True)
             if small:
                 return _from_block(blocks[root], x.dtype, x.shape).copy()
@@ -239,7 +239,7 @@ class TcpCommunicator(Communicator):
         split, concat = (d + x.ndim if -x.ndim <= d < 0 else d for d in (split_dim, concat_dim))
         with self._call("all_to_all") as (clock, link):
             self._agree(clock, link, self._describe("all_to_all", x, split_dim=split, concat_dim=concat))
-            reduce.check(x.dtype)
+            collectives.check(x.dtype)
             if not (0 <= split < x.ndim and 0 <= concat < x.ndim and x.shape[split] % self.size == 0):
                 raise ConfigurationError(
                     f"all_to_all on group {self.context.name!r}: input of shape {x.shape} with split_dim={split_dim}"
@@ -269,7 +269,7 @@ class TcpCommunicator(Communicator):
         )
         with self._call(what) as (clock, link):
             self._agree(clock, link, self._describe(what, dtype=dtype_code(recv_dtype), meta=plan))
-            reduce.check(recv_dtype)
+            collectives.check(recv_dtype)
             me, outputs = self.group_rank, [np.empty(shape, recv_dtype) for shape in recv_shapes]
             to_self = iter(s for r, s in zip(send_ranks, sends) if r == me)
             for rank, out in zip(recv_ranks, outputs):
@@ -287,7 +287,7 @@ class TcpCommunicator(Communicator):
         mine = Descriptor(seq=seq, kind=kind, dtype=dtype_code(dtype), peer=peer, meta=tuple(shape))
         theirs = swap_blocks(clock, link, mine, data)
         check_pair(mine, theirs.descriptor, peer, self.context, clock.what)
-        reduce.check(dtype)
+        collectives.check(dtype)
         return theirs
 
     def _channel(self, kind: str, peer: int) -> str:

@@ -21,7 +21,7 @@ from itertools import islice
 
 import numpy as np
 
-from tessel.errors import CollectiveTimeoutError, PeerFailedError
+from tessel.core.errors import CollectiveTimeoutError, PeerFailedError
 
 # How often a wait wakes to look at the abort flag and the deadline; also the delay before a failure elsewhere in
 # the job (reported through `GroupContext.abort`) ends a wait here.

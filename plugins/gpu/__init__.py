@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 
-from tessel.plugins.base import Plugin
+from tessel.core.plugin import Plugin
 
 
 class GpuPlugin(Plugin):

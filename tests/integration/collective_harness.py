@@ -140,7 +140,7 @@ def run_collectives(
 
 def leaked_segments(run: Run) -> list[str]:
     """Shared-memory files of this run's groups still present in /dev/shm (there must be none)."""
-    from tessel.plugins.base import GroupContext, Peer
+    from tessel.core.plugin import GroupContext, Peer
     from tessel.plugins.cpu.shm_segment import segment_path
 
     leaked = []

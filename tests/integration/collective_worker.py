@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from collective_harness import make_input
 
-from tessel.plugins.base import GroupContext, Handle, Peer
+from tessel.core.plugin import GroupContext, Handle, Peer
 from tessel.plugins.cpu import CpuPlugin
 
 

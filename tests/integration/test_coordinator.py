@@ -17,8 +17,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from tessel import errors
 from tessel.coordinator import COORDINATOR_LOST, CoordinatorClient, status_main
+from tessel.core import errors
 from tessel.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 
 import tessel as ms
 from tessel import ops
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tests.conftest import ROOT, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "halo_exchange.py"

@@ -170,10 +170,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_daemon_rejects_missing_token_malformed_and_oversized_requests_and_keeps_serving(cluster):
-    from tessel import rpc
-    from tessel.errors import ConfigurationError
+    from tessel.core import rpc
+    from tessel.core.errors import ConfigurationError
+    from tessel.core.wire import to_proto
     from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
-    from tessel.wire import to_proto
 
     cluster.start_daemons(1, extra=("--max-request-mb", "1"))
     address = cluster.daemons[0][2]

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from collective_harness import leaked_segments, make_input, run_collectives
 
-from tessel.errors import ConfigurationError
-from tessel.plugins.base import GroupContext, Peer
+from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import GroupContext, Peer
 from tessel.plugins.cpu.shm import ShmCommunicator
 from tessel.plugins.cpu.shm_segment import Layout, Segment, segment_path
 

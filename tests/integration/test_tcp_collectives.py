@@ -20,8 +20,8 @@ import pytest
 from collective_harness import make_input, run_collectives
 from test_shm_collectives import assert_same, collective_steps, reference
 
-from tessel.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
-from tessel.plugins.base import GroupContext, Peer
+from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
+from tessel.core.plugin import GroupContext, Peer
 from tessel.plugins.cpu.tcp import TcpTransport
 from tessel.plugins.cpu.tcp_communicator import SMALL_BYTES
 

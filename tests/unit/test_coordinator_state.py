@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from tessel import errors
 from tessel.coordinator import format_status
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
+from tessel.core import errors
 from tessel.v1 import coordinator_pb2
 
 TIMEOUT_S = 1.0  # the longest a call in these tests may wait

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from tessel.compiler import SGD, Adam, TensorSpec, TrainStep, apply, build_train_step, model_bytes, trace
+from tessel.core.errors import ConfigurationError, JobFailedError
 from tessel.daemon import DaemonCore
-from tessel.errors import ConfigurationError, JobFailedError
 from tessel.plugins import load_plugin
 from tessel.v1 import collective_pb2, daemon_pb2
 

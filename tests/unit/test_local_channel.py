@@ -11,11 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from tessel import rpc
 from tessel.communication.daemon_handle import RemoteDaemon
+from tessel.core import rpc
+from tessel.core.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError
 from tessel.daemon import DaemonCore, service
 from tessel.daemon.local_channel import LocalExecuteClient, LocalExecuteServer
-from tessel.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError
 from tessel.plugins import load_plugin
 from tessel.v1 import collective_pb2, daemon_pb2
 

@@ -55,7 +55,7 @@ def test_plugins_are_found_through_entry_points():
 
 
 def test_unknown_plugin_is_a_clear_error():
-    from tessel.errors import ConfigurationError
+    from tessel.core.errors import ConfigurationError
     from tessel.plugins import load_plugin
 
     with pytest.raises(ConfigurationError, match="no tessel plugin named 'tpu'"):

@@ -22,7 +22,7 @@ from tessel.common.parameter import Parameter
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
 from tessel.compiler import GradientError, SymbolicTensor, apply, gradients
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def _sum_outputs(out: Any) -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 GRAPH_MODE = 0
 PYNATIVE_MODE = 1

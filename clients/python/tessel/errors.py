@@ -1,44 +1,24 @@
-"""Exceptions a user can act on: each names what failed, where, the rule broken and a fix."""
+"""The exceptions tessel raises, for users (`from tessel.errors import ConfigurationError`); defined in
+`tessel.core.errors`, below every part of tessel."""
 
-from __future__ import annotations
+from tessel.core.errors import (
+    CollectiveMismatchError,
+    CollectiveTimeoutError,
+    ConfigurationError,
+    JobFailedError,
+    MissingRuntimeError,
+    PeerFailedError,
+    RendezvousTimeoutError,
+    TesselError,
+)
 
-
-class TesselError(RuntimeError):
-    """Base class of every error tessel raises on purpose."""
-
-
-class ConfigurationError(TesselError, ValueError):
-    """Bad input from the user: an argument, an environment variable, a strategy."""
-
-
-class MissingRuntimeError(TesselError, ImportError):
-    """A runtime dependency (ONNX Runtime build, CUDA, CANN) is not installed or not usable."""
-
-
-class JobFailedError(TesselError):
-    """The job failed on some rank; every other rank raises this with the cause."""
-
-    def __init__(self, message: str, culprit_rank: int = -1):
-        super().__init__(message)
-        self.culprit_rank = culprit_rank
-
-
-class PeerFailedError(JobFailedError):
-    """A peer of a collective died or its job was failed while this rank waited for it."""
-
-
-class CollectiveMismatchError(TesselError):
-    """Ranks disagree on a collective (kind, reduce op, dtype, shape, root, group or order)."""
-
-    def __init__(self, message: str, culprit_rank: int, field: str):
-        super().__init__(message)
-        self.culprit_rank = culprit_rank
-        self.field = field
-
-
-class CollectiveTimeoutError(TesselError, TimeoutError):
-    """A collective waited longer than its deadline for a peer that is alive but never arrived."""
-
-
-class RendezvousTimeoutError(TesselError, TimeoutError):
-    """The world (or a group, or a barrier) did not complete before the deadline."""
+__all__ = [
+    "CollectiveMismatchError",
+    "CollectiveTimeoutError",
+    "ConfigurationError",
+    "JobFailedError",
+    "MissingRuntimeError",
+    "PeerFailedError",
+    "RendezvousTimeoutError",
+    "TesselError",
+]

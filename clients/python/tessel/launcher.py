@@ -22,7 +22,7 @@ import time
 from collections import deque
 from pathlib import Path
 
-from tessel.errors import ConfigurationError, TesselError
+from tessel.core.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
@@ -231,7 +231,7 @@ class Launch:
 
     def _culprit(self, job_id: str, wait_s: float = 2.0) -> tuple[int, str]:
         """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict."""
-        from tessel.coordinator import CoordinatorClient
+        from tessel.core.coordinator_client import CoordinatorClient
 
         deadline = time.monotonic() + wait_s
         with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0) as client:

@@ -14,7 +14,7 @@ import tessel as ms
 import tessel.dataset as ds
 from tessel import nn
 from tessel.communication import get_rank, init
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 CASE = sys.argv[1]
 init()

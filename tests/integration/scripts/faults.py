@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from tessel.communication import comm_func, get_group_size, get_rank, init
-from tessel.errors import CollectiveMismatchError, JobFailedError
+from tessel.core.errors import CollectiveMismatchError, JobFailedError
 
 mode = sys.argv[1]
 init()

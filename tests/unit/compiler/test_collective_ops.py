@@ -17,7 +17,7 @@ from tessel.compiler.builder import apply, apply_all
 from tessel.compiler.errors import GradientError, ShapeInferenceError
 from tessel.compiler.registry import get as get_op
 from tessel.compiler.tracer import Trace
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 G2, G3 = (0, 1), (0, 1, 2)
 

@@ -8,8 +8,8 @@ import pytest
 from tessel.compiler.builder import apply
 from tessel.compiler.lower_onnx import to_onnx
 from tessel.compiler.tracer import TensorSpec, trace
-from tessel.errors import ConfigurationError
-from tessel.plugins.base import ComputePlugin
+from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import ComputePlugin
 from tessel.plugins.cpu import CpuPlugin
 from tessel.plugins.cpu.compute import CpuCompute
 

@@ -33,7 +33,7 @@ from tessel.compiler import (
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.ops.collective import collective
 from tessel.compiler.rank_simulator import World
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 B, F = 6, 6  # divisible by group sizes 2 and 3
 

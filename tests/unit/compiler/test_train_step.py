@@ -12,7 +12,7 @@ from tessel.compiler.optimizers import SGD, Adam, AdamWeightDecay, Momentum
 from tessel.compiler.tracer import TensorSpec, trace
 from tessel.compiler.train_step import TrainStep as Step
 from tessel.compiler.train_step import build_train_step
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 IN, HIDDEN, OUT = 6, 8, 3
 PARAMS = ["w1", "b1", "w2", "b2"]

@@ -9,8 +9,8 @@ import pytest
 from dataset_testkit import write_mnist
 
 import tessel.dataset as ds
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.formats import write_idx
-from tessel.errors import ConfigurationError
 
 
 def test_missing_directory(tmp_path: Path):

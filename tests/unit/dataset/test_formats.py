@@ -12,8 +12,8 @@ import pytest
 from dataset_testkit import write_mnist
 
 import tessel.dataset as ds
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.formats import read_cifar10_batch, read_idx, write_idx
-from tessel.errors import ConfigurationError
 
 
 def idx_bytes(type_code: int, shape: tuple[int, ...], body: bytes) -> bytes:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tessel.dataset as ds
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 IMAGE = np.arange(8 * 4 * 6, dtype=np.float32).reshape(8, 4, 6)
 LABEL = np.arange(8, dtype=np.int32)

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import tessel.dataset as ds
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import core
-from tessel.errors import ConfigurationError
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tessel.dataset as ds
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def labels_of(dataset: ds.Dataset, epochs: int = 1) -> list[list[int]]:

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import tessel.dataset as ds
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.storage import record_batch_columns
-from tessel.errors import ConfigurationError
 from tessel.v1 import dataset_pb2
 
 # The rebuilding process: reads the spec bytes, iterates its epochs and saves every batch (no pickle anywhere).

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import tessel.dataset as ds
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.transforms.base import resolve_dtype
-from tessel.errors import ConfigurationError
 
 RNG = np.random.default_rng(0)
 IMAGES = RNG.integers(0, 256, (6, 9, 7, 3), dtype=np.uint8)

@@ -1,5 +1,5 @@
 """Helpers for the parallel-pass tests: trace a function, run it on one device (ONNX Runtime, the reference), and
-run its parallel plan on N simulated ranks (compiler.parallel.simulate), assembling global outputs and gradients
+run its parallel plan on N simulated ranks (compiler.rank_simulator), assembling global outputs and gradients
 from the ranks' pieces."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from tessel.compiler.autodiff import grad_graph
 from tessel.compiler.ir import Graph
 from tessel.compiler.lower_onnx import model_bytes
 from tessel.compiler.parallel import ParallelPlan, assemble, piece
-from tessel.compiler.parallel.simulate import run_ranks
+from tessel.compiler.rank_simulator import run_graphs
 from tessel.compiler.tracer import TensorSpec, trace
 from tessel.plugins.cpu.compute import CpuCompute
 
@@ -39,7 +39,7 @@ def single_device(graph: Graph, feeds: Mapping[str, np.ndarray]) -> list[np.ndar
 
 
 def on_ranks(plan: ParallelPlan, graphs: Sequence[Graph], feeds: Mapping[str, np.ndarray]) -> list[list[np.ndarray]]:
-    return run_ranks(graphs, [plan.local_feeds(feeds, r) for r in range(plan.device_num)])
+    return run_graphs(graphs, [plan.local_feeds(feeds, r) for r in range(plan.device_num)], compute())
 
 
 def parallel_forward(plan: ParallelPlan, feeds: Mapping[str, np.ndarray]) -> list[np.ndarray]:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tessel.compiler.parallel import DeviceMesh, Layout, Partial, Replicate, Shard, assemble, piece, scatter
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def test_tensor_map_counts_device_matrix_axes_from_the_right_as_mindspore_does():

@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from par_testkit import compute
 
 from tessel.compiler.builder import GraphBuilder
 from tessel.compiler.parallel import Layout, piece, scatter
 from tessel.compiler.parallel import plan_redistribution as plan
 from tessel.compiler.parallel.redistribution import TABLE, emit_steps
-from tessel.compiler.parallel.simulate import run_ranks
+from tessel.compiler.rank_simulator import run_graphs
 
 # Device matrices of the same device count (a layout may live on any of them).
 MATRICES = {4: [(2, 2), (4,)], 8: [(2, 4), (4, 2), (8,), (2, 2, 2)]}
@@ -27,7 +28,7 @@ def run(move, pieces):
         x = builder.add_input("x", p.shape, p.dtype.name).value
         out = emit_steps(move, x, rank, lambda op, ins, attrs, layout, b=builder: b.emit(op, ins, attrs)[0])
         graphs.append(builder.build([out]))
-    return [outs[0] for outs in run_ranks(graphs, [{"x": p} for p in pieces])]
+    return [outs[0] for outs in run_graphs(graphs, [{"x": p} for p in pieces], compute())]
 
 
 def check(source: Layout, target: Layout, shape, seed=0):

@@ -12,7 +12,7 @@ from par_testkit import by_op, close, parallel_forward, single_device, traced
 from tessel.compiler.builder import apply
 from tessel.compiler.parallel import DATA_PARALLEL, Layout, Strategy, StrategyError, collective_counts, parallelize
 from tessel.compiler.tracer import TensorSpec, trace
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 rng = np.random.default_rng(3)
 

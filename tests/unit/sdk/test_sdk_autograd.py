@@ -8,7 +8,7 @@ from sdk_testkit import rand
 
 import tessel as ms
 from tessel import nn, ops
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 X, Y = rand(3, 2), rand(3, 2, seed=1)
 

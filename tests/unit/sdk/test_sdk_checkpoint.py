@@ -13,7 +13,7 @@ from sdk_testkit import rand
 
 import tessel as ms
 from tessel import nn
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class Net(nn.Cell):

@@ -8,7 +8,7 @@ from sdk_testkit import finite_difference, log_softmax, rand
 
 import tessel as ms
 from tessel import nn
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 LOGITS = rand(6, 4).astype(np.float64)
 LABELS = np.array([0, 3, 1, 1, 2, 3], np.int32)

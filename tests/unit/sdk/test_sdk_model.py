@@ -11,7 +11,7 @@ from sdk_testkit import log_softmax, rand
 import tessel as ms
 import tessel.dataset as ds
 from tessel import nn, train
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 DATA = rand(40, 6)
 LABELS = (DATA[:, 0] > 0).astype(np.int32) + (DATA[:, 1] > 0).astype(np.int32)

@@ -9,7 +9,7 @@ from sdk_testkit import rand
 import tessel as ms
 from tessel import nn, ops
 from tessel.compiler import ShapeInferenceError, TraceError
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class ConvNet(nn.Cell):

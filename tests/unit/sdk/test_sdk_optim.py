@@ -10,7 +10,7 @@ from sdk_testkit import rand
 
 import tessel as ms
 from tessel import nn
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 STEPS = 3
 GRADS = [[rand(3, 2, seed=10 + s), rand(2, seed=20 + s)] for s in range(STEPS)]

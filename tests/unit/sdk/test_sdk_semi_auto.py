@@ -1,6 +1,6 @@
 """SEMI_AUTO_PARALLEL from the SDK: a network written with ops.MatMul().shard(...) is traced, cut for every rank
 by tessel.parallel.semi_auto.partition_for_rank, and the rank graphs run on the in-process N-rank simulators
-(compiler.parallel.simulate for forward, compiler.rank_simulator for lowered train steps). Results equal a float64
+(compiler.rank_simulator, for the forward graphs and the lowered train steps). Results equal a float64
 numpy reference of the whole network on one device."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import tessel as ms
 from tessel import nn, ops
 from tessel.compiler import SGD, bucket_allreduce, build_train_step, lower_rank_program, simulate
 from tessel.compiler.parallel import assemble, collective_counts
-from tessel.compiler.parallel.simulate import run_ranks
+from tessel.compiler.rank_simulator import run_graphs
 from tessel.parallel import trace_network
 from tessel.parallel.semi_auto import partition_for_rank
 from tessel.plugins.cpu.compute import CpuCompute
@@ -59,7 +59,7 @@ def partitions(net, inputs, devices):
 def run_forward(graph, parts, rank_feeds):
     """Every rank's forward on its feeds; output 0 assembled from the pieces (replicas checked equal)."""
     feeds = [part.params | part.slice_feeds(f) for part, f in zip(parts, rank_feeds)]
-    outs = run_ranks([part.graph for part in parts], feeds)
+    outs = run_graphs([part.graph for part in parts], feeds, CpuCompute(threads=1))
     layout = parts[0].plan.output_layouts[0]
     return assemble([o[0] for o in outs], layout, graph.outputs[0].shape)
 

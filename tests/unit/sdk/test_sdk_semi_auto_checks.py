@@ -11,7 +11,7 @@ import tessel as ms
 import tessel.parallel
 from tessel import nn, ops
 from tessel.compiler.parallel import DATA_PARALLEL, StrategyError
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.parallel import trace_network
 from tessel.parallel.semi_auto import global_shape, partition_for_rank, strategies_of
 

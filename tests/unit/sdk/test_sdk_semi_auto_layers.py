@@ -12,9 +12,10 @@ import tessel as ms
 import tessel.parallel
 from tessel import nn
 from tessel.compiler.parallel import assemble
-from tessel.compiler.parallel.simulate import run_ranks
+from tessel.compiler.rank_simulator import run_graphs
 from tessel.parallel import plan_for, trace_network
 from tessel.parallel.semi_auto import partition_for_rank, strategies_of
+from tessel.plugins.cpu.compute import CpuCompute
 
 rng = np.random.default_rng(5)
 X = rng.standard_normal((16, 32)).astype(np.float32)
@@ -43,7 +44,7 @@ def run_sharded(net: nn.Cell, x: np.ndarray, devices: int) -> tuple[np.ndarray, 
     full = {p.key: p.asnumpy() for p in trace.parameters()}
     parts = [partition_for_rank(graph, trace, list(full), full, r, devices) for r in range(devices)]
     feeds = [part.params | part.slice_feeds({"x": x}) for part in parts]
-    outs = run_ranks([part.graph for part in parts], feeds)
+    outs = run_graphs([part.graph for part in parts], feeds, CpuCompute(threads=1))
     return assemble([o[0] for o in outs], parts[0].plan.output_layouts[0], graph.outputs[0].shape), parts
 
 

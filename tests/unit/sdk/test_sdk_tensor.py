@@ -10,7 +10,7 @@ import pytest
 import tessel as ms
 from tessel import nn, ops
 from tessel.compiler import TraceError
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def test_default_dtypes_follow_mindspore():

@@ -15,7 +15,7 @@ import numpy as np
 
 from tessel.common import seed
 from tessel.common.dtype import DType, float32, to_dtype
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def _fans(shape: tuple[int, ...], who: str) -> tuple[int, int]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from tessel.common.dtype import ms_name
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError, TesselError
+from tessel.core.errors import ConfigurationError, TesselError
 
 DEFAULT_NAME = "Parameter"
 _serials = itertools.count()

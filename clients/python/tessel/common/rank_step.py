@@ -23,7 +23,7 @@ import numpy as np
 from tessel import context
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step
 from tessel.compiler import data_parallel_train_step as _dp_train_step
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
 _PARALLEL = context.ParallelMode

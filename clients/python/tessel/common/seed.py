@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 DEFAULT_SEED = 0
 _MAX_SEED = 2**32 - 1

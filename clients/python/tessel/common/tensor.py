@@ -19,8 +19,8 @@ import numpy as np
 from tessel.common.dtype import DType, default_dtype_of, ms_name, to_dtype
 from tessel.common.tracing import apply_op, current
 from tessel.compiler import SymbolicTensor, TraceError, as_dtype
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import core as _dataset_core
-from tessel.errors import ConfigurationError
 
 
 class DeviceRef:

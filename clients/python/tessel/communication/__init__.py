@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from tessel.communication import runtime as _rt
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class GlobalComm:

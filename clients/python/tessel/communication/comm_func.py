@@ -19,9 +19,9 @@ import numpy as np
 
 from tessel.communication import _WORLD_ALIASES, GlobalComm, _ranks
 from tessel.communication import runtime as _rt
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
+from tessel.core.wire import wire_dtype
 from tessel.v1 import collective_pb2, daemon_pb2
-from tessel.wire import wire_dtype
 
 
 class ReduceOp:

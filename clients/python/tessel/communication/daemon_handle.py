@@ -6,11 +6,11 @@ from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from tessel import rpc
+from tessel.core import rpc
+from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
 from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
-from tessel.wire import from_proto, to_proto
 
 # Largest request the client builds at once. Serializing a request holds the GIL; a 256 MiB one held it long enough
 # on a loaded machine for this rank's heartbeat to lapse, and the coordinator failed the job. Bounded requests let

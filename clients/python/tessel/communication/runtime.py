@@ -17,7 +17,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 
-from tessel.errors import ConfigurationError, JobFailedError, TesselError
+from tessel.core.errors import ConfigurationError, JobFailedError, TesselError
 
 _RANK_VARS = ("TESSEL_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK_ID")
 _SIZE_VARS = ("TESSEL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "RANK_SIZE")
@@ -128,9 +128,9 @@ def _embedded() -> Runtime:
 
 
 def _distributed(env: LaunchEnv) -> Runtime:
-    from tessel import rpc
     from tessel.communication.daemon_handle import RemoteDaemon
-    from tessel.coordinator import COORDINATOR_LOST, CoordinatorClient
+    from tessel.core import rpc
+    from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient
     from tessel.v1 import coordinator_pb2
 
     token = rpc.cluster_token()

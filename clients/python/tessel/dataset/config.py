@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 # MindSpore's config seed default (std::mt19937's default seed); here it is used as-is instead of meaning "random".
 DEFAULT_SEED = 5489

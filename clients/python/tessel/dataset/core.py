@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import config
 from tessel.dataset.sampling import random_stream, salt_of
-from tessel.errors import ConfigurationError
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -23,10 +23,10 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.ops import column_list
 from tessel.dataset.sources import MappableSource
 from tessel.dataset.storage import ColumnTable, cache_key, cached_arrow_table, read_ipc_table
-from tessel.errors import ConfigurationError
 
 _PARQUET_BATCH_ROWS = 65536
 

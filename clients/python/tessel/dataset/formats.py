@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 # IDX type code -> big-endian numpy dtype.
 IDX_DTYPES = {

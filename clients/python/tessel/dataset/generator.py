@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
 from tessel.dataset.ops import column_list
 from tessel.dataset.sampling import check_sampling_args, shard_rows, shard_size
 from tessel.dataset.transforms.base import RaggedRowsError, resolve_dtype, stack_rows
-from tessel.errors import ConfigurationError
 
 
 class GeneratorDataset(Dataset):

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import core
-from tessel.errors import ConfigurationError
 
 
 class _EpochIterator:

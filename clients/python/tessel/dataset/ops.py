@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.core import Block, Dataset, EpochContext, block_length
 from tessel.dataset.transforms.base import RaggedRowsError, as_operations
-from tessel.errors import ConfigurationError
 
 
 def column_list(value: str | Sequence[str], where: str, argument: str) -> list[str]:

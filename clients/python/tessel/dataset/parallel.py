@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 Strategy = str | Sequence[Sequence[int]]
 

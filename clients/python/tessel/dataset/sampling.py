@@ -15,7 +15,7 @@ import hashlib
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def random_stream(seed: int, epoch: int, *salt: int) -> np.random.Generator:

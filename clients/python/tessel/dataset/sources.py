@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
 from tessel.dataset.formats import (
     CIFAR10_TEST_FILES,
@@ -31,7 +32,6 @@ from tessel.dataset.formats import (
 )
 from tessel.dataset.sampling import check_sampling_args, shard_rows, shard_size
 from tessel.dataset.storage import ColumnTable, cache_key, cached_table, to_record_batch
-from tessel.errors import ConfigurationError
 
 USAGES = ("train", "test", "all")
 

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import ops
 from tessel.dataset.core import Dataset
 from tessel.dataset.files import ArrowDataset, ParquetDataset
@@ -29,7 +30,6 @@ from tessel.dataset.generator import GeneratorDataset
 from tessel.dataset.sources import Cifar10Dataset, MappableSource, MnistDataset, NumpySlicesDataset
 from tessel.dataset.storage import record_batch_columns
 from tessel.dataset.transforms.base import is_registered, transform_from_params
-from tessel.errors import ConfigurationError
 from tessel.v1 import dataset_pb2 as pb
 
 DATASET_SPEC_VERSION = 1

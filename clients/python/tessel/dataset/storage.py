@@ -23,8 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import config
-from tessel.errors import ConfigurationError
 
 # Bump when the layout of cache files changes, so old caches are never misread.
 CACHE_FORMAT_VERSION = 1

@@ -22,7 +22,7 @@ from tessel.common.parameter import DEFAULT_NAME, Parameter, ParameterTuple
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import compute_in, current
 from tessel.compiler import GradientError, ShapeInferenceError, TraceError
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 _calls = threading.local()
 _NAMED_ERRORS = (ShapeInferenceError, TraceError, GradientError, ConfigurationError)

@@ -6,7 +6,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from tessel.common.dtype import DType
 from tessel.common.initializer import HeUniform, Uniform
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
 from tessel.ops import functional as F

@@ -9,7 +9,7 @@ from typing import Any
 from tessel.common.dtype import DType, ms_name, to_dtype
 from tessel.common.initializer import HeUniform, Uniform, init_array
 from tessel.common.parameter import Parameter
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
 from tessel.ops import primitive

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessel.common.tracing import apply_op
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
 from tessel.ops.nn_functional import check_reduction, reduce_loss

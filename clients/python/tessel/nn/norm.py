@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessel.common.dtype import DType
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
 from tessel.ops import functional as F

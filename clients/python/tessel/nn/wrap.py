@@ -12,7 +12,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
 from tessel.compiler import Graph, apply, bucket_allreduce
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
 

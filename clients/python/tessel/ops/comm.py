@@ -24,7 +24,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
 from tessel.communication import GlobalComm
 from tessel.communication.comm_func import ReduceOp
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.ops.primitive import Primitive
 
 _REDUCE_OPS = (ReduceOp.SUM, ReduceOp.MAX, ReduceOp.MIN, ReduceOp.PROD)

@@ -14,7 +14,7 @@ import numpy as np
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def _unary(op: str, doc: str):

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tessel.communication import GlobalComm
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
 from tessel.ops.comm import exchange
 from tessel.ops.primitive import Primitive

@@ -13,7 +13,7 @@ import numpy as np
 from tessel.common import seed as _seed
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 __all__ = [
     "avg_pool2d",

@@ -12,7 +12,7 @@ from typing import Any
 
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tracing import apply_op, created_by, current
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
 
 

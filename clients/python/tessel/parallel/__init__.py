@@ -18,7 +18,7 @@ from tessel.common.tracing import SdkTrace
 from tessel.compiler.ir import Graph
 from tessel.compiler.parallel import ParallelPlan, collective_counts
 from tessel.compiler.parallel import explain as explain_plan
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.parallel.semi_auto import RankPartition, global_shape, partition_for_rank, plan_for, strategies_of
 
 __all__ = [

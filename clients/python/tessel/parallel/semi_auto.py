@@ -37,7 +37,7 @@ from tessel import context
 from tessel.compiler.ir import Graph, Node
 from tessel.compiler.parallel import DATA_PARALLEL, ParallelPlan, parallelize, save_graphs
 from tessel.compiler.shapes import format_shape
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {(strategies, world, dataset): plan}
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 class CallbackParam(dict):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 
 def _np(x: Any) -> np.ndarray:

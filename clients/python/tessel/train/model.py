@@ -28,7 +28,7 @@ import numpy as np
 from tessel import context
 from tessel.common import rank_step
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
 from tessel.train.callback import CallbackParam, RunContext, as_callbacks

@@ -24,7 +24,7 @@ import numpy as np
 
 from tessel.common.parameter import Parameter, fetch_all
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 FORMAT = "tessel-checkpoint-1"
 

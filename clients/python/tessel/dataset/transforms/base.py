@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 
 _REGISTRY: dict[str, type[Transform]] = {}
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.transforms.base import Transform, as_operations, register, resolve_dtype
-from tessel.errors import ConfigurationError
 
 
 @register

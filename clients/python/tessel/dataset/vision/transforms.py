@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from tessel.core.errors import ConfigurationError
 from tessel.dataset.transforms.base import Transform, register, resolve_dtype
-from tessel.errors import ConfigurationError
 
 
 class Inter(enum.Enum):

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from tessel.common.tensor import Tensor
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 
 

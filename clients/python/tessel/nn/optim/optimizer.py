@@ -22,7 +22,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
 from tessel.compiler import SymbolicTensor, apply
 from tessel.compiler.optimizers import Optimizer as Rule
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.optim.learning_rate import LearningRateSchedule
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from tessel.compiler import optimizers as rules
-from tessel.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.optim.optimizer import Optimizer
 
 # Hyper-parameters are set (through vars) before Optimizer.__init__, which builds the rule from them.

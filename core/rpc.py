@@ -22,7 +22,7 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
-from tessel import errors
+from tessel.core import errors
 
 TOKEN_HEADER = "x-tessel-token"
 ERROR_HEADER = "x-tessel-error"
@@ -86,7 +86,7 @@ def error_fields(exc: BaseException) -> tuple[str, str, int | None]:
 
 
 def rebuilt_error(kind: str, message: str, culprit: int | None) -> Exception | None:
-    """The client-side exception for error_fields' values: the tessel.errors class `kind` (or KeyError), or None
+    """The client-side exception for error_fields' values: the tessel.core.errors class `kind` (or KeyError), or None
     when `kind` names neither."""
     if kind == "KeyError":
         return KeyError(message)

@@ -1,4 +1,5 @@
-"""The two small interfaces every hardware plugin implements, the same for CPU, GPU and Ascend.
+"""The plugin contract: the two small interfaces every hardware plugin implements (the same for CPU, GPU and
+Ascend), and the lookup that finds plugins through the `tessel.plugins` entry-point group.
 
 A plugin package exposes one `Plugin` subclass through the `tessel.plugins` entry-point group. It reports
 whether it can run here (`available()` with a reason), describes its device, and hands out a `ComputePlugin`
@@ -12,15 +13,31 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
 
-# Reduce ops by their wire names (protos/tessel/v1/collective.proto ReduceOp), lower case in Python.
-REDUCE_OPS = ("sum", "prod", "max", "min", "mean")
+from tessel.core.errors import ConfigurationError, MissingRuntimeError
+from tessel.core.wire import COLLECTIVE_DTYPES, REDUCE_OPS
 
-# dtypes every collective supports on every plugin.
-COLLECTIVE_DTYPES = tuple(np.dtype(t) for t in ("float16", "float32", "float64", "int32", "int64", "bool"))
+__all__ = [  # the contract, and the wire tables plugins check against
+    "COLLECTIVE_DTYPES",
+    "GROUP",
+    "REDUCE_OPS",
+    "CollectivePlugin",
+    "Communicator",
+    "ComputePlugin",
+    "DeviceInfo",
+    "Executable",
+    "GroupContext",
+    "Handle",
+    "Peer",
+    "Plugin",
+    "available_plugins",
+    "load_plugin",
+    "plugin_class",
+]
 
 
 @dataclass(frozen=True)
@@ -271,3 +288,41 @@ class Plugin(ABC):
 
     def close(self) -> None:
         self.collective.close()
+
+
+# --- finding plugins ----------------------------------------------------------------------------------------------
+
+GROUP = "tessel.plugins"
+
+
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def plugin_class(name: str) -> type[Plugin]:
+    found = _entry_points()
+    if name not in found:
+        raise ConfigurationError(
+            f"no tessel plugin named {name!r}; installed: {sorted(found)}. "
+            f"A plugin registers itself in the {GROUP!r} entry-point group (pip install it, or pick one listed)."
+        )
+    return found[name].load()
+
+
+def available_plugins() -> dict[str, tuple[bool, str]]:
+    """Every installed plugin with (available, reason)."""
+    result = {}
+    for name, ep in sorted(_entry_points().items()):
+        try:
+            result[name] = ep.load().available()
+        except Exception as exc:  # a broken third-party plugin must not hide the others
+            result[name] = (False, f"failed to load: {exc}")
+    return result
+
+
+def load_plugin(name: str, device_id: int = 0, threads: int = 1) -> Plugin:
+    cls = plugin_class(name)
+    ok, why = cls.available()
+    if not ok:
+        raise MissingRuntimeError(f"plugin {name!r} cannot run here: {why}")
+    return cls(device_id=device_id, threads=threads)

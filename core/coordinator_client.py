@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
-from tessel import rpc
+from tessel.core import rpc
 from tessel.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("tessel.coordinator")
