@@ -24,7 +24,6 @@ from tessel.compiler import registry
 from tessel.compiler.builder import apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, Value
-from tessel.compiler.ops.collective import collective
 from tessel.compiler.optimizers import Optimizer
 from tessel.compiler.rank_rewrite import Rewriter
 from tessel.compiler.shapes import is_static, numel
@@ -62,7 +61,7 @@ def _nbytes(node: Node) -> int:
 
 
 def _fusible(node: Node) -> bool:
-    spec = collective(node.op)
+    spec = registry.get(node.op).collective
     return (
         spec is not None
         and spec.kind == collective_pb2.ALL_REDUCE

@@ -7,7 +7,6 @@ file:line, and returns SymbolicTensors. Tracing, autodiff and the optimizers all
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -312,28 +311,18 @@ def tensor_type(x: SymbolicTensor) -> TensorType:
 
 # --- where the user's code is --------------------------------------------------------------------------------------
 
-_PACKAGE_DIRS: tuple[str, ...] | None = None
 
-
-def _package_dirs() -> tuple[str, ...]:
-    global _PACKAGE_DIRS
-    if _PACKAGE_DIRS is None:
-        import tessel
-        import tessel.compiler
-        import tessel.plugins
-
-        mods = (tessel, tessel.compiler, tessel.plugins)
-        _PACKAGE_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep for m in mods)
-    return _PACKAGE_DIRS
+def _inside_tessel(frame) -> bool:
+    module = frame.f_globals.get("__name__", "")
+    return module == "tessel" or module.startswith("tessel.")
 
 
 def user_location(with_code: bool = False) -> str | None:
     """`file:line` of the innermost frame outside tessel (optionally with the source line), or None."""
-    dirs = _package_dirs()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename
-        if not os.path.abspath(filename).startswith(dirs) and not filename.startswith("<frozen"):
+        if not _inside_tessel(frame) and not filename.startswith("<frozen"):
             where = f"{filename}:{frame.f_lineno}"
             if with_code:
                 import linecache

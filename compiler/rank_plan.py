@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
-from tessel.compiler.ops.collective import collective
 
 
 @dataclass
@@ -48,7 +47,7 @@ def plan_steps(graph: Graph) -> list[Step]:
     for node in graph.nodes:
         if node in copied:
             continue
-        if collective(node.op) is not None:
+        if registry.get(node.op).collective is not None:
             steps.append(Step(collective=node))
         elif is_write(node):
             writes.append(node)
@@ -72,10 +71,10 @@ def _copyable_constants(graph: Graph) -> dict[Node, None]:
         node: None
         for node in graph.nodes
         if not node.inputs
-        and collective(node.op) is None
+        and registry.get(node.op).collective is None
         and not is_write(node)
         and not any(o in outputs for o in node.outputs)
-        and all(collective(r.op) is None for o in node.outputs for r in readers.get(o, ()))
+        and all(registry.get(r.op).collective is None for o in node.outputs for r in readers.get(o, ()))
     }
 
 

@@ -3,7 +3,7 @@ them on a daemon (RunSegment, CollectiveOp, WaitOp, FreeOp).
 
     program = lower_rank_program(train_graph, state=[s.name for s in train.state], world_size=4)
     print(program.dump())                      # segments, collectives, waits, in run order
-    installed = program.install(daemon, session_id, initial=params)
+    installed = daemon.install(program, session_id, initial=params)   # tessel.communication.daemon_handle
     losses = installed.run(feed={"x": x, "y": y}).fetched[program.outputs[0]]
 
 Names in the daemon's store: graph inputs keep their names, graph outputs are named like `to_onnx` names them
@@ -19,18 +19,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
+from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
-from tessel.compiler.ops.collective import collective, group_ranks
+from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
 from tessel.compiler.rank_rewrite import alias_effects, expand_collectives
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
-
-if TYPE_CHECKING:
-    from tessel.compiler.rank_daemon import InstalledProgram
 
 
 def group_name(ranks: tuple[int, ...], world_size: int | None) -> str:
@@ -78,21 +75,6 @@ class RankProgram:
         for index, ins in enumerate(self.program.instructions):
             lines.append(f"  {index:3d} {_describe(ins, self.segments)}")
         return "\n".join(lines)
-
-    def install(self, daemon: Any, session_id: str, initial: Mapping[str, Any] | None = None) -> InstalledProgram:
-        """Create the groups, compile the segments and store `initial` values (parameters) on a daemon handle
-        (tessel.communication.daemon_handle.LocalDaemon / RemoteDaemon). Every member of a group must install
-        its program too: creating a group is a rendezvous."""
-        from tessel.compiler.rank_daemon import install
-
-        return install(self, daemon, session_id, initial)
-
-    def run_on(self, daemon: Any, session_id: str, **execute: Any) -> Any:
-        """Install on first use for (daemon, session), then run once: `execute` takes feed=, fetch= (default: the
-        outputs), repeat=, collect=, timings= as `daemon.execute` does. Returns the daemon's Result."""
-        from tessel.compiler.rank_daemon import installed
-
-        return installed(self, daemon, session_id).run(**execute)
 
 
 def lower_rank_program(
@@ -229,7 +211,7 @@ def _instructions(steps, segments, names, readers, world_size):
             run = daemon_pb2.RunSegment(segment=segment.name, outputs=segment.outputs)
             instructions.append(daemon_pb2.Instruction(run_segment=run))
             continue
-        node, spec = step.collective, collective(step.collective.op)
+        node, spec = step.collective, registry.get(step.collective.op).collective
         ranks = group_ranks(node.attrs)
         group = group_name(ranks, world_size)
         if group:

@@ -20,7 +20,6 @@ from dataclasses import replace
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
 from tessel.compiler.ir import Graph, Node, Value
-from tessel.compiler.ops.collective import collective
 
 
 class Rewriter:
@@ -70,7 +69,7 @@ def expand_collectives(graph: Graph) -> Graph:
     ops around them (see each op's `Collective.expand`)."""
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        spec = collective(node.op)
+        spec = registry.get(node.op).collective
         if spec is not None and spec.expand is not None and spec.needs_expand(node):
             with rewriter.at(node.source):
                 spec.expand(rewriter, node)
@@ -85,7 +84,7 @@ def alias_effects(graph: Graph) -> Graph:
     rewriter = Rewriter(graph)
     for node in graph.nodes:
         rewriter.keep(node)
-        spec = collective(node.op)
+        spec = registry.get(node.op).collective
         if registry.get(node.op).side_effect:
             rewriter.alias(node.outputs[0], rewriter.get(node.inputs[1]))
         elif spec is not None and spec.alias:

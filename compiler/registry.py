@@ -5,11 +5,17 @@ An `OpDef` says
 - `lower(ctx, node, inputs, outputs)`: emits ONNX nodes writing the named outputs (see lower_onnx.LoweringContext);
 - `grad(ctx) -> input cotangents`: the reverse rule, written with other registered ops (see autodiff.GradContext);
   `grad=None` means "no gradient" (an error if one is needed), `ZERO_GRAD` means "gradient is zero" (Sign, Floor);
-- `sharding`: the slot for the op's sharding rule (which input dims may split, output layout, partial sums);
-  None until the parallel pass lands;
-- `cost(node, sizes) -> Cost`: flops and bytes moved, for the planner (default: one flop per output element).
+- `sharding(node) -> ShardingSpec`: which input dims may split, the output layout and any partial sums (see
+  compiler/sharding.py for the generators that make most rules one line; `replicated` = the op runs whole).
+  Collectives declare none; `sharding_spec(node)` falls back to `replicated` for them;
+- `cost(node, sizes) -> Cost`: flops and bytes moved, for the planner (default: one flop per output element);
+- `collective`: for ops that move data between ranks, how a daemon runs them (`Collective`: the wire kind and
+  fields); None for local ops. Rank-program lowering cuts graphs at these ops;
+- `writes`: the index of the input the op writes in place (Assign writes its parameter, input 0); such a node is
+  kept by graph building even when no output is used.
 
-Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up.
+Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
+`register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from typing import Any
 from tessel.compiler.errors import ShapeInferenceError
 from tessel.compiler.ir import Attrs, Node, TensorType
 from tessel.compiler.shapes import numel
+from tessel.compiler.sharding import Rule, ShardingSpec, replicated
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,25 @@ def elementwise_cost(node: Node, sizes: Mapping[str, int]) -> Cost:
 
 
 @dataclass(frozen=True)
+class Collective:
+    """How a collective op runs on a daemon.
+
+    `kind` is the CollectiveOp kind; `fields(node)` the CollectiveOp fields besides group, inputs, outputs and
+    handle; `expand(rewriter, node)` (when set and `needs_expand(node)`) rewrites the node into wire form with
+    local ops around it (AllGather along dim 1 = ExpandDims, gather on dim 0, Transpose, Reshape);
+    `wire_inputs` says whether the node's inputs travel (Receive's input only orders it); `alias` says its
+    outputs are its inputs (Send: the daemon stores nothing).
+    """
+
+    kind: int
+    fields: Callable[[Node], dict[str, Any]] = field(default=lambda node: {})
+    needs_expand: Callable[[Node], bool] = field(default=lambda node: False)
+    expand: Callable[[Any, Node], None] | None = None
+    wire_inputs: bool = True
+    alias: bool = False
+
+
+@dataclass(frozen=True)
 class OpDef:
     """Everything tessel knows about one op. See the module docstring for each field's contract."""
 
@@ -76,10 +102,20 @@ class OpDef:
     grad: GradFn | None
     attrs: Mapping[str, Any] = field(default_factory=dict)  # attribute name -> default (or REQUIRED)
     cost: CostFn = elementwise_cost
-    sharding: Any = None  # slot for the parallel pass: the op's sharding rule
+    sharding: Rule | None = None
+    collective: Collective | None = None
+    writes: int | None = None
     num_inputs: int | None = None  # None = variadic
-    side_effect: bool = False  # kept by graph building even when no output is used (Assign)
     doc: str = ""
+
+    def sharding_spec(self, node: Node) -> ShardingSpec:
+        """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""
+        return (self.sharding or replicated)(node)
+
+    @property
+    def side_effect(self) -> bool:
+        """True when the op writes state, so graph building keeps it even when no output is used."""
+        return self.writes is not None
 
     def check_arity(self, count: int) -> None:
         if self.num_inputs is not None and count != self.num_inputs:
@@ -120,6 +156,12 @@ def get(name: str) -> OpDef:
         raise ShapeInferenceError(
             f"unknown op {name!r}; similar registered ops: {close or sorted(_OPS)[:10]}"
         ) from None
+
+
+def written(node: Node) -> Any:
+    """The Value `node` writes in place (Assign's parameter), or None."""
+    index = get(node.op).writes
+    return None if index is None else node.inputs[index]
 
 
 def names() -> list[str]:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tessel.compiler import registry
 from tessel.compiler.autodiff import gradients
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.dtypes import DType
@@ -72,7 +73,8 @@ def build_train_step(
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
     grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
     # State = trained parameters, plus inputs the forward graph itself assigns (BatchNorm's moving statistics).
-    assigned = [n.inputs[0].name for n in forward.nodes if n.op == "Assign" and n.inputs[0].name not in params]
+    written = (registry.written(n) for n in forward.nodes)
+    assigned = list(dict.fromkeys(v.name for v in written if v is not None and v.name not in params))
     state = [StateSpec(n, _static(v.shape, n), v.dtype, None) for n, v in zip(params, values)]
     state += [StateSpec(n, _static(forward.input(n).shape, n), forward.input(n).dtype, None) for n in assigned]
 

@@ -14,17 +14,19 @@ import time
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
 from tessel.core.plugin import GroupContext, Peer, Plugin
-from tessel.daemon.datasets import DatasetCursor
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import common_pb2, daemon_pb2
+
+if TYPE_CHECKING:
+    from tessel.dataset.reader import ShardReader
 
 log = logging.getLogger("tessel.daemon")
 
@@ -227,10 +229,12 @@ class DaemonCore:
         session = self.session(session_id)
         session.segments[name] = Segment(name, self.plugin.compute, onnx_model, list(state))
 
-    def open_dataset(self, session_id: str, name: str, spec, columns: Iterable[str] = ()) -> DatasetCursor:
+    def open_dataset(self, session_id: str, name: str, spec, columns: Iterable[str] = ()) -> ShardReader:
         """Sink mode: read this rank's shard of the pipeline `spec` here; NextBatch instructions step it."""
+        from tessel.dataset.reader import ShardReader  # pyarrow loads with the first sink-mode dataset, not before
+
         session = self.session(session_id)
-        session.datasets[name] = DatasetCursor(name, spec, list(columns))
+        session.datasets[name] = ShardReader(name, spec, list(columns))
         return session.datasets[name]
 
     # ------------------------------------------------------------------------------------------ programs

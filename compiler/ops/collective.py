@@ -18,23 +18,23 @@ tessel matches MindSpore. The reduce op attribute is `reduce_op` (MindSpore's `o
 parameter is already called `op`.
 
 Collectives have no ONNX lowering: `lower_rank_program` cuts the graph at them and runs each as a daemon
-instruction, described by its `Collective` entry in `COLLECTIVES`. Cost = bytes through this rank's link
-(ring algorithms) and the reduction flops.
+instruction, described by the `collective` field of its OpDef (registry.Collective). Cost = bytes through this
+rank's link (ring algorithms) and the reduction flops.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType, as_dtype
 from tessel.compiler.errors import GradientError
-from tessel.compiler.ir import Node, TensorType
-from tessel.compiler.ops.common import free, require
-from tessel.compiler.registry import REQUIRED, Cost, register
+from tessel.compiler.ir import TensorType
+from tessel.compiler.ops.common import free, infer_same, lower_as, require
+from tessel.compiler.registry import REQUIRED, Collective, Cost, register
 from tessel.compiler.shapes import format_shape, is_static, normalize_axis, numel
+from tessel.compiler.sharding import pointwise
 from tessel.core.errors import ConfigurationError
 from tessel.core.wire import COLLECTIVE_DTYPES, REDUCE_OPS, wire_dtype
 from tessel.v1 import collective_pb2, daemon_pb2
@@ -43,33 +43,6 @@ from tessel.v1 import collective_pb2, daemon_pb2
 # AllReduce does not offer it, so tessel.ops does not either.
 # What the daemons' collectives carry.
 WIRE_DTYPES = tuple(as_dtype(d) for d in COLLECTIVE_DTYPES)
-
-
-@dataclass(frozen=True)
-class Collective:
-    """How a collective op runs on a daemon.
-
-    `kind` is the CollectiveOp kind; `fields(node)` the CollectiveOp fields besides group, inputs, outputs and
-    handle; `expand(rewriter, node)` (when set and `needs_expand(node)`) rewrites the node into wire form with
-    local ops around it (AllGather along dim 1 = ExpandDims, gather on dim 0, Transpose, Reshape);
-    `wire_inputs` says whether the node's inputs travel (Receive's input only orders it); `alias` says its
-    outputs are its inputs (Send: the daemon stores nothing).
-    """
-
-    kind: int
-    fields: Callable[[Node], dict[str, Any]] = field(default=lambda node: {})
-    needs_expand: Callable[[Node], bool] = field(default=lambda node: False)
-    expand: Callable[[Any, Node], None] | None = None
-    wire_inputs: bool = True
-    alias: bool = False
-
-
-COLLECTIVES: dict[str, Collective] = {}
-
-
-def collective(name: str) -> Collective | None:
-    """The daemon form of op `name`, or None when it is not a collective."""
-    return COLLECTIVES.get(name)
 
 
 def group_ranks(attrs: Mapping[str, Any]) -> tuple[int, ...]:
@@ -95,8 +68,7 @@ def _no_onnx(name: str) -> Callable:
 
 
 def _register(name: str, wire: Collective, **fields: Any) -> None:
-    register(name, lower=_no_onnx(name), **fields)
-    COLLECTIVES[name] = wire
+    register(name, lower=_no_onnx(name), collective=wire, **fields)
 
 
 # --- checks shared by the inference rules -------------------------------------------------------------------------
@@ -540,7 +512,22 @@ _register(
 )
 
 
-# --- Mirror -------------------------------------------------------------------------------------------------------
+# --- Mirror and VirtualDiv: the virtual ops of the parallel pass -------------------------------------------------
+#
+# The virtual ops the parallel pass inserts so that plain autodiff of a rank's graph gives the right gradients
+# (MindSpore's `_MirrorOperator` and `_VirtualDiv`). Both are the identity forward; they only act backward:
+#
+# - `Mirror(w, group)` sits on a parameter held
+#   whole by several ranks (replicated over some device-matrix axes): each rank's gradient covers only the part of
+#   the computation it ran, so the backward all-reduces (sum) the gradient over exactly the ranks holding the same
+#   piece;
+# - `VirtualDiv(y, divisor)` sits on a graph output held by `divisor` ranks: autodiff of a rank program
+#   differentiates the sum of every rank's outputs, where a replicated output counts `divisor` times, so its
+#   cotangent is divided by `divisor`.
+#
+# With these, and collectives whose gradients are their exact adjoints (AllReduce' = AllReduce, AllGather' =
+# ReduceScatter, AlltoAll' = the reverse AlltoAll, StridedSlice' = Pad), `grad_graph(rank_graph, params)` on every
+# rank equals the single-device gradient of the parameter's piece.
 
 
 def _infer_mirror(types, attrs):
@@ -561,6 +548,7 @@ def _mirror_grad(c):
 register(
     "Mirror",
     infer=_infer_mirror,
+    sharding=pointwise,
     lower=lambda ctx, node, inputs, outputs: ctx.add("Identity", inputs, outputs),
     grad=_mirror_grad,
     cost=free,
@@ -569,4 +557,15 @@ register(
     doc="Mirror(x, group, mean=False, fusion=1): x, marked as replicated over `group`: its gradient is the "
     "AllReduce(sum) of the incoming gradient (times 1/len(group) with mean), like MindSpore's _MirrorOperator. "
     "Data parallelism puts one on every parameter; bucket_allreduce fuses their reductions.",
+)
+register(
+    "VirtualDiv",
+    infer=infer_same,
+    sharding=pointwise,
+    lower=lower_as("Identity"),
+    grad=lambda c: (c.g * (1.0 / c.attrs["divisor"]),),
+    cost=free,
+    attrs={"divisor": REQUIRED},
+    num_inputs=1,
+    doc="VirtualDiv(y, divisor): identity; its gradient is divided by `divisor` (an output held by that many ranks).",
 )

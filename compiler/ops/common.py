@@ -10,6 +10,7 @@ from tessel.compiler.errors import ShapeInferenceError
 from tessel.compiler.ir import Attrs, Node, TensorType
 from tessel.compiler.registry import ZERO_GRAD, Cost, io_bytes, register
 from tessel.compiler.shapes import broadcast_all, numel
+from tessel.compiler.sharding import pointwise
 
 __all__ = [
     "ZERO_GRAD",
@@ -109,6 +110,7 @@ def elementwise(
     return register(
         name,
         infer=infer_broadcast(result, float_only),
+        sharding=pointwise,
         lower=lower_as(onnx_op),
         grad=grad,
         cost=per_element_cost(flops),

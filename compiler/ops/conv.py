@@ -13,10 +13,11 @@ import numpy as np
 
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import Cost, io_bytes, require, require_float
 from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import format_shape, numel
+from tessel.compiler.sharding import Rule, ShardingSpec, einsum
 
 _CONV_ATTRS = {"stride": 1, "dilation": 1, "pad_mode": "valid", "pad": 0, "group": 1}
 _POOL_ATTRS = {"kernel_size": REQUIRED, "strides": 1, "pad_mode": "valid", "pad": 0}
@@ -111,9 +112,23 @@ def _conv_cost(node, sizes) -> Cost:
     return Cost(per_output * numel(out.shape, sizes), io_bytes(node, sizes))
 
 
+SPATIAL = "the spatial dims of a window op (rows near a split would need their neighbours' halo)"
+
+
+def _conv_sharding(equation: str, fixed: str, shape_attr: str | None = None) -> Rule:
+    """Convolutions: batch and output channels split; input channels give partial sums (group=1 only)."""
+
+    def rule(node: Node) -> ShardingSpec:
+        grouped = "co" if node.attrs["group"] != 1 else ""
+        return einsum(equation, fixed + grouped, SPATIAL, shape_attr=shape_attr)(node)
+
+    return rule
+
+
 register(
     "Conv2D",
     infer=_infer_conv,
+    sharding=_conv_sharding("nchw,ocyx->noHW", "hwyxHW"),
     lower=_lower_conv,
     grad=_conv_grad,
     cost=_conv_cost,
@@ -147,6 +162,7 @@ def _lower_backprop_input(ctx, node, inputs, outputs):
 register(
     "Conv2DBackpropInput",
     infer=_infer_backprop_input,
+    sharding=_conv_sharding("noHW,ocyx->nchw", "HWyxhw", "input_shape"),
     lower=_lower_backprop_input,
     grad=None,
     cost=_conv_cost,
@@ -189,6 +205,7 @@ def _lower_backprop_filter(ctx, node, inputs, outputs):
 register(
     "Conv2DBackpropFilter",
     infer=_infer_backprop_filter,
+    sharding=_conv_sharding("noHW,nchw->ocyx", "HWhwyx", "filter_shape"),
     lower=_lower_backprop_filter,
     grad=None,
     cost=_conv_cost,
@@ -255,6 +272,7 @@ for _name, _argmax in (("MaxPool", False), ("MaxPoolWithArgmax", True)):
     register(
         _name,
         infer=_infer_pool(_argmax),
+        sharding=einsum("nchw->ncHW,ncHW" if _argmax else "nchw->ncHW", "hwHW", SPATIAL),
         lower=_lower_max_pool,
         grad=_max_pool_grad,
         cost=_pool_cost,
@@ -295,6 +313,7 @@ def _avg_pool_grad(c):
 register(
     "AvgPool",
     infer=_infer_pool(False),
+    sharding=einsum("nchw->ncHW", "hwHW", SPATIAL),
     lower=_lower_avg_pool,
     grad=_avg_pool_grad,
     cost=_pool_cost,

@@ -9,6 +9,7 @@ from tessel.compiler.ir import TensorType
 from tessel.compiler.ops.common import ZERO_GRAD, free
 from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import as_shape
+from tessel.compiler.sharding import pointwise, replicated
 
 
 def _infer_constant(types, attrs):
@@ -19,6 +20,7 @@ def _infer_constant(types, attrs):
 register(
     "Constant",
     infer=_infer_constant,
+    sharding=replicated,
     lower=lambda ctx, node, i, o: ctx.add(
         "Constant", [], o, value=numpy_helper.from_array(node.attrs["value"].numpy())
     ),
@@ -46,6 +48,7 @@ def _register_fill(name: str, value: float | None) -> None:
     register(
         name,
         infer=infer,
+        sharding=replicated,
         lower=lower,
         grad=ZERO_GRAD,
         cost=free,
@@ -63,6 +66,7 @@ def _register_like(name: str, value: float) -> None:
     register(
         name,
         infer=lambda types, attrs: (types[0],),
+        sharding=pointwise,
         lower=lower,
         grad=ZERO_GRAD,
         cost=free,

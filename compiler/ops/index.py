@@ -6,12 +6,14 @@ GatherElements/ScatterAdd.
 
 from __future__ import annotations
 
+from tessel.compiler.builder import apply
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType, as_dtype
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import ZERO_GRAD, moves_data, require
 from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import format_shape, normalize_axis
+from tessel.compiler.sharding import ShardingSpec, pointwise_like
 
 _INT64_MAX, _INT64_MIN = 2**63 - 1, -(2**63)
 
@@ -87,9 +89,15 @@ def _slice_axis(x, axis, begin, end, stride):
     return op("StridedSlice", x, begin=tuple(b), end=tuple(e), strides=tuple(s))
 
 
+def _strided_slice_sharding(node: Node) -> ShardingSpec:
+    sliced = tuple(i for i, s in enumerate(slice_specs(node.inputs[0].type, node.attrs)) if s is not None)
+    return pointwise_like(node, sliced, "a sliced dim")
+
+
 register(
     "StridedSlice",
     infer=_infer_strided_slice,
+    sharding=_strided_slice_sharding,
     lower=_lower_strided_slice,
     grad=_strided_slice_grad,
     cost=moves_data,
@@ -125,9 +133,15 @@ def _pad_grad(c):
     return (op("StridedSlice", c.g, begin=begin, end=end, strides=(1,) * len(pads)),)
 
 
+def _pad_sharding(node: Node) -> ShardingSpec:
+    padded = tuple(i for i, (b, a) in enumerate(node.attrs["paddings"]) if b or a)
+    return pointwise_like(node, padded, "a padded dim")
+
+
 register(
     "Pad",
     infer=_infer_pad,
+    sharding=_pad_sharding,
     lower=_lower_pad,
     grad=_pad_grad,
     cost=moves_data,
@@ -160,9 +174,36 @@ def _gather_grad(c):
     return op("Transpose", summed, perm=back), None
 
 
+def _gather_emit(op) -> tuple:
+    """Gather from a table split along the gathered axis: each rank looks up the indices that fall in its rows
+    (shifted by its first row) and contributes zeros elsewhere, so the outputs are partial sums."""
+    axis = normalize_axis(op.attrs["axis"], op.inputs[0].ndim)
+    index, count = op.block(op.spec.inputs[0][axis])
+    if count == 1:
+        return op.default()
+    table, idx = op.tensor(0), op.tensor(1)
+    rows = table.shape[axis]
+    shifted = idx - op.rank_constant(index * rows, idx.dtype)
+    inside = (shifted >= 0) & (shifted < rows)
+    picked = apply("Gather", table, apply("Select", inside, shifted, 0), axis=axis)
+    mask_shape = (1,) * axis + tuple(idx.shape) + (1,) * (table.ndim - axis - 1)
+    mask = apply("Reshape", inside, shape=mask_shape)
+    return (apply("Select", mask, picked, 0.0).value,)
+
+
+def _gather_sharding(node: Node) -> ShardingSpec:
+    """A table split by rows (an Embedding's vocabulary) gives partial sums; see _gather_emit."""
+    x, idx = node.inputs
+    axis = normalize_axis(node.attrs["axis"], x.ndim)
+    names = tuple(f"x{i}" for i in range(x.ndim))
+    ids = tuple(f"i{i}" for i in range(idx.ndim))
+    return ShardingSpec((names, ids), (names[:axis] + ids + names[axis + 1 :],), emit=_gather_emit)
+
+
 register(
     "Gather",
     infer=_infer_gather,
+    sharding=_gather_sharding,
     lower=lambda ctx, node, i, o: ctx.add("Gather", i, o, axis=normalize_axis(node.attrs["axis"], node.inputs[0].ndim)),
     grad=_gather_grad,
     cost=moves_data,
@@ -189,9 +230,18 @@ def _lower_segment_sum(ctx, node, inputs, outputs):
     ctx.add("ScatterND", [zeros, ids, inputs[0]], outputs, reduction="add")
 
 
+def _segment_sum_sharding(node: Node) -> ShardingSpec:
+    """Splitting the summed rows gives partial sums; the segment dim may not split."""
+    data, ids = node.inputs
+    lead = tuple(f"i{k}" for k in range(ids.ndim))
+    rest = tuple(f"r{k}" for k in range(data.ndim - ids.ndim))
+    return ShardingSpec((lead + rest, lead), (("seg", *rest),), frozenset({"seg"}), "the segment dim", "sum")
+
+
 register(
     "UnsortedSegmentSum",
     infer=_infer_segment_sum,
+    sharding=_segment_sum_sharding,
     lower=_lower_segment_sum,
     grad=lambda c: (op("Gather", c.g, c.inputs[1], axis=0), None),
     attrs={"num_segments": REQUIRED},
@@ -221,9 +271,35 @@ def _axis_of(node):
     return normalize_axis(node.attrs["axis"], node.inputs[0].ndim)
 
 
+def _shared_where_equal(x, other, axis: int, prefix: str) -> tuple[str, ...]:
+    """Labels for `other`: x's label where the sizes agree, else its own (fixed)."""
+    return tuple(
+        f"d{i}" if i != axis and i < x.ndim and d == x.shape[i] else f"{prefix}{i}" for i, d in enumerate(other.shape)
+    )
+
+
+def _gather_elements_sharding(node: Node) -> ShardingSpec:
+    x, idx = node.inputs
+    axis = normalize_axis(node.attrs["axis"], x.ndim)
+    names = tuple(f"d{i}" for i in range(x.ndim))
+    labels = _shared_where_equal(x, idx, axis, "g")
+    locked = frozenset({names[axis], *(lab for lab in labels if lab.startswith("g"))})
+    return ShardingSpec((names, labels), (labels,), locked, "the gathered axis", None)
+
+
+def _scatter_add_sharding(node: Node) -> ShardingSpec:
+    data, idx, _ = node.inputs
+    axis = normalize_axis(node.attrs["axis"], data.ndim)
+    names = tuple(f"d{i}" for i in range(data.ndim))
+    labels = _shared_where_equal(data, idx, axis, "u")
+    locked = frozenset({names[axis], *(lab for lab in labels if lab.startswith("u"))})
+    return ShardingSpec((names, labels, labels), (names,), locked, "the scattered axis", None)
+
+
 register(
     "GatherElements",
     infer=_infer_gather_elements,
+    sharding=_gather_elements_sharding,
     lower=lambda ctx, node, i, o: ctx.add("GatherElements", i, o, axis=_axis_of(node)),
     grad=lambda c: (op("ScatterAdd", op("ZerosLike", c.x), c.inputs[1], c.g, axis=c.attrs["axis"]), None),
     cost=moves_data,
@@ -234,6 +310,7 @@ register(
 register(
     "ScatterAdd",
     infer=_infer_scatter_add,
+    sharding=_scatter_add_sharding,
     lower=lambda ctx, node, i, o: ctx.add("ScatterElements", i, o, axis=_axis_of(node), reduction="add"),
     grad=lambda c: (c.g, None, op("GatherElements", c.g, c.inputs[1], axis=c.attrs["axis"])),
     attrs={"axis": 0},
@@ -260,9 +337,18 @@ def _lower_one_hot(ctx, node, inputs, outputs):
     ctx.add("Cast", [hot], outputs, to=node.outputs[0].dtype.onnx)
 
 
+def _one_hot_sharding(node: Node) -> ShardingSpec:
+    idx = node.inputs[0]
+    names = tuple(f"d{i}" for i in range(idx.ndim))
+    axis = normalize_axis(node.attrs["axis"], idx.ndim + 1)
+    out = (*names[:axis], "depth", *names[axis:])
+    return ShardingSpec((names,), (out,), frozenset({"depth"}), "the one-hot depth", None)
+
+
 register(
     "OneHot",
     infer=_infer_one_hot,
+    sharding=_one_hot_sharding,
     lower=_lower_one_hot,
     grad=ZERO_GRAD,
     attrs={"depth": REQUIRED, "on_value": 1.0, "off_value": 0.0, "axis": -1, "dtype": DType.float32},

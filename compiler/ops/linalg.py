@@ -7,10 +7,11 @@ transposes, so no explicit Transpose nodes appear in the backward graph (ONNX Ru
 from __future__ import annotations
 
 from tessel.compiler.builder import apply as op
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import Cost, io_bytes, operand_dtype, require
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import broadcast, format_shape, numel
+from tessel.compiler.sharding import Rule, ShardingSpec, einsum
 
 
 def _contract(a: TensorType, b: TensorType, ta: bool, tb: bool) -> tuple:
@@ -72,10 +73,33 @@ def _cost(node, sizes) -> Cost:
     return Cost(2 * numel(node.outputs[0].shape, sizes) * numel((k,), sizes), io_bytes(node, sizes))
 
 
-for _name, _infer in (("MatMul", _infer_matmul), ("BatchMatMul", _infer_batch_matmul)):
+_EINSUM = {  # (transpose_a, transpose_b) -> equation; a split k gives partial sums
+    (False, False): "mk,kn->mn",
+    (False, True): "mk,nk->mn",
+    (True, False): "km,kn->mn",
+    (True, True): "km,nk->mn",
+}
+
+
+def _matmul_sharding(batched: bool) -> Rule:
+    """MatMul and BatchMatMul (and so Dense): one einsum per transpose case, batch dims broadcast."""
+
+    def rule(node: Node) -> ShardingSpec:
+        equation = _EINSUM[(node.attrs["transpose_a"], node.attrs["transpose_b"])]
+        if batched:
+            lhs, out = equation.split("->")
+            a, b = lhs.split(",")
+            equation = f"...{a},...{b}->...{out}"
+        return einsum(equation)(node)
+
+    return rule
+
+
+for _name, _infer, _batched in (("MatMul", _infer_matmul, False), ("BatchMatMul", _infer_batch_matmul, True)):
     register(
         _name,
         infer=_infer,
+        sharding=_matmul_sharding(_batched),
         lower=_lower,
         grad=_grad,
         cost=_cost,

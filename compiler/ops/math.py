@@ -23,6 +23,7 @@ from tessel.compiler.ops.common import (
 )
 from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import broadcast_all
+from tessel.compiler.sharding import pointwise
 
 
 def _extremum_grad(x_wins: str):
@@ -74,6 +75,7 @@ def _lower_not_equal(ctx, node, inputs, outputs):
 register(
     "NotEqual",
     infer=infer_broadcast(result=DType.bool_),
+    sharding=pointwise,
     lower=_lower_not_equal,
     grad=ZERO_GRAD,
     num_inputs=2,
@@ -87,7 +89,13 @@ def _infer_logical_not(types, attrs):
 
 
 register(
-    "LogicalNot", infer=_infer_logical_not, lower=lower_as("Not"), grad=ZERO_GRAD, num_inputs=1, doc="Element-wise not."
+    "LogicalNot",
+    infer=_infer_logical_not,
+    sharding=pointwise,
+    lower=lower_as("Not"),
+    grad=ZERO_GRAD,
+    num_inputs=1,
+    doc="Element-wise not.",
 )
 
 # Unary functions: (name, ONNX op, gradient rule, float-only).
@@ -127,6 +135,7 @@ for _name, _onnx, _grad, _float in _UNARY:
     register(
         _name,
         infer=_unary_infer(_float),
+        sharding=pointwise,
         lower=lower_as(_onnx) if _onnx else _lower_square,
         grad=_grad,
         num_inputs=1,
@@ -135,6 +144,7 @@ for _name, _onnx, _grad, _float in _UNARY:
 register(
     "Rsqrt",
     infer=_unary_infer(True),
+    sharding=pointwise,
     lower=lambda ctx, node, i, o: ctx.add("Reciprocal", [ctx.add1("Sqrt", i)], o),
     grad=lambda c: (c.g * -0.5 * c.out * c.out * c.out,),
     num_inputs=1,
@@ -157,6 +167,7 @@ def _lower_select(ctx, node, inputs, outputs):
 register(
     "Select",
     infer=_infer_select,
+    sharding=pointwise,
     lower=_lower_select,
     grad=lambda c: (None, op("Select", c.x, c.g, 0.0), op("Select", c.x, 0.0, c.g)),
     num_inputs=3,
@@ -171,6 +182,7 @@ def _infer_cast(types, attrs):
 register(
     "Cast",
     infer=_infer_cast,
+    sharding=pointwise,
     attrs={"dtype": REQUIRED},
     lower=lambda ctx, node, i, o: ctx.add("Cast", i, o, to=node.outputs[0].dtype.onnx),
     grad=lambda c: (c.g,),  # autodiff casts the cotangent back to the input dtype
@@ -180,6 +192,7 @@ register(
 register(
     "StopGradient",
     infer=infer_same,
+    sharding=pointwise,
     lower=lower_as("Identity"),
     grad=ZERO_GRAD,
     num_inputs=1,

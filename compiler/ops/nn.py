@@ -10,6 +10,7 @@ from tessel.compiler.ir import TensorType
 from tessel.compiler.ops.common import lower_as, per_element_cost, require, require_float
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import format_shape, normalize_axis
+from tessel.compiler.sharding import along_axis, einsum, pointwise
 
 
 def _infer_float(types, attrs):
@@ -21,6 +22,7 @@ def _activation(name: str, lower, grad, flops: int, attrs: dict | None = None, d
     register(
         name,
         infer=_infer_float,
+        sharding=pointwise,
         lower=lower,
         grad=grad,
         cost=per_element_cost(flops),
@@ -84,10 +86,14 @@ def _log_softmax_grad(c):
     return (c.g - op("Exp", c.out) * op("ReduceSum", c.g, axis=c.attrs["axis"], keep_dims=True),)
 
 
-for _name, _onnx, _grad in (("Softmax", "Softmax", _softmax_grad), ("LogSoftmax", "LogSoftmax", _log_softmax_grad)):
+for _name, _onnx, _grad, _why in (
+    ("Softmax", "Softmax", _softmax_grad, "the softmax axis"),
+    ("LogSoftmax", "LogSoftmax", _log_softmax_grad, "the log-softmax axis"),
+):
     register(
         _name,
         infer=_infer_float,
+        sharding=along_axis(_why),
         lower=lambda ctx, node, i, o, _onnx=_onnx: ctx.add(_onnx, i, o, axis=_axis(node)),
         grad=_grad,
         cost=per_element_cost(5),
@@ -129,6 +135,7 @@ def _dropout_grad(c):
 register(
     "Dropout",
     infer=_infer_dropout,
+    sharding=pointwise,
     lower=_lower_dropout,
     grad=_dropout_grad,
     attrs={"p": 0.5, "seed": 0, "training": True},
@@ -184,6 +191,7 @@ for _name, _sparse in (("SoftmaxCrossEntropy", False), ("SparseSoftmaxCrossEntro
     register(
         _name,
         infer=_infer_cross_entropy(_sparse),
+        sharding=einsum("...c,...->..." if _sparse else "...c,...c->...", fixed="c", why="the class axis", reduce=None),
         lower=_lower_cross_entropy,
         grad=_cross_entropy_grad,
         cost=per_element_cost(6),
@@ -213,6 +221,7 @@ def _lower_bias_add(ctx, node, inputs, outputs):
 register(
     "BiasAdd",
     infer=_infer_bias_add,
+    sharding=einsum("nc...,c->nc..."),
     lower=_lower_bias_add,
     grad=lambda c: (c.g, op("ReduceSum", c.g, axis=(0, *range(2, c.x.ndim)))),
     num_inputs=2,

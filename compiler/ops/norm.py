@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import per_element_cost, require, require_float
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import format_shape, normalize_axis
+from tessel.compiler.sharding import ShardingSpec, einsum
 
 
 def _normalized_grad(dy, xhat, rstd, axes):
@@ -70,9 +71,22 @@ def _layer_norm_grad(c):
     return dx, c.g * xhat, c.g  # autodiff sums gamma's and beta's leading dims away
 
 
+def _layer_norm_sharding(node: Node) -> ShardingSpec:
+    """Rows split freely; the normalised dims (and the statistics over them) may not."""
+    x = node.inputs[0]
+    norm = normalize_axis(node.attrs["begin_norm_axis"], x.ndim)
+    params = normalize_axis(node.attrs["begin_params_axis"], x.ndim)
+    names = tuple(f"d{i}" for i in range(x.ndim))
+    stats = names[:norm] + tuple(f"s{i}" for i in range(norm, x.ndim))
+    locked = frozenset(names[norm:] + stats[norm:])
+    why = "LayerNorm normalises over it"
+    return ShardingSpec((names, names[params:], names[params:]), (names, stats, stats), locked, why, None)
+
+
 register(
     "LayerNorm",
     infer=_infer_layer_norm,
+    sharding=_layer_norm_sharding,
     lower=_lower_layer_norm,
     grad=_layer_norm_grad,
     cost=per_element_cost(8),
@@ -147,9 +161,17 @@ def _batch_norm_grad(c):
     return dx, dscale, dbias, None, None
 
 
+def _batch_norm_sharding(node: Node) -> ShardingSpec:
+    """Channels split; in training the batch statistics are taken over the batch and spatial dims, so those may not."""
+    if node.attrs["is_training"]:
+        return einsum("nc...,c,c,c,c->nc...,c,c,c,c", fixed="n.", why="batch statistics are taken over it")(node)
+    return einsum("nc...,c,c,c,c->nc...")(node)
+
+
 register(
     "BatchNorm",
     infer=_infer_batch_norm,
+    sharding=_batch_norm_sharding,
     lower=_lower_batch_norm,
     grad=_batch_norm_grad,
     cost=per_element_cost(10),

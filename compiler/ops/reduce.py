@@ -6,12 +6,16 @@ reduced dims; ReduceMean divides by the reduced element count, read at run time 
 
 from __future__ import annotations
 
+import math
+
+from tessel.compiler.builder import SymbolicTensor
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import ZERO_GRAD, require
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import normalize_axes, normalize_axis
+from tessel.compiler.sharding import Rule, ShardingSpec
 
 _REDUCE_ATTRS = {"axis": None, "keep_dims": False}
 
@@ -66,15 +70,43 @@ def _extremum_grad(c):
     return (share * _kept(c, c.g),)
 
 
-for _name, _onnx, _grad in [
-    ("ReduceSum", "ReduceSum", _sum_grad),
-    ("ReduceMean", "ReduceMean", _mean_grad),
-    ("ReduceMax", "ReduceMax", _extremum_grad),
-    ("ReduceMin", "ReduceMin", _extremum_grad),
+def _reduction(combine: str | None, why: str = "", emit=None) -> Rule:
+    """A split reduced dim gives partial results, combined with `combine` (None: the reduced dims may not split)."""
+
+    def rule(node: Node) -> ShardingSpec:
+        x = node.inputs[0]
+        if "output_type" in node.attrs:  # Argmax / Argmin reduce one axis
+            axes = (normalize_axis(node.attrs["axis"], x.ndim),)
+        else:
+            axes = reduced_axes(node.attrs, x.ndim)
+        names = tuple(f"d{i}" for i in range(x.ndim))
+        keep = node.attrs["keep_dims"]
+        out = tuple(f"k{i}" if i in axes else n for i, n in enumerate(names) if keep or i not in axes)
+        locked = {f"k{i}" for i in axes} | ({names[a] for a in axes} if combine is None else set())
+        return ShardingSpec((names,), (out,), frozenset(locked), why, combine, emit=emit)
+
+    return rule
+
+
+def _mean_emit(op) -> tuple:
+    """ReduceMean over a split dim: each rank's mean of its part, scaled so that the parts add up to the mean."""
+    (out,) = op.default()
+    parts = math.prod(op.block(label)[1] for label in op.spec.contracted(0))
+    if parts == 1:
+        return (out,)
+    return ((SymbolicTensor(op.builder, out) * (1.0 / parts)).value,)
+
+
+for _name, _onnx, _grad, _sharding in [
+    ("ReduceSum", "ReduceSum", _sum_grad, _reduction("sum")),
+    ("ReduceMean", "ReduceMean", _mean_grad, _reduction("sum", emit=_mean_emit)),
+    ("ReduceMax", "ReduceMax", _extremum_grad, _reduction("max")),
+    ("ReduceMin", "ReduceMin", _extremum_grad, _reduction("min")),
 ]:
     register(
         _name,
         infer=_infer_reduce,
+        sharding=_sharding,
         lower=_lower_reduce(_onnx),
         grad=_grad,
         attrs=_REDUCE_ATTRS,
@@ -108,6 +140,7 @@ for _name, _onnx in (("Argmax", "ArgMax"), ("Argmin", "ArgMin")):
     register(
         _name,
         infer=_infer_arg,
+        sharding=_reduction(None, "the arg-reduced axis"),
         lower=_lower_arg(_onnx),
         grad=ZERO_GRAD,
         attrs={"axis": -1, "keep_dims": False, "output_type": DType.int32},

@@ -10,10 +10,19 @@ import math
 from tessel.compiler.builder import apply as op
 from tessel.compiler.builder import apply_all
 from tessel.compiler.dtypes import as_dtype
-from tessel.compiler.ir import TensorType
+from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import ZERO_GRAD, infer_same, lower_as, moves_data, operand_dtype, require
 from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import broadcast, format_shape, infer_reshape, normalize_axes, normalize_axis
+from tessel.compiler.sharding import (
+    ShardingSpec,
+    broadcast_to,
+    pointwise,
+    pointwise_like,
+    replicated,
+    reshape,
+    transpose,
+)
 
 
 def _reshape_back(c):
@@ -21,7 +30,17 @@ def _reshape_back(c):
 
 
 def _register_view(name: str, infer, lower, attrs: dict, doc: str) -> None:
-    register(name, infer=infer, lower=lower, grad=_reshape_back, cost=moves_data, attrs=attrs, num_inputs=1, doc=doc)
+    register(
+        name,
+        infer=infer,
+        sharding=reshape,
+        lower=lower,
+        grad=_reshape_back,
+        cost=moves_data,
+        attrs=attrs,
+        num_inputs=1,
+        doc=doc,
+    )
 
 
 def _infer_reshape(types, attrs):
@@ -108,6 +127,7 @@ def _transpose_grad(c):
 register(
     "Transpose",
     infer=_infer_transpose,
+    sharding=transpose,
     lower=lambda ctx, node, i, o: ctx.add("Transpose", i, o, perm=list(node.attrs["perm"])),
     grad=_transpose_grad,
     cost=moves_data,
@@ -138,6 +158,7 @@ def _lower_broadcast_to(ctx, node, inputs, outputs):
 register(
     "BroadcastTo",
     infer=_infer_broadcast_to,
+    sharding=broadcast_to,
     lower=_lower_broadcast_to,
     grad=lambda c: (c.g,),  # autodiff sums the broadcast dims away
     cost=moves_data,
@@ -160,6 +181,7 @@ def _lower_dim_size(ctx, node, inputs, outputs):
 register(
     "DimSize",
     infer=_infer_dim_size,
+    sharding=replicated,
     lower=_lower_dim_size,
     grad=ZERO_GRAD,
     attrs={"axes": None, "dtype": REQUIRED},
@@ -200,9 +222,19 @@ def _concat_grad(c):
     return apply_all("Split", c.g, axis=axis, sizes=sizes)
 
 
+def _concat_sharding(node: Node) -> ShardingSpec:
+    """Every dim but the concat axis splits, alike in every input."""
+    axis = normalize_axis(node.attrs["axis"], node.outputs[0].ndim)
+    names = [f"d{i}" for i in range(node.outputs[0].ndim)]
+    inputs = tuple(tuple(f"c{k}" if i == axis else n for i, n in enumerate(names)) for k in range(len(node.inputs)))
+    locked = frozenset({f"d{axis}", *(f"c{k}" for k in range(len(node.inputs)))})
+    return ShardingSpec(inputs, (tuple(names),), locked, "the concat axis", None)
+
+
 register(
     "Concat",
     infer=_infer_concat,
+    sharding=_concat_sharding,
     lower=_lower_concat,
     grad=_concat_grad,
     cost=moves_data,
@@ -241,9 +273,15 @@ def _split_grad(c):
     return (op("Concat", *parts, axis=c.attrs["axis"]),)
 
 
+def _split_sharding(node: Node) -> ShardingSpec:
+    axis = normalize_axis(node.attrs["axis"], node.inputs[0].ndim)
+    return pointwise_like(node, (axis,), "the split axis")
+
+
 register(
     "Split",
     infer=_infer_split,
+    sharding=_split_sharding,
     lower=_lower_split,
     grad=_split_grad,
     cost=moves_data,
@@ -254,6 +292,7 @@ register(
 register(
     "Identity",
     infer=infer_same,
+    sharding=pointwise,
     lower=lower_as("Identity"),
     grad=lambda c: (c.g,),
     cost=moves_data,

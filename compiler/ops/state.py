@@ -9,6 +9,7 @@ from __future__ import annotations
 from tessel.compiler.ops.common import ZERO_GRAD, free, moves_data, require
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import format_shape
+from tessel.compiler.sharding import depend, pointwise
 
 
 def _infer_assign(types, attrs):
@@ -29,16 +30,18 @@ def _lower_assign(ctx, node, inputs, outputs):
 register(
     "Assign",
     infer=_infer_assign,
+    sharding=pointwise,
     lower=_lower_assign,
     grad=ZERO_GRAD,
     cost=moves_data,
     num_inputs=2,
-    side_effect=True,
+    writes=0,
     doc="Assign(param, value): the parameter's new value after this step; returns value.",
 )
 register(
     "Depend",
     infer=lambda types, attrs: (types[0],),
+    sharding=depend,
     lower=lambda ctx, node, inputs, outputs: ctx.add("Identity", inputs[:1], outputs),
     grad=lambda c: (c.g,) + (None,) * (len(c.inputs) - 1),
     cost=free,

@@ -18,8 +18,8 @@ from tessel.compiler.ir import Attrs, Node, TensorType, Value
 from tessel.compiler.parallel.layout import Layout
 from tessel.compiler.parallel.mesh import divisors
 from tessel.compiler.parallel.redistribution import redistribution_cost
-from tessel.compiler.parallel.rules import ShardingSpec
 from tessel.compiler.parallel.strategy import Placement, label_sizes, uncombinable
+from tessel.compiler.sharding import ShardingSpec
 
 BYTES_PER_FLOP = 0.25  # how many bytes moved cost as much as one flop (a device doing ~4 flops per byte moved)
 

@@ -12,15 +12,15 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
+from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Value
-from tessel.compiler.ops.collective import collective
 from tessel.compiler.parallel.partition import ParallelPlan, parallelize
 from tessel.compiler.parallel.redistribution import TABLE, Redistribution, Step
 
 
 def collective_counts(graph: Graph) -> Counter:
     """How many nodes of each collective op `graph` holds, e.g. Counter({'AllReduce': 1})."""
-    return Counter(node.op for node in graph.nodes if collective(node.op) is not None)
+    return Counter(node.op for node in graph.nodes if registry.get(node.op).collective is not None)
 
 
 def explain(graph: Graph | ParallelPlan, strategies: Any = None, device_num: int | None = None, **options: Any) -> str:

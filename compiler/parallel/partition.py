@@ -12,8 +12,8 @@ redistribution (redistribution.py) wherever a consumer needs another layout than
 `rank_graph(rank)` then writes rank `rank`'s program: parameters and inputs at their local shapes, each op on
 local shapes (attributes that hold shapes rewritten), the collectives and slices of each redistribution, a
 `Mirror` on every parameter replicated over some axes (its gradient is all-reduced over exactly them) and a
-`VirtualDiv` on every output held by several ranks (see virtual_ops.py), so that autodiff of the rank graph is
-exact. Every local op's output shape is checked against its layout: a wrong rule fails here, never silently.
+`VirtualDiv` on every output held by several ranks (see compiler/ops/collective.py), so that autodiff of the rank
+graph is exact. Every local op's output shape is checked against its layout: a wrong rule fails here, never silently.
 
 Inputs that are not parameters arrive as the dataset gives them: `dataset="data_parallel"` (each rank reads its
 own slice of the batch, dim 0; MindSpore's full_batch=False), "full_batch" (every rank the whole batch) or one
@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
+from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.parallel import redistribution
 from tessel.compiler.parallel.layout import Layout, piece
-from tessel.compiler.parallel.op_rules import rule_for
 from tessel.compiler.parallel.redistribution import ALL_STEPS, Redistribution
-from tessel.compiler.parallel.rules import ShardingSpec
 from tessel.compiler.parallel.strategy import Placement, StrategyError, resolve
 from tessel.compiler.shapes import format_shape, is_static
+from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
 
 Key = tuple  # (node, input index) | (node, "out", output index) | ("output", graph output index)
@@ -138,17 +138,17 @@ def parallelize(
     unknown = sorted(params - {v.name for v in graph.inputs})
     if unknown:
         raise ConfigurationError(f"parameters {unknown} are not inputs of graph {graph.name!r}")
-    specs = {node: rule_for(node.op)(node) for node in graph.nodes}
+    specs = {node: registry.get(node.op).sharding_spec(node) for node in graph.nodes}
     placements: dict[Node, Placement] = {}
     param_values = {v for v in graph.inputs if v.name in params}
     for node in graph.nodes:
-        if node.op != "Assign":
+        if registry.written(node) is None:
             held = {i for i, v in enumerate(node.inputs) if v in param_values}
             placements[node] = resolve(node, specs[node], given.get(node), device_num, held)
     layouts = _input_layouts(graph, placements, param_values, device_num, dataset)
     for node in graph.nodes:
-        if node.op == "Assign":
-            placements[node] = _assign_placement(node, layouts, device_num)
+        if registry.written(node) is not None:
+            placements[node] = _write_placement(node, layouts, device_num)
     redistributions, output_layouts = _route(graph, placements, layouts, steps)
     return ParallelPlan(
         graph,
@@ -248,11 +248,12 @@ def _dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout
     return out
 
 
-def _assign_placement(node: Node, layouts: Mapping[Value, Layout], device_num: int) -> Placement:
-    """Assign writes a parameter in place: the new value takes the parameter's layout."""
-    target = node.inputs[0]
+def _write_placement(node: Node, layouts: Mapping[Value, Layout], device_num: int) -> Placement:
+    """An op that writes a parameter in place (Assign): the new value takes the parameter's layout."""
+    target = registry.written(node)
     layout = layouts.get(target) or Layout.replicated(target.ndim, device_num)
-    return Placement(node.op, ((),) * 2, "parameter", layout.device_matrix, (), (layout, layout), (layout,))
+    count = len(node.inputs)
+    return Placement(node.op, ((),) * count, "parameter", layout.device_matrix, (), (layout,) * count, (layout,))
 
 
 def _route(graph, placements, layouts, steps) -> tuple[dict[Key, Redistribution], tuple[Layout, ...]]:
@@ -333,7 +334,7 @@ class _RankBuilder:
     def read(self, node: Node, i: int) -> Value:
         v = node.inputs[i]
         x = self.env[v]
-        if v in self.params and not (node.op == "Assign" and i == 0):
+        if v in self.params and i != registry.get(node.op).writes:
             x = self.mirror(v, x)
         return self.route((node, i), x)
 

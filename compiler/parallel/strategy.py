@@ -26,8 +26,8 @@ from typing import Any
 from tessel.compiler.ir import Node
 from tessel.compiler.parallel.layout import Layout
 from tessel.compiler.parallel.mesh import DeviceMesh, divisors
-from tessel.compiler.parallel.rules import ShardingSpec
 from tessel.compiler.shapes import format_shape
+from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
 
 DATA_PARALLEL = "data_parallel"  # a strategy value: this op runs data parallel (Cell.set_data_parallel)

@@ -75,7 +75,7 @@ def tensor_parallel(group):
     program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=world)
     full, cols = full_params(0), slice(index * k, (index + 1) * k)
     mine = {"w1": full["w1"][:, cols], "b1": full["b1"][cols], "w2": full["w2"][cols], "b2": full["b2"]}
-    installed = program.install(daemon, session, initial={**mine, "learning_rate": np.float32(lr)})
+    installed = daemon.install(program, session, initial={**mine, "learning_rate": np.float32(lr)})
     x, y = batch(0, 16)
     loss = installed.run(feed={"x": x, "y": y}).fetched[program.outputs[0]]
     want_loss, grads = numpy_loss_and_grads(full, x.astype(np.float64), y)
@@ -110,7 +110,7 @@ def data_parallel():
     assert buckets == len(planned) >= 2 and largest >= 2, program.dump()
     initial = {s.name: params[s.name] if s.init is None else np.full(s.shape, s.init, s.dtype.numpy)
                for s in train.state}  # fmt: skip
-    installed = program.install(daemon, session, initial={**initial, "learning_rate": np.float32(0.1)})
+    installed = daemon.install(program, session, initial={**initial, "learning_rate": np.float32(0.1)})
     reference = TrainStep(build_train_step(graph, names, optimizer), CpuCompute(1), params)
     rows = slice(rank * per_rank, (rank + 1) * per_rank)
     for step in range(20):

@@ -27,11 +27,11 @@ from tessel.compiler import (
     lower_rank_program,
     mirror_parameters,
     plan_buckets,
+    registry,
     simulate,
     trace,
 )
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
-from tessel.compiler.ops.collective import collective
 from tessel.compiler.rank_simulator import World
 from tessel.core.errors import ConfigurationError
 
@@ -66,7 +66,7 @@ def reference_run(graphs, feeds):
     writes = [{} for _ in graphs]
     for nodes in zip(*(g.nodes for g in graphs)):
         node = nodes[0]
-        if collective(node.op) is not None:
+        if registry.get(node.op).collective is not None:
             for group in {n.attrs["group"] for n in nodes}:  # each rank's node names its own group
                 members = {rank: [env[rank][v] for v in nodes[rank].inputs] for rank in group}
                 results = _lockstep(nodes, group, members)
@@ -367,12 +367,12 @@ def test_a_rank_program_runs_on_a_daemon_like_the_in_process_train_step():
     daemon = LocalDaemon(DaemonCore(load_plugin("cpu", threads=1)))
     try:
         session = daemon.open_session("rank-program", 0, 1)
-        installed = program.install(daemon, session, initial={**params, "learning_rate": np.float32(lr)})
+        installed = daemon.install(program, session, initial={**params, "learning_rate": np.float32(lr)})
         rng = np.random.default_rng(6)
         for _ in range(3):
             x, y = rng.standard_normal((8, IN)).astype(np.float32), rng.integers(0, OUT, 8).astype(np.int32)
             want = reference(x=x, y=y)
-            got = program.run_on(daemon, session, feed={"x": x, "y": y}).fetched[program.outputs[0]]
+            got = daemon.installed(program, session).run(feed={"x": x, "y": y}).fetched[program.outputs[0]]
             np.testing.assert_allclose(got, want, rtol=1e-6)
         for name, value in installed.state().items():
             np.testing.assert_allclose(value, reference.state[name], rtol=1e-6, atol=1e-7)

@@ -3,6 +3,7 @@ equals one device (forward, and the gradients of its parameters)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -11,9 +12,7 @@ from par_testkit import by_op, close, parallel_forward, parallel_grads, referenc
 
 from tessel.compiler import registry
 from tessel.compiler.builder import apply
-from tessel.compiler.ops.collective import COLLECTIVES
-from tessel.compiler.parallel import RULES, collective_counts, parallelize, rule_for
-from tessel.compiler.parallel.rules import replicated
+from tessel.compiler.parallel import collective_counts, parallelize
 from tessel.compiler.tracer import TensorSpec, trace
 
 rng = np.random.default_rng(11)
@@ -28,10 +27,9 @@ def ints(high, *shape):
 
 
 def test_every_registered_op_has_a_rule():
-    missing = [n for n in registry.names() if rule_for(n) is replicated and n not in RULES]
-    missing = [n for n in missing if n not in COLLECTIVES and n != "Mirror"]
+    missing = [n for n in registry.names() if registry.get(n).sharding is None]
+    missing = [n for n in missing if registry.get(n).collective is None]
     assert missing == [], f"ops without a sharding rule: {missing}"
-    assert all(rule_for(n) is RULES[n] for n in RULES) and set(RULES) <= set(registry.names())
 
 
 def test_matmul_shares_one_einsum_rule_across_transposes():
@@ -39,7 +37,7 @@ def test_matmul_shares_one_einsum_rule_across_transposes():
         return apply("MatMul", x, w, transpose_b=True)
 
     graph = trace(f, TensorSpec((8, 6)), TensorSpec((4, 6))).graph
-    spec = rule_for("MatMul")(graph.nodes[0])
+    spec = registry.get("MatMul").sharding_spec(graph.nodes[0])
     assert spec.inputs == (("m", "k"), ("n", "k")) and spec.outputs == (("m", "n"),)
     assert spec.contracted(0) == {"k"} and spec.reduce == "sum"
 
@@ -276,7 +274,8 @@ def test_op_family_on_ranks_equals_one_device(name):
 
 @pytest.fixture
 def softmax_without_rule(monkeypatch):
-    monkeypatch.delitem(RULES, "Softmax")  # as an op registered without a rule would be
+    without = dataclasses.replace(registry.get("Softmax"), sharding=None)  # as an op registered without a rule
+    monkeypatch.setitem(registry._OPS, "Softmax", without)
 
 
 def test_an_op_without_a_rule_runs_whole_after_a_gather_never_wrong(softmax_without_rule):

@@ -138,13 +138,13 @@ def test_graphs_and_strategies_the_pass_rejects():
 
 
 def test_candidate_strategies_and_their_cost_for_a_future_search():
-    from tessel.compiler.parallel import rule_for
+    from tessel.compiler import registry
     from tessel.compiler.parallel.cost import candidates, local_cost, placement_cost
     from tessel.compiler.parallel.strategy import place
 
     graph = matmul_graph(m=8, k=4, n=6)
     node = graph.nodes[0]
-    spec = rule_for("MatMul")(node)
+    spec = registry.get("MatMul").sharding_spec(node)
     found = list(candidates(node, spec, 4))
     assert {} in found and {"m": 4} in found and {"m": 2, "k": 2} in found and {"n": 2, "k": 2} in found
     assert all(8 % c.get("m", 1) == 0 and 6 % c.get("n", 1) == 0 for c in found)

@@ -22,7 +22,7 @@ from tessel.common import parameter as P
 from tessel.common.engine import engine, program
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace
-from tessel.compiler import Graph, Node, Value
+from tessel.compiler import Graph, Node, Value, registry
 from tessel.compiler.ir import Attrs
 from tessel.compiler.tracer import OutputTree, flatten
 
@@ -52,11 +52,8 @@ def rename_inputs(graph: Graph, mapping: dict[str, str]) -> Graph:
 
 def assigned_inputs(graph: Graph) -> list[str]:
     """Names of the inputs the graph writes (Assign), i.e. its state."""
-    names = []
-    for node in graph.nodes:
-        if node.op == "Assign" and node.inputs[0].name not in names:
-            names.append(node.inputs[0].name)
-    return names
+    written = (registry.written(node) for node in graph.nodes)
+    return list(dict.fromkeys(v.name for v in written if v is not None))
 
 
 # --- signatures -------------------------------------------------------------------------------------------------

@@ -26,8 +26,7 @@ import numpy as np
 
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
-from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes
-from tessel.compiler.ops.collective import collective
+from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
@@ -82,7 +81,7 @@ class Engine:
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
             lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
-            lowered.install(self.daemon, self.session)
+            self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
         else:
             self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
@@ -153,8 +152,8 @@ class Engine:
 
 
 def has_collectives(graph: Graph) -> bool:
-    """True when `graph` communicates (a collective or a Mirror), so it runs as a rank program."""
-    return any(node.op == "Mirror" or collective(node.op) is not None for node in graph.nodes)
+    """True when `graph` communicates (holds a collective), so it runs as a rank program."""
+    return any(registry.get(node.op).collective is not None for node in graph.nodes)
 
 
 class _DaemonCompute:

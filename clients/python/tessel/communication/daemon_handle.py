@@ -1,16 +1,28 @@
-"""One interface to a daemon, whether it runs in this process (embedded) or behind gRPC."""
+"""One interface to a daemon, whether it runs in this process (embedded) or behind gRPC: `DaemonHandle`.
+
+The SDK depends on this contract only. `LocalDaemon` calls a `DaemonCore` in this process (tensors are not sent
+anywhere; values crossing the boundary are copied so that neither side sees the other write); `RemoteDaemon`
+speaks gRPC to `tessel daemon` (Execute over its Unix socket when on the same host). Rank programs (the compiler's
+`RankProgram`) are installed and run through the handle:
+
+    installed = daemon.install(program, session_id, initial=params)   # groups, segments, initial values
+    loss = installed.run(feed={"x": x, "y": y}).fetched[program.outputs[0]]
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from tessel.compiler.rank_program import RankProgram
 from tessel.core import rpc
 from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
-from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc
+from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc, dataset_pb2
 
 # Largest request the client builds at once. Serializing a request holds the GIL; a 256 MiB one held it long enough
 # on a loaded machine for this rank's heartbeat to lapse, and the coordinator failed the job. Bounded requests let
@@ -33,10 +45,131 @@ def _batches_of(tensors: dict[str, np.ndarray]) -> Iterator[dict[str, np.ndarray
         yield group
 
 
-class LocalDaemon:
-    """A daemon hosted in this process: calls go straight to `DaemonCore`, tensors are not copied."""
+class InstalledProgram:
+    """A RankProgram whose groups and segments exist on a daemon session; `run` executes it."""
+
+    def __init__(self, program: RankProgram, daemon: DaemonHandle, session_id: str):
+        self.program, self.daemon, self.session_id = program, daemon, session_id
+
+    def run(
+        self,
+        feed: Mapping[str, Any] | None = None,
+        *,
+        fetch: Sequence[str] | None = None,
+        repeat: int = 1,
+        collect: Sequence[str] = (),
+        timings: bool = False,
+    ) -> Result:
+        """Store `feed`, run the program `repeat` times, return the daemon's Result (fetched = the program's
+        outputs unless `fetch` names others; collected = per-repetition values of `collect`)."""
+        return self.daemon.execute(
+            self.session_id,
+            self.program.program,
+            repeat=repeat,
+            fetch=list(self.program.outputs if fetch is None else fetch),
+            timings=timings,
+            feed=dict(feed or {}),
+            collect=list(collect),
+        )
+
+    def state(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Current values of state tensors (default: all of the program's state)."""
+        return self.daemon.get(self.session_id, list(self.program.state_inputs if names is None else names))
+
+
+class DaemonHandle(ABC):
+    """What the SDK asks of its daemon: sessions, groups, the tensor store, segments, datasets and programs.
+
+    A session is one (job, rank) on the daemon; every other call names it. Tensors are numpy arrays by store name.
+    """
+
+    def __init__(self) -> None:
+        self._groups: dict[str, set[str]] = {}  # session -> groups created (creating one twice is an error)
+        self._installed: dict[tuple[str, str], InstalledProgram] = {}  # (session, program name) -> installed
+
+    @abstractmethod
+    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = ()) -> str:
+        """Open the session of `rank` in job `job_id`; `members` are the coordinator's JobMembers (peers)."""
+
+    @abstractmethod
+    def close_session(self, session_id: str) -> None: ...
+
+    @abstractmethod
+    def create_group(self, session_id: str, name: str, ranks: Sequence[int]) -> None:
+        """Create a communicator over global `ranks` (a rendezvous: every member must create it)."""
+
+    @abstractmethod
+    def destroy_group(self, session_id: str, name: str) -> None: ...
+
+    @abstractmethod
+    def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
+        """Store copies of `tensors` under their names."""
+
+    @abstractmethod
+    def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
+        """Copies of the stored tensors `names`."""
+
+    @abstractmethod
+    def free(self, session_id: str, names: Iterable[str]) -> None: ...
+
+    @abstractmethod
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Sequence[str] = ()) -> None:
+        """Compile an ONNX model as segment `name`; `state` inputs are updated in place by "<name>/new" outputs."""
+
+    @abstractmethod
+    def open_dataset(
+        self, session_id: str, name: str, spec: dataset_pb2.DatasetSpec, columns: Sequence[str] = ()
+    ) -> tuple[int, list[str]]:
+        """Sink mode: the daemon reads its shard of `spec`; returns (batches per epoch, columns)."""
+
+    @abstractmethod
+    def execute(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int = 1,
+        fetch: Sequence[str] = (),
+        timings: bool = False,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Result:
+        """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values
+        and (with `timings`) per-instruction timings."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    # --- rank programs -----------------------------------------------------------------------------------------
+
+    def install(
+        self, program: RankProgram, session_id: str, initial: Mapping[str, Any] | None = None
+    ) -> InstalledProgram:
+        """Create the program's groups (once per session), compile its segments and store `initial` values
+        (parameters). Every member of a group must install its program too: creating a group is a rendezvous."""
+        created = self._groups.setdefault(session_id, set())
+        for name, ranks in program.groups.items():
+            if name not in created:
+                self.create_group(session_id, name, list(ranks))
+                created.add(name)
+        for segment in program.segments.values():
+            self.compile_segment(session_id, segment.name, segment.onnx, list(segment.state))
+        if initial:
+            self.put(session_id, dict(initial))
+        installed = InstalledProgram(program, self, session_id)
+        self._installed[(session_id, program.name)] = installed
+        return installed
+
+    def installed(self, program: RankProgram, session_id: str) -> InstalledProgram:
+        """`program` as installed on `session_id`, installing it on first use."""
+        found = self._installed.get((session_id, program.name))
+        return found if found is not None and found.program is program else self.install(program, session_id)
+
+
+class LocalDaemon(DaemonHandle):
+    """A daemon hosted in this process: calls go straight to `DaemonCore`; no tensor is serialized."""
 
     def __init__(self, core: DaemonCore):
+        super().__init__()
         self.core = core
 
     def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = ()) -> str:
@@ -64,7 +197,6 @@ class LocalDaemon:
         self.core.compile_segment(session_id, name, onnx_model, state)
 
     def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
-        """Sink mode: the daemon reads its shard of `spec` (a DatasetSpec); returns (batches per epoch, columns)."""
         cursor = self.core.open_dataset(session_id, name, spec, columns)
         return cursor.batches_per_epoch, list(cursor.columns)
 
@@ -88,10 +220,11 @@ class LocalDaemon:
         self.core.close()
 
 
-class RemoteDaemon:
-    """A daemon behind gRPC (`tessel daemon`), with the same methods as `LocalDaemon`."""
+class RemoteDaemon(DaemonHandle):
+    """A daemon behind gRPC (`tessel daemon`)."""
 
     def __init__(self, address: str, token: str, timeout_s: float = 3600.0):
+        super().__init__()
         # Programs may legitimately run long (many steps per call); liveness comes from the coordinator.
         self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s)
         self.token, self.timeout_s = token, timeout_s

@@ -16,8 +16,12 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tessel.core.errors import ConfigurationError, JobFailedError, TesselError
+
+if TYPE_CHECKING:  # the handle module loads the daemon library, which a remote rank never needs
+    from tessel.communication.daemon_handle import DaemonHandle
 
 _RANK_VARS = ("TESSEL_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "RANK_ID")
 _SIZE_VARS = ("TESSEL_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "RANK_SIZE")
@@ -85,7 +89,7 @@ class Runtime:
     world_size: int
     local_rank: int
     local_size: int
-    daemon: object  # LocalDaemon | RemoteDaemon
+    daemon: DaemonHandle
     session_id: str
     coordinator: object | None = None
     heartbeat: object | None = None

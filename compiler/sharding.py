@@ -3,11 +3,11 @@
 A rule maps a node to a `ShardingSpec`, einsum-style: every input and output dim carries a label; a label split
 k ways is split k ways wherever it appears; a split label missing from an output makes that output a partial
 result (combined with `reduce`: MatMul's contraction dim gives partial sums); `fixed` labels may not be split
-(the softmax axis, a convolution's spatial dims). Generators build most rules from an equation (`einsum`) or
-broadcasting (`pointwise`). op_rules.RULES holds every registered op's rule; op_rules.rule_for reads an OpDef's
-own `sharding` slot first, then that table. An op without a rule runs replicated: correct, never fast.
+(the softmax axis, a convolution's spatial dims). Each op registers its rule with the rest of its definition
+(`register(..., sharding=einsum("mk,kn->mn"))`); the generators here make most rules one line: an equation
+(`einsum`) or broadcasting (`pointwise`). An op registered without a rule is `replicated`: correct, never fast.
 
-    >>> rule_for("MatMul")(node)   # a MatMul node with transpose_b=True
+    >>> registry.get("MatMul").sharding(node)   # a MatMul node with transpose_b=True
     ShardingSpec(inputs=(('m', 'k'), ('n', 'k')), outputs=(('m', 'n'),), ...)
 """
 
@@ -16,10 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tessel.compiler import registry
 from tessel.compiler.ir import Node
-from tessel.compiler.ops.reduce import reduced_axes
-from tessel.compiler.shapes import normalize_axes, normalize_axis
+from tessel.compiler.shapes import normalize_axes
 
 Labels = tuple[str, ...]
 
@@ -153,24 +151,6 @@ def replicated(node: Node) -> ShardingSpec:
     return ShardingSpec(inputs, outputs, frozenset(every), f"{node.op} has no sharding rule", None)
 
 
-def reduction(combine: str | None, why: str = "", emit: Callable | None = None) -> Rule:
-    """ReduceSum/Mean/Max/Min (and Argmax/Argmin with `combine=None`): a split reduced dim gives partial results."""
-
-    def rule(node: Node) -> ShardingSpec:
-        x = node.inputs[0]
-        if "output_type" in node.attrs:  # Argmax / Argmin reduce one axis
-            axes = (normalize_axis(node.attrs["axis"], x.ndim),)
-        else:
-            axes = reduced_axes(node.attrs, x.ndim)
-        names = tuple(f"d{i}" for i in range(x.ndim))
-        keep = node.attrs["keep_dims"]
-        out = tuple(f"k{i}" if i in axes else n for i, n in enumerate(names) if keep or i not in axes)
-        locked = {f"k{i}" for i in axes} | ({names[a] for a in axes} if combine is None else set())
-        return ShardingSpec((names,), (out,), frozenset(locked), why, combine, emit=emit)
-
-    return rule
-
-
 def reshape(node: Node) -> ShardingSpec:
     """Reshape, Flatten, ExpandDims, Squeeze: dims are grouped into runs of equal element count; in each run the
     leading non-1 input dim and the leading non-1 output dim share a label (splitting both by k cuts the same
@@ -239,15 +219,8 @@ def fixed_dims(base: Rule, dims: Callable[[Node], tuple[int, ...]], why: str) ->
     return rule
 
 
-# --- attaching a table to the registry ----------------------------------------------------------------------------
-
-
-def attach(table: dict[str, Rule]) -> None:
-    """Fill the `sharding` slot of every op in `table` that has none yet.
-
-    Not called at import today: tests/unit/compiler/test_ir.py asserts the slots are empty. OpDef is frozen so
-    that op definitions stay fixed once registered; this is the one write the slot was reserved for."""
-    for name, rule in table.items():
-        opdef = registry.get(name)
-        if opdef.sharding is None:
-            object.__setattr__(opdef, "sharding", rule)
+def pointwise_like(node: Node, fixed_dims: tuple[int, ...], why: str) -> ShardingSpec:
+    """Same labels in and out (sizes may differ on the fixed dims, which never split)."""
+    names = tuple(f"d{i}" for i in range(node.inputs[0].ndim))
+    locked = frozenset(names[i] for i in fixed_dims)
+    return ShardingSpec((names,), (names,) * len(node.outputs), locked, why, None)

@@ -1,5 +1,9 @@
 """Sink mode's data side: a daemon reads its own shard of a declarative pipeline, batch after batch, epoch after
-epoch, with no round trip to the client. The pipeline is rebuilt from its DatasetSpec (protobuf, never pickle)."""
+epoch, with no round trip to the client. The pipeline is rebuilt from its DatasetSpec (protobuf, never pickle).
+
+    reader = ShardReader("train", spec)        # spec: a DatasetSpec (Dataset.to_spec())
+    image, label = reader.next()               # the next batch of this shard, across epochs
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,13 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.dataset.spec import from_spec
 
 
-class DatasetCursor:
+class ShardReader:
     """Endless iteration over epochs of a pipeline, starting at the spec's epoch."""
 
     def __init__(self, name: str, spec, columns: Sequence[str] = ()):
-        from tessel.dataset import from_spec
-
         self.name = name
         self.dataset = from_spec(spec)
         names = self.dataset.get_col_names()

@@ -17,6 +17,7 @@ from tessel.dataset.core import Dataset
 from tessel.dataset.files import ArrowDataset, ParquetDataset
 from tessel.dataset.generator import GeneratorDataset
 from tessel.dataset.parallel import shard_batch, shard_options
+from tessel.dataset.reader import ShardReader
 from tessel.dataset.sources import Cifar10Dataset, MnistDataset, NumpySlicesDataset
 from tessel.dataset.spec import from_spec
 
@@ -35,6 +36,7 @@ __all__ = [
     "MnistDataset",
     "NumpySlicesDataset",
     "ParquetDataset",
+    "ShardReader",
     "config",
     "from_spec",
     "shard_batch",
