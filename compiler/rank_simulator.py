@@ -195,22 +195,19 @@ def _compute(parts: list[_Part], ranks: tuple[int, ...]) -> list[list[np.ndarray
     if kind == collective_pb2.ALL_TO_ALL:
         return [[x] for x in collectives.all_to_all(xs, first.split_dim, first.concat_dim)]
     if kind == collective_pb2.NEIGHBOR_EXCHANGE:
-        _check_exchange(parts)
-        return collectives.neighbor_exchange(
+        received = collectives.neighbor_exchange(
             [p.values for p in parts], [p.op.send_ranks for p in parts], [p.op.recv_ranks for p in parts]
         )
+        _check_exchange(parts, received)
+        return received
     raise ConfigurationError(f"the simulator does not run collective kind {kind}")
 
 
-def _check_exchange(parts: list[_Part]) -> None:
+def _check_exchange(parts: list[_Part], received: list[list[np.ndarray]]) -> None:
     """Each received tensor must have the shape and dtype its receiver declared."""
-    for me, part in enumerate(parts):
+    for me, (part, values) in enumerate(zip(parts, received)):
         op = part.op
-        for source, shape in zip(op.recv_ranks, op.recv_shapes):
-            sender = parts[source].op
-            if me not in sender.send_ranks:
-                continue  # collectives.neighbor_exchange names the missing send
-            value = parts[source].values[list(sender.send_ranks).index(me)]
+        for source, shape, value in zip(op.recv_ranks, op.recv_shapes, values):
             if tuple(value.shape) != tuple(shape.dims) or value.dtype != numpy_dtype(op.recv_dtype):
                 raise ConfigurationError(
                     f"group rank {me} expects {numpy_dtype(op.recv_dtype)}{tuple(shape.dims)} from {source}, "

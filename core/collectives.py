@@ -65,20 +65,24 @@ def finish(out: np.ndarray, op: str, size: int) -> None:
         np.divide(out, size, out=out, casting="unsafe")
 
 
-def reduce(xs: Sequence[np.ndarray], op: str) -> np.ndarray:
-    """The reduction of the members' arrays under `op`, a new array."""
-    check(np.asarray(xs[0]).dtype, op)
+def reduce(xs: Sequence[np.ndarray], op: str, accumulate: np.dtype | None = None) -> np.ndarray:
+    """The reduction of the members' arrays under `op`, a new array of their dtype. With `accumulate` (e.g.
+    float64, as tests check plugins) numbers are combined in that dtype and cast back at the end."""
+    dtype = np.asarray(xs[0]).dtype
+    check(dtype, op)
+    if accumulate is not None and dtype != np.bool_:
+        xs = [np.asarray(x, dtype=accumulate) for x in xs]
     total = np.array(functools.reduce(ufunc(np.asarray(xs[0]).dtype, op), xs))
     finish(total, op, len(xs))
-    return total
+    return total.astype(dtype, copy=False)
 
 
 # --- collectives --------------------------------------------------------------------------------------------------
 
 
-def all_reduce(xs: Sequence[np.ndarray], op: str = "sum") -> list[np.ndarray]:
+def all_reduce(xs: Sequence[np.ndarray], op: str = "sum", accumulate: np.dtype | None = None) -> list[np.ndarray]:
     """Every member gets the reduction of all members' arrays."""
-    total = reduce(xs, op)
+    total = reduce(xs, op, accumulate)
     return [total.copy() for _ in xs]
 
 
@@ -88,9 +92,11 @@ def all_gather(xs: Sequence[np.ndarray], axis: int = 0) -> list[np.ndarray]:
     return [whole.copy() for _ in xs]
 
 
-def reduce_scatter(xs: Sequence[np.ndarray], op: str = "sum", axis: int = 0) -> list[np.ndarray]:
+def reduce_scatter(
+    xs: Sequence[np.ndarray], op: str = "sum", axis: int = 0, accumulate: np.dtype | None = None
+) -> list[np.ndarray]:
     """Member i gets block i (of group-size blocks along `axis`) of the reduction."""
-    return [block.copy() for block in np.split(reduce(xs, op), len(xs), axis=axis)]
+    return [block.copy() for block in np.split(reduce(xs, op, accumulate), len(xs), axis=axis)]
 
 
 def broadcast(xs: Sequence[np.ndarray], root: int = 0) -> list[np.ndarray]:
@@ -110,14 +116,18 @@ def neighbor_exchange(
     sends: Sequence[Sequence[np.ndarray]], send_ranks: Sequence[Sequence[int]], recv_ranks: Sequence[Sequence[int]]
 ) -> list[list[np.ndarray]]:
     """Member m sends sends[m][k] to send_ranks[m][k] and receives one array from each of recv_ranks[m], in that
-    order. A member that expects an array its source does not send is a clear error."""
+    order; the j-th receive from a source takes the j-th array that source sends to m. A member that expects an
+    array its source does not send is a clear error."""
     received: list[list[np.ndarray]] = []
     for me, sources in enumerate(recv_ranks):
-        mine = []
+        mine, taken = [], dict.fromkeys(sources, 0)
         for source in sources:
-            targets = list(send_ranks[source])
-            if me not in targets:
-                raise ConfigurationError(f"group rank {me} expects a tensor from {source}, which sends it nothing")
-            mine.append(np.array(sends[source][targets.index(me)]))
+            slots = [k for k, target in enumerate(send_ranks[source]) if target == me]
+            if taken[source] >= len(slots):
+                raise ConfigurationError(
+                    f"group rank {me} expects {taken[source] + 1} tensor(s) from {source}, which sends it {len(slots)}"
+                )
+            mine.append(np.array(sends[source][slots[taken[source]]]))
+            taken[source] += 1
         received.append(mine)
     return received

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from collective_harness import leaked_segments, make_input, run_collectives
 
+from tessel.core import collectives
 from tessel.core.errors import ConfigurationError
 from tessel.core.plugin import GroupContext, Peer
 from tessel.plugins.cpu.shm import ShmCommunicator
@@ -34,40 +35,29 @@ def _inputs_of(name: str, shape: tuple[int, ...], dtype: str, ranks: tuple[int, 
     return tuple(make_input(0, name, r, shape, dtype) for r in ranks)
 
 
-def _reduce(xs: list[np.ndarray], op: str) -> np.ndarray:
-    """The reduction in float64 (exact for these inputs), cast back; bool follows logic."""
-    if xs[0].dtype == np.bool_:
-        stacked = np.stack(xs)
-        return stacked.any(0) if op in ("sum", "max") else stacked.all(0)
-    wide = np.stack(xs).astype(np.float64)
-    value = {"sum": wide.sum(0), "prod": wide.prod(0), "max": wide.max(0), "min": wide.min(0)}.get(op)
-    if op == "mean":
-        value = wide.sum(0) / len(xs)
-    return value.astype(xs[0].dtype)
-
-
 def reference(step: dict, members: list[int], rank: int) -> np.ndarray | list[np.ndarray]:
-    """What group member `rank` must get from `step`, computed with numpy from every member's input."""
-    op, xs, me, size = step["op"], _inputs(step, members), members.index(rank), len(members)
+    """What group member `rank` must get from `step`: tessel.core.collectives (reductions in float64, exact for
+    these inputs) over every member's input."""
+    op, xs, me = step["op"], _inputs(step, members), members.index(rank)
+    reduce_op = step.get("reduce", "sum")
     if op == "all_reduce":
-        return _reduce(xs, step.get("reduce", "sum"))
+        return collectives.all_reduce(xs, reduce_op, accumulate=np.float64)[me]
     if op == "all_gather":
-        return np.concatenate(xs, axis=0)
+        return collectives.all_gather(xs)[me]
     if op == "reduce_scatter":
-        return np.split(_reduce(xs, step.get("reduce", "sum")), size, axis=0)[me]
+        return collectives.reduce_scatter(xs, reduce_op, accumulate=np.float64)[me]
     if op == "broadcast":
-        return xs[step.get("root", 0)]
+        return collectives.broadcast(xs, step.get("root", 0))[me]
     if op == "all_to_all":
-        blocks = [np.split(x, size, axis=step["split_dim"])[me] for x in xs]
-        return np.concatenate(blocks, axis=step["concat_dim"])
+        return collectives.all_to_all(xs, step["split_dim"], step["concat_dim"])[me]
     if op == "neighbor_exchange":
-        got, seen = [], {}
-        for source in step["recv_ranks"][str(rank)]:
-            k = seen[source] = seen.get(source, -1) + 1
-            sent_to = step["send_ranks"][str(members[source])]
-            index = [i for i, r in enumerate(sent_to) if r == me][k]
-            got.append(make_input(0, f"{step['name']}.{index}", members[source], step["shape"], step["dtype"]))
-        return got
+        send_ranks = [step["send_ranks"][str(m)] for m in members]
+        sends = [
+            [make_input(0, f"{step['name']}.{k}", m, step["shape"], step["dtype"]) for k in range(len(targets))]
+            for m, targets in zip(members, send_ranks)
+        ]
+        recv_ranks = [step["recv_ranks"].get(str(m), []) for m in members]
+        return collectives.neighbor_exchange(sends, send_ranks, recv_ranks)[me]
     if op == "recv":  # what the sender (the "peer" of the recv, a group rank) sent
         return make_input(0, step["name"], members[step["peer"]], step["shape"], step["dtype"])
     raise ValueError(op)
