@@ -36,6 +36,13 @@ _activation("ReLU", lower_as("Relu"), lambda c: (op("Select", c.out > 0.0, c.g, 
 _activation("Sigmoid", lower_as("Sigmoid"), lambda c: (c.g * c.out * (1.0 - c.out),), 4)
 _activation("Tanh", lower_as("Tanh"), lambda c: (c.g * (1.0 - c.out * c.out),), 4)
 _activation(
+    "Softplus",
+    lower_as("Softplus"),
+    lambda c: (c.g * op("Sigmoid", c.x),),
+    4,
+    doc="Softplus(x) = log(1 + exp(x)), element-wise (MindSpore ops.Softplus).",
+)
+_activation(
     "LeakyReLU",
     lambda ctx, node, i, o: ctx.add("LeakyRelu", i, o, alpha=float(node.attrs["alpha"])),
     lambda c: (op("Select", c.x > 0.0, c.g, c.g * c.attrs["alpha"]),),

@@ -36,6 +36,7 @@ def gelu_tanh(x):
         ("ReLU", {}, lambda x: np.maximum(x, 0), True),
         ("Sigmoid", {}, lambda x: 1 / (1 + np.exp(-x)), True),
         ("Tanh", {}, np.tanh, True),
+        ("Softplus", {}, lambda x: np.log1p(np.exp(x)), True),
         ("LeakyReLU", {"alpha": 0.1}, lambda x: np.where(x > 0, x, 0.1 * x), True),
         ("GELU", {"approximate": "tanh"}, gelu_tanh, True),
         ("GELU", {"approximate": "none"}, lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))), False),
