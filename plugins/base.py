@@ -255,7 +255,9 @@ class Plugin(ABC):
         """(True, "") when it can run here, else (False, why and what to install)."""
 
     @abstractmethod
-    def __init__(self, device_id: int = 0, threads: int = 1): ...
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""):
+        """`host`: the address the plugin's data plane listens on (the daemon's --host); `advertise_host`: the
+        address peers dial to reach it (default `host`; needed when `host` is a wildcard such as 0.0.0.0)."""
 
     @property
     @abstractmethod

@@ -35,9 +35,13 @@ def available_plugins() -> dict[str, tuple[bool, str]]:
     return result
 
 
-def load_plugin(name: str, device_id: int = 0, threads: int = 1) -> Plugin:
+def load_plugin(
+    name: str, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""
+) -> Plugin:
+    """The plugin `name` for one device; its data plane listens on `host` and peers reach it at `advertise_host`
+    (default `host`)."""
     cls = plugin_class(name)
     ok, why = cls.available()
     if not ok:
         raise MissingRuntimeError(f"plugin {name!r} cannot run here: {why}")
-    return cls(device_id=device_id, threads=threads)
+    return cls(device_id=device_id, threads=threads, host=host, advertise_host=advertise_host)

@@ -6,8 +6,8 @@ listener serves any number of groups and jobs, and the accept thread files each 
 the receiving communicator asks for it. With a cluster token (TESSEL_TOKEN) the handshake carries an HMAC of its
 contents and connections without the right one are refused.
 
-    transport = TcpTransport("127.0.0.1")
-    transport.address                       # "127.0.0.1:40123": the daemon registers this as its data address
+    transport = TcpTransport("10.0.0.5")    # listens there; TcpTransport("0.0.0.0", advertise_host="10.0.0.5")
+    transport.address                       # "10.0.0.5:40123": the daemon registers this as its data address
     comm = transport.communicator(context)  # a TcpCommunicator; collectives in tcp_communicator.py
     transport.close()
 """
@@ -35,6 +35,7 @@ _ACCEPTED, _BAD_TOKEN = b"\x01", b"\x02"
 # Socket buffers big enough to keep a multi-MiB ring step in flight (the kernel caps them at net.core.*mem_max).
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _HANDSHAKE_TIMEOUT_S = 5.0
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 def _tune(sock: socket.socket) -> None:
@@ -68,17 +69,34 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 class TcpTransport:
     """The process's TCP listener plus the connections of its groups. `close()` ends everything; idempotent."""
 
-    def __init__(self, host: str = "127.0.0.1", token: str | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        advertise_host: str = "",
+    ):
         self.host = host
+        advertised = advertise_host or host
+        if advertised in _WILDCARDS:
+            raise ConfigurationError(
+                f"the TCP data plane listens on every interface ({host!r}) but was given no address for peers to "
+                "dial: pass the address other hosts reach this one at (tessel daemon --advertise-host ADDR)"
+            )
         self._token = (os.environ.get("TESSEL_TOKEN", "") if token is None else token).encode()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         _tune(self._listener)  # accepted connections inherit the buffer sizes, which must be set before connecting
-        self._listener.bind((host, 0))
+        try:
+            self._listener.bind((host, 0))
+        except OSError as exc:
+            self._listener.close()
+            raise ConfigurationError(
+                f"the TCP data plane cannot listen on {host!r}: {exc}. Pass an address of this host (--host)."
+            ) from None
         self._listener.listen(256)
         self._listener.settimeout(POLL_SLICE_S)
         port = self._listener.getsockname()[1]
-        self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        self.address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
         self._arrived: dict[tuple, socket.socket] = {}
         self._cond = threading.Condition()
         self._communicators: weakref.WeakSet = weakref.WeakSet()
