@@ -83,6 +83,9 @@ class Communicator(ABC):
     is about to do; a disagreement raises `CollectiveMismatchError` on every rank, naming the culprit.
     """
 
+    # The data path the plugin chose for this group ("shm", "tcp", "nccl", ...): the daemon's Status reports it.
+    transport: str = ""
+
     def __init__(self, context: GroupContext):
         self.context = context
         self._async_lock = threading.Lock()
