@@ -145,12 +145,13 @@ def bed_environment(base: dict[str, str] | None = None) -> dict[str, str]:
 def _tbf(rate: str) -> str:
     """tbf with a bucket of 4 ms at `rate` (at least 256 KiB: veth hands over 64 KiB GSO packets) and 20 ms of
     queue, which keeps a TCP stream at the rate instead of dropping it into slow start."""
-    bits = _rate_bits(rate)
+    bits = rate_bits(rate)
     burst = max(256 * 1024, bits // 8 // 250)
     return f"tbf rate {rate} burst {burst} latency 20ms"
 
 
-def _rate_bits(rate: str) -> int:
+def rate_bits(rate: str) -> int:
+    """Bits per second of a tc rate such as "100mbit", "1gbit" or "10gbit"."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmg]?)bit", rate.strip().lower())
     if match is None:
         raise ValueError(f"link rate {rate!r} is not like '100mbit', '1gbit' or '10gbit'")
@@ -171,7 +172,7 @@ class Testbed:
         if not 1 <= self.hosts_count <= 200:
             raise ValueError(f"a test bed has 1 to 200 hosts, not {self.hosts_count}")
         if self.rate is not None:
-            _rate_bits(self.rate)
+            rate_bits(self.rate)
         nonce = secrets.token_hex(3)
         self.tag = f"{PREFIX}-{os.getpid()}-{nonce}"
         # Namespaces are private, so any subnet works; one per run still makes captures and logs unambiguous.
@@ -382,7 +383,7 @@ class TestbedCluster:
         workdir: Path,
         daemons_per_host: int = 1,
         threads: int = 1,
-        heartbeat_timeout_ms: int = 2000,
+        heartbeat_timeout_ms: int = 3000,
         env: dict[str, str] | None = None,
         start_timeout_s: float = 60.0,
     ):
