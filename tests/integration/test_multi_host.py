@@ -76,3 +76,14 @@ def test_an_unreachable_peer_is_an_error_naming_its_address_within_seconds(testb
     # Rank 1 learns from the job's failure, with rank 0's cause.
     assert waiter["error"] in ("JobFailedError", "PeerFailedError", "PeerUnreachableError"), waiter
     assert second.address in waiter["message"] and waiter["seconds"] < 20, waiter
+
+
+@pytest.mark.timeout(120)
+def test_daemons_listening_on_every_interface_register_their_advertised_address(testbed, make_testbed_cluster):
+    cluster = make_testbed_cluster(testbed, daemons_per_host=0)
+    for host in testbed.hosts:
+        cluster.add_daemons(host, extra=("--host", "0.0.0.0", "--advertise-host", host.address))
+    assert [d.address.split(":")[0] for d in cluster.daemons] == [h.address for h in testbed.hosts]
+    results = cluster.run_ranks([str(Path(__file__).parents[2] / "examples" / "hello_collectives.py")])
+    assert [r.returncode for r in results] == [0, 0], describe(results)
+    assert all("— ok" in r.output for r in results), describe(results)
