@@ -25,7 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 
-from testbed import Testbed, TestbedCluster, TestbedUnavailable, describe, rate_bits  # noqa: E402
+from testbed import Testbed, TestbedUnavailable, rate_bits  # noqa: E402
+from testbed_cluster import TestbedCluster, describe  # noqa: E402
 
 RANK = str(Path(__file__).with_name("_multi_host_rank.py"))
 RECEIVER = """

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integration"))
 
-from testbed import Testbed, TestbedCluster, TestbedUnavailable, describe, remove_stale
+from testbed import Testbed, TestbedUnavailable, remove_stale
+from testbed_cluster import TestbedCluster, describe
 
 
 def _rate(text: str) -> str | None:

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from testbed import Testbed, TestbedCluster, available
+from testbed import Testbed, available
+from testbed_cluster import TestbedCluster
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from testbed import describe
+from testbed_cluster import describe
 
 pytestmark = pytest.mark.slow
 

@@ -1,12 +1,12 @@
 """Hosts made of Linux network namespaces, so one machine can test and measure tessel across hosts.
 
-    with Testbed(hosts=2, rate="1gbit") as bed:
-        a, b = bed.hosts                               # Host("h0", "tessel-tb-4242-9f3c-h0", "10.77.35.2"), ...
+    with Testbed(2, rate="1gbit") as bed:
+        a, b = bed.hosts                               # Host("h0", "tessel-tb-4242-9f3c01-h0", "10.77.35.2"), ...
         bed.run(a, ["ip", "-brief", "addr"])           # a command inside host a's namespace
         proc = bed.popen(b, [sys.executable, "-c", "..."])
 
-    with Testbed(hosts=2) as bed, TestbedCluster(bed, tmp_path, daemons_per_host=2) as cluster:
-        results = cluster.run_ranks(["examples/hello_collectives.py"])   # rank r on cluster.daemons[r]
+A tessel cluster on it (a coordinator on the switch, daemons in the hosts, ranks inside their daemon's host) is
+testbed_cluster.TestbedCluster.
 
 Topology: a *switch* namespace holds a bridge (`br0`, address .1 of the run's private /24, where the coordinator
 listens) and one veth port per host; every host namespace has `lo` and one veth `eth0` (address .2, .3, ...) to its
@@ -37,7 +37,6 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,7 +159,10 @@ def rate_bits(rate: str) -> int:
 
 @dataclass
 class Testbed:
-    """`hosts` network namespaces on a switch, each link limited to `rate` (None: unlimited). See the module doc."""
+    """`hosts_count` network namespaces on a switch, each link limited to `rate` (None: unlimited). See the module
+    doc."""
+
+    __test__ = False  # not a pytest test class
 
     hosts_count: int = 2
     rate: str | None = "10gbit"
@@ -246,7 +248,7 @@ class Testbed:
             self._closed = True
         with contextlib.suppress(Exception):
             atexit.unregister(self.close)
-        _stop(self.processes)
+        stop(self.processes)
         namespaces = [h.namespace for h in self.hosts] + ([self.switch.namespace] if self.switch else [])
         for namespace in namespaces:
             # Only processes started by this test bed (or their children) can be inside its namespaces.
@@ -322,7 +324,7 @@ class Testbed:
         return "\n".join(lines)
 
 
-def _stop(processes: list[subprocess.Popen], grace_s: float = _STOP_GRACE_S) -> None:
+def stop(processes: list[subprocess.Popen], grace_s: float = _STOP_GRACE_S) -> None:
     """SIGTERM every running process, then SIGKILL those still running after `grace_s`."""
     for proc in processes:
         if proc.poll() is None:
@@ -335,181 +337,3 @@ def _stop(processes: list[subprocess.Popen], grace_s: float = _STOP_GRACE_S) -> 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(_STOP_GRACE_S)
-
-
-# ------------------------------------------------------------------------------------------ a tessel cluster on it
-
-_ADDRESS = re.compile(r"(\d+\.\d+\.\d+\.\d+:\d+)")
-
-
-@dataclass(frozen=True)
-class Daemon:
-    host: Host
-    daemon_id: str
-    address: str  # its gRPC address
-    process: subprocess.Popen = field(compare=False, repr=False)
-
-
-@dataclass(frozen=True)
-class RankResult:
-    rank: int
-    returncode: int | None  # None: killed at the deadline
-    output: str  # stdout and stderr together
-
-
-def _first_line(proc: subprocess.Popen, what: str, timeout_s: float, log: Path) -> str:
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout_s)
-    if not lines or not lines[0]:
-        proc.kill()
-        proc.wait(_STOP_GRACE_S)
-        stderr = log.read_text(errors="replace") if log.exists() else ""
-        raise RuntimeError(f"{what} did not start within {timeout_s:g} s (exit {proc.returncode}): {stderr[-3000:]}")
-    return lines[0]
-
-
-class TestbedCluster:
-    """A coordinator on the switch and `daemons_per_host` CPU daemons in every host of `bed`, as processes.
-
-    Daemons listen (gRPC and data plane) on their host's address; ranks started by `run_ranks` run inside their
-    daemon's host and reach the coordinator over the links, like scripts on a real cluster.
-    """
-
-    def __init__(
-        self,
-        bed: Testbed,
-        workdir: Path,
-        daemons_per_host: int = 1,
-        threads: int = 1,
-        heartbeat_timeout_ms: int = 3000,
-        env: dict[str, str] | None = None,
-        start_timeout_s: float = 60.0,
-    ):
-        self.bed = bed
-        self.workdir = Path(workdir)
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self.token = secrets.token_hex(8)
-        inherited = bed_environment()
-        inherited.pop("TESSEL_TRANSPORT", None)  # the transport follows from the hosts unless `env` forces one
-        self.env = {
-            **inherited,
-            "TESSEL_TOKEN": self.token,
-            "TESSEL_HOME": str(self.workdir / "home"),
-            "PYTHONUNBUFFERED": "1",
-            "OMP_NUM_THREADS": "1",
-            **(env or {}),
-        }
-        self.start_timeout_s = start_timeout_s
-        coordinator, log = self._server(
-            bed.switch,
-            f"-m tessel.coordinator --host {bed.switch.address} --port 0 --heartbeat-timeout-ms {heartbeat_timeout_ms}",
-            "coordinator",
-        )
-        self.address = _ADDRESS.search(_first_line(coordinator, "coordinator", start_timeout_s, log)).group(1)
-        self.env["TESSEL_COORDINATOR"] = self.address
-        self.daemons: list[Daemon] = []
-        for host in bed.hosts:
-            self.add_daemons(host, daemons_per_host, threads)
-
-    def __enter__(self) -> TestbedCluster:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _server(self, host: Host, args: str, name: str) -> tuple[subprocess.Popen, Path]:
-        """Start `python args` in `host`: stdout piped (its first line says where it listens), stderr to a log."""
-        log = self.workdir / f"{name}.log"
-        with open(log, "w") as stderr:
-            proc = self.bed.popen(
-                host, [sys.executable, *args.split()], env=self.env, stdout=subprocess.PIPE, stderr=stderr, text=True
-            )
-        return proc, log
-
-    def log(self, daemon: Daemon) -> str:
-        """What `daemon` wrote to stderr so far."""
-        return (self.workdir / f"daemon-{daemon.daemon_id}.log").read_text(errors="replace")
-
-    def add_daemons(self, host: Host, count: int = 1, threads: int = 1, extra: tuple[str, ...] = ()) -> list[Daemon]:
-        """Start `count` daemons in `host` listening on its address (plus `extra` arguments); wait until registered."""
-        first = sum(d.host == host for d in self.daemons)
-        started = [
-            self._server(
-                host,
-                f"-m tessel.daemon --coordinator {self.address} --host {host.address} --device {first + i} "
-                f"--threads {threads} {' '.join(extra)}",
-                f"daemon-{host.name}-{first + i}",
-            )
-            for i in range(count)
-        ]
-        added = []
-        for proc, log in started:
-            line = _first_line(proc, f"daemon on {host.name}", self.start_timeout_s, log)
-            daemon = Daemon(host, line.split()[2], _ADDRESS.search(line).group(1), proc)
-            log.rename(self.workdir / f"daemon-{daemon.daemon_id}.log")  # the open file follows the rename
-            added.append(daemon)
-        self.daemons += added
-        return added
-
-    def run_ranks(
-        self,
-        argv: list[str],
-        daemons: list[Daemon] | None = None,
-        env: dict[str, str] | None = None,
-        timeout_s: float = 120.0,
-        job_id: str | None = None,
-    ) -> list[RankResult]:
-        """Run `python argv...` once per rank, rank r pinned to `daemons[r]` (default: all, in order) and started in
-        that daemon's host. Returns every rank's exit code and output; ranks still running at `timeout_s` are
-        killed (returncode None)."""
-        daemons = list(self.daemons if daemons is None else daemons)
-        job_id = job_id or f"tb-{uuid.uuid4().hex[:10]}"
-        procs = []
-        for rank, daemon in enumerate(daemons):
-            rank_env = {
-                **self.env,
-                **(env or {}),
-                "TESSEL_JOB_ID": job_id,
-                "TESSEL_RANK": str(rank),
-                "TESSEL_WORLD_SIZE": str(len(daemons)),
-                "TESSEL_DAEMON_ID": daemon.daemon_id,
-                "TESSEL_DAEMON_ADDRESS": daemon.address,
-            }
-            procs.append(
-                self.bed.popen(
-                    daemon.host,
-                    [sys.executable, *argv],
-                    env=rank_env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
-        outputs: list[str] = [""] * len(procs)
-        readers = [
-            threading.Thread(target=lambda i=i, p=p: outputs.__setitem__(i, p.stdout.read()), daemon=True)
-            for i, p in enumerate(procs)
-        ]
-        for reader in readers:
-            reader.start()
-        deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(max(0.05, deadline - time.monotonic()))
-        hung = [p for p in procs if p.poll() is None]
-        _stop(hung, grace_s=1.0)
-        for reader in readers:
-            reader.join(_STOP_GRACE_S)
-        return [RankResult(r, None if p in hung else p.returncode, outputs[r]) for r, p in enumerate(procs)]
-
-    def close(self) -> None:
-        """Stop the daemons and the coordinator (the test bed's close() would too)."""
-        _stop([d.process for d in reversed(self.daemons)])
-        self.daemons = []
-        _stop([p for p in self.bed.processes if p.poll() is None])
-
-
-def describe(results: list[RankResult]) -> str:
-    return "\n".join(f"--- rank {r.rank} (exit {r.returncode}) ---\n{r.output[-3000:]}" for r in results)
