@@ -5,7 +5,7 @@ debugging a plan or a lowering ("what does each rank hold after instruction 7?")
 by lowering each to its rank program first, so both go through the same instructions the daemons run.
 
 Segments run on a ComputePlugin (ONNX Runtime); collectives are numpy over the ranks' values with the daemons'
-semantics (plugins.base.Communicator): AllGather concatenates on dim 0 in group-rank order, ReduceScatter gives
+semantics (tessel.core.collectives): AllGather concatenates on dim 0 in group-rank order, ReduceScatter gives
 group rank i block i of dim 0, AlltoAll splits split_dim and concatenates concat_dim, root/peer/send/recv ranks
 are group ranks. Asynchronous starts do not block; a collective completes once every member has started it
 (per group, in issue order); sends are buffered. A world where no rank can move raises with each rank's place.

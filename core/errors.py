@@ -27,6 +27,10 @@ class PeerFailedError(JobFailedError):
     """A peer of a collective died or its job was failed while this rank waited for it."""
 
 
+class PeerUnreachableError(PeerFailedError):
+    """A peer's data-plane address could not be connected to within seconds (no route, no answer or refused)."""
+
+
 class CollectiveMismatchError(TesselError):
     """Ranks disagree on a collective (kind, reduce op, dtype, shape, root, group or order)."""
 

@@ -100,6 +100,9 @@ class Communicator(ABC):
     is about to do; a disagreement raises `CollectiveMismatchError` on every rank, naming the culprit.
     """
 
+    # The data path the plugin chose for this group ("shm", "tcp", "nccl", ...): the daemon's Status reports it.
+    transport: str = ""
+
     def __init__(self, context: GroupContext):
         self.context = context
         self._async_lock = threading.Lock()
@@ -272,7 +275,9 @@ class Plugin(ABC):
         """(True, "") when it can run here, else (False, why and what to install)."""
 
     @abstractmethod
-    def __init__(self, device_id: int = 0, threads: int = 1): ...
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""):
+        """`host`: the address the plugin's data plane listens on (the daemon's --host); `advertise_host`: the
+        address peers dial to reach it (default `host`; needed when `host` is a wildcard such as 0.0.0.0)."""
 
     @property
     @abstractmethod
@@ -320,9 +325,13 @@ def available_plugins() -> dict[str, tuple[bool, str]]:
     return result
 
 
-def load_plugin(name: str, device_id: int = 0, threads: int = 1) -> Plugin:
+def load_plugin(
+    name: str, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""
+) -> Plugin:
+    """The plugin `name` for one device; its data plane listens on `host` and peers reach it at `advertise_host`
+    (default `host`)."""
     cls = plugin_class(name)
     ok, why = cls.available()
     if not ok:
         raise MissingRuntimeError(f"plugin {name!r} cannot run here: {why}")
-    return cls(device_id=device_id, threads=threads)
+    return cls(device_id=device_id, threads=threads, host=host, advertise_host=advertise_host)

@@ -46,12 +46,20 @@ DEFAULT_COLLECTIVE_TIMEOUT_S = float(os.environ.get("TESSEL_COLLECTIVE_TIMEOUT",
 
 
 def host_id() -> str:
-    """Equal on two processes exactly when they can share memory: hostname plus this boot's id."""
+    """Equal on two processes exactly when they are on one host: hostname, this boot's id and the network namespace.
+
+    Processes in two network namespaces could still share /dev/shm, but they are two hosts to the network (each its
+    own addresses and links, as the multi-host test bed builds them), so their daemons talk TCP.
+    """
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         boot = "unknown-boot"
-    return f"{socket.gethostname()}/{boot}"
+    try:
+        network = f"/net{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:  # no /proc (not Linux): the hostname and boot decide
+        network = ""
+    return f"{socket.gethostname()}/{boot}{network}"
 
 
 class DaemonCore:

@@ -1,6 +1,11 @@
 """`tessel daemon`: one long-running process per device, registered with the coordinator.
 
     tessel daemon --coordinator 127.0.0.1:7070 --plugin cpu --device 0 --threads 2
+    tessel daemon --coordinator 10.0.0.1:7070 --host 10.0.0.5      # a cluster: peers on other hosts dial 10.0.0.5
+
+`--host` is where both the gRPC service and the data plane (collectives between daemons) listen, and the address
+registered for clients and peers to dial; `--advertise-host` registers another one (behind NAT, or with
+`--host 0.0.0.0`).
 
 The first line on stdout is `tessel daemon <id> listening on <host:port>` (the launcher and tests read it).
 """
@@ -30,7 +35,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--plugin", default="cpu", help="hardware plugin (entry point in 'tessel.plugins')")
     parser.add_argument("--device", type=int, default=0, help="device index on this host")
     parser.add_argument("--threads", type=int, default=0, help="compute threads (0 = all cores of this host)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="address to listen on, gRPC and data plane (default: loopback only)"
+    )
+    parser.add_argument(
+        "--advertise-host",
+        default="",
+        help="address other hosts reach this daemon at (default: --host; required when --host is 0.0.0.0)",
+    )
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
     parser.add_argument("--max-request-mb", type=int, default=1024, help="largest accepted request")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach the coordinator")
@@ -79,9 +91,17 @@ def main(argv: list[str] | None = None) -> int:
     from tessel.core.plugin import load_plugin
 
     threads = args.threads or (os.cpu_count() or 1)
+    advertised = args.advertise_host or args.host
     try:
+        if advertised in ("0.0.0.0", "::", ""):
+            raise TesselError(
+                f"--host {args.host} listens on every interface: also pass --advertise-host ADDR, the address "
+                "clients and the daemons of other hosts reach this one at"
+            )
         token = rpc.cluster_token()
-        plugin = load_plugin(args.plugin, device_id=args.device, threads=threads)
+        plugin = load_plugin(
+            args.plugin, device_id=args.device, threads=threads, host=args.host, advertise_host=advertised
+        )
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         core = DaemonCore(plugin, coordinator, data_address=data_address)
@@ -89,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
-        address = f"{args.host}:{port}"
+        address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
         core.daemon_id = _register(args, core, address, coordinator)
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)

@@ -84,6 +84,13 @@ class DaemonServicer:
             plugin=self.core.plugin.name,
             sessions=[s.session_id for s in sessions],
             tensor_bytes=sum(s.tensor_bytes() for s in sessions),
+            groups=[
+                daemon_pb2.GroupStatus(
+                    session_id=s.session_id, name=name, ranks=comm.context.ranks, transport=comm.transport
+                )
+                for s in sessions
+                for name, comm in list(s.groups.items())
+            ],
         )
 
 

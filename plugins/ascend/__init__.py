@@ -25,7 +25,7 @@ class AscendPlugin(Plugin):
             return False, "no Ascend NPU found (/dev/davinci0 missing); run the ascend daemon on an Ascend host"
         return False, "the ascend plugin's HCCL collectives are not built yet; use --plugin cpu"
 
-    def __init__(self, device_id: int = 0, threads: int = 1):
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""):
         raise RuntimeError(self.available()[1])
 
     device = compute = collective = property(lambda self: None)  # never constructed while unavailable

@@ -21,8 +21,8 @@ def _memory_bytes() -> int:
 class CpuCollective(CollectivePlugin):
     """Picks the transport per group: shared memory when every member is on this host, else TCP."""
 
-    def __init__(self, host: str = "127.0.0.1"):
-        self.host = host
+    def __init__(self, host: str = "127.0.0.1", advertise_host: str = ""):
+        self.host, self.advertise_host = host, advertise_host
         self._tcp = None
 
     @property
@@ -31,7 +31,7 @@ class CpuCollective(CollectivePlugin):
         if self._tcp is None:
             from tessel.plugins.cpu.tcp import TcpTransport
 
-            self._tcp = TcpTransport(self.host)
+            self._tcp = TcpTransport(self.host, advertise_host=self.advertise_host)
         return self._tcp
 
     @property
@@ -63,9 +63,9 @@ class CpuPlugin(Plugin):
     def available(cls) -> tuple[bool, str]:
         return True, ""
 
-    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1"):
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""):
         self.device_id, self.threads = device_id, threads
-        self._collective = CpuCollective(host)
+        self._collective = CpuCollective(host, advertise_host)
         self._compute: ComputePlugin | None = None
 
     @property

@@ -64,6 +64,8 @@ class ShmCommunicator(Communicator):
         comm.close()
     """
 
+    transport = "shm"
+
     def __init__(self, context: GroupContext):
         super().__init__(context)
         # all_reduce up to this size takes the one-round algorithm: measured crossovers on 2 cores were about

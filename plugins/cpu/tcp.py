@@ -6,8 +6,8 @@ listener serves any number of groups and jobs, and the accept thread files each 
 the receiving communicator asks for it. With a cluster token (TESSEL_TOKEN) the handshake carries an HMAC of its
 contents and connections without the right one are refused.
 
-    transport = TcpTransport("127.0.0.1")
-    transport.address                       # "127.0.0.1:40123": the daemon registers this as its data address
+    transport = TcpTransport("10.0.0.5")    # listens there; TcpTransport("0.0.0.0", advertise_host="10.0.0.5")
+    transport.address                       # "10.0.0.5:40123": the daemon registers this as its data address
     comm = transport.communicator(context)  # a TcpCommunicator; collectives in tcp_communicator.py
     transport.close()
 """
@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 
-from tessel.core.errors import ConfigurationError, PeerFailedError
+from tessel.core.errors import ConfigurationError, PeerFailedError, PeerUnreachableError
 from tessel.core.plugin import GroupContext
 from tessel.plugins.cpu.tcp_wire import POLL_SLICE_S, Clock, Link, Who, process_alive
 
@@ -35,6 +35,12 @@ _ACCEPTED, _BAD_TOKEN = b"\x01", b"\x02"
 # Socket buffers big enough to keep a multi-MiB ring step in flight (the kernel caps them at net.core.*mem_max).
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _HANDSHAKE_TIMEOUT_S = 5.0
+# How long a peer may stay unreachable (refused, no route, no answer) before a collective gives up on it: enough
+# for a dropped SYN to be sent again (after 1 s), short enough that a wrong address or a dead link is an error
+# naming the peer within seconds instead of a wait until the collective's timeout. A registered peer's listener is
+# up before its address is published, so a healthy peer never needs longer.
+CONNECT_TIMEOUT_S = float(os.environ.get("TESSEL_CONNECT_TIMEOUT", "5"))
+_WILDCARDS = ("", "0.0.0.0", "::")
 
 
 def _tune(sock: socket.socket) -> None:
@@ -68,17 +74,36 @@ def _read_exactly(sock: socket.socket, size: int) -> bytes:
 class TcpTransport:
     """The process's TCP listener plus the connections of its groups. `close()` ends everything; idempotent."""
 
-    def __init__(self, host: str = "127.0.0.1", token: str | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        advertise_host: str = "",
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ):
         self.host = host
+        advertised = advertise_host or host
+        if advertised in _WILDCARDS:
+            raise ConfigurationError(
+                f"the TCP data plane listens on every interface ({host!r}) but was given no address for peers to "
+                "dial: pass the address other hosts reach this one at (tessel daemon --advertise-host ADDR)"
+            )
         self._token = (os.environ.get("TESSEL_TOKEN", "") if token is None else token).encode()
+        self.connect_timeout_s = connect_timeout_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         _tune(self._listener)  # accepted connections inherit the buffer sizes, which must be set before connecting
-        self._listener.bind((host, 0))
+        try:
+            self._listener.bind((host, 0))
+        except OSError as exc:
+            self._listener.close()
+            raise ConfigurationError(
+                f"the TCP data plane cannot listen on {host!r}: {exc}. Pass an address of this host (--host)."
+            ) from None
         self._listener.listen(256)
         self._listener.settimeout(POLL_SLICE_S)
         port = self._listener.getsockname()[1]
-        self.address = f"[{host}]:{port}" if family == socket.AF_INET6 else f"{host}:{port}"
+        self.address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
         self._arrived: dict[tuple, socket.socket] = {}
         self._cond = threading.Condition()
         self._communicators: weakref.WeakSet = weakref.WeakSet()
@@ -128,18 +153,21 @@ class TcpTransport:
         host, port = _split_address(context.peers[peer_rank].data_address)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         delay = 0.005
+        give_up = time.monotonic() + self.connect_timeout_s
         while True:
             if self._closed:
                 raise ConfigurationError(f"TCP transport {self.address} was closed while connecting")
             sock = socket.socket(family, socket.SOCK_STREAM)
             _tune(sock)
-            sock.settimeout(max(0.05, min(1.0, clock.remaining())))
+            sock.settimeout(max(0.05, min(1.0, clock.remaining(), give_up - time.monotonic())))
             try:
                 sock.connect((host, port))
-            except OSError:
+            except OSError as exc:
                 sock.close()
-                # Not listening yet, or gone: retry until the peer is known dead or the deadline passes.
+                # Refused, no route or no answer: retry briefly, unless the peer is known dead or the job failed.
                 self._check_peer(context, peer_rank, clock)
+                if time.monotonic() >= give_up:
+                    raise self._unreachable(context, peer_rank, clock, exc) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 0.2)
                 continue
@@ -149,6 +177,17 @@ class TcpTransport:
                 sock.close()
                 raise
             return sock
+
+    def _unreachable(self, context: GroupContext, peer_rank: int, clock: Clock, cause: OSError) -> PeerUnreachableError:
+        peer = context.peers[peer_rank]
+        reason = "no answer" if isinstance(cause, TimeoutError) else (cause.strerror or str(cause))
+        return PeerUnreachableError(
+            f"{clock.what} on group {context.name!r}: cannot reach {Who(peer_rank, peer.rank)} at "
+            f"{peer.data_address} from {self.address} ({reason}, for {self.connect_timeout_s:g} s). Its daemon "
+            "registered that data address: start it with --host (or --advertise-host) set to an address the other "
+            "hosts can route to, and check that the link between the hosts is up and lets TCP through.",
+            culprit_rank=peer.rank,
+        )
 
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str

@@ -52,6 +52,8 @@ class TcpCommunicator(Communicator):
     """Collectives over one group's TCP links. Collectives run one at a time, in issue order (synchronous calls
     wait for the asynchronous ones issued before them); a send and a recv in opposite directions may overlap."""
 
+    transport = "tcp"
+
     def __init__(self, context: GroupContext, transport):
         super().__init__(context)
         self._transport = transport

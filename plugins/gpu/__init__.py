@@ -29,7 +29,7 @@ class GpuPlugin(Plugin):
             return False, "no NVIDIA driver found (nvidia-smi missing); run the gpu daemon on a GPU host"
         return False, "the gpu plugin's NCCL collectives are not built yet; use --plugin cpu"
 
-    def __init__(self, device_id: int = 0, threads: int = 1):
+    def __init__(self, device_id: int = 0, threads: int = 1, host: str = "127.0.0.1", advertise_host: str = ""):
         raise RuntimeError(self.available()[1])
 
     device = compute = collective = property(lambda self: None)  # never constructed while unavailable

@@ -209,6 +209,13 @@ def test_daemon_rejects_missing_token_malformed_and_oversized_requests_and_keeps
     client.close()
 
 
+def test_daemon_on_every_interface_needs_an_advertised_address(tmp_path):
+    command = [sys.executable, "-m", "tessel.daemon", "--host", "0.0.0.0", "--coordinator", "127.0.0.1:9"]
+    env = dict(os.environ, TESSEL_HOME=str(tmp_path), TESSEL_TOKEN="t")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+    assert result.returncode == 2 and "--advertise-host" in result.stderr, result.stderr[-2000:]
+
+
 def test_daemon_port_in_use_is_a_clear_error(cluster):
     import socket
 

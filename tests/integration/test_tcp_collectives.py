@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 
@@ -20,7 +21,7 @@ import pytest
 from collective_harness import make_input, run_collectives
 from test_shm_collectives import assert_same, collective_steps, reference
 
-from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
+from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError, PeerUnreachableError
 from tessel.core.plugin import GroupContext, Peer
 from tessel.plugins.cpu.tcp import TcpTransport
 from tessel.plugins.cpu.tcp_communicator import SMALL_BYTES
@@ -214,6 +215,25 @@ def test_a_rank_that_never_arrives_times_out_naming_it():
         assert isinstance(results[rank], CollectiveTimeoutError), results[rank]
         assert "global rank 2" in str(results[rank]) and "0.5 s" in str(results[rank])
     assert time.monotonic() - started < 5
+
+
+def test_an_unreachable_peer_is_an_error_naming_its_address_within_seconds():
+    closed = socket.socket()  # a port nobody listens on: the peer registered an address that does not answer
+    closed.bind(("127.0.0.1", 0))
+    dead_address = f"127.0.0.1:{closed.getsockname()[1]}"
+    closed.close()
+    transport = TcpTransport("127.0.0.1", connect_timeout_s=1.0)
+    peers = (Peer(0, "host-a", transport.address, os.getpid()), Peer(1, "host-b", dead_address, 1))
+    context = GroupContext("job", "world", (0, 1), 0, peers, timeout_s=60.0)
+    started = time.monotonic()
+    try:
+        with pytest.raises(PeerUnreachableError) as raised:
+            transport.communicator(context).all_reduce(np.ones(4, np.float32))
+    finally:
+        transport.close()
+    assert 1.0 <= time.monotonic() - started < 3.0  # the connect budget, not the collective's 60 s
+    assert raised.value.culprit_rank == 1
+    assert "global rank 1" in str(raised.value) and dead_address in str(raised.value), raised.value
 
 
 def test_job_abort_ends_the_wait_with_its_cause():

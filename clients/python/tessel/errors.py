@@ -8,6 +8,7 @@ from tessel.core.errors import (
     JobFailedError,
     MissingRuntimeError,
     PeerFailedError,
+    PeerUnreachableError,
     RendezvousTimeoutError,
     TesselError,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "JobFailedError",
     "MissingRuntimeError",
     "PeerFailedError",
+    "PeerUnreachableError",
     "RendezvousTimeoutError",
     "TesselError",
 ]

@@ -259,13 +259,27 @@ class ExecuteReply(_message.Message):
     def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatusReply(_message.Message):
-    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes")
+    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     PLUGIN_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     plugin: str
     sessions: _containers.RepeatedScalarFieldContainer[str]
     tensor_bytes: int
-    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ...) -> None: ...
+    groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
+    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...
+
+class GroupStatus(_message.Message):
+    __slots__ = ("session_id", "name", "ranks", "transport")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    name: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    transport: str
+    def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., transport: _Optional[str] = ...) -> None: ...

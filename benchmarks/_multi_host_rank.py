@@ -1,0 +1,46 @@
+"""One rank of benchmarks/multi_host.py: times AllReduce of daemon-resident float32 buffers; rank 0 prints JSON.
+
+    python benchmarks/_multi_host_rank.py SIZES_BYTES SECONDS    (started by the test bed inside its host)
+
+For each size: the buffer is put on the daemon once, one checked call, then one Execute that repeats the
+AllReduce `calls` times (sized to take about SECONDS on the slowest link), so the time is the data plane's, not
+the client's gRPC transfers. Prints {"size": bytes, "calls": n, "seconds": per call} per size, one line each.
+"""
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from tessel.communication import comm_func, get_group_size, get_rank, init
+from tessel.communication.runtime import current
+from tessel.v1 import collective_pb2, daemon_pb2
+
+init()
+rank, size = get_rank(), get_group_size()
+runtime = current()
+sizes = [int(s) for s in sys.argv[1].split(",")]
+budget_s = float(sys.argv[2])
+instruction = daemon_pb2.Instruction(
+    collective=daemon_pb2.CollectiveOp(
+        kind=collective_pb2.ALL_REDUCE, op=collective_pb2.SUM, inputs=["x"], outputs=["y"]
+    )
+)
+program = daemon_pb2.Program(instructions=[instruction])
+for nbytes in sizes:
+    runtime.daemon.put(runtime.session_id, {"x": np.full(nbytes // 4, rank + 1, np.float32)})
+    started = time.perf_counter()
+    (total,) = runtime.daemon.execute(runtime.session_id, program, fetch=["y"]).fetched.values()
+    first = time.perf_counter() - started
+    if not np.all(total == size * (size + 1) / 2):
+        sys.exit(f"rank {rank}: wrong AllReduce result at {nbytes} bytes: {total[:4]}")
+    calls = max(3, min(50, int(budget_s / max(first, 1e-4))))  # the same on every rank: rank 0 decides
+    calls = int(comm_func.broadcast(np.array([calls], np.int64), src=0)[0])
+    comm_func.barrier()
+    started = time.perf_counter()
+    runtime.daemon.execute(runtime.session_id, program, repeat=calls)
+    elapsed = time.perf_counter() - started
+    if rank == 0:
+        print(json.dumps({"size": nbytes, "calls": calls, "seconds": elapsed / calls}), flush=True)
+    runtime.daemon.free(runtime.session_id, ["x", "y"])
