@@ -8,7 +8,7 @@
 Every op is defined once in `tessel.compiler.ops` (see `registry.OpDef`); everything else is generic over it.
 """
 
-from tessel.compiler.autodiff import GradContext, grad_graph, gradients
+from tessel.compiler.autodiff import GradContext, expand_gradients, grad_graph, gradients
 from tessel.compiler.buckets import (
     DEFAULT_BUCKET_BYTES,
     Bucket,
@@ -75,6 +75,7 @@ __all__ = [
     "build_train_step",
     "current_trace_builder",
     "data_parallel_train_step",
+    "expand_gradients",
     "get_op",
     "grad_graph",
     "gradients",

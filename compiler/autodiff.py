@@ -4,6 +4,8 @@
 nodes between `wrt` and `loss` in reverse, calls each op's gradient rule, sums the cotangents of values used more
 than once, sums broadcast dims away and casts back to each input's dtype, and returns d(loss)/d(wrt) (zeros for
 an unused input). `grad_graph` wraps it into a Graph: forward outputs first, then the gradients.
+`expand_gradients(graph)` replaces each GradientOf node (gradients a traced function asked for, deferred so that
+a parallel graph is differentiated after the parallel pass) by its backward pass.
 
 A gradient rule sees a `GradContext`:
 
@@ -154,3 +156,24 @@ def grad_graph(graph: Graph, wrt: Sequence[str], loss: int = 0, sens: bool = Fal
     seed = builder.add_input("sens", loss_value.shape, loss_value.dtype).value if sens else None
     grads = gradients(builder, loss_value, [graph.input(n) for n in wrt], seed)
     return builder.build([*graph.outputs, *grads], name or f"{graph.name}_grad")
+
+
+def expand_gradients(graph: Graph) -> Graph:
+    """`graph` with every GradientOf node replaced by the backward pass it stands for (see `gradients`)."""
+    if not any(registry.get(n.op).differentiates for n in graph.nodes):
+        return graph
+    builder = GraphBuilder(graph.name)
+    builder.inputs = list(graph.inputs)
+    env: dict[Value, Value] = {v: v for v in graph.inputs}
+    for node in graph.nodes:
+        inputs = [env[v] for v in node.inputs]
+        if registry.get(node.op).differentiates:
+            loss, *wrt = inputs
+            seed = wrt.pop() if node.attrs["seeded"] else None
+            outputs = gradients(builder, loss, wrt, seed)
+        else:
+            same = all(a is b for a, b in zip(inputs, node.inputs))
+            builder.nodes.append(node if same else Node(node.op, tuple(inputs), node.attrs, node.outputs, node.source))
+            outputs = list(node.outputs)
+        env.update(zip(node.outputs, outputs))
+    return Graph(graph.inputs, tuple(builder.nodes), tuple(env[v] for v in graph.outputs), graph.name)

@@ -12,7 +12,9 @@ An `OpDef` says
 - `collective`: for ops that move data between ranks, how a daemon runs them (`Collective`: the wire kind and
   fields); None for local ops. Rank-program lowering cuts graphs at these ops;
 - `writes`: the index of the input the op writes in place (Assign writes its parameter, input 0); such a node is
-  kept by graph building even when no output is used.
+  kept by graph building even when no output is used;
+- `differentiates`: the op's outputs are the gradients of input 0 with respect to its other inputs (GradientOf):
+  autodiff expands it once the graph is final, which for a parallel graph is after the parallel pass.
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -105,6 +107,7 @@ class OpDef:
     sharding: Rule | None = None
     collective: Collective | None = None
     writes: int | None = None
+    differentiates: bool = False
     num_inputs: int | None = None  # None = variadic
     doc: str = ""
 

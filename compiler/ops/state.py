@@ -1,4 +1,5 @@
-"""Ops about order and state: Assign (write a parameter) and Depend (order without data).
+"""Ops about order and state: Assign (write a parameter), Depend (order without data) and GradientOf (gradients,
+differentiated once the graph is final).
 
 `Assign(param, value)` returns `value` and marks it as the parameter's new value; lowering turns it into the model
 output `<param>/new`, which executors bind onto the parameter's buffer (see lower_onnx.assign_output_name).
@@ -6,10 +7,12 @@ output `<param>/new`, which executors bind onto the parameter's buffer (see lowe
 
 from __future__ import annotations
 
+from tessel.compiler.errors import GradientError
+from tessel.compiler.ir import Node
 from tessel.compiler.ops.common import ZERO_GRAD, free, moves_data, require
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import format_shape
-from tessel.compiler.sharding import depend, pointwise
+from tessel.compiler.sharding import ShardingSpec, depend, pointwise
 
 
 def _infer_assign(types, attrs):
@@ -46,4 +49,48 @@ register(
     grad=lambda c: (c.g,) + (None,) * (len(c.inputs) - 1),
     cost=free,
     doc="Depend(x, *deps): x, computed after deps (MindSpore ops.Depend).",
+)
+
+
+def _infer_gradient_of(types, attrs):
+    loss, *wrt = types
+    if attrs["seeded"]:
+        require(wrt, "GradientOf(loss, *wrt, seed) needs the seed as its last input")
+        seed = wrt.pop()
+        require(seed == loss, f"the seed {seed!r} must have the loss's shape and dtype {loss!r}")
+    require(loss.dtype.is_float, f"the loss {loss!r} must be a float tensor to differentiate")
+    for w in wrt:
+        require(w.dtype.is_float, f"cannot differentiate with respect to {w!r}: only float tensors have gradients")
+    return tuple(wrt)
+
+
+def _gradient_of_sharding(node: Node) -> ShardingSpec:
+    """Each gradient has the labels of the input it is the gradient of; the parallel pass keeps their layouts."""
+    inputs = tuple(tuple(f"i{k}.{d}" for d in range(v.ndim)) for k, v in enumerate(node.inputs))
+    fixed = frozenset(label for labels in inputs for label in labels)
+    return ShardingSpec(inputs, inputs[1 : 1 + len(node.outputs)], fixed, "a gradient", None)
+
+
+def _lower_gradient_of(ctx, node, inputs, outputs):
+    raise GradientError(
+        "GradientOf reached ONNX lowering unexpanded; expand it first (tessel.compiler.expand_gradients, or the "
+        "parallel pass, which differentiates each rank's graph)"
+    )
+
+
+def _gradient_of_grad(c):
+    raise GradientError("a gradient of a gradient (higher-order differentiation) is not supported yet")
+
+
+register(
+    "GradientOf",
+    infer=_infer_gradient_of,
+    sharding=_gradient_of_sharding,
+    lower=_lower_gradient_of,
+    grad=_gradient_of_grad,
+    cost=free,
+    attrs={"seeded": False},
+    differentiates=True,
+    doc="GradientOf(loss, *wrt, [seed], seeded=False): d(loss)/d(wrt) for each wrt (seeded by `seed`, default 1). "
+    "Autodiff expands it once the graph is final (expand_gradients), after the parallel pass under SEMI_AUTO.",
 )

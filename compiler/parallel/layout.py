@@ -241,7 +241,8 @@ class Layout:
 
 def piece(full: np.ndarray, layout: Layout, rank: int) -> np.ndarray:
     """Rank `rank`'s piece of a (non-partial) global tensor."""
-    return np.ascontiguousarray(full[layout.local_slices(full.shape, rank)])
+    part = full[layout.local_slices(full.shape, rank)]
+    return np.ascontiguousarray(part).reshape(part.shape)  # ascontiguousarray alone makes a 0-d array 1-d
 
 
 def scatter(full: np.ndarray, layout: Layout, rng: np.random.Generator | None = None) -> list[np.ndarray]:

@@ -17,7 +17,16 @@ graph is exact. Every local op's output shape is checked against its layout: a w
 
 Inputs that are not parameters arrive as the dataset gives them: `dataset="data_parallel"` (each rank reads its
 own slice of the batch, dim 0; MindSpore's full_batch=False), "full_batch" (every rank the whole batch) or one
-strategy per data input (dataset_strategy). The graph's shapes are the *global* ones.
+strategy per data input (dataset_strategy). The graph's shapes are the *global* ones. Inputs whose layout an
+earlier plan decided (a parameter already sliced on the daemons, a gradient held there) come `fixed`: a consumer
+that wants another layout gets a redistribution.
+
+Gradients: a GradientOf node (what `value_and_grad` records) is differentiated on each rank's graph, after the
+pass: the rank's loss is divided by its replicas (VirtualDiv) and autodiff runs through the Mirrors and the
+collectives, so each rank gets the exact gradient of its own slice of every parameter, in the parameter's layout.
+Ops without a strategy that compute on the weight side (parameters, gradients, scalars and what is computed from
+them only: an optimizer's update) take the layout of their inputs, so an update runs where its slices are; ops on
+the data side run data parallel, as MindSpore's do.
 """
 
 from __future__ import annotations
@@ -30,13 +39,14 @@ from typing import Any
 import numpy as np
 
 from tessel.compiler import registry
+from tessel.compiler.autodiff import gradients
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.parallel import redistribution
 from tessel.compiler.parallel.layout import Layout, piece
 from tessel.compiler.parallel.redistribution import ALL_STEPS, Redistribution
-from tessel.compiler.parallel.strategy import Placement, StrategyError, resolve
+from tessel.compiler.parallel.strategy import Placement, StrategyError, follow, resolve
 from tessel.compiler.shapes import format_shape, is_static
 from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
@@ -125,31 +135,31 @@ def parallelize(
     parameters: Collection[str] = (),
     dataset: str | Sequence | Mapping[str, Any] = "data_parallel",
     steps: frozenset[str] = ALL_STEPS,
+    fixed: Mapping[str, Layout] | None = None,
+    weights: Collection[str] = (),
+    output_layouts: Sequence[Layout | None] | None = None,
 ) -> ParallelPlan:
     """Plan `graph` on `device_num` devices. `strategies` maps nodes (or their index in graph.nodes) to a
     strategy (a tuple of cuts per input, a Strategy, a Primitive after .shard(), or "data_parallel"); unlisted
     nodes run data parallel. `parameters` names the inputs that are parameters. `steps` limits redistribution
-    to some kinds (redistribution.TABLE)."""
+    to some kinds (redistribution.TABLE). `fixed` gives inputs whose layout is already decided; `weights` names
+    non-parameter inputs on the weight side (gradients held from an earlier call); `output_layouts` asks for the
+    layout of some outputs (None: as computed, partial sums combined)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
     _check_static(graph)
     given = _by_node(graph, strategies or {})
-    params = set(parameters)
-    unknown = sorted(params - {v.name for v in graph.inputs})
-    if unknown:
-        raise ConfigurationError(f"parameters {unknown} are not inputs of graph {graph.name!r}")
+    params, fixed = set(parameters), dict(fixed or {})
+    names = {v.name for v in graph.inputs}
+    for what, given_names in (("parameters", params), ("fixed layouts", set(fixed)), ("weights", set(weights))):
+        unknown = sorted(given_names - names)
+        if unknown:
+            raise ConfigurationError(f"{what} {unknown} are not inputs of graph {graph.name!r}")
     specs = {node: registry.get(node.op).sharding_spec(node) for node in graph.nodes}
-    placements: dict[Node, Placement] = {}
     param_values = {v for v in graph.inputs if v.name in params}
-    for node in graph.nodes:
-        if registry.written(node) is None:
-            held = {i for i, v in enumerate(node.inputs) if v in param_values}
-            placements[node] = resolve(node, specs[node], given.get(node), device_num, held)
-    layouts = _input_layouts(graph, placements, param_values, device_num, dataset)
-    for node in graph.nodes:
-        if registry.written(node) is not None:
-            placements[node] = _write_placement(node, layouts, device_num)
-    redistributions, output_layouts = _route(graph, placements, layouts, steps)
+    layouts = _input_layouts(graph, param_values, fixed, device_num, dataset)
+    placements = _place(graph, specs, given, layouts, param_values, _weight_side(graph, params, weights), device_num)
+    redistributions, finals = _route(graph, placements, layouts, steps, output_layouts)
     return ParallelPlan(
         graph,
         device_num,
@@ -158,8 +168,85 @@ def parallelize(
         placements,
         layouts,
         redistributions,
-        output_layouts,
+        finals,
     )
+
+
+def _weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:
+    """Values computed only from parameters, gradients, scalars and constants: not from a dataset column."""
+    data = {v for v in graph.inputs if v.ndim > 0 and v.name not in params and v.name not in weights}
+    side: set[Value] = {v for v in graph.inputs if v not in data}
+    for node in graph.nodes:
+        if registry.get(node.op).differentiates or all(v in side for v in node.inputs):
+            side.update(node.outputs)
+    return side
+
+
+def _place(graph, specs, given, layouts, param_values, weight_side, device_num) -> dict[Node, Placement]:
+    """Every node's placement, in graph order; parameters take the layout their first consumer asks for."""
+    placements: dict[Node, Placement] = {}
+    first_user: dict[Value, Node] = {}
+    writes = []
+    for node in graph.nodes:
+        op = registry.get(node.op)
+        if op.writes is not None:
+            writes.append(node)
+            continue
+        if op.differentiates:
+            placement = _gradient_placement(node, layouts)
+        elif given.get(node) is None and all(v in weight_side for v in node.inputs):
+            placement = _follow(node, specs[node], layouts, device_num)
+        else:
+            held = {i for i, v in enumerate(node.inputs) if v in param_values}
+            placement = resolve(node, specs[node], given.get(node), device_num, held)
+        placements[node] = placement
+        for i, v in enumerate(node.inputs):
+            want = placement.inputs[i]
+            if v not in param_values or want is None:
+                continue
+            if v not in layouts:
+                layouts[v], first_user[v] = want, node
+            elif v in first_user and not layouts[v].same_as(want) and _both_given(first_user[v], node, placements):
+                raise StrategyError(_conflict(v, first_user[v], layouts[v], placements, node, want))
+        for j, out in enumerate(node.outputs):
+            targets = placement.out_targets
+            layouts[out] = targets[j] if targets is not None else placement.outputs[j]
+    for v in param_values - set(layouts):
+        layouts[v] = Layout.replicated(v.ndim, device_num)
+    for node in writes:
+        placements[node] = _write_placement(node, layouts, device_num)
+    return placements
+
+
+def _both_given(first: Node, node: Node, placements) -> bool:
+    return placements[first].origin == placements[node].origin == "shard()"
+
+
+def _follow(node: Node, spec: ShardingSpec, layouts: Mapping[Value, Layout], device_num: int) -> Placement:
+    """A weight-side node without a strategy takes its inputs as they are laid out (the first input whose layout
+    it can keep), else runs whole."""
+    for i, v in enumerate(node.inputs):
+        layout = layouts.get(v)
+        if layout is not None and layout.replicas < layout.mesh.size:
+            placement = follow(node, spec, i, layout.without_partial())
+            if placement is not None:
+                return placement
+    return resolve(node, spec, None, device_num, set(range(len(node.inputs))))
+
+
+def _gradient_placement(node: Node, layouts: Mapping[Value, Layout]) -> Placement:
+    """GradientOf: the loss (and its seed) with partial sums combined; each gradient in its input's layout."""
+    wants = []
+    for v in node.inputs:
+        layout = layouts.get(v)
+        if layout is None:  # a parameter nothing reads before: its gradient is zero, wherever it lives
+            layout = Layout.replicated(v.ndim, layouts[node.inputs[0]].mesh.size)
+        wants.append(layout.without_partial())
+    loss = wants[0]
+    if node.attrs["seeded"]:
+        wants[-1] = loss
+    outputs = tuple(wants[1 : 1 + len(node.outputs)])
+    return Placement(node.op, (), "gradient", loss.device_matrix, (), tuple(wants), outputs)
 
 
 def _check_static(graph: Graph) -> None:
@@ -182,24 +269,23 @@ def _by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, A
     return out
 
 
-def _input_layouts(graph, placements, param_values, device_num, dataset) -> dict[Value, Layout]:
-    """Parameters take the layout their consumers ask for (all must agree); data inputs the dataset's."""
+def _input_layouts(graph, param_values, fixed, device_num, dataset) -> dict[Value, Layout]:
+    """Fixed inputs keep their layouts, data inputs take the dataset's; parameters are decided by their users."""
     layouts: dict[Value, Layout] = {}
-    first_user: dict[Value, Node] = {}
-    for node, placement in placements.items():
-        for i, v in enumerate(node.inputs):
-            want = placement.inputs[i]
-            if v not in param_values or want is None:
-                continue
-            if v in layouts and not layouts[v].same_as(want):
-                raise StrategyError(_conflict(v, first_user[v], layouts[v], placements, node, want))
-            layouts.setdefault(v, want)
-            first_user.setdefault(v, node)
-    data = [v for v in graph.inputs if v not in param_values]
+    for v in graph.inputs:
+        if v.name in fixed:
+            layout = fixed[v.name]
+            if layout.mesh.size != device_num:
+                raise ConfigurationError(
+                    f"input {v.name!r} is laid out over {layout.mesh.size} devices ({layout}), the plan over "
+                    f"{device_num}; a layout from another world size must be redistributed first (a checkpoint "
+                    "transform)"
+                )
+            layout.check(v.shape, f"input {v.name!r}")
+            layouts[v] = layout
+    data = [v for v in graph.inputs if v not in param_values and v not in layouts]
     for v, layout in zip(data, _dataset_layouts(data, device_num, dataset)):
         layouts[v] = layout
-    for v in param_values - set(layouts):
-        layouts[v] = Layout.replicated(v.ndim, device_num)
     return layouts
 
 
@@ -256,7 +342,7 @@ def _write_placement(node: Node, layouts: Mapping[Value, Layout], device_num: in
     return Placement(node.op, ((),) * count, "parameter", layout.device_matrix, (), (layout,) * count, (layout,))
 
 
-def _route(graph, placements, layouts, steps) -> tuple[dict[Key, Redistribution], tuple[Layout, ...]]:
+def _route(graph, placements, layouts, steps, wanted=None) -> tuple[dict[Key, Redistribution], tuple[Layout, ...]]:
     """Every value's layout in order, and a redistribution wherever a consumer wants another one."""
     routes: dict[Key, Redistribution] = {}
 
@@ -277,7 +363,8 @@ def _route(graph, placements, layouts, steps) -> tuple[dict[Key, Redistribution]
                 layouts[out] = placement.out_targets[j]
     finals = []
     for k, v in enumerate(graph.outputs):
-        final = layouts[v].without_partial()
+        final = wanted[k] if wanted is not None and wanted[k] is not None else layouts[v].without_partial()
+        final.check(v.shape, f"output {k}")
         move(("output", k), v, final)
         finals.append(final)
     return routes, tuple(finals)
@@ -348,8 +435,27 @@ class _RankBuilder:
             self.mirrored[param] = self.emit("Mirror", (local,), {"group": group}, layout)
         return self.mirrored[param]
 
+    def gradient(self, node: Node) -> None:
+        """GradientOf on this rank: autodiff of the rank's loss (divided by its replicas, as every rank's copy of a
+        replicated loss counts) with respect to the local inputs, through the Mirrors and collectives."""
+        placement = self.plan.placements[node]
+        seeded = node.attrs["seeded"]
+        loss = self.route((node, 0), self.env[node.inputs[0]])
+        layout = placement.inputs[0]
+        if layout.replicas > 1:
+            loss = self.emit("VirtualDiv", (loss,), {"divisor": layout.replicas}, layout)
+        wrt = [self.env[v] for v in node.inputs[1 : len(node.inputs) - seeded]]
+        seed = self.route((node, len(node.inputs) - 1), self.env[node.inputs[-1]]) if seeded else None
+        grads = gradients(self.builder, loss, wrt, seed)
+        for out, grad, out_layout in zip(node.outputs, grads, placement.outputs):
+            self.layout_of[grad] = out_layout
+            self.env[out] = grad
+
     def node(self, node: Node) -> None:
         plan = self.plan
+        if registry.get(node.op).differentiates:
+            self.gradient(node)
+            return
         spec, placement = plan.specs[node], plan.placements[node]
         inputs = tuple(self.read(node, i) for i in range(len(node.inputs)))
         attrs = node.attrs

@@ -263,6 +263,41 @@ def place(node: Node, spec: ShardingSpec, cuts: Mapping[str, int], device_num: i
     return Placement(node.op, _as_strategy(node, spec, cuts), origin, matrix, tuple(axis_of.items()), inputs, outputs)
 
 
+def follow(node: Node, spec: ShardingSpec, index: int, layout: Layout) -> Placement | None:
+    """The placement under which input `index` is used as it is laid out (its device matrix and mesh axes kept),
+    or None when the op's rule cannot: a label it may not split, a dim cut over several axes, a size that does
+    not divide, or two dims of the layout that are one label of the op."""
+    labels = spec.inputs[index]
+    if labels is None or layout.is_partial:
+        return None
+    blocked = spec.fixed | uncombinable(spec)
+    axis_of: dict[str, int] = {}
+    for label, axes in zip(labels, layout.dim_axes):
+        if not axes:
+            continue
+        if len(axes) > 1 or label in blocked or axis_of.get(label, axes[0]) != axes[0]:
+            return None
+        axis_of[label] = axes[0]
+    matrix = layout.device_matrix
+    sizes = label_sizes(node, spec)
+    if any(size % matrix[axis] for label, axis in axis_of.items() for size in sizes[label]):
+        return None
+
+    def laid_out(labs, partial=()) -> Layout:
+        return Layout.from_axes(
+            matrix, [(axis_of[x],) if x in axis_of else () for x in labs], partial, spec.reduce or "sum"
+        )
+
+    inputs = tuple(None if labs is None else laid_out(labs) for labs in spec.inputs)
+    outputs = tuple(
+        laid_out(labs, sorted(axis_of[x] for x in spec.contracted(j) if x in axis_of))
+        for j, labs in enumerate(spec.outputs)
+    )
+    cuts = {label: matrix[axis] for label, axis in axis_of.items()}
+    strategy = _as_strategy(node, spec, cuts)
+    return Placement(node.op, strategy, "follows its input", matrix, tuple(axis_of.items()), inputs, outputs)
+
+
 def resolve(
     node: Node, spec: ShardingSpec, given: Any, device_num: int, parameters: set[int] = frozenset()
 ) -> Placement:
