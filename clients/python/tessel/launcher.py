@@ -22,6 +22,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from tessel import rpc
 from tessel.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
@@ -53,6 +54,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not Path(args.script).is_file():
         parser.error(f"script {args.script!r} does not exist")
     return args
+
+
+def _cluster_token(coordinator: str | None) -> str:
+    """The token of the cluster this launch runs on, from the one source every server and client uses
+    ($TESSEL_TOKEN, else the token file: `rpc.cluster_token`). A running coordinator was started with it, so
+    without one it is an error; an embedded cluster is this launch's own, so a fresh token serves there."""
+    if coordinator is not None:
+        return rpc.cluster_token()
+    try:
+        return rpc.cluster_token()
+    except ConfigurationError:
+        return secrets.token_hex(16)
 
 
 def _next_job_id(log_dir: Path) -> str:
@@ -91,7 +104,7 @@ class Launch:
         self.tees: list[_Tee] = []
         self.server = None
         self.daemon_ids: list[str] = []
-        self.token = os.environ.get("TESSEL_TOKEN") or secrets.token_hex(16)
+        self.token = _cluster_token(args.coordinator)
         self.coordinator = args.coordinator
 
     # ------------------------------------------------------------------------------------------ cluster
@@ -285,7 +298,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.coordinator and not args.job_id:
         job_id = f"{job_id}-{secrets.token_hex(3)}"  # a shared coordinator sees other users' jobs
     log_root = log_dir / job_id
-    launch = Launch(args)
+    try:
+        launch = Launch(args)
+    except ConfigurationError as exc:  # e.g. no cluster token for --coordinator
+        print(f"tessel run: {exc}", file=sys.stderr)
+        return 2
     interrupted = False
 
     def on_signal(signum, _frame):
