@@ -3,8 +3,8 @@
 Connections between members of a group are made on first use. The member with the lower group rank connects;
 its first bytes are a handshake naming (job, group, group ranks, sender's and receiver's global ranks, channel), so one
 listener serves any number of groups and jobs, and the accept thread files each connection under that key until
-the receiving communicator asks for it. With a cluster token (TESSEL_TOKEN) the handshake carries an HMAC of its
-contents and connections without the right one are refused.
+the receiving communicator asks for it. With a cluster token ($TESSEL_TOKEN, else the token file: the same source as
+every RPC) the handshake carries an HMAC of its contents and connections without the right one are refused.
 
     transport = TcpTransport("127.0.0.1")
     transport.address                       # "127.0.0.1:40123": the daemon registers this as its data address
@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import socket
 import struct
 import threading
@@ -35,6 +34,16 @@ _ACCEPTED, _BAD_TOKEN = b"\x01", b"\x02"
 # Socket buffers big enough to keep a multi-MiB ring step in flight (the kernel caps them at net.core.*mem_max).
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 _HANDSHAKE_TIMEOUT_S = 5.0
+
+
+def _cluster_token() -> str:
+    """The token every RPC of this process carries, or "" where none is set up (then handshakes carry no HMAC)."""
+    from tessel.rpc import cluster_token  # the one token source; imported late, it brings gRPC along
+
+    try:
+        return cluster_token()
+    except ConfigurationError:
+        return ""
 
 
 def _tune(sock: socket.socket) -> None:
@@ -70,7 +79,8 @@ class TcpTransport:
 
     def __init__(self, host: str = "127.0.0.1", token: str | None = None):
         self.host = host
-        self._token = (os.environ.get("TESSEL_TOKEN", "") if token is None else token).encode()
+        # A daemon started from the token file must sign with it too, or it would accept any connection.
+        self._token = (_cluster_token() if token is None else token).encode()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
         _tune(self._listener)  # accepted connections inherit the buffer sizes, which must be set before connecting
@@ -174,7 +184,7 @@ class TcpTransport:
         if answer == _BAD_TOKEN:
             raise ConfigurationError(
                 f"{context.peers[peer_rank].data_address} refused group {context.name!r}'s connection: wrong "
-                "cluster token. Start every daemon with the same TESSEL_TOKEN."
+                "cluster token. Start every daemon with the same TESSEL_TOKEN (or the same ~/.tessel/token file)."
             )
         if answer != _ACCEPTED:
             raise PeerFailedError(
