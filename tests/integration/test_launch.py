@@ -14,6 +14,7 @@ from tests.conftest import ADDRESS, ROOT, first_line
 
 pytestmark = pytest.mark.slow
 HELLO = ROOT / "examples" / "hello_collectives.py"
+SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 
 
 def _tessel(*args: str) -> list[str]:
@@ -75,3 +76,34 @@ def test_run_without_a_token_names_where_to_get_it(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2 and "TESSEL_TOKEN" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "exit_code, stderr_too", [(0, False), (3, True)], ids=["succeeds | head -1", "rank 1 exits 3 2>&1 | head -1"]
+)
+def test_a_reader_that_goes_away_loses_no_log_line_and_the_exit_status_is_the_jobs(tmp_path, exit_code, stderr_too):
+    lines = 20_000  # ~300 KB per rank: far more than a pipe holds, so a stalled copy would block the rank
+    stderr = subprocess.STDOUT if stderr_too else open(tmp_path / "launcher.stderr", "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        _tessel("run", "-n", "2", str(SCRIPTS / "chatty.py"), str(lines), str(exit_code)),
+        cwd=tmp_path,
+        env=dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1"),
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+    )
+    try:
+        assert proc.stdout.readline()  # what `head -1` does: read one line, then go away
+        proc.stdout.close()
+        assert proc.wait(120) == exit_code
+    finally:
+        proc.kill()  # a no-op once it exited; its children die with it
+        proc.wait()
+    for rank in (0, 1):
+        (log,) = tmp_path.glob(f"log_output/*/rank.{rank}/stdout")
+        expected = [f"rank {rank} line {i}" for i in range(lines)] + [f"rank {rank} done"]
+        assert log.read_text().splitlines() == expected, f"rank {rank}'s log lost lines"
+    (errors,) = tmp_path.glob("log_output/*/rank.0/stderr")
+    assert errors.read_text().splitlines() == [f"rank 0 error line {i}" for i in range(lines)]
+    if not stderr_too:
+        stderr.close()
+        assert "Traceback" not in (tmp_path / "launcher.stderr").read_text()

@@ -78,20 +78,52 @@ def _next_job_id(log_dir: Path) -> str:
 
 
 class _Tee(threading.Thread):
-    """Copies a child's pipe to its log file and (for rank 0) the terminal."""
+    """Copies a child's pipe to its log file and (for rank 0) the terminal.
+
+    The log gets every byte whatever happens to the terminal: a reader that went away (`tessel run | head`) only
+    ends the echo, and the pipe is drained to its end so the child never blocks on it."""
 
     def __init__(self, pipe, path: Path, echo):
         super().__init__(daemon=True)
         self.pipe, self.path, self.echo = pipe, path, echo
+        self.copied = 0  # bytes logged so far: shutdown waits while this grows
 
     def run(self) -> None:
         with open(self.path, "wb") as log:
             for line in iter(self.pipe.readline, b""):
                 log.write(line)
                 log.flush()
-                if self.echo is not None:
-                    self.echo.write(line)
-                    self.echo.flush()
+                self.copied += len(line)
+                if self.echo is not None and not _echo(self.echo, line):
+                    self.echo = None
+
+    def finish(self, idle_s: float = 2.0) -> None:
+        """Wait until the pipe is drained. A grandchild of the rank may hold it open for ever, so give up only
+        once nothing arrived for `idle_s`, never while output is still being copied."""
+        seen = -1
+        while self.is_alive() and self.copied != seen:
+            seen = self.copied
+            self.join(idle_s)
+
+
+def _echo(stream, data: bytes) -> bool:
+    """Write to the launcher's terminal; False once its reader is gone (the stream then writes to /dev/null, so
+    that neither later messages nor the interpreter's last flush fail on it)."""
+    try:
+        stream.write(data)
+        stream.flush()
+        return True
+    except (OSError, ValueError):  # EPIPE (`| head` exited), EIO (the terminal hung up), a closed stream
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        return False
+
+
+def _say(message: str) -> None:
+    """A launcher message on stderr, which may be a closed pipe by now: the job's exit status matters more."""
+    _echo(sys.stderr.buffer, (message + "\n").encode(errors="replace"))
 
 
 class Launch:
@@ -280,7 +312,7 @@ class Launch:
             self.server.stop()  # first, so that daemons going away is not reported as a failure
         self._stop(self.daemons)
         for tee in self.tees:
-            tee.join(timeout=2.0)
+            tee.finish()
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -301,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         launch = Launch(args)
     except ConfigurationError as exc:  # e.g. no cluster token for --coordinator
-        print(f"tessel run: {exc}", file=sys.stderr)
+        _say(f"tessel run: {exc}")
         return 2
     interrupted = False
 
@@ -318,21 +350,18 @@ def main(argv: list[str] | None = None) -> int:
         launch.start_ranks(job_id, log_root)
         code, failed, cause = launch.wait_ranks(job_id)
     except KeyboardInterrupt:
-        print("tessel run: interrupted; stopping all ranks and daemons", file=sys.stderr)
-        launch.shutdown()
+        _say("tessel run: interrupted; stopping all ranks and daemons")
         return 130
     except (TesselError, ConfigurationError) as exc:
-        print(f"tessel run: {exc}", file=sys.stderr)
-        launch.shutdown()
+        _say(f"tessel run: {exc}")
         return 2
-    launch.shutdown()
+    finally:
+        # Whatever ended the wait: an embedded coordinator left running would keep this process alive.
+        launch.shutdown()
     if code != 0:
         rank_dir = log_root / f"rank.{failed}"
         because = f" ({cause})" if cause else ""
-        print(
-            f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:",
-            file=sys.stderr,
-        )
-        print(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"), file=sys.stderr)
+        _say(f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:")
+        _say(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"))
         return code if code > 0 else 1
     return 130 if interrupted else 0
