@@ -107,3 +107,47 @@ def test_a_reader_that_goes_away_loses_no_log_line_and_the_exit_status_is_the_jo
     if not stderr_too:
         stderr.close()
         assert "Traceback" not in (tmp_path / "launcher.stderr").read_text()
+
+
+TINY_JOB = """
+import numpy as np
+from tessel.communication import comm_func, get_group_size, get_rank, init
+init()
+rank, size = get_rank(), get_group_size()
+total = comm_func.all_reduce(np.full(1024, rank + 1, np.float32))
+assert total[0] == size * (size + 1) / 2, total[:4]
+print(f"rank {rank}/{size} ok", flush=True)
+"""
+
+
+def test_jobs_started_together_from_different_directories_never_collide(tmp_path):
+    # Each `tessel run` numbers its job 1 in its own directory; on one host their shared memory must not meet.
+    script = tmp_path / "tiny.py"
+    script.write_text(TINY_JOB)
+    # A collision shows as a wrong sum or a wait that never ends: bound the wait well below the test's timeout.
+    env = dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), TESSEL_COLLECTIVE_TIMEOUT="20", PYTHONUNBUFFERED="1")
+    failures = []
+    for pair in range(10):
+        directories = [tmp_path / f"pair{pair}{side}" for side in "ab"]
+        for directory in directories:
+            directory.mkdir()
+        runs = [
+            subprocess.Popen(
+                _tessel("run", "-n", "2", str(script)),
+                cwd=directory,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for directory in directories
+        ]
+        for directory, run in zip(directories, runs):
+            try:
+                out, err = run.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                run.kill()
+                out, err = run.communicate()
+            if run.returncode != 0 or "rank 0/2 ok" not in out:
+                failures.append(f"{directory.name}: exit {run.returncode}: {err[-1500:]}")
+    assert not failures, "\n".join(failures)
