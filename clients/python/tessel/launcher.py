@@ -42,7 +42,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--coordinator", default=None, help="host:port of a running coordinator (default: embed one)")
     parser.add_argument("--plugin", default="cpu", help="plugin of the local daemons / required of assigned ones")
     parser.add_argument("--log-dir", default="log_output", help="per-rank logs go to LOG_DIR/<job>/rank.<r>/")
-    parser.add_argument("--job-id", default=None, help="job id (default: the next free number in the log dir)")
+    parser.add_argument(
+        "--job-id",
+        default=None,
+        help="job id (default: the next free number in the log dir, a nonce appended: 3-1f0a9c)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
@@ -69,7 +73,7 @@ def _cluster_token(coordinator: str | None) -> str:
 
 
 def _next_job_id(log_dir: Path) -> str:
-    # Directories are "<n>" (embedded cluster) or "<n>-<suffix>" (shared coordinator): n counts both.
+    # Directories are "<n>-<nonce>" (older launchers wrote "<n>" for an embedded cluster): n counts both.
     taken = {p.name.split("-")[0] for p in log_dir.iterdir()} if log_dir.is_dir() else set()
     n = 1
     while str(n) in taken:
@@ -326,9 +330,9 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
-    job_id = args.job_id or _next_job_id(log_dir)
-    if args.coordinator and not args.job_id:
-        job_id = f"{job_id}-{secrets.token_hex(3)}"  # a shared coordinator sees other users' jobs
+    # Job ids must be unique at the coordinator (a shared one sees other users' jobs) and two runs started together
+    # in one directory would take the same next number, so a nonce follows it: "3-1f0a9c".
+    job_id = args.job_id or f"{_next_job_id(log_dir)}-{secrets.token_hex(3)}"
     log_root = log_dir / job_id
     try:
         launch = Launch(args)
