@@ -120,7 +120,32 @@ print(f"rank {rank}/{size} ok", flush=True)
 """
 
 
-def test_jobs_started_together_from_different_directories_never_collide(tmp_path):
+def _run_together(script: Path, directories: list[Path], env: dict[str, str]) -> list[str]:
+    """Start `tessel run -n 2 script` in each directory at once; the failures, as text."""
+    runs = [
+        subprocess.Popen(
+            _tessel("run", "-n", "2", str(script)),
+            cwd=directory,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for directory in directories
+    ]
+    failures = []
+    for directory, run in zip(directories, runs):
+        try:
+            out, err = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            out, err = run.communicate()
+        if run.returncode != 0 or "rank 0/2 ok" not in out:
+            failures.append(f"{directory.name}: exit {run.returncode}: {err[-1500:]}")
+    return failures
+
+
+def test_jobs_started_together_never_collide(tmp_path):
     # Each `tessel run` numbers its job 1 in its own directory; on one host their shared memory must not meet.
     script = tmp_path / "tiny.py"
     script.write_text(TINY_JOB)
@@ -131,23 +156,10 @@ def test_jobs_started_together_from_different_directories_never_collide(tmp_path
         directories = [tmp_path / f"pair{pair}{side}" for side in "ab"]
         for directory in directories:
             directory.mkdir()
-        runs = [
-            subprocess.Popen(
-                _tessel("run", "-n", "2", str(script)),
-                cwd=directory,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for directory in directories
-        ]
-        for directory, run in zip(directories, runs):
-            try:
-                out, err = run.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                run.kill()
-                out, err = run.communicate()
-            if run.returncode != 0 or "rank 0/2 ok" not in out:
-                failures.append(f"{directory.name}: exit {run.returncode}: {err[-1500:]}")
+        failures += _run_together(script, directories, env)
+    # Two in one directory may both take the next free number there; each still gets its own job and logs.
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    failures += _run_together(script, [shared, shared], env)
     assert not failures, "\n".join(failures)
+    assert len(list(shared.glob("log_output/*/rank.1/stdout"))) == 2
