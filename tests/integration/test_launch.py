@@ -163,3 +163,55 @@ def test_jobs_started_together_never_collide(tmp_path):
     failures += _run_together(script, [shared, shared], env)
     assert not failures, "\n".join(failures)
     assert len(list(shared.glob("log_output/*/rank.1/stdout"))) == 2
+
+
+TRAIN_JOB = """
+import numpy as np
+import tessel as ms
+from tessel import dataset as ds, nn
+from tessel.communication import init
+
+init()
+data = np.random.default_rng(0).standard_normal((64, 6)).astype(np.float32)
+labels = (data[:, 0] > 0).astype(np.int32)
+net = nn.Dense(6, 2)
+model = ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1))
+model.train(2, ds.NumpySlicesDataset({"data": data, "label": labels}, shuffle=False).batch(8))
+print("trained", flush=True)
+"""
+
+
+def test_the_progress_bar_reaches_a_terminal_through_tessel_run_and_the_log_keeps_whole_lines(tmp_path):
+    import pty
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_JOB)
+    terminal, screen_side = pty.openpty()
+    proc = subprocess.Popen(
+        _tessel("run", "-n", "1", str(script)),
+        cwd=tmp_path,
+        env=dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1"),
+        stdout=screen_side,
+        stderr=subprocess.PIPE,
+    )
+    os.close(screen_side)
+    shown = b""
+    try:
+        while True:
+            try:
+                data = os.read(terminal, 1 << 16)
+            except OSError:  # EIO: every writer closed the terminal
+                break
+            if not data:
+                break
+            shown += data
+        assert proc.wait(120) == 0, proc.stderr.read().decode()[-3000:]
+    finally:
+        os.close(terminal)
+        proc.kill()
+        proc.wait()
+    assert b"\r\x1b[2Kepoch 2/2 [####################]  8/8  loss " in shown, shown[-2000:]
+    (log,) = tmp_path.glob("log_output/*/rank.0/stdout")
+    lines = log.read_text().splitlines()
+    assert [line.split(" [")[0] for line in lines] == ["epoch 1/2", "epoch 2/2", "trained"], lines
+    assert all("8/8  loss" in line and "samples/s" in line for line in lines[:2]), lines

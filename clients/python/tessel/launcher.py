@@ -26,6 +26,10 @@ from tessel import rpc
 from tessel.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
+# What tessel.train.progress writes before each redraw of its bar: the terminal shows the last redraw of a line,
+# and so does the log, which keeps only the text after the last one.
+ERASE_LINE = b"\r\x1b[2K"
+_MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it comes
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
 _PR_SET_PDEATHSIG = 1
 
@@ -84,8 +88,9 @@ def _next_job_id(log_dir: Path) -> str:
 class _Tee(threading.Thread):
     """Copies a child's pipe to its log file and (for rank 0) the terminal.
 
-    The log gets every byte whatever happens to the terminal: a reader that went away (`tessel run | head`) only
-    ends the echo, and the pipe is drained to its end so the child never blocks on it."""
+    The log gets every line whatever happens to the terminal: a reader that went away (`tessel run | head`) only
+    ends the echo, and the pipe is drained to its end so the child never blocks on it. The terminal gets what
+    arrived at once, also a line still being drawn (a progress bar); the log gets whole lines as they end up shown."""
 
     def __init__(self, pipe, path: Path, echo):
         super().__init__(daemon=True)
@@ -93,13 +98,23 @@ class _Tee(threading.Thread):
         self.copied = 0  # bytes logged so far: shutdown waits while this grows
 
     def run(self) -> None:
+        partial = b""
         with open(self.path, "wb") as log:
-            for line in iter(self.pipe.readline, b""):
-                log.write(line)
+            for chunk in iter(lambda: self.pipe.read1(1 << 16), b""):
+                *lines, partial = (partial + chunk).split(b"\n")
+                for line in lines:
+                    log.write(line.rsplit(ERASE_LINE, 1)[-1] + b"\n")
+                redrawn = partial.rfind(ERASE_LINE)
+                if redrawn > 0:  # a bar redrawn for hours without a newline must not pile up here
+                    partial = partial[redrawn:]
+                if len(partial) > _MAX_PARTIAL_LINE:
+                    log.write(partial)
+                    partial = b""
                 log.flush()
-                self.copied += len(line)
-                if self.echo is not None and not _echo(self.echo, line):
+                self.copied += len(chunk)
+                if self.echo is not None and not _echo(self.echo, chunk):
                     self.echo = None
+            log.write(partial.rsplit(ERASE_LINE, 1)[-1])
 
     def finish(self, idle_s: float = 2.0) -> None:
         """Wait until the pipe is drained. A grandchild of the rank may hold it open for ever, so give up only
@@ -122,6 +137,13 @@ def _echo(stream, data: bytes) -> bool:
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, stream.fileno())
             os.close(devnull)
+        return False
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
         return False
 
 
@@ -231,6 +253,8 @@ class Launch:
             )
             if self.daemon_ids:
                 env["TESSEL_DAEMON_ID"] = self.daemon_ids[rank]
+            if rank == 0 and not self.args.quiet and _is_terminal(sys.stdout):
+                env["TESSEL_TERMINAL"] = "1"  # its output reaches a person: Model.train may draw its progress bar
             out_dir = log_root / f"rank.{rank}"
             out_dir.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(

@@ -1,7 +1,8 @@
 """A progress bar for `Model.train` on a terminal: epoch, step of the epoch, loss, samples/s and time left.
 
-`Model.train` shows it by itself on rank 0 when standard output is a terminal (never into a pipe or a log file);
-pass `ProgressBar()` in `callbacks` to choose the stream or the redraw rate yourself:
+`Model.train` shows it by itself on rank 0 when standard output is a terminal, or reaches one through `tessel run`
+(which sets TESSEL_TERMINAL=1 then, and keeps only each line's last redraw in the log); never into a pipe or a file
+otherwise. Pass `ProgressBar()` in `callbacks` to choose the stream or the redraw rate yourself:
 
     >>> model.train(10, dataset, callbacks=[ProgressBar(stream=sys.stderr)])
     epoch 1/10 [####################] 100/100  loss 0.5123  41,250 samples/s  0:09 left
@@ -15,6 +16,7 @@ loss costs a daemon round trip in feed mode, so it is read only when drawn). Lin
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -22,7 +24,7 @@ from typing import Any, TextIO
 
 from tessel.train.callback import Callback, RunContext, loss_value
 
-_ERASE_LINE = "\r\x1b[2K"
+_ERASE_LINE = "\r\x1b[2K"  # tessel.launcher.ERASE_LINE: the launcher's logs keep only the text after the last one
 _WIDTH = 20  # characters of the bar itself
 
 
@@ -153,7 +155,7 @@ def terminal_progress(rank: int, callbacks: list[Callback]) -> Iterator[list[Cal
     passed = [c for c in callbacks if isinstance(c, ProgressBar)]
     if passed:
         bar, run = passed[0], callbacks
-    elif rank == 0 and _is_terminal(sys.stdout):
+    elif rank == 0 and (_is_terminal(sys.stdout) or os.environ.get("TESSEL_TERMINAL") == "1"):
         bar = ProgressBar()
         run = [*callbacks, bar]  # last: it draws after the other callbacks printed
     else:
