@@ -6,6 +6,7 @@ Plain data plus pure functions; `state.CoordinatorState` owns the lock that guar
 from __future__ import annotations
 
 import queue
+import secrets
 from dataclasses import dataclass, field
 
 from tessel.core import errors
@@ -101,6 +102,9 @@ class Job:
     groups: dict[str, Group] = field(default_factory=dict)
     barriers: dict[str, Barrier] = field(default_factory=dict)
     kv: dict[str, bytes] = field(default_factory=dict)
+    # Job ids repeat (each embedded `tessel run` numbers from 1 at its own coordinator; a finished id may be
+    # reused): names that must differ between jobs on a host, like shared-memory segments, include this.
+    nonce: str = field(default_factory=lambda: secrets.token_hex(8))
 
     @property
     def ended(self) -> bool:

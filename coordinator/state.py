@@ -197,6 +197,7 @@ class CoordinatorState(RendezvousMixin):
                 members=members,
                 local_rank=local_rank,
                 local_size=local_size,
+                job_nonce=job.nonce,
             )
 
     def job_info(self, job_id: str) -> coordinator_pb2.JobInfo:

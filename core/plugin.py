@@ -68,6 +68,9 @@ class GroupContext:
     # Polled while waiting: returns the cause once the job has failed elsewhere (set by the daemon from the
     # coordinator's heartbeat events), so a wait ends within a heartbeat instead of at the timeout.
     abort: Callable[[], str | None] = field(default=_never_aborted, compare=False, repr=False)
+    # Random per job and the same on every member (the coordinator draws it): job ids repeat across coordinators
+    # and over time, so names shared on a host (shared-memory segments) include this to stay apart between jobs.
+    job_nonce: str = ""
 
     @property
     def size(self) -> int:

@@ -85,7 +85,9 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable) -> str:
+    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
+        """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
+        rank) keeps this job's shared-memory names apart from another job's of the same id."""
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -97,7 +99,10 @@ class DaemonCore:
                     f"job {job_id!r}: a world of {world_size} needs the members from the coordinator's JoinJob"
                 )
             members = [self.member(0)]
-        session = Session(f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}", job_id, rank, world_size, members)
+        if not job_nonce and world_size == 1:
+            job_nonce = uuid.uuid4().hex[:16]  # nobody to agree with
+        session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
+        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
         with self._lock:
             self._sessions[session.session_id] = session
         log.info("opened %s", session.describe())
@@ -208,6 +213,7 @@ class DaemonCore:
         peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
         context = GroupContext(
             job_id=session.job_id,
+            job_nonce=session.job_nonce,
             name=name,
             ranks=tuple(ranks),
             rank=session.rank,

@@ -21,7 +21,9 @@ class DaemonServicer:
         self.core, self.local_socket = core, local_socket
 
     def OpenSession(self, request, context):
-        session_id = self.core.open_session(request.job_id, request.rank, request.world_size, request.members)
+        session_id = self.core.open_session(
+            request.job_id, request.rank, request.world_size, request.members, request.job_nonce
+        )
         return daemon_pb2.OpenSessionReply(
             session_id=session_id, local_socket=self.local_socket, host_id=self.core.host_id
         )

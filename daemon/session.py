@@ -21,6 +21,7 @@ class Session:
     rank: int
     world_size: int
     members: list  # common_pb2.Member, index = rank
+    job_nonce: str = ""  # the coordinator's per-job random value (JoinJobReply.job_nonce)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     groups: dict[str, Communicator] = field(default_factory=dict)
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)

@@ -110,6 +110,13 @@ def cluster(tmp_path):
     running.close()
 
 
+def rank_log(tmp: Path, rank: int, job: int = 1, stream: str = "stdout") -> Path:
+    """The log of `rank` in the `job`-th `tessel run` in `tmp`: tmp/log_output/<job>-<nonce>/rank.<rank>/<stream>."""
+    found = sorted((tmp / "log_output").glob(f"{job}-*/rank.{rank}/{stream}"))
+    assert len(found) == 1, f"expected one log of job {job}, rank {rank} under {tmp / 'log_output'}; found {found}"
+    return found[0]
+
+
 def run_tessel(
     args: list[str], tmp: Path, timeout_s: float = 120, env: dict | None = None
 ) -> subprocess.CompletedProcess:

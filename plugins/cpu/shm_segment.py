@@ -1,10 +1,11 @@
 """The shared-memory segment of one group: its name, its layout, and creating or attaching it safely.
 
-One file in /dev/shm per group, named from (user, job id, group name, global ranks) so different jobs and groups
-never collide. Group rank 0 creates it (removing a stale file of the same name first) and writes the header last;
-the others attach and validate the header (magic, identity, ranks, creator pid) so a stale segment is never
-joined. Once every member has attached, the creator unlinks the name: from then on the memory lives exactly as
-long as some member maps it, so nothing leaks even if every process is killed.
+One file in /dev/shm per group, named from (user, job id, job nonce, group name, global ranks) so different jobs and
+groups never collide (job ids alone repeat: every embedded `tessel run` has its own coordinator). Group rank 0
+creates it (removing a stale file of the same name first) and writes the header last; the others attach and validate
+the header (magic, identity, ranks, creator pid) so a stale segment is never joined. Once every member has attached,
+the creator unlinks the name: from then on the memory lives exactly as long as some member maps it, so nothing leaks
+even if every process is killed.
 
 Layout (offsets from the start of the file):
 
@@ -130,7 +131,8 @@ class Layout:
 
 
 def _identity(context: GroupContext) -> bytes:
-    key = f"{os.getuid()}\0{context.job_id}\0{context.name}\0{','.join(map(str, context.ranks))}"
+    ranks = ",".join(map(str, context.ranks))
+    key = f"{os.getuid()}\0{context.job_id}\0{context.job_nonce}\0{context.name}\0{ranks}"
     return hashlib.sha1(key.encode()).digest()
 
 

@@ -3,8 +3,8 @@
 Connections between members of a group are made on first use. The member with the lower group rank connects;
 its first bytes are a handshake naming (job, group, group ranks, sender's and receiver's global ranks, channel), so one
 listener serves any number of groups and jobs, and the accept thread files each connection under that key until
-the receiving communicator asks for it. With a cluster token (TESSEL_TOKEN) the handshake carries an HMAC of its
-contents and connections without the right one are refused.
+the receiving communicator asks for it. With a cluster token ($TESSEL_TOKEN, else the token file: the same source as
+every RPC) the handshake carries an HMAC of its contents and connections without the right one are refused.
 
     transport = TcpTransport("10.0.0.5")    # listens there; TcpTransport("0.0.0.0", advertise_host="10.0.0.5")
     transport.address                       # "10.0.0.5:40123": the daemon registers this as its data address
@@ -41,6 +41,16 @@ _HANDSHAKE_TIMEOUT_S = 5.0
 # up before its address is published, so a healthy peer never needs longer.
 CONNECT_TIMEOUT_S = float(os.environ.get("TESSEL_CONNECT_TIMEOUT", "5"))
 _WILDCARDS = ("", "0.0.0.0", "::")
+
+
+def _cluster_token() -> str:
+    """The token every RPC of this process carries, or "" where none is set up (then handshakes carry no HMAC)."""
+    from tessel.core.rpc import cluster_token  # the one token source; imported late, it brings gRPC along
+
+    try:
+        return cluster_token()
+    except ConfigurationError:
+        return ""
 
 
 def _tune(sock: socket.socket) -> None:
@@ -88,7 +98,8 @@ class TcpTransport:
                 f"the TCP data plane listens on every interface ({host!r}) but was given no address for peers to "
                 "dial: pass the address other hosts reach this one at (tessel daemon --advertise-host ADDR)"
             )
-        self._token = (os.environ.get("TESSEL_TOKEN", "") if token is None else token).encode()
+        # A daemon started from the token file must sign with it too, or it would accept any connection.
+        self._token = (_cluster_token() if token is None else token).encode()
         self.connect_timeout_s = connect_timeout_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -213,7 +224,7 @@ class TcpTransport:
         if answer == _BAD_TOKEN:
             raise ConfigurationError(
                 f"{context.peers[peer_rank].data_address} refused group {context.name!r}'s connection: wrong "
-                "cluster token. Start every daemon with the same TESSEL_TOKEN."
+                "cluster token. Start every daemon with the same TESSEL_TOKEN (or the same ~/.tessel/token file)."
             )
         if answer != _ACCEPTED:
             raise PeerFailedError(

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 def _run(tmp: Path, n: int, script: str, *args: str, env: dict | None = None) -> list[str]:
     result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 300, env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [(tmp / "log_output" / "1" / f"rank.{r}" / "stdout").read_text() for r in range(n)]
+    return [rank_log(tmp, r).read_text() for r in range(n)]
 
 
 def _numbers(text: str, label: str) -> np.ndarray:

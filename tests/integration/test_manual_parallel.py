@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "dp_manual.py"
 pytestmark = pytest.mark.slow
@@ -19,6 +19,6 @@ def test_manual_parallel_seed_matches_its_single_device_reference(tmp_path, n):
     result = run_tessel(["run", "-n", str(n), str(SCRIPT)], tmp_path, 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(n):
-        out = (tmp_path / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
+        out = rank_log(tmp_path, rank).read_text()
         found = re.search(rf"manual ok on rank {rank} of {n}: step-0 loss (\S+) \(single device (\S+)\)", out)
         assert found and abs(float(found.group(1)) - float(found.group(2))) <= 1e-5, out

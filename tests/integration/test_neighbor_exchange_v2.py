@@ -13,7 +13,7 @@ import pytest
 import tessel as ms
 from tessel import ops
 from tessel.core.errors import ConfigurationError
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "halo_exchange.py"
 NONE = [-1] * 8
@@ -29,7 +29,7 @@ def test_halo_exchange_matches_numpy_forward_and_backward(tmp_path, n, rows, col
     result = run_tessel(args, tmp_path, 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(n):
-        out = (tmp_path / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
+        out = rank_log(tmp_path, rank).read_text()
         assert re.search(rf"halo ok on rank {rank} of {n}: 3 checks", out), out
 
 

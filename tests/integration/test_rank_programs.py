@@ -9,14 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "rank_mlp.py"
 pytestmark = pytest.mark.slow
 
 
 def _stdout(tmp: Path, rank: int) -> str:
-    return (tmp / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
+    return rank_log(tmp, rank).read_text()
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

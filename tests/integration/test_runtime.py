@@ -15,14 +15,14 @@ import grpc
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPTS = ROOT / "tests" / "integration" / "scripts"
 pytestmark = pytest.mark.slow
 
 
-def _stdout(tmp: Path, rank: int, job: str = "1") -> str:
-    return (tmp / "log_output" / job / f"rank.{rank}" / "stdout").read_text()
+def _stdout(tmp: Path, rank: int, job: int = 1) -> str:
+    return rank_log(tmp, rank, job).read_text()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
@@ -40,7 +40,7 @@ def test_run_writes_per_rank_logs_and_streams_rank_zero(tmp_path):
     assert "rank 0/2" in result.stdout and "rank 1/2" not in result.stdout  # only rank 0 is streamed
     assert "rank 1/2: all_reduce=1" in _stdout(tmp_path, 1)
     second = run_tessel(["run", "-n", "1", str(ROOT / "examples" / "hello_collectives.py")], tmp_path)
-    assert second.returncode == 0 and "rank 0/1" in _stdout(tmp_path, 0, job="2")
+    assert second.returncode == 0 and "rank 0/1" in _stdout(tmp_path, 0, job=2)
 
 
 def test_failing_rank_stops_the_job_and_its_tail_is_printed(tmp_path):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_train.py"
 SEED_SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_seed.py"
@@ -28,7 +28,7 @@ def test_megatron_mlp_trains_like_one_rank_with_either_data_import(tmp_path, n, 
 def check_ranks(tmp_path, n: int, pattern: str) -> None:
     """Every rank printed `pattern` (formatted with rank and n) with a loss error of at most 1e-5."""
     for rank in range(n):
-        out = (tmp_path / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
+        out = rank_log(tmp_path, rank).read_text()
         found = re.search(pattern.format(rank=rank, n=n), out)
         assert found and float(found.group(1)) <= 1e-5, out
 

@@ -249,6 +249,16 @@ def test_wrong_token_is_refused_with_a_clear_error():
     assert isinstance(results[1], CollectiveTimeoutError), results  # nobody with the right token came
 
 
+def test_the_token_file_signs_the_data_plane_like_every_rpc(tmp_path, monkeypatch):
+    # A daemon started without TESSEL_TOKEN takes the token file, as its RPCs do; connections must be signed too.
+    monkeypatch.delenv("TESSEL_TOKEN", raising=False)
+    monkeypatch.setenv("TESSEL_HOME", str(tmp_path))
+    (tmp_path / "token").write_text("from-the-file\n")
+    results = _threads(2, lambda c, r: c.barrier(), 1.0, tokens=[None, "other"])
+    assert isinstance(results[0], ConfigurationError) and "TESSEL_TOKEN" in str(results[0]), results
+    assert _threads(2, lambda c, r: c.barrier(), 10.0, tokens=[None, "from-the-file"]) == [None, None]
+
+
 def test_same_token_connects_and_closed_groups_refuse_work():
     def body(comm, rank: int):
         total = comm.all_reduce(np.array([rank + 1], np.int64))

@@ -226,6 +226,21 @@ def test_finish_frees_daemons_and_the_job_id_can_be_reused(state):
     assert again[0].world_size == 1 and state.job_info("j").state == "running"
 
 
+def test_every_job_gets_its_own_nonce_even_under_a_reused_id(state):
+    # Shared-memory names include it: ids repeat across coordinators and over time, the nonce must not.
+    state.register_daemon(daemon_info(1))
+    state.register_daemon(daemon_info(2))
+    first = start_job(state, "j", 2)
+    assert first[0].job_nonce and first[0].job_nonce == first[1].job_nonce  # the same on every rank
+    for rank in (0, 1):
+        state.finish_rank("j", rank)
+    again = start_job(state, "j", 2)
+    other = CoordinatorState(heartbeat_timeout_s=3.0)
+    other.register_daemon(daemon_info(1))
+    elsewhere = start_job(other, "j", 1)
+    assert len({first[0].job_nonce, again[0].job_nonce, elsewhere[0].job_nonce}) == 3
+
+
 def test_missed_daemon_heartbeats_fail_its_job_and_release_blocked_calls(state):
     for port in (1, 2):
         state.register_daemon(daemon_info(port, hostname="node7"))

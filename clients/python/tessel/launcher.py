@@ -22,9 +22,14 @@ import time
 from collections import deque
 from pathlib import Path
 
+from tessel.core import rpc
 from tessel.core.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
+# What tessel.train.progress writes before each redraw of its bar: the terminal shows the last redraw of a line,
+# and so does the log, which keeps only the text after the last one.
+ERASE_LINE = b"\r\x1b[2K"
+_MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it comes
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
 _PR_SET_PDEATHSIG = 1
 
@@ -41,7 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--coordinator", default=None, help="host:port of a running coordinator (default: embed one)")
     parser.add_argument("--plugin", default="cpu", help="plugin of the local daemons / required of assigned ones")
     parser.add_argument("--log-dir", default="log_output", help="per-rank logs go to LOG_DIR/<job>/rank.<r>/")
-    parser.add_argument("--job-id", default=None, help="job id (default: the next free number in the log dir)")
+    parser.add_argument(
+        "--job-id",
+        default=None,
+        help="job id (default: the next free number in the log dir, a nonce appended: 3-1f0a9c)",
+    )
     parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
@@ -55,8 +64,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _cluster_token(coordinator: str | None) -> str:
+    """The token of the cluster this launch runs on, from the one source every server and client uses
+    ($TESSEL_TOKEN, else the token file: `rpc.cluster_token`). A running coordinator was started with it, so
+    without one it is an error; an embedded cluster is this launch's own, so a fresh token serves there."""
+    if coordinator is not None:
+        return rpc.cluster_token()
+    try:
+        return rpc.cluster_token()
+    except ConfigurationError:
+        return secrets.token_hex(16)
+
+
 def _next_job_id(log_dir: Path) -> str:
-    # Directories are "<n>" (embedded cluster) or "<n>-<suffix>" (shared coordinator): n counts both.
+    # Directories are "<n>-<nonce>" (older launchers wrote "<n>" for an embedded cluster): n counts both.
     taken = {p.name.split("-")[0] for p in log_dir.iterdir()} if log_dir.is_dir() else set()
     n = 1
     while str(n) in taken:
@@ -65,20 +86,70 @@ def _next_job_id(log_dir: Path) -> str:
 
 
 class _Tee(threading.Thread):
-    """Copies a child's pipe to its log file and (for rank 0) the terminal."""
+    """Copies a child's pipe to its log file and (for rank 0) the terminal.
+
+    The log gets every line whatever happens to the terminal: a reader that went away (`tessel run | head`) only
+    ends the echo, and the pipe is drained to its end so the child never blocks on it. The terminal gets what
+    arrived at once, also a line still being drawn (a progress bar); the log gets whole lines as they end up shown."""
 
     def __init__(self, pipe, path: Path, echo):
         super().__init__(daemon=True)
         self.pipe, self.path, self.echo = pipe, path, echo
+        self.copied = 0  # bytes logged so far: shutdown waits while this grows
 
     def run(self) -> None:
+        partial = b""
         with open(self.path, "wb") as log:
-            for line in iter(self.pipe.readline, b""):
-                log.write(line)
+            for chunk in iter(lambda: self.pipe.read1(1 << 16), b""):
+                *lines, partial = (partial + chunk).split(b"\n")
+                for line in lines:
+                    log.write(line.rsplit(ERASE_LINE, 1)[-1] + b"\n")
+                redrawn = partial.rfind(ERASE_LINE)
+                if redrawn > 0:  # a bar redrawn for hours without a newline must not pile up here
+                    partial = partial[redrawn:]
+                if len(partial) > _MAX_PARTIAL_LINE:
+                    log.write(partial)
+                    partial = b""
                 log.flush()
-                if self.echo is not None:
-                    self.echo.write(line)
-                    self.echo.flush()
+                self.copied += len(chunk)
+                if self.echo is not None and not _echo(self.echo, chunk):
+                    self.echo = None
+            log.write(partial.rsplit(ERASE_LINE, 1)[-1])
+
+    def finish(self, idle_s: float = 2.0) -> None:
+        """Wait until the pipe is drained. A grandchild of the rank may hold it open for ever, so give up only
+        once nothing arrived for `idle_s`, never while output is still being copied."""
+        seen = -1
+        while self.is_alive() and self.copied != seen:
+            seen = self.copied
+            self.join(idle_s)
+
+
+def _echo(stream, data: bytes) -> bool:
+    """Write to the launcher's terminal; False once its reader is gone (the stream then writes to /dev/null, so
+    that neither later messages nor the interpreter's last flush fail on it)."""
+    try:
+        stream.write(data)
+        stream.flush()
+        return True
+    except (OSError, ValueError):  # EPIPE (`| head` exited), EIO (the terminal hung up), a closed stream
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stream.fileno())
+            os.close(devnull)
+        return False
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _say(message: str) -> None:
+    """A launcher message on stderr, which may be a closed pipe by now: the job's exit status matters more."""
+    _echo(sys.stderr.buffer, (message + "\n").encode(errors="replace"))
 
 
 class Launch:
@@ -91,7 +162,7 @@ class Launch:
         self.tees: list[_Tee] = []
         self.server = None
         self.daemon_ids: list[str] = []
-        self.token = os.environ.get("TESSEL_TOKEN") or secrets.token_hex(16)
+        self.token = _cluster_token(args.coordinator)
         self.coordinator = args.coordinator
 
     # ------------------------------------------------------------------------------------------ cluster
@@ -182,6 +253,8 @@ class Launch:
             )
             if self.daemon_ids:
                 env["TESSEL_DAEMON_ID"] = self.daemon_ids[rank]
+            if rank == 0 and not self.args.quiet and _is_terminal(sys.stdout):
+                env["TESSEL_TERMINAL"] = "1"  # its output reaches a person: Model.train may draw its progress bar
             out_dir = log_root / f"rank.{rank}"
             out_dir.mkdir(parents=True, exist_ok=True)
             proc = subprocess.Popen(
@@ -267,7 +340,7 @@ class Launch:
             self.server.stop()  # first, so that daemons going away is not reported as a failure
         self._stop(self.daemons)
         for tee in self.tees:
-            tee.join(timeout=2.0)
+            tee.finish()
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -281,11 +354,15 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
-    job_id = args.job_id or _next_job_id(log_dir)
-    if args.coordinator and not args.job_id:
-        job_id = f"{job_id}-{secrets.token_hex(3)}"  # a shared coordinator sees other users' jobs
+    # Job ids must be unique at the coordinator (a shared one sees other users' jobs) and two runs started together
+    # in one directory would take the same next number, so a nonce follows it: "3-1f0a9c".
+    job_id = args.job_id or f"{_next_job_id(log_dir)}-{secrets.token_hex(3)}"
     log_root = log_dir / job_id
-    launch = Launch(args)
+    try:
+        launch = Launch(args)
+    except ConfigurationError as exc:  # e.g. no cluster token for --coordinator
+        _say(f"tessel run: {exc}")
+        return 2
     interrupted = False
 
     def on_signal(signum, _frame):
@@ -301,21 +378,18 @@ def main(argv: list[str] | None = None) -> int:
         launch.start_ranks(job_id, log_root)
         code, failed, cause = launch.wait_ranks(job_id)
     except KeyboardInterrupt:
-        print("tessel run: interrupted; stopping all ranks and daemons", file=sys.stderr)
-        launch.shutdown()
+        _say("tessel run: interrupted; stopping all ranks and daemons")
         return 130
     except (TesselError, ConfigurationError) as exc:
-        print(f"tessel run: {exc}", file=sys.stderr)
-        launch.shutdown()
+        _say(f"tessel run: {exc}")
         return 2
-    launch.shutdown()
+    finally:
+        # Whatever ended the wait: an embedded coordinator left running would keep this process alive.
+        launch.shutdown()
     if code != 0:
         rank_dir = log_root / f"rank.{failed}"
         because = f" ({cause})" if cause else ""
-        print(
-            f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:",
-            file=sys.stderr,
-        )
-        print(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"), file=sys.stderr)
+        _say(f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:")
+        _say(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"))
         return code if code > 0 else 1
     return 130 if interrupted else 0

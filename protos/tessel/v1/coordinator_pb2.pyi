@@ -117,20 +117,22 @@ class JoinJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., rank: _Optional[int] = ..., plugin: _Optional[str] = ..., daemon_id: _Optional[str] = ..., hostname: _Optional[str] = ..., pid: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class JoinJobReply(_message.Message):
-    __slots__ = ("rank", "world_size", "daemon", "members", "local_rank", "local_size")
+    __slots__ = ("rank", "world_size", "daemon", "members", "local_rank", "local_size", "job_nonce")
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     DAEMON_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    JOB_NONCE_FIELD_NUMBER: _ClassVar[int]
     rank: int
     world_size: int
     daemon: _common_pb2.Member
     members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
     local_rank: int
     local_size: int
-    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., daemon: _Optional[_Union[_common_pb2.Member, _Mapping]] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ...) -> None: ...
+    job_nonce: str
+    def __init__(self, rank: _Optional[int] = ..., world_size: _Optional[int] = ..., daemon: _Optional[_Union[_common_pb2.Member, _Mapping]] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., local_rank: _Optional[int] = ..., local_size: _Optional[int] = ..., job_nonce: _Optional[str] = ...) -> None: ...
 
 class GetJobRequest(_message.Message):
     __slots__ = ("job_id",)

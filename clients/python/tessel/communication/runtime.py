@@ -150,7 +150,7 @@ def _distributed(env: LaunchEnv) -> Runtime:
         timeout_s=env.join_timeout_s,
     )
     daemon = RemoteDaemon(reply.daemon.daemon_address, token)
-    session = daemon.open_session(env.job_id, reply.rank, reply.world_size, list(reply.members))
+    session = daemon.open_session(env.job_id, reply.rank, reply.world_size, list(reply.members), reply.job_nonce)
     runtime = Runtime(
         env.job_id, reply.rank, reply.world_size, reply.local_rank, reply.local_size, daemon, session, coordinator
     )

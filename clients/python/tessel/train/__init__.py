@@ -21,6 +21,7 @@ from tessel.train.metrics import (
     TopKCategoricalAccuracy,
 )
 from tessel.train.model import Model
+from tessel.train.progress import ProgressBar
 from tessel.train.serialization import export, load_checkpoint, load_param_into_net, save_checkpoint
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "Metric",
     "Model",
     "ModelCheckpoint",
+    "ProgressBar",
     "RunContext",
     "TimeMonitor",
     "Top1CategoricalAccuracy",

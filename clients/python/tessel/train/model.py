@@ -15,6 +15,8 @@ HYBRID_PARALLEL: the network's own collectives), see `tessel.common.rank_step`.
   returning each step's loss; the step callbacks then run once per step (LossMonitor prints every step).
 * Otherwise (feed mode: `dataset_sink_mode=False`, or a pipeline with Python callables such as
   GeneratorDataset or a map with a lambda): one Execute per step with the batch fed from the client.
+
+On a terminal, rank 0 shows a progress bar (epoch, step, loss, samples/s, time left; see `train.progress`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tessel.nn.cell import Cell
 from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
 from tessel.train.callback import CallbackParam, RunContext, as_callbacks
 from tessel.train.metrics import Loss, get_metrics
+from tessel.train.progress import terminal_progress
 
 
 def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
@@ -139,7 +142,8 @@ class Model:
         else:
             batches = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
             epochs = (_fed_steps(step, batches) for _ in numbers)
-        _run_epochs(epochs, numbers, cb, as_callbacks(callbacks))
+        with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks:
+            _run_epochs(epochs, numbers, cb, run_callbacks)
 
     def _sink_runner(self, step: FusedTrainStep, dataset: Any) -> rank_step.SinkRunner:
         """The runner whose daemon-side reader has `dataset` open, kept across train() calls: opening it again
@@ -200,6 +204,12 @@ class Model:
         """network(*predict_data) in inference mode."""
         self._network.set_train(False)
         return self._network(*predict_data)
+
+
+def _rank() -> int:
+    from tessel.communication import runtime
+
+    return runtime.init().rank  # training runs on the runtime anyway (a world of 1 when nothing was launched)
 
 
 def _check_dataset(dataset: Any) -> None:
