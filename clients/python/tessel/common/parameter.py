@@ -3,6 +3,10 @@
 A Parameter starts on the host. The first compiled run puts it into the daemon's store (under `key`, unique per
 Parameter); optimizer steps then update it there in place, and reading it (`asnumpy`) fetches the current value
 once per update. `set_data` makes the host value current again; the next run puts it back.
+
+Under SEMI_AUTO/AUTO parallelism the first plan that uses a parameter gives it a layout (`layout`): from then on
+the daemon holds this rank's slice, and `asnumpy()` returns that slice, as MindSpore's sliced parameters do;
+`shape` stays the parameter's full (global) shape, the one networks are traced with.
 """
 
 from __future__ import annotations
@@ -46,7 +50,41 @@ class Parameter(Tensor):
         self._key = key
         self._device: int | None = None  # id of the engine whose store holds this parameter's value
         self._host_stale = False  # the store holds a newer value than self._array
+        self._global_shape = tuple(self._array.shape)
+        self._layout = None  # under SEMI_AUTO/AUTO: the compiler Layout of its slices, once a plan placed it
+        self._layout_engine: int | None = None  # the engine (job) that layout belongs to
+        self._local = False  # self._array holds this rank's slice, not the whole value
         mark_host_write()
+
+    @property
+    def shape(self) -> tuple:
+        """The full shape (under SEMI_AUTO/AUTO too, where a rank holds a slice of it)."""
+        return self._global_shape
+
+    @property
+    def layout(self):
+        """How the parameter is sliced over the ranks (a compiler Layout), or None when every rank holds it whole."""
+        return self._layout
+
+    def place(self, layout, engine_id: int) -> None:
+        """Give the parameter the layout a plan decided (once per job; the daemon then holds its slice)."""
+        if self._layout_engine == engine_id and self._layout is not None and not self._layout.same_as(layout):
+            raise ConfigurationError(
+                f"parameter {self.name!r} is sliced as {self._layout.describe()}, and a new plan asks for "
+                f"{layout.describe()}; a parameter keeps one layout in a job"
+            )
+        if self._layout_engine != engine_id and self._local:
+            raise TesselError(
+                f"parameter {self.name!r} holds only this rank's slice from an earlier job; its full value is lost. "
+                "Load it from a checkpoint (save_checkpoint gathers the slices) before using it in a new job"
+            )
+        if self._layout_engine == engine_id and self._layout is not None:
+            return
+        if self._device == engine_id:  # the daemon holds the whole value: bring it back, then stage the slice
+            if self._host_stale:
+                self.asnumpy()
+            self._device = None
+        self._layout, self._layout_engine = layout, engine_id
 
     @property
     def name(self) -> str:
@@ -85,25 +123,39 @@ class Parameter(Tensor):
                     "its value is lost. Save checkpoints before releasing the runtime"
                 )
             self._array = current.get([self.key])[self.key]
-            self._host_stale = False
+            self._host_stale, self._local = False, self._layout is not None
         # Read-only: an in-place edit would change the host copy only; use set_data to change a parameter.
         self._array.flags.writeable = False
         return self._array
 
     def set_data(self, data: Any, slice_shape: bool = False) -> Parameter:
-        """Replace the value (same shape; cast to this parameter's dtype). The next run puts it on the daemon."""
+        """Replace the value (the full shape, or with slice_shape=True this rank's slice of a sliced parameter;
+        cast to this parameter's dtype). The next run puts it on the daemon."""
         array = data.asnumpy() if isinstance(data, Tensor) else np.asarray(data)
-        if array.shape != self.shape:
+        local = slice_shape and self._layout is not None
+        want = self._layout.local_shape(self.shape) if local else self.shape
+        if array.shape != tuple(want):
+            what = "this rank's slice" if local else "parameter"
             raise ConfigurationError(
-                f"set_data: parameter {self.name!r} has shape {self.shape}, the new value {array.shape}; "
+                f"set_data: {what} {self.name!r} has shape {tuple(want)}, the new value {array.shape}; "
                 "the shapes must match"
             )
-        self._set_host(np.array(array, dtype=self.dtype.numpy))
+        self._set_host(np.array(array, dtype=self.dtype.numpy), local)
         return self
 
-    def _set_host(self, array: np.ndarray) -> None:
-        self._array, self._host_stale, self._device = array, False, None
+    def _set_host(self, array: np.ndarray, local: bool | None = None) -> None:
+        if local is None:  # a slice of a sliced parameter is its slice, anything else the whole value
+            local = self._layout is not None and tuple(array.shape) != self._global_shape
+        self._array, self._host_stale, self._device, self._local = array, False, None, local
         mark_host_write()
+
+    def _staged_value(self, rank: int) -> np.ndarray:
+        """What the daemon of `rank` stores: the value, or its slice when the parameter is sliced."""
+        if self._layout is None or self._local:
+            return self._array
+        from tessel.compiler.parallel import piece
+
+        return piece(self._array, self._layout, rank)
 
     def clone(self, init: Any = "same") -> Parameter:
         """A new Parameter with this one's value (init='same') or a fresh initialisation."""
@@ -166,7 +218,7 @@ def stage(engine, params, feed: dict[str, np.ndarray]) -> None:
         if p._device != engine.id:
             if p._host_stale:
                 p.asnumpy()  # raises: the value only existed on a closed session
-            feed[p.key] = p._array
+            feed[p.key] = p._staged_value(engine.runtime.rank)
             p._device = engine.id
 
 
@@ -187,6 +239,6 @@ def fetch_all(params) -> None:
     values = current.get([p.key for p in stale if p._device == current.id])
     for p in stale:
         if p.key in values:
-            p._array, p._host_stale = values[p.key], False
+            p._array, p._host_stale, p._local = values[p.key], False, p._layout is not None
         else:
             p.asnumpy()  # raises the lost-session error

@@ -24,12 +24,14 @@ from tessel.dataset import core as _dataset_core
 
 
 class DeviceRef:
-    """A tensor living in the daemon's store under `name`."""
+    """A tensor living in the daemon's store under `name`. Under SEMI_AUTO/AUTO parallelism a handle may be
+    sharded: `shape` is the global shape and the store holds this rank's piece of `layout` (a compiler Layout)."""
 
-    __slots__ = ("dtype", "engine", "name", "shape")
+    __slots__ = ("dtype", "engine", "layout", "name", "shape")
 
-    def __init__(self, engine, name: str, shape: tuple, dtype: DType):
+    def __init__(self, engine, name: str, shape: tuple, dtype: DType, layout=None):
         self.engine, self.name, self.shape, self.dtype = engine, name, tuple(shape), dtype
+        self.layout = layout
 
 
 class Tensor:
@@ -140,7 +142,10 @@ class Tensor:
             return self._array
         if self._ref is not None:
             ref = self._ref
-            self._materialize(ref.engine.get([ref.name])[ref.name])
+            value = ref.engine.get([ref.name])[ref.name]
+            if ref.layout is not None:  # this rank's piece of a sharded tensor: the handle stays what it is
+                return value
+            self._materialize(value)
             return self._array
         return self._sym.asnumpy()  # raises TraceError: values of traced tensors do not exist yet
 

@@ -89,18 +89,21 @@ def plan_for(
     param_names: Collection[str],
     device_num: int,
     dataset: str | tuple | None = None,
+    fixed: Mapping[str, Any] | None = None,
 ) -> ParallelPlan:
-    """The parallel plan of `graph` (cached per graph, strategies, world size and data import)."""
+    """The parallel plan of `graph` (cached per graph, strategies, world size, data import and the layouts of
+    parameters an earlier plan sliced, `fixed`)."""
     dataset = dataset_setting() if dataset is None else dataset
     strategies = strategies_of(graph, sdk_trace)
     inputs = {v.name for v in graph.inputs}
     parameters = tuple(name for name in param_names if name in inputs)
+    fixed = {name: layout for name, layout in (fixed or {}).items() if name in inputs}
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))
-    key = (shown, device_num, dataset, parameters)
+    key = (shown, device_num, dataset, parameters, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
     cache = _PLANS.setdefault(graph, {})
     if key not in cache:
-        cache[key] = parallelize(graph, strategies, device_num, parameters, _dataset_arg(dataset))
+        cache[key] = parallelize(graph, strategies, device_num, parameters, _dataset_arg(dataset), fixed=fixed)
     return cache[key]
 
 
@@ -136,19 +139,21 @@ def partition_for_rank(
     graph: Graph,
     sdk_trace: Any,
     param_names: Collection[str],
-    full_values: Mapping[str, np.ndarray],
+    full_values: Mapping[str, np.ndarray] | None,
     rank: int,
     device_num: int,
+    fixed: Mapping[str, Any] | None = None,
 ) -> RankPartition:
-    """Rank `rank`'s forward graph, parameter slices and feed slicer (see the module docstring). Invalid
-    strategies fail here, before any step runs, with a StrategyError naming the op, input, dim and a fix.
-    With set_context(save_graphs=True) the graph before and after the pass is written to
+    """Rank `rank`'s forward graph, parameter slices (of `full_values`, when given) and feed slicer (see the
+    module docstring); `fixed` holds the layouts of parameters an earlier plan sliced. Invalid strategies fail
+    here, before any step runs, with a StrategyError naming the op, input, dim and a fix. With
+    set_context(save_graphs=True) the graph before and after the pass is written to
     <save_graphs_path>/rank_<rank>/step_parallel_{begin,end}_*.ir."""
     dataset = dataset_setting()
-    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset)
+    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset, fixed)
     rank_graph = plan.rank_graph(rank)
     params = {}
-    for name in param_names:
+    for name in param_names if full_values is not None else ():
         if name not in full_values:
             raise ConfigurationError(f"partition_for_rank: no full value given for parameter {name!r}")
         held = name in plan.parameters
