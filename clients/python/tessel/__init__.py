@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "train"}
+_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "runtime", "train"}
 _DTYPES = {
     "bool_",
     "int8",
