@@ -17,7 +17,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "runtime", "train"}
+_SUBMODULES = {
+    "autograd",
+    "common",
+    "communication",
+    "context",
+    "dataset",
+    "nn",
+    "ops",
+    "runtime",
+    "train",
+}
 _DTYPES = {
     "bool_",
     "int8",
@@ -38,6 +48,8 @@ _NAMES = {
     "Tensor": "tessel.common.tensor",
     "Parameter": "tessel.common.parameter",
     "ParameterTuple": "tessel.common.parameter",
+    "Symbol": "tessel.common.symbol",
+    "lazy_inline": "tessel.common.lazy_inline",
     "set_seed": "tessel.common.seed",
     "get_seed": "tessel.common.seed",
     "jit": "tessel.common.compiled",
