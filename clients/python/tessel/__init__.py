@@ -23,8 +23,10 @@ _SUBMODULES = {
     "communication",
     "context",
     "dataset",
+    "mint",
     "nn",
     "ops",
+    "parallel",
     "runtime",
     "train",
 }

@@ -6,6 +6,7 @@
 """
 
 from tessel.common.parameter import Parameter, ParameterTuple
+from tessel.nn import utils
 from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
 from tessel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
@@ -108,5 +109,6 @@ __all__ = [
     "WithEvalCell",
     "WithLossCell",
     "get_activation",
+    "utils",
     *_optim_names,
 ]
