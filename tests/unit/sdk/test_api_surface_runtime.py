@@ -196,3 +196,14 @@ def test_every_name_of_mindspore_runtime_exists():
     """.split()  # noqa: SIM905
     assert [name for name in mindspore_27 if not hasattr(runtime, name)] == []
     assert set(mindspore_27) <= set(runtime.__all__)
+
+
+def test_set_context_options_without_effect_are_logged_once(caplog):
+    import tessel as ms
+
+    with caplog.at_level(logging.INFO, logger="tessel"):
+        ms.set_context(max_device_memory="28GB")
+        ms.set_context(max_device_memory="20GB", pynative_synchronize=True)
+    assert caplog.text.count("set_context(max_device_memory=...): accepted, no effect") == 1
+    assert "pynative_synchronize" in caplog.text
+    assert ms.get_context("max_device_memory") == "20GB"
