@@ -57,6 +57,8 @@ def test_placeholder_tensor_has_mindspores_shape_and_no_value():
         x.asnumpy()
     with pytest.raises(ConfigurationError, match="needs dtype"):
         ms.Tensor(shape=[None, 3])
+    with pytest.raises(ConfigurationError, match="take no init"):
+        ms.Tensor(shape=[None, 3], dtype=ms.float32, init="zeros")
     with pytest.raises(ConfigurationError, match="each dim"):
         ms.Tensor(shape=[None, "3"], dtype=ms.float32)
     assert ms.Tensor(np.ones((2, 3), np.float32)).shape == (2, 3)  # ordinary tensors are unchanged

@@ -51,6 +51,11 @@ class Tensor:
 
             if shape is None:
                 raise ConfigurationError("Tensor(init=...) needs shape=; e.g. Tensor(shape=(2, 3), init='normal')")
+            if is_dynamic_shape(shape):
+                raise ConfigurationError(
+                    f"Tensor(shape={shape!r}, init=...): dims that are None or a Symbol declare an input and take no "
+                    "init; give every dim a length, or drop init"
+                )
             array = init_array(init, (shape,) if isinstance(shape, int) else shape, dtype or DType.float32)
         elif input_data is None:
             raise ConfigurationError(
