@@ -9,6 +9,7 @@ Settings are validated here; the parallel pass reads the auto-parallel ones.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -60,6 +61,9 @@ def set_context(**kwargs: Any) -> None:
     for key, value in kwargs.items():
         if key in _IGNORED:
             _context[key] = value
+            from tessel.common.support import log_once
+
+            log_once(f"set_context:{key}", f"set_context({key}=...): accepted, no effect in tessel", logging.INFO)
             continue
         if key not in _CONTEXT_DEFAULTS:
             known = sorted(set(_CONTEXT_DEFAULTS) | _IGNORED)
