@@ -197,13 +197,10 @@ def test_set_comm_fusion_recurse_false_and_bad_values():
             layer.set_comm_fusion(bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Parameter.comm_fusion (default 1, setter checking an int >= 0) belongs in common/parameter.py, which "
-    "another engineer is reworking; requested in the API-surface report",
-)
 def test_parameter_comm_fusion_defaults_to_one():
     assert nn.Dense(2, 2).weight.comm_fusion == 1
+    with pytest.raises(ConfigurationError, match="must be an int >= 0"):
+        nn.Dense(2, 2).weight.comm_fusion = -1
 
 
 def test_parameter_attributes_the_samples_read():

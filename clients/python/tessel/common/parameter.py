@@ -54,7 +54,19 @@ class Parameter(Tensor):
         self._layout = None  # under SEMI_AUTO/AUTO: the compiler Layout of its slices, once a plan placed it
         self._layout_engine: int | None = None  # the engine (job) that layout belongs to
         self._local = False  # self._array holds this rank's slice, not the whole value
+        self._comm_fusion = 1
         mark_host_write()
+
+    @property
+    def comm_fusion(self) -> int:
+        """The fusion group of this parameter's gradient reduction (MindSpore's default 1; Cell.set_comm_fusion)."""
+        return self._comm_fusion
+
+    @comm_fusion.setter
+    def comm_fusion(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(f"comm_fusion of parameter {self.name!r} must be an int >= 0, got {value!r}")
+        self._comm_fusion = value
 
     @property
     def shape(self) -> tuple:
@@ -162,11 +174,16 @@ class Parameter(Tensor):
         from tessel.common.initializer import init_array
 
         value = np.array(self.asnumpy()) if init == "same" else init_array(init, self.shape, self.dtype)
-        return Parameter(value, self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
+        made = Parameter(value, self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
+        made.comm_fusion = self.comm_fusion
+        return made
 
     def __deepcopy__(self, memo: dict) -> Parameter:
         # A copy is a new parameter: its own store key, the current value.
-        copy = Parameter(np.array(self.asnumpy()), self.name, self.requires_grad, self.layerwise_parallel)
+        copy = Parameter(
+            np.array(self.asnumpy()), self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer
+        )
+        copy.comm_fusion = self.comm_fusion
         memo[id(self)] = copy
         return copy
 
