@@ -31,6 +31,9 @@ class Parameter(Tensor):
     >>> w = ms.Parameter(ms.Tensor(np.ones((2, 3), np.float32)), name="w")
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Parameter:
+        return object.__new__(cls)  # Tensor.__new__ reads Tensor's own arguments (placeholder shapes)
+
     def __init__(
         self,
         default_input: Any,
