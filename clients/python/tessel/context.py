@@ -159,8 +159,12 @@ def _validate_parallel(key: str, value: Any) -> Any:
 
 
 def _dataset_strategy(value: Any) -> Any:
-    if value in ("data_parallel", "full_batch"):
+    from tessel.parallel.layout import TensorLayout
+
+    if isinstance(value, str) and value in ("data_parallel", "full_batch"):
         return value
+    if isinstance(value, (tuple, list)) and value and all(isinstance(s, TensorLayout) for s in value):
+        return tuple(value)  # MindSpore's Layout form: one tensor layout per column
     ok = isinstance(value, (tuple, list)) and all(
         isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s) for s in value
     )

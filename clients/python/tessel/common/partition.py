@@ -65,6 +65,10 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     inputs = {v.name for v in graph.inputs}
     params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
     fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
+    for key, p in params.items():
+        requested = getattr(p, "_requested", None)  # Cell.shard's parameter_plan
+        if key not in fixed and requested is not None:
+            fixed[key] = _requested_layout(requested, world)
     handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
     for n, ref in handles.items():
         fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
@@ -90,6 +94,14 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]
     entry.device_layouts = list(plan.output_layouts[n_host:])
     return entry
+
+
+def _requested_layout(requested: Any, world: int):
+    from tessel.compiler.parallel import Layout
+
+    return (
+        requested.compiler_layout() if hasattr(requested, "compiler_layout") else Layout.from_strategy(requested, world)
+    )
 
 
 def _returned_layout(shape: tuple, world: int, dataset: Any):

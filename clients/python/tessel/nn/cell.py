@@ -163,7 +163,29 @@ class Cell:
         return self
 
     def shard(self, in_strategy=None, out_strategy=None, parameter_plan=None, device="Ascend", level=0) -> Cell:
-        object.__setattr__(self, "_shard", {"in_strategy": in_strategy, "out_strategy": out_strategy})
+        """Lay this cell's inputs out as `in_strategy` says (one tuple of cuts or one Layout per input) and its
+        parameters named in `parameter_plan` as given, under SEMI_AUTO/AUTO_PARALLEL (MindSpore `Cell.shard`);
+        the ops inside are planned from there. The cell then always runs compiled (in PYNATIVE_MODE too, as in
+        MindSpore). Returns the cell.
+
+            >>> block.shard(in_strategy=((2, 1),), parameter_plan={"self.dense.weight": (2, 1)})
+        """
+        from tessel.parallel.shard import check_in_strategy, log, plan_parameters
+
+        if device != "Ascend" or level != 0:
+            log.info(
+                "%s.shard: device=%r and level=%r are MindSpore backend hints; tessel plans every device alike",
+                self.cls_name,
+                device,
+                level,
+            )
+        strategies = None if in_strategy is None else check_in_strategy(in_strategy, f"{self.cls_name}.shard")
+        if out_strategy is not None:
+            log.warning("%s.shard: out_strategy is not in use yet (MindSpore ignores it too)", self.cls_name)
+        if isinstance(self._shard, dict):
+            log.warning("%s.shard: the cell is configured more than once; the last configuration wins", self.cls_name)
+        plan_parameters(self, parameter_plan, f"{self.cls_name}.shard")
+        object.__setattr__(self, "_shard", {"in_strategy": strategies, "out_strategy": out_strategy})
         return self
 
     def recompute(self, **_: Any) -> Cell:
@@ -240,7 +262,7 @@ class Cell:
             declared = self.__dict__.get("_declared_inputs")
             if declared is not None:  # checked on the outermost call only, as MindSpore checks the compiled cell
                 _check_declared(self, declared[0], args, kwargs)
-            if context.get_context("mode") == context.PYNATIVE_MODE:
+            if context.get_context("mode") == context.PYNATIVE_MODE and not isinstance(self._shard, dict):
                 return self._construct(*args, **kwargs)
             return self._graph_call(*args, **kwargs)
         except _NAMED_ERRORS as err:
@@ -249,6 +271,11 @@ class Cell:
             stack.pop()
 
     def _construct(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self._shard, dict) and self._shard["in_strategy"]:
+            from tessel.parallel.shard import constrain
+
+            strategies = self._shard["in_strategy"]
+            args = tuple(constrain(a, s) for a, s in zip(args, strategies)) + args[len(strategies) :]
         if self._float_dtype is None:
             return self.construct(*args, **kwargs)
         args = tuple(_cast_float(a, self._float_dtype) for a in args)

@@ -17,16 +17,19 @@ from tessel.ops import functional as F
 
 
 def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
+    """One entry per input (or output): a tuple of positive ints (splits per dim) or a `Layout` applied to the
+    tensor (`layout("dp", "None")`), all of one kind."""
+    from tessel.parallel.shard import check_in_strategy
+
     if strategy is None:
         return None
-    if not isinstance(strategy, (tuple, list)) or not all(
-        s is None or (isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s)) for s in strategy
-    ):
+    try:
+        return check_in_strategy(strategy, f"{name}.shard {what}")
+    except ConfigurationError as err:
         raise ConfigurationError(
-            f"{name}.shard: {what} must be a tuple with one tuple of positive ints per input (splits per dim), "
-            f"e.g. ((1, 1), (1, 2)); got {strategy!r}"
-        )
-    return tuple(None if s is None else tuple(s) for s in strategy)
+            f"{name}.shard: {what} must be a tuple with one tuple of positive ints per input (splits per dim) or one "
+            f"Layout per input, all of one kind, e.g. ((1, 1), (1, 2)); got {strategy!r} ({err})"
+        ) from None
 
 
 def _recorded(call: Callable) -> Callable:

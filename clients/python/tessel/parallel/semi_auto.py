@@ -35,9 +35,10 @@ import numpy as np
 
 from tessel import context
 from tessel.compiler.ir import Graph, Node
-from tessel.compiler.parallel import DATA_PARALLEL, ParallelPlan, parallelize, save_graphs
+from tessel.compiler.parallel import DATA_PARALLEL, ParallelPlan, Strategy, parallelize, save_graphs
 from tessel.compiler.shapes import format_shape
 from tessel.core.errors import ConfigurationError
+from tessel.parallel.layout import TensorLayout, as_compiler_strategy
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {(strategies, world, dataset): plan}
 
@@ -73,8 +74,12 @@ def strategies_of(graph: Graph, sdk_trace: Any) -> dict[Node, Any]:
     for nodes in calls.values():
         primitive = nodes[0][1].primitive
         own = [node for node, made in nodes if made.op == primitive.main_op] or [nodes[0][0]]
+        strategy = primitive  # the compiler reads its in_strategy/out_strategy; Layouts are converted first
+        if any(isinstance(s, TensorLayout) for s in (*primitive.in_strategy, *(primitive.out_strategy or ()))):
+            inputs, outputs = (as_compiler_strategy(s) for s in (primitive.in_strategy, primitive.out_strategy))
+            strategy = Strategy.of_parts(inputs, outputs)
         for node in own:
-            strategies[node] = primitive
+            strategies[node] = strategy
     return strategies
 
 
@@ -108,13 +113,13 @@ def plan_for(
 
 
 def _strategy_key(strategy: Any) -> Any:
-    if strategy == DATA_PARALLEL:
-        return DATA_PARALLEL
-    return (strategy.in_strategy, strategy.out_strategy)
+    return strategy if strategy == DATA_PARALLEL else repr(strategy)
 
 
 def _dataset_arg(dataset: str | tuple) -> Any:
-    return dataset if isinstance(dataset, str) else [tuple(s) for s in dataset]
+    if isinstance(dataset, str):
+        return dataset
+    return [s.compiler_layout() if isinstance(s, TensorLayout) else tuple(s) for s in dataset]
 
 
 def global_shape(shape: tuple, column: int, device_num: int, dataset: str | tuple | None = None) -> tuple:
@@ -127,12 +132,14 @@ def global_shape(shape: tuple, column: int, device_num: int, dataset: str | tupl
         return shape
     if dataset == "data_parallel":
         return (shape[0] * device_num, *shape[1:])
-    if column >= len(dataset) or len(dataset[column]) != len(shape):
+    entry = dataset[column] if column < len(dataset) else None
+    cuts = entry.compiler_layout().splits if isinstance(entry, TensorLayout) else entry
+    if cuts is None or len(cuts) != len(shape):
         raise ConfigurationError(
             f"dataset_strategy {dataset} has no {len(shape)}-dim entry for dataset column {column} of shape "
             f"{format_shape(shape)}; the rule: one tuple of cuts per column, one cut per dim. Fix: add or correct it"
         )
-    return tuple(size * cut for size, cut in zip(shape, dataset[column]))
+    return tuple(size * cut for size, cut in zip(shape, cuts))
 
 
 def partition_for_rank(
