@@ -33,3 +33,12 @@ def test_every_way_of_training_partitions_and_equals_standalone(tmp_path, way, n
         out = rank_log(tmp_path, rank).read_text()
         found = re.search(rf"semi ways {way} ok on rank {rank} of {n}: loss error (\S+);", out)
         assert found and float(found.group(1)) <= 1e-5, out
+
+
+def test_a_model_four_times_one_ranks_share_starts_with_no_init_parameters(tmp_path):
+    """no_init_parameters: each of 4 ranks draws only its slices of a 256 MB model (weights and moments)."""
+    script = ROOT / "tests" / "integration" / "scripts" / "semi_big.py"
+    result = run_tessel(["run", "-n", "4", str(script)], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(4):
+        assert f"semi big ok on rank {rank} of 4" in rank_log(tmp_path, rank).read_text()

@@ -41,14 +41,26 @@ def test_lazy_names_are_listed():
         assert name in dir(ms) and name in ms.__all__
 
 
-def test_no_init_parameters_has_a_home_and_says_it_is_not_there_yet():
+def test_no_init_parameters_defers_drawing_and_draws_what_one_device_draws():
+    from tessel.compiler.parallel import Layout
     from tessel.nn import utils
 
     assert ms.nn.utils is utils
-    with pytest.raises(NotSupportedYetError, match=r"mindspore\.nn\.utils\.no_init_parameters"):
-        from tessel.nn.utils import no_init_parameters  # noqa: F401
     with pytest.raises(AttributeError):
         utils.something_else  # noqa: B018
+    ms.set_seed(7)
+    eager = nn.Dense(64, 48)
+    ms.set_seed(7)
+    with utils.no_init_parameters():
+        lazy = nn.Dense(64, 48)
+        optimizer = nn.Momentum(lazy.trainable_params(), 0.1, 0.9)
+    assert lazy.weight.has_init and lazy.weight.shape == (48, 64) and lazy.weight._array is None
+    assert optimizer.moments[0].has_init  # slots of a deferred parameter are deferred too
+    rows = Layout.from_strategy((4, 1), 4)
+    piece = lazy.weight._deferred.piece(rows.local_slices((48, 64), 2))
+    np.testing.assert_array_equal(piece, eager.weight.asnumpy()[24:36])
+    np.testing.assert_array_equal(lazy.weight.asnumpy(), eager.weight.asnumpy())
+    assert not lazy.weight.has_init
 
 
 class Small(nn.Cell):

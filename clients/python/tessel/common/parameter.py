@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.dtype import ms_name
+from tessel.common.initializer import Deferred
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError, TesselError
 
@@ -43,8 +44,13 @@ class Parameter(Tensor):
         parallel_optimizer: bool = True,
         key: str | None = None,
     ):
-        source = default_input.asnumpy() if isinstance(default_input, Tensor) else default_input
-        super().__init__(source)
+        # Inside no_init_parameters() an initializer's values come Deferred: drawn when first needed (a slice only,
+        # once the parameter is laid out), see tessel.common.initializer.Deferred.
+        self._deferred = default_input if isinstance(default_input, Deferred) else None
+        if self._deferred is not None:
+            self._array, self._ref, self._sym = None, None, None
+        else:
+            super().__init__(default_input.asnumpy() if isinstance(default_input, Tensor) else default_input)
         self.name = name
         self.requires_grad = requires_grad
         self.layerwise_parallel = layerwise_parallel
@@ -53,7 +59,7 @@ class Parameter(Tensor):
         self._key = key
         self._device: int | None = None  # id of the engine whose store holds this parameter's value
         self._host_stale = False  # the store holds a newer value than self._array
-        self._global_shape = tuple(self._array.shape)
+        self._global_shape = tuple(self._deferred.shape if self._deferred is not None else self._array.shape)
         self._layout = None  # under SEMI_AUTO/AUTO: the compiler Layout of its slices, once a plan placed it
         self._layout_engine: int | None = None  # the engine (job) that layout belongs to
         self._local = False  # self._array holds this rank's slice, not the whole value
@@ -75,6 +81,34 @@ class Parameter(Tensor):
     def shape(self) -> tuple:
         """The full shape (under SEMI_AUTO/AUTO too, where a rank holds a slice of it)."""
         return self._global_shape
+
+    @property
+    def dtype(self) -> Any:
+        if self._array is None and self._deferred is not None:
+            return self._deferred.dtype
+        return super().dtype
+
+    @property
+    def has_init(self) -> bool:
+        """True while the value is not drawn yet (created inside no_init_parameters)."""
+        return self._array is None and self._deferred is not None
+
+    def init_data(self, layout: Any = None, set_sliced: bool = False) -> Parameter:
+        """Draw the value now (MindSpore `init_data`): the whole tensor, or this rank's slice once laid out."""
+        if self.has_init:
+            self._draw()
+        return self
+
+    def _draw(self) -> None:
+        """Draw a deferred value: this rank's slice when the parameter is laid out, else the whole tensor."""
+        if self._layout is not None:
+            from tessel.common.engine import engine
+
+            slices = self._layout.local_slices(self.shape, engine().runtime.rank)
+            self._array, self._local = self._deferred.piece(slices), True
+        else:
+            self._array, self._local = self._deferred.full(), False
+        self._deferred = None
 
     @property
     def layout(self):
@@ -128,6 +162,8 @@ class Parameter(Tensor):
         return Tensor._wrap(np.array(self.asnumpy()))
 
     def asnumpy(self) -> np.ndarray:
+        if self.has_init:
+            self._draw()
         if self._host_stale:
             from tessel.common.engine import engine
 
@@ -159,6 +195,7 @@ class Parameter(Tensor):
         return self
 
     def _set_host(self, array: np.ndarray, local: bool | None = None) -> None:
+        self._deferred = None
         if local is None:  # a slice of a sliced parameter is its slice, anything else the whole value
             local = self._layout is not None and tuple(array.shape) != self._global_shape
         self._array, self._host_stale, self._device, self._local = array, False, None, local
@@ -166,6 +203,8 @@ class Parameter(Tensor):
 
     def _staged_value(self, rank: int) -> np.ndarray:
         """What the daemon of `rank` stores: the value, or its slice when the parameter is sliced."""
+        if self.has_init:
+            self._draw()
         if self._layout is None or self._local:
             return self._array
         from tessel.compiler.parallel import piece
@@ -176,16 +215,18 @@ class Parameter(Tensor):
         """A new Parameter with this one's value (init='same') or a fresh initialisation."""
         from tessel.common.initializer import init_array
 
-        value = np.array(self.asnumpy()) if init == "same" else init_array(init, self.shape, self.dtype)
+        if init == "same":
+            value = self._deferred if self.has_init else np.array(self.asnumpy())
+        else:
+            value = init_array(init, self.shape, self.dtype)
         made = Parameter(value, self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
         made.comm_fusion = self.comm_fusion
         return made
 
     def __deepcopy__(self, memo: dict) -> Parameter:
         # A copy is a new parameter: its own store key, the current value.
-        copy = Parameter(
-            np.array(self.asnumpy()), self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer
-        )
+        value = self._deferred if self.has_init else np.array(self.asnumpy())
+        copy = Parameter(value, self.name, self.requires_grad, self.layerwise_parallel, self.parallel_optimizer)
         copy.comm_fusion = self.comm_fusion
         memo[id(self)] = copy
         return copy
