@@ -19,6 +19,13 @@ from tessel.compiler.ir import Graph
 from tessel.compiler.parallel import ParallelPlan, collective_counts
 from tessel.compiler.parallel import explain as explain_plan
 from tessel.core.errors import ConfigurationError
+from tessel.parallel.checkpoint import (
+    convert_checkpoints,
+    load_distributed_checkpoint,
+    rank_list_for_transform,
+    transform_checkpoint_by_rank,
+    transform_checkpoints,
+)
 from tessel.parallel.layout import Layout
 from tessel.parallel.semi_auto import RankPartition, global_shape, partition_for_rank, plan_for, strategies_of
 from tessel.parallel.shard import shard
@@ -27,14 +34,19 @@ __all__ = [
     "Layout",
     "RankPartition",
     "collective_counts",
+    "convert_checkpoints",
     "explain",
     "global_shape",
+    "load_distributed_checkpoint",
     "partition_for_rank",
     "plan",
     "plan_for",
+    "rank_list_for_transform",
     "shard",
     "strategies_of",
     "trace_network",
+    "transform_checkpoint_by_rank",
+    "transform_checkpoints",
 ]
 
 
