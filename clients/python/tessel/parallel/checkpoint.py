@@ -103,11 +103,12 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
     from tessel.common.parameter import Parameter
     from tessel.communication import comm_func
     from tessel.compiler.parallel import assemble
+    from tessel.train.serialization import contiguous
 
     world, out = _world(), {}
     for name, value in named:
         if not (isinstance(value, Parameter) and value.layout is not None and world > 1):
-            out[name] = np.ascontiguousarray(value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value))
+            out[name] = contiguous(value.asnumpy() if hasattr(value, "asnumpy") else value)
             continue
         local = np.ascontiguousarray(value.asnumpy())
         everyone = np.asarray(comm_func.all_gather_into_tensor(local.reshape(-1)))

@@ -112,6 +112,7 @@ class Model:
             _positive_int("sink_size", sink_size)
         _check_dataset(train_dataset)
         self._check_parallel(train_dataset)
+        train_dataset.resume_at_epoch(initial_epoch)  # a resumed run sees the epochs (and shuffles) it would have
         net = self._train_network
         step = net._fused if type(net).construct is TrainOneStepCell.construct else net
         runner = None

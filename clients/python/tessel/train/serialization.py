@@ -68,9 +68,15 @@ def _named(save_obj: Any) -> list[tuple[str, Any]]:
 
 def _arrays(items: list[tuple[str, Any]]) -> OrderedDict:
     return OrderedDict(
-        (name, np.ascontiguousarray(value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)))
+        (name, contiguous(value.asnumpy() if isinstance(value, Tensor) else value))
         for name, value in items
     )
+
+
+def contiguous(value: Any) -> np.ndarray:
+    """A C-contiguous array of `value`, 0-d values staying 0-d (np.ascontiguousarray alone makes them 1-d)."""
+    array = np.asarray(value)
+    return np.ascontiguousarray(array).reshape(array.shape)
 
 
 def _with_suffix(path: str) -> str:
