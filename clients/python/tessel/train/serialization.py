@@ -68,8 +68,7 @@ def _named(save_obj: Any) -> list[tuple[str, Any]]:
 
 def _arrays(items: list[tuple[str, Any]]) -> OrderedDict:
     return OrderedDict(
-        (name, contiguous(value.asnumpy() if isinstance(value, Tensor) else value))
-        for name, value in items
+        (name, contiguous(value.asnumpy() if isinstance(value, Tensor) else value)) for name, value in items
     )
 
 
