@@ -132,8 +132,8 @@ def parallelize(
     to some kinds (redistribution.TABLE)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
-    _check_static(graph)
-    given = _by_node(graph, strategies or {})
+    check_static(graph)
+    given = by_node(graph, strategies or {})
     params = set(parameters)
     unknown = sorted(params - {v.name for v in graph.inputs})
     if unknown:
@@ -162,7 +162,8 @@ def parallelize(
     )
 
 
-def _check_static(graph: Graph) -> None:
+def check_static(graph: Graph) -> None:
+    """Raise unless every tensor of `graph` has a static shape (the pass cuts global shapes)."""
     for v in (*graph.inputs, *(o for n in graph.nodes for o in n.outputs)):
         if not is_static(v.shape):
             raise ConfigurationError(
@@ -171,7 +172,8 @@ def _check_static(graph: Graph) -> None:
             )
 
 
-def _by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+def by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+    """`strategies` keyed by Node (an int key is an index into graph.nodes); a foreign node is an error."""
     out = {}
     members = set(graph.nodes)
     for key, value in strategies.items():
@@ -196,7 +198,7 @@ def _input_layouts(graph, placements, param_values, device_num, dataset) -> dict
             layouts.setdefault(v, want)
             first_user.setdefault(v, node)
     data = [v for v in graph.inputs if v not in param_values]
-    for v, layout in zip(data, _dataset_layouts(data, device_num, dataset)):
+    for v, layout in zip(data, dataset_layouts(data, device_num, dataset)):
         layouts[v] = layout
     for v in param_values - set(layouts):
         layouts[v] = Layout.replicated(v.ndim, device_num)
@@ -214,7 +216,8 @@ def _conflict(value: Value, first: Node, had: Layout, placements, node: Node, wa
     )
 
 
-def _dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+def dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+    """The layout each data input arrives in: "data_parallel", "full_batch" or a dataset_strategy."""
     if dataset == "full_batch":
         return [Layout.replicated(v.ndim, device_num) for v in data]
     if dataset == "data_parallel":
