@@ -17,7 +17,10 @@ recorded choices back to every variable.
 
 A memory budget makes the costs Pareto fronts of (seconds, bytes): a choice survives unless another is both faster
 and smaller, and any choice over the budget is dropped (memory only grows as costs add up), so the result is the
-fastest plan that fits. Without a budget (or when the fastest plan fits anyway) a front is a single point.
+fastest plan that fits. Without a budget (or when the fastest plan fits anyway) a front is a single point. On long
+graphs fronts could grow without end: past 64 points one is thinned to the fastest and the smallest point of each
+1/64 of the budget, which keeps the result exact on small graphs (every test against brute force) and within about
+1/64 of the budget of the exact front on large ones, and never loses a plan that fits.
 """
 
 from __future__ import annotations
@@ -25,11 +28,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from tessel.compiler.parallel.search.problem import INFEASIBLE, Problem
 
+MAX_FRONT = 64  # longer Pareto fronts are thinned (see _Solver._thin)
 Trace = tuple | None  # (variable, option, child traces...): the choices behind a point
 Point = tuple[float, float, Trace]  # (seconds, bytes, trace)
 Front = tuple[Point, ...]
@@ -68,7 +72,32 @@ class _Solver:
         for point in sorted(points, key=lambda p: (p[0], p[1])):
             if point[1] <= self.budget and (not kept or point[1] < kept[-1][1]):
                 kept.append(point)
+        if len(kept) > MAX_FRONT:
+            kept = self._thin(kept)
         return tuple(kept)
+
+    def _thin(self, front: list[Point]) -> list[Point]:
+        """The fastest and the smallest point of each 1/MAX_FRONT of the budget: fronts stay short on long graphs,
+        and the smallest point, hence any plan that fits, survives."""
+        width = max(self.budget, 1.0) / MAX_FRONT
+        bins: dict[int, list[Point]] = {}
+        for point in front:  # fastest first, so the first of a bin is its fastest and the last its smallest
+            bins.setdefault(int(point[1] // width), []).append(point)
+        kept = {id(p): p for group in bins.values() for p in (group[0], group[-1])}
+        return sorted(kept.values(), key=lambda p: p[0])
+
+    def cross(self, a: Front, b: Front) -> Front:
+        """The front of the sums of a point of `a` and a point of `b` (independent parts of one plan)."""
+        if self.budget is None:
+            (ta, ma, ra), (tb, mb, rb) = a[0], b[0]
+            return ((ta + tb, ma + mb, _pair(ra, rb)),)
+        budget = self.budget
+        sums = [(ta + tb, ma + mb, ra, rb) for ta, ma, ra in a for tb, mb, rb in b if ma + mb <= budget]
+        kept: list[Point] = []
+        for t, m, ra, rb in sorted(sums, key=lambda p: (p[0], p[1])):
+            if not kept or m < kept[-1][1]:
+                kept.append((t, m, _pair(ra, rb)))
+        return tuple(self._thin(kept)) if len(kept) > MAX_FRONT else tuple(kept)
 
     def add(self, scope: tuple[int, ...], table: dict[tuple[int, ...], Front]) -> None:
         """Add a factor, merging it with one over the same variables (edge elimination)."""
@@ -80,8 +109,7 @@ class _Solver:
                 for key, front in old.table.items():
                     other = table.get(key)
                     if other is not None:
-                        points = [_join((a, b)) for a in front for b in other]
-                        kept = self.prune(points)
+                        kept = self.cross(front, other)
                         if kept:
                             merged[key] = kept
                 old.table = merged
@@ -136,12 +164,16 @@ class _Solver:
                     if seconds < best:
                         best, best_parts, best_option = seconds, parts, option
                     continue
-                for combo in itertools.product(*parts):
-                    joined = _join(combo)
-                    points.append((joined[0], joined[1], (x, option, *(p[2] for p in combo))))
+                front = parts[0]
+                for other in parts[1:]:
+                    front = self.cross(front, other)
+                points.extend((t, m, (x, option, trace)) for t, m, trace in front)
         if scalar and best_parts is not None:
-            joined = _join(tuple(front[0] for front in best_parts))
-            points.append((joined[0], joined[1], (x, best_option, *(front[0][2] for front in best_parts))))
+            front = best_parts[0]
+            for other in best_parts[1:]:
+                front = self.cross(front, other)
+            t, m, trace = front[0]
+            points.append((t, m, (x, best_option, trace)))
         return points
 
     def finish(self) -> Point | None:
@@ -150,19 +182,17 @@ class _Solver:
             return None
         front: Front = ((0.0, 0.0, None),)
         for other in fronts:
-            front = self.prune([_join((a, b)) for a in front for b in other])
+            front = self.cross(front, other)
             if not front:
                 return None
         return min(front, key=lambda p: (p[0], p[1]))
 
 
-def _join(points: tuple[Point, ...]) -> Point:
-    """The sum of independent parts; the trace keeps them all."""
-    if len(points) == 1:
-        return points[0]
-    traces = tuple(p[2] for p in points if p[2] is not None)
-    trace = None if not traces else (traces[0] if len(traces) == 1 else (None, None, *traces))
-    return sum(p[0] for p in points), sum(p[1] for p in points), trace
+def _pair(a: Trace, b: Trace) -> Trace:
+    """The choices behind two independent parts."""
+    if a is None or b is None:
+        return a if b is None else b
+    return (None, None, a, b)
 
 
 def _kind(near: tuple[int, ...], solver: _Solver) -> str:
@@ -196,10 +226,11 @@ def solve(
     budget: float | None = None,
     unary: Callable[[int, int], tuple[float, float]] | None = None,
     pairwise: Callable[[int, int, int], float] | None = None,
+    edges: Iterable[int] | None = None,
 ) -> Elimination | None:
     """The assignment minimising `problem`'s objective with memory (beyond the constant part) <= budget, or None
     when none fits. `unary(var, option)` -> (seconds, bytes) and `pairwise(edge, a, b)` -> seconds replace the
-    problem's own costs (the smallest-memory search uses them)."""
+    problem's own costs, and `edges` limits the edges counted (the smallest-memory search uses them)."""
     unary = unary or (lambda v, a: (problem.variables[v].options[a].time, problem.variables[v].options[a].memory))
     pairwise = pairwise or problem.edge_time
     sizes = [len(v.options) for v in problem.variables]
@@ -211,8 +242,8 @@ def solve(
             if seconds < INFEASIBLE and (budget is None or nbytes <= budget):
                 table[(a,)] = ((seconds, nbytes, None),)
         solver.add((v,), table)
-    for k, edge in enumerate(problem.edges):
-        u, w = edge.source, edge.target
+    for k in range(len(problem.edges)) if edges is None else edges:
+        u, w = problem.edges[k].source, problem.edges[k].target
         table = {}
         for a in range(sizes[u]):
             for b in range(sizes[w]):
