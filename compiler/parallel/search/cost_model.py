@@ -272,6 +272,12 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
     return seconds
 
 
+def clear_caches() -> None:
+    """Forget the remembered groups and redistribution prices."""
+    _groups.cache_clear()
+    _redistribution_time.cache_clear()
+
+
 def _reordered(a: Layout, b: Layout, axis: int) -> bool:
     """True when `axis` splits the same dim in both layouts but at another position among that dim's axes (the
     blocks land on other ranks: the data must move)."""

@@ -32,6 +32,7 @@ from tessel.compiler.ir import Node, Value
 from tessel.compiler.parallel.cost import local_cost
 from tessel.compiler.parallel.layout import Layout
 from tessel.compiler.parallel.partition import ParallelPlan
+from tessel.compiler.parallel.search import cost_model
 from tessel.compiler.parallel.search.cost_model import CostModel
 from tessel.compiler.parallel.strategy import Placement
 from tessel.compiler.sharding import ShardingSpec
@@ -41,7 +42,7 @@ MOVE_BOTH_WAYS = 2.0  # a redistribution forward, its transpose backward
 
 
 def local_bytes(value: Value, layout: Layout) -> int:
-    return math.prod(layout.local_shape(value.shape)) * value.dtype.itemsize
+    return math.prod(layout.local_shape(value.shape)) * itemsize(value)
 
 
 def produced(placement: Placement) -> tuple[Layout, ...]:
@@ -65,7 +66,19 @@ def node_memory(node: Node, placement: Placement) -> int:
 
 def move_time(model: CostModel, have: Layout, want: Layout, value: Value) -> float:
     """A redistribution of `value` from `have` to `want`, forward and backward."""
-    return MOVE_BOTH_WAYS * model.redistribution_time(have, want, tuple(value.shape), value.dtype.itemsize)
+    return MOVE_BOTH_WAYS * model.redistribution_time(have, want, tuple(value.shape), itemsize(value))
+
+
+def itemsize(value: Value) -> int:
+    """Bytes per element (looked up once per dtype: the search asks for it tens of thousands of times)."""
+    dtype = value.type.dtype
+    size = _ITEMSIZE.get(id(dtype))
+    if size is None:
+        size = _ITEMSIZE[id(dtype)] = dtype.itemsize
+    return size
+
+
+_ITEMSIZE: dict[int, int] = {}  # id(DType member) -> bytes: members are singletons, and enums hash slowly
 
 
 def output_time(model: CostModel, value: Value, layout: Layout) -> float:
@@ -75,7 +88,7 @@ def output_time(model: CostModel, value: Value, layout: Layout) -> float:
 
 def parameter_cost(model: CostModel, value: Value, layout: Layout) -> tuple[float, float]:
     """(seconds of gradient reduction and update, bytes per device) of a parameter held in `layout`."""
-    return _parameter_cost(model, layout, tuple(value.shape), value.dtype.itemsize)
+    return _parameter_cost(model, layout, tuple(value.shape), itemsize(value))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -93,6 +106,13 @@ def gradient_time(model: CostModel, layout: Layout, nbytes: float) -> float:
         return 0.0
     latency, bandwidth = model.group_cost("all_reduce", layout.device_matrix, axes, nbytes)
     return bandwidth + min(1.0, nbytes / model.bucket_bytes) * latency
+
+
+def clear_caches() -> None:
+    """Forget every remembered price (collective groups, redistributions, parameters): a cold start, as the first
+    plan of a process sees it (benchmarks time searches from here)."""
+    _parameter_cost.cache_clear()
+    cost_model.clear_caches()
 
 
 # --- the prediction ---------------------------------------------------------------------------------------------------

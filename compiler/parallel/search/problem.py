@@ -118,6 +118,10 @@ class Problem:
         self.param_var: dict[Value, int] = {}
         self.constant_time = self.constant_memory = 0.0
         self._edge_cache: dict[tuple[int, int, int], float] = {}
+        # Keyed by the identity of layouts the options hold (alive as long as the problem): hashing layouts and
+        # the model on every lookup would cost more than the search itself on large graphs.
+        self._moves: dict[tuple, float] = {}
+        self._parameter_costs: dict[tuple, tuple[float, float]] = {}
         _Builder(self).build()
 
     # --- the objective ----------------------------------------------------------------------------------------------
@@ -134,9 +138,25 @@ class Problem:
                 seconds = 0.0 if same else INFEASIBLE
             else:
                 have = objective.produced(source.options[a].placement)[edge.output]
-                seconds = objective.move_time(self.model, have, want, edge.value)
+                seconds = self.move(have, want, edge.value)
             self._edge_cache[key] = seconds
         return seconds
+
+    def move(self, have: Layout, want: Layout, value: Value) -> float:
+        """objective.move_time, remembered per (layout, layout, shape)."""
+        key = (id(have), id(want), value.shape, objective.itemsize(value))
+        seconds = self._moves.get(key)
+        if seconds is None:
+            seconds = self._moves[key] = objective.move_time(self.model, have, want, value)
+        return seconds
+
+    def parameter_cost(self, value: Value, layout: Layout) -> tuple[float, float]:
+        """objective.parameter_cost, remembered per (layout, shape)."""
+        key = (id(layout), value.shape, objective.itemsize(value))
+        cost = self._parameter_costs.get(key)
+        if cost is None:
+            cost = self._parameter_costs[key] = objective.parameter_cost(self.model, value, layout)
+        return cost
 
     def evaluate(self, assignment: Sequence[int]) -> tuple[float, float]:
         """(seconds per training step, bytes per device) of one option per variable."""
@@ -180,14 +200,16 @@ class _Builder:
     def __init__(self, problem: Problem):
         self.p = problem
         self.base: dict[tuple, list[tuple[tuple, Placement, float, float]]] = {}
+        self.options: dict[tuple, list[Option]] = {}
 
     def build(self) -> None:
         p = self.p
         uses = self._parameter_uses()
         shared = {v for v, users in uses.items() if len(users) > 1}
+        single = set(uses) - shared
         for node, spec in p.specs.items():
             p.node_var[node] = len(p.variables)
-            p.variables.append(self._node_variable(node, spec, uses, shared))
+            p.variables.append(self._node_variable(node, spec, single))
         for v in p.parameters:
             if v in shared:
                 p.param_var[v] = len(p.variables)
@@ -222,7 +244,7 @@ class _Builder:
             self.base[key] = rows
         return self.base[key]
 
-    def _node_variable(self, node: Node, spec: ShardingSpec, uses, shared) -> Variable:
+    def _node_variable(self, node: Node, spec: ShardingSpec, single: set[Value]) -> Variable:
         p = self.p
         if node in p.fixed:
             params = set(p.parameters)
@@ -232,24 +254,31 @@ class _Builder:
             rows = [((), placement, seconds, objective.node_memory(node, placement))]
         else:
             rows = self._base(node, spec)
-        single = {v for v, users in uses.items() if v not in shared}
         outputs = [(j, v) for j, v in enumerate(node.outputs) for w in p.graph.outputs if w is v]
-        options = []
-        for cuts, placement, seconds, memory in rows:
-            for i, v in enumerate(node.inputs):
-                want = placement.inputs[i]
-                if want is None:
-                    continue
-                if v in p.dataset:
-                    seconds += objective.move_time(p.model, p.dataset[v], want, v)
-                elif v in single:
-                    extra_time, extra_memory = objective.parameter_cost(p.model, v, want)
-                    seconds += extra_time
-                    memory += extra_memory
-            for j, v in outputs:
-                seconds += objective.output_time(p.model, v, objective.produced(placement)[j])
-            options.append(Option(seconds, memory, placement, cuts))
+        # Nodes of one signature whose inputs come from the same kinds of places share their options.
+        context = (id(rows), tuple(_source(p, v, single) for v in node.inputs), tuple(j for j, _ in outputs))
+        options = self.options.get(context)
+        if options is None:
+            options = self.options[context] = [self._option(node, row, single, outputs) for row in rows]
         return Variable(len(p.variables), p.name(node), options, node=node, fixed=node in p.fixed)
+
+    def _option(self, node: Node, row: tuple, single: set[Value], outputs: list[tuple[int, Value]]) -> Option:
+        """A candidate's own cost: its compute, moves from the dataset, parameters only it uses, partial outputs."""
+        p = self.p
+        cuts, placement, seconds, memory = row
+        for i, v in enumerate(node.inputs):
+            want = placement.inputs[i]
+            if want is None:
+                continue
+            if v in p.dataset:
+                seconds += p.move(p.dataset[v], want, v)
+            elif v in single:
+                extra_time, extra_memory = p.parameter_cost(v, want)
+                seconds += extra_time
+                memory += extra_memory
+        for j, v in outputs:
+            seconds += objective.output_time(p.model, v, objective.produced(placement)[j])
+        return Option(seconds, memory, placement, cuts)
 
     def _parameter_variable(self, value: Value, users: list[tuple[Node, int]]) -> Variable:
         """The layouts a shared parameter may take: the one its fixed users agree on, else any a user may ask."""
@@ -272,7 +301,7 @@ class _Builder:
             self._restrict_users(value, users, first)
         options = []
         for layout in layouts.values():
-            time, memory = objective.parameter_cost(p.model, value, layout)
+            time, memory = p.parameter_cost(value, layout)
             options.append(Option(time, memory, layout=layout))
         return Variable(len(p.variables), f"parameter {value.name!r}", options, parameter=value, fixed=bool(first))
 
@@ -313,6 +342,15 @@ class _Builder:
         p.variables[edge.source].edges.append(k)
         if edge.target != edge.source:
             p.variables[edge.target].edges.append(k)
+
+
+def _source(problem: Problem, value: Value, single: set[Value]) -> tuple:
+    """Where an input comes from, as far as a candidate's own cost depends on it."""
+    if value in problem.dataset:
+        return "data", id(problem.dataset[value]), value.shape
+    if value in single:
+        return "parameter", value.shape, value.dtype
+    return ("edge",)
 
 
 def _conflict(problem: Problem, value: Value, first: tuple[Node, Layout], second: tuple[Node, Layout]) -> str:
