@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 from tessel.compiler.parallel.search.problem import INFEASIBLE, Problem, layout_key
 from tessel.compiler.parallel.strategy import StrategyError
@@ -27,25 +27,27 @@ from tessel.compiler.parallel.strategy import StrategyError
 log = logging.getLogger("tessel.parallel")
 
 
-def propagate(problem: Problem, decided: Mapping[int, int], first: Iterable[int] = ()) -> list[int]:
+def propagate(problem: Problem, decided: Mapping[int, int], mode: str = "sharding_propagation") -> list[int]:
     """An option for every variable: `decided` (variable -> option) kept, the rest propagated from them and from
-    the dataset. `first` lists undecided variables to visit before the neighbours of the decided ones."""
+    the dataset. `mode` names the caller in the log."""
     search = _Propagation(problem, dict(decided))
-    queue = deque(first)
+    queue: deque[int] = deque()
     for var in decided:
         queue.extend(other for _, other in problem.neighbours(var))
     if not decided:
         log.info(
-            "sharding_propagation: no operator has a configured strategy; propagating from the dataset's layout "
-            "(as MindSpore propagates from its VirtualDataset op, configured with the dataset strategy)"
+            "%s: no operator has a configured strategy; propagating from the dataset's layout (as MindSpore "
+            "propagates from its VirtualDataset op, configured with the dataset strategy)",
+            mode,
         )
     queue.extend(search.data_consumers())
     search.run(queue)
     while search.undecided():
         start = max(search.undecided(), key=search.weight)
         log.info(
-            "sharding_propagation: %s is reached neither from a configured op nor from the dataset; starting "
-            "from it with its cheapest strategy",
+            "%s: %s is reached neither from a configured op nor from the dataset; starting from it with its "
+            "cheapest strategy",
+            mode,
             problem.variables[start].name,
         )
         search.run(deque([start]))
@@ -130,7 +132,7 @@ class _Propagation:
         for i, v in enumerate(node.inputs):
             want = option.placement.inputs[i]
             if v in self.p.dataset and want is not None:
-                total += self.p.model.redistribution_time(self.p.dataset[v], want, tuple(v.shape), v.dtype.itemsize)
+                total += self.p.move(self.p.dataset[v], want, v)
         return total
 
     def _allowed(self, var: int, a: int) -> bool:

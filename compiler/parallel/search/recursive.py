@@ -3,12 +3,14 @@ ops' sharding rules.
 
 The outer recursion cuts the devices in two log2(P) times; in each round the inner loop visits the ops in
 descending weight (their cost on the shapes they have so far) and cuts each one in two along the label that costs
-least, symbolically, in bytes of the op's current local tensors:
+least, symbolically, in bytes of the op's current local tensors (plus, per collective a cut implies, the bytes the
+slower link could move while waiting out its latency: α·β):
 - an input the cut does not split must stay whole on both halves: a parameter's gradient is then all-reduced
-  (2× its bytes), an activation gathered (1×);
-- a contracted label leaves partial sums to all-reduce (2× the output's bytes);
+  (2× its bytes; bucketed, so no latency of its own), an activation gathered (1× and one latency);
+- a contracted label leaves partial sums to all-reduce (2× the output's bytes and latency);
 - a neighbour already cut in this round (or fixed by the user, or the dataset) along another dim of the tensor
-  they share needs a redistribution (2× its bytes: forward and backward).
+  they share needs a redistribution (2×: forward and backward).
+On a tie, a label that leaves no partial sums wins.
 A parameter several ops use is cut alike by all of them: its first user in a round decides, the others follow
 (an op only takes a cut its co-users can follow). Cost and work are linear in the graph per round.
 
@@ -29,7 +31,7 @@ from collections.abc import Mapping
 from tessel.compiler import registry
 from tessel.compiler.parallel.layout import Layout
 from tessel.compiler.parallel.mesh import prime_factors
-from tessel.compiler.parallel.search.objective import produced
+from tessel.compiler.parallel.search.objective import itemsize, produced
 from tessel.compiler.parallel.search.problem import Problem, layout_key
 from tessel.compiler.parallel.search.propagation import propagate
 from tessel.compiler.parallel.strategy import label_sizes, uncombinable
@@ -72,10 +74,18 @@ class _Recursive:
         self.choice: dict[int, list[str | None]] = {}
         self.params = {var for var in problem.param_var.values()}
         self.modeled = [v for v in problem.node_var.values() if v not in self.decided and self._models(v)]
-        self.sizes = {}
+        self.parameters = set(problem.parameters)
+        # A collective's fixed cost in bytes: what the slower link moves while it waits out its latency.
+        links = (
+            (problem.model.shared_memory, problem.model.tcp) if problem.model.hosts else (problem.model.shared_memory,)
+        )
+        self.latency = max(link.latency * link.bandwidth for link in links)
+        self.sizes, self.contracted = {}, {}
         for var in self.modeled:
             node = problem.variables[var].node
-            self.sizes[var] = label_sizes(node, problem.specs[node])
+            spec = problem.specs[node]
+            self.sizes[var] = label_sizes(node, spec)
+            self.contracted[var] = [spec.contracted(j) for j in range(len(spec.outputs))]
             self.cuts[var] = {}
             self.choice[var] = [None] * len(self.primes)
         self.fixed_dims: dict[tuple[int, int, str], list] = {}  # (var, index, "in"/"out") -> per-round dims
@@ -135,13 +145,16 @@ class _Recursive:
         return out
 
     def _best(self, var: int, r: int) -> str | None:
-        best, best_cost = None, math.inf
+        """The cheapest label to cut; on a tie, one that leaves no partial sums (they always cost a collective,
+        where a whole input may already be whole)."""
+        contracted = set().union(*self.contracted[var])
+        best, best_key = None, (math.inf, True)
         for label in self._labels(var, r):
             if not self._consistent(var, label, r):
                 continue
-            cost = self._cost(var, label, r)
-            if cost < best_cost:
-                best, best_cost = label, cost
+            key = (self._cost(var, label, r), label in contracted)
+            if key < best_key:
+                best, best_key = label, key
         return best
 
     def _parameter_edges(self, var: int) -> list[tuple[int, int]]:
@@ -176,21 +189,21 @@ class _Recursive:
         node = self.p.variables[var].node
         spec = self.p.specs[node]
         cuts = self.cuts[var]
-        params = set(self.p.parameters)
+        params = self.parameters
         cost = 0.0
         for i, (v, labels) in enumerate(zip(node.inputs, spec.inputs)):
             if labels is None:
                 continue
             nbytes = _local_bytes(v, labels, cuts)
-            if label not in labels:
-                cost += nbytes * (PARAMETER_COEF if v in params else ACTIVATION_COEF)
+            if label not in labels:  # a parameter's gradient reduction is bucketed: no latency of its own
+                cost += nbytes * PARAMETER_COEF if v in params else nbytes * ACTIVATION_COEF + self.latency
             if v in self.data_dims:
                 theirs = self.data_dims[v][r]
                 if theirs != UNKNOWN and theirs != self._dim(var, "in", i, label):
-                    cost += REDISTRIBUTION_COEF * nbytes
+                    cost += REDISTRIBUTION_COEF * (nbytes + self.latency)
         for j, v in enumerate(node.outputs):
-            if label in spec.contracted(j):
-                cost += PARTIAL_COEF * _local_bytes(v, spec.outputs[j], cuts)
+            if label in self.contracted[var][j]:
+                cost += PARTIAL_COEF * (_local_bytes(v, spec.outputs[j], cuts) + self.latency)
         for k in self.p.variables[var].edges:
             edge = self.p.edges[k]
             if edge.output < 0:
@@ -203,7 +216,7 @@ class _Recursive:
                 continue
             if theirs != self._dim(var, mine_side, mine_index, label):
                 labels = spec.outputs[mine_index] if mine_side == "out" else spec.inputs[mine_index]
-                cost += REDISTRIBUTION_COEF * _local_bytes(edge.value, labels, cuts)
+                cost += REDISTRIBUTION_COEF * (_local_bytes(edge.value, labels, cuts) + self.latency)
         return cost
 
     def _their_dim(self, var: int, side: str, index: int, r: int):
@@ -233,9 +246,9 @@ class _Recursive:
                 mine = user in assignment and user not in self.decided
                 if mine and layout_key(p.variables[user].options[assignment[user]].placement.inputs[i]) != want:
                     del assignment[user]
-        return propagate(p, assignment)
+        return propagate(p, assignment, mode="recursive_programming")
 
 
 def _local_bytes(value, labels, cuts: Mapping[str, int]) -> float:
     shape = [size // cuts.get(label, 1) for size, label in zip(value.shape, labels or ())]
-    return math.prod(shape) * value.dtype.itemsize
+    return math.prod(shape) * itemsize(value)
