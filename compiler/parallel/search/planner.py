@@ -69,8 +69,9 @@ def plan_strategies(
     - `parameters`: the names of the graph inputs that are parameters; the others are data, laid out by
       `dataset` ("data_parallel", "full_batch" or a dataset_strategy, as parallelize takes it);
     - `cost_model`: the cluster's speeds (default: CostModel.default_cpu(device_num));
-    - `memory_budget`: bytes per device (default: the cost model's memory size); a plan never exceeds it, and when
-      none fits, MemoryBudgetError names the least memory any plan needs.
+    - `memory_budget`: bytes per device (default: the cost model's memory size). No plan returned exceeds it:
+      dynamic_programming finds the fastest plan within it; the heuristic modes raise MemoryBudgetError when
+      their plan does not fit. When no plan fits, the error names the least memory any plan needs.
 
     The result maps every node to a strategy `parallelize(graph, result, device_num, parameters, dataset)` accepts:
     the user's own where fixed, a tuple of cuts per input elsewhere. See the module docstring for an example.
@@ -107,6 +108,7 @@ def search(
     started = time.perf_counter()
     problem = Problem(graph, device_num, fixed, parameters, dataset, model)
     decided = {v.index: 0 for v in problem.variables if v.fixed}
+    _report_configured_mismatches(problem)
     if mode == "sharding_propagation":
         assignment = propagate(problem, decided)
     elif mode == "recursive_programming":
@@ -115,8 +117,7 @@ def search(
         assignment = _dynamic_programming(problem, budget)
     seconds, memory = problem.evaluate(assignment)
     if memory > budget:
-        assignment = _within_budget(problem, mode, memory, budget)
-        seconds, memory = problem.evaluate(assignment)
+        raise _over_budget(problem, mode, memory, budget)
     log.info(
         "%s: %d nodes on %d devices planned in %.3f s; predicted step %.3g ms, %.1f MiB per device",
         mode,
@@ -127,6 +128,27 @@ def search(
         memory / 2**20,
     )
     return SearchResult(problem.strategies(assignment), mode, seconds, memory)
+
+
+def _report_configured_mismatches(problem: Problem) -> None:
+    """Two configured ops joined by a tensor one gives in another layout than the other wants: legal (the pass
+    redistributes), never hidden (MindSpore warns "Inconsistency occurred at edge")."""
+    for k, edge in enumerate(problem.edges):
+        source, target = problem.variables[edge.source], problem.variables[edge.target]
+        if not (source.fixed and target.fixed) or edge.output < 0:
+            continue
+        have = source.options[0].placement.outputs[edge.output]
+        want = target.options[0].placement.inputs[edge.input]
+        if not have.same_as(want):
+            log.warning(
+                "configured strategies disagree on a tensor: %s gives it as %s, %s wants it as %s; a redistribution "
+                "costing %.3g ms per step (forward and backward) is inserted between them",
+                source.name,
+                have.describe(),
+                target.name,
+                want.describe(),
+                problem.edge_time(k, 0, 0) * 1e3,
+            )
 
 
 def _dynamic_programming(problem: Problem, budget: float) -> list[int]:
@@ -142,32 +164,30 @@ def _dynamic_programming(problem: Problem, budget: float) -> list[int]:
     return bounded.assignment
 
 
-def _within_budget(problem: Problem, mode: str, memory: float, budget: float) -> list[int]:
-    """The heuristic modes' plan needs more than the budget: the fastest plan that fits, found by dynamic
-    programming under the budget, or MemoryBudgetError when none does."""
+def _over_budget(problem: Problem, mode: str, memory: float, budget: float) -> MemoryBudgetError:
+    """The heuristic modes' plan needs more than the budget (MindSpore's recursive programming fails alike:
+    "Out of memory"): the error names what it needs, the least any plan needs and the way to it."""
     minimum = minimum_memory(problem)
     if minimum > budget:
-        raise _no_plan_fits(problem, budget, minimum)
-    log.warning(
-        "%s's plan needs %.1f MiB per device, over the budget of %.1f MiB; taking the fastest plan that fits "
-        "(dynamic programming under the budget; the smallest any plan needs is %.1f MiB)",
-        mode,
-        memory / 2**20,
-        budget / 2**20,
-        minimum / 2**20,
+        return _no_plan_fits(problem, budget, minimum)
+    return MemoryBudgetError(
+        f"the plan {mode} found for graph {problem.graph.name!r} on {problem.device_num} devices needs "
+        f"{_mib(memory)} per device, over the memory budget of {_mib(budget)}; the smallest memory any plan needs is "
+        f"{_mib(minimum)} per device ({minimum:.0f} bytes), so plans that fit exist. Fix: "
+        "search_mode='dynamic_programming' finds the fastest plan within the budget; or configure shard() "
+        "strategies that cut the largest parameters and activations",
+        minimum,
+        budget,
     )
-    bounded = solve(problem, budget=budget - problem.constant_memory)
-    if bounded is None:  # cannot happen when minimum <= budget; kept as a clear failure
-        raise _no_plan_fits(problem, budget, minimum)
-    return bounded.assignment
 
 
 def minimum_memory(problem: Problem) -> float:
     """The least memory per device any plan of the problem needs (bytes)."""
-    result = solve(
+    result = solve(  # memory is a sum over variables: only a shared parameter's "same layout" edges constrain it
         problem,
         unary=lambda v, a: (problem.variables[v].options[a].memory, 0.0),
         pairwise=lambda k, a, b: INFEASIBLE if problem.edge_time(k, a, b) == INFEASIBLE else 0.0,
+        edges=[k for k, edge in enumerate(problem.edges) if edge.output < 0],
     )
     if result is None:
         raise ConfigurationError(f"graph {problem.graph.name!r} has no consistent plan")
