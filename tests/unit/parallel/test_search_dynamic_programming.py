@@ -21,6 +21,7 @@ from search_testkit import (
 from tessel.compiler.parallel import parallelize
 from tessel.compiler.parallel.search import CostModel, predict_step_time, search
 from tessel.compiler.parallel.search.elimination import solve
+from tessel.compiler.parallel.search.planner import minimum_memory
 from tessel.compiler.parallel.search.problem import Problem
 
 STEPS = st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 7), st.integers(0, 7)), min_size=1, max_size=6)
@@ -94,3 +95,27 @@ def test_star_and_triangle_eliminations_stay_exact(model):
     result = solve(problem)
     assert {"star", "triangle", "op", "edge"} <= set(result.counts)
     check_against_brute_force(problem)
+
+
+def test_long_graphs_under_a_tight_budget_still_find_the_plan_that_fits():
+    """On a stack of layers the Pareto fronts outgrow MAX_FRONT and are thinned; the smallest point survives, so
+    a budget at the least memory any plan needs still gets a plan, and a looser one a faster plan."""
+    graph, params = stacked_layers(layers=20, batch=256, hidden=256)  # fronts are thinned some 45 times
+    model = CostModel.default_cpu(8, devices_per_host=4)
+    problem = Problem(graph, 8, {}, params, "data_parallel", model)
+    least = minimum_memory(problem)
+    tight = search(
+        graph, mode="dynamic_programming", device_num=8, parameters=params, cost_model=model, memory_budget=least
+    )
+    assert tight.memory_bytes == pytest.approx(least)
+    free = search(graph, mode="dynamic_programming", device_num=8, parameters=params, cost_model=model)
+    loose = search(
+        graph,
+        mode="dynamic_programming",
+        device_num=8,
+        parameters=params,
+        cost_model=model,
+        memory_budget=(least + free.memory_bytes) / 2,
+    )
+    assert free.step_time <= loose.step_time <= tight.step_time
+    assert loose.memory_bytes <= (least + free.memory_bytes) / 2

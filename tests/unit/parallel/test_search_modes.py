@@ -81,6 +81,21 @@ def test_configured_ops_that_cut_one_parameter_two_ways_are_an_error_naming_both
     assert "[S(1)] on 2" in message and "[S(0)] on 2" in message and "Fix:" in message
 
 
+def test_configured_neighbours_that_disagree_on_a_tensor_are_reported_not_hidden(caplog):
+    """The seed's fc ((1, 1), (1, 2)) then fc2 ((8, 1), (1, 1)): legal, a redistribution goes between them, and
+    the log names both ops and layouts (MindSpore warns "Inconsistency occurred at edge")."""
+    graph, params = mlp_graph()
+    first, second = by_op(graph, "MatMul")
+    fixed = {first: ((1, 1), (1, 2)), second: ((2, 1), (1, 1))}
+    (bias,) = by_op(graph, "BiasAdd")
+    (relu,) = by_op(graph, "ReLU")
+    fixed.update({bias: ((1, 2), (2,)), relu: ((1, 2),)})
+    with caplog.at_level(logging.WARNING, logger="tessel.parallel"):
+        plan_strategies(graph, mode="sharding_propagation", device_num=2, fixed=fixed, parameters=params)
+    assert "ReLU #2" in caplog.text and "MatMul #3" in caplog.text and "[S(1)] on 2" in caplog.text
+    assert "[S(0)] on 2" in caplog.text and "redistribution" in caplog.text
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_a_parameter_used_by_two_ops_gets_one_layout(mode):
     graph, params = shared_graph()
@@ -105,21 +120,23 @@ def test_memory_too_small_for_any_plan_is_an_error_naming_the_least_memory_neede
     with pytest.raises(MemoryBudgetError, match=rf"smallest memory any plan needs is .* \({least:.0f} bytes") as e:
         plan_strategies(graph, mode=mode, device_num=4, parameters=params, memory_budget=least - 1)
     assert e.value.minimum_bytes == least and e.value.budget_bytes == least - 1
-    found = search(graph, mode=mode, device_num=4, parameters=params, memory_budget=least)
-    assert found.memory_bytes <= least
+    found = search(graph, mode="dynamic_programming", device_num=4, parameters=params, memory_budget=least)
+    assert found.memory_bytes == least  # the plan that needs the least is found under the tightest budget
 
 
 @pytest.mark.parametrize("mode", ["sharding_propagation", "recursive_programming"])
-def test_a_heuristic_plan_over_the_budget_gives_way_to_the_fastest_plan_that_fits(mode, caplog):
+def test_a_heuristic_plan_over_the_budget_is_an_error_pointing_to_dynamic_programming(mode):
     graph, params = mlp_graph()
     free = search(graph, mode=mode, device_num=4, parameters=params)
     problem = Problem(graph, 4, {}, params, "data_parallel", CostModel.default_cpu(4))
-    budget = (free.memory_bytes + minimum_memory(problem)) / 2
-    with caplog.at_level(logging.WARNING, logger="tessel.parallel"):
-        bounded = search(graph, mode=mode, device_num=4, parameters=params, memory_budget=budget)
+    least = minimum_memory(problem)
+    budget = (free.memory_bytes + least) / 2
+    with pytest.raises(MemoryBudgetError, match=r"over the memory budget.*search_mode='dynamic_programming'") as e:
+        search(graph, mode=mode, device_num=4, parameters=params, memory_budget=budget)
+    assert e.value.minimum_bytes == least
+    bounded = search(graph, mode="dynamic_programming", device_num=4, parameters=params, memory_budget=budget)
     assert bounded.memory_bytes <= budget < free.memory_bytes
     assert bounded.step_time == pytest.approx(brute_force(problem, budget)[0])
-    assert "over the budget" in caplog.text
 
 
 def test_recursive_programming_cuts_in_rounds_for_any_device_count():
