@@ -1,13 +1,14 @@
 """AUTO_PARALLEL's strategy planner: a strategy for every node, found by one of MindSpore's three search modes over
 an α–β cost model of the cluster, keeping the user's own strategies.
 
-    >>> from tessel.compiler.parallel import parallelize
-    >>> from tessel.compiler.parallel.search import CostModel, plan_strategies, predict_step_time
     >>> strategies = plan_strategies(graph, mode="sharding_propagation", device_num=4,
     ...                              fixed={matmul: ((1, 1), (1, 4))}, parameters=["w", "b"],
     ...                              cost_model=CostModel.default_cpu(4))
     >>> plan = parallelize(graph, strategies, 4, parameters=["w", "b"])
     >>> predict_step_time(plan, CostModel.default_cpu(4))
+
+(a complete example: planner.py's docstring). MindSpore's `set_auto_parallel_context(search_mode=...)` maps onto
+`mode`; `shard()` and `Cell.set_data_parallel()` onto `fixed`; `dataset_strategy` / `full_batch` onto `dataset`.
 
 Modules, one concept each: cost_model (CostModel, links, collective and redistribution prices), objective (the
 terms of a step's time and memory; predict_step_time), problem (variables, options, edges: what every mode

@@ -1,13 +1,24 @@
 """The strategy planner's entry point: a forward graph, the user's fixed strategies, the devices, a cost model and a
 memory budget in; a strategy for every node out, in the form `parallelize` takes.
 
+    >>> from tessel.compiler.builder import apply
     >>> from tessel.compiler.parallel import parallelize
-    >>> from tessel.compiler.parallel.search import CostModel, plan_strategies
+    >>> from tessel.compiler.parallel.search import CostModel, plan_strategies, predict_step_time
+    >>> from tessel.compiler.tracer import TensorSpec, trace
+    >>> def mlp(x, w1, b1, w2):
+    ...     h = apply("ReLU", apply("BiasAdd", apply("MatMul", x, w1), b1))
+    ...     return apply("MatMul", h, w2).mean()
+    >>> graph = trace(mlp, TensorSpec((64, 32)), TensorSpec((32, 32)), TensorSpec((32,)), TensorSpec((32, 16))).graph
+    >>> model = CostModel.default_cpu(8)
     >>> strategies = plan_strategies(
-    ...     graph, mode="dynamic_programming", device_num=8, fixed={first_matmul: ((1, 1), (1, 8))},
-    ...     parameters=["w1", "b1", "w2"], dataset="data_parallel", cost_model=CostModel.default_cpu(8),
+    ...     graph, mode="dynamic_programming", device_num=8,
+    ...     fixed={0: ((1, 1), (1, 8))},              # the first MatMul's shard(): kept as given
+    ...     parameters=["w1", "b1", "w2"], dataset="data_parallel", cost_model=model,
     ... )
+    >>> [strategies[node] for node in graph.nodes]  # Megatron: columns, then rows and one AllReduce
+    [((1, 1), (1, 8)), ((1, 8), (8,)), ((1, 8),), ((1, 8), (8, 1)), ((1, 1),)]
     >>> plan = parallelize(graph, strategies, 8, parameters=["w1", "b1", "w2"])
+    >>> predict_step_time(plan, model).total        # seconds per training step, as the search priced it
 """
 
 from __future__ import annotations
