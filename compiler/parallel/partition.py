@@ -147,8 +147,8 @@ def parallelize(
     layout of some outputs (None: as computed, partial sums combined)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
-    _check_static(graph)
-    given = _by_node(graph, strategies or {})
+    check_static(graph)
+    given = by_node(graph, strategies or {})
     params, fixed = set(parameters), dict(fixed or {})
     names = {v.name for v in graph.inputs}
     for what, given_names in (("parameters", params), ("fixed layouts", set(fixed)), ("weights", set(weights))):
@@ -249,7 +249,8 @@ def _gradient_placement(node: Node, layouts: Mapping[Value, Layout]) -> Placemen
     return Placement(node.op, (), "gradient", loss.device_matrix, (), tuple(wants), outputs)
 
 
-def _check_static(graph: Graph) -> None:
+def check_static(graph: Graph) -> None:
+    """Raise unless every tensor of `graph` has a static shape (the pass cuts global shapes)."""
     for v in (*graph.inputs, *(o for n in graph.nodes for o in n.outputs)):
         if not is_static(v.shape):
             raise ConfigurationError(
@@ -258,7 +259,8 @@ def _check_static(graph: Graph) -> None:
             )
 
 
-def _by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+def by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+    """`strategies` keyed by Node (an int key is an index into graph.nodes); a foreign node is an error."""
     out = {}
     members = set(graph.nodes)
     for key, value in strategies.items():
@@ -284,7 +286,7 @@ def _input_layouts(graph, param_values, fixed, device_num, dataset) -> dict[Valu
             layout.check(v.shape, f"input {v.name!r}")
             layouts[v] = layout
     data = [v for v in graph.inputs if v not in param_values and v not in layouts]
-    for v, layout in zip(data, _dataset_layouts(data, device_num, dataset)):
+    for v, layout in zip(data, dataset_layouts(data, device_num, dataset)):
         layouts[v] = layout
     return layouts
 
@@ -300,7 +302,8 @@ def _conflict(value: Value, first: Node, had: Layout, placements, node: Node, wa
     )
 
 
-def _dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+def dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+    """The layout each data input arrives in: "data_parallel", "full_batch" or a dataset_strategy."""
     if dataset == "full_batch":
         return [Layout.replicated(v.ndim, device_num) for v in data]
     if dataset == "data_parallel":
