@@ -151,3 +151,28 @@ def test_msrun_tails_only_workers_of_its_node():
         ConfigurationError, match=r"--tail_worker_log 2,5: no worker of this node is 5; its workers are 2, 3"
     ):
         msrun.Msrun(args)
+
+
+def test_rank_zeros_address_file_is_private_and_a_dead_publishers_is_ignored(tmp_path):
+    import os
+    import socket
+    import time
+
+    from tessel.communication.discovery import FileExchange
+    from tessel.core.errors import RendezvousTimeoutError
+
+    exchange = FileExchange("job-1", tmp_path / "rendezvous")
+    exchange.publish({"address": "127.0.0.1:1234", "token": "t"})
+    assert oct((tmp_path / "rendezvous" / "job-1.json").stat().st_mode & 0o777) == "0o600"
+    found = FileExchange("job-1", tmp_path / "rendezvous").lookup(time.monotonic() + 1, "rank 1")
+    assert (found["address"], found["token"], found["pid"]) == ("127.0.0.1:1234", "t", os.getpid())
+    exchange.remove()
+
+    dead = {"address": "127.0.0.1:1", "token": "t", "pid": 2**22 + 7, "host": socket.gethostname()}
+    (tmp_path / "rendezvous" / "job-2.json").write_text(json.dumps(dead))  # left by a rank 0 that crashed
+    with pytest.raises(RendezvousTimeoutError, match="rank 0 did not publish its coordinator"):
+        FileExchange("job-2", tmp_path / "rendezvous").lookup(time.monotonic() + 0.3, "rank 1")
+
+    (tmp_path / "rendezvous").chmod(0o777)
+    with pytest.raises(ConfigurationError, match="is not this user's own"):
+        FileExchange("job-3", tmp_path / "rendezvous").publish({"address": "x", "token": "t"})

@@ -52,8 +52,19 @@ class FileExchange:
         self.same_host = same_host  # the publisher's pid can be checked: a file left by a dead one is stale
         self._published = False
 
+    def _check_directory(self) -> None:
+        """The file carries the job's token: only this user may be able to write where it lies."""
+        info = self.directory.stat()
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ConfigurationError(
+                f"rendezvous directory {self.directory} is not this user's own (owner uid {info.st_uid}, mode "
+                f"{info.st_mode & 0o777:o}): another user could plant a coordinator there; remove it, or set "
+                "TESSEL_RENDEZVOUS_DIR to a directory only you can write"
+            )
+
     def publish(self, payload: dict) -> None:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._check_directory()
         fd, temp = tempfile.mkstemp(dir=self.directory, prefix=".publish-")
         with os.fdopen(fd, "w") as f:  # mkstemp makes it 0600
             json.dump(dict(payload, pid=os.getpid(), host=socket.gethostname()), f)
@@ -78,6 +89,7 @@ class FileExchange:
             payload = json.loads(self.path.read_text())
         except (OSError, ValueError):
             return None  # not there yet (or being replaced)
+        self._check_directory()
         stale = self.same_host and payload.get("host") == socket.gethostname() and not _alive(payload.get("pid", 0))
         return None if stale else payload
 
