@@ -267,6 +267,42 @@ def test_rank_table_processes_find_each_other(tmp_path):
     assert bad.returncode != 0 and "server_count is '2' but server_list has 1 servers" in bad.stderr
 
 
+def test_rank_table_across_servers_meets_at_rank_zeros_server(tmp_path):
+    # The cross-cluster layout (server_ip, cluster_list) with two "servers" on this machine's loopback addresses:
+    # rank 0 serves the coordinator at its server's address, rank 1 reaches it there.
+    table = tmp_path / "rank_table_cross_cluster.json"
+    servers = []
+    for i in range(2):
+        device = [{"device_id": "0", "device_ip": f"192.{i}.0.6", "rank_id": str(i), "dpu_ip": "", "numa_id": ""}]
+        servers.append({"server_id": f"server_{i}", "server_ip": f"127.0.0.{i + 1}", "device": device})
+    clusters = [{"cluster_id": f"cluster_{i}", "server_list": [{"server_id": f"server_{i}"}]} for i in range(2)]
+    table.write_text(
+        json.dumps(
+            {
+                "version": "1.0",
+                "server_count": "2",
+                "server_list": servers,
+                "cluster_list": clusters,
+                "status": "completed",
+            }
+        )
+    )
+    port = str(free_port())
+    procs = []
+    for rank in (1, 0):
+        env = user_env(
+            tmp_path,
+            RANK_TABLE_FILE=str(table),
+            RANK_SIZE="2",
+            RANK_ID=str(rank),
+            DEVICE_ID="0",
+            TESSEL_COORDINATOR_PORT=port,
+        )
+        procs.append(start([sys.executable, str(PROBE)], env, tmp_path / f"train{rank}.log", tmp_path))
+    assert finish(procs) == [0, 0], [(tmp_path / f"train{r}.log").read_text() for r in (0, 1)]
+    assert "rank 1 of 2: all_reduce=3" in (tmp_path / "train1.log").read_text()
+
+
 # ---------------------------------------------------------------------------------------------------- mpirun
 
 
