@@ -212,6 +212,36 @@ def test_msrun_on_one_node_writes_msruns_logs_and_exits_with_the_jobs_status(tmp
     assert failed.returncode == 1
     assert "worker 1" in failed.stdout and "ValueError: rank 1 fails on purpose" in failed.stdout, failed.stdout
 
+    # The samples' way: `msrun … pytest -s train.py`, the training at import and no test to collect.
+    sample = tmp_path / "train_at_import.py"
+    sample.write_text(
+        "import numpy as np\nfrom tessel.communication import comm_func, get_rank, init\ninit()\n"
+        "print(f'rank {get_rank()}: all_reduce={comm_func.all_reduce(np.ones(1, np.float32))[0]:g}', flush=True)\n"
+    )
+    by_pytest = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tessel.cli",
+            "msrun",
+            "--worker_num=2",
+            "--local_worker_num=2",
+            f"--master_port={free_port()}",
+            "--log_dir=pytest_log",
+            "--join=True",
+            "pytest",
+            "-s",
+            str(sample),
+        ],
+        cwd=tmp_path,
+        env=user_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert by_pytest.returncode == 0, by_pytest.stdout + by_pytest.stderr
+    assert "rank 1: all_reduce=2" in (tmp_path / "pytest_log" / "worker_1.log").read_text()
+
 
 def test_msrun_on_two_nodes_joins_node_rank_1_to_the_scheduler_of_node_rank_0(tmp_path):
     # msrun_1.sh / msrun_2.sh, both nodes on 127.0.0.1: node 0 starts the scheduler and worker 0, node 1 worker 1.
