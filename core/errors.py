@@ -11,6 +11,13 @@ class ConfigurationError(TesselError, ValueError):
     """Bad input from the user: an argument, an environment variable, a strategy."""
 
 
+class NotSupportedYetError(TesselError, NotImplementedError):
+    """A MindSpore option or API tessel knows but does not implement yet; the message says why and what to do.
+
+    Raised at the call, never later, with the message "not supported yet: <what>, <why>".
+    """
+
+
 class MissingRuntimeError(TesselError, ImportError):
     """A runtime dependency (ONNX Runtime build, CUDA, CANN) is not installed or not usable."""
 

@@ -17,7 +17,19 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "train"}
+_SUBMODULES = {
+    "autograd",
+    "common",
+    "communication",
+    "context",
+    "dataset",
+    "mint",
+    "nn",
+    "ops",
+    "parallel",
+    "runtime",
+    "train",
+}
 _DTYPES = {
     "bool_",
     "int8",
@@ -38,6 +50,8 @@ _NAMES = {
     "Tensor": "tessel.common.tensor",
     "Parameter": "tessel.common.parameter",
     "ParameterTuple": "tessel.common.parameter",
+    "Symbol": "tessel.common.symbol",
+    "lazy_inline": "tessel.common.lazy_inline",
     "set_seed": "tessel.common.seed",
     "get_seed": "tessel.common.seed",
     "jit": "tessel.common.compiled",

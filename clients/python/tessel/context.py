@@ -9,7 +9,6 @@ Settings are validated here; the parallel pass reads the auto-parallel ones.
 
 from __future__ import annotations
 
-import logging
 import os
 from typing import Any
 
@@ -73,8 +72,6 @@ _NOT_SUPPORTED: dict[str, str] = {
 }
 _context: dict[str, Any] = {**_IGNORED, **_CONTEXT_DEFAULTS}
 _explicit_context: set[str] = set()
-_logged_no_effect: set[str] = set()
-log = logging.getLogger("tessel")
 
 WORKING = "working"
 NO_EFFECT_ON_CPU = "no effect on CPU"
@@ -96,7 +93,7 @@ def option_status(option: str) -> str:
 def _refuse_unsupported(option: str, value: Any, default: Any, table: dict[str, str]) -> None:
     why = table.get(option)
     if why is not None and value != default:
-        raise ConfigurationError(f"not supported yet: {option}={value!r}, {why}")
+        raise _not_supported(f"{option}={value!r}", why)
 
 
 def set_context(**kwargs: Any) -> None:
@@ -106,9 +103,9 @@ def set_context(**kwargs: Any) -> None:
     for key, value in kwargs.items():
         if key in _IGNORED:
             _context[key] = value
-            if key not in _logged_no_effect:
-                _logged_no_effect.add(key)
-                log.warning("set_context(%s=%r): no effect on CPU; tessel does not use it", key, value)
+            from tessel.common.support import log_once
+
+            log_once(f"set_context:{key}", f"set_context({key}={value!r}): no effect on CPU; tessel does not use it")
             continue
         if key not in _CONTEXT_DEFAULTS:
             known = sorted(set(_CONTEXT_DEFAULTS) | set(_IGNORED))
@@ -288,21 +285,23 @@ def _comm_fusion(value: Any) -> None:
             f"comm_fusion must be a dict with keys among {list(_COMM_FUSION_KINDS)}, got {value!r}"
         )
     if value.get("openstate", True) is not True:
-        raise ConfigurationError(
-            "not supported yet: comm_fusion openstate=False, gradients always travel in size-bounded buckets"
-        )
+        raise _not_supported("comm_fusion openstate=False", "gradients always travel in size-bounded buckets")
     for kind in ("allgather", "reducescatter"):
         if kind in value:
-            raise ConfigurationError(
-                f"not supported yet: comm_fusion {kind!r}={value[kind]!r}, only the gradient all-reduce is fused"
-            )
+            raise _not_supported(f"comm_fusion {kind!r}={value[kind]!r}", "only the gradient all-reduce is fused")
     allreduce = value.get("allreduce", {"mode": "auto"})
     mode = allreduce.get("mode") if isinstance(allreduce, dict) else None
     if mode not in ("auto", "size"):
-        raise ConfigurationError(
-            f"not supported yet: comm_fusion 'allreduce'={allreduce!r}, gradients are fused by size only: "
-            "{'mode': 'size', 'config': MB} or {'mode': 'auto'}"
+        raise _not_supported(
+            f"comm_fusion 'allreduce'={allreduce!r}",
+            "gradients are fused by size only: {'mode': 'size', 'config': MB} or {'mode': 'auto'}",
         )
+
+
+def _not_supported(what: str, why: str) -> Exception:
+    from tessel.common.support import not_supported_yet
+
+    return not_supported_yet(what, why)
 
 
 def _check_parallel_against_world() -> None:
@@ -327,8 +326,12 @@ def _check_parallel_against_world() -> None:
 
 
 def _dataset_strategy(value: Any) -> Any:
-    if value in ("data_parallel", "full_batch"):
+    from tessel.parallel.layout import TensorLayout
+
+    if isinstance(value, str) and value in ("data_parallel", "full_batch"):
         return value
+    if isinstance(value, (tuple, list)) and value and all(isinstance(s, TensorLayout) for s in value):
+        return tuple(value)  # MindSpore's Layout form: one tensor layout per column
     ok = isinstance(value, (tuple, list)) and all(
         isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s) for s in value
     )

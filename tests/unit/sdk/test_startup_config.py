@@ -12,7 +12,7 @@ import pytest
 from tessel import msrun
 from tessel.communication import rank_table
 from tessel.communication.dynamic_cluster import DynamicCluster
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 
 def server(server_id: str, first_rank: int, devices: int = 2, **extra) -> dict:
@@ -116,7 +116,7 @@ def test_dynamic_networking_variables(monkeypatch):
     monkeypatch.setenv("MS_NODE_ID", "worker-a")  # a name, not a rank: ranks go in order of arrival
     assert DynamicCluster.from_environ().rank() == -1
     monkeypatch.setenv("MS_ROLE", "MS_PSERVER")
-    with pytest.raises(ConfigurationError, match="not supported yet: MS_ROLE=MS_PSERVER"):
+    with pytest.raises(NotSupportedYetError, match="not supported yet: MS_ROLE=MS_PSERVER"):
         DynamicCluster.from_environ()
 
 

@@ -129,11 +129,11 @@ class Engine:
     def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return self.daemon.get(self.session, list(names)) if names else {}
 
-    def handle(self, name: str, shape: tuple[int, ...], dtype: Any):
-        """A Tensor naming store entry `name` (fetched on first use)."""
+    def handle(self, name: str, shape: tuple[int, ...], dtype: Any, layout: Any = None):
+        """A Tensor naming store entry `name` (fetched on first use); `layout` when the store holds a piece."""
         from tessel.common.tensor import Tensor
 
-        tensor = Tensor._wrap_ref(DeviceRef(self, name, shape, dtype))
+        tensor = Tensor._wrap_ref(DeviceRef(self, name, shape, dtype, layout))
         self._live[name] = weakref.ref(tensor)
         return tensor
 
@@ -146,7 +146,7 @@ class Engine:
             if tensor is not None and tensor._ref is not None and tensor._ref.name == name:
                 aside = f"{name}@{next(self._backups)}"
                 copies.append(daemon_pb2.Instruction(copy=daemon_pb2.CopyOp(source=name, target=aside)))
-                tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype)
+                tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype, tensor._ref.layout)
                 weakref.finalize(tensor, self._unused.append, aside)
         return copies
 

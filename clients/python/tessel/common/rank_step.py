@@ -70,8 +70,9 @@ def check_mode() -> None:
         )
 
 
-def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, full_values: Callable[[], dict]):
-    """(TrainProgram, RankPartition or None) for the current parallel mode (see the module docstring)."""
+def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict]):
+    """(TrainProgram, RankPartition or None) for the current parallel mode (see the module docstring); `fixed()`
+    gives the layouts of parameters an earlier plan of this job sliced."""
     mode, world = parallel_mode(), world_size()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
@@ -89,7 +90,7 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fu
             ) from None
         from tessel.communication import get_rank
 
-        part = partition_for_rank(graph, trace, list(keys), full_values(), get_rank(), world)
+        part = partition_for_rank(graph, trace, list(keys), None, get_rank(), world, fixed())
         program = build_train_step(part.graph, keys, rule, no_decay)
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part
     return build_train_step(graph, keys, rule, no_decay), None

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 
 from tessel.core import rpc
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 SCHEDULER, WORKER, PSERVER = "MS_SCHED", "MS_WORKER", "MS_PSERVER"
 DEFAULT_TOPO_TIMEOUT_S = 1800.0  # MindSpore's MS_TOPO_TIMEOUT default: 30 minutes
@@ -72,7 +72,7 @@ class DynamicCluster:
         if not role:
             return None
         if role == PSERVER:
-            raise ConfigurationError(
+            raise NotSupportedYetError(
                 "not supported yet: MS_ROLE=MS_PSERVER, tessel has no parameter-server mode; start the job's "
                 "processes as MS_SCHED and MS_WORKER"
             )

@@ -163,11 +163,85 @@ class Cell:
         return self
 
     def shard(self, in_strategy=None, out_strategy=None, parameter_plan=None, device="Ascend", level=0) -> Cell:
-        object.__setattr__(self, "_shard", {"in_strategy": in_strategy, "out_strategy": out_strategy})
+        """Lay this cell's inputs out as `in_strategy` says (one tuple of cuts or one Layout per input) and its
+        parameters named in `parameter_plan` as given, under SEMI_AUTO/AUTO_PARALLEL (MindSpore `Cell.shard`);
+        the ops inside are planned from there. The cell then always runs compiled (in PYNATIVE_MODE too, as in
+        MindSpore). Returns the cell.
+
+            >>> block.shard(in_strategy=((2, 1),), parameter_plan={"self.dense.weight": (2, 1)})
+        """
+        from tessel.parallel.shard import check_in_strategy, log, plan_parameters
+
+        if device != "Ascend" or level != 0:
+            log.info(
+                "%s.shard: device=%r and level=%r are MindSpore backend hints; tessel plans every device alike",
+                self.cls_name,
+                device,
+                level,
+            )
+        strategies = None if in_strategy is None else check_in_strategy(in_strategy, f"{self.cls_name}.shard")
+        if out_strategy is not None:
+            log.warning("%s.shard: out_strategy is not in use yet (MindSpore ignores it too)", self.cls_name)
+        if isinstance(self._shard, dict):
+            log.warning("%s.shard: the cell is configured more than once; the last configuration wins", self.cls_name)
+        plan_parameters(self, parameter_plan, f"{self.cls_name}.shard")
+        object.__setattr__(self, "_shard", {"in_strategy": strategies, "out_strategy": out_strategy})
         return self
 
     def recompute(self, **_: Any) -> Cell:
         return self
+
+    def set_comm_fusion(self, fusion_type: int, recurse: bool = True) -> Cell:
+        """Set `comm_fusion` of this cell's trainable parameters (and its children's, with recurse): the fusion
+        group of the collectives that reduce their gradients (0 = not fused). Returns self.
+
+            >>> net.head.set_comm_fusion(0)
+        """
+        if isinstance(fusion_type, bool) or not isinstance(fusion_type, int) or fusion_type < 0:
+            raise ConfigurationError(
+                f"{self.cls_name}.set_comm_fusion: fusion_type must be an int >= 0, got {fusion_type!r}"
+            )
+        for param in self.trainable_params(recurse):
+            param.comm_fusion = fusion_type
+        return self
+
+    def place(self, role: str, rank_id: int) -> Cell:
+        """MindSpore runs this cell's operators on process (role, rank_id); tessel validates the arguments as
+        MindSpore does, then raises NotSupportedYetError (see Primitive.place)."""
+        from tessel.ops.primitive import check_place
+
+        check_place(f"{self.cls_name}.place", role, rank_id)
+        return self
+
+    # --- declared inputs (dynamic shapes) -------------------------------------------------------------------------
+    def set_inputs(self, *inputs: Any, **kwargs: Any) -> None:
+        """Declare this cell's inputs: Tensors or placeholders `Tensor(shape=[Symbol(...) | None, ...], dtype=...)`.
+        Calls of this cell are then checked against them (dtype, rank, fixed dims, each Symbol's rule). tessel
+        compiles one graph with a symbolic batch dim for all batch sizes, with or without a declaration.
+
+            >>> net.set_inputs(ms.Tensor(shape=[ms.Symbol(divisor=8), 1, 28, 28], dtype=ms.float32))
+        """
+        from tessel.common.symbol import check_construct_args
+
+        if inputs and kwargs:
+            raise ConfigurationError(f"{self.cls_name}.set_inputs: give the inputs either by position or by name")
+        if kwargs:
+            names = arg_names_of(self.construct)
+            unknown = sorted(set(kwargs) - set(names))
+            if unknown:
+                raise ConfigurationError(
+                    f"{self.cls_name}.set_inputs: construct has no inputs {unknown}; it takes {names}"
+                )
+            declared = [kwargs.get(name) for name in names]
+        else:
+            check_construct_args(self.cls_name, self.construct, len(inputs))
+            declared = list(inputs)
+        object.__setattr__(self, "_declared_inputs", (declared, kwargs or inputs))
+
+    def get_inputs(self) -> Any:
+        """What set_inputs declared (the positional tuple, or the dict of named inputs), else None."""
+        declared = self.__dict__.get("_declared_inputs")
+        return None if declared is None else declared[1]
 
     @property
     def cls_name(self) -> str:
@@ -185,7 +259,10 @@ class Cell:
             if trace is not None:
                 with trace.in_cell(self):
                     return self._construct(*args, **kwargs)
-            if context.get_context("mode") == context.PYNATIVE_MODE:
+            declared = self.__dict__.get("_declared_inputs")
+            if declared is not None:  # checked on the outermost call only, as MindSpore checks the compiled cell
+                _check_declared(self, declared[0], args, kwargs)
+            if context.get_context("mode") == context.PYNATIVE_MODE and not isinstance(self._shard, dict):
                 return self._construct(*args, **kwargs)
             return self._graph_call(*args, **kwargs)
         except _NAMED_ERRORS as err:
@@ -194,6 +271,11 @@ class Cell:
             stack.pop()
 
     def _construct(self, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(self._shard, dict) and self._shard["in_strategy"]:
+            from tessel.parallel.shard import constrain
+
+            strategies = self._shard["in_strategy"]
+            args = tuple(constrain(a, s) for a, s in zip(args, strategies)) + args[len(strategies) :]
         if self._float_dtype is None:
             return self.construct(*args, **kwargs)
         args = tuple(_cast_float(a, self._float_dtype) for a in args)
@@ -218,6 +300,14 @@ class Cell:
         lines = [f"  ({name}): " + repr(cell).replace("\n", "\n  ") for name, cell in self.name_cells().items()]
         head = f"{self.cls_name}<{self.extend_repr()}"
         return head + (">" if not lines else "\n" + "\n".join(lines) + "\n  >")
+
+
+def _check_declared(cell: Cell, declared: list, args: tuple, kwargs: dict) -> None:
+    from tessel.common.symbol import check_inputs
+
+    names = arg_names_of(cell.construct)
+    values = list(args) + [kwargs.get(name) for name in names[len(args) :]]
+    check_inputs(f"{cell.cls_name} (inputs declared by set_inputs)", declared, values)
 
 
 def _cast_float(value: Any, dtype) -> Any:

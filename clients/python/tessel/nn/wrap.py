@@ -65,6 +65,7 @@ class FusedTrainStep:
             arg_names=arg_names_of(network.construct),
             transform=self._transform,
             key_extra=rank_step.parallel_mode,
+            partition=False,  # _transform partitions (rank_step.parallel_train_program)
         )
         self._checked: set[int] = set()  # engines on which the replicas were found identical
         self._partition = None  # semi-auto: this rank's partition (slices of parameters and batches)
@@ -82,7 +83,7 @@ class FusedTrainStep:
         opt = self.optimizer
         keys = [p.key for p in opt.parameters]
         program, self._partition = rank_step.parallel_train_program(
-            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: {p.key: p.asnumpy() for p in opt.parameters}
+            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: _sliced(opt.parameters)
         )
         self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
@@ -113,19 +114,25 @@ class FusedTrainStep:
         return entry, call
 
     def _install_partition(self, eng) -> None:
-        """Semi-auto: this rank's parameter slices (and slot buffers shaped like them) go to the daemon."""
+        """Semi-auto: the parameters take the plan's layouts (their slots the same), and this rank's slices go to
+        the daemon (with buffers shaped like them for state the optimizer starts from a constant)."""
         import numpy as np
 
-        values = dict(self._partition.params)
-        opt = self.optimizer
+        from tessel.common import parameter as P
+
+        opt, plan = self.optimizer, self._partition.plan
+        for p, *slots in zip(opt.parameters, *opt._slots.values()):
+            if p.key in plan.parameters:
+                for q in (p, *slots):
+                    q.place(plan.input_layout(p.key), eng.id)
+        values: dict = {}
+        P.stage(eng, (*opt.parameters, *opt.slot_parameters()), values)
         renamed = opt.rename_map()
         for spec in self._partition_state:
-            if spec.name not in values and spec.init is not None:
-                values[renamed.get(spec.name, spec.name)] = np.full(spec.shape, spec.init, spec.dtype.numpy)
+            name = renamed.get(spec.name, spec.name)
+            if name not in values and spec.init is not None:
+                values[name] = np.full(spec.shape, spec.init, spec.dtype.numpy)
         eng.daemon.put(eng.session, values)
-        for p in (*opt.parameters, *opt.slot_parameters()):
-            if p.key in values:
-                p._device = eng.id
 
     def before_run(self, feed: dict) -> None:
         """Semi-auto: replace the batch in `feed` by this rank's slices of it."""
@@ -136,6 +143,14 @@ class FusedTrainStep:
         entry, call = self.prepare(*inputs)
         out = entry.run(call) if self._partition is None else _run_partitioned(entry, call, self)
         return out[1] if self.sens != 1.0 else out
+
+
+def _sliced(parameters) -> dict:
+    """The layouts of the parameters an earlier plan of the current job sliced."""
+    from tessel.common.engine import engine
+
+    current = engine().id
+    return {p.key: p.layout for p in parameters if p.layout is not None and p._layout_engine == current}
 
 
 def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:

@@ -19,9 +19,12 @@ from tessel.compiler.ir import Graph
 from tessel.compiler.parallel import ParallelPlan, collective_counts
 from tessel.compiler.parallel import explain as explain_plan
 from tessel.core.errors import ConfigurationError
+from tessel.parallel.layout import Layout
 from tessel.parallel.semi_auto import RankPartition, global_shape, partition_for_rank, plan_for, strategies_of
+from tessel.parallel.shard import shard
 
 __all__ = [
+    "Layout",
     "RankPartition",
     "collective_counts",
     "explain",
@@ -29,6 +32,7 @@ __all__ = [
     "partition_for_rank",
     "plan",
     "plan_for",
+    "shard",
     "strategies_of",
     "trace_network",
 ]

@@ -24,7 +24,7 @@ import numpy as np
 
 from tessel.common.parameter import Parameter, fetch_all
 from tessel.common.tensor import Tensor
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 FORMAT = "tessel-checkpoint-1"
 
@@ -192,10 +192,23 @@ def load_param_into_net(
     return not_loaded, [name for name in parameter_dict if name not in used]
 
 
-def export(net: Any, *inputs: Any, file_name: str, file_format: str = "ONNX", **_: Any) -> None:
-    """Write net (in inference mode) as a standalone ONNX model for `inputs`' shapes; ".onnx" is appended."""
-    if file_format.upper() != "ONNX":
-        raise ConfigurationError(f"export: file_format {file_format!r} is not supported; use file_format='ONNX'")
+def export(net: Any, *inputs: Any, file_name: str, file_format: str = "AIR", **kwargs: Any) -> None:
+    """Write net (in inference mode) as a standalone ONNX model for `inputs`' shapes; ".onnx" is appended.
+    MindSpore's own formats (MINDIR, AIR) and its export options are not supported yet, each named at the call."""
+    if file_format in ("MINDIR", "AIR"):
+        raise ConfigurationError(
+            f"export: file_format {file_format!r} is not supported yet (MindSpore's own IR format, read only by "
+            "MindSpore); use file_format='ONNX'"
+        )
+    if file_format != "ONNX":
+        raise ConfigurationError(f"export: file_format must be one of ['AIR', 'ONNX', 'MINDIR'], got {file_format!r}")
+    if kwargs:
+        raise NotSupportedYetError(
+            f"not supported yet: export options {sorted(kwargs)} (encryption, dataset-driven inputs, incremental "
+            "or custom export); call export(net, *inputs, file_name=..., file_format='ONNX')"
+        )
+    if any(getattr(x, "to_spec", None) is not None for x in inputs):
+        raise NotSupportedYetError("not supported yet: export with a Dataset as input; pass example Tensors")
     model = onnx_model(net, *inputs)
     path = os.fspath(file_name)
     atomic_write(path if path.endswith(".onnx") else path + ".onnx", model.SerializeToString())

@@ -17,6 +17,7 @@ import numpy as np
 
 from tessel.common.compiled import CompiledFunction
 from tessel.common.dtype import DType
+from tessel.common.initializer import Deferred
 from tessel.common.parameter import Parameter, ParameterTuple
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
@@ -80,6 +81,14 @@ def _lr_source(learning_rate: Any) -> Any:
     return float(values) if values.ndim == 0 else values
 
 
+def _slot_value(p: Parameter, init: float) -> Any:
+    """A moment slot's start: a constant like the parameter; not drawn yet when the parameter is not either (a
+    rank then allocates only its slice)."""
+    if p.has_init:
+        return Deferred.constant(init, p.shape, p.dtype)
+    return np.full(p.shape, init, p.dtype.numpy)
+
+
 class Optimizer(Cell):
     """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
 
@@ -101,9 +110,7 @@ class Optimizer(Cell):
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
             made = [
-                Parameter(
-                    np.full(p.shape, slot.init, p.dtype.numpy), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}"
-                )
+                Parameter(_slot_value(p, slot.init), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}")
                 for p in params
             ]
             self._slots[slot.name] = made
