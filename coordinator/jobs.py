@@ -98,6 +98,12 @@ class Job:
     timed_out: bool = False  # failed because the rendezvous passed its deadline
     started_at: float = 0.0
     pending_reasons: list[str] = field(default_factory=list)  # why a complete world has no daemons yet
+    # A job announced before its ranks join (a dynamic cluster's scheduler does): it must form by this time
+    # (the state's clock), and a timeout says how to fix it in the launcher's own terms.
+    form_deadline: float | None = None
+    form_timeout_s: float = 0.0
+    once: bool = False  # the job of a dynamic cluster's scheduler: it runs once, later joiners are extra
+    how_to_fix: str = "start them or lower -n"
     subscribers: set[Subscriber] = field(default_factory=set)
     groups: dict[str, Group] = field(default_factory=dict)
     barriers: dict[str, Barrier] = field(default_factory=dict)
@@ -170,7 +176,8 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
 def _explain_unpinned(joiner: Joiner, daemons: dict[str, DaemonRecord]) -> str:
     plugin = f"'{joiner.plugin}' " if joiner.plugin else ""
     states = ", ".join(
-        f"{d.daemon_id} {d.state}" for d in sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
+        f"{d.daemon_id} {d.info.plugin} {d.state}"
+        for d in sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
     )
     return f"rank {joiner.rank} needs an idle {plugin}daemon (registered: {states or 'none'})"
 

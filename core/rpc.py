@@ -59,12 +59,20 @@ def cluster_token(create: bool = False) -> str:
             "no cluster token: set TESSEL_TOKEN to the token the coordinator was started with "
             f"(or run on the coordinator's host, where it is in {path})"
         )
-    value = secrets.token_hex(16)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # The processes of a job started together (a dynamic cluster's scheduler and workers) may all create it at
+    # once: each writes its own file and links it into place, the first link wins and everyone reads the winner's.
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
-    return value
+        f.write(secrets.token_hex(16) + "\n")
+    try:
+        os.link(temp, path)
+    except FileExistsError:
+        pass
+    finally:
+        os.unlink(temp)
+    return path.read_text().strip()
 
 
 # ---------------------------------------------------------------------------------------------------- server

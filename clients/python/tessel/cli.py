@@ -9,6 +9,7 @@ USAGE = """usage: tessel <command> [options]
 
 commands:
   run          start N ranks of a script (tessel run -n 4 train.py)
+  msrun        MindSpore's msrun: scheduler + workers, dynamic networking (tessel msrun --worker_num=4 ...)
   coordinator  serve the cluster's coordinator (tessel coordinator --port 7070)
   daemon       serve one device (tessel daemon --coordinator HOST:PORT --plugin cpu --device 0)
   status       print the cluster's daemons and jobs (tessel status --coordinator HOST:PORT)
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "run":
         from tessel.launcher import main as run
+    elif command == "msrun":
+        from tessel.msrun import main as run
     elif command == "coordinator":
         from tessel.coordinator import main as run
     elif command == "daemon":

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
@@ -22,6 +21,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from tessel import local_daemons
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError, TesselError
 
@@ -31,13 +31,6 @@ TAIL_LINES = 20
 ERASE_LINE = b"\r\x1b[2K"
 _MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it comes
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Children must not outlive the launcher, even when it is SIGKILLed (Linux prctl).
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -175,34 +168,14 @@ class Launch:
         cores = os.cpu_count() or 1
         total = self.args.threads or cores
         threads = max(1, total // self.args.nproc)
-        env = self._base_env()
         for device in range(self.args.nproc):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tessel.daemon",
-                "--coordinator",
-                self.coordinator,
-                "--plugin",
-                self.args.plugin,
-                "--device",
-                str(device),
-                "--threads",
-                str(threads),
-            ]
             self.daemons.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                local_daemons.spawn_daemon(
+                    self.coordinator, self.token, plugin=self.args.plugin, device=device, threads=threads
                 )
             )
         for device, proc in enumerate(self.daemons):
-            line = self._first_line(proc, f"daemon {device}")
-            self.daemon_ids.append(line.split()[2])
+            self.daemon_ids.append(local_daemons.read_started(proc, f"daemon {device}")[0])
             # The rest of the daemon's output goes to its log; an unread pipe would block it once full.
             out_dir = log_root / f"daemon.{device}"
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -210,18 +183,6 @@ class Launch:
                 tee = _Tee(pipe, out_dir / name, None)
                 tee.start()
                 self.tees.append(tee)
-
-    def _first_line(self, proc: subprocess.Popen, what: str, timeout_s: float = 60.0) -> str:
-        result: list[bytes] = []
-        reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        line = result[0].decode() if result else ""
-        if not line.startswith("tessel daemon"):
-            proc.kill()
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
-            raise TesselError(f"{what} did not start within {timeout_s:.0f} s: {line.strip()} {err.strip()}")
-        return line
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -263,7 +224,7 @@ class Launch:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=local_daemons.die_with_parent,  # never outlive the launcher
             )
             echo_out = sys.stdout.buffer if rank == 0 and not self.args.quiet else None
             echo_err = sys.stderr.buffer if rank == 0 and not self.args.quiet else None
