@@ -158,7 +158,7 @@ def parallelize(
     specs = {node: registry.get(node.op).sharding_spec(node) for node in graph.nodes}
     param_values = {v for v in graph.inputs if v.name in params}
     layouts = _input_layouts(graph, param_values, fixed, device_num, dataset)
-    placements = _place(graph, specs, given, layouts, param_values, _weight_side(graph, params, weights), device_num)
+    placements = _place(graph, specs, given, layouts, param_values, weight_side(graph, params, weights), device_num)
     redistributions, finals = _route(graph, placements, layouts, steps, output_layouts)
     return ParallelPlan(
         graph,
@@ -172,7 +172,7 @@ def parallelize(
     )
 
 
-def _weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:
+def weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:
     """Values computed only from parameters, gradients, scalars and constants: not from a dataset column."""
     data = {v for v in graph.inputs if v.ndim > 0 and v.name not in params and v.name not in weights}
     side: set[Value] = {v for v in graph.inputs if v not in data}

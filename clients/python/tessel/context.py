@@ -208,7 +208,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "gradients_mean": False,
     "full_batch": False,
     "dataset_strategy": "data_parallel",
-    "search_mode": "sharding_propagation",
+    "search_mode": "recursive_programming",  # MindSpore's default
     "device_num": 1,
     "global_rank": 0,
     "pipeline_stages": 1,
@@ -218,6 +218,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "enable_parallel_optimizer": False,
     "strategy_ckpt_load_file": "",
     "strategy_ckpt_save_file": "",
+    "strategy_ckpt_config": None,
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
@@ -228,8 +229,6 @@ _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()
 # As _NOT_SUPPORTED, for set_auto_parallel_context.
 _PARALLEL_NOT_SUPPORTED: dict[str, str] = {
-    "search_mode": "AUTO_PARALLEL runs as SEMI_AUTO_PARALLEL: operators without a shard() strategy are cut along "
-    "the batch dimension, no strategy search runs yet",
     "pipeline_stages": "pipeline parallelism (stages over devices) is not implemented",
     "gradient_fp32_sync": "gradients are all-reduced in their own dtype (for float32 networks what either value gives)",
     "loss_repeated_mean": "repeated losses are not re-averaged",
@@ -237,8 +236,6 @@ _PARALLEL_NOT_SUPPORTED: dict[str, str] = {
     "(ms.set_seed gives all ranks the same values)",
     "enable_parallel_optimizer": "optimizer state is not sharded across data-parallel ranks (each rank updates all "
     "of it, with the same result)",
-    "strategy_ckpt_load_file": "strategy files are not read",
-    "strategy_ckpt_save_file": "strategy files are not written",
     "all_reduce_fusion_config": "gradients are fused by size: comm_fusion={'allreduce': {'mode': 'size', "
     "'config': MB}}",
     "grad_accumulation_step": "gradient accumulation is not implemented in set_auto_parallel_context",
@@ -260,6 +257,13 @@ def _validate_parallel(key: str, value: Any) -> Any:
         value = value.lower() if isinstance(value, str) else value
         if value not in ParallelMode.MODE_LIST:
             raise ConfigurationError(f"parallel_mode must be one of {list(ParallelMode.MODE_LIST)}, got {value!r}")
+    elif key == "strategy_ckpt_config" and value is not None:
+        unknown = set(value) - {"load_file", "save_file", "only_trainable_params"} if isinstance(value, dict) else 1
+        if unknown:
+            raise ConfigurationError(
+                "strategy_ckpt_config must be a dict with load_file, save_file and only_trainable_params, e.g. "
+                f"{{'save_file': './strategy.json'}}; got {value!r}"
+            )
     elif key == "search_mode" and value not in SEARCH_MODES:
         raise ConfigurationError(f"search_mode must be one of {list(SEARCH_MODES)}, got {value!r}")
     elif key in ("device_num", "pipeline_stages", "grad_accumulation_step"):

@@ -35,6 +35,20 @@ def save_strategy_file(
 ) -> None:
     """Write every op's strategy to `path` (JSON, written atomically). A ParallelPlan carries its graph and
     device count; strategies (a mapping, or a SearchResult) need `graph`, and may say `device_num`."""
+    document = strategy_document(plan_or_strategies, graph, device_num)
+    temporary = f"{os.fspath(path)}.tmp"
+    with open(temporary, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=1)
+        f.write("\n")
+    os.replace(temporary, path)
+
+
+def strategy_document(
+    plan_or_strategies: ParallelPlan | SearchResult | Mapping[Node | int, Any],
+    graph: Graph | None = None,
+    device_num: int | None = None,
+) -> dict:
+    """The JSON document save_strategy_file writes (for files that hold several graphs' strategies)."""
     if isinstance(plan_or_strategies, ParallelPlan):
         plan = plan_or_strategies
         graph, device_num = plan.graph, plan.device_num
@@ -61,23 +75,23 @@ def save_strategy_file(
                 "origin": origin,
             }
         )
-    document = {
+    return {
         "format": FORMAT,
         "graph": {"name": graph.name, "hash": graph.hash, "inputs": _input_lines(graph), "nodes": len(graph.nodes)},
         "device_num": device_num,
         "ops": ops,
     }
-    temporary = f"{os.fspath(path)}.tmp"
-    with open(temporary, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=1)
-        f.write("\n")
-    os.replace(temporary, path)
 
 
 def load_strategy_file(path: str | os.PathLike, graph: Graph) -> dict[Node, Any]:
     """The strategies saved in `path`, keyed by the nodes of `graph`, which must be the net they were saved for."""
     with open(path, encoding="utf-8") as f:
         document = json.load(f)
+    return strategies_of_document(document, graph, path)
+
+
+def strategies_of_document(document: dict, graph: Graph, path: Any = "the strategy file") -> dict[Node, Any]:
+    """The strategies of a document `strategy_document` made, keyed by the nodes of `graph` (the same net)."""
     if document.get("format") != FORMAT:
         raise ConfigurationError(f"{path} is not a tessel strategy file (format {document.get('format')!r})")
     saved = document["graph"]

@@ -58,17 +58,21 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     from tessel.common.compiled import make_entry as make_local_entry
     from tessel.common.engine import engine
     from tessel.compiler.parallel import Layout, parallelize, save_graphs
-    from tessel.parallel.semi_auto import _dataset_arg, dataset_setting, strategies_of
+    from tessel.parallel import planning
+    from tessel.parallel.semi_auto import _dataset_arg, dataset_setting
 
     eng = engine()
     world, rank, dataset = eng.world_size, eng.runtime.rank, dataset_setting()
     inputs = {v.name for v in graph.inputs}
     params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
     fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
+    loaded = planning.loaded_layouts()  # strategy_ckpt_config's load_file
     for key, p in params.items():
         requested = getattr(p, "_requested", None)  # Cell.shard's parameter_plan
         if key not in fixed and requested is not None:
             fixed[key] = _requested_layout(requested, world)
+        elif key not in fixed and p.name in loaded:
+            fixed[key] = loaded[p.name]
     handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
     for n, ref in handles.items():
         fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
@@ -76,7 +80,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
     plan = parallelize(
         graph,
-        strategies_of(graph, trace),
+        planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
         world,
         parameters=list(params),
         dataset=_dataset_arg(dataset),
@@ -86,6 +90,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     )
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
+    planning.record(plan, list(params.values()), rank)
     if context.get_context("save_graphs"):
         save_graphs(plan, os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}"), ranks=(rank,))
     local = plan.rank_graph(rank)

@@ -125,6 +125,9 @@ class FusedTrainStep:
             if p.key in plan.parameters:
                 for q in (p, *slots):
                     q.place(plan.input_layout(p.key), eng.id)
+        from tessel.parallel import planning
+
+        planning.record(plan, list(opt.parameters), eng.runtime.rank)
         values: dict = {}
         P.stage(eng, (*opt.parameters, *opt.slot_parameters()), values)
         renamed = opt.rename_map()
@@ -148,9 +151,12 @@ class FusedTrainStep:
 def _sliced(parameters) -> dict:
     """The layouts of the parameters an earlier plan of the current job sliced."""
     from tessel.common.engine import engine
+    from tessel.parallel import planning
 
-    current = engine().id
-    return {p.key: p.layout for p in parameters if p.layout is not None and p._layout_engine == current}
+    current, loaded = engine().id, planning.loaded_layouts()  # strategy_ckpt_config's load_file
+    fixed = {p.key: loaded[p.name] for p in parameters if p.name in loaded}
+    fixed.update({p.key: p.layout for p in parameters if p.layout is not None and p._layout_engine == current})
+    return fixed
 
 
 def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:

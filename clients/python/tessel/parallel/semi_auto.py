@@ -98,10 +98,12 @@ def plan_for(
 ) -> ParallelPlan:
     """The parallel plan of `graph` (cached per graph, strategies, world size, data import and the layouts of
     parameters an earlier plan sliced, `fixed`)."""
+    from tessel.parallel import planning
+
     dataset = dataset_setting() if dataset is None else dataset
-    strategies = strategies_of(graph, sdk_trace)
     inputs = {v.name for v in graph.inputs}
     parameters = tuple(name for name in param_names if name in inputs)
+    strategies = planning.strategies(graph, sdk_trace, list(parameters), device_num, dataset)
     fixed = {name: layout for name, layout in (fixed or {}).items() if name in inputs}
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))

@@ -1,0 +1,42 @@
+"""AUTO_PARALLEL on real daemons: each of MindSpore's three search modes plans every op of an MLP, a conv net and a
+net whose weight is used by two ops (nothing configured by the user), and 2, 4 (and 8, for the MLP) ranks reproduce
+the standalone losses over 20 steps to 1e-5 relative (scripts/auto_modes.py checks on every rank)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, rank_log, run_tessel
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "auto_modes.py"
+MODES = ["recursive_programming", "sharding_propagation", "dynamic_programming"]
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("auto")
+    for net in ("mlp", "conv", "tied"):
+        command = [sys.executable, str(SCRIPT), net, "none", str(folder / f"{net}.json")]
+        alone = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
+        assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-3000:]
+    return folder
+
+
+CASES = [(net, mode, n) for net in ("mlp", "conv", "tied") for mode in MODES for n in (2, 4)]
+CASES.append(("mlp", "recursive_programming", 8))
+
+
+@pytest.mark.parametrize(("net", "mode", "n"), CASES)
+def test_every_search_mode_trains_like_one_device(references, tmp_path, net, mode, n):
+    reference = references / f"{net}.json"
+    result = run_tessel(["run", "-n", str(n), str(SCRIPT), net, mode, str(reference)], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(n):
+        out = rank_log(tmp_path, rank).read_text()
+        found = re.search(rf"auto {net} {mode} ok on rank {rank} of {n}: loss error (\S+)", out)
+        assert found and float(found.group(1)) <= 1e-5, out
