@@ -40,3 +40,22 @@ def test_every_search_mode_trains_like_one_device(references, tmp_path, net, mod
         out = rank_log(tmp_path, rank).read_text()
         found = re.search(rf"auto {net} {mode} ok on rank {rank} of {n}: loss error (\S+)", out)
         assert found and float(found.group(1)) <= 1e-5, out
+
+
+def test_a_strategy_file_reproduces_the_plan(references, tmp_path):
+    """dynamic_programming plans and saves; a run told to search with recursive_programming but given the file
+    runs the saved strategies instead (its own file lists the same ones) and trains the same."""
+    import json
+
+    reference, first, second = references / "mlp.json", tmp_path / "dp.json", tmp_path / "again.json"
+    script = [str(SCRIPT), "mlp"]
+    saved = run_tessel(["run", "-n", "2", *script, "dynamic_programming", str(reference), str(first)], tmp_path, 300)
+    assert saved.returncode == 0, saved.stdout[-3000:] + saved.stderr[-3000:]
+    loaded = run_tessel(
+        ["run", "-n", "2", *script, "recursive_programming", str(reference), str(second), str(first)], tmp_path, 300
+    )
+    assert loaded.returncode == 0, loaded.stdout[-3000:] + loaded.stderr[-3000:]
+    a, b = (json.loads(path.read_text()) for path in (first, second))
+    assert a["parameters"] == b["parameters"] and a["parameters"]
+    ops = lambda doc: {name: [op["strategy"] for op in g["ops"]] for name, g in doc["graphs"].items()}  # noqa: E731
+    assert ops(a) == ops(b)

@@ -3,6 +3,7 @@ by two ops, 20 steps, nothing configured by the user (the planner decides every 
 
     python auto_modes.py NET MODE reference.json            # standalone: writes the losses
     tessel run -n 4 auto_modes.py NET MODE reference.json   # every rank compares (relative error <= 1e-5)
+    ... NET MODE reference.json SAVE.json [LOAD.json]       # and writes the strategy file (loading another first)
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def main() -> None:
     world, rank = get_group_size(), get_rank()
     if world > 1:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=mode)
+        files = dict(zip(("save_file", "load_file"), sys.argv[4:6]))
+        if files:
+            ms.set_auto_parallel_context(strategy_ckpt_config=files)
     make, shape, out = NETS[net_name]
     net = make()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.02, momentum=0.9)

@@ -47,6 +47,7 @@ class AutoParallel(Cell):
         self._gradients_mean = False
         self._comm_fusion_config: dict = {}
         self._pipeline_stages = 1
+        self._strategy_files: dict[str, Any] = {}
         function = network.construct if isinstance(network, Cell) else network
         object.__setattr__(
             self,
@@ -65,6 +66,8 @@ class AutoParallel(Cell):
         }
         if search is not None:
             settings["search_mode"] = search
+        if self._strategy_files:
+            settings["strategy_ckpt_config"] = dict(self._strategy_files)
         context.set_auto_parallel_context(**settings)
 
     def dataset_strategy(self, config: Any) -> None:
@@ -126,23 +129,26 @@ class AutoParallel(Cell):
         )
 
     def load_param_strategy_file(self, file_path: str) -> None:
-        raise not_supported_yet(
-            "AutoParallel.load_param_strategy_file", "strategy files come with the AUTO_PARALLEL planner"
-        )
+        """Lay the parameters out, and plan the graphs, as the strategy file says (strategy_ckpt_config's
+        load_file)."""
+        self._strategy_files["load_file"] = _path(file_path, "load_param_strategy_file")
+        self._apply()
 
     def save_param_strategy_file(self, file_path: str) -> None:
-        raise not_supported_yet(
-            "AutoParallel.save_param_strategy_file", "strategy files come with the AUTO_PARALLEL planner"
-        )
+        """Write every parameter's layout and every planned graph's op strategies to `file_path` (JSON)."""
+        self._strategy_files["save_file"] = _path(file_path, "save_param_strategy_file")
+        self._apply()
+
+    def disable_strategy_file_only_for_trainable_params(self) -> None:
+        """Strategy files list the layouts of every parameter, not only the trainable ones."""
+        self._strategy_files["only_trainable_params"] = False
+        self._apply()
 
     def save_operator_strategy_file(self, file_path: str) -> None:
         raise not_supported_yet("AutoParallel.save_operator_strategy_file", "strategy files come with the planner")
 
     def load_operator_strategy_file(self, file_path: str) -> None:
         raise not_supported_yet("AutoParallel.load_operator_strategy_file", "strategy files come with the planner")
-
-    def disable_strategy_file_only_for_trainable_params(self) -> None:
-        raise not_supported_yet("AutoParallel.disable_strategy_file_only_for_trainable_params", "no strategy files yet")
 
     def enable_fp32_communication(self) -> None:
         """Collectives already carry float32 here (no float16 reduction): nothing to change."""
@@ -189,3 +195,9 @@ class AutoParallel(Cell):
 
 def _name(network: Any) -> str:
     return getattr(network, "cls_name", None) or getattr(network, "__name__", "network")
+
+
+def _path(file_path: Any, what: str) -> str:
+    if not isinstance(file_path, str) or not file_path:
+        raise TypeError(f"AutoParallel.{what}: file_path must be a non-empty str, got {file_path!r}")
+    return file_path
