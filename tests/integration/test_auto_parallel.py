@@ -59,3 +59,25 @@ def test_a_strategy_file_reproduces_the_plan(references, tmp_path):
     assert a["parameters"] == b["parameters"] and a["parameters"]
     ops = lambda doc: {name: [op["strategy"] for op in g["ops"]] for name, g in doc["graphs"].items()}  # noqa: E731
     assert ops(a) == ops(b)
+
+
+def test_tessel_run_sim_level_plans_a_world_of_64_without_daemons(tmp_path):
+    """`tessel run --sim-level 0 -n 64`: rank 5 of 64 is planned (AUTO_PARALLEL) and compiled, the strategy file and
+    save_graphs are written, the process exits 0 before any run, and no daemon is started."""
+    import json
+
+    script = ROOT / "tests" / "integration" / "scripts" / "sim_plan.py"
+    result = run_tessel(
+        ["run", "--sim-level", "0", "--sim-rank-id", "5", "-n", "64", str(script), str(tmp_path)], tmp_path, 120
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "rank 5 of a 64-rank world planned and compiled" in result.stdout
+    assert "unreachable" not in result.stdout
+    strategy = json.loads((tmp_path / "strategy.json").read_text())
+    assert strategy["parameters"] and all(r["device_matrix"][0] <= 64 for r in strategy["parameters"].values())
+    graphs = tmp_path / "graphs" / "rank_5"
+    assert {p.name.split("_train")[0] for p in graphs.iterdir()} >= {"step_parallel_begin", "parallel_plan"}
+    bad = run_tessel(
+        ["run", "--sim-level", "0", "--sim-rank-id", "64", "-n", "64", str(script), str(tmp_path)], tmp_path, 60
+    )
+    assert bad.returncode == 2 and "not a rank of the 64-rank world" in bad.stderr

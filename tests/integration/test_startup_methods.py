@@ -271,9 +271,17 @@ def test_msrun_on_two_nodes_joins_node_rank_1_to_the_scheduler_of_node_rank_0(tm
     assert "rank 1 of 2: all_reduce=3" in (tmp_path / "node1" / "worker_1.log").read_text()
 
 
-def test_msrun_refuses_what_it_cannot_honour(tmp_path):
-    result = msrun(tmp_path, "--worker_num=2", "--local_worker_num=2", "--sim_level=0")
-    assert result.returncode == 2 and "not supported yet: --sim_level" in result.stderr
+def test_msrun_sim_level_plans_one_rank_of_a_world_that_is_not_running(tmp_path):
+    script = ROOT / "tests" / "integration" / "scripts" / "sim_plan.py"
+    options = ("--worker_num=16", "--sim_level=0", "--sim_rank_id=3", "--log_dir=sim")
+    result = msrun(tmp_path, *options, script=script, args=(str(tmp_path),))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "rank 3 of a 16-rank world planned and compiled" in (tmp_path / "sim" / "worker_3.log").read_text()
+    assert (tmp_path / "strategy.json").is_file()
+    result = msrun(
+        tmp_path, "--worker_num=2", "--local_worker_num=2", "--sim_rank_id=1", script=script, args=(str(tmp_path),)
+    )
+    assert result.returncode == 2 and "--sim_rank_id needs --sim_level" in result.stderr
 
 
 # ---------------------------------------------------------------------------------------------------- rank table

@@ -47,6 +47,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
+    parser.add_argument(
+        "--sim-level",
+        type=int,
+        default=None,
+        help="simulate the -n world (msrun's --sim_level): 0 plans and compiles one rank, starting no daemons",
+    )
+    parser.add_argument("--sim-rank-id", type=int, default=0, help="the rank a simulation plans and compiles")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     args = parser.parse_args(argv)
@@ -312,6 +319,29 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
 
 
+def simulate(args: argparse.Namespace, log_root: Path) -> int:
+    """`--sim-level`: the script once, as rank --sim-rank-id of an -n world that is not running
+    (tessel.communication.simulation); its output goes to the terminal and LOG_DIR/<job>/rank.<r>/."""
+    from tessel.communication.simulation import SIM_LEVEL, SIM_RANK, SIM_WORLD
+
+    if not 0 <= args.sim_rank_id < args.nproc:
+        _say(f"tessel run: --sim-rank-id {args.sim_rank_id} is not a rank of the {args.nproc}-rank world")
+        return 2
+    rank_dir = log_root / f"rank.{args.sim_rank_id}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update({SIM_LEVEL: str(args.sim_level), SIM_RANK: str(args.sim_rank_id), SIM_WORLD: str(args.nproc)})
+    for name in ("TESSEL_COORDINATOR", "TESSEL_RANK", "MS_ROLE", "RANK_TABLE_FILE"):
+        env.pop(name, None)
+    with open(rank_dir / "stdout", "wb") as out, open(rank_dir / "stderr", "wb") as err:
+        child = subprocess.run([sys.executable, args.script, *args.args], env=env, stdout=out, stderr=err)
+    sys.stdout.write((rank_dir / "stdout").read_text(errors="replace"))
+    if child.returncode != 0:
+        _say(f"tessel run: the simulated rank failed with exit code {child.returncode}; last lines of its stderr:")
+        _say(_tail(rank_dir / "stderr"))
+    return child.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
@@ -319,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
     # in one directory would take the same next number, so a nonce follows it: "3-1f0a9c".
     job_id = args.job_id or f"{_next_job_id(log_dir)}-{secrets.token_hex(3)}"
     log_root = log_dir / job_id
+    if args.sim_level is not None:
+        return simulate(args, log_root)
     try:
         launch = Launch(args)
     except ConfigurationError as exc:  # e.g. no cluster token for --coordinator

@@ -66,11 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--worker_num and --local_worker_num must be at least 1")
     if args.local_worker_num > args.worker_num:
         parser.error(f"--local_worker_num {args.local_worker_num} exceeds --worker_num {args.worker_num}")
-    if args.sim_level != -1 or args.sim_rank_id != -1:
-        parser.error(
-            "not supported yet: --sim_level / --sim_rank_id, simulated compilation without daemons is another "
-            "issue's work (tessel.parallel.explain plans a network for N devices in one process)"
-        )
+    if args.sim_rank_id != -1 and args.sim_level == -1:
+        parser.error("--sim_rank_id needs --sim_level (a simulated world)")
     return args
 
 
@@ -344,8 +341,31 @@ def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
         return ""
 
 
+def simulate(args: argparse.Namespace) -> int:
+    """--sim_level: the task once, as rank --sim_rank_id (default 0) of a --worker_num world that is not running
+    (tessel.communication.simulation), logging to log_dir/worker_<rank>.log as msrun does."""
+    from tessel.communication.simulation import SIM_LEVEL, SIM_RANK, SIM_WORLD
+
+    rank = max(args.sim_rank_id, 0)
+    if rank >= args.worker_num:
+        print(f"tessel msrun: --sim_rank_id {rank} is not a rank of the {args.worker_num}-rank world", file=sys.stderr)
+        return 2
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update({SIM_LEVEL: str(args.sim_level), SIM_RANK: str(rank), SIM_WORLD: str(args.worker_num)})
+    log_dir = Path(args.log_dir or ".")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / f"worker_{rank}.log", "wb") as log:
+        child = subprocess.run(
+            task_command(args.task_script, args.task_script_args), env=env, stdout=log, stderr=subprocess.STDOUT
+        )
+    print((log_dir / f"worker_{rank}.log").read_text(errors="replace"), end="", flush=True)
+    return child.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.sim_level != -1:
+        return simulate(args)
     try:
         launch = Msrun(args)
         launch.start()

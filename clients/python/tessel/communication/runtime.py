@@ -195,6 +195,22 @@ def _embedded(env: LaunchEnv) -> Runtime:
     return runtime
 
 
+def _simulated(level_rank_world: tuple[int, int, int]) -> Runtime:
+    """Rank `rank` of a world that is not running: an in-process daemon that compiles and never runs
+    (tessel.communication.simulation)."""
+    from tessel import context
+    from tessel.communication.simulation import SimulatedDaemon
+    from tessel.daemon.core import DaemonCore
+    from tessel.plugins import load_plugin
+
+    _, rank, world = level_rank_world
+    plugin = load_plugin(os.environ.get("TESSEL_PLUGIN", "cpu"), threads=os.cpu_count() or 1)
+    daemon = SimulatedDaemon(DaemonCore(plugin), rank, world)
+    session = daemon.open_session("simulation", 0, 1)
+    context._bind_daemon([plugin.name], plugin.name, plugin.device.device_id, world)
+    return Runtime("simulation", rank, world, rank, world, daemon, session)
+
+
 def _distributed(env: LaunchEnv) -> Runtime:
     from tessel.core import rpc
 
@@ -290,6 +306,12 @@ def init() -> Runtime:
     global _runtime
     with _lock:
         if _runtime is None:
+            from tessel.communication.simulation import settings
+
+            simulated = settings()
+            if simulated is not None:
+                _runtime = _simulated(simulated)
+                return _runtime
             env = LaunchEnv.from_environ()
             if env.scheduler is not None:
                 from tessel.communication.dynamic_cluster import serve_scheduler

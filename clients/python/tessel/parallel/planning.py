@@ -117,12 +117,13 @@ def loaded_layouts() -> dict[str, Any]:
 
 def record(plan: Any, params: list[Any], rank: int) -> None:
     """Add this plan's op strategies and the parameters' layouts to the save_file (rank 0 writes)."""
+    from tessel.communication.simulation import settings as simulation
     from tessel.compiler.parallel.search.strategy_file import strategy_document
     from tessel.parallel.checkpoint import layout_record
     from tessel.train.serialization import atomic_write
 
     save, _ = _files()
-    if not save or rank != 0:
+    if not save or (rank != 0 and simulation() is None):  # a simulated world has only the rank it plans
         return
     try:
         with open(save, encoding="utf-8") as source:
