@@ -303,7 +303,10 @@ def _conflict(value: Value, first: Node, had: Layout, placements, node: Node, wa
 
 
 def dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
-    """The layout each data input arrives in: "data_parallel", "full_batch" or a dataset_strategy."""
+    """The layout each data input arrives in: "data_parallel", "full_batch" or a dataset_strategy (a graph with
+    no data input, such as an optimizer's update, takes none of its entries)."""
+    if not data:
+        return []
     if dataset == "full_batch":
         return [Layout.replicated(v.ndim, device_num) for v in data]
     if dataset == "data_parallel":

@@ -76,6 +76,9 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
     for n, ref in handles.items():
         fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
+    for value in graph.inputs:  # values fed at every run (a learning rate) are no dataset column: whole everywhere
+        if value.name in trace.feeders:
+            fixed[value.name] = Layout.replicated(value.ndim, world)
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
     plan = parallelize(

@@ -185,11 +185,14 @@ class AutoParallel(Cell):
             return self.network(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from tessel.autograd import _GradFunction
         from tessel.common.tracing import current
 
         if current() is not None:
             return super().__call__(*args, **kwargs)
         self._apply()  # the job's context is this wrapper's configuration
+        if isinstance(self.network, _GradFunction):  # compiles itself, its gradients kept on the daemon
+            return self.network(*args, **kwargs)
         return self._whole(*args, **kwargs)
 
 

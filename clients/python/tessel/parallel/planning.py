@@ -36,12 +36,15 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
         return saved
     if context.get_auto_parallel_context("parallel_mode") != _AUTO:
         return user
+    taken = set(parameters) | set(weights) | set(getattr(sdk_trace, "feeders", ()))
+    if not any(v.ndim > 0 and v.name not in taken for v in graph.inputs):
+        return user  # no data: an optimizer's update, which follows the parameters' layouts
     from tessel.compiler.parallel.partition import weight_side
     from tessel.compiler.parallel.search import CostModel, plan_strategies
 
     mode = context.get_auto_parallel_context("search_mode")
     planned = plan_strategies(
-        graph,
+        forward_part(graph),
         mode=mode,
         device_num=device_num,
         fixed=user,
@@ -58,6 +61,25 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
         if node in user or not weight_only:
             kept[node] = strategy
     return kept
+
+
+def forward_part(graph: Graph) -> Graph:
+    """The graph up to its gradients: what a search plans (the backward follows the forward's layouts, and what
+    uses the gradients, an update, follows the parameters'). Nodes are the graph's own, so plans map back."""
+    after = {o for n in graph.nodes if registry.get(n.op).differentiates for o in n.outputs}
+    if not after:
+        return graph
+    kept, losses = [], []
+    for node in graph.nodes:
+        if registry.get(node.op).differentiates:
+            losses.append(node.inputs[0])
+        elif any(v in after for v in node.inputs):
+            after.update(node.outputs)
+        else:
+            kept.append(node)
+    produced = {o for n in kept for o in n.outputs} | set(graph.inputs)
+    outputs = [v for v in (*losses, *graph.outputs) if v in produced and v not in after]
+    return Graph(graph.inputs, tuple(kept), tuple(dict.fromkeys(outputs)), graph.name)
 
 
 def _memory_budget() -> int | None:
@@ -122,6 +144,12 @@ def record(plan: Any, params: list[Any], rank: int) -> None:
     from tessel.parallel.checkpoint import layout_record
     from tessel.train.serialization import atomic_write
 
+    report = os.environ.get("TESSEL_PARAMETER_REPORT")
+    if report:  # how this rank holds every parameter, rewritten after each plan
+        from tessel.common.parameter import report_layouts
+
+        os.makedirs(report, exist_ok=True)
+        report_layouts(os.path.join(report, f"rank_{rank}.json"))
     save, _ = _files()
     if not save or (rank != 0 and simulation() is None):  # a simulated world has only the rank it plans
         return
