@@ -105,7 +105,7 @@ def lower_rank_program(
     readers = _readers(steps, prepared)
     for index, step in enumerate(steps):
         if step.collective is None:
-            segment = _segment(step, f"{names.prefix}/s{index}", prepared, names, readers, index)
+            segment = _segment(steps, index, f"{names.prefix}/s{index}", prepared, names, readers)
             segments[segment.name] = segment
     instructions, groups = _instructions(steps, segments, names, readers, world_size)
     kept = set(prepared.outputs) | set(prepared.inputs)
@@ -161,8 +161,10 @@ def _readers(steps: list[Step], graph: Graph) -> dict[Value, list[int]]:
     return readers
 
 
-def _segment(step: Step, name: str, graph: Graph, names: _StoreNames, readers, index: int) -> RankSegment:
-    """The ONNX segment of `step`: inputs are what it reads from elsewhere, outputs what later steps read."""
+def _segment(steps: list[Step], index: int, name: str, graph: Graph, names: _StoreNames, readers) -> RankSegment:
+    """The ONNX segment of `steps[index]`: inputs are what it reads from elsewhere, outputs what later steps read
+    (except constants that the later readers compute themselves: plan_steps copies them into each)."""
+    step = steps[index]
     produced = {o for n in step.nodes for o in n.outputs}
     local: dict[Value, Value] = {}
     inputs: list[Value] = []
@@ -173,7 +175,7 @@ def _segment(step: Step, name: str, graph: Graph, names: _StoreNames, readers, i
     nodes, exported = [], []
     for node in step.nodes:
         for out in node.outputs:
-            later = any(i > index for i in readers.get(out, ()))
+            later = any(i > index and (i == len(steps) or node not in steps[i].nodes) for i in readers.get(out, ()))
             local[out] = Value(out.type, names(out)) if later else out
             exported += [local[out]] if later else []
         renamed = (tuple(local[v] for v in node.inputs), tuple(local[o] for o in node.outputs))

@@ -290,17 +290,22 @@ def test_buckets_respect_their_size_and_the_order_gradients_are_ready(cap):
     assert [list(b.reductions) for b in buckets] == [*expected, current]
 
 
-def test_bucketed_gradients_start_early_and_are_awaited_just_before_the_update():
+def test_bucketed_gradients_start_early_and_each_is_awaited_just_before_its_update():
     train = data_parallel_train_step(_dp_forward(), PARAMS, Momentum(0.1, 0.9), (0, 1), bucket_bytes=60)
     program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
-    kinds = [i.WhichOneof("op") for i in program.program.instructions]
-    starts = [i for i, ins in enumerate(program.program.instructions) if kinds[i] == "collective"]
+    instructions = program.program.instructions
+    kinds = [i.WhichOneof("op") for i in instructions]
+    starts = [i for i, kind in enumerate(kinds) if kind == "collective"]
     assert program.collective_counts()["ALL_REDUCE"] == len(plan_buckets(train.graph, 60)) >= 2
-    assert all(program.program.instructions[i].collective.handle for i in starts)
+    assert all(instructions[i].collective.handle for i in starts)
     assert "run_segment" in kinds[starts[0] + 1 : starts[-1]]  # backward runs while the first bucket is in flight
-    update = max(i for i, k in enumerate(kinds) if k == "run_segment")
-    assert kinds[update - len(starts) : update] == ["wait"] * len(starts)  # all waits right before the update
-    assert program.segments[program.program.instructions[update].run_segment.segment].state  # which writes state
+    waits = [i for i, kind in enumerate(kinds) if kind == "wait"]
+    assert len(waits) == len(starts) and min(waits) > max(starts)  # no bucket waited for before the last starts
+    for wait in waits:  # each wait is followed by the update that reads that bucket (and writes its parameters)
+        segment = program.segments[instructions[wait + 1].run_segment.segment]
+        handle = instructions[wait].wait.handle
+        bucket = next(instructions[i].collective for i in starts if instructions[i].collective.handle == handle)
+        assert set(bucket.outputs) & {v.name for v in segment.graph.inputs} and segment.state
 
 
 def test_a_bucket_travels_as_one_all_reduce_of_its_gradients_with_no_concat_or_split():

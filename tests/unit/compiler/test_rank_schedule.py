@@ -1,0 +1,142 @@
+"""The rank program's schedule: a collective starts as soon as its inputs exist, work that does not need its result
+runs while it is in flight (a RunSegment between its start and its wait), several may be in flight at once, the
+collectives keep the graph's order, and the results do not change (simulated world against numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from compiler_testkit import compute
+from test_rank_program import random_graph, reference_run
+
+from tessel.compiler import (
+    SGD,
+    TensorSpec,
+    build_train_step,
+    lower_rank_program,
+    registry,
+    simulate,
+    trace,
+)
+from tessel.compiler.builder import apply
+from tessel.compiler.rank_schedule import Wait, schedule
+
+B, F, N = 4, 6, 2
+GROUP = (0, 1)
+
+
+def _two_copies():
+    """Two independent chains, each with an AllReduce, traced one after the other (as a Python loop would):
+    copy 0's reader of its AllReduce comes before copy 1's work in the graph."""
+
+    def body(x, w):
+        outs = []
+        for part in (x[:2], x[2:]):
+            total = apply("AllReduce", apply("Tanh", part @ w), group=GROUP)
+            outs.append(apply("Tanh", total * 0.5))
+        return outs[0].sum() + outs[1].sum()
+
+    return trace(body, TensorSpec((B, F), "float64"), TensorSpec((F, F), "float64")).graph
+
+
+def _kinds(program):
+    return [ins.WhichOneof("op") for ins in program.program.instructions]
+
+
+def _in_flight_across_a_segment(program) -> list[str]:
+    """Handles of collectives that have a RunSegment between their start and their wait."""
+    instructions = program.program.instructions
+    started = {}
+    overlapped = []
+    for index, ins in enumerate(instructions):
+        which = ins.WhichOneof("op")
+        if which == "collective" and ins.collective.handle:
+            started[ins.collective.handle] = index
+        elif which == "wait":
+            begin = started.pop(ins.wait.handle)
+            if "run_segment" in [i.WhichOneof("op") for i in instructions[begin + 1 : index]]:
+                overlapped.append(ins.wait.handle)
+    return overlapped
+
+
+def test_the_next_copy_runs_while_the_first_copys_all_reduce_is_in_flight():
+    program = lower_rank_program(_two_copies(), world_size=N)
+    kinds = _kinds(program)
+    # copy 0's product, its AllReduce starts, copy 1's product runs, its AllReduce starts: two in flight; then
+    # each result is waited for right before its reader
+    assert kinds == ["run_segment", "collective", "run_segment", "collective", "wait", "run_segment", "wait",
+                     "run_segment", "free"]  # fmt: skip
+    assert len(_in_flight_across_a_segment(program)) == 2
+
+
+def test_the_schedule_keeps_the_results():
+    graphs = [_two_copies() for _ in range(N)]
+    rng = np.random.default_rng(0)
+    feeds = [{"x": rng.standard_normal((B, F)), "w": rng.standard_normal((F, F))} for _ in range(N)]
+    want, _ = reference_run(graphs, feeds)
+    programs = [lower_rank_program(g, world_size=N) for g in graphs]
+    stores = simulate(programs, feeds, compute())
+    for rank in range(N):
+        np.testing.assert_allclose(stores[rank][programs[rank].outputs[0]], want[rank][0], rtol=1e-12)
+
+
+@pytest.mark.parametrize(("seed", "n"), [(0, 2), (2, 3), (4, 2), (5, 3)])
+def test_collectives_keep_the_graphs_order_and_every_read_follows_its_wait(seed, n):
+    graph = random_graph(seed, 0, n)
+    nodes = list(graph.nodes)
+    is_collective = lambda node: registry.get(node.op).collective is not None  # noqa: E731
+    items = schedule(nodes, is_collective)
+    assert sorted((i for i in items if not isinstance(i, Wait)), key=nodes.index) == [*nodes]  # each node once
+    order = [i for i in items if not isinstance(i, Wait) and is_collective(i)]
+    assert order == [node for node in nodes if is_collective(node)]
+    have, in_flight = {*graph.inputs}, set()
+    for item in items:
+        if isinstance(item, Wait):
+            in_flight.discard(item.collective)
+            have.update(item.collective.outputs)
+            continue
+        assert all(v in have for v in item.inputs), f"{item.op} reads a value not yet there (or still in flight)"
+        if is_collective(item):
+            in_flight.add(item)
+        else:
+            have.update(item.outputs)
+    assert not in_flight or all(c.outputs == () or not set(c.outputs) & set(graph.outputs) for c in in_flight)
+
+
+def test_a_tensor_parallel_train_step_with_two_copies_overlaps_and_matches_one_copy():
+    """Megatron's pair (columns, then rows and an AllReduce) on two halves of the batch, trained: each copy's
+    AllReduce is in flight while the other copy computes, and the step equals the one-copy step on the whole batch
+    (each copy's loss is its mean over the number of copies, so the sum is the mean over the whole batch)."""
+    hidden, rows = 8, 6
+
+    def forward(copies):
+        def body(x, w1, w2):
+            total = None
+            size = rows // copies
+            for i in range(copies):
+                h = apply("ReLU", x[i * size : (i + 1) * size] @ w1)
+                out = apply("AllReduce", h @ w2, group=GROUP)
+                loss = (out * out).mean() / float(copies)
+                total = loss if total is None else total + loss
+            return total
+
+        specs = [TensorSpec((rows, F)), TensorSpec((F, hidden // N)), TensorSpec((hidden // N, F))]
+        return trace(body, *specs).graph
+
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((rows, F)).astype(np.float32)
+    w1, w2 = rng.standard_normal((F, hidden)).astype(np.float32), rng.standard_normal((hidden, F)).astype(np.float32)
+    k = hidden // N
+    feeds = [{"x": x, "w1": w1[:, r * k : (r + 1) * k], "w2": w2[r * k : (r + 1) * k], "learning_rate": np.float32(0.1)}
+             for r in range(N)]  # fmt: skip
+    results = []
+    for copies in (1, 2):
+        train = build_train_step(forward(copies), ["w1", "w2"], SGD(0.1))
+        program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N)
+        if copies == 2:
+            assert len(_in_flight_across_a_segment(program)) >= 2, program.dump()
+        stores = simulate([program] * N, [dict(f) for f in feeds], compute())
+        results.append([(s[program.outputs[0]], s["w1"], s["w2"]) for s in stores])
+    for one, two in zip(*results):
+        for a, b in zip(one, two):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
