@@ -38,3 +38,14 @@ def test_tensor_and_data_parallel_rank_programs_match_one_device(tmp_path, n):
         assert found, out
         buckets, largest, error = int(found.group(1)), int(found.group(2)), float(found.group(3))
         assert buckets >= 2 and largest >= 2 and error <= 1e-5, out
+
+
+@pytest.mark.parametrize("transport", ["shm", "tcp"])
+def test_a_collective_is_in_flight_while_the_next_segment_runs(tmp_path, transport):
+    """The daemon's timeline of a program with two independent copies: each AllReduce issued before a segment
+    and waited for after it, both in flight at once, results unchanged (scripts/overlap_program.py checks)."""
+    script = ROOT / "tests" / "integration" / "scripts" / "overlap_program.py"
+    result = run_tessel(["run", "-n", "2", str(script)], tmp_path, 120, env={"TESSEL_TRANSPORT": transport})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(2):
+        assert f"overlap ok on rank {rank} of 2" in _stdout(tmp_path, rank)
