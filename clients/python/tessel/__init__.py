@@ -17,7 +17,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "train"}
+_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "profiler", "train"}
 _DTYPES = {
     "bool_",
     "int8",
@@ -53,6 +53,7 @@ _NAMES = {
     "grad": "tessel.autograd",
     "GradOperation": "tessel.autograd",
     "Model": "tessel.train.model",
+    "Profiler": "tessel.profiler",
     "save_checkpoint": "tessel.train.serialization",
     "load_checkpoint": "tessel.train.serialization",
     "load_param_into_net": "tessel.train.serialization",

@@ -27,6 +27,8 @@ _CONTEXT_DEFAULTS: dict[str, Any] = {
     "max_call_depth": 1000,
     "deterministic": "OFF",
     "jit_level": "O0",
+    "enable_profiling": False,
+    "profiling_options": "",
 }
 # Accepted for compatibility with MindSpore scripts; they have no effect here.
 _IGNORED = {
@@ -64,10 +66,16 @@ def set_context(**kwargs: Any) -> None:
         if key not in _CONTEXT_DEFAULTS:
             known = sorted(set(_CONTEXT_DEFAULTS) | _IGNORED)
             raise ConfigurationError(f"set_context: unknown option {key!r}; options: {known}")
+        if key in _PROFILING:
+            continue
         _context[key] = _validate(key, value)
         if key == "device_target":
             # Picks the plugin of the daemon this process starts for itself; a launcher's choice wins.
             os.environ.setdefault("TESSEL_PLUGIN", _DEVICE_PLUGINS[value])
+    profiling = {key: _validate(key, kwargs[key]) for key in _PROFILING if key in kwargs}
+    if profiling:
+        _profiling({**_context, **profiling})
+        _context.update(profiling)
 
 
 def _validate(key: str, value: Any) -> Any:
@@ -79,9 +87,41 @@ def _validate(key: str, value: Any) -> Any:
         raise ConfigurationError(f"set_context: device_id must be a non-negative int, got {value!r}")
     if key == "save_graphs" and not isinstance(value, (bool, int)):
         raise ConfigurationError(f"set_context: save_graphs must be a bool or 0-3, got {value!r}")
+    if key == "enable_profiling" and not isinstance(value, bool):
+        raise ConfigurationError(f"set_context: enable_profiling must be True or False, got {value!r}")
     if key == "save_graphs_path" and not isinstance(value, str):
         raise ConfigurationError(f"set_context: save_graphs_path must be a str, got {value!r}")
     return value
+
+
+_PROFILING = ("enable_profiling", "profiling_options")
+
+
+def _profiling(settings: dict[str, Any]) -> None:
+    """MindSpore's set_context(enable_profiling=True, profiling_options='{"output": DIR}'): the timeline of
+    tessel.profiler, written into DIR (default ./data); enable_profiling=False stops and writes it."""
+    import json
+
+    from tessel import profiler
+
+    options = settings["profiling_options"] or "{}"
+    try:
+        parsed = json.loads(options) if isinstance(options, str) else dict(options)
+    except (ValueError, TypeError):
+        raise ConfigurationError(f"set_context: profiling_options must be a JSON object, got {options!r}") from None
+    other = sorted(set(parsed) - {"output"})
+    if other:
+        raise ConfigurationError(
+            f"set_context: profiling_options {other} are not supported yet; only 'output' (the directory of the "
+            "timeline files) is"
+        )
+    if settings["enable_profiling"]:
+        recorder = profiler.active()
+        directory = os.path.realpath(parsed.get("output", "./data"))
+        if recorder is None or os.path.realpath(recorder.directory) != directory:
+            profiler.start(directory)
+    else:
+        profiler.stop()
 
 
 def get_context(attr_key: str) -> Any:

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
@@ -83,8 +84,11 @@ class Engine:
             lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
+            for segment in lowered.segments.values():
+                profiler.name_segment(segment.name, segment.graph)
         else:
             self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
+            profiler.name_segment(name, graph)
         self._segments.add(name)
 
     def expand(self, prog: daemon_pb2.Program) -> daemon_pb2.Program:
@@ -124,7 +128,7 @@ class Engine:
         prog = self.expand(prog)
         if before:
             prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
-        return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
+        return profiler.execute(self.daemon, self.session, prog, fetch=fetch, feed=feed).fetched
 
     def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return self.daemon.get(self.session, list(names)) if names else {}
