@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
-from tessel.compiler.rank_schedule import Wait, schedule
+from tessel.compiler.rank_schedule import Wait, schedule, spmd_blocks
+from tessel.v1 import collective_pb2
 
 
 @dataclass
@@ -44,14 +45,21 @@ def is_collective(node: Node) -> bool:
     return registry.get(node.op).collective is not None
 
 
-def plan_steps(graph: Graph) -> list[Step]:
-    """The steps of `graph` (collectives expanded, effects aliased: see rank_rewrite) in run order."""
+def is_point_to_point(node: Node) -> bool:
+    return registry.get(node.op).collective.kind in (collective_pb2.SEND, collective_pb2.RECV)
+
+
+def plan_steps(graph: Graph, spmd: bool = False) -> list[Step]:
+    """The steps of `graph` (collectives expanded, effects aliased: see rank_rewrite) in run order. `spmd`: every
+    rank's graph is a copy of this one, so collectives may start in the order their inputs can exist (spmd_blocks)."""
     copied = _copyable_constants(graph)
     steps: list[Step] = []
     writes = [node for node in graph.nodes if node not in copied and is_write(node)]
     scheduled = [node for node in graph.nodes if node not in copied and not is_write(node)]
+    blocks = spmd_blocks(scheduled, is_collective, is_point_to_point) if spmd else None
     closed = True  # the next local node opens a new segment
-    for item in schedule(scheduled, is_collective):
+    cost = _seconds(graph)
+    for item in schedule(scheduled, is_collective, blocks, cost, MIN_OVERLAP_S):
         if isinstance(item, Wait):
             closed = True
         elif is_collective(item):
@@ -65,6 +73,26 @@ def plan_steps(graph: Graph) -> list[Step]:
     _place_writes(steps, writes)
     _copy_constants(steps, copied)
     return [s for s in steps if s.members]
+
+
+# Local work worth running while a collective is in flight: an asynchronous start, a wait and one more segment cost
+# tens of microseconds on the daemon, so less work than this runs after the wait instead.
+MIN_OVERLAP_S = 100e-6
+# A rough machine for that estimate (one core of the reference CPU), and the size a symbolic dim (the batch) is
+# taken to have.
+_FLOPS_PER_S, _BYTES_PER_S, _SYMBOL_SIZE = 2e10, 1e10, 32
+
+
+def _seconds(graph: Graph):
+    """A node's estimated run time from its op's cost (flops and bytes), symbolic dims taken as _SYMBOL_SIZE."""
+    symbols = {d for n in graph.nodes for v in (*n.inputs, *n.outputs) for d in v.shape if isinstance(d, str)}
+    sizes = dict.fromkeys(symbols, _SYMBOL_SIZE)
+
+    def seconds(node: Node) -> float:
+        cost = registry.get(node.op).cost(node, sizes)
+        return cost.flops / _FLOPS_PER_S + cost.bytes / _BYTES_PER_S
+
+    return seconds
 
 
 def _copyable_constants(graph: Graph) -> dict[Node, None]:

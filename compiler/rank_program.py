@@ -25,7 +25,7 @@ from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -83,20 +83,23 @@ def lower_rank_program(
     state: Collection[str] = (),
     donate: Collection[str] = (),
     world_size: int | None = None,
+    spmd: bool = False,
 ) -> RankProgram:
     """Lower `graph` (which may hold collectives) to a RankProgram.
 
     `state`: inputs kept on the daemon between runs (parameters, optimizer slots); every input an `Assign`
     writes is state too. `donate`: data inputs the program may free after the run (batches a NextBatch stores
-    again each run). `world_size`: lets the world's group run as the daemon's world group ("").
+    again each run). `world_size`: lets the world's group run as the daemon's world group (""). `spmd`: every
+    rank runs a copy of this graph (a parallel plan's rank graph, data parallelism), so independent collectives
+    may start in the order their inputs can exist rather than the graph's (see rank_schedule).
     """
     unknown = sorted(set(state) - {v.name for v in graph.inputs})
     if unknown:
         raise ConfigurationError(
             f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
         )
-    prepared = alias_effects(expand_collectives(graph))
-    steps = plan_steps(prepared)
+    prepared = fold_value_free(alias_effects(expand_collectives(graph)))
+    steps = plan_steps(prepared, spmd)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
     _check_outputs(prepared, written)

@@ -19,9 +19,9 @@ from tessel.compiler import (
     trace,
 )
 from tessel.compiler.builder import apply
-from tessel.compiler.rank_schedule import Wait, schedule
+from tessel.compiler.rank_schedule import Wait, schedule, spmd_blocks
 
-B, F, N = 4, 6, 2
+B, F, N = 128, 256, 2  # big enough to be worth overlapping (rank_plan.MIN_OVERLAP_S)
 GROUP = (0, 1)
 
 
@@ -31,7 +31,7 @@ def _two_copies():
 
     def body(x, w):
         outs = []
-        for part in (x[:2], x[2:]):
+        for part in (x[: B // 2], x[B // 2 :]):
             total = apply("AllReduce", apply("Tanh", part @ w), group=GROUP)
             outs.append(apply("Tanh", total * 0.5))
         return outs[0].sum() + outs[1].sum()
@@ -62,11 +62,10 @@ def _in_flight_across_a_segment(program) -> list[str]:
 def test_the_next_copy_runs_while_the_first_copys_all_reduce_is_in_flight():
     program = lower_rank_program(_two_copies(), world_size=N)
     kinds = _kinds(program)
-    # copy 0's product, its AllReduce starts, copy 1's product runs, its AllReduce starts: two in flight; then
-    # each result is waited for right before its reader
-    assert kinds == ["run_segment", "collective", "run_segment", "collective", "wait", "run_segment", "wait",
-                     "run_segment", "free"]  # fmt: skip
-    assert len(_in_flight_across_a_segment(program)) == 2
+    # copy 0's product, its AllReduce starts, copy 1's product runs, its AllReduce starts: two in flight; then the
+    # readers, too little work to hide anything, run together after both waits
+    assert kinds == ["run_segment", "collective", "run_segment", "collective", "wait", "wait", "run_segment", "free"]
+    assert len(_in_flight_across_a_segment(program)) == 1
 
 
 def test_the_schedule_keeps_the_results():
@@ -140,3 +139,76 @@ def test_a_tensor_parallel_train_step_with_two_copies_overlaps_and_matches_one_c
     for one, two in zip(*results):
         for a, b in zip(one, two):
             np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def _two_copies_of_two_pairs():
+    """Two copies, each two chained AllReduces (Megatron's two layer pairs): traced copy by copy, so the graph has
+    copy 0's second AllReduce before copy 1's first."""
+
+    def body(x, w):
+        total = None
+        for part in (x[: B // 2], x[B // 2 :]):
+            first = apply("AllReduce", apply("Tanh", part @ w), group=GROUP)
+            second = apply("AllReduce", apply("Tanh", first @ w), group=GROUP)
+            total = second.sum() if total is None else total + second.sum()
+        return total
+
+    return trace(body, TensorSpec((B, F), "float64"), TensorSpec((F, F), "float64")).graph
+
+
+def test_ranks_running_copies_of_one_graph_start_independent_collectives_in_dependency_order():
+    graph = _two_copies_of_two_pairs()
+    plain = lower_rank_program(graph, world_size=N)
+    spmd = lower_rank_program(graph, world_size=N, spmd=True)
+
+    def issued(program):  # the store names the AllReduces read, in issue order
+        return [i.collective.inputs[0] for i in program.program.instructions if i.WhichOneof("op") == "collective"]
+
+    assert sorted(issued(plain)) == sorted(issued(spmd)) and len(set(issued(plain))) == 4
+    # graph order: copy 0's first and second, then copy 1's; dependency order: both firsts, then both seconds
+    copy0_first, copy0_second, copy1_first, copy1_second = issued(plain)
+    assert issued(spmd) == [copy0_first, copy1_first, copy0_second, copy1_second], spmd.dump()
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((B, F)), "w": rng.standard_normal((F, F)) / 16} for _ in range(N)]
+    want, _ = reference_run([graph] * N, feeds)
+    stores = simulate([spmd] * N, feeds, compute())
+    for rank in range(N):
+        np.testing.assert_allclose(stores[rank][spmd.outputs[0]], want[rank][0], rtol=1e-10)
+
+
+def test_sends_and_receives_keep_their_place_among_collectives():
+    def body(x, w):
+        total = apply("AllReduce", apply("Tanh", x @ w), group=GROUP)
+        sent = apply("Send", x, peer=1, group=GROUP)
+        gathered = apply("AllGather", x * 2.0, group=GROUP)
+        return total.sum() + sent.sum() + gathered.sum()
+
+    graph = trace(body, TensorSpec((B, F), "float64"), TensorSpec((F, F), "float64")).graph
+    from tessel.compiler.rank_plan import is_collective, is_point_to_point
+
+    blocks = spmd_blocks(graph.nodes, is_collective, is_point_to_point)
+    by_op = {node.op: block for node, block in blocks.items()}
+    assert by_op["AllReduce"] < by_op["Send"] < by_op["AllGather"]  # the AllGather, ready first, waits its turn
+    started = [i.op for i in schedule(list(graph.nodes), is_collective, blocks) if not isinstance(i, Wait)]
+    assert [op for op in started if op in by_op] == ["AllReduce", "Send", "AllGather"]
+
+
+def test_a_seed_that_reads_only_the_losss_shape_waits_for_no_collective():
+    """autodiff seeds the backward with OnesLike(loss): folded to a constant, it no longer makes the backward of
+    one copy wait for the other copy's forward AllReduce."""
+    from tessel.compiler.rank_rewrite import fold_value_free
+
+    def forward(x, w):
+        total = None
+        for part in (x[: B // 2], x[B // 2 :]):
+            out = apply("AllReduce", apply("ReLU", part @ w), group=GROUP)
+            loss = (out * out).mean()
+            total = loss if total is None else total + loss
+        return total
+
+    train = build_train_step(trace(forward, TensorSpec((B, F)), TensorSpec((F, F))).graph, ["w"], SGD(0.1))
+    assert any(n.op == "OnesLike" for n in train.graph.nodes)
+    folded = fold_value_free(train.graph)
+    assert not any(n.op == "OnesLike" for n in folded.nodes)
+    seeds = [n for n in folded.nodes if n.op == "Constant" and n.outputs[0].shape == ()]
+    assert any(np.asarray(n.attrs["value"].numpy()) == 1.0 for n in seeds)

@@ -81,7 +81,7 @@ class Engine:
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
+            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size, spmd=_spmd())
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
             for segment in lowered.segments.values():
@@ -153,6 +153,19 @@ class Engine:
                 tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype)
                 weakref.finalize(tensor, self._unused.append, aside)
         return copies
+
+
+def _spmd() -> bool:
+    """Whether every rank compiles a copy of the same graph: the parallel modes where tessel generates the ranks'
+    graphs (data parallelism, a parallel plan), not manual parallelism, whose graphs may differ by rank."""
+    from tessel import context
+
+    modes = (
+        context.ParallelMode.DATA_PARALLEL,
+        context.ParallelMode.SEMI_AUTO_PARALLEL,
+        context.ParallelMode.AUTO_PARALLEL,
+    )
+    return context.get_auto_parallel_context("parallel_mode") in modes
 
 
 def has_collectives(graph: Graph) -> bool:
