@@ -30,6 +30,7 @@ __all__ = [  # the contract, and the wire tables plugins check against
     "Communicator",
     "ComputePlugin",
     "DeviceInfo",
+    "Done",
     "Executable",
     "GroupContext",
     "Handle",
@@ -93,6 +94,19 @@ def _mark_collective_thread() -> None:
     _worker.collective = True
 
 
+class Done:
+    """A Handle's face for a result already there (a collective run at once): wait() returns it."""
+
+    def __init__(self, value: Any, started: int, finished: int):
+        self.value, self.started, self.finished = value, started, finished
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.value
+
+    def done(self) -> bool:
+        return True
+
+
 class Handle:
     """Result of an asynchronous collective: `wait()` returns its value or raises its error. `started` and
     `finished` are the wall-clock times (time.time_ns()) at which the communicator's thread began and ended it
@@ -136,6 +150,9 @@ class Communicator(ABC):
 
     # The data path the plugin chose for this group ("shm", "tcp", "nccl", ...): the daemon's Status reports it.
     transport: str = ""
+    # True when a collective keeps a core busy for all its duration (copies and reductions in shared memory), as
+    # opposed to waiting on a link or a device: it then overlaps computation only where a core is free for it.
+    compute_bound: bool = False
 
     def __init__(self, context: GroupContext):
         self.context = context

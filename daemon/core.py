@@ -83,7 +83,7 @@ class DaemonCore:
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._executor = Executor(self._group)
+        self._executor = Executor(self._group, self._may_overlap)
 
     # ------------------------------------------------------------------------------------------ sessions
 
@@ -206,6 +206,16 @@ class DaemonCore:
             session.groups[name] = self._new_communicator(session, name, ranks, session.members)
         return session.groups[name]
 
+    def _may_overlap(self, session: Session, comm) -> bool:
+        """The thread budget: a collective whose thread keeps a core busy (shared memory) runs beside the segments
+        only if this host's cores cover every local rank's compute threads plus one such thread each; otherwise it
+        would take its core from the computation it is meant to hide behind. Collectives that wait on a link (TCP)
+        mostly sleep, and always may."""
+        if not getattr(comm, "compute_bound", False):
+            return True
+        local = sum(1 for m in session.members if m.host_id == self.host_id) or 1
+        return local * (self.plugin.device.cores + 1) <= _usable_cores()
+
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
         peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
         context = GroupContext(
@@ -307,6 +317,13 @@ class DaemonCore:
         for session in self.sessions():
             self.close_session(session.session_id)
         self.plugin.close()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _record(session: Session, steps: list, repetition: int, events: list, elapsed: list[float]) -> None:

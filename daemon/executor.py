@@ -5,12 +5,14 @@ Binding happens once per Execute, so a program repeated many times pays no per-i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import Done
 from tessel.core.wire import REDUCE_OP_NAMES, numpy_dtype
 from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -83,11 +85,25 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
 
 
-class Executor:
-    """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
+def _run_now(session: Session, handle: str, outputs: list[str], call: Callable) -> None:
+    """Run an asynchronously started collective to completion now; its wait will find the result."""
+    started = time.time_ns()
+    value = call(False)
+    session.handles[handle] = (Done(value, started, time.time_ns()), outputs)
 
-    def __init__(self, group_of: Callable[[Session, str], Any]):
-        self.group_of = group_of
+
+class Executor:
+    """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator;
+    `may_overlap(session, comm)` says whether its collectives may run while segments compute (see DaemonCore):
+    where not, a collective the program starts asynchronously runs to completion right there instead, and its
+    wait returns at once."""
+
+    def __init__(
+        self,
+        group_of: Callable[[Session, str], Any],
+        may_overlap: Callable[[Session, Any], bool] = lambda session, comm: True,
+    ):
+        self.group_of, self.may_overlap = group_of, may_overlap
 
     def bind(self, session: Session, program: daemon_pb2.Program) -> list[Bound]:
         buckets: dict[int, FlatBucket] = {}
@@ -116,9 +132,13 @@ class Executor:
                 call, outputs = _collective_call(comm, session, op)
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
             sizes = _bytes_of(session, list(op.inputs))
-            if op.handle:
+            if op.handle and self.may_overlap(session, comm):
                 start = lambda: session.handles.__setitem__(op.handle, (call(True), outputs))  # noqa: E731
                 return Bound(label, start, label, op.group, op.handle, sizes)
+            if op.handle:
+                return Bound(
+                    label, lambda: _run_now(session, op.handle, outputs, call), label, op.group, op.handle, sizes
+                )
             return Bound(label, lambda: _store(session, outputs, call(False)), label, op.group, "", sizes)
         if which == "wait":
             return Bound("wait", lambda: self._wait(session, op.handle), "wait", "", op.handle)
