@@ -1,7 +1,8 @@
 """The run order of a rank's nodes, from their dependency graph, so that communication overlaps computation.
 
 A list scheduler: it keeps the set of nodes whose inputs exist and emits, at every point,
-1. a collective whose inputs exist and whose turn it is (see below): it starts asynchronously on the daemon;
+1. a collective whose inputs exist and whose turn it is (see below): it starts asynchronously on the daemon
+   (unless the local work that could run meanwhile is too little to hide anything: that runs first);
 2. else a local node whose inputs exist, preferring one that leads to the earliest collective still to start (so
    that it starts sooner), then the graph's own order;
 3. else it waits for the oldest collective in flight: only now do the readers of its result become ready.
@@ -121,7 +122,9 @@ class _Scheduler:
         order: list[Node | Wait] = []
         emitted, decide = 0, False  # decide: whether to overlap the work now ready is still open
         while emitted < len(self.nodes):
-            if self._may_start():
+            # Too little work to hide anything runs first, in the segment that is open, not after the wait.
+            start = self._may_start() and not (self.ready and self.cost is not None and not self._worth_overlapping())
+            if start:
                 turn, collective = heapq.heappop(self.startable)
                 self.unstarted.remove(turn)
                 order.append(collective)

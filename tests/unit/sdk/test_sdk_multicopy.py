@@ -36,9 +36,9 @@ Y = rng.integers(0, CLASSES, BATCH).astype(np.int32)
 
 
 class LossNet(nn.Cell):
-    def __init__(self, dp=1, mp=1):
+    def __init__(self, dp=1, mp=1, w1=W1, w2=W2):
         super().__init__()
-        self.mlp = MegatronMLP(dp, mp, W1, W2)
+        self.mlp = MegatronMLP(dp, mp, w1, w2)
         self.loss = ops.SparseSoftmaxCrossEntropyWithLogits()
 
     def construct(self, x, y):
@@ -140,15 +140,21 @@ def test_each_copy_is_partitioned_in_place_and_overlaps_the_others_all_reduce():
     text = explain(nn.MicroBatchInterleaved(LossNet(1, 2), 2), X, Y, device_num=2, show=False)
     slice_lines = [line for line in text.splitlines() if "= StridedSlice(" in line]
     assert len(slice_lines) == 4 and all("shard() ((1, 1)" in line or "shard() ((1,)" in line for line in slice_lines)
-    programs, _, parts, _ = _semi_auto_programs(2, 2, 1, 2, ms.ParallelMode.SEMI_AUTO_PARALLEL, True)
+    # sizes where a copy's products are worth running while the other copy's AllReduce is in flight
+    big = np.random.default_rng(5)
+    w1, w2 = big.standard_normal((256, 512)).astype(np.float32), big.standard_normal((512, CLASSES)).astype(np.float32)
+    x, y = big.standard_normal((128, 256)).astype(np.float32), big.integers(0, CLASSES, 128).astype(np.int32)
+    _, parts, key = partitions(nn.MicroBatchInterleaved(LossNet(1, 2, w1, w2), 2), [x, y], 2)
     forward = [n for n in parts[0].graph.nodes if n.op == "AllReduce"]
     assert len(forward) == 2  # one per copy (Megatron's one AllReduce per layer pair)
-    instructions = programs[0].program.instructions
+    train = build_train_step(parts[0].graph, [key["mlp.w1"], key["mlp.w2"]], SGD(LR))
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2, spmd=True)
+    instructions = program.program.instructions
     kinds = [i.WhichOneof("op") for i in instructions]
     first = next(i for i, ins in enumerate(instructions) if kinds[i] == "collective")
     handle = instructions[first].collective.handle
     wait = next(i for i, ins in enumerate(instructions) if kinds[i] == "wait" and ins.wait.handle == handle)
-    assert handle and "run_segment" in kinds[first + 1 : wait], programs[0].dump()
+    assert handle and "run_segment" in kinds[first + 1 : wait], program.dump()
 
 
 def test_data_parallel_ranks_split_their_own_batch_like_one_device():
