@@ -211,3 +211,26 @@ def test_a_seed_that_reads_only_the_losss_shape_waits_for_no_collective():
     assert not any(n.op == "OnesLike" for n in folded.nodes)
     seeds = [n for n in folded.nodes if n.op == "Constant" and n.outputs[0].shape == ()]
     assert any(np.asarray(n.attrs["value"].numpy()) == 1.0 for n in seeds)
+
+
+def test_a_sum_of_row_contracted_products_becomes_one_product_of_stacked_rows():
+    """The weight gradient of k copies, Σ_i A_iᵀ B_i, is one MatMul of the stacked rows where that moves less
+    memory than the k - 1 additions of weight-sized gradients; the result is unchanged."""
+    from compiler_testkit import run_graph
+
+    from tessel.compiler.rank_rewrite import fuse_summed_products
+
+    def grads(a0, b0, a1, b1, a2, b2):
+        products = [apply("MatMul", a, b, transpose_a=True) for a, b in ((a0, b0), (a1, b1), (a2, b2))]
+        return (products[0] + products[1]) + products[2]
+
+    specs = [TensorSpec((8, 256), "float64"), TensorSpec((8, 128), "float64")] * 3
+    graph = trace(grads, *specs).graph
+    fused = fuse_summed_products(graph)
+    assert [n.op for n in fused.nodes] == ["Concat", "Concat", "MatMul"]
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.shape) for v in graph.inputs}
+    np.testing.assert_allclose(run_graph(fused, feeds)[0], run_graph(graph, feeds)[0], rtol=1e-10, atol=1e-12)
+    # rows as many as the gradient is wide: stacking would move more than the additions save, so nothing changes
+    wide = trace(grads, *[TensorSpec((512, 16), "float64"), TensorSpec((512, 16), "float64")] * 3).graph
+    assert fuse_summed_products(wide) is wide
