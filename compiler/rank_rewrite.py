@@ -145,8 +145,13 @@ def fuse_summed_products(graph: Graph) -> Graph:
     weight that k copies of a network share, as MicroBatchInterleaved's copies and a pipeline's micro-batches do)
     becomes one product of the stacked rows. The k - 1 additions each read and write the whole weight-sized
     gradient, which for a wide layer costs more than the products themselves; stacking copies only the rows.
-    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum."""
+    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum, and
+    only to products whose inputs wait for the same collectives: stacking the rows of two copies that each wait for
+    their own AllReduce would make the first copy's product wait for the second copy's communication too, instead
+    of running while it is in flight."""
     from tessel.compiler.builder import apply
+
+    after = _last_collective(graph)
 
     users: dict[Value, int] = {}
     for node in (*graph.nodes, Node("return", graph.outputs, Attrs(), ())):
@@ -169,7 +174,7 @@ def fuse_summed_products(graph: Graph) -> Graph:
     for node in graph.nodes:
         if node.op == "Add" and len(node.inputs) == 2 and node.inputs[0].type == node.inputs[1].type:
             left, right = parts(node.inputs[0]), parts(node.inputs[1])
-            if left is not None and right is not None and _stackable(left[0] + right[0]):
+            if left is not None and right is not None and _stackable(left[0] + right[0], after):
                 sums[node.outputs[0]] = (left[0] + right[0], [*left[1], *right[1], node])
     absorbed = {n for _, inner in sums.values() for n in inner[:-1]}
     chosen = {v: t for v, (t, inner) in sums.items() if inner[-1] not in absorbed and _worth_stacking(t, v)}
@@ -189,12 +194,26 @@ def fuse_summed_products(graph: Graph) -> Graph:
     return rewriter.build()
 
 
-def _stackable(terms: list[tuple[Value, Value]]) -> bool:
+def _stackable(terms: list[tuple[Value, Value]], after: dict[Value, int]) -> bool:
     (a0, b0), rest = terms[0], terms[1:]
-    return all(
+    waits = {max(after.get(a, -1), after.get(b, -1)) for a, b in terms}
+    return len(waits) == 1 and all(
         a.shape[1] == a0.shape[1] and b.shape[1] == b0.shape[1] and a.dtype == a0.dtype and b.dtype == b0.dtype
         for a, b in rest
     )
+
+
+def _last_collective(graph: Graph) -> dict[Value, int]:
+    """For each value, the position of the last collective (in graph order) it depends on (absent: none)."""
+    after: dict[Value, int] = {}
+    for position, node in enumerate(graph.nodes):
+        last = max((after[v] for v in node.inputs if v in after), default=-1)
+        if registry.get(node.op).collective is not None:
+            last = position
+        if last >= 0:
+            for out in node.outputs:
+                after[out] = last
+    return after
 
 
 def _worth_stacking(terms: list[tuple[Value, Value]], out: Value) -> bool:

@@ -234,3 +234,16 @@ def test_a_sum_of_row_contracted_products_becomes_one_product_of_stacked_rows():
     # rows as many as the gradient is wide: stacking would move more than the additions save, so nothing changes
     wide = trace(grads, *[TensorSpec((512, 16), "float64"), TensorSpec((512, 16), "float64")] * 3).graph
     assert fuse_summed_products(wide) is wide
+
+
+def test_products_waiting_for_different_collectives_are_not_stacked():
+    """Two copies' weight gradients, each after its own AllReduce: stacking them would make the first copy's product
+    wait for the second copy's AllReduce, so they stay two products (and an addition)."""
+    from tessel.compiler.rank_rewrite import fuse_summed_products
+
+    def grads(a0, b0, a1, b1):
+        reduced = [apply("AllReduce", b, group=GROUP) for b in (b0, b1)]
+        return apply("MatMul", a0, reduced[0], transpose_a=True) + apply("MatMul", a1, reduced[1], transpose_a=True)
+
+    graph = trace(grads, *[TensorSpec((8, 256), "float64"), TensorSpec((8, 128), "float64")] * 2).graph
+    assert fuse_summed_products(graph) is graph
