@@ -17,9 +17,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
+
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
-from tessel.compiler.ir import Graph, Node, Value
+from tessel.compiler.ir import Attrs, Graph, Node, Value
+from tessel.compiler.shapes import is_static, numel
 
 
 class Rewriter:
@@ -91,3 +94,131 @@ def alias_effects(graph: Graph) -> Graph:
             for out, sent in zip(node.outputs, node.inputs):
                 rewriter.alias(out, rewriter.get(sent))
     return rewriter.build()
+
+
+# Largest result folded into a constant: a loss seed or a count, not a tensor worth keeping out of the model.
+FOLD_ELEMENTS = 4096
+
+
+def fold_value_free(graph: Graph) -> Graph:
+    """Replace every node whose result depends on no input's value by the constant it computes: its ONNX lowering
+    reads only its inputs' (static) shapes, as a tensor of ones shaped like the loss (autodiff's seed) or the size of
+    a dim does. Such a node would otherwise order the schedule for nothing: the backward pass could not start before
+    every copy's loss, and with it every forward collective, had been computed."""
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        value = _constant_result(node)
+        if value is None:
+            rewriter.keep(node)
+        else:
+            with rewriter.at(node.source):
+                rewriter.alias(node.outputs[0], rewriter.builder.constant(value, node.outputs[0].dtype))
+    return rewriter.build()
+
+
+def _constant_result(node: Node) -> np.ndarray | None:
+    """The value of `node` when its lowering reads none of its inputs (small, static results only), else None."""
+    from tessel.compiler.lower_onnx import LoweringContext, to_onnx
+
+    opdef = registry.get(node.op)
+    if not node.inputs or len(node.outputs) != 1 or opdef.side_effect or opdef.collective is not None:
+        return None
+    values = (*node.inputs, *node.outputs)
+    if not all(is_static(v.shape) for v in values) or numel(node.outputs[0].shape) > FOLD_ELEMENTS:
+        return None
+    inputs = tuple(Value(v.type, f"in{i}") for i, v in enumerate(node.inputs))
+    alone = Graph(inputs, (Node(node.op, inputs, node.attrs, node.outputs),), node.outputs, "fold")
+    context = LoweringContext(alone)
+    opdef.lower(context, alone.nodes[0], [v.name for v in inputs], ["out0"])
+    if any(name in proto.input for proto in context.nodes for name in (v.name for v in inputs)):
+        return None
+    from onnx.reference import ReferenceEvaluator
+
+    model = to_onnx(alone)
+    del model.graph.input[:]  # read by no node
+    (result,) = ReferenceEvaluator(model).run(None, {})
+    return np.asarray(result, dtype=node.outputs[0].dtype.numpy)
+
+
+def fuse_summed_products(graph: Graph) -> Graph:
+    """Σ_i A_iᵀ B_i → [A_1; …; A_k]ᵀ [B_1; …; B_k]: a sum of products that contract over rows (the gradient of a
+    weight that k copies of a network share, as MicroBatchInterleaved's copies and a pipeline's micro-batches do)
+    becomes one product of the stacked rows. The k - 1 additions each read and write the whole weight-sized
+    gradient, which for a wide layer costs more than the products themselves; stacking copies only the rows.
+    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum, and
+    only to products whose inputs wait for the same collectives: stacking the rows of two copies that each wait for
+    their own AllReduce would make the first copy's product wait for the second copy's communication too, instead
+    of running while it is in flight."""
+    from tessel.compiler.builder import apply
+
+    after = _last_collective(graph)
+
+    users: dict[Value, int] = {}
+    for node in (*graph.nodes, Node("return", graph.outputs, Attrs(), ())):
+        for v in node.inputs:
+            users[v] = users.get(v, 0) + 1
+    producer = graph.producers
+    sums: dict[Value, tuple[list[tuple[Value, Value]], list[Node]]] = {}  # sum -> (its (A_i, B_i), nodes it absorbs)
+
+    def parts(value: Value) -> tuple[list[tuple[Value, Value]], list[Node]] | None:
+        node = producer.get(value)
+        if node is None or users.get(value) != 1:
+            return None
+        if value in sums:
+            return sums[value]
+        if node.op != "MatMul" or not node.attrs["transpose_a"] or node.attrs["transpose_b"]:
+            return None
+        a, b = node.inputs
+        return ([(a, b)], [node]) if a.ndim == 2 and b.ndim == 2 else None
+
+    for node in graph.nodes:
+        if node.op == "Add" and len(node.inputs) == 2 and node.inputs[0].type == node.inputs[1].type:
+            left, right = parts(node.inputs[0]), parts(node.inputs[1])
+            if left is not None and right is not None and _stackable(left[0] + right[0], after):
+                sums[node.outputs[0]] = (left[0] + right[0], [*left[1], *right[1], node])
+    absorbed = {n for _, inner in sums.values() for n in inner[:-1]}
+    chosen = {v: t for v, (t, inner) in sums.items() if inner[-1] not in absorbed and _worth_stacking(t, v)}
+    if not chosen:
+        return graph
+    skipped = {n for v in chosen for n in sums[v][1]}
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if node.outputs and node.outputs[0] in chosen:
+            terms = chosen[node.outputs[0]]
+            with rewriter.at(node.source):
+                a = apply("Concat", *(rewriter.tensor(t[0]) for t in terms), axis=0)
+                b = apply("Concat", *(rewriter.tensor(t[1]) for t in terms), axis=0)
+                rewriter.alias(node.outputs[0], apply("MatMul", a, b, transpose_a=True, transpose_b=False).value)
+        elif node not in skipped:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
+def _stackable(terms: list[tuple[Value, Value]], after: dict[Value, int]) -> bool:
+    (a0, b0), rest = terms[0], terms[1:]
+    waits = {max(after.get(a, -1), after.get(b, -1)) for a, b in terms}
+    return len(waits) == 1 and all(
+        a.shape[1] == a0.shape[1] and b.shape[1] == b0.shape[1] and a.dtype == a0.dtype and b.dtype == b0.dtype
+        for a, b in rest
+    )
+
+
+def _last_collective(graph: Graph) -> dict[Value, int]:
+    """For each value, the position of the last collective (in graph order) it depends on (absent: none)."""
+    after: dict[Value, int] = {}
+    for position, node in enumerate(graph.nodes):
+        last = max((after[v] for v in node.inputs if v in after), default=-1)
+        if registry.get(node.op).collective is not None:
+            last = position
+        if last >= 0:
+            for out in node.outputs:
+                after[out] = last
+    return after
+
+
+def _worth_stacking(terms: list[tuple[Value, Value]], out: Value) -> bool:
+    """Copying the rows costs less than the additions: (k - 1) reads of two and a write of the sum."""
+    if not all(is_static(v.shape) for pair in terms for v in pair) or not is_static(out.shape):
+        return False
+    copied = sum(numel(a.shape) * a.dtype.itemsize + numel(b.shape) * b.dtype.itemsize for a, b in terms)
+    return copied < (len(terms) - 1) * 3 * numel(out.shape) * out.dtype.itemsize

@@ -34,11 +34,13 @@ BOUND_PROGRAMS = 64  # bound programs cached per session
 
 
 class Result(NamedTuple):
-    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings."""
+    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings and
+    (asked for with `timeline`) one daemon_pb2.TimelineEvent per instruction and repetition."""
 
     fetched: dict[str, np.ndarray]
     collected: dict[str, np.ndarray]
     timings: list[tuple[str, float]]
+    timeline: list | tuple = ()
 
 
 # Longest a collective waits for a live peer that never arrives; dead peers are detected much sooner.
@@ -81,7 +83,7 @@ class DaemonCore:
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._executor = Executor(self._group)
+        self._executor = Executor(self._group, self._may_overlap)
 
     # ------------------------------------------------------------------------------------------ sessions
 
@@ -209,6 +211,16 @@ class DaemonCore:
             session.groups[name] = self._new_communicator(session, name, ranks, session.members)
         return session.groups[name]
 
+    def _may_overlap(self, session: Session, comm) -> bool:
+        """The thread budget: a collective whose thread keeps a core busy (shared memory) runs beside the segments
+        only if this host's cores cover every local rank's compute threads plus one such thread each; otherwise it
+        would take its core from the computation it is meant to hide behind. Collectives that wait on a link (TCP)
+        mostly sleep, and always may."""
+        if not getattr(comm, "compute_bound", False):
+            return True
+        local = sum(1 for m in session.members if m.host_id == self.host_id) or 1
+        return local * (self.plugin.device.cores + 1) <= _usable_cores()
+
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
         peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
         context = GroupContext(
@@ -262,11 +274,13 @@ class DaemonCore:
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Iterable[str] = (),
+        timeline: bool = False,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
-        (stacked on dim 0) and per-instruction timings."""
+        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span."""
         session = self.session(session_id)
         collect = list(collect)
+        events: list[daemon_pb2.TimelineEvent] = []
         with session.lock:
             session.check_alive()
             if feed:
@@ -275,22 +289,23 @@ class DaemonCore:
             elapsed = [0.0] * len(steps)
             clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
-            for _ in range(max(1, repeat)):
-                if timings:
-                    for i, (_, step) in enumerate(steps):
+            for repetition in range(max(1, repeat)):
+                if timeline:
+                    _record(session, steps, repetition, events, elapsed)
+                elif timings:
+                    for i, step in enumerate(steps):
                         start = clock()
-                        step()
+                        step.run()
                         elapsed[i] += clock() - start
                 else:
-                    for _, step in steps:
-                        step()
+                    for step in steps:
+                        step.run()
                 for name in collect:
                     history[name].append(np.array(session.tensor(name)))
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
-        return Result(
-            fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
-        )
+        spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []
+        return Result(fetched, collected, spent, events)
 
     def _bound(self, session: Session, program: daemon_pb2.Program) -> list:
         """The program's bound steps, cached per session by the program's bytes: a training loop sends the same
@@ -308,3 +323,37 @@ class DaemonCore:
         for session in self.sessions():
             self.close_session(session.session_id)
         self.plugin.close()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _record(session: Session, steps: list, repetition: int, events: list, elapsed: list[float]) -> None:
+    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`). An
+    asynchronous collective's event gets its communicator's start and end once its wait has run."""
+    clock = time.time_ns
+    started: dict[str, daemon_pb2.TimelineEvent] = {}
+    for index, step in enumerate(steps):
+        start = clock()
+        step.run()
+        end = clock()
+        elapsed[index] += (end - start) / 1e9
+        event = daemon_pb2.TimelineEvent(
+            index=index, repetition=repetition, kind=step.kind, name=step.name, start_ns=start, end_ns=end,
+            handle=step.handle,
+        )  # fmt: skip
+        if step.nbytes is not None:
+            event.bytes = step.nbytes()
+        if step.kind not in ("wait", "run_segment", "next_batch", "free", "copy"):  # a collective
+            if step.handle:
+                started[step.handle] = event
+            else:
+                event.comm_start_ns, event.comm_end_ns = start, end
+        elif step.kind == "wait" and step.handle in started:
+            issued = started.pop(step.handle)
+            issued.comm_start_ns, issued.comm_end_ns = session.waited.get(step.handle, (0, 0))
+        events.append(event)

@@ -70,6 +70,7 @@ class DaemonServicer:
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
             request.collect,
+            request.timeline,
         )
         return daemon_pb2.ExecuteReply(
             fetched=[_named(n, v) for n, v in result.fetched.items()],
@@ -77,6 +78,7 @@ class DaemonServicer:
             timings=[
                 daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)
             ],
+            timeline=result.timeline,
         )
 
     def Status(self, request, context):

@@ -27,6 +27,7 @@ _SUBMODULES = {
     "nn",
     "ops",
     "parallel",
+    "profiler",
     "runtime",
     "train",
 }
@@ -67,6 +68,7 @@ _NAMES = {
     "grad": "tessel.autograd",
     "GradOperation": "tessel.autograd",
     "Model": "tessel.train.model",
+    "Profiler": "tessel.profiler",
     "save_checkpoint": "tessel.train.serialization",
     "load_checkpoint": "tessel.train.serialization",
     "load_param_into_net": "tessel.train.serialization",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tessel import context
+from tessel import context, profiler
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step
 from tessel.compiler import data_parallel_train_step as _dp_train_step
 from tessel.core.errors import ConfigurationError
@@ -220,7 +220,7 @@ class SinkRunner:
         batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()
-        result = eng.daemon.execute(eng.session, program, repeat=steps, feed=feed, collect=[loss])
+        result = profiler.execute(eng.daemon, eng.session, program, repeat=steps, feed=feed, collect=[loss])
         P.updated_on_device(entry.assigned)
         for _ in range(steps):
             for hook in entry.after_run:

@@ -59,9 +59,11 @@ class InstalledProgram:
         repeat: int = 1,
         collect: Sequence[str] = (),
         timings: bool = False,
+        timeline: bool = False,
     ) -> Result:
         """Store `feed`, run the program `repeat` times, return the daemon's Result (fetched = the program's
-        outputs unless `fetch` names others; collected = per-repetition values of `collect`)."""
+        outputs unless `fetch` names others; collected = per-repetition values of `collect`; with `timeline`,
+        every instruction's wall-clock span on the daemon)."""
         return self.daemon.execute(
             self.session_id,
             self.program.program,
@@ -70,6 +72,7 @@ class InstalledProgram:
             timings=timings,
             feed=dict(feed or {}),
             collect=list(collect),
+            timeline=timeline,
         )
 
     def state(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -132,9 +135,10 @@ class DaemonHandle(ABC):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
-        """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values
-        and (with `timings`) per-instruction timings."""
+        """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values,
+        (with `timings`) per-instruction timings and (with `timeline`) daemon_pb2.TimelineEvents."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -209,11 +213,12 @@ class LocalDaemon(DaemonHandle):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
         # Feeds are borrowed for the call (the daemon never writes into them); fetched values are copied because
         # they may be live buffers the next step overwrites in place.
         feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
-        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect)
+        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect, timeline)
         return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
 
     def close(self) -> None:
@@ -284,6 +289,7 @@ class RemoteDaemon(DaemonHandle):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
         feed = dict(feed or {})
         large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
@@ -298,12 +304,14 @@ class RemoteDaemon(DaemonHandle):
             timings=timings,
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
             collect=list(collect),
+            timeline=timeline,
         )
         reply = self.local.execute(request) if self.local is not None else self.client.Execute(request)
         return Result(
             {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
             {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
             [(t.kind, t.seconds) for t in reply.timings],
+            list(reply.timeline),
         )
 
     def close(self) -> None:

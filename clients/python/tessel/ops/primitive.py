@@ -461,7 +461,8 @@ class StridedSlice(Primitive):
             raise ConfigurationError("StridedSlice masks are not supported; index with x[a:b:c] instead")
 
     def __call__(self, x, begin, end, strides):
-        return x[tuple(slice(b, e, s) for b, e, s in zip(begin, end, strides))]
+        # One StridedSlice node (None = an open end), created by this primitive so that its shard() applies.
+        return apply_op("StridedSlice", x, begin=tuple(begin), end=tuple(end), strides=tuple(strides))
 
 
 class Dropout(Primitive):

@@ -21,13 +21,14 @@ On a terminal, rank 0 shows a progress bar (epoch, step, loss, samples/s, time l
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
-from tessel import context
+from tessel import context, profiler
 from tessel.common import rank_step
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
@@ -253,8 +254,17 @@ def _sunk_epochs(dataset: Any, sink_size: int) -> Iterator[Iterator]:
 
 
 def _fed_steps(step, batches: Iterator[Iterator]) -> Iterator:
-    """One epoch's steps in feed mode (generators run lazily: after the epoch-begin callbacks)."""
-    for batch in next(batches):
+    """One epoch's steps in feed mode (generators run lazily: after the epoch-begin callbacks). Reading each batch
+    shows as data loading on the timeline."""
+    rows = next(batches)
+    while True:
+        start = time.time_ns()
+        batch = next(rows, None)
+        if batch is None:
+            return
+        recorder = profiler.active()
+        if recorder is not None:
+            recorder.data_loading(start, time.time_ns(), batch)
         yield lambda batch=batch: step(*batch)
 
 
