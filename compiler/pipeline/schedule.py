@@ -26,7 +26,6 @@ check.py) runs every stage's ops through the rank simulator before any rank runs
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 
 from tessel.core.errors import ConfigurationError
 
@@ -48,17 +47,50 @@ class Action:
 
 
 @dataclass(frozen=True)
+class Link:
+    """Tensors that cross, for every micro-batch, from virtual stage `source` to the later virtual stage `target`:
+    `forward` activations made by F(source, m) for F(target, m), and `backward` gradients made by B(target, m) for
+    B(source, m) (a tensor with no gradient, such as integer labels, crosses forward only)."""
+
+    source: int
+    target: int
+    forward: int = 1
+    backward: int = 1
+
+
+@dataclass(frozen=True)
+class Transfers:
+    """Everything a network sends between stages: its links, the step results each physical stage sends every
+    other one at the end (`results`: stage -> how many tensors, the loss for the ranks that do not compute it),
+    and the groups of physical stages that sum a shared parameter's gradient (`syncs`, in one order for all)."""
+
+    links: tuple[Link, ...]
+    results: tuple[tuple[int, int], ...] = ()
+    syncs: tuple[tuple[int, ...], ...] = ()
+
+    @staticmethod
+    def chain(virtual_stages: int) -> Transfers:
+        """One activation and one gradient between consecutive virtual stages (a plain chain of stages)."""
+        return Transfers(tuple(Link(v, v + 1) for v in range(virtual_stages - 1)))
+
+
+@dataclass(frozen=True)
 class Message:
-    """A tensor one stage sends another: "act" (the output of F(stage, micro), for F(stage+1, micro)) or "grad"
-    (the input gradient from B(stage, micro), for B(stage-1, micro))."""
+    """One tensor one physical stage sends another: "act" (made by F(source, micro) for F(target, micro)),
+    "grad" (made by B(target, micro) for B(source, micro)) or "out" (a step result of physical stage `source`);
+    `index` numbers the tensors of one link and micro-batch."""
 
     kind: str
-    stage: int
+    source: int
+    target: int
     micro: int
+    index: int = 0
 
     @property
     def name(self) -> str:
-        return f"{self.kind}(v={self.stage},m={self.micro})"
+        if self.kind == "out":
+            return f"out(stage={self.source}->{self.target})#{self.index}"
+        return f"{self.kind}(v={self.source}->{self.target},m={self.micro})#{self.index}"
 
     def __repr__(self) -> str:
         return self.name
@@ -68,16 +100,20 @@ class Message:
 class Op:
     """One step of a stage's run: "recv" (post the receive of `message` from `peer`, asynchronously), "wait"
     (block until that receive is in), "compute" (`action`), "send" (start sending `message` to `peer`,
-    asynchronously; every send is waited for at the end of the step)."""
+    asynchronously; every send is waited for at the end of the step), "sync" (sum a shared parameter's gradient
+    over the physical stages `group`)."""
 
     kind: str
     action: Action | None = None
     message: Message | None = None
     peer: int = -1
+    group: tuple[int, ...] = ()
 
     def __repr__(self) -> str:
         if self.kind == "compute":
             return repr(self.action)
+        if self.kind == "sync":
+            return f"sync over stages {self.group}"
         where = "from" if self.kind in ("recv", "wait") else "to"
         return f"{self.kind} {self.message} {where} stage {self.peer}"
 
@@ -123,57 +159,65 @@ class Schedule:
 
         return simulate_schedule(self).bubble
 
-    @cached_property
-    def _producers(self) -> dict[Action, int]:
-        return {a: s for s, order in enumerate(self.orders) for a in order}
-
-    def messages_in(self, physical: int, action: Action) -> list[tuple[Message, int]]:
+    def messages_in(self, physical: int, action: Action, transfers: Transfers) -> list[tuple[Message, int]]:
         """The messages `action` needs from other stages, with the stage each comes from."""
-        needed = []
-        if action.kind == "F" and action.stage > 0:
-            needed.append(Message("act", action.stage - 1, action.micro))
-        if action.kind == "B" and action.stage < self.virtual_stages - 1:
-            needed.append(Message("grad", action.stage + 1, action.micro))
         out = []
-        for message in needed:
-            source = self.placement(message.stage)
-            if source != physical:
-                out.append((message, source))
-        return out
+        for link in transfers.links:
+            if action.kind == "F" and link.target == action.stage:
+                source = self.placement(link.source)
+                count = link.forward
+                out += [(Message("act", link.source, link.target, action.micro, i), source) for i in range(count)]
+            if action.kind == "B" and link.source == action.stage:
+                source = self.placement(link.target)
+                out += [
+                    (Message("grad", link.source, link.target, action.micro, i), source) for i in range(link.backward)
+                ]
+        return [(message, source) for message, source in out if source != physical]
 
-    def messages_out(self, physical: int, action: Action) -> list[tuple[Message, int]]:
+    def messages_out(self, physical: int, action: Action, transfers: Transfers) -> list[tuple[Message, int]]:
         """The messages `action` produces for other stages, with the stage each goes to."""
-        made = []
-        if action.kind == "F" and action.stage < self.virtual_stages - 1:
-            made.append((Message("act", action.stage, action.micro), action.stage + 1))
-        if action.kind == "B" and action.stage > 0:
-            made.append((Message("grad", action.stage, action.micro), action.stage - 1))
         out = []
-        for message, consumer in made:
-            target = self.placement(consumer)
-            if target != physical:
-                out.append((message, target))
-        return out
+        for link in transfers.links:
+            if action.kind == "F" and link.source == action.stage:
+                target = self.placement(link.target)
+                count = link.forward
+                out += [(Message("act", link.source, link.target, action.micro, i), target) for i in range(count)]
+            if action.kind == "B" and link.target == action.stage:
+                target = self.placement(link.source)
+                out += [
+                    (Message("grad", link.source, link.target, action.micro, i), target) for i in range(link.backward)
+                ]
+        return [(message, target) for message, target in out if target != physical]
 
-    def rank_ops(self, physical: int) -> list[Op]:
+    def _sends(self, physical: int, transfers: Transfers) -> list[tuple[Message, int]]:
+        """What stage `physical` sends, in the order it sends it."""
+        sends = [m for a in self.orders[physical] for m in self.messages_out(physical, a, transfers)]
+        for source, count in transfers.results:
+            if source == physical:
+                for target in range(self.stages):
+                    if target != physical:
+                        sends += [(Message("out", source, target, 0, i), target) for i in range(count)]
+        return sends
+
+    def rank_ops(self, physical: int, transfers: Transfers | None = None) -> list[Op]:
         """What stage `physical` runs in one step: it posts every receive first, in the order each sender sends
         (transfers between two stages travel in order on one channel per direction), then for each action waits
-        for what the action needs, runs it and starts sending what it made. A stage thus computes while the
-        transfers it posted or started are in flight."""
+        for what the action needs, runs it and starts sending what it made; at the end it sums shared gradients
+        (`syncs`) and sends its step results. A stage thus computes while the transfers it posted or started are
+        in flight."""
+        transfers = transfers if transfers is not None else Transfers.chain(self.virtual_stages)
         ops: list[Op] = []
         for source in range(self.stages):
-            if source == physical:
-                continue
-            for action in self.orders[source]:
-                for message, target in self.messages_out(source, action):
-                    if target == physical:
-                        ops.append(Op("recv", message=message, peer=source))
+            if source != physical:
+                ops += [Op("recv", message=m, peer=source) for m, t in self._sends(source, transfers) if t == physical]
         for action in self.orders[physical]:
-            for message, source in self.messages_in(physical, action):
-                ops.append(Op("wait", message=message, peer=source))
+            ops += [Op("wait", message=m, peer=p) for m, p in self.messages_in(physical, action, transfers)]
             ops.append(Op("compute", action=action))
-            for message, target in self.messages_out(physical, action):
-                ops.append(Op("send", message=message, peer=target))
+            ops += [Op("send", message=m, peer=p) for m, p in self.messages_out(physical, action, transfers)]
+        ops += [Op("sync", group=group) for group in transfers.syncs if physical in group]
+        ops += [Op("send", message=m, peer=p) for m, p in self._sends(physical, transfers) if m.kind == "out"]
+        results = [op for op in ops if op.kind == "recv" and op.message.kind == "out"]
+        ops += [Op("wait", message=op.message, peer=op.peer) for op in results]
         return ops
 
     def describe(self) -> str:
