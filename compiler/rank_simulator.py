@@ -17,7 +17,8 @@ receive checks that it got the tensor of the name it expects: two ranks whose tr
 This is how a pipeline schedule is checked before any rank runs (compiler/pipeline/check.py). With `costs`
 (segment name -> seconds) the world also keeps time: each rank's clock advances by its segments' costs and
 waits until what it receives was sent (transfers are free); `World.clocks` and `World.busy` then say when each
-rank finished and how long it computed.
+rank finished and how long it computed. With `track_memory`, `World.peak_bytes` says how many bytes of the tensors
+a run made (not those it started from) each rank held at once, at most.
 
     stores = simulate([program] * 2, [feeds_rank0, feeds_rank1], CpuCompute(1))
     loss_on_rank_1 = stores[1][program.outputs[0]]
@@ -64,6 +65,8 @@ class _Rank:
         self.executables = {} if dry else {name: compute.compile(s.onnx) for name, s in program.segments.items()}
         self.costs = costs or {}
         self.clock = self.busy = 0.0
+        self.peak = 0  # bytes of the tensors the run made that were alive at once (track_memory)
+        self.initial: set[str] = set()
 
     @property
     def done(self) -> bool:
@@ -123,11 +126,19 @@ def placeholder(name: str) -> np.ndarray:
 class World:
     """The ranks of one job, each running its RankProgram."""
 
-    def __init__(self, programs: Sequence[RankProgram], compute: Any, costs: Mapping[str, float] | None = None):
+    def __init__(
+        self,
+        programs: Sequence[RankProgram],
+        compute: Any,
+        costs: Mapping[str, float] | None = None,
+        track_memory: bool = False,
+    ):
         self.programs, self.compute, self.costs = list(programs), compute, costs
         self.size = len(self.programs)
         self.clocks: list[float] = [0.0] * self.size
         self.busy: list[float] = [0.0] * self.size
+        self.track_memory = track_memory
+        self.peak_bytes: list[int] = [0] * self.size
 
     def run(self, feeds: Sequence[Mapping[str, np.ndarray]], stores: list[dict] | None = None) -> list[dict]:
         """Run every rank's program once from its store plus `feeds[rank]`; returns the stores afterwards."""
@@ -135,6 +146,8 @@ class World:
         for store, feed in zip(stores, feeds):
             store.update({k: np.asarray(v) for k, v in feed.items()})
         ranks = [_Rank(r, p, self.compute, stores[r], self.costs) for r, p in enumerate(self.programs)]
+        for rank in ranks:
+            rank.initial = set(rank.store)
         self._posted: dict[tuple, dict[int, _Part]] = defaultdict(dict)
         self._sequence: dict[tuple, int] = defaultdict(int)
         self._mail: dict[tuple, deque] = defaultdict(deque)
@@ -147,6 +160,7 @@ class World:
         self._check_finished(ranks)
         self.clocks = [r.clock for r in ranks]
         self.busy = [r.busy for r in ranks]
+        self.peak_bytes = [max(p, r.peak) for p, r in zip(self.peak_bytes, ranks)]
         return stores
 
     def _check_finished(self, ranks: list[_Rank]) -> None:
@@ -201,6 +215,9 @@ class World:
                 raise ConfigurationError(f"the simulator does not run {which!r} instructions")
             rank.pc += 1
             moved = True
+            if self.track_memory:
+                live = sum(int(v.nbytes) for k, v in rank.store.items() if k not in rank.initial)
+                rank.peak = max(rank.peak, live)
         return moved
 
     def _collective(self, rank: _Rank, op: Any) -> bool:
