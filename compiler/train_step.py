@@ -23,7 +23,7 @@ import numpy as np
 
 from tessel.compiler import registry
 from tessel.compiler.autodiff import gradients
-from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
+from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import ShapeInferenceError
 from tessel.compiler.ir import Graph
@@ -60,10 +60,13 @@ def build_train_step(
     params: Sequence[str],
     optimizer: Optimizer,
     no_weight_decay: frozenset[str] = frozenset(),
+    deferred_gradients: bool = False,
 ) -> TrainProgram:
     """Extend `forward` (loss = output 0) with gradients of `params` and the optimizer update.
 
     Inputs that `forward` assigns itself (BatchNorm moving statistics) become state too, kept but not trained.
+    With `deferred_gradients` the gradients are one GradientOf node, for a later pass to differentiate (a
+    pipeline stage differentiates each micro-batch on its own).
     """
     builder = GraphBuilder.extend(forward)
     lr = builder.add_input(LEARNING_RATE, (), DType.float32)
@@ -71,7 +74,12 @@ def build_train_step(
     loss = SymbolicTensor(builder, forward.outputs[0])
     fold = optimizer.folds_learning_rate() and _full_precision(forward)
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
-    grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
+    if deferred_gradients:
+        seed = [] if sens is None else [sens]
+        wrt = [SymbolicTensor(builder, v) for v in values]
+        grads = [g.value for g in apply_all("GradientOf", loss, *wrt, *seed, seeded=bool(seed))]
+    else:
+        grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
     # State = trained parameters, plus inputs the forward graph itself assigns (BatchNorm's moving statistics).
     written = (registry.written(n) for n in forward.nodes)
     assigned = list(dict.fromkeys(v.name for v in written if v is not None and v.name not in params))

@@ -31,10 +31,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from tessel.compiler import registry
+from tessel.compiler import registry as ops
 from tessel.compiler.autodiff import vjp
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.ir import Attrs, Graph, Node, Value
+from tessel.compiler.pipeline import registry
 from tessel.compiler.pipeline.schedule import Action, Link, Op, Schedule, Transfers
 from tessel.compiler.pipeline.stages import Parts, Tag, split_parts
 from tessel.compiler.rank_rewrite import Rewriter, fold_value_free
@@ -71,14 +72,18 @@ def pipeline_rank_graph(
     physical: int,
     ranks_per_stage: int = 1,
     local_rank: int = 0,
+    parameters: Collection[str] | None = None,
 ) -> PipelinedGraph:
     """The graph stage `physical` runs (see the module docstring). `graph` is a rank graph of the whole network
     over one stage's `ranks_per_stage` devices (its collectives' groups count from 0), `local_rank` this rank's
     place among them; the result's groups are world ranks (stage s holds ranks s*R .. s*R+R-1). `data` names the
-    graph inputs that are dataset columns."""
+    graph inputs that are dataset columns; `parameters` the parameters (every stage must hold some)."""
     graph = _world_groups(fold_value_free(graph), physical * ranks_per_stage)
     parts = split_parts(graph, tags, data, schedule.virtual_stages)
-    return _Builder(graph, parts, schedule, physical, ranks_per_stage, local_rank).build()
+    builder = _Builder(graph, parts, schedule, physical, ranks_per_stage, local_rank)
+    if parameters is not None:
+        builder.check_parameters(set(parameters))
+    return builder.build()
 
 
 def _world_groups(graph: Graph, offset: int) -> Graph:
@@ -202,6 +207,7 @@ class _Builder:
         inputs = tuple(v for v in self.b.inputs if v in read or v in outputs)
         out_graph = Graph(inputs, tuple(order), tuple(outputs), self.b.name)
         phases = {n.outputs[0]: int(self.phase[n]) for n in order if n.outputs}
+        registry.record(phases, order)
         return PipelinedGraph(out_graph, phases, transfers, self.ops, tuple(v.name for v in inputs))
 
     def _check_pieces(self) -> None:
@@ -212,6 +218,23 @@ class _Builder:
                 f"pipeline stage(s) {missing} of {self.schedule.virtual_stages} compute nothing; the rule: every "
                 "stage runs part of the network (pipeline_stage numbers 0 .. stages-1, each on some cell). Fix: "
                 "set pipeline_stage on the cells so that every stage gets one"
+            )
+
+    def check_parameters(self, parameters: set[str]) -> None:
+        """Every physical stage holds parameters (MindSpore's rule: pipeline_stage goes on cells with parameters)."""
+        for stage in range(self.schedule.stages):
+            held = [v.name for v in self.graph.inputs if v.name in parameters and stage in self._holders(v)]
+            if held:
+                continue
+            staged = self.parts.stage
+            cells = sorted(
+                {c for n, c in self.parts.cells.items() if n in staged and self.schedule.placement(staged[n]) == stage}
+            )
+            on = f"its cells {cells} have none" if cells else "no cell is on it"
+            raise ConfigurationError(
+                f"pipeline stage {stage} holds no parameters ({on}); the rule: every stage holds parameters, so set "
+                "pipeline_stage on cells that have parameters (Dense, Conv2d, ...). Fix: move a cell with parameters "
+                f"to stage {stage}, or use fewer pipeline_stages"
             )
 
     def _plan_results_and_syncs(self) -> None:
@@ -322,7 +345,7 @@ class _Builder:
         wanted.update(x for n in parts.post if self._mine(n) for x in n.inputs)
         needed: set[Node] = set()
         for node in reversed(parts.prologue):
-            if registry.get(node.op).side_effect or any(o in wanted for o in node.outputs):
+            if ops.get(node.op).side_effect or any(o in wanted for o in node.outputs):
                 needed.add(node)
                 wanted.update(node.inputs)
         for node in parts.prologue:
@@ -399,7 +422,7 @@ class _Builder:
         """Values that depend on a wrt value through prologue nodes (what pieces read that needs a gradient)."""
         active = set(wrt)
         for node in self.parts.prologue:
-            if any(v in active for v in node.inputs) and registry.get(node.op).grad is not registry.ZERO_GRAD:
+            if any(v in active for v in node.inputs) and ops.get(node.op).grad is not ops.ZERO_GRAD:
                 active.update(o for o in node.outputs if o.dtype.is_float)
         return active
 

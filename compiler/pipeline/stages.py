@@ -106,16 +106,21 @@ def _separate_post(parts: Parts) -> list[Node]:
 
 
 def _micro_sets(parts: Parts, forward: list[Node], tags, data: Collection[str]) -> dict[Node, frozenset[int]]:
-    """The micro-batches each forward node depends on (its tag's, or its inputs')."""
+    """The micro-batches each forward node depends on: its tag's, for a node that reads the data (what reads only
+    parameters is shared by the micro-batches, as a Mirror a micro-batch's op first asked for), else its inputs'."""
     tagged = any(t is not None and t.micro is not None for t in tags.values())
     sets: dict[Value, frozenset[int]] = {}
+    data_side: set[Value] = {v for v in parts.graph.inputs if v.name in data}
     if not tagged:  # no PipelineCell: the whole step is one micro-batch
-        sets.update((v, frozenset({0})) for v in parts.graph.inputs if v.name in data)
+        sets.update((v, frozenset({0})) for v in data_side)
     out: dict[Node, frozenset[int]] = {}
     for node in forward:
         mine = frozenset().union(*(sets.get(v, frozenset()) for v in node.inputs))
         tag = tags.get(node)
-        if tag is not None and tag.micro is not None:
+        reads_data = any(v in data_side for v in node.inputs)
+        if reads_data:
+            data_side.update(node.outputs)
+        if tag is not None and tag.micro is not None and reads_data:
             if mine - {tag.micro}:
                 raise ConfigurationError(
                     f"{parts.where(node)} computes micro-batch {tag.micro} but reads micro-batches "
