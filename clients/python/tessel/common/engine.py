@@ -27,7 +27,7 @@ import numpy as np
 from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
-from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, pipeline, registry
 from tessel.compiler.rank_rewrite import fuse_summed_products
 from tessel.v1 import daemon_pb2
 
@@ -82,7 +82,12 @@ class Engine:
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size, spmd=_spmd())
+            phases = pipeline.phases_of(graph)  # a pipeline stage's graph runs in its schedule's order
+            lowered = lower_rank_program(
+                named, state=list(state), world_size=self.world_size, spmd=_spmd() and phases is None, phases=phases
+            )
+            if phases is not None:
+                pipeline.check_lowered(lowered, graph, self.world_size)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
             for segment in lowered.segments.values():

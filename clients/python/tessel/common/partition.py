@@ -38,10 +38,10 @@ def active() -> bool:
 def global_specs(call: Any) -> list[tuple | None]:
     """(shape, dtype) per leaf of `call` at the global shape: data tensors as the dataset convention makes them
     (this rank's share times the world), handles held on the daemon at their own (global) shape."""
-    from tessel.common.engine import engine
+    from tessel.parallel import pipeline
     from tessel.parallel.semi_auto import dataset_setting, global_shape
 
-    world, dataset = engine().world_size, dataset_setting()
+    world, dataset = pipeline.current_mesh().devices, dataset_setting()
     specs, column = [], 0
     for spec, resident in zip(call.specs(False), call.resident):
         if spec is None or resident:
@@ -58,11 +58,13 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     from tessel.common.compiled import make_entry as make_local_entry
     from tessel.common.engine import engine
     from tessel.compiler.parallel import Layout, parallelize, save_graphs
-    from tessel.parallel import planning
+    from tessel.parallel import pipeline, planning
     from tessel.parallel.semi_auto import _dataset_arg, dataset_setting
 
     eng = engine()
-    world, rank, dataset = eng.world_size, eng.runtime.rank, dataset_setting()
+    # Under pipeline parallel the plan is for the ranks of one stage, and this rank's place among them.
+    where = pipeline.mesh(eng.world_size, eng.runtime.rank)
+    world, rank, dataset = where.devices, where.index, dataset_setting()
     inputs = {v.name for v in graph.inputs}
     params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
     fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
@@ -93,10 +95,18 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     )
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
-    planning.record(plan, list(params.values()), rank)
+    if where.pipelined:
+        data = [n for n, resident in zip(call.names, call.resident) if n in inputs and not resident]
+        data = [n for n in data if n not in params and n not in trace.feeders]
+        piped = pipeline.stage_graph(plan, graph, trace, where, data, list(params))
+        pipeline.mark_parameters(params, piped, eng.id)
+        local = piped.graph
+    else:
+        local = plan.rank_graph(rank)
+    planning.record(plan, list(params.values()), eng.runtime.rank)
     if context.get_context("save_graphs"):
-        save_graphs(plan, os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}"), ranks=(rank,))
-    local = plan.rank_graph(rank)
+        path = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
+        save_graphs(plan, path, ranks=(rank,))
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
     entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import warnings
@@ -89,8 +90,16 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fi
                 "use DATA_PARALLEL or manual parallelism (HYBRID_PARALLEL)"
             ) from None
         from tessel.communication import get_rank
+        from tessel.parallel import pipeline
 
-        part = partition_for_rank(graph, trace, list(keys), None, get_rank(), world, fixed())
+        where = pipeline.mesh(world, get_rank())  # under pipeline parallel: plan for the ranks of one stage
+        part = partition_for_rank(graph, trace, list(keys), None, where.index, where.devices, fixed())
+        if where.pipelined:
+            program = build_train_step(part.graph, keys, rule, no_decay, deferred_gradients=True)
+            piped = pipeline.train_stage(program.graph, graph, part, trace, keys, where)
+            held = set(piped.parameters)
+            program = dataclasses.replace(program, state=tuple(s for s in program.state if s.name in held))
+            return _with_graph(program, bucket_allreduce(piped.graph, bucket_bytes())), part
         program = build_train_step(part.graph, keys, rule, no_decay)
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part
     return build_train_step(graph, keys, rule, no_decay), None
@@ -104,7 +113,10 @@ def global_inputs(inputs: Sequence[Any]) -> tuple | None:
     mode, world = parallel_mode(), world_size()
     if world == 1 or mode not in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         return None
+    from tessel.parallel import pipeline
     from tessel.parallel.semi_auto import dataset_setting, global_shape
+
+    world = pipeline.current_mesh().devices  # the ranks of one pipeline stage share the batch
 
     dataset = dataset_setting()
     if dataset == "full_batch":
@@ -198,6 +210,10 @@ class SinkRunner:
         first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self.entry, self.call = step.prepare(*first)
         names = [name for name, _ in sorted(self.entry.data, key=lambda item: item[1])]
+        from tessel.parallel import pipeline
+
+        if pipeline.current_mesh().pipelined:  # a stage reads only some columns (the labels: the last stage)
+            names = [n for n, leaf in zip(self.call.names, self.call.leaves) if hasattr(leaf, "shape")]
         if len(names) != len(self.columns):
             raise ConfigurationError(
                 f"sink mode: the network takes {len(names)} data inputs {names} but the dataset has columns "

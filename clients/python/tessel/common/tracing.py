@@ -60,6 +60,11 @@ class SdkTrace:
         self.primitive_of: dict[Any, Any] = {}
         self.data_parallel: set[Any] = set()
         self.cell_stack: list[Any] = []
+        # For pipeline parallel (tessel.parallel.pipeline): the physical stage of the innermost cell with a
+        # pipeline_stage, the micro-batch PipelineCell is running and that cell, per node's first output.
+        self.pipeline_tags: dict[Any, tuple[int | None, int | None, Any]] = {}
+        self.micro: int | None = None
+        self.cell_paths: dict[int, str] = {}
 
     def __enter__(self) -> SdkTrace:
         self.trace.__enter__()
@@ -104,6 +109,19 @@ class SdkTrace:
             self.primitive_of[key] = PrimitiveCall(primitive, call, op)
         if any(getattr(cell, "_shard", None) == "data_parallel" for cell in self.cell_stack):
             self.data_parallel.add(key)
+        staged = next((c for c in reversed(self.cell_stack) if getattr(c, "_pipeline_stage", -1) >= 0), None)
+        if staged is not None or self.micro is not None:
+            cell = staged if staged is not None else (self.cell_stack[-1] if self.cell_stack else None)
+            self.pipeline_tags[key] = (None if staged is None else staged._pipeline_stage, self.micro, cell)
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        """Ops traced inside belong to micro-batch `index` (PipelineCell)."""
+        before, self.micro = self.micro, index
+        try:
+            yield
+        finally:
+            self.micro = before
 
     def modes(self) -> tuple:
         """(cell, training, float dtype) of every cell traced through: what the graph depends on besides inputs."""

@@ -43,6 +43,8 @@ from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.wrap import (
     DistributedGradReducer,
     MicroBatchInterleaved,
+    PipelineCell,
+    PipelineGradReducer,
     TrainOneStepCell,
     WithEvalCell,
     WithLossCell,
@@ -94,6 +96,8 @@ __all__ = [
     "MSELoss",
     "MaxPool2d",
     "MicroBatchInterleaved",
+    "PipelineCell",
+    "PipelineGradReducer",
     "NLLLoss",
     "Parameter",
     "ParameterTuple",
