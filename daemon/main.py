@@ -52,7 +52,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None) -> str:
+def measure(plugin):
+    """What the plugin measures its device doing (Plugin.measure), once, before registering: the coordinator's cost
+    model is calibrated with it. None when the plugin measures nothing, when TESSEL_MEASURE=0, or when measuring
+    failed (logged: the coordinator then keeps its default figures for this daemon)."""
+    if os.environ.get("TESSEL_MEASURE", "1") == "0":
+        return None
+    try:
+        found = plugin.measure()
+    except Exception:  # a broken measurement must not keep the device from serving
+        log.exception("measuring the %s device failed; registering without measurements", plugin.name)
+        return None
+    if found is not None:
+        log.info(
+            "measured in %.2f s: %.1f Gflop/s, %.1f GB/s memory, shared memory %.1f us / %.1f GB/s",
+            found.seconds,
+            found.matmul_flops / 1e9,
+            found.memory_bandwidth / 1e9,
+            found.shm_latency_s * 1e6,
+            found.shm_bandwidth / 1e9,
+        )
+    return found
+
+
+def _register(
+    args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None
+) -> str:
     from tessel.v1 import coordinator_pb2
 
     device = core.plugin.device
@@ -69,6 +94,9 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
         speed=device.speed,
         pid=os.getpid(),
     )
+    if measured is not None:
+        info.matmul_flops, info.memory_bandwidth = measured.matmul_flops, measured.memory_bandwidth
+        info.shm_latency_s, info.shm_bandwidth = measured.shm_latency_s, measured.shm_bandwidth
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
@@ -102,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin = load_plugin(
             args.plugin, device_id=args.device, threads=threads, host=args.host, advertise_host=advertised
         )
+        measured = measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         core = DaemonCore(plugin, coordinator, data_address=data_address)
@@ -110,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
-        core.daemon_id = _register(args, core, address, coordinator)
+        core.daemon_id = _register(args, core, address, coordinator, measured=measured)
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         lost.clear()
         beat.stop()
         try:
-            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop)
+            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop, measured=measured)
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)

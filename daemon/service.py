@@ -95,6 +95,10 @@ class DaemonServicer:
             ],
         )
 
+    def ProbeLink(self, request, context):
+        link = self.core.probe_link(request.data_address)
+        return daemon_pb2.ProbeLinkReply(latency_s=link.latency_s, bandwidth=link.bandwidth)
+
 
 def _named(name, array):
     return common_pb2.NamedTensor(name=name, tensor=to_proto(array))

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from tessel.v1 import common_pb2 as tessel_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btessel/v1/coordinator.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\"\xa8\x02\n\nDaemonInfo\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x03 \x01(\t\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12\x0e\n\x06plugin\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x07 \x01(\t\x12\x11\n\tdevice_id\x18\x08 \x01(\x05\x12\r\n\x05\x63ores\x18\t \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x03\x12\r\n\x05speed\x18\x0b \x01(\x01\x12\x0b\n\x03pid\x18\x0c \x01(\x05\x12\r\n\x05state\x18\r \x01(\t\x12\x0e\n\x06job_id\x18\x0e \x01(\t\x12\x0c\n\x04rank\x18\x0f \x01(\x05\x12\x17\n\x0fheartbeat_age_s\x18\x10 \x01(\x01\"<\n\x15RegisterDaemonRequest\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.tessel.v1.DaemonInfo\"e\n\x13RegisterDaemonReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\x05\"V\n\x10HeartbeatRequest\x12\x13\n\tdaemon_id\x18\x01 \x01(\tH\x00\x12&\n\x06\x63lient\x18\x02 \x01(\x0b\x32\x14.tessel.v1.ClientRefH\x00\x42\x05\n\x03who\"6\n\tClientRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x05\"N\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x14\n\x0c\x63ulprit_rank\x18\x04 \x01(\x05\"5\n\x0eHeartbeatReply\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.tessel.v1.JobEvent\"\x97\x01\n\x0eJoinJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06plugin\x18\x04 \x01(\t\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x0b\n\x03pid\x18\x07 \x01(\x05\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\"\xb2\x01\n\x0cJoinJobReply\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12!\n\x06\x64\x61\x65mon\x18\x03 \x01(\x0b\x32\x11.tessel.v1.Member\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x12\n\nlocal_size\x18\x06 \x01(\x05\x12\x11\n\tjob_nonce\x18\x07 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb1\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\r\n\x05\x63\x61use\x18\x04 \x01(\t\x12\"\n\x07members\x18\x05 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x16\n\x0e\x66inished_ranks\x18\x06 \x03(\x05\x12\x12\n\nstarted_at\x18\x07 \x01(\x01\x12\x14\n\x0c\x63ulprit_rank\x18\x08 \x01(\x05\"1\n\x11\x46inishRankRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"=\n\x0e\x46\x61ilJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\"b\n\x12\x43reateGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"6\n\x10\x43reateGroupReply\x12\"\n\x07members\x18\x01 \x03(\x0b\x32\x11.tessel.v1.Member\"A\n\x13\x44\x65stroyGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\"^\n\x0e\x42\x61rrierRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05ranks\x18\x04 \x03(\x05\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"@\n\x12KeyValueSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\"D\n\x12KeyValueGetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"!\n\x10KeyValueGetReply\x12\r\n\x05value\x18\x01 \x01(\x0c\"4\n\x15KeyValueDeleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"^\n\x12\x43lusterStatusReply\x12&\n\x07\x64\x61\x65mons\x18\x01 \x03(\x0b\x32\x15.tessel.v1.DaemonInfo\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.tessel.v1.JobInfo2\xef\x06\n\x0b\x43oordinator\x12R\n\x0eRegisterDaemon\x12 .tessel.v1.RegisterDaemonRequest\x1a\x1e.tessel.v1.RegisterDaemonReply\x12G\n\tHeartbeat\x12\x1b.tessel.v1.HeartbeatRequest\x1a\x19.tessel.v1.HeartbeatReply(\x01\x30\x01\x12=\n\x07JoinJob\x12\x19.tessel.v1.JoinJobRequest\x1a\x17.tessel.v1.JoinJobReply\x12\x36\n\x06GetJob\x12\x18.tessel.v1.GetJobRequest\x1a\x12.tessel.v1.JobInfo\x12<\n\nFinishRank\x12\x1c.tessel.v1.FinishRankRequest\x1a\x10.tessel.v1.Empty\x12\x36\n\x07\x46\x61ilJob\x12\x19.tessel.v1.FailJobRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0b\x43reateGroup\x12\x1d.tessel.v1.CreateGroupRequest\x1a\x1b.tessel.v1.CreateGroupReply\x12@\n\x0c\x44\x65stroyGroup\x12\x1e.tessel.v1.DestroyGroupRequest\x1a\x10.tessel.v1.Empty\x12\x36\n\x07\x42\x61rrier\x12\x19.tessel.v1.BarrierRequest\x1a\x10.tessel.v1.Empty\x12>\n\x0bKeyValueSet\x12\x1d.tessel.v1.KeyValueSetRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bKeyValueGet\x12\x1d.tessel.v1.KeyValueGetRequest\x1a\x1b.tessel.v1.KeyValueGetReply\x12\x44\n\x0eKeyValueDelete\x12 .tessel.v1.KeyValueDeleteRequest\x1a\x10.tessel.v1.Empty\x12@\n\rClusterStatus\x12\x10.tessel.v1.Empty\x1a\x1d.tessel.v1.ClusterStatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1btessel/v1/coordinator.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\"\x86\x03\n\nDaemonInfo\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x14\n\x0c\x64\x61ta_address\x18\x03 \x01(\t\x12\x0f\n\x07host_id\x18\x04 \x01(\t\x12\x10\n\x08hostname\x18\x05 \x01(\t\x12\x0e\n\x06plugin\x18\x06 \x01(\t\x12\x13\n\x0b\x64\x65vice_kind\x18\x07 \x01(\t\x12\x11\n\tdevice_id\x18\x08 \x01(\x05\x12\r\n\x05\x63ores\x18\t \x01(\x05\x12\x14\n\x0cmemory_bytes\x18\n \x01(\x03\x12\r\n\x05speed\x18\x0b \x01(\x01\x12\x0b\n\x03pid\x18\x0c \x01(\x05\x12\r\n\x05state\x18\r \x01(\t\x12\x0e\n\x06job_id\x18\x0e \x01(\t\x12\x0c\n\x04rank\x18\x0f \x01(\x05\x12\x17\n\x0fheartbeat_age_s\x18\x10 \x01(\x01\x12\x14\n\x0cmatmul_flops\x18\x11 \x01(\x01\x12\x18\n\x10memory_bandwidth\x18\x12 \x01(\x01\x12\x15\n\rshm_latency_s\x18\x13 \x01(\x01\x12\x15\n\rshm_bandwidth\x18\x14 \x01(\x01\"<\n\x15RegisterDaemonRequest\x12#\n\x04info\x18\x01 \x01(\x0b\x32\x15.tessel.v1.DaemonInfo\"e\n\x13RegisterDaemonReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x1d\n\x15heartbeat_interval_ms\x18\x02 \x01(\x05\x12\x1c\n\x14heartbeat_timeout_ms\x18\x03 \x01(\x05\"V\n\x10HeartbeatRequest\x12\x13\n\tdaemon_id\x18\x01 \x01(\tH\x00\x12&\n\x06\x63lient\x18\x02 \x01(\x0b\x32\x14.tessel.v1.ClientRefH\x00\x42\x05\n\x03who\"6\n\tClientRef\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x0b\n\x03pid\x18\x03 \x01(\x05\"N\n\x08JobEvent\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\r\n\x05state\x18\x02 \x01(\t\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\x12\x14\n\x0c\x63ulprit_rank\x18\x04 \x01(\x05\"5\n\x0eHeartbeatReply\x12#\n\x06\x65vents\x18\x01 \x03(\x0b\x32\x13.tessel.v1.JobEvent\"\x97\x01\n\x0eJoinJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\x0e\n\x06plugin\x18\x04 \x01(\t\x12\x11\n\tdaemon_id\x18\x05 \x01(\t\x12\x10\n\x08hostname\x18\x06 \x01(\t\x12\x0b\n\x03pid\x18\x07 \x01(\x05\x12\x11\n\ttimeout_s\x18\x08 \x01(\x01\"\xb2\x01\n\x0cJoinJobReply\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12!\n\x06\x64\x61\x65mon\x18\x03 \x01(\x0b\x32\x11.tessel.v1.Member\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x12\n\nlocal_rank\x18\x05 \x01(\x05\x12\x12\n\nlocal_size\x18\x06 \x01(\x05\x12\x11\n\tjob_nonce\x18\x07 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\xb1\x01\n\x07JobInfo\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nworld_size\x18\x02 \x01(\x05\x12\r\n\x05state\x18\x03 \x01(\t\x12\r\n\x05\x63\x61use\x18\x04 \x01(\t\x12\"\n\x07members\x18\x05 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x16\n\x0e\x66inished_ranks\x18\x06 \x03(\x05\x12\x12\n\nstarted_at\x18\x07 \x01(\x01\x12\x14\n\x0c\x63ulprit_rank\x18\x08 \x01(\x05\"1\n\x11\x46inishRankRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\"=\n\x0e\x46\x61ilJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\r\n\x05\x63\x61use\x18\x03 \x01(\t\"b\n\x12\x43reateGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x0c\n\x04rank\x18\x04 \x01(\x05\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"6\n\x10\x43reateGroupReply\x12\"\n\x07members\x18\x01 \x03(\x0b\x32\x11.tessel.v1.Member\"A\n\x13\x44\x65stroyGroupRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\"^\n\x0e\x42\x61rrierRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05ranks\x18\x04 \x03(\x05\x12\x11\n\ttimeout_s\x18\x05 \x01(\x01\"@\n\x12KeyValueSetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\r\n\x05value\x18\x03 \x01(\x0c\"D\n\x12KeyValueGetRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\ttimeout_s\x18\x03 \x01(\x01\"!\n\x10KeyValueGetReply\x12\r\n\x05value\x18\x01 \x01(\x0c\"4\n\x15KeyValueDeleteRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"^\n\x12\x43lusterStatusReply\x12&\n\x07\x64\x61\x65mons\x18\x01 \x03(\x0b\x32\x15.tessel.v1.DaemonInfo\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.tessel.v1.JobInfo2\xef\x06\n\x0b\x43oordinator\x12R\n\x0eRegisterDaemon\x12 .tessel.v1.RegisterDaemonRequest\x1a\x1e.tessel.v1.RegisterDaemonReply\x12G\n\tHeartbeat\x12\x1b.tessel.v1.HeartbeatRequest\x1a\x19.tessel.v1.HeartbeatReply(\x01\x30\x01\x12=\n\x07JoinJob\x12\x19.tessel.v1.JoinJobRequest\x1a\x17.tessel.v1.JoinJobReply\x12\x36\n\x06GetJob\x12\x18.tessel.v1.GetJobRequest\x1a\x12.tessel.v1.JobInfo\x12<\n\nFinishRank\x12\x1c.tessel.v1.FinishRankRequest\x1a\x10.tessel.v1.Empty\x12\x36\n\x07\x46\x61ilJob\x12\x19.tessel.v1.FailJobRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0b\x43reateGroup\x12\x1d.tessel.v1.CreateGroupRequest\x1a\x1b.tessel.v1.CreateGroupReply\x12@\n\x0c\x44\x65stroyGroup\x12\x1e.tessel.v1.DestroyGroupRequest\x1a\x10.tessel.v1.Empty\x12\x36\n\x07\x42\x61rrier\x12\x19.tessel.v1.BarrierRequest\x1a\x10.tessel.v1.Empty\x12>\n\x0bKeyValueSet\x12\x1d.tessel.v1.KeyValueSetRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bKeyValueGet\x12\x1d.tessel.v1.KeyValueGetRequest\x1a\x1b.tessel.v1.KeyValueGetReply\x12\x44\n\x0eKeyValueDelete\x12 .tessel.v1.KeyValueDeleteRequest\x1a\x10.tessel.v1.Empty\x12@\n\rClusterStatus\x12\x10.tessel.v1.Empty\x1a\x1d.tessel.v1.ClusterStatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,49 +34,49 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tessel.v1.coordinator_pb2',
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DAEMONINFO']._serialized_start=67
-  _globals['_DAEMONINFO']._serialized_end=363
-  _globals['_REGISTERDAEMONREQUEST']._serialized_start=365
-  _globals['_REGISTERDAEMONREQUEST']._serialized_end=425
-  _globals['_REGISTERDAEMONREPLY']._serialized_start=427
-  _globals['_REGISTERDAEMONREPLY']._serialized_end=528
-  _globals['_HEARTBEATREQUEST']._serialized_start=530
-  _globals['_HEARTBEATREQUEST']._serialized_end=616
-  _globals['_CLIENTREF']._serialized_start=618
-  _globals['_CLIENTREF']._serialized_end=672
-  _globals['_JOBEVENT']._serialized_start=674
-  _globals['_JOBEVENT']._serialized_end=752
-  _globals['_HEARTBEATREPLY']._serialized_start=754
-  _globals['_HEARTBEATREPLY']._serialized_end=807
-  _globals['_JOINJOBREQUEST']._serialized_start=810
-  _globals['_JOINJOBREQUEST']._serialized_end=961
-  _globals['_JOINJOBREPLY']._serialized_start=964
-  _globals['_JOINJOBREPLY']._serialized_end=1142
-  _globals['_GETJOBREQUEST']._serialized_start=1144
-  _globals['_GETJOBREQUEST']._serialized_end=1175
-  _globals['_JOBINFO']._serialized_start=1178
-  _globals['_JOBINFO']._serialized_end=1355
-  _globals['_FINISHRANKREQUEST']._serialized_start=1357
-  _globals['_FINISHRANKREQUEST']._serialized_end=1406
-  _globals['_FAILJOBREQUEST']._serialized_start=1408
-  _globals['_FAILJOBREQUEST']._serialized_end=1469
-  _globals['_CREATEGROUPREQUEST']._serialized_start=1471
-  _globals['_CREATEGROUPREQUEST']._serialized_end=1569
-  _globals['_CREATEGROUPREPLY']._serialized_start=1571
-  _globals['_CREATEGROUPREPLY']._serialized_end=1625
-  _globals['_DESTROYGROUPREQUEST']._serialized_start=1627
-  _globals['_DESTROYGROUPREQUEST']._serialized_end=1692
-  _globals['_BARRIERREQUEST']._serialized_start=1694
-  _globals['_BARRIERREQUEST']._serialized_end=1788
-  _globals['_KEYVALUESETREQUEST']._serialized_start=1790
-  _globals['_KEYVALUESETREQUEST']._serialized_end=1854
-  _globals['_KEYVALUEGETREQUEST']._serialized_start=1856
-  _globals['_KEYVALUEGETREQUEST']._serialized_end=1924
-  _globals['_KEYVALUEGETREPLY']._serialized_start=1926
-  _globals['_KEYVALUEGETREPLY']._serialized_end=1959
-  _globals['_KEYVALUEDELETEREQUEST']._serialized_start=1961
-  _globals['_KEYVALUEDELETEREQUEST']._serialized_end=2013
-  _globals['_CLUSTERSTATUSREPLY']._serialized_start=2015
-  _globals['_CLUSTERSTATUSREPLY']._serialized_end=2109
-  _globals['_COORDINATOR']._serialized_start=2112
-  _globals['_COORDINATOR']._serialized_end=2991
+  _globals['_DAEMONINFO']._serialized_end=457
+  _globals['_REGISTERDAEMONREQUEST']._serialized_start=459
+  _globals['_REGISTERDAEMONREQUEST']._serialized_end=519
+  _globals['_REGISTERDAEMONREPLY']._serialized_start=521
+  _globals['_REGISTERDAEMONREPLY']._serialized_end=622
+  _globals['_HEARTBEATREQUEST']._serialized_start=624
+  _globals['_HEARTBEATREQUEST']._serialized_end=710
+  _globals['_CLIENTREF']._serialized_start=712
+  _globals['_CLIENTREF']._serialized_end=766
+  _globals['_JOBEVENT']._serialized_start=768
+  _globals['_JOBEVENT']._serialized_end=846
+  _globals['_HEARTBEATREPLY']._serialized_start=848
+  _globals['_HEARTBEATREPLY']._serialized_end=901
+  _globals['_JOINJOBREQUEST']._serialized_start=904
+  _globals['_JOINJOBREQUEST']._serialized_end=1055
+  _globals['_JOINJOBREPLY']._serialized_start=1058
+  _globals['_JOINJOBREPLY']._serialized_end=1236
+  _globals['_GETJOBREQUEST']._serialized_start=1238
+  _globals['_GETJOBREQUEST']._serialized_end=1269
+  _globals['_JOBINFO']._serialized_start=1272
+  _globals['_JOBINFO']._serialized_end=1449
+  _globals['_FINISHRANKREQUEST']._serialized_start=1451
+  _globals['_FINISHRANKREQUEST']._serialized_end=1500
+  _globals['_FAILJOBREQUEST']._serialized_start=1502
+  _globals['_FAILJOBREQUEST']._serialized_end=1563
+  _globals['_CREATEGROUPREQUEST']._serialized_start=1565
+  _globals['_CREATEGROUPREQUEST']._serialized_end=1663
+  _globals['_CREATEGROUPREPLY']._serialized_start=1665
+  _globals['_CREATEGROUPREPLY']._serialized_end=1719
+  _globals['_DESTROYGROUPREQUEST']._serialized_start=1721
+  _globals['_DESTROYGROUPREQUEST']._serialized_end=1786
+  _globals['_BARRIERREQUEST']._serialized_start=1788
+  _globals['_BARRIERREQUEST']._serialized_end=1882
+  _globals['_KEYVALUESETREQUEST']._serialized_start=1884
+  _globals['_KEYVALUESETREQUEST']._serialized_end=1948
+  _globals['_KEYVALUEGETREQUEST']._serialized_start=1950
+  _globals['_KEYVALUEGETREQUEST']._serialized_end=2018
+  _globals['_KEYVALUEGETREPLY']._serialized_start=2020
+  _globals['_KEYVALUEGETREPLY']._serialized_end=2053
+  _globals['_KEYVALUEDELETEREQUEST']._serialized_start=2055
+  _globals['_KEYVALUEDELETEREQUEST']._serialized_end=2107
+  _globals['_CLUSTERSTATUSREPLY']._serialized_start=2109
+  _globals['_CLUSTERSTATUSREPLY']._serialized_end=2203
+  _globals['_COORDINATOR']._serialized_start=2206
+  _globals['_COORDINATOR']._serialized_end=3085
 # @@protoc_insertion_point(module_scope)

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonInfo(_message.Message):
-    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s")
+    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s", "matmul_flops", "memory_bandwidth", "shm_latency_s", "shm_bandwidth")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,10 @@ class DaemonInfo(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    MATMUL_FLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    SHM_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    SHM_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     address: str
     data_address: str
@@ -42,7 +46,11 @@ class DaemonInfo(_message.Message):
     job_id: str
     rank: int
     heartbeat_age_s: float
-    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ...) -> None: ...
+    matmul_flops: float
+    memory_bandwidth: float
+    shm_latency_s: float
+    shm_bandwidth: float
+    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., shm_latency_s: _Optional[float] = ..., shm_bandwidth: _Optional[float] = ...) -> None: ...
 
 class RegisterDaemonRequest(_message.Message):
     __slots__ = ("info",)
