@@ -271,3 +271,99 @@ class ClusterStatusReply(_message.Message):
     daemons: _containers.RepeatedCompositeFieldContainer[DaemonInfo]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     def __init__(self, daemons: _Optional[_Iterable[_Union[DaemonInfo, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ("job_id", "graph", "world_size", "mode", "fixed", "parameters", "dataset", "memory_budget", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    graph: bytes
+    world_size: int
+    mode: str
+    fixed: bytes
+    parameters: _containers.RepeatedScalarFieldContainer[str]
+    dataset: bytes
+    memory_budget: float
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., graph: _Optional[bytes] = ..., world_size: _Optional[int] = ..., mode: _Optional[str] = ..., fixed: _Optional[bytes] = ..., parameters: _Optional[_Iterable[str]] = ..., dataset: _Optional[bytes] = ..., memory_budget: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class PlanReply(_message.Message):
+    __slots__ = ("strategies", "seconds", "cached", "step_time_s", "memory_bytes", "cost_model")
+    STRATEGIES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    strategies: bytes
+    seconds: float
+    cached: bool
+    step_time_s: float
+    memory_bytes: float
+    cost_model: ClusterModel
+    def __init__(self, strategies: _Optional[bytes] = ..., seconds: _Optional[float] = ..., cached: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., memory_bytes: _Optional[float] = ..., cost_model: _Optional[_Union[ClusterModel, _Mapping]] = ...) -> None: ...
+
+class GetCostModelRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class LinkModel(_message.Message):
+    __slots__ = ("latency_s", "bandwidth", "measured")
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    latency_s: float
+    bandwidth: float
+    measured: bool
+    def __init__(self, latency_s: _Optional[float] = ..., bandwidth: _Optional[float] = ..., measured: _Optional[bool] = ...) -> None: ...
+
+class DeviceModel(_message.Message):
+    __slots__ = ("rank", "daemon_id", "host_id", "matmul_flops", "memory_bandwidth", "memory_bytes", "measured")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    MATMUL_FLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    daemon_id: str
+    host_id: str
+    matmul_flops: float
+    memory_bandwidth: float
+    memory_bytes: int
+    measured: bool
+    def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., host_id: _Optional[str] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
+
+class ClusterModel(_message.Message):
+    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices")
+    FLOPS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    TCP_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    OP_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_BYTES_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    flops_per_second: float
+    memory_bandwidth: float
+    memory_bytes: int
+    shared_memory: LinkModel
+    tcp: LinkModel
+    hosts: _containers.RepeatedScalarFieldContainer[int]
+    op_overhead_s: float
+    parameter_bytes_factor: float
+    bucket_bytes: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceModel]
+    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ...) -> None: ...
