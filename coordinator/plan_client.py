@@ -156,6 +156,7 @@ def plan_remotely_or_locally(
     )
 
 
-def cluster_cost_model(client: CoordinatorClient, job_id: str) -> CostModel:
-    """The measured cost model of the job's daemons (GetCostModel), for `predict_step_time`."""
-    return cost_model_from_proto(client.cost_model(job_id))
+def cluster_cost_model(client: CoordinatorClient, job_id: str, refresh: bool = False) -> CostModel:
+    """The measured cost model of the job's daemons (GetCostModel), for `predict_step_time`; `refresh`: the daemons
+    measure again first (their figures from registration may be stale: other load, other tenants)."""
+    return cost_model_from_proto(client.cost_model(job_id, refresh))

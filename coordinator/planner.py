@@ -7,8 +7,9 @@ for every node with the job's measured cost model and returns one plan to every 
 
 - Cached across jobs: by (graph hash, world size, mode, fixed strategies, parameters, dataset, memory budget, cost
   model), LRU, CACHE_ENTRIES plans; a second job with the same net on the same daemons gets its plan in
-  milliseconds. Requests with the very same bytes share one search while it runs, so the ranks of one job that all
-  ask at once run it once and get the identical plan.
+  milliseconds. Requests with the very same bytes share one search while it runs, and a job keeps the first plan
+  it was given for a request (even when a refresh of the measurements changed the cost model meanwhile), so every
+  rank of a job gets the identical plan.
 - Bounded: graphs above MAX_GRAPH_BYTES / MAX_GRAPH_NODES are refused with the limit and the fix; at most
   MAX_PENDING distinct searches wait or run; each caller waits at most its deadline (PlanningTimeoutError; the
   search goes on and its plan is cached, so asking again gets it).
@@ -30,7 +31,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from tessel.coordinator.cluster_model import LinkProber, job_cost_model, job_daemons
+from tessel.coordinator.cluster_model import ClusterMeasurements, job_cost_model, job_daemons
 from tessel.core import errors
 from tessel.v1 import coordinator_pb2
 
@@ -39,6 +40,7 @@ log = logging.getLogger("tessel.coordinator")
 MAX_GRAPH_BYTES = 32 << 20
 MAX_GRAPH_NODES = 50_000
 CACHE_ENTRIES = 64
+KEEP_JOB_PLANS = 1024  # (job, request) -> the plan its first rank got, so that all its ranks get that one
 MAX_PENDING = 8
 WORKERS = 2
 DEFAULT_PLAN_TIMEOUT_S = 120.0
@@ -57,20 +59,21 @@ class StrategyPlanner:
 
     def __init__(self, state, token: str | None = None, workers: int = WORKERS, cache_entries: int = CACHE_ENTRIES):
         self.state = state
-        self.prober = LinkProber(token) if token else None
+        self.cluster = ClusterMeasurements(token) if token else None
         self.cache_entries = cache_entries
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tessel-planner")
         self._lock = threading.Lock()
         self._plans: OrderedDict[tuple, _Planned] = OrderedDict()  # plan key (graph hash ...) -> plan
         self._aliases: OrderedDict[tuple, tuple] = OrderedDict()  # request key (graph bytes' digest ...) -> plan key
         self._pending: dict[tuple, Future] = {}
+        self._job_plans: OrderedDict[tuple, tuple[_Planned, Any]] = OrderedDict()  # (job, request) -> its plan
         self._closed = False
 
     # --- RPCs -------------------------------------------------------------------------------------------------------
 
-    def cost_model(self, job_id: str) -> coordinator_pb2.ClusterModel:
-        """The job's ClusterModel (GetCostModel)."""
-        return job_cost_model(self.state, job_id, self.prober)[1]
+    def cost_model(self, job_id: str, refresh: bool = False) -> coordinator_pb2.ClusterModel:
+        """The job's ClusterModel (GetCostModel); `refresh`: its daemons measure again first."""
+        return job_cost_model(self.state, job_id, self.cluster, refresh)[1]
 
     def plan(self, request: coordinator_pb2.PlanRequest, wait_s: float) -> coordinator_pb2.PlanReply:
         """A strategy for every node (PlanStrategies); waits at most `wait_s` for a search."""
@@ -95,7 +98,12 @@ class StrategyPlanner:
                 f"{request.world_size}; plan for the job's world size (device_num must equal get_group_size(), "
                 f"{world})"
             )
-        model, message = job_cost_model(self.state, request.job_id, self.prober)
+        job_key = (request.job_id, *_request_key(request, None)[:-1])
+        with self._lock:
+            pinned = self._job_plans.get(job_key)
+        if pinned is not None:  # this job was given a plan for this request already: every rank gets that one
+            return _reply(*pinned, cached=True)
+        model, message = job_cost_model(self.state, request.job_id, self.cluster)
         key = _request_key(request, model)
         future, ran = self._lookup_or_submit(key, request, model)
         try:
@@ -106,14 +114,12 @@ class StrategyPlanner:
                 "s; it goes on and its plan is cached: ask again (a longer timeout_s), or pick the faster "
                 "search_mode 'sharding_propagation' or 'recursive_programming'"
             ) from None
-        return coordinator_pb2.PlanReply(
-            strategies=planned.strategies,
-            seconds=planned.seconds,
-            cached=not ran,
-            step_time_s=planned.step_time,
-            memory_bytes=planned.memory_bytes,
-            cost_model=message,
-        )
+        with self._lock:
+            # The first plan a job gets is its plan: a refresh of the measurements between two ranks' requests (a
+            # new cost model, a new search) must not give its ranks two plans.
+            planned, message = self._job_plans.setdefault(job_key, (planned, message))
+            _trim(self._job_plans, KEEP_JOB_PLANS)
+        return _reply(planned, message, cached=not ran)
 
     # --- the cache and the pool ---------------------------------------------------------------------------------------
 
@@ -203,6 +209,17 @@ class StrategyPlanner:
         with self._lock:
             self._closed = True
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _reply(planned: _Planned, message, cached: bool) -> coordinator_pb2.PlanReply:
+    return coordinator_pb2.PlanReply(
+        strategies=planned.strategies,
+        seconds=planned.seconds,
+        cached=cached,
+        step_time_s=planned.step_time,
+        memory_bytes=planned.memory_bytes,
+        cost_model=message,
+    )
 
 
 def _request_key(request: coordinator_pb2.PlanRequest, model: Any) -> tuple:

@@ -111,7 +111,7 @@ class CoordinatorServicer:
         return self.planner.plan(request, _wait_budget(request.timeout_s, context, DEFAULT_PLAN_TIMEOUT_S))
 
     def GetCostModel(self, request, context):
-        return self.planner.cost_model(request.job_id)
+        return self.planner.cost_model(request.job_id, request.refresh)
 
 
 class _HeartbeatStream:

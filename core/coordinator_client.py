@@ -250,10 +250,11 @@ class CoordinatorClient:
         )
         return self._wait_call("PlanStrategies", request, timeout_s)
 
-    def cost_model(self, job_id: str) -> coordinator_pb2.ClusterModel:
-        """The cost model of a job's daemons (GetCostModel): their measurements and the probed links; may probe
-        links between hosts first (seconds)."""
-        return self._rpc.call("GetCostModel", coordinator_pb2.GetCostModelRequest(job_id=job_id), timeout_s=60.0)
+    def cost_model(self, job_id: str, refresh: bool = False) -> coordinator_pb2.ClusterModel:
+        """The cost model of a job's daemons (GetCostModel): their measurements and the probed links (probing links
+        between hosts the first time takes a moment); `refresh`: the daemons measure again first (about a second)."""
+        request = coordinator_pb2.GetCostModelRequest(job_id=job_id, refresh=refresh)
+        return self._rpc.call("GetCostModel", request, timeout_s=90.0)
 
     def close(self) -> None:
         """Stop this client's heartbeat streams and close its channel."""

@@ -284,6 +284,8 @@ class Measurement:
     shm_latency_s: float = 0.0  # one-way latency of a message through shared memory on this host
     shm_bandwidth: float = 0.0  # bytes per second copied into shared memory
     seconds: float = 0.0  # how long measuring took
+    op_overhead_s: float = 0.0  # the runtime's extra time per op of a program
+    launch_overhead_s: float = 0.0  # the runtime's time per program run (a segment launch)
 
 
 @dataclass(frozen=True)

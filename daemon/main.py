@@ -52,27 +52,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def measure(plugin):
-    """What the plugin measures its device doing (Plugin.measure), once, before registering: the coordinator's cost
-    model is calibrated with it. None when the plugin measures nothing, when TESSEL_MEASURE=0, or when measuring
-    failed (logged: the coordinator then keeps its default figures for this daemon)."""
-    if os.environ.get("TESSEL_MEASURE", "1") == "0":
-        return None
+def _measure(plugin):
+    """The device's measurement to register with (daemon/calibration.py); None when there is none or it failed
+    (logged: the coordinator then keeps its default figures for this daemon)."""
+    from tessel.daemon.calibration import measure_device
+
     try:
-        found = plugin.measure()
+        return measure_device(plugin)
     except Exception:  # a broken measurement must not keep the device from serving
         log.exception("measuring the %s device failed; registering without measurements", plugin.name)
         return None
-    if found is not None:
-        log.info(
-            "measured in %.2f s: %.1f Gflop/s, %.1f GB/s memory, shared memory %.1f us / %.1f GB/s",
-            found.seconds,
-            found.matmul_flops / 1e9,
-            found.memory_bandwidth / 1e9,
-            found.shm_latency_s * 1e6,
-            found.shm_bandwidth / 1e9,
-        )
-    return found
 
 
 def _register(
@@ -95,8 +84,7 @@ def _register(
         pid=os.getpid(),
     )
     if measured is not None:
-        info.matmul_flops, info.memory_bandwidth = measured.matmul_flops, measured.memory_bandwidth
-        info.shm_latency_s, info.shm_bandwidth = measured.shm_latency_s, measured.shm_bandwidth
+        info.measurement.CopyFrom(measured)
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
@@ -130,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin = load_plugin(
             args.plugin, device_id=args.device, threads=threads, host=args.host, advertise_host=advertised
         )
-        measured = measure(plugin)
+        measured = _measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         core = DaemonCore(plugin, coordinator, data_address=data_address)

@@ -15,6 +15,7 @@ from testbed_cluster import describe
 
 from tessel.compiler.builder import apply
 from tessel.compiler.tracer import TensorSpec, trace
+from tessel.coordinator.cluster_model import cost_model_from_proto
 from tessel.coordinator.plan_client import cluster_cost_model, plan_remotely, plan_remotely_or_locally
 from tessel.core import errors, rpc
 from tessel.v1 import daemon_pb2, daemon_pb2_grpc
@@ -63,8 +64,10 @@ def test_daemons_report_measurements_and_concurrent_ranks_get_one_cached_plan(cl
     cluster.start_daemons(2, threads=1)
     daemons = cluster.client().cluster_status().daemons
     for d in daemons:
-        assert d.matmul_flops > 1e9 and d.memory_bandwidth > 1e8, d
-        assert d.shm_latency_s > 0 and d.shm_bandwidth > 1e8, d
+        m = d.measurement
+        assert m.matmul_flops > 1e9 and m.memory_bandwidth > 1e8 and m.launch_overhead_s > 0, d
+        assert m.shm_latency_s > 0 and m.shm_bandwidth > 1e8, d
+        assert set(m.op_factors) == {"MatMul", "Conv2D", "ReLU"}, d
     clients = join(cluster, "plan-a")
     g = graph()
     ask = dict(mode="dynamic_programming", device_num=2, parameters=["w1", "w2"], fixed={0: ((1, 1), (1, 2))})
@@ -72,7 +75,8 @@ def test_daemons_report_measurements_and_concurrent_ranks_get_one_cached_plan(cl
     assert first[0].strategies == first[1].strategies and first[0].where == "coordinator"
     assert sorted(p.cached for p in first) == [False, True]
     model = cluster_cost_model(clients[0], "plan-a")
-    assert model == first[0].cost_model and model.flops_per_second == min(d.matmul_flops for d in daemons)
+    assert model == first[0].cost_model
+    assert model.flops_per_second == min(d.measurement.matmul_flops for d in daemons)
     for c, r in zip(clients, range(2)):
         c.finish_rank("plan-a", r)
 
@@ -89,6 +93,10 @@ def test_daemons_report_measurements_and_concurrent_ranks_get_one_cached_plan(cl
         again[0].plan_strategies("plan-b", b"not a graph", 2, "sharding_propagation")
     local = plan_remotely_or_locally(g, **ask)  # no coordinator: the same library in-process
     assert local.where == "in-process" and local.strategies[g.nodes[0]] == ((1, 1), (1, 2))
+    fresh = again[0].cost_model("plan-b", refresh=True)  # the daemons measure again, now
+    assert len(fresh.devices) == 2 and cost_model_from_proto(fresh) != model
+    third = plan_remotely(again[1], "plan-b", g, **ask)  # the job keeps the plan it was given
+    assert third.cached and third.strategies == second.strategies
 
 
 @pytest.mark.timeout(120)

@@ -27,8 +27,11 @@ GFLOPS = 1e9
 
 def measured(port: int, host: str = "h0", flops: float = 50 * GFLOPS, latency: float = 30e-6):
     info = daemon_info(port, hostname=host)
-    info.matmul_flops, info.memory_bandwidth, info.memory_bytes = flops, 20e9, 16 << 30
-    info.shm_latency_s, info.shm_bandwidth = latency, 10e9
+    info.memory_bytes = 16 << 30
+    m = info.measurement
+    m.matmul_flops, m.memory_bandwidth, m.shm_latency_s, m.shm_bandwidth = flops, 20e9, latency, 10e9
+    m.op_overhead_s, m.launch_overhead_s = 1e-6, 4e-6 * port
+    m.op_factors.update({"Conv2D": 2.0 * port, "MatMul": 1.0})
     return info
 
 
@@ -68,7 +71,14 @@ def test_the_cost_model_is_what_the_job_s_daemons_measured(state):
     assert model.shared_memory == Link(35e-6, 10e9) and message.shared_memory.measured
     assert model.tcp == CostModel.default_cpu().tcp and not message.tcp.measured  # one host: nothing to probe
     assert model.hosts == () and [d.matmul_flops for d in message.devices] == [80 * GFLOPS, 50 * GFLOPS]
+    assert model.launch_overhead == 8e-6 and model.op_factors == (("Conv2D", 4.0), ("MatMul", 1.0))  # the slowest
     assert cost_model_from_proto(message) == model
+
+
+def test_a_refresh_without_a_token_to_call_daemons_is_a_clear_error(state):
+    start_job(state, "j", 2)
+    with pytest.raises(errors.ConfigurationError, match="cannot call daemons to refresh them"):
+        job_cost_model(state, "j", None, refresh=True)
 
 
 def test_ranks_on_two_hosts_and_unmeasured_daemons_keep_defaults():
@@ -124,7 +134,11 @@ def test_the_cache_is_keyed_by_what_changes_the_plan_and_bounded(state):
         for r in (request(mlp()), request(mlp(), fixed=fixed), request(mlp(), mode="sharding_propagation")):
             assert not planner.plan(r, 30).cached
         assert planner.plan(request(mlp(), mode="sharding_propagation"), 30).cached
-        assert not planner.plan(request(mlp()), 30).cached  # the oldest of three went: two entries kept
+        state.finish_rank("j", 0)
+        state.finish_rank("j", 1)
+        start_job(state, "k", 2)  # (job j keeps the plans it was given; another job asks the cache)
+        assert planner.plan(request(mlp(), job="k", mode="sharding_propagation"), 30).cached
+        assert not planner.plan(request(mlp(), job="k"), 30).cached  # the oldest of three went: two entries kept
     finally:
         planner.close()
 
@@ -199,3 +213,25 @@ def test_a_job_still_forming_has_no_cost_model_yet(state, planner):
     time.sleep(0.1)
     with pytest.raises(errors.ConfigurationError, match="waiting with 0 of its 2 ranks placed on daemons"):
         planner.cost_model("j")
+
+
+def test_a_job_keeps_its_first_plan_when_the_cost_model_changes_meanwhile(state, planner):
+    class Refreshed:  # what ClusterMeasurements gives after a refresh: the daemons measured again, slower
+        slower = False
+
+        def latest(self, daemon):
+            found = coordinator_pb2.DaemonInfo()
+            found.measurement.CopyFrom(daemon.measurement)
+            found.measurement.matmul_flops /= 10 if self.slower else 1
+            return found.measurement
+
+        def tcp_link(self, daemons):
+            return None
+
+    planner.cluster = Refreshed()
+    start_job(state, "j", 2)
+    first = planner.plan(request(mlp()), 30)
+    planner.cluster.slower = True
+    assert job_cost_model(state, "j", planner.cluster)[1] != first.cost_model  # a new model for new requests ...
+    second = planner.plan(request(mlp()), 30)  # ... but this job's next rank gets the plan its first rank got
+    assert second.cached and second.strategies == first.strategies and second.cost_model == first.cost_model

@@ -86,3 +86,15 @@ def test_the_daemon_probes_through_its_plugin_and_refuses_bad_addresses():
     finally:
         core.close()
         other.close()
+
+
+def test_the_daemon_reports_the_plugin_s_figures_and_a_factor_per_reference_op(monkeypatch):
+    from tessel.daemon.calibration import FACTOR_RANGE, REFERENCES, measure_device
+
+    plugin = CpuPlugin(threads=1)
+    found = measure_device(plugin)
+    assert found.matmul_flops > 1e9 and found.launch_overhead_s > 0 and found.measured_at > 0
+    assert set(found.op_factors) == {r.op for r in REFERENCES}
+    assert all(FACTOR_RANGE[0] <= f <= FACTOR_RANGE[1] for f in found.op_factors.values())
+    monkeypatch.setenv("TESSEL_MEASURE", "0")
+    assert measure_device(plugin) is None

@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonInfo(_message.Message):
-    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s", "matmul_flops", "memory_bandwidth", "shm_latency_s", "shm_bandwidth")
+    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s", "measurement")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -26,10 +26,7 @@ class DaemonInfo(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
-    MATMUL_FLOPS_FIELD_NUMBER: _ClassVar[int]
-    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
-    SHM_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
-    SHM_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     address: str
     data_address: str
@@ -46,11 +43,8 @@ class DaemonInfo(_message.Message):
     job_id: str
     rank: int
     heartbeat_age_s: float
-    matmul_flops: float
-    memory_bandwidth: float
-    shm_latency_s: float
-    shm_bandwidth: float
-    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., shm_latency_s: _Optional[float] = ..., shm_bandwidth: _Optional[float] = ...) -> None: ...
+    measurement: _common_pb2.DeviceMeasurement
+    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., measurement: _Optional[_Union[_common_pb2.DeviceMeasurement, _Mapping]] = ...) -> None: ...
 
 class RegisterDaemonRequest(_message.Message):
     __slots__ = ("info",)
@@ -311,10 +305,12 @@ class PlanReply(_message.Message):
     def __init__(self, strategies: _Optional[bytes] = ..., seconds: _Optional[float] = ..., cached: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., memory_bytes: _Optional[float] = ..., cost_model: _Optional[_Union[ClusterModel, _Mapping]] = ...) -> None: ...
 
 class GetCostModelRequest(_message.Message):
-    __slots__ = ("job_id",)
+    __slots__ = ("job_id", "refresh")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REFRESH_FIELD_NUMBER: _ClassVar[int]
     job_id: str
-    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+    refresh: bool
+    def __init__(self, job_id: _Optional[str] = ..., refresh: _Optional[bool] = ...) -> None: ...
 
 class LinkModel(_message.Message):
     __slots__ = ("latency_s", "bandwidth", "measured")
@@ -345,7 +341,14 @@ class DeviceModel(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., host_id: _Optional[str] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
 
 class ClusterModel(_message.Message):
-    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices")
+    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors")
+    class OpFactorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     FLOPS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +359,8 @@ class ClusterModel(_message.Message):
     PARAMETER_BYTES_FACTOR_FIELD_NUMBER: _ClassVar[int]
     BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
     DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    OP_FACTORS_FIELD_NUMBER: _ClassVar[int]
     flops_per_second: float
     memory_bandwidth: float
     memory_bytes: int
@@ -366,4 +371,6 @@ class ClusterModel(_message.Message):
     parameter_bytes_factor: float
     bucket_bytes: int
     devices: _containers.RepeatedCompositeFieldContainer[DeviceModel]
-    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ...) -> None: ...
+    launch_overhead_s: float
+    op_factors: _containers.ScalarMap[str, float]
+    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ...) -> None: ...

@@ -96,6 +96,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.FromString,
                 _registered_method=True)
+        self.Measure = channel.unary_unary(
+                '/tessel.v1.Daemon/Measure',
+                request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
+                _registered_method=True)
 
 
 class DaemonServicer:
@@ -175,6 +180,13 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Measure(self, request, context):
+        """Measure the device again now (what it reported at registration, fresh; the coordinator asks on a refresh).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DaemonServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -237,6 +249,11 @@ def add_DaemonServicer_to_server(servicer, server):
                     servicer.ProbeLink,
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.SerializeToString,
+            ),
+            'Measure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Measure,
+                    request_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
+                    response_serializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -563,6 +580,33 @@ class Daemon:
             '/tessel.v1.Daemon/ProbeLink',
             tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.SerializeToString,
             tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Measure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/Measure',
+            tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
             options,
             channel_credentials,
             insecure,
