@@ -8,11 +8,12 @@ for ops whose gradients the runtime runs far below its GEMM rate (a convolution'
 convolution with a kernel as large as the image), nor for element-wise ops whose backward reads more than their
 forward. So for each reference net below (an op at shapes a training step meets, every float input trained so that
 the whole backward runs) the daemon times the fused train step with its own compute plugin, alternating with a
-GEMM so that both see the same load, and reports
+GEMM, both in CPU time (a ratio that other work on the machine does not blur), and reports
 
     factor(op) = (measured step - the model's price of everything but the op) / the model's price of the op
 
-priced at the GEMM rate measured alongside. Ops without a reference keep factor 1. The references are data; the
+priced at the GEMM rate and copy bandwidth measured alongside, per CPU second. Ops without a reference keep
+factor 1. The references are data; the
 machinery is generic over the op registry (tracing, autodiff, lowering, the cost model).
 
     >>> measure_device(plugin).op_factors
@@ -97,10 +98,22 @@ def measure_device(plugin, calibrate_ops: bool = True) -> common_pb2.DeviceMeasu
 def calibrate(compute, measurement, budget_s: float = 0.2, references=REFERENCES) -> dict[str, float]:
     """{op: factor} for every reference, within about `budget_s` seconds in all (after compiling)."""
     gemm = _gemm(compute)
-    return {r.op: _factor(compute, measurement, gemm, r, budget_s / len(references)) for r in references}
+    bandwidth = _copy_bandwidth()
+    return {r.op: _factor(compute, measurement, gemm, bandwidth, r, budget_s / len(references)) for r in references}
 
 
-def _factor(compute, measurement, gemm, reference: Reference, budget_s: float) -> float:
+def _copy_bandwidth(nbytes: int = 32 << 20, copies: int = 4) -> float:
+    """Bytes read plus written per CPU second by a copy as large as the CPU plugin's (as Plugin.measure counts)."""
+    source = np.ones(nbytes // 8, np.float64)
+    target = np.empty_like(source)
+    np.copyto(target, source)
+    began = time.process_time()
+    for _ in range(copies):
+        np.copyto(target, source)
+    return 2 * nbytes * copies / max(time.process_time() - began, 1e-6)
+
+
+def _factor(compute, measurement, gemm, bandwidth: float, reference: Reference, budget_s: float) -> float:
     from tessel.compiler.builder import apply
     from tessel.compiler.optimizers import SGD
     from tessel.compiler.parallel import parallelize
@@ -117,11 +130,9 @@ def _factor(compute, measurement, gemm, reference: Reference, budget_s: float) -
     values = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in zip(names, reference.shapes)}
     step = TrainStep(build_train_step(graph, names, SGD(learning_rate=1e-6)), compute, values)
     gemm_s, step_s = _alternating(gemm, step, budget_s)
-    rate = 2 * GEMM[0] * GEMM[1] * GEMM[2] / gemm_s
-    load = rate / measurement.matmul_flops  # this moment's share of the core against the measurement's
-    model = CostModel(
-        rate,
-        measurement.memory_bandwidth * load,
+    model = CostModel(  # priced per CPU second, as the two calls were timed
+        2 * GEMM[0] * GEMM[1] * GEMM[2] / gemm_s,
+        bandwidth,
         1 << 40,
         Link(1e-5, 1e10),
         Link(1e-5, 1e10),
@@ -150,14 +161,15 @@ def _gemm(compute):
 
 
 def _alternating(first, second, budget_s: float, least: int = 5) -> tuple[float, float]:
-    """Mean seconds per call of `first` and of `second`, called in turn for `budget_s` after a warm-up of each:
-    both see the same load, so their ratio holds on a busy machine."""
+    """Mean seconds per call of `first` and of `second`, called in turn for `budget_s` after a warm-up of each, in
+    CPU time of this process: a factor is a ratio of the two, which time spent waiting for a core shared with other
+    work would only blur (the GEMM rate priced with it is the wall-clock one of Plugin.measure)."""
     first(), second()
     times: tuple[list[float], list[float]] = ([], [])
     end = time.perf_counter() + budget_s
     while len(times[1]) < least or time.perf_counter() < end:
         for call, into in ((first, times[0]), (second, times[1])):
-            began = time.perf_counter()
+            began = time.process_time()
             call()
-            into.append(time.perf_counter() - began)
+            into.append(time.process_time() - began)
     return statistics.fmean(times[0]), statistics.fmean(times[1])
