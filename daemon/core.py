@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.plugin import GroupContext, Peer, Plugin
+from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -83,6 +83,7 @@ class DaemonCore:
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._probing = threading.Lock()
         self._executor = Executor(self._group, self._may_overlap)
 
     # ------------------------------------------------------------------------------------------ sessions
@@ -318,6 +319,23 @@ class DaemonCore:
                 session.bound.pop(next(iter(session.bound)))
             session.bound[key] = steps
         return steps
+
+    # ------------------------------------------------------------------------------------------ link probes
+
+    def probe_link(self, data_address: str) -> LinkMeasurement:
+        """Latency and bandwidth of the data plane from here to the daemon at `data_address` (the coordinator asks,
+        to price collectives between hosts). One probe at a time: a second one meanwhile is refused."""
+        if not data_address or ":" not in data_address:
+            raise ConfigurationError(f"ProbeLink: {data_address!r} is not a data-plane address host:port")
+        if not self._probing.acquire(blocking=False):
+            raise ConfigurationError("ProbeLink: this daemon is probing a link already; ask again when it is done")
+        try:
+            link = self.plugin.collective.probe_link(data_address)
+        finally:
+            self._probing.release()
+        if link is None:
+            raise ConfigurationError(f"ProbeLink: the {self.plugin.name} plugin cannot probe links")
+        return link
 
     def close(self) -> None:
         for session in self.sessions():

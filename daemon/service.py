@@ -97,6 +97,20 @@ class DaemonServicer:
             ],
         )
 
+    def Measure(self, request, context):
+        from tessel.daemon.calibration import measure_device
+
+        found = measure_device(self.core.plugin)
+        if found is None:
+            raise ConfigurationError(
+                f"Measure: the {self.core.plugin.name} plugin measures nothing here (or TESSEL_MEASURE=0 is set)"
+            )
+        return found
+
+    def ProbeLink(self, request, context):
+        link = self.core.probe_link(request.data_address)
+        return daemon_pb2.ProbeLinkReply(latency_s=link.latency_s, bandwidth=link.bandwidth)
+
 
 def _named(name, array):
     return common_pb2.NamedTensor(name=name, tensor=to_proto(array))

@@ -220,6 +220,7 @@ class _Builder:
                 p.constant_memory += memory
         for v, layout in p.dataset.items():
             p.constant_memory += objective.local_bytes(v, layout)
+        p.constant_time += objective.step_launch_time(p.model)
         self._edges()
 
     def _parameter_uses(self) -> dict[Value, list[tuple[Node, int]]]:

@@ -313,3 +313,17 @@ class GroupStatus(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     transport: str
     def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class ProbeLinkRequest(_message.Message):
+    __slots__ = ("data_address",)
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    data_address: str
+    def __init__(self, data_address: _Optional[str] = ...) -> None: ...
+
+class ProbeLinkReply(_message.Message):
+    __slots__ = ("latency_s", "bandwidth")
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    latency_s: float
+    bandwidth: float
+    def __init__(self, latency_s: _Optional[float] = ..., bandwidth: _Optional[float] = ...) -> None: ...
