@@ -95,7 +95,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
         p.place(plan.input_layout(key), eng.id)
     planning.record(plan, list(params.values()), rank)
     if context.get_context("save_graphs"):
-        save_graphs(plan, os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}"), ranks=(rank,))
+        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     local = plan.rank_graph(rank)
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
