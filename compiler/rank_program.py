@@ -25,7 +25,7 @@ from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, fuse_summed_products
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -98,7 +98,7 @@ def lower_rank_program(
         raise ConfigurationError(
             f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
         )
-    prepared = fold_value_free(fuse_summed_products(alias_effects(expand_collectives(graph))))
+    prepared = fold_value_free(op_rewrites(alias_effects(expand_collectives(graph))))
     steps = plan_steps(prepared, spmd)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
