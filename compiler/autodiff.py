@@ -1,11 +1,12 @@
 """Reverse-mode autodiff on the IR, generic over the op registry.
 
-`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph (`vjp`, the
-same for several outputs at once, each with its cotangent): it walks the nodes between `wrt` and `loss` in reverse, calls each op's gradient rule, sums the cotangents of values used more
-than once, sums broadcast dims away and casts back to each input's dtype, and returns d(loss)/d(wrt) (zeros for
-an unused input). `grad_graph` wraps it into a Graph: forward outputs first, then the gradients.
-`expand_gradients(graph)` replaces each GradientOf node (gradients a traced function asked for, deferred so that
-a parallel graph is differentiated after the parallel pass) by its backward pass.
+`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph (`vjp`, the same
+for several outputs at once, each with its cotangent): it walks the nodes between `wrt` and `loss` in reverse, calls
+each op's gradient rule, sums the cotangents of values used more than once, sums broadcast dims away and casts back
+to each input's dtype, and returns d(loss)/d(wrt) (zeros for an unused input). `grad_graph` wraps it into a Graph:
+forward outputs first, then the gradients. `expand_gradients(graph)` replaces each GradientOf node (gradients a
+traced function asked for, deferred so that a parallel graph is differentiated after the parallel pass) by its
+backward pass.
 
 A gradient rule sees a `GradContext`:
 

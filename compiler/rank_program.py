@@ -25,7 +25,7 @@ from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, fuse_summed_products
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -104,7 +104,7 @@ def lower_rank_program(
         )
     prepared = alias_effects(expand_collectives(graph))
     if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
-        prepared = fold_value_free(fuse_summed_products(prepared))
+        prepared = fold_value_free(op_rewrites(prepared))
     steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}

@@ -34,6 +34,8 @@ __all__ = [  # the contract, and the wire tables plugins check against
     "Executable",
     "GroupContext",
     "Handle",
+    "LinkMeasurement",
+    "Measurement",
     "Peer",
     "Plugin",
     "available_plugins",
@@ -285,6 +287,11 @@ class CollectivePlugin(ABC):
     @abstractmethod
     def new_group(self, context: GroupContext) -> Communicator: ...
 
+    def probe_link(self, data_address: str) -> LinkMeasurement | None:
+        """Latency and bandwidth of this data plane to the daemon whose data plane listens at `data_address`
+        (the coordinator asks for it between two hosts); None when the plugin cannot probe."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (listening sockets, thread pools)."""
 
@@ -321,6 +328,28 @@ class DeviceInfo:
     speed: float = 1.0  # relative to the reference CPU; the coordinator balances batches by it
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What a plugin measured its device doing, once, when its daemon started (reported at registration; the
+    coordinator's cost model is calibrated with it). Rates are per second; 0 = not measured."""
+
+    matmul_flops: float  # fp32 matrix-product flop/s with the daemon's threads
+    memory_bandwidth: float  # bytes read plus written per second by a large copy
+    shm_latency_s: float = 0.0  # one-way latency of a message through shared memory on this host
+    shm_bandwidth: float = 0.0  # bytes per second copied into shared memory
+    seconds: float = 0.0  # how long measuring took
+    op_overhead_s: float = 0.0  # the runtime's extra time per op of a program
+    launch_overhead_s: float = 0.0  # the runtime's time per program run (a segment launch)
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """A probed link between two daemons: one-way latency (seconds) and bandwidth (bytes per second)."""
+
+    latency_s: float
+    bandwidth: float
+
+
 class Plugin(ABC):
     """One hardware plugin, found through the `tessel.plugins` entry-point group."""
 
@@ -347,6 +376,11 @@ class Plugin(ABC):
     @property
     @abstractmethod
     def collective(self) -> CollectivePlugin: ...
+
+    def measure(self) -> Measurement | None:
+        """Measure the device now (a fraction of a second; the daemon calls it once at start). None: this plugin
+        measures nothing, and the coordinator keeps its default figures for its daemons."""
+        return None
 
     def close(self) -> None:
         self.collective.close()

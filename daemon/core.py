@@ -12,14 +12,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.plugin import GroupContext, Peer, Plugin
+from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -83,6 +83,7 @@ class DaemonCore:
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._probing = threading.Lock()
         self._executor = Executor(self._group, self._may_overlap)
 
     # ------------------------------------------------------------------------------------------ sessions
@@ -275,9 +276,11 @@ class DaemonCore:
         feed: dict[str, np.ndarray] | None = None,
         collect: Iterable[str] = (),
         timeline: bool = False,
+        progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
-        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span."""
+        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
+        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values."""
         session = self.session(session_id)
         collect = list(collect)
         events: list[daemon_pb2.TimelineEvent] = []
@@ -302,6 +305,8 @@ class DaemonCore:
                         step.run()
                 for name in collect:
                     history[name].append(np.array(session.tensor(name)))
+                if progress is not None:
+                    progress(repetition, {name: history[name][-1] for name in collect})
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []
@@ -318,6 +323,23 @@ class DaemonCore:
                 session.bound.pop(next(iter(session.bound)))
             session.bound[key] = steps
         return steps
+
+    # ------------------------------------------------------------------------------------------ link probes
+
+    def probe_link(self, data_address: str) -> LinkMeasurement:
+        """Latency and bandwidth of the data plane from here to the daemon at `data_address` (the coordinator asks,
+        to price collectives between hosts). One probe at a time: a second one meanwhile is refused."""
+        if not data_address or ":" not in data_address:
+            raise ConfigurationError(f"ProbeLink: {data_address!r} is not a data-plane address host:port")
+        if not self._probing.acquire(blocking=False):
+            raise ConfigurationError("ProbeLink: this daemon is probing a link already; ask again when it is done")
+        try:
+            link = self.plugin.collective.probe_link(data_address)
+        finally:
+            self._probing.release()
+        if link is None:
+            raise ConfigurationError(f"ProbeLink: the {self.plugin.name} plugin cannot probe links")
+        return link
 
     def close(self) -> None:
         for session in self.sessions():

@@ -14,7 +14,7 @@ import pytest
 from testbed_cluster import describe
 
 from tessel.profiler.report import summarize
-from tests.conftest import ROOT, run_tessel
+from tests.conftest import ROOT, rank_log, run_tessel
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "multi_copy_train.py"
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ def test_n_ranks_with_k_copies_train_like_one_device_with_k_copies(tmp_path, mod
     result = run_tessel(["run", "-n", str(ranks), str(SCRIPT), mode, data, str(k)], tmp_path, 120)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(ranks):
-        out = (tmp_path / "log_output" / "1" / f"rank.{rank}" / "stdout").read_text()
+        out = rank_log(tmp_path, rank).read_text()
         assert re.search(rf"multi-copy {mode} {data} k={k} ok on rank {rank} of {ranks}", out), out
 
 

@@ -105,8 +105,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
         local = plan.rank_graph(rank)
     planning.record(plan, list(params.values()), eng.runtime.rank)
     if context.get_context("save_graphs"):
-        path = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
-        save_graphs(plan, path, ranks=(rank,))
+        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
     entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]

@@ -12,7 +12,8 @@ HYBRID_PARALLEL: the network's own collectives), see `tessel.common.rank_step`.
 
 * `dataset_sink_mode=True` with a declarative pipeline (`dataset.is_serializable()`): the pipeline goes to the
   daemon as a spec, the daemon reads its own shard and runs a whole epoch (or `sink_size` steps) per Execute,
-  returning each step's loss; the step callbacks then run once per step (LossMonitor prints every step).
+  streaming each step's loss as the step ends (Daemon.ExecuteStream); the step callbacks run once per step as the
+  losses arrive (LossMonitor's lines and the progress bar follow the steps while the epoch runs).
 * Otherwise (feed mode: `dataset_sink_mode=False`, or a pipeline with Python callables such as
   GeneratorDataset or a map with a lambda): one Execute per step with the batch fed from the client.
 
@@ -269,7 +270,7 @@ def _fed_steps(step, batches: Iterator[Iterator]) -> Iterator:
 
 
 def _sunk_steps(runner: rank_step.SinkRunner, steps: int) -> Iterator:
-    """One epoch in sink mode: a single Execute on the daemon, then each step's loss in turn."""
+    """One epoch in sink mode: a single Execute on the daemon, each step's loss as the daemon reports it."""
     for loss in runner.run(steps):
         yield lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
 
