@@ -35,6 +35,19 @@ class RankSummary:
     breakdown_us: dict[str, float]  # CATEGORIES -> time over the whole span (sums to span_us)
     communication_us: float  # time any communicator moved data
     hidden_us: float  # ... while a segment computed
+    compute_us: float = 0.0  # time a segment computed
+    step_spans_us: tuple[float, ...] = ()  # each step's span (first instruction to last)
+    step_compute_us: tuple[float, ...] = ()  # ... and the time segments computed in it
+    peak_growth_bytes: int = 0  # the most the daemon's store grew above its low point within one step
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of its steps' time this rank computed nothing (waiting for transfers or other ranks, issuing
+        and waiting for collectives): for a pipeline stage, its bubble. Steps after the first only (the first
+        compiles and warms up)."""
+        spans = self.step_spans_us[1:] or self.step_spans_us
+        computed = self.step_compute_us[1:] or self.step_compute_us
+        return 1.0 - sum(computed) / sum(spans) if spans and sum(spans) > 0 else None
 
     @property
     def step_us(self) -> float:
@@ -113,9 +126,26 @@ def summarize_trace(trace: dict) -> RankSummary:
         breakdown[category] = length(own)
         taken += own
     breakdown["other"] = length(subtract(whole, merge(taken)))
-    steps = sum(1 for e in events if e.get("cat") == "step")
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")
     hidden = length(intersect(communication, merged["compute"]))
-    return RankSummary(rank, steps, length(whole), breakdown, length(communication), hidden)
+    spans = tuple(b - a for a, b in steps)
+    computed = tuple(length(intersect(merged["compute"], [step])) for step in steps)
+    growth = _store_growth(trace.get("traceEvents", []), steps)
+    return RankSummary(
+        rank, len(steps), length(whole), breakdown, length(communication), hidden, length(merged["compute"]), spans,
+        computed, growth,
+    )  # fmt: skip
+
+
+def _store_growth(events: list[dict], steps: list[Interval]) -> int:
+    """The most the store's bytes (the "store" counter) rose above their lowest point within one step."""
+    counter = sorted((e["ts"], e["args"]["bytes"]) for e in events if e.get("ph") == "C" and e.get("name") == "store")
+    growth = 0
+    for start, end in steps:
+        inside = [b for ts, b in counter if start <= ts <= end]
+        if inside:
+            growth = max(growth, max(inside) - min(inside))
+    return int(growth)
 
 
 def summarize(directory: str | Path) -> list[RankSummary]:
