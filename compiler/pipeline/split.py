@@ -52,6 +52,7 @@ class PipelinedGraph:
     transfers: Transfers
     ops: list[Op]
     parameters: tuple[str, ...]  # the graph inputs this stage's computation reads (its parameters and state)
+    absent_outputs: tuple[int, ...] = ()  # outputs another stage computes and this rank returns zeros for
 
 
 @dataclass
@@ -73,14 +74,17 @@ def pipeline_rank_graph(
     ranks_per_stage: int = 1,
     local_rank: int = 0,
     parameters: Collection[str] | None = None,
+    local_outputs: Collection[int] = (),
 ) -> PipelinedGraph:
     """The graph stage `physical` runs (see the module docstring). `graph` is a rank graph of the whole network
     over one stage's `ranks_per_stage` devices (its collectives' groups count from 0), `local_rank` this rank's
     place among them; the result's groups are world ranks (stage s holds ranks s*R .. s*R+R-1). `data` names the
-    graph inputs that are dataset columns; `parameters` the parameters (every stage must hold some)."""
+    graph inputs that are dataset columns; `parameters` the parameters (every stage must hold some);
+    `local_outputs` the indices of outputs that stay on the stage computing them (what ops.Print prints) instead
+    of being sent to every stage."""
     graph = _world_groups(fold_value_free(graph), physical * ranks_per_stage)
     parts = split_parts(graph, tags, data, schedule.virtual_stages)
-    builder = _Builder(graph, parts, schedule, physical, ranks_per_stage, local_rank)
+    builder = _Builder(graph, parts, schedule, physical, ranks_per_stage, local_rank, set(local_outputs))
     if parameters is not None:
         builder.check_parameters(set(parameters))
     return builder.build()
@@ -106,8 +110,12 @@ def _tensor(builder: GraphBuilder, value: Value) -> SymbolicTensor:
 
 
 class _Builder:
-    def __init__(self, graph: Graph, parts: Parts, schedule: Schedule, physical: int, ranks: int, local: int):
+    def __init__(
+        self, graph: Graph, parts: Parts, schedule: Schedule, physical: int, ranks: int, local: int, kept=frozenset()
+    ):
         self.graph, self.parts, self.schedule, self.physical = graph, parts, schedule, physical
+        self.local_outputs = {graph.outputs[i] for i in kept}
+        self.absent: list[int] = []
         self.ranks, self.local = ranks, local
         self.chunks = set(schedule.chunks(physical))
         self.b = GraphBuilder(f"{graph.name}_stage{physical}")
@@ -208,7 +216,8 @@ class _Builder:
         out_graph = Graph(inputs, tuple(order), tuple(outputs), self.b.name)
         phases = {n.outputs[0]: int(self.phase[n]) for n in order if n.outputs}
         registry.record(phases, order)
-        return PipelinedGraph(out_graph, phases, transfers, self.ops, tuple(v.name for v in inputs))
+        names = tuple(v.name for v in inputs)
+        return PipelinedGraph(out_graph, phases, transfers, self.ops, names, tuple(self.absent))
 
     def _check_pieces(self) -> None:
         have = {v for v, _ in self.parts.pieces}
@@ -243,7 +252,7 @@ class _Builder:
         self.result_owner: dict[Value, int] = {}
         for v in dict.fromkeys(self.graph.outputs):
             maker = self.producer.get(v)
-            if maker is not None and maker in parts.stage:
+            if maker is not None and maker in parts.stage and v not in self.local_outputs:
                 owner = schedule.placement(parts.stage[maker])
                 self.result_owner[v] = owner
                 self.results_from[owner] = self.results_from.get(owner, 0) + 1
@@ -529,7 +538,7 @@ class _Builder:
 
     def _outputs(self) -> list[Value]:
         outputs = []
-        for v in self.graph.outputs:
+        for index, v in enumerate(self.graph.outputs):
             owner = self.result_owner.get(v)
             if owner is not None and owner != self.physical:
                 index = [u for u, o in self.result_owner.items() if o == owner].index(v)
@@ -537,6 +546,7 @@ class _Builder:
             elif v in self.env:
                 outputs.append(self.env[v])
             else:  # a gradient (or what the update computes) of a parameter another stage holds
+                self.absent.append(index)
                 attrs = {"shape": tuple(v.shape), "dtype": v.dtype}
                 outputs += self.emit(self.end + 0.75, self.b.emit, "Zeros", (), attrs)
         return outputs

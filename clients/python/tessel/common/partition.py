@@ -81,7 +81,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     for value in graph.inputs:  # values fed at every run (a learning rate) are no dataset column: whole everywhere
         if value.name in trace.feeders:
             fixed[value.name] = Layout.replicated(value.ndim, world)
-    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
+    n_prints = len(trace.print_values)  # ops.Print's tensors: the last outputs, each rank printing its own share
+    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs) - n_prints
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
     plan = parallelize(
         graph,
@@ -98,7 +99,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     if where.pipelined:
         data = [n for n, resident in zip(call.names, call.resident) if n in inputs and not resident]
         data = [n for n in data if n not in params and n not in trace.feeders]
-        piped = pipeline.stage_graph(plan, graph, trace, where, data, list(params))
+        prints = range(len(graph.outputs) - n_prints, len(graph.outputs))
+        piped = pipeline.stage_graph(plan, graph, trace, where, data, list(params), local_outputs=prints)
         pipeline.mark_parameters(params, piped, eng.id)
         local = piped.graph
     else:
@@ -109,8 +111,11 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
         save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
-    entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]
-    entry.device_layouts = list(plan.output_layouts[n_host:])
+    end = len(graph.outputs) - n_prints
+    entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:end]]
+    entry.device_layouts = list(plan.output_layouts[n_host:end])
+    if where.pipelined:
+        entry.absent_prints = {i - end for i in piped.absent_outputs if i >= end}
     return entry
 
 

@@ -209,6 +209,13 @@ class SinkRunner:
         )
         first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self.entry, self.call = step.prepare(*first)
+        if self.entry.prints:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "ops.Print in a network Model.train runs in sink mode",
+                "sink mode runs many steps per call and returns only their losses; use dataset_sink_mode=False",
+            )
         names = [name for name, _ in sorted(self.entry.data, key=lambda item: item[1])]
         from tessel.parallel import pipeline
 

@@ -175,10 +175,11 @@ def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
     for name, feeder in entry.feeders.items():
         feed[name] = feeder()
     step.before_run(feed)
-    fetched = eng.execute(prog, feed, entry.host_names)
+    fetched = eng.execute(prog, feed, [*entry.host_names, *entry.print_names])
     P.updated_on_device(entry.assigned)
     for hook in entry.after_run:
         hook()
+    entry.print_fetched(fetched)
     return entry.out_tree.unflatten([Tensor._wrap(fetched[n]) for n in entry.host_names])
 
 

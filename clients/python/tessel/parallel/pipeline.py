@@ -180,6 +180,7 @@ def stage_graph(
     data: Collection[str],
     parameters: Collection[str],
     expand_gradients: bool = False,
+    local_outputs: Collection[int] = (),
 ) -> PipelinedGraph:
     """This rank's graph: the rank graph of `plan` (over one stage's devices) cut to its stage (see the module
     docstring); the schedule, every stage's, is checked first."""
@@ -189,7 +190,7 @@ def stage_graph(
     schedule = schedule_for(where.stages, chunks, micros, tagged_micro)
     rank_graph = plan.rank_graph(where.index, expand_gradients=expand_gradients)
     origins = plan.rank_origins(where.index, expand_gradients=expand_gradients)
-    return cut(rank_graph, origins, tags, data, parameters, schedule, where)
+    return cut(rank_graph, origins, tags, data, parameters, schedule, where, local_outputs)
 
 
 def cut(
@@ -200,6 +201,7 @@ def cut(
     parameters: Collection[str],
     schedule: Schedule,
     where: Mesh,
+    local_outputs: Collection[int] = (),
 ) -> PipelinedGraph:
     """The pipeline pass on a rank graph whose nodes map (`origins`) to traced nodes (`tags`)."""
     by_value: dict[Value, Tag] = {}
@@ -209,7 +211,7 @@ def cut(
         if tag is not None and node.outputs:
             by_value[node.outputs[0]] = tag
     piped = pipeline_rank_graph(
-        rank_graph, by_value, data, schedule, where.stage, where.devices, where.index, parameters
+        rank_graph, by_value, data, schedule, where.stage, where.devices, where.index, parameters, local_outputs
     )
     key = (schedule, piped.transfers)
     if key not in _checked:
