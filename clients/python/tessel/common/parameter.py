@@ -287,8 +287,9 @@ _host_writes = 0
 
 
 def report_layouts(path: str) -> None:
-    """Write, as JSON, how this rank holds every parameter: its full shape, its local shape and layout (a debugging
-    view of a plan: `TESSEL_PARAMETER_REPORT=DIR` rewrites DIR/rank_<r>.json after each plan of the rank)."""
+    """Write, as JSON, how this rank holds every parameter: its full shape, its local shape and layout, and whether
+    it holds it at all ("held": False, "local": None for a parameter pipeline parallel keeps on another stage) (a
+    debugging view of a plan: `TESSEL_PARAMETER_REPORT=DIR` rewrites DIR/rank_<r>.json after each plan)."""
     import json
 
     report = {}
@@ -300,7 +301,8 @@ def report_layouts(path: str) -> None:
             if layout is None
             else {"device_matrix": list(layout.device_matrix), "tensor_map": str(layout.tensor_map)}
         )
-        report[p.name] = {"shape": list(p.shape), "local": local, "layout": described, "held": p.held}
+        held = p.held  # False: pipeline parallel keeps it on another stage
+        report[p.name] = {"shape": list(p.shape), "local": local if held else None, "layout": described, "held": held}
     with open(path, "w") as out:
         json.dump(report, out, indent=1)
 
