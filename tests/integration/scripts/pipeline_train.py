@@ -9,10 +9,14 @@ PipelineGradReducer + optimizer under @ms.jit, as MindSpore's pipeline tutorial)
 AutoParallel(...).pipeline(stages, interleave, scheduler)). SCHEDULER: 1f1b, gpipe or zero_bubble_h1. Options:
 `micro=M` (default 4), `interleave` (pipeline_interleave: the layers' stages go 0, 1, .., S-1, 0, 1, ..), `mp` (the
 first Dense layer cut by columns over the stage's ranks), `steps=K` (default 20), `tied` (the last layer also
-reads the first layer's weight: a parameter of two stages). The ranks of one stage share the batch (data parallel
-inside the stage). Prints `pipeline <flow> <scheduler> ok on rank r of n: loss error E, parameter error P`.
+reads the first layer's weight: a parameter of two stages), `die=K` (the last rank exits at step K: the others must
+fail, not hang), `stage_of=a,b,c,d` (the layers' stages, given: for the error checks), `batch=B` (rows per rank),
+`relu_stage` (every layer on stage 0 and a last ReLU cell alone on stage 1: a stage without parameters).
+The ranks of one stage share the batch (data parallel inside the stage). Prints `pipeline <flow> <scheduler> ok on
+rank r of n: loss error E, parameter error P`.
 """
 
+import os
 import sys
 
 import numpy as np
@@ -34,7 +38,7 @@ ms.set_context(mode=ms.GRAPH_MODE)
 init()
 rank, world = get_rank(), get_group_size()
 per_stage = world // STAGES
-GLOBAL_BATCH = 8 * MICRO * per_stage // 2  # rows of one step over a stage's ranks; each rank reads its share
+GLOBAL_BATCH = int(OPTIONS.get("batch", 4 * MICRO)) * per_stage  # rows of one step over a stage's ranks
 config = {"pipeline_interleave": INTERLEAVE, "pipeline_scheduler": SCHEDULER}
 if FLOW != "auto":
     ms.set_auto_parallel_context(
@@ -44,7 +48,9 @@ ms.set_seed(7)
 
 
 def stage_of(layer: int) -> int:
-    """0, 0, 1, 1 for 4 layers on 2 stages; 0, 1, 0, 1 interleaved (2 chunks)."""
+    """0, 0, 1, 1 for 4 layers on 2 stages; 0, 1, 0, 1 interleaved (2 chunks); or as `stage_of=` says."""
+    if "stage_of" in OPTIONS:
+        return int(OPTIONS["stage_of"].split(",")[layer])
     return layer % STAGES if INTERLEAVE else layer * STAGES // LAYERS
 
 
@@ -59,6 +65,11 @@ class Net(nn.Cell):
             self.total = ops.ReduceSum()
         for i, layer in enumerate(self.layers):
             layer.pipeline_stage = stage_of(i)
+        if "relu_stage" in OPTIONS:  # every layer on stage 0, a last ReLU alone on stage 1: a stage of no parameters
+            self.last = nn.ReLU()
+            self.last.pipeline_stage = 1
+            for layer in self.layers:
+                layer.pipeline_stage = 0
 
     def construct(self, x):
         for i, layer in enumerate(self.layers):
@@ -67,6 +78,8 @@ class Net(nn.Cell):
                 x = self.relu(x)
         if TIED:  # the last stage reads layer 0's weight too
             x = x + self.total(self.layers[0].weight) * 0.001
+        if "relu_stage" in OPTIONS:
+            x = self.last(x)
         return x
 
 
@@ -145,6 +158,8 @@ if FLOW == "model":
 elif FLOW == "step":
     step_cell = nn.TrainOneStepCell(loss_net, optimizer)
     for s in range(STEPS):
+        if s == int(OPTIONS.get("die", -1)) and rank == world - 1:
+            os._exit(7)  # a rank that dies in the middle of training
         losses.append(float(step_cell(*local(s)).asnumpy()))
 else:
     grad_fn = ms.value_and_grad(lambda x, y: loss_net(x, y), None, optimizer.parameters)
