@@ -11,6 +11,7 @@ State writes: every `Assign(param, value)` node becomes an extra model output na
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -49,6 +50,15 @@ class LoweringContext:
             for axis, d in enumerate(v.shape):
                 if isinstance(d, str):
                     self._symbol_sources.setdefault(d, (v.name, axis))
+
+    @cached_property
+    def _read(self) -> set[Value]:
+        return {v for n in self.graph.nodes for v in n.inputs} | set(_output_values(self.graph))
+
+    def is_read(self, value: Value) -> bool:
+        """Whether some node or model output reads `value`: an op may leave an optional output nobody reads out
+        of its ONNX node, and ONNX Runtime then never allocates it (it keeps unread outputs until the run ends)."""
+        return value in self._read
 
     def fresh(self, hint: str = "t") -> str:
         self._counter += 1

@@ -41,6 +41,23 @@ def _ort():
     return onnxruntime
 
 
+# ONNX Runtime rewrites that change what a model computes: EliminateDropout drops every Dropout whose mask output
+# nobody reads, as if it ran for inference, also when its training_mode input is true (measured on 1.32: a training
+# forward pass without dropout).
+_DISABLED_OPTIMIZERS = ["EliminateDropout"]
+
+
+def session_options(onnx_bytes: bytes) -> tuple[Any, list[str]]:
+    """(SessionOptions, disabled optimizers) of the session CpuCompute makes for this model: the global thread pool,
+    every graph optimization but the ones in `_DISABLED_OPTIMIZERS`."""
+    ort = _ort()
+    options = ort.SessionOptions()
+    options.use_per_session_threads = False
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return options, list(_DISABLED_OPTIMIZERS)
+
+
 # The process-wide pool: ONNX Runtime allows it to be created once, before the first session.
 _pool_lock = threading.Lock()
 _pool_threads: int | None = None
@@ -118,13 +135,11 @@ class CpuCompute(ComputePlugin):
         return exe
 
     def _session(self, onnx_bytes: bytes) -> Any:
-        ort = _ort()
-        options = ort.SessionOptions()
-        options.use_per_session_threads = False
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
+        options, disabled = session_options(onnx_bytes)
         try:
-            return ort.InferenceSession(onnx_bytes, options, providers=["CPUExecutionProvider"])
+            return _ort().InferenceSession(
+                onnx_bytes, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
+            )
         except Exception as err:  # ONNX Runtime raises its own exception types
             raise ConfigurationError(f"ONNX Runtime rejected the model: {err}") from err
 
