@@ -111,7 +111,8 @@ for _name, _onnx, _grad, _why in (
 
 
 # Dropout: in training, output 1 is the keep mask (bool) that the gradient reuses; ONNX Runtime draws it from a
-# generator seeded by `seed`, so a given seed gives the same masks step after step in every process. ONNX Runtime's
+# generator seeded by `seed`, so a given seed gives the same masks step after step in every process (and a copy of
+# the node that recomputation makes draws the masks of the original: each node has its generator). ONNX Runtime's
 # EliminateDropout removes a Dropout whose mask nobody reads as if it ran for inference, training or not: the CPU
 # plugin disables that rewrite.
 def _dropout_active(attrs) -> bool:
