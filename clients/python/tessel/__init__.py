@@ -56,6 +56,7 @@ _NAMES = {
     "set_seed": "tessel.common.seed",
     "get_seed": "tessel.common.seed",
     "jit": "tessel.common.compiled",
+    "recompute": "tessel.common.recompute",
     "set_context": "tessel.context",
     "get_context": "tessel.context",
     "GRAPH_MODE": "tessel.context",
