@@ -357,10 +357,48 @@ class Cell:
             return self.construct(*args, **kwargs)
 
     def _graph_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_function()(*args, **kwargs)
+
+    def _compiled_function(self) -> CompiledFunction:
         if self._compiled is None:
             compiled = CompiledFunction(self._traced, self.cls_name, arg_names=arg_names_of(self.construct))
             object.__setattr__(self, "_compiled", compiled)
-        return self._compiled(*args, **kwargs)
+        return self._compiled
+
+    # --- compiling without running ------------------------------------------------------------------------------
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile this cell's graph for inputs like `args` without running it (MindSpore `Cell.compile`): trace,
+        plan and partition it under SEMI_AUTO/AUTO_PARALLEL (parameters take their layouts), and compile the rank
+        program on the daemon. A later call with inputs of the same shapes runs it without compiling again.
+        Afterwards `parameter_layout_dict` gives the parameters' layouts.
+
+            >>> net.compile(ms.Tensor(np.zeros((32, 784), np.float32)))
+        """
+        self._compile(args, kwargs)
+
+    def _compile(self, args: tuple, kwargs: dict, backend: bool = True) -> Any:
+        """The compiled entry for these inputs (its daemon program too, with `backend`); records the layouts."""
+        from tessel.common.engine import engine
+        from tessel.parallel.parameter_layout import parameter_layout_dict
+
+        declared = self.__dict__.get("_declared_inputs")
+        if declared is not None:
+            _check_declared(self, declared[0], args, kwargs)
+        entry, call = self._compiled_entry(args, kwargs)
+        if backend:
+            entry.program(engine(), call.batch_size())
+        object.__setattr__(self, "_parameter_layout_dict", parameter_layout_dict(entry.params))
+        return entry
+
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        """(Entry, Call) of what calling this cell with `args` runs (a subclass that runs otherwise says so)."""
+        return self._compiled_function().entry(args, kwargs)
+
+    @property
+    def parameter_layout_dict(self) -> dict:
+        """The layout of each parameter of the last compiled graph of this cell, in MindSpore's format (see
+        tessel.parallel.parameter_layout); empty before `compile` (MindSpore `Cell.parameter_layout_dict`)."""
+        return self.__dict__.get("_parameter_layout_dict") or {}
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
         return current().call_cell(self, self._construct, *args, **kwargs)
