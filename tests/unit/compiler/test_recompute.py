@@ -183,3 +183,20 @@ def test_long_recomputed_chains_are_copied_without_recursion():
 
     graph = grad_graph(trace(f, TensorSpec((3,))).graph, ["x"])
     assert sum(n.op == "Tanh" for n in graph.nodes) == 2 * 3000  # its gradient reads each Tanh output
+
+
+def test_marks_travel_in_the_graph_json_the_coordinator_plans():
+    from tessel.compiler.ir_json import graph_from_json, graph_to_json
+
+    def net(x, *ys):
+        out = x
+        for i, y in enumerate(ys):
+            out = block(out, y, i, 0.1, marked=True)
+        return out.sum()
+
+    specs = [TensorSpec((BATCH, SEQ, HEADS, DIM), name="x")]
+    specs += [TensorSpec((BATCH, SEQ, SEQ), name=f"y{i}") for i in range(BLOCKS)]
+    graph = trace(net, *specs).graph
+    again = graph_from_json(graph_to_json(graph))
+    assert again.hash == graph.hash
+    assert [n.recompute for n in again.nodes] == [n.recompute for n in graph.nodes]
