@@ -201,7 +201,7 @@ class Cell:
         setting. `Primitive.recompute(mode)` on an op inside overrides the cell. Keyword arguments (MindSpore's):
         `mp_comm_recompute=True` also recomputes the collectives the parallel pass inserts for the cell's ops
         (False keeps their results); `parallel_optimizer_comm_recompute` and `recompute_slice_activation` are
-        accepted at their defaults (False) only. Set it before the first call that compiles the network. Returns
+        accepted at their defaults (False) only. Changing it after a call compiles the network again. Returns
         the cell (MindSpore returns None).
 
             >>> for block in net.blocks:
