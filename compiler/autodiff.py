@@ -1,12 +1,12 @@
 """Reverse-mode autodiff on the IR, generic over the op registry.
 
-`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph (`vjp`, the same
-for several outputs at once, each with its cotangent): it walks the nodes between `wrt` and `loss` in reverse, calls
-each op's gradient rule, sums the cotangents of values used more than once, sums broadcast dims away and casts back
-to each input's dtype, and returns d(loss)/d(wrt) (zeros for an unused input). `grad_graph` wraps it into a Graph:
-forward outputs first, then the gradients. `expand_gradients(graph)` replaces each GradientOf node (gradients a
-traced function asked for, deferred so that a parallel graph is differentiated after the parallel pass) by its
-backward pass.
+`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph (`vjp`: the same for
+several outputs at once, each with its cotangent): it walks the nodes between `wrt` and `loss` in reverse, calls each
+op's gradient rule, sums the cotangents of values used more than once, sums broadcast dims away and casts back to each
+input's dtype, and returns d(loss)/d(wrt) (zeros for an unused input). Where forward nodes are marked for recomputation,
+the backward then reads copies of their outputs (compiler/recompute.py). `grad_graph` wraps it into a Graph: forward
+outputs first, then the gradients. `expand_gradients(graph)` replaces each GradientOf node (gradients a traced function
+asked for, deferred so that a parallel graph is differentiated after the parallel pass) by its backward pass.
 
 A gradient rule sees a `GradContext`:
 
@@ -16,12 +16,13 @@ A gradient rule sees a `GradContext`:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.errors import GradientError
 from tessel.compiler.ir import Attrs, Graph, Node, Value
+from tessel.compiler.recompute import rematerialize
 from tessel.compiler.shapes import format_shape
 
 
@@ -57,6 +58,9 @@ class GradContext:
 
 def gradients(builder: GraphBuilder, loss: Value, wrt: Sequence[Value], sens: Value | None = None) -> list[Value]:
     """Append d(loss)/d(wrt) to `builder` (whose nodes compute `loss`); `sens` seeds the loss cotangent (default 1)."""
+    for w in wrt:
+        if not w.dtype.is_float:
+            raise GradientError(f"cannot differentiate with respect to {w!r}: only float tensors have gradients")
     if not loss.dtype.is_float:
         raise GradientError(f"the loss {loss!r} must be a float tensor to differentiate")
     seed = sens if sens is not None else apply("OnesLike", SymbolicTensor(builder, loss)).value
@@ -74,6 +78,19 @@ def vjp(builder: GraphBuilder, roots: Sequence[tuple[Value, Value]], wrt: Sequen
     for value, _ in roots:
         if not value.dtype.is_float:
             raise GradientError(f"the output {value!r} must be a float tensor to differentiate")
+    recompute, builder.recompute = builder.recompute, None  # the backward itself is never recomputed
+    try:
+        start = len(builder.nodes)
+        grads, tokens = _backward(builder, roots, wrt)
+        rematerialize(builder.nodes, start, tokens)
+    finally:
+        builder.recompute = recompute
+    return grads
+
+
+def _backward(builder: GraphBuilder, roots: Sequence[tuple[Value, Value]], wrt: Sequence[Value]) -> tuple[list, list]:
+    """Append the backward pass. Returns the gradients and, for each forward node's backward, (index of its first
+    node, the cotangent that starts it): they order recomputation (see compiler/recompute.py)."""
     nodes = _between(builder.nodes, set(wrt), {value for value, _ in roots})
     active = set(wrt) | {o for n in nodes for o in n.outputs}
     wrap = lambda v: SymbolicTensor(builder, v)  # noqa: E731
@@ -81,18 +98,21 @@ def vjp(builder: GraphBuilder, roots: Sequence[tuple[Value, Value]], wrt: Sequen
     for value, cotangent in roots:
         g = _fit(wrap(cotangent), value, "the cotangent of an output")
         cotangents[value] = cotangents[value] + g if value in cotangents else g
+    tokens: list = []
 
     for node in reversed(nodes):
         grads = tuple(cotangents.get(o) for o in node.outputs)
         if all(g is None for g in grads):
             continue
+        tokens.append((len(builder.nodes), next(g.value for g in grads if g is not None)))
         needs = tuple(v in active and v.dtype.is_float for v in node.inputs)
         for value, g in zip(node.inputs, _node_grads(node, grads, needs, wrap)):
             if g is None or value not in active or not value.dtype.is_float:
                 continue
             g = _fit(g, value, f"the gradient rule of {node.op}")
             cotangents[value] = cotangents[value] + g if value in cotangents else g
-    return [cotangents[w].value if w in cotangents else apply("ZerosLike", wrap(w)).value for w in wrt]
+    grads = [cotangents[w].value if w in cotangents else apply("ZerosLike", wrap(w)).value for w in wrt]
+    return grads, tokens
 
 
 def _node_grads(node: Node, grads, needs, wrap) -> tuple:
@@ -188,7 +208,7 @@ def expand_gradients(graph: Graph) -> Graph:
             outputs = gradients(builder, loss, wrt, seed)
         else:
             same = all(a is b for a, b in zip(inputs, node.inputs))
-            builder.nodes.append(node if same else Node(node.op, tuple(inputs), node.attrs, node.outputs, node.source))
+            builder.nodes.append(node if same else replace(node, inputs=tuple(inputs)))
             outputs = list(node.outputs)
         env.update(zip(node.outputs, outputs))
     return Graph(graph.inputs, tuple(builder.nodes), tuple(env[v] for v in graph.outputs), graph.name)

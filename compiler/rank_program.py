@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
@@ -190,7 +190,7 @@ def _segment(steps: list[Step], index: int, name: str, graph: Graph, names: _Sto
             local[out] = Value(out.type, names(out)) if later else out
             exported += [local[out]] if later else []
         renamed = (tuple(local[v] for v in node.inputs), tuple(local[o] for o in node.outputs))
-        nodes.append(Node(node.op, renamed[0], node.attrs, renamed[1], node.source))
+        nodes.append(replace(node, inputs=renamed[0], outputs=renamed[1]))
     inputs += _symbol_sources(nodes, inputs, graph)
     segment_graph = Graph(tuple(inputs), tuple(nodes), tuple(exported), name.replace("/", "_"))
     state = tuple(n.inputs[0].name for n in step.nodes if is_write(n))

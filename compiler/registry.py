@@ -16,7 +16,9 @@ An `OpDef` says
 - `differentiates`: the op's outputs are the gradients of input 0 with respect to its other inputs (GradientOf):
   autodiff expands it once the graph is final, which for a parallel graph is after the parallel pass;
 - `rewrite(graph) -> graph`: an algebraic identity of the op applied to every rank graph before lowering
-  (MatMul's: a sum of row-contracted products becomes one product of the stacked rows).
+  (MatMul's: a sum of row-contracted products becomes one product of the stacked rows);
+- `orders`: the op exists to order the graph (After): a model holding one asks the runtime to follow the node
+  order it was written in (lower_onnx.EXECUTION_ORDER).
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -110,6 +112,7 @@ class OpDef:
     collective: Collective | None = None
     writes: int | None = None
     differentiates: bool = False
+    orders: bool = False
     num_inputs: int | None = None  # None = variadic
     doc: str = ""
     # A rewrite of whole rank graphs this op's definition brings (graph -> graph, the same values out), applied to

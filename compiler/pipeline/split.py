@@ -28,6 +28,7 @@ loss whose gradient needs every micro-batch's forward) is an error naming it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
@@ -99,7 +100,7 @@ def _world_groups(graph: Graph, offset: int) -> Graph:
         group = node.attrs.get("group")
         if isinstance(group, tuple):
             attrs = Attrs({**dict(node.attrs), "group": tuple(r + offset for r in group)})
-            rewriter.keep(Node(node.op, node.inputs, attrs, node.outputs, node.source))
+            rewriter.keep(dataclasses.replace(node, attrs=attrs))
         else:
             rewriter.keep(node)
     return rewriter.build()
@@ -313,7 +314,7 @@ class _Builder:
     def keep(self, node: Node, phase: float) -> None:
         inputs = tuple(self.env.get(v, v) for v in node.inputs)
         same = all(a is b for a, b in zip(inputs, node.inputs))
-        kept = node if same else Node(node.op, inputs, node.attrs, node.outputs, node.source)
+        kept = node if same else dataclasses.replace(node, inputs=inputs)
         self.b.nodes.append(kept)
         self._place(kept, phase)
         self.env.update((o, o) for o in node.outputs)
