@@ -226,10 +226,11 @@ class Schedule:
         return "\n".join([head, *(f"  stage {s}: {' '.join(map(repr, o))}" for s, o in enumerate(self.orders))])
 
 
-def generate(scheduler: str, stages: int, micro: int, virtual: int = 1) -> Schedule:
+def generate(scheduler: str, stages: int, micro: int, virtual: int = 1, forward_only: bool = False) -> Schedule:
     """The schedule `scheduler` for `stages` physical stages with `virtual` chunks each and `micro` micro-batches;
-    invalid combinations are errors naming the rule and a fix."""
-    _check(scheduler, stages, micro, virtual)
+    invalid combinations are errors naming the rule and a fix. `forward_only`: a step without gradients (inference),
+    which runs with fewer micro-batches than stages too (one stage after the other)."""
+    _check(scheduler, stages, micro, virtual, forward_only)
     if scheduler == "gpipe":
         orders = [_gpipe(stages, micro, virtual, s) for s in range(stages)]
     elif scheduler == "1f1b" and virtual == 1:
@@ -242,7 +243,7 @@ def generate(scheduler: str, stages: int, micro: int, virtual: int = 1) -> Sched
     return Schedule(scheduler, stages, virtual, micro, split, tuple(tuple(o) for o in orders))
 
 
-def _check(scheduler: str, stages: int, micro: int, virtual: int) -> None:
+def _check(scheduler: str, stages: int, micro: int, virtual: int, forward_only: bool = False) -> None:
     for name, value in (("stages", stages), ("micro_size", micro), ("virtual chunks", virtual)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigurationError(f"pipeline schedule: {name} must be an int >= 1, got {value!r}")
@@ -251,7 +252,7 @@ def _check(scheduler: str, stages: int, micro: int, virtual: int) -> None:
             f"pipeline_scheduler {scheduler!r} is not one of {list(SCHEDULERS)}; the rule: a schedule tessel can "
             "generate and check. Fix: pick one of them"
         )
-    if micro < stages:
+    if micro < stages and not forward_only:
         raise ConfigurationError(
             f"micro_size {micro} is smaller than pipeline_stages {stages}; the rule: micro_size >= stages (every "
             f"stage needs a micro-batch to work on while the pipeline fills). Fix: micro_size >= {stages}, e.g. "
@@ -263,7 +264,7 @@ def _check(scheduler: str, stages: int, micro: int, virtual: int) -> None:
             "with it (the network's pipeline_stage numbers must not wrap round). Fix: set pipeline_interleave "
             "False, or use '1f1b' for interleaved chunks"
         )
-    if virtual > 1 and scheduler == "1f1b" and micro % stages:
+    if virtual > 1 and scheduler == "1f1b" and micro % stages and not forward_only:
         raise ConfigurationError(
             f"interleaved 1F1B runs micro-batches in groups of pipeline_stages: micro_size {micro} is not a "
             f"multiple of {stages}. Fix: micro_size a multiple of {stages} (e.g. {stages * -(-micro // stages)})"

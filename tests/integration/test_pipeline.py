@@ -49,6 +49,16 @@ def test_stages_train_like_one_device_on_the_same_micro_batches(tmp_path, flow, 
     _ok(tmp_path, ranks, flow, scheduler)
 
 
+def test_after_training_the_network_runs_through_the_stages_and_a_checkpoint_holds_every_parameter(tmp_path):
+    """net(x) without PipelineCell (one micro-batch, forwards only) returns numpy's logits on every rank, and
+    save_checkpoint(net) on every rank writes each parameter whole, gathered from the ranks of a stage holding it."""
+    args = ["run", "-n", "4", "--threads", "1", str(SCRIPT), "jit", "1f1b", "2", "mp", "infer", f"ckpt={tmp_path}"]
+    result = run_tessel(args, tmp_path, 240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    _ok(tmp_path, 4, "jit", "1f1b")
+    assert (tmp_path / "net.ckpt").is_file()
+
+
 @pytest.mark.parametrize(
     ("ranks", "stages", "options", "message"),
     [

@@ -11,7 +11,9 @@ AutoParallel(...).pipeline(stages, interleave, scheduler)). SCHEDULER: 1f1b, gpi
 first Dense layer cut by columns over the stage's ranks), `steps=K` (default 20), `tied` (the last layer also
 reads the first layer's weight: a parameter of two stages), `die=K` (the last rank exits at step K: the others must
 fail, not hang), `stage_of=a,b,c,d` (the layers' stages, given: for the error checks), `batch=B` (rows per rank),
-`relu_stage` (every layer on stage 0 and a last ReLU cell alone on stage 1: a stage without parameters).
+`relu_stage` (every layer on stage 0 and a last ReLU cell alone on stage 1: a stage without parameters), `infer`
+(after training, `net(x)` on every rank equals numpy's forward with the trained parameters), `ckpt=DIR` (after
+training, save_checkpoint(net) writes every parameter whole, gathered from the stages that hold them).
 The ranks of one stage share the batch (data parallel inside the stage). Prints `pipeline <flow> <scheduler> ok on
 rank r of n: loss error E, parameter error P`.
 """
@@ -196,5 +198,23 @@ for p in net.trainable_params():
         want = piece(want, p.layout, mine)
     param_error = max(param_error, float(np.abs(got - want).max() / max(1.0, np.abs(want).max())))
 assert held and param_error <= 1e-5, param_error
+if "ckpt" in OPTIONS:  # every rank saves: one file with every parameter, whole, whichever stage holds it
+    path = os.path.join(OPTIONS["ckpt"], "net.ckpt")
+    ms.save_checkpoint(net, path)
+    from tessel.communication import comm_func
+
+    comm_func.barrier()  # rank 0 writes the file
+    saved = ms.load_checkpoint(path)
+    for name, want in want_params.items():
+        got = saved[name].asnumpy().astype(np.float64)
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), name
+if "infer" in OPTIONS:  # after training, the network alone (no PipelineCell): one micro-batch through the stages
+    x = x_all[:share].astype(np.float64)
+    for i in range(LAYERS):
+        x = x @ want_params[f"layers.{i}.weight"].T + want_params[f"layers.{i}.bias"]
+        x = np.maximum(x, 0) if i < LAYERS - 1 else x
+    logits = net(ms.Tensor(x_all[:share])).asnumpy()
+    infer_error = float(np.abs(logits - x).max() / max(1.0, np.abs(x).max()))
+    assert infer_error <= 1e-5, infer_error
 print(f"pipeline {FLOW} {SCHEDULER} ok on rank {rank} of {world}: loss error {loss_error:.2e}, parameter error "
       f"{param_error:.2e}, {held} parameters held")  # fmt: skip

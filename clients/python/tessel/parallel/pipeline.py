@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tessel import context
+from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.pipeline import PipelinedGraph, Schedule, Tag, check, generate, pipeline_rank_graph
 from tessel.core.errors import ConfigurationError
@@ -107,6 +108,7 @@ def logical_tags(graph: Graph, trace: Any, count: int, interleave: bool) -> tupl
     1, then chunk 1); virtual stage = chunk * stages + stage."""
     raw = {n: trace.pipeline_tags.get(n.outputs[0]) for n in graph.nodes if n.outputs}
     _check_stage_numbers(trace, raw, count)
+    in_micro = any(found is not None and found[1] is not None for found in raw.values())
     chunk: dict[int, int] = {}
     last: dict[int, int] = {}
     tags: dict[Node, Tag] = {}
@@ -117,12 +119,13 @@ def logical_tags(graph: Graph, trace: Any, count: int, interleave: bool) -> tupl
         stage, micro, cell = found
         if micro is not None:
             micros = max(micros, micro + 1)
+        order = micro if in_micro else 0  # without PipelineCell (inference) the whole batch is micro-batch 0
         virtual = None
-        if stage is not None and micro is not None:
-            if stage < last.get(micro, 0) and interleave:
-                chunk[micro] = chunk.get(micro, 0) + 1
-            last[micro] = stage
-            virtual = chunk.get(micro, 0) * count + stage
+        if stage is not None and order is not None:
+            if stage < last.get(order, 0) and interleave:
+                chunk[order] = chunk.get(order, 0) + 1
+            last[order] = stage
+            virtual = chunk.get(order, 0) * count + stage
         tags[node] = Tag(virtual, micro, cell_name(trace, cell))
     chunks = {c for c in chunk.values()} | {0}
     if len({chunk.get(m, 0) for m in range(micros)}) > 1:
@@ -152,8 +155,12 @@ def _check_stage_numbers(trace: Any, raw: Mapping, count: int) -> None:
         )
 
 
-def schedule_for(count: int, chunks: int, micros: int, tagged_micro: bool) -> Schedule:
+def schedule_for(count: int, chunks: int, micros: int, tagged_micro: bool, forward_only: bool = False) -> Schedule:
+    """The schedule the context asks for; a step without gradients (inference) runs GPipe's forwards, with any
+    number of micro-batches."""
     name, interleave = scheduler()
+    if forward_only:
+        return generate("gpipe", count, micros, chunks, forward_only=True)
     if micros < count:
         fix = (
             f"PipelineCell(net, micro_size={count}) or more"
@@ -187,7 +194,8 @@ def stage_graph(
     _, interleave = scheduler()
     tags, chunks, micros = logical_tags(graph, trace, where.stages, interleave)
     tagged_micro = any(t.micro is not None for t in tags.values())
-    schedule = schedule_for(where.stages, chunks, micros, tagged_micro)
+    forward_only = not any(registry.get(n.op).differentiates for n in graph.nodes)
+    schedule = schedule_for(where.stages, chunks, micros, tagged_micro, forward_only)
     rank_graph = plan.rank_graph(where.index, expand_gradients=expand_gradients)
     origins = plan.rank_origins(where.index, expand_gradients=expand_gradients)
     return cut(rank_graph, origins, tags, data, parameters, schedule, where, local_outputs)
