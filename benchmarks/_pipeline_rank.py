@@ -3,16 +3,16 @@ data parallel, side by side in one job.
 
     python benchmarks/_pipeline_rank.py CONFIG_JSON      (started by the test bed inside its host)
 
-CONFIG_JSON: {"width", "layers", "batch", "micro", "stages", "schedules": [name, ...], "dp": bool, "warmup",
-"rounds", "recorded", "timeline"}. The network: `layers` Dense layers of `width` (ReLU between), softmax cross-
-entropy, nn.PipelineCell(.., micro) over `stages` stages (layer i on stage i * stages // layers; "interleaved":
-layer i on stage i % stages, 1F1B with pipeline_interleave), the ranks of a stage sharing the batch. Each schedule
-(and data parallel: the same network, DATA_PARALLEL over every rank, no stages) gets its own copy of the network
-(created under no_init_parameters: a rank draws only what it holds) and its own TrainOneStepCell. Their steps are
-timed interleaved, one of each per round, so that load from elsewhere on a shared machine falls on all alike; then
-`recorded` steps of each run with the timeline on (ms.Profiler into timeline/<name>). Each rank prints one JSON
-line: {"rank", "times": {name: [step ms]}, "held_bytes": {name: bytes of the parameters and optimizer state it
-holds}, "total_bytes"}; a non-finite loss exits non-zero.
+CONFIG_JSON: {"width", "layers", "batch", "micro", "stages", "schedules": [name, ...], "dp": bool, "warmup", "rounds",
+"recorded", "timeline"}. The network: `layers` Dense layers of `width` (ReLU between), softmax cross- entropy,
+nn.PipelineCell(.., micro) over `stages` stages (layer i on stage i * stages // layers; "interleaved": the layers cut
+into 2 chunks per stage, 1F1B with pipeline_interleave), the ranks of a stage sharing the batch. Each schedule (and data
+parallel: the same network, DATA_PARALLEL over every rank, no stages) gets its own copy of the network (created under
+no_init_parameters: a rank draws only what it holds) and its own TrainOneStepCell. Their steps are timed interleaved,
+one of each per round, so that load from elsewhere on a shared machine falls on all alike; then `recorded` steps of each
+run with the timeline on (ms.Profiler into timeline/<name>). Each rank prints one JSON line: {"rank", "times": {name:
+[step ms]}, "held_bytes": {name: bytes of the parameters and optimizer state it holds}, "total_bytes"}; a non-finite
+loss exits non-zero.
 """
 
 import json
@@ -62,8 +62,8 @@ def build(name: str, config: dict, world: int):
     stages, layers = config["stages"], config["layers"]
     if name == "data_parallel":
         stage_of = None
-    elif name == "interleaved":
-        stage_of = lambda i: i % stages  # noqa: E731
+    elif name == "interleaved":  # two chunks per stage: virtual stage i * 2S // L on stage v % S
+        stage_of = lambda i: (i * 2 * stages // layers) % stages  # noqa: E731
     else:
         stage_of = lambda i: i * stages // layers  # noqa: E731
     with no_init_parameters():

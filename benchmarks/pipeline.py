@@ -5,7 +5,7 @@ Usage: python benchmarks/pipeline.py [--width 256] [--layers 8] [--batch 2048] [
 
 The network (benchmarks/_pipeline_rank.py): `layers` Dense layers of `width`, softmax cross-entropy, Adam (so the
 parameters come with twice their size of optimizer state), nn.PipelineCell(.., micro) over 4 stages (2 layers
-each; "interleaved": 1F1B with pipeline_interleave, layer i on stage i % 4: 2 chunks per stage); data parallel is
+each; "interleaved": 1F1B with pipeline_interleave and 2 chunks per stage); data parallel is
 the same network, DATA_PARALLEL over every rank, no stages, the same global batch. One job per layout trains them
 all on the same daemons, their steps interleaved round by round (load from other processes falls on all alike);
 then `recorded` steps of each with the timeline on. Layouts (the network-namespace test bed; root and iproute2
@@ -79,7 +79,7 @@ def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, w
             "total": ranks[0]["total_bytes"],
         }
         if name != "data_parallel":
-            virtual = args.layers // stages if name == "interleaved" else 1
+            virtual = 2 if name == "interleaved" else 1
             schedule = generate("1f1b" if name == "interleaved" else name, stages, args.micro, virtual)
             cell["theory"] = schedule.theory_bubble()
         cells[name] = cell
