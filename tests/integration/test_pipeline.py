@@ -39,7 +39,7 @@ def _ok(tmp_path, ranks: int, flow: str, scheduler: str) -> None:
         ("step", "zero_bubble_h1", 4, 4, []),
         ("model", "zero_bubble_h1", 2, 4, []),  # 2 data-parallel ranks per stage
         ("jit", "1f1b", 2, 4, ["mp"]),  # ... and the first layer cut by columns over them
-        ("step", "gpipe", 2, 4, ["tied"]),  # a parameter on both stages
+        ("step", "gpipe", 2, 4, ["tied", "sync"]),  # a parameter on both stages, synchronized after a change
     ],
 )
 def test_stages_train_like_one_device_on_the_same_micro_batches(tmp_path, flow, scheduler, stages, ranks, options):

@@ -265,6 +265,9 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "comm_fusion": None,
     "pipeline_config": None,
     "auto_pipeline": False,
+    # every stage returns the last stage's result in either case (tessel sends it to every stage): True is what
+    # MindSpore's broadcast gives; with False MindSpore's other stages return no meaningful value
+    "pipeline_result_broadcast": False,
 }
 _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()

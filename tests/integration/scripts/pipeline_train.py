@@ -13,7 +13,9 @@ reads the first layer's weight: a parameter of two stages), `die=K` (the last ra
 fail, not hang), `stage_of=a,b,c,d` (the layers' stages, given: for the error checks), `batch=B` (rows per rank),
 `relu_stage` (every layer on stage 0 and a last ReLU cell alone on stage 1: a stage without parameters), `infer`
 (after training, `net(x)` on every rank equals numpy's forward with the trained parameters), `ckpt=DIR` (after
-training, save_checkpoint(net) writes every parameter whole, gathered from the stages that hold them).
+training, save_checkpoint(net) writes every parameter whole, gathered from the stages that hold them), `sync` (with
+`tied`, after training: the ranks of the last stage set their copy of the shared weight to zeros, then
+ms.sync_pipeline_shared_parameters(net) gives every holder the first stage's value again).
 The ranks of one stage share the batch (data parallel inside the stage). Prints `pipeline <flow> <scheduler> ok on
 rank r of n: loss error E, parameter error P`.
 """
@@ -208,6 +210,16 @@ if "ckpt" in OPTIONS:  # every rank saves: one file with every parameter, whole,
     for name, want in want_params.items():
         got = saved[name].asnumpy().astype(np.float64)
         assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), name
+if "sync" in OPTIONS:  # a shared weight changed on one stage is synchronized from the first stage holding it
+    shared = net.layers[0].weight
+    if rank // per_stage == STAGES - 1:
+        assert shared.held, "the tied weight is read on the last stage"
+        shared.set_data(ms.Tensor(np.zeros(shared.shape, np.float32)))
+        assert not shared.asnumpy().any()
+    ms.sync_pipeline_shared_parameters(net)
+    if shared.held:
+        got, want = shared.asnumpy().astype(np.float64), want_params["layers.0.weight"]
+        assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max()), "the shared weight is not in sync"
 if "infer" in OPTIONS:  # after training, the network alone (no PipelineCell): one micro-batch through the stages
     x = x_all[:share].astype(np.float64)
     for i in range(LAYERS):
