@@ -85,6 +85,20 @@ SAMPLE_TABLE = {
         },
         prints=("out is:", "epoch: 9, step: 0, loss is"),
     ),
+    # 4 stages of 1 rank, forwards only; the embedding table is read on stage 0 and (through .value()) by the head on
+    # stage 3: both hold it, and sync_pipeline_shared_parameters keeps them equal
+    "distributed_pipeline_parallel_inference": Sample(
+        "distributed_pipeline_parallel",
+        ("distributed_pipeline_parallel_inference.py",),
+        world=4,
+        falls=False,
+        held={
+            0: {"network.word_embedding.embedding_table": True, "network.layer1.weight": False},
+            1: {"network.word_embedding.embedding_table": False, "network.layer1.weight": True},
+            3: {"network.word_embedding.embedding_table": True, "network.layer2.weight": False},
+        },
+        prints=("[[",),
+    ),
     "distributed_optimizer_parallel": Sample(
         "distributed_optimizer_parallel",
         ("distributed_optimizer_parallel.py",),

@@ -272,3 +272,27 @@ def test_simulated_ranks_train_like_one_device(stages, replicas, scheduler):
             key = next(k for k, n in by_key.items() if n == name)
             np.testing.assert_allclose(store[key], final[name], rtol=1e-5, atol=1e-6)
     assert sum(len(h) for h in holds) == 8 * replicas  # each parameter on one stage (and its replicas)
+
+
+def test_parameter_value_in_a_traced_function_reads_the_parameter_where_it_is_used():
+    """MindSpore's shared-embedding pattern (`return out, self.table.value()`, the head on another stage): inside a
+    traced function value() is the parameter itself, so the stage that uses it holds it and a later change is seen;
+    eagerly it is a copy."""
+
+    class Head(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.table = ms.Parameter(ms.Tensor(np.ones((3, 2), np.float32)), name="table")
+
+        def construct(self, x):
+            return ops.matmul(x, self.table.value())
+
+    head = Head()
+    graph, trace = trace_network(head, X[:4, :3])
+    assert [p.name for p in trace.parameters()] == ["table"] and not any(n.op == "Constant" for n in graph.nodes)
+    x = ms.Tensor(X[:4, :3])
+    np.testing.assert_allclose(ms.jit(head)(x).asnumpy(), X[:4, :3] @ np.ones((3, 2)), rtol=1e-6)
+    head.table.set_data(ms.Tensor(np.full((3, 2), 2, np.float32)))
+    np.testing.assert_allclose(ms.jit(head)(x).asnumpy(), X[:4, :3] @ np.full((3, 2), 2.0), rtol=1e-6)
+    copy = head.table.value()
+    assert not isinstance(copy, ms.Parameter) and float(copy.asnumpy()[0, 0]) == 2.0

@@ -163,6 +163,14 @@ class Parameter(Tensor):
         return self
 
     def value(self) -> Tensor:
+        """The parameter's value: a copy when run eagerly; inside a traced (graph-mode) function the parameter
+        itself, read where the value is used (as MindSpore's Load), so an op on another pipeline stage that reads
+        it makes the parameter shared by both stages, and gradients reach it."""
+        from tessel.common.tracing import current
+
+        trace = current()
+        if trace is not None:
+            return Tensor._wrap_symbolic(trace.to_symbolic(self))
         return Tensor._wrap(np.array(self.asnumpy()))
 
     @property
