@@ -1,6 +1,6 @@
 """Pipeline parallel: every schedule side by side, against data parallel, on one host and across two.
 
-Usage: python benchmarks/pipeline.py [--width 256] [--layers 8] [--batch 2048] [--micro 8] [--rounds 6]
+Usage: python benchmarks/pipeline.py [--width 768] [--layers 8] [--batch 1024] [--micro 8] [--rounds 6]
                                      [--recorded 3] [--rate 1gbit] [--budget 0.5] [--quick] [--json out.json]
 
 The network (benchmarks/_pipeline_rank.py): `layers` Dense layers of `width`, softmax cross-entropy, Adam (so the
@@ -125,9 +125,9 @@ def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--width", type=int, default=768)
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=2048, help="global batch (data parallel: split over ranks)")
+    parser.add_argument("--batch", type=int, default=1024, help="global batch (data parallel: split over ranks)")
     parser.add_argument("--micro", type=int, default=8, help="micro-batches per step (PipelineCell's micro_size)")
     parser.add_argument("--rounds", type=int, default=6, help="timed rounds (one step of each per round)")
     parser.add_argument("--recorded", type=int, default=3, help="steps recorded on the timeline per schedule")
