@@ -178,6 +178,9 @@ def test_pipeline_config_and_auto_parallel_pipeline_set_the_same_context():
     wrapped.pipeline(stages=4, interleave=True, scheduler="zero_bubble_h1")
     assert context.get_auto_parallel_context("pipeline_stages") == 4
     assert pipeline.scheduler() == ("zero_bubble_h1", True)
+    assert context.get_auto_parallel_context("pipeline_result_broadcast") is False
+    wrapped.pipeline(stages=4, output_broadcast=True)
+    assert context.get_auto_parallel_context("pipeline_result_broadcast") is True
     with pytest.raises(ValueError, match="'stages' must be larger than zero"):
         wrapped.pipeline(stages=0)
     with pytest.raises(TypeError, match="'interleave' must be bool type"):

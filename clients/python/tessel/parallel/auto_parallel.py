@@ -47,6 +47,7 @@ class AutoParallel(Cell):
         self._gradients_mean = False
         self._comm_fusion_config: dict = {}
         self._pipeline_stages = 1
+        self._pipeline_broadcast = False
         self._pipeline_config: dict[str, Any] = {"pipeline_interleave": False, "pipeline_scheduler": "1f1b"}
         self._strategy_files: dict[str, Any] = {}
         function = network.construct if isinstance(network, Cell) else network
@@ -71,6 +72,7 @@ class AutoParallel(Cell):
             settings["strategy_ckpt_config"] = dict(self._strategy_files)
         settings["pipeline_stages"] = self._pipeline_stages
         settings["pipeline_config"] = dict(self._pipeline_config)
+        settings["pipeline_result_broadcast"] = self._pipeline_broadcast
         context.set_auto_parallel_context(**settings)
 
     def dataset_strategy(self, config: Any) -> None:
@@ -144,6 +146,7 @@ class AutoParallel(Cell):
         config = {"pipeline_interleave": interleave, "pipeline_scheduler": scheduler}
         context.set_auto_parallel_context(pipeline_stages=stages, pipeline_config=config)  # validates, says why not
         self._pipeline_stages, self._pipeline_config = stages, config
+        self._pipeline_broadcast = output_broadcast  # pipeline_result_broadcast: every stage gets the result anyway
         self._apply()
 
     def hsdp(self, shard_size: int = -1, threshold: int = 64, optimizer_level: str = "level1") -> None:
