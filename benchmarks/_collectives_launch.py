@@ -171,6 +171,7 @@ def launch(backend: str, world_size: int, plan: list[dict], repetitions: int, de
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ, **ONE_THREAD, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::FutureWarning")
         env["TESSEL_TRANSPORT"] = "tcp" if backend == "tessel-tcp" else "shm"
+        env.setdefault("TESSEL_TOKEN", uuid.uuid4().hex)  # the TCP data plane admits only peers with the token
         codes, timeout = _run(_commands(backend, world_size, spec_path), directory, env, deadline_s)
         paths = [directory / f"result.{rank}.json" for rank in range(world_size)]
         results = [json.loads(path.read_text()) for path in paths if path.exists()]

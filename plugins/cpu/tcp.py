@@ -1,10 +1,11 @@
 """The TCP data plane of the CPU plugin: one listening socket per process, shared by every group and job.
 
 Connections between members of a group are made on first use. The member with the lower group rank connects;
-its first bytes are a handshake naming (job, group, group ranks, sender's and receiver's global ranks, channel), so one
-listener serves any number of groups and jobs, and the accept thread files each connection under that key until
-the receiving communicator asks for it. With a cluster token ($TESSEL_TOKEN, else the token file: the same source as
-every RPC) the handshake carries an HMAC of its contents and connections without the right one are refused.
+its handshake (tcp_handshake.py) proves by challenge–response that both ends hold the cluster token
+($TESSEL_TOKEN, else the token file: the same source as every RPC) and names (job, group, group ranks, sender's
+and receiver's global ranks, channel), so one listener serves any number of groups and jobs. The accept loop only
+accepts: an `Admitter` thread runs the handshakes, each with its own deadline, and files each admitted connection
+under its key until the receiving communicator asks for it.
 
     transport = TcpTransport("10.0.0.5")    # listens there; TcpTransport("0.0.0.0", advertise_host="10.0.0.5")
     transport.address                       # "10.0.0.5:40123": the daemon registers this as its data address
@@ -14,27 +15,24 @@ every RPC) the handshake carries an HMAC of its contents and connections without
 
 from __future__ import annotations
 
-import hashlib
 import hmac
-import json
+import logging
 import os
+import secrets
 import socket
-import struct
 import threading
 import time
 import weakref
 
 from tessel.core.errors import ConfigurationError, PeerFailedError, PeerUnreachableError
 from tessel.core.plugin import GroupContext
+from tessel.plugins.cpu import tcp_handshake as handshake
 from tessel.plugins.cpu.tcp_wire import POLL_SLICE_S, Clock, Link, Who, process_alive
 
-_MAGIC = b"TSL1"
-_HEADER = struct.Struct("<4sI")  # magic, length of the JSON handshake that follows
-_MAX_HANDSHAKE = 64 * 1024
-_ACCEPTED, _BAD_TOKEN = b"\x01", b"\x02"
+log = logging.getLogger("tessel.plugins.cpu")
+
 # Socket buffers big enough to keep a multi-MiB ring step in flight (the kernel caps them at net.core.*mem_max).
 SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
-_HANDSHAKE_TIMEOUT_S = 5.0
 # How long a peer may stay unreachable (refused, no route, no answer) before a collective gives up on it: enough
 # for a dropped SYN to be sent again (after 1 s), short enough that a wrong address or a dead link is an error
 # naming the peer within seconds instead of a wait until the collective's timeout. A registered peer's listener is
@@ -43,14 +41,18 @@ CONNECT_TIMEOUT_S = float(os.environ.get("TESSEL_CONNECT_TIMEOUT", "5"))
 _WILDCARDS = ("", "0.0.0.0", "::")
 
 
+_PROCESS_SECRET = secrets.token_hex(16)
+
+
 def _cluster_token() -> str:
-    """The token every RPC of this process carries, or "" where none is set up (then handshakes carry no HMAC)."""
+    """The token every RPC of this process carries. Where none is set up, a secret of this process: its transports
+    reach each other (ranks as threads, in tests) and refuse every other process."""
     from tessel.core.rpc import cluster_token  # the one token source; imported late, it brings gRPC along
 
     try:
         return cluster_token()
     except ConfigurationError:
-        return ""
+        return _PROCESS_SECRET
 
 
 def _tune(sock: socket.socket) -> None:
@@ -71,14 +73,8 @@ def _split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def _read_exactly(sock: socket.socket, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = sock.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("connection closed during the handshake")
-        data += chunk
-    return bytes(data)
+class _Refused(Exception):
+    """The listener closed the connection before it answered our hello (it was busy, or is shutting down)."""
 
 
 class TcpTransport:
@@ -98,8 +94,8 @@ class TcpTransport:
                 f"the TCP data plane listens on every interface ({host!r}) but was given no address for peers to "
                 "dial: pass the address other hosts reach this one at (tessel daemon --advertise-host ADDR)"
             )
-        # A daemon started from the token file must sign with it too, or it would accept any connection.
-        self._token = (_cluster_token() if token is None else token).encode()
+        # A daemon started from the token file must prove it too, or it would accept any connection.
+        self._token = (_cluster_token() if token is None else token or _PROCESS_SECRET).encode()
         self.connect_timeout_s = connect_timeout_s
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.socket(family, socket.SOCK_STREAM)
@@ -119,6 +115,7 @@ class TcpTransport:
         self._cond = threading.Condition()
         self._communicators: weakref.WeakSet = weakref.WeakSet()
         self._closed = False
+        self._admitter = handshake.Admitter(self._token, self._file, f"tessel-tcp-handshake-{port}")
         self._thread = threading.Thread(target=self._accept_loop, name=f"tessel-tcp-accept-{port}", daemon=True)
         self._thread.start()
 
@@ -184,6 +181,15 @@ class TcpTransport:
                 continue
             try:
                 self._handshake(sock, context, peer_rank, clock, channel)
+            except _Refused as exc:
+                # Dropped before the listener's answer (its handshake queue was full, or it is closing): dial again.
+                sock.close()
+                self._check_peer(context, peer_rank, clock)
+                if time.monotonic() >= give_up:
+                    raise self._unreachable(context, peer_rank, clock, ConnectionError(str(exc))) from None
+                time.sleep(delay)
+                delay = min(delay * 2, 0.2)
+                continue
             except BaseException:
                 sock.close()
                 raise
@@ -203,34 +209,53 @@ class TcpTransport:
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str
     ) -> None:
-        fields = {
-            "job": context.job_id,
-            "group": context.name,
-            "ranks": list(context.ranks),
-            "from": context.rank,
-            "to": context.ranks[peer_rank],
-            "channel": channel,
-        }
-        body = json.dumps(fields, sort_keys=True).encode()
-        mac = hmac.new(self._token, body, hashlib.sha256).digest() if self._token else b""
-        sock.sendall(_HEADER.pack(_MAGIC, len(body)) + body + mac.ljust(32, b"\0"))
-        sock.settimeout(POLL_SLICE_S)
-        while True:
-            try:
-                answer = sock.recv(1)
-                break
-            except TimeoutError:
-                self._check_peer(context, peer_rank, clock)
-        if answer == _BAD_TOKEN:
-            raise ConfigurationError(
-                f"{context.peers[peer_rank].data_address} refused group {context.name!r}'s connection: wrong "
-                "cluster token. Start every daemon with the same TESSEL_TOKEN (or the same ~/.tessel/token file)."
-            )
-        if answer != _ACCEPTED:
+        """The dialer's side of tcp_handshake's challenge–response; returns once the listener accepted."""
+        address = context.peers[peer_rank].data_address
+        dialer_nonce = os.urandom(handshake.NONCE_BYTES)
+        sock.sendall(handshake.MAGIC + dialer_nonce)
+        challenge = self._receive(sock, handshake.CHALLENGE_BYTES, context, peer_rank, clock)
+        if len(challenge) < handshake.CHALLENGE_BYTES:
+            raise _Refused(f"{address} closed the connection before answering the handshake")
+        listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
+        if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
+            raise self._wrong_token(context, address, "it could not prove that it holds this cluster's token")
+        body = handshake.encode_key(
+            context.job_id, context.name, context.ranks, context.rank, context.ranks[peer_rank], channel
+        )
+        mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
+        sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
+        answer = self._receive(sock, 1, context, peer_rank, clock)
+        if answer == handshake.BAD_TOKEN:
+            raise self._wrong_token(context, address, "it refused this daemon's proof of the token")
+        if answer != handshake.ACCEPTED:
             raise PeerFailedError(
                 f"{Who(peer_rank, context.ranks[peer_rank])} closed the connection during the handshake",
                 culprit_rank=context.ranks[peer_rank],
             )
+
+    @staticmethod
+    def _wrong_token(context: GroupContext, address: str, why: str) -> ConfigurationError:
+        return ConfigurationError(
+            f"{address} refused group {context.name!r}'s connection: wrong cluster token ({why}). Start every "
+            "daemon with the same TESSEL_TOKEN (or the same ~/.tessel/token file)."
+        )
+
+    def _receive(self, sock: socket.socket, size: int, context: GroupContext, peer_rank: int, clock: Clock) -> bytes:
+        """Up to `size` bytes (fewer only if the peer closed), waiting in poll slices that check the peer and clock."""
+        data = bytearray()
+        sock.settimeout(POLL_SLICE_S)
+        while len(data) < size:
+            try:
+                chunk = sock.recv(size - len(data))
+            except TimeoutError:
+                self._check_peer(context, peer_rank, clock)
+                continue
+            except ConnectionError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        return bytes(data)
 
     def _await(self, context: GroupContext, peer_rank: int, clock: Clock, channel: str) -> socket.socket:
         key = (context.job_id, context.name, tuple(context.ranks), context.ranks[peer_rank], context.rank, channel)
@@ -243,6 +268,7 @@ class TcpTransport:
             return self._arrived.pop(key)
 
     def _accept_loop(self) -> None:
+        """Only accepts: the handshakes run on the Admitter's thread, so no peer can stop or slow this loop."""
         try:
             while not self._closed:
                 try:
@@ -252,30 +278,19 @@ class TcpTransport:
                 except OSError:
                     time.sleep(POLL_SLICE_S)  # out of file descriptors or similar: keep serving
                     continue
-                self._admit(sock)
+                try:
+                    _tune(sock)
+                except OSError:  # reset before we got to it
+                    sock.close()
+                    continue
+                self._admitter.admit(sock)
+        except Exception:  # not expected; a dead loop would hang every later job on this daemon, so say so
+            log.exception("the data plane's accept loop at %s failed", self.address)
         finally:
             self._listener.close()
 
-    def _admit(self, sock: socket.socket) -> None:
-        """Read a handshake and file the connection under its key (or drop one that is not a tessel peer)."""
-        try:
-            _tune(sock)
-            sock.settimeout(_HANDSHAKE_TIMEOUT_S)
-            magic, size = _HEADER.unpack(_read_exactly(sock, _HEADER.size))
-            if magic != _MAGIC or size > _MAX_HANDSHAKE:
-                raise ValueError("not a tessel handshake")
-            body = _read_exactly(sock, size)
-            mac = _read_exactly(sock, 32)
-            if self._token and not hmac.compare_digest(mac, hmac.new(self._token, body, hashlib.sha256).digest()):
-                sock.sendall(_BAD_TOKEN)
-                raise ValueError("wrong cluster token")
-            fields = json.loads(body)
-            ranks, sender, receiver = tuple(fields["ranks"]), int(fields["from"]), int(fields["to"])
-            key = (fields["job"], fields["group"], ranks, sender, receiver, str(fields["channel"]))
-            sock.sendall(_ACCEPTED)
-        except (OSError, ValueError, KeyError, TypeError):
-            sock.close()
-            return
+    def _file(self, key: handshake.Key, sock: socket.socket) -> None:
+        """File an admitted connection under its key until its communicator claims it (Admitter's thread)."""
         with self._cond:
             if self._closed:
                 sock.close()
@@ -298,5 +313,6 @@ class TcpTransport:
             communicator.close()
         for sock in arrived:
             sock.close()
+        self._admitter.close()
         if self._thread is not threading.current_thread():
-            self._thread.join(timeout=5 * POLL_SLICE_S + _HANDSHAKE_TIMEOUT_S)
+            self._thread.join(timeout=5 * POLL_SLICE_S)
