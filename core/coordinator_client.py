@@ -184,8 +184,18 @@ class CoordinatorClient:
     def finish_rank(self, job_id: str, rank: int) -> None:
         self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank))
 
-    def fail_job(self, job_id: str, rank: int, cause: str) -> None:
-        self._rpc.FailJob(coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause))
+    def fail_job(self, job_id: str, rank: int, cause: str, culprit_rank: int | None = None) -> None:
+        """Report a failure of `rank`: its own, or (culprit_rank) one that another rank caused."""
+        request = coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause)
+        if culprit_rank is not None:
+            request.culprit_rank = culprit_rank
+        self._rpc.FailJob(request)
+
+    def get_daemon(self, daemon_id: str, timeout_s: float | None = None) -> coordinator_pb2.DaemonInfo:
+        return self._rpc.GetDaemon(coordinator_pb2.GetDaemonRequest(daemon_id=daemon_id), timeout_s)
+
+    def report_stall(self, report: coordinator_pb2.StallReport, timeout_s: float | None = None) -> None:
+        self._rpc.ReportStall(report, timeout_s)
 
     def create_group(
         self, job_id: str, name: str, ranks: Sequence[int], rank: int, timeout_s: float = 60.0

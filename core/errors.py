@@ -11,6 +11,10 @@ class ConfigurationError(TesselError, ValueError):
     """Bad input from the user: an argument, an environment variable, a strategy."""
 
 
+class LimitExceededError(ConfigurationError):
+    """A request asks for more than a server allows (world size, id length, jobs, sessions, stored bytes...)."""
+
+
 class MissingRuntimeError(TesselError, ImportError):
     """A runtime dependency (ONNX Runtime build, CUDA, CANN) is not installed or not usable."""
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from pathlib import Path
@@ -23,6 +24,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
 from tessel.core import errors
+from tessel.core.limits import DEFAULT as DEFAULT_LIMITS
+from tessel.core.limits import clip
 
 TOKEN_HEADER = "x-tessel-token"
 ERROR_HEADER = "x-tessel-error"
@@ -36,6 +39,7 @@ _STATUS_OF = [  # most specific first
     (errors.RendezvousTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.CollectiveTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.MissingRuntimeError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.ConfigurationError, grpc.StatusCode.INVALID_ARGUMENT),
     (KeyError, grpc.StatusCode.NOT_FOUND),
     (errors.TesselError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -82,7 +86,8 @@ def error_fields(exc: BaseException) -> tuple[str, str, int | None]:
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     if _status_for(exc) == grpc.StatusCode.INTERNAL:
         message = f"{type(exc).__name__}: {message}"
-    return type(exc).__name__, str(message), getattr(exc, "culprit_rank", None)
+    # Cut long texts (an error may quote what the caller sent): they travel in a header, and a caller never needs more.
+    return type(exc).__name__, clip(str(message), DEFAULT_LIMITS.max_text_chars), getattr(exc, "culprit_rank", None)
 
 
 def rebuilt_error(kind: str, message: str, culprit: int | None) -> Exception | None:
@@ -235,7 +240,7 @@ def _error_from(exc: grpc.RpcError, what: str) -> Exception:
         return errors.JobFailedError(f"{what} is unreachable: {message}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.RendezvousTimeoutError(f"{what}: {message}")
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return errors.ConfigurationError(f"{what}: {message}")
     if code == grpc.StatusCode.NOT_FOUND:
         return KeyError(message)
@@ -256,12 +261,36 @@ class Client:
         self.stub = stub_cls(self.channel)
         self.metadata = ((TOKEN_HEADER, token),)
         self.what = f"{stub_cls.__name__.removesuffix('Stub').lower()} at {address}"
+        self._lock = threading.Lock()
+        self._in_flight: set = set()
+        self._aborted: Exception | None = None
 
     def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        if self._aborted is not None:
+            raise self._aborted
+        future = getattr(self.stub, method).future(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+        with self._lock:
+            self._in_flight.add(future)
         try:
-            return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
-        except grpc.RpcError as exc:
+            return future.result()
+        except (grpc.RpcError, grpc.FutureCancelledError) as exc:
+            if self._aborted is not None:
+                raise self._aborted from None
+            if not isinstance(exc, grpc.RpcError):
+                raise errors.TesselError(f"{self.what} {method} was cancelled") from None
             raise _error_from(exc, f"{self.what} {method}") from None
+        finally:
+            with self._lock:
+                self._in_flight.discard(future)
+
+    def abort(self, error: Exception) -> None:
+        """Cancel the calls in flight and fail every later one with `error` (e.g. the job failed: waiting on a
+        daemon that was stopped would last until the deadline)."""
+        with self._lock:
+            self._aborted = error
+            in_flight = list(self._in_flight)
+        for future in in_flight:
+            future.cancel()
 
     def stream(self, method: str, requests: Iterator[Any]) -> Iterator[Any]:
         """A long-lived bidirectional stream (no deadline: liveness is its purpose)."""

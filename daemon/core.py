@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, TesselError
+from tessel.core.limits import Limits, clip
 from tessel.core.plugin import GroupContext, Peer, Plugin
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
@@ -72,13 +73,23 @@ class DaemonCore:
         core.put(sid, {"x": np.ones(3, np.float32)})
     """
 
-    def __init__(self, plugin: Plugin, coordinator=None, daemon_id: str = "local", data_address: str = ""):
+    def __init__(
+        self,
+        plugin: Plugin,
+        coordinator=None,
+        daemon_id: str = "local",
+        data_address: str = "",
+        limits: Limits | None = None,
+        watch=None,
+    ):
         self.plugin = plugin
         self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
         self.daemon_id = daemon_id
         self.data_address = data_address
         self.host_id = host_id()
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
+        self.limits = limits or Limits.from_env()
+        self.watch = watch  # daemon/stall.py's CollectiveWatch: the stall inspector's reports, or None
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._executor = Executor(self._group)
@@ -88,6 +99,9 @@ class DaemonCore:
     def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
         """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
         rank) keeps this job's shared-memory names apart from another job's of the same id."""
+        self.limits.check_id("OpenSession: the job id", job_id)
+        self.limits.check_id("OpenSession: the job nonce", job_nonce)
+        self.limits.check_count("OpenSession: the world size", world_size, "max_world_size")
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -104,6 +118,7 @@ class DaemonCore:
         session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
         session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
         with self._lock:
+            self.limits.check_count("OpenSession: the number of open sessions", len(self._sessions) + 1, "max_sessions")
             self._sessions[session.session_id] = session
         log.info("opened %s", session.describe())
         return session.session_id
@@ -124,7 +139,7 @@ class DaemonCore:
         with self._lock:
             if session_id not in self._sessions:
                 raise ConfigurationError(
-                    f"no session {session_id!r} on daemon {self.daemon_id}; open one with OpenSession "
+                    f"no session {clip(session_id, 100)!r} on daemon {self.daemon_id}; open one with OpenSession "
                     "(it may have been closed after its job ended or failed)"
                 )
             return self._sessions[session_id]
@@ -143,6 +158,8 @@ class DaemonCore:
 
     def on_job_event(self, job_id: str, state: str, cause: str, culprit_rank: int = -1) -> None:
         """The coordinator says a job ended: abort its waits now, free its sessions once they are idle."""
+        if state not in ("failed", "finished"):
+            return  # news about a job that goes on
         for session in self.sessions():
             if session.job_id != job_id:
                 continue
@@ -150,6 +167,34 @@ class DaemonCore:
                 session.culprit_rank = culprit_rank
                 session.abort_cause = cause or "failed"
             threading.Thread(target=self._reap, args=(session.session_id,), daemon=True).start()
+
+    def close_orphans(self) -> None:
+        """Close the sessions whose job the coordinator has not run on this daemon for `limits.orphan_session_s`:
+        sessions opened without a job, or left open after it ended (their clients died or never closed them).
+        The coordinator knows which (job, rank) this daemon serves; one GetDaemon call checks every session."""
+        sessions = self.sessions()
+        if self.coordinator is None or not sessions:
+            return
+        try:
+            info = self.coordinator.get_daemon(self.daemon_id, timeout_s=5.0)
+            serving = (info.job_id, info.rank) if info.state == "busy" else None
+        except KeyError:
+            serving = None  # not registered (any more): no job runs here
+        except TesselError:
+            return  # the coordinator is unreachable: the daemon's lost-coordinator path fails its sessions
+        now = time.monotonic()
+        for session in sessions:
+            if (session.job_id, session.rank) == serving:
+                session.orphan_since = None
+            elif session.orphan_since is None:
+                session.orphan_since = now
+            elif now - session.orphan_since >= self.limits.orphan_session_s and not session.reaping:
+                idle = now - session.orphan_since
+                log.info("closing %s: its job has not run on this daemon for %.0f s", session.describe(), idle)
+                if session.abort_cause is None:
+                    session.abort_cause = f"its job has not run on daemon {self.daemon_id} for a while"
+                session.reaping = True
+                threading.Thread(target=self._reap, args=(session.session_id, 5.0), daemon=True).start()
 
     def _reap(self, session_id: str, grace_s: float = 30.0) -> None:
         # The client closes its own session when it can; this frees what a dead client left behind.
@@ -166,8 +211,12 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ groups
 
-    def create_group(self, session_id: str, name: str, ranks: Iterable[int]) -> None:
+    def create_group(self, session_id: str, name: str, ranks: Iterable[int], timeout_s: float = 60.0) -> None:
+        """Create a communicator over `ranks` (a rendezvous at the coordinator: waits up to timeout_s for them)."""
         session = self.session(session_id)
+        self.limits.check_id("CreateGroup: the group name", name)
+        ranks = list(ranks)
+        self.limits.check_count("CreateGroup: the number of ranks", len(ranks), "max_world_size")
         ranks = [int(r) for r in ranks]
         if not name or name == WORLD_GROUP:
             raise ConfigurationError(f"group name {name!r} is reserved or empty; pick another name")
@@ -184,7 +233,8 @@ class DaemonCore:
             )
         members = session.members
         if self.coordinator is not None and session.world_size > 1:
-            by_rank = {m.rank: m for m in self.coordinator.create_group(session.job_id, name, ranks, session.rank)}
+            found = self.coordinator.create_group(session.job_id, name, ranks, session.rank, timeout_s=timeout_s)
+            by_rank = {m.rank: m for m in found}
             members = [by_rank.get(i, m) for i, m in enumerate(session.members)]
         session.groups[name] = self._new_communicator(session, name, ranks, members)
         session.bound.clear()
@@ -221,7 +271,8 @@ class DaemonCore:
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
         )
-        return self.plugin.collective.new_group(context)
+        communicator = self.plugin.collective.new_group(context)
+        return communicator if self.watch is None else self.watch.wrap(communicator, session.job_id, session.rank)
 
     # ------------------------------------------------------------------------------------------ tensors
 
@@ -262,9 +313,11 @@ class DaemonCore:
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Iterable[str] = (),
+        cancelled=None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
-        (stacked on dim 0) and per-instruction timings."""
+        (stacked on dim 0) and per-instruction timings. Between repetitions it stops when the job has failed, or
+        when `cancelled()` (the caller went away) is true."""
         session = self.session(session_id)
         collect = list(collect)
         with session.lock:
@@ -276,6 +329,9 @@ class DaemonCore:
             clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
             for _ in range(max(1, repeat)):
+                session.check_alive()
+                if cancelled is not None and cancelled():
+                    raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
                 if timings:
                     for i, (_, step) in enumerate(steps):
                         start = clock()

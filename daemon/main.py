@@ -23,8 +23,12 @@ import time
 
 from tessel.core import rpc
 from tessel.core.errors import TesselError
+from tessel.core.limits import Limits
 from tessel.daemon import service
 from tessel.daemon.core import DaemonCore
+from tessel.daemon.stall import REPORT_AFTER_S, CollectiveWatch
+
+ORPHAN_CHECK_S = 2.0  # how often the daemon asks the coordinator which job its sessions should belong to
 
 log = logging.getLogger("tessel.daemon")
 
@@ -52,7 +56,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None) -> str:
+def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None):
+    """Register (retrying until --connect-timeout, or for ever); returns the RegisterDaemonReply."""
     from tessel.v1 import coordinator_pb2
 
     device = core.plugin.device
@@ -72,7 +77,7 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
-            return coordinator.register_daemon(info).daemon_id
+            return coordinator.register_daemon(info)
         except TesselError as exc:
             if stop is not None and stop.is_set():
                 raise
@@ -82,6 +87,32 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
                     f"{exc}. Start it with `tessel coordinator` or pass --coordinator HOST:PORT."
                 ) from None
             time.sleep(0.2)
+
+
+def _heartbeat_deadlines(reply) -> tuple[float, float]:
+    """(beat interval, silence after which the coordinator counts as lost), as registration told them."""
+    interval_s = (reply.heartbeat_interval_ms or 500) / 1000
+    return interval_s, max(3.0, 6 * interval_s, (reply.heartbeat_timeout_ms or 3000) / 1000)
+
+
+def _deadlines(core: DaemonCore, interval_s: float, timeout_s: float) -> str:
+    """Every deadline this daemon keeps, in one line (printed once at start-up)."""
+    plugin = core.plugin.collective.deadlines()
+    return (
+        f"tessel daemon {core.daemon_id} deadlines: heartbeat every {interval_s:g} s, coordinator lost after "
+        f"{timeout_s:g} s of silence; collective timeout {core.collective_timeout_s:g} s "
+        f"(TESSEL_COLLECTIVE_TIMEOUT); stall report after {REPORT_AFTER_S:g} s in a collective; group rendezvous "
+        f"60 s; sessions whose job is not running here closed after {core.limits.orphan_session_s:g} s"
+        + (f"; {plugin}" if plugin else "")
+    )
+
+
+def _close_orphans(core: DaemonCore, stop: threading.Event) -> None:
+    while not stop.wait(ORPHAN_CHECK_S):
+        try:
+            core.close_orphans()
+        except Exception:  # must outlive any bug: it is what frees sessions nobody closes
+            log.exception("checking for orphaned sessions failed")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,13 +135,16 @@ def main(argv: list[str] | None = None) -> int:
         )
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
-        core = DaemonCore(plugin, coordinator, data_address=data_address)
+        watch = CollectiveWatch(lambda report: coordinator.report_stall(report, timeout_s=2.0))
+        limits = Limits.from_env()
+        core = DaemonCore(plugin, coordinator, data_address=data_address, limits=limits, watch=watch)
         max_bytes = args.max_request_mb << 20
         local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
-        core.daemon_id = _register(args, core, address, coordinator)
+        registration = _register(args, core, address, coordinator)
+        core.daemon_id = registration.daemon_id
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)
         return 2
@@ -118,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     lost = threading.Event()
+    watch.start()
+    threading.Thread(target=_close_orphans, args=(core, stop), name="tessel-orphans", daemon=True).start()
 
     def on_event(event) -> None:
         if event.state == COORDINATOR_LOST:
@@ -130,7 +166,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), lost.set()))
-    beat = coordinator.heartbeat(core.daemon_id, on_event)
+    interval_s, timeout_s = _heartbeat_deadlines(registration)
+    print(_deadlines(core, interval_s, timeout_s), file=sys.stderr, flush=True)
+    beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
     while not stop.is_set():
         lost.wait()
         if stop.is_set():
@@ -138,12 +176,13 @@ def main(argv: list[str] | None = None) -> int:
         lost.clear()
         beat.stop()
         try:
-            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop)
+            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop).daemon_id
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)
-        beat = coordinator.heartbeat(core.daemon_id, on_event)
+        beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
     beat.stop()
+    watch.stop()
     server.stop(grace=1.0).wait(2.0)
     if local is not None:
         local.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError
@@ -33,7 +34,10 @@ class DaemonServicer:
         return common_pb2.Empty()
 
     def CreateGroup(self, request, context):
-        self.core.create_group(request.session_id, request.name, request.ranks)
+        # The rendezvous waits no longer than the caller does: an abandoned call must not hold a worker thread.
+        remaining = context.time_remaining() if context is not None else None
+        timeout_s = 60.0 if remaining is None else max(0.1, min(60.0, remaining - 0.5))
+        self.core.create_group(request.session_id, request.name, request.ranks, timeout_s)
         return common_pb2.Empty()
 
     def DestroyGroup(self, request, context):
@@ -62,6 +66,11 @@ class DaemonServicer:
         return daemon_pb2.OpenDatasetReply(batches_per_epoch=cursor.batches_per_epoch, columns=cursor.columns)
 
     def Execute(self, request, context):
+        cancelled = None
+        if context is not None:  # a caller that goes away (cancel, deadline) stops a long run between repetitions
+            ended = threading.Event()
+            if context.add_callback(ended.set):
+                cancelled = ended.is_set
         result = self.core.execute(
             request.session_id,
             request.program,
@@ -70,6 +79,7 @@ class DaemonServicer:
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
             request.collect,
+            cancelled,
         )
         return daemon_pb2.ExecuteReply(
             fetched=[_named(n, v) for n, v in result.fetched.items()],

@@ -139,6 +139,10 @@ class DaemonHandle(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def abort(self, error: Exception) -> None:  # noqa: B027 - only a remote daemon has calls to end
+        """The job failed: end this rank's calls to the daemon in flight and fail later ones with `error` (a
+        stopped daemon would otherwise hold them until their deadline)."""
+
     # --- rank programs -----------------------------------------------------------------------------------------
 
     def install(
@@ -305,6 +309,11 @@ class RemoteDaemon(DaemonHandle):
             {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
             [(t.kind, t.seconds) for t in reply.timings],
         )
+
+    def abort(self, error: Exception) -> None:
+        self.client.abort(error)
+        if self.local is not None:
+            self.local.abort(error)
 
     def close(self) -> None:
         if self.local is not None:
