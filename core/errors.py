@@ -27,6 +27,10 @@ class JobFailedError(TesselError):
         self.culprit_rank = culprit_rank
 
 
+class DaemonUnreachableError(JobFailedError):
+    """This rank's daemon went away or does not answer (it died, or its host did): `culprit_rank` is this rank."""
+
+
 class PeerFailedError(JobFailedError):
     """A peer of a collective died or its job was failed while this rank waited for it."""
 

@@ -253,8 +253,16 @@ class Client:
     Example: `Client("127.0.0.1:7000", daemon_pb2_grpc.DaemonStub, token).Status(common_pb2.Empty())`
     """
 
-    def __init__(self, address: str, stub_cls: type, token: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.address, self.timeout_s = address, timeout_s
+    def __init__(
+        self,
+        address: str,
+        stub_cls: type,
+        token: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        unreachable: Callable[[str], Exception] | None = None,
+    ):
+        """`unreachable(message)`: the exception for a server that cannot be reached (default JobFailedError)."""
+        self.address, self.timeout_s, self.unreachable = address, timeout_s, unreachable
         self.channel = grpc.insecure_channel(
             address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
         )
@@ -278,6 +286,8 @@ class Client:
                 raise self._aborted from None
             if not isinstance(exc, grpc.RpcError):
                 raise errors.TesselError(f"{self.what} {method} was cancelled") from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and self.unreachable is not None:
+                raise self.unreachable(f"{self.what} {method} is unreachable: {exc.details()}") from None
             raise _error_from(exc, f"{self.what} {method}") from None
         finally:
             with self._lock:

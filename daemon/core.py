@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError, TesselError
+from tessel.core.errors import ConfigurationError, JobFailedError, TesselError
 from tessel.core.limits import Limits, clip
 from tessel.core.plugin import GroupContext, Peer, Plugin
 from tessel.daemon.executor import Executor
@@ -326,27 +326,38 @@ class DaemonCore:
                 session.tensors.update(feed)
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
-            clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
-            for _ in range(max(1, repeat)):
-                session.check_alive()
-                if cancelled is not None and cancelled():
-                    raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
-                if timings:
-                    for i, (_, step) in enumerate(steps):
-                        start = clock()
-                        step()
-                        elapsed[i] += clock() - start
-                else:
-                    for _, step in steps:
-                        step()
-                for name in collect:
-                    history[name].append(np.array(session.tensor(name)))
+            try:
+                for _ in range(max(1, repeat)):
+                    session.check_alive()
+                    if cancelled is not None and cancelled():
+                        raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
+                    self._repetition(session, steps, elapsed if timings else None)
+                    for name in collect:
+                        history[name].append(np.array(session.tensor(name)))
+            except JobFailedError as exc:
+                if exc.culprit_rank < 0 and session.abort_cause is not None:  # the job failed: say why, and who
+                    raise JobFailedError(
+                        f"job {session.job_id!r} failed: {session.abort_cause}", session.culprit_rank
+                    ) from exc
+                raise
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         return Result(
             fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
         )
+
+    @staticmethod
+    def _repetition(session: Session, steps: list, elapsed: list[float] | None) -> None:
+        if elapsed is None:
+            for _, step in steps:
+                step()
+            return
+        clock = time.perf_counter
+        for i, (_, step) in enumerate(steps):
+            start = clock()
+            step()
+            elapsed[i] += clock() - start
 
     def _bound(self, session: Session, program: daemon_pb2.Program) -> list:
         """The program's bound steps, cached per session by the program's bytes: a training loop sends the same

@@ -32,7 +32,13 @@ from collections.abc import Callable
 from typing import Any
 
 from tessel.core import rpc
-from tessel.core.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError, TesselError
+from tessel.core.errors import (
+    ConfigurationError,
+    DaemonUnreachableError,
+    JobFailedError,
+    RendezvousTimeoutError,
+    TesselError,
+)
 from tessel.v1 import daemon_pb2
 
 log = logging.getLogger("tessel.daemon")
@@ -207,8 +213,9 @@ class LocalExecuteServer:
 class LocalExecuteClient:
     """Sends Execute requests over a daemon's Unix socket; one call at a time (calls from threads queue)."""
 
-    def __init__(self, path: str, token: str, timeout_s: float, what: str):
-        self.what, self.timeout_s = what, timeout_s
+    def __init__(self, path: str, token: str, timeout_s: float, what: str, rank: int = -1):
+        """`rank`: the rank this daemon serves, blamed when the daemon goes away (DaemonUnreachableError)."""
+        self.what, self.timeout_s, self.rank = what, timeout_s, rank
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(10.0)
@@ -250,7 +257,9 @@ class LocalExecuteClient:
                 self._drop()
                 if self._aborted is not None:
                     raise self._aborted from None
-                raise JobFailedError(f"{self.what} is unreachable: {exc}; is the daemon still running?") from None
+                raise DaemonUnreachableError(
+                    f"{self.what} is unreachable: {exc}; is the daemon of rank {self.rank} still running?", self.rank
+                ) from None
         if kind == REPLY:
             return daemon_pb2.ExecuteReply.FromString(body)
         error = daemon_pb2.LocalExecuteError.FromString(body)
