@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from tessel.coordinator.service import STALL_TIMEOUT_S, STALL_WARNING_S, serve
 from tessel.core import errors
 from tessel.core.coordinator_client import DEFAULT_PORT
+from tessel.core.memory import limit_heaps
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,6 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for are tessel.core.limits' (TESSEL_LIMIT_* variables).
     """
     args = _parser().parse_args(argv)
+    limit_heaps()  # many RPC threads, mostly waiting: few heaps keep the memory in one place
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         server = serve(

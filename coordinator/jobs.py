@@ -101,6 +101,8 @@ class Job:
     pending_reasons: list[str] = field(default_factory=list)  # why a complete world has no daemons yet
     subscribers: set[Subscriber] = field(default_factory=set)
     reported: set[int] = field(default_factory=set)  # ranks that reported their failure (FailJob): they exit next
+    beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
+    running_since: float = 0.0  # on the state's clock
     suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
     next_free: int = 0  # every rank below this one has joined, except those in `freed`
     freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew

@@ -140,4 +140,6 @@ class RendezvousMixin:
         job = self._job(job_id)
         if job.state == FAILED:
             raise job.failure()
+        if job.ended:  # its store went with it
+            raise errors.ConfigurationError(f"key-value store of job '{job_id}': the job has {job.state}")
         return job

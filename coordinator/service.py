@@ -14,6 +14,7 @@ import grpc
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
 from tessel.core import errors, rpc
 from tessel.core.limits import Limits
+from tessel.core.memory import release_free_memory
 from tessel.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger("tessel.coordinator")
@@ -217,10 +218,13 @@ class CoordinatorServer:
         )
         log.info("coordinator listening on %s", self.address)
 
-    def _reap(self, period_s: float) -> None:
-        last = time.monotonic()
+    def _reap(self, period_s: float, trim_every_s: float = 10.0) -> None:
+        last = trimmed = time.monotonic()
         while not self._stopped.wait(period_s):
             now = time.monotonic()
+            if now - trimmed > trim_every_s:  # a burst of large requests must not keep the RSS at its peak
+                release_free_memory()
+                trimmed = now
             gap, last = now - last, now
             try:
                 if gap > self.state.heartbeat_timeout_s / 2:  # this thread was stopped or starved: so were the beats

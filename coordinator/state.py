@@ -47,6 +47,8 @@ class CoordinatorState(RendezvousMixin):
         self.limits = limits or Limits.from_env()
         # A rank blamed by a peer is blamed only after this long without a death being reported (which wins).
         self.suspect_grace_s = min(1.0, heartbeat_timeout_s / 2)
+        # A rank of a running job must open its heartbeat stream within this long (it opens its session first).
+        self.first_beat_s = max(10.0, 3 * heartbeat_timeout_s)
         self._clock = clock
         self._cond = threading.Condition()
         self._daemons: dict[str, DaemonRecord] = {}
@@ -112,6 +114,7 @@ class CoordinatorState(RendezvousMixin):
                     )
                 sub.job, sub.rank, sub.pid = job, ref.rank, ref.pid
                 job.subscribers.add(sub)
+                job.beating.add(ref.rank)
                 if job.ended:  # it ended before this member started listening: tell it now
                     outbox.put(job.event())
             else:
@@ -172,6 +175,18 @@ class CoordinatorState(RendezvousMixin):
                     if age > self.heartbeat_timeout_s:
                         self._close(sub)
                         self._client_died(sub, f"missed heartbeats for {age:.1f} s")
+                self._check_first_beats(job, now)
+
+    def _check_first_beats(self, job: Job, now: float) -> None:
+        """A rank that joined a running job but never heartbeats died before it could (or never meant to): its
+        daemon would stay busy for ever."""
+        if job.state != RUNNING or now - job.running_since <= self.first_beat_s:
+            return
+        silent = [r for r in range(job.world_size) if r not in job.beating and r not in job.finished]
+        silent = [r for r in silent if r not in job.reported]
+        if silent:
+            rank = silent[0]
+            self._fail(job, f"{job.describe_rank(rank)} never sent a heartbeat in {self.first_beat_s:g} s", rank)
 
     def inspect(self, now: float | None = None) -> None:
         """Blame suspects whose grace ran out, announce new stalls, fail jobs stalled past the stall timeout."""
@@ -470,7 +485,7 @@ class CoordinatorState(RendezvousMixin):
             job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
             for rank, record in chosen.items():
                 record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
-            job.state, job.started_at = RUNNING, time.time()
+            job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
             log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
 
     def _fail(self, job: Job, cause: str, culprit_rank: int) -> None:

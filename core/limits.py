@@ -33,6 +33,7 @@ class Limits:
     max_request_bytes: int = 64 << 20  # one request to the coordinator (daemons take --max-request-mb)
     max_wait_s: float = 7 * 24 * 3600.0  # the longest a blocking call (JoinJob, Barrier, ...) may ask to wait
     max_sessions: int = 4096  # sessions open on one daemon
+    max_tensor_bytes: int = 1 << 40  # one tensor a program asks a daemon to allocate (a received one)
     orphan_session_s: float = 30.0  # a daemon closes a session whose job the coordinator no longer runs after this
 
     @classmethod

@@ -7,6 +7,7 @@ compiled segments. The gRPC service (`tessel.daemon.service`) is a thin translat
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -365,11 +366,25 @@ class DaemonCore:
         key = program.SerializeToString(deterministic=True)
         steps = session.bound.get(key)
         if steps is None:
+            self._check_shapes(program)
             steps = self._executor.bind(session, program)
             if len(session.bound) >= BOUND_PROGRAMS:
                 session.bound.pop(next(iter(session.bound)))
             session.bound[key] = steps
         return steps
+
+    def _check_shapes(self, program: daemon_pb2.Program) -> None:
+        """Shapes a program asks this daemon to allocate (what it receives) must be real: no negative dimension,
+        at most `limits.max_tensor_bytes` (checked before binding, so an absurd request costs nothing)."""
+        for index, instruction in enumerate(program.instructions):
+            if instruction.WhichOneof("op") != "collective":
+                continue
+            for shape in instruction.collective.recv_shapes:
+                dims = list(shape.dims)
+                if any(d < 0 for d in dims):
+                    raise ConfigurationError(f"instruction {index}: recv shape {clip(str(dims), 200)} is negative")
+                size = 8 * math.prod(d for d in dims if d)  # at most 8 bytes an element; numpy needs this with 0s too
+                self.limits.check_count(f"instruction {index}: a recv shape's byte size", size, "max_tensor_bytes")
 
     def close(self) -> None:
         for session in self.sessions():

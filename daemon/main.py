@@ -24,6 +24,7 @@ import time
 from tessel.core import rpc
 from tessel.core.errors import TesselError
 from tessel.core.limits import Limits
+from tessel.core.memory import limit_heaps, release_free_memory
 from tessel.daemon import service
 from tessel.daemon.core import DaemonCore
 from tessel.daemon.stall import REPORT_AFTER_S, CollectiveWatch
@@ -107,16 +108,22 @@ def _deadlines(core: DaemonCore, interval_s: float, timeout_s: float) -> str:
     )
 
 
-def _close_orphans(core: DaemonCore, stop: threading.Event) -> None:
+def _housekeeping(core: DaemonCore, stop: threading.Event, trim_every_s: float = 10.0) -> None:
+    """Close orphaned sessions; while no session is open, give freed memory back to the OS now and then."""
+    trimmed = 0.0
     while not stop.wait(ORPHAN_CHECK_S):
         try:
             core.close_orphans()
+            if not core.sessions() and time.monotonic() - trimmed > trim_every_s:
+                release_free_memory()  # never during a job: it would pause the allocator under a training step
+                trimmed = time.monotonic()
         except Exception:  # must outlive any bug: it is what frees sessions nobody closes
-            log.exception("checking for orphaned sessions failed")
+            log.exception("daemon housekeeping failed")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    limit_heaps(8)  # many RPC threads, mostly waiting: few heaps keep freed memory in few places
     logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
     from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient
     from tessel.core.plugin import load_plugin
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     lost = threading.Event()
     watch.start()
-    threading.Thread(target=_close_orphans, args=(core, stop), name="tessel-orphans", daemon=True).start()
+    threading.Thread(target=_housekeeping, args=(core, stop), name="tessel-housekeeping", daemon=True).start()
 
     def on_event(event) -> None:
         if event.state == COORDINATOR_LOST:

@@ -186,3 +186,20 @@ def test_assignment_of_a_large_world_is_linear_and_prefers_each_ranks_host():
     assert time.perf_counter() - started < 2.0  # O(ranks x daemons) would take minutes
     assert not reasons and len({d.daemon_id for d in chosen.values()}) == 20_000
     assert all(chosen[r].info.hostname == f"h{r % 100}" for r in range(20_000))
+
+
+def test_a_rank_that_joins_but_never_heartbeats_frees_its_daemon():
+    state = CoordinatorState(heartbeat_timeout_s=3.0)
+    state.register_daemon(daemon_info(1))
+    state.register_daemon(daemon_info(2))
+    start_job(state, "k", 2)
+    subs = [subscribe_client(state, "k", 0)[0]]
+    subs += [state.subscribe(coordinator_pb2.HeartbeatRequest(daemon_id=d), queue.SimpleQueue()) for d in ("d0", "d1")]
+    later = time.monotonic() + state.first_beat_s + 1
+    state._clock = lambda: later  # rank 0 and the daemons keep beating; rank 1 never started
+    for sub in subs:
+        state.beat(sub)
+    state.expire()
+    info = state.job_info("k")
+    assert info.state == "failed" and info.culprit_rank == 1 and "never sent a heartbeat" in info.cause, info
+    assert {d.state for d in state.cluster_status().daemons} == {"idle"}
