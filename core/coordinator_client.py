@@ -74,7 +74,10 @@ class HeartbeatHandle:
                     self._deliver(event)
             self._lose(f"the coordinator at {self._client.address} ended the heartbeat stream (it stopped)")
         except grpc.RpcError as exc:
-            self._lose(f"heartbeat stream to {self._client.address} broke: {exc.code().name}: {exc.details()}")
+            self._lose(
+                f"lost the coordinator at {self._client.address}: its heartbeat stream broke "
+                f"({exc.code().name}: {exc.details()})"
+            )
 
     def _watch(self) -> None:
         while not self._done.wait(self.interval_s):
@@ -98,7 +101,8 @@ class HeartbeatHandle:
             if self._call is not None:
                 self._call.cancel()
         log.warning("%s", reason)
-        self._deliver(coordinator_pb2.JobEvent(job_id=self.job_id, state=COORDINATOR_LOST, cause=reason))
+        event = coordinator_pb2.JobEvent(job_id=self.job_id, state=COORDINATOR_LOST, cause=reason, culprit_rank=-1)
+        self._deliver(event)  # no rank is to blame
 
     @property
     def alive(self) -> bool:

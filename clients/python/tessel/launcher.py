@@ -294,10 +294,10 @@ class Launch:
                 # The status reaches the coordinator even if the rank could not say it (`raise SystemExit(3)`, a
                 # signal); a rank that reported its failure itself is not blamed again (coordinator/state.py).
                 culprit, cause = self._culprit(job_id, failed, self.ranks[failed].poll())
-                if cause:
-                    # The coordinator failed the job, so the other ranks hear of it from their daemons within
-                    # moments and exit saying why; stopping them at once raced that, and their logs stayed empty.
-                    self._await_exit(self.ranks, RANKS_LEARN_S)
+                # The coordinator failed the job (or went away: the ranks hear that too), so the other ranks learn
+                # of it within moments and exit saying why; stopping them at once raced that, and their logs stayed
+                # empty.
+                self._await_exit(self.ranks, RANKS_LEARN_S)
                 self._stop(self.ranks)
                 rank = culprit if culprit >= 0 else failed
                 code = self.ranks[rank].returncode if rank >= 0 else 1
