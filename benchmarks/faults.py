@@ -13,7 +13,8 @@ What is measured, per trial:
   ranks catch the error and print the time; a SIGSTOPped rank cannot, and is not waited for);
 - culprit right: the coordinator's verdict, the launcher's summary and every rank's error all name rank r
   (coordinator trials: every rank's error says the coordinator was lost instead; no rank is at fault);
-- hang: `tessel run` still running TRIAL_DEADLINE_S after the signal (then everything of the trial is killed);
+- hang: `tessel run` still running TRIAL_DEADLINE_S after the signal (its processes' stacks are then dumped into
+  their logs with SIGABRT, and everything of the trial is killed);
 - leftovers once the cluster is repaired (the signalled process killed for good and started again): processes
   of the job, socket directories of dead daemons, shared-memory segments of the job's groups that no process
   maps, checkpoint temp files still there after a later save.
@@ -120,6 +121,7 @@ class Cluster:
         self.workdir, self.count = workdir, daemons
         self.env = dict(os.environ, TESSEL_TOKEN=secrets.token_hex(16), TESSEL_HOME=str(workdir / "home"))
         self.env["PYTHONUNBUFFERED"] = "1"
+        self.env["PYTHONFAULTHANDLER"] = "1"  # a hang's stacks can be dumped (SIGABRT)
         self.port = 0
         self.coordinator: subprocess.Popen | None = None
         self.daemons: list[subprocess.Popen | None] = [None] * daemons
@@ -237,9 +239,11 @@ def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: 
             trial.note = "the job ended before the fault"
             return trial
         segments = _mapped_segments([d.pid for d in cluster.daemons if d is not None])
-        os.kill(victim, signal.SIGKILL if trial.signal == "kill" else signal.SIGSTOP)
         faulted = time.time()
+        os.kill(victim, signal.SIGKILL if trial.signal == "kill" else signal.SIGSTOP)
         trial.hang = not _wait_exit(launcher, TRIAL_DEADLINE_S)
+        if trial.hang:
+            _dump_stacks([launcher.pid, *_job_processes(job).values()])
         _judge(cluster, trial, job, logs / job, ranks, faulted)
     finally:
         if launcher.poll() is None:
@@ -254,6 +258,16 @@ def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: 
         "shm": len([s for s in segments if os.path.exists(s) and s not in _mapped_segments(_pids())]),
     }
     return trial
+
+
+def _dump_stacks(pids: list[int]) -> None:
+    """Where a hung trial's processes are: SIGABRT makes Python's faulthandler (PYTHONFAULTHANDLER, set for every
+    process of the campaign) print every thread's stack to the process's stderr, i.e. its log."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGABRT)
+    time.sleep(1.0)
 
 
 def _wait_running(directory: Path, ranks: int, launcher: subprocess.Popen, timeout_s: float = 90.0) -> bool:

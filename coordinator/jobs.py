@@ -103,6 +103,7 @@ class Job:
     reported: set[int] = field(default_factory=set)  # ranks that reported their failure (FailJob): they exit next
     beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
     running_since: float = 0.0  # on the state's clock
+    first_beats_checked: bool = False  # every rank was checked for a first heartbeat (liveness.py)
     suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
     next_free: int = 0  # every rank below this one has joined, except those in `freed`
     freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew

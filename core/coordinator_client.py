@@ -185,15 +185,22 @@ class CoordinatorClient:
     def get_job(self, job_id: str) -> coordinator_pb2.JobInfo:
         return self._rpc.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id))
 
-    def finish_rank(self, job_id: str, rank: int) -> None:
-        self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank))
+    def finish_rank(self, job_id: str, rank: int, timeout_s: float | None = None) -> None:
+        self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank), timeout_s)
 
-    def fail_job(self, job_id: str, rank: int, cause: str, culprit_rank: int | None = None) -> None:
+    def fail_job(
+        self, job_id: str, rank: int, cause: str, culprit_rank: int | None = None, timeout_s: float | None = None
+    ) -> None:
         """Report a failure of `rank`: its own, or (culprit_rank) one that another rank caused."""
         request = coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause)
         if culprit_rank is not None:
             request.culprit_rank = culprit_rank
-        self._rpc.FailJob(request)
+        self._rpc.FailJob(request, timeout_s)
+
+    def abort(self, error: Exception) -> None:
+        """The coordinator is lost: end the calls in flight (a stopped coordinator would hold them until their
+        deadline) and fail later ones with `error`. Heartbeat streams are not affected."""
+        self._rpc.abort(error)
 
     def get_daemon(self, daemon_id: str, timeout_s: float | None = None) -> coordinator_pb2.DaemonInfo:
         return self._rpc.GetDaemon(coordinator_pb2.GetDaemonRequest(daemon_id=daemon_id), timeout_s)

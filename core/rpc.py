@@ -279,6 +279,8 @@ class Client:
         future = getattr(self.stub, method).future(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         with self._lock:
             self._in_flight.add(future)
+            if self._aborted is not None:  # aborted between the check above and now
+                future.cancel()
         try:
             return future.result()
         except (grpc.RpcError, grpc.FutureCancelledError) as exc:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError, JobFailedError, TesselError
+from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
 from tessel.core.limits import Limits, clip
 from tessel.core.plugin import GroupContext, Peer, Plugin
 from tessel.daemon.executor import Executor
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("tessel.daemon")
 
 BOUND_PROGRAMS = 64  # bound programs cached per session
+# How long a collective that failed because a peer left waits for the coordinator's verdict on the job (the
+# daemons of a job hear of its failure within a heartbeat of each other).
+VERDICT_WAIT_S = 1.0
 
 
 class Result(NamedTuple):
@@ -337,7 +340,7 @@ class DaemonCore:
                     for name in collect:
                         history[name].append(np.array(session.tensor(name)))
             except JobFailedError as exc:
-                if exc.culprit_rank < 0 and session.abort_cause is not None:  # the job failed: say why, and who
+                if self._verdict(session, exc):  # the job failed: say why, and who, as the coordinator does
                     raise JobFailedError(
                         f"job {session.job_id!r} failed: {session.abort_cause}", session.culprit_rank
                     ) from exc
@@ -347,6 +350,15 @@ class DaemonCore:
         return Result(
             fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
         )
+
+    def _verdict(self, session: Session, exc: JobFailedError) -> bool:
+        """Whether the coordinator failed the job, waiting a moment for its word when a peer left the group: a
+        peer whose daemon heard first gives up before this one hears, and would be blamed for the job's end."""
+        if session.abort_cause is None and isinstance(exc, PeerFailedError) and self.coordinator is not None:
+            deadline = time.monotonic() + VERDICT_WAIT_S
+            while session.abort_cause is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return session.abort_cause is not None
 
     @staticmethod
     def _repetition(session: Session, steps: list, elapsed: list[float] | None) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from tessel.core.errors import JobFailedError, TesselError
 
+EXIT_CALL_S = 10.0  # the longest a dying rank waits on the coordinator (a lost one also ends the call at once)
 _exit_status: int = 0  # what the main thread last asked sys.exit / exit / quit for
 _exit_culprit: int | None = None  # the rank named by the error being handled when it asked (if any)
 _exit_error: str = ""  # that error
@@ -72,9 +73,8 @@ def install(runtime) -> None:
             # Its own exception decides at once; one naming another rank is a claim (coordinator/state.py fail_job).
             # If the coordinator is gone too, the broken heartbeat stream tells the same story.
             with contextlib.suppress(TesselError):
-                runtime.coordinator.fail_job(
-                    runtime.job_id, runtime.rank, runtime.failure, None if blamed == runtime.rank else blamed
-                )
+                claim = None if blamed == runtime.rank else blamed
+                runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure, claim, EXIT_CALL_S)
         previous(kind, value, traceback)
 
     sys.excepthook = hook
@@ -97,7 +97,10 @@ def on_event(runtime, event, lost_state: str) -> None:
     if event.state in ("failed", lost_state):
         if runtime.failure is None:
             runtime.failure, runtime.culprit_rank = event.cause, event.culprit_rank
-        runtime.daemon.abort(JobFailedError(f"job {runtime.job_id!r} failed: {event.cause}", event.culprit_rank))
+        error = JobFailedError(f"job {runtime.job_id!r} failed: {event.cause}", event.culprit_rank)
+        runtime.daemon.abort(error)
+        if event.state == lost_state:  # what this rank would still tell the coordinator cannot arrive
+            runtime.coordinator.abort(error)
     elif event.state == "stalled":
         print(f"tessel: stalled: {event.cause}", file=sys.stderr, flush=True)
 
@@ -109,6 +112,6 @@ def finish(runtime) -> None:
         after = f" after {_exit_error}" if _exit_error else ""
         runtime.failure = f"rank {runtime.rank} exited with status {_exit_status}{after}"
         runtime.culprit_rank = culprit
-        runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure, culprit)
+        runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure, culprit, EXIT_CALL_S)
     else:
-        runtime.coordinator.finish_rank(runtime.job_id, runtime.rank)
+        runtime.coordinator.finish_rank(runtime.job_id, runtime.rank, EXIT_CALL_S)
