@@ -46,6 +46,7 @@ log = logging.getLogger("tessel.daemon")
 TOKEN, REQUEST, REPLY, ERROR = 1, 2, 3, 4
 _HEADER = struct.Struct("<BQ")
 _MAX_PATH = 100  # sun_path holds 108 bytes on Linux
+TOKEN_TIMEOUT_S = 5.0  # a connection must send the token this soon
 DIRECTORY_PREFIX = "tessel-daemon-"
 SOCKET_NAME = "execute.sock"
 _STARTING_S = 60.0  # a directory younger than this whose socket does not answer may belong to a daemon starting
@@ -173,10 +174,12 @@ class LocalExecuteServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.settimeout(TOKEN_TIMEOUT_S)  # a silent connection does not hold a thread for ever
             kind, token = recv_frame(conn, 1024)
             if kind != TOKEN or not secrets.compare_digest(token, self.token.encode()):
                 log.warning("local Execute socket: a connection without the cluster token was closed")
                 return
+            conn.settimeout(None)  # between a client's requests: as long as it likes
             while True:
                 kind, payload = recv_frame(conn, self.max_bytes)
                 if kind != REQUEST:
