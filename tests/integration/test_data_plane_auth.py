@@ -150,7 +150,7 @@ def test_malformed_and_silent_peers_neither_stop_nor_delay_the_listener():
         assert transports[1]._thread.is_alive() and transports[1]._admitter._thread.is_alive()
         assert transports[1]._admitter.refused >= 1000 - handshake.MAX_PENDING
         print(f"20 groups: {baseline:.3f} s before, {abused:.3f} s after the abuse")
-        assert abused < 3 * baseline + 1.0, (baseline, abused)
+        assert abused < 3 * baseline + 3.0, (baseline, abused)  # each silent peer used to cost 5 s
     finally:
         for transport in transports:
             transport.close()
@@ -192,5 +192,5 @@ def test_a_daemons_data_plane_shrugs_off_1000_malformed_and_50_silent_peers(clus
         for sock in quiet:
             sock.close()
     print(f"TCP job: {baseline:.2f} s before, {abused:.2f} s after the abuse")
-    assert abused < 2 * baseline + 3.0, (baseline, abused)
+    assert abused < 3 * baseline + 5.0, (baseline, abused)  # each silent peer used to cost 5 s
     assert all(proc.poll() is None for proc, _, _ in cluster.daemons)  # both daemons still serve
