@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
-from tessel.core import errors, rpc
+from tessel.core import errors, rpc, tls
 from tessel.core.limits import Limits
 from tessel.core.memory import release_free_memory
 from tessel.v1 import common_pb2, coordinator_pb2
@@ -216,7 +216,8 @@ class CoordinatorServer:
             f"{stall_warning_s:g} s, stall timeout {stall_timeout_s:g} s (0 = none); blocking calls wait "
             f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most"
         )
-        log.info("coordinator listening on %s", self.address)
+        self.tls = tls.wanted(host)
+        log.info("coordinator listening on %s (%s)", self.address, "TLS, cluster CA" if self.tls else "plaintext")
 
     def _reap(self, period_s: float, trim_every_s: float = 10.0) -> None:
         last = trimmed = time.monotonic()
@@ -279,6 +280,7 @@ def serve(
             "use a timeout of several intervals (default 3000 ms over 500 ms)"
         )
     token = token or rpc.cluster_token(create=True)
+    tls.cluster_ca(create=True)  # made with the token at the first start: the files other hosts get a copy of
     return CoordinatorServer(
         host,
         port,

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -39,6 +40,7 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # up before its address is published, so a healthy peer never needs longer.
 CONNECT_TIMEOUT_S = float(os.environ.get("TESSEL_CONNECT_TIMEOUT", "5"))
 _WILDCARDS = ("", "0.0.0.0", "::")
+HANDSHAKE_TLS_S = 10.0  # a TLS handshake after the token's proof: both ends are cluster members, and alive
 
 
 _PROCESS_SECRET = secrets.token_hex(16)
@@ -86,8 +88,16 @@ class TcpTransport:
         token: str | None = None,
         advertise_host: str = "",
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        tls: bool | None = None,
     ):
+        """`tls`: encrypt every connection after the handshake (default: TESSEL_DATA_TLS=on), the listener with a
+        certificate of the cluster CA, the dialer pinning that CA (core/tls.py)."""
+        from tessel.core import tls as cluster_tls
+
         self.host = host
+        self.tls = cluster_tls.data_plane_wanted() if tls is None else tls
+        self._tls_server = cluster_tls.server_context() if self.tls else None
+        self._tls_client = cluster_tls.client_context() if self.tls else None
         advertised = advertise_host or host
         if advertised in _WILDCARDS:
             raise ConfigurationError(
@@ -193,7 +203,26 @@ class TcpTransport:
             except BaseException:
                 sock.close()
                 raise
+            return self._encrypt_dialled(sock, context, peer_rank, clock)
+
+    def _encrypt_dialled(self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock):
+        """The dialer's TLS handshake on an admitted connection (when TLS is on): the listener must prove a
+        certificate of the cluster CA."""
+        if self._tls_client is None:
             return sock
+        from tessel.core.tls import SERVER_NAME
+
+        sock.settimeout(max(0.05, min(HANDSHAKE_TLS_S, clock.remaining())))
+        try:
+            return self._tls_client.wrap_socket(sock, server_hostname=SERVER_NAME)
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            peer = context.peers[peer_rank]
+            raise PeerFailedError(
+                f"TLS with {Who(peer_rank, peer.rank)} at {peer.data_address} failed ({exc}): every daemon of the "
+                "job must set the same TESSEL_DATA_TLS and hold the same cluster CA (~/.tessel/tls)",
+                culprit_rank=peer.rank,
+            ) from None
 
     def _unreachable(self, context: GroupContext, peer_rank: int, clock: Clock, cause: OSError) -> PeerUnreachableError:
         peer = context.peers[peer_rank]
@@ -290,7 +319,27 @@ class TcpTransport:
             self._listener.close()
 
     def _file(self, key: handshake.Key, sock: socket.socket) -> None:
-        """File an admitted connection under its key until its communicator claims it (Admitter's thread)."""
+        """File an admitted connection under its key until its communicator claims it (Admitter's thread); with
+        TLS on, its handshake runs first on a thread of its own (the peer proved the token: it is a cluster member)."""
+        if self._tls_server is not None:
+            encrypt = threading.Thread(target=self._encrypt_admitted, args=(key, sock), name="tessel-tcp-tls")
+            encrypt.daemon = True
+            encrypt.start()
+            return
+        self._claimable(key, sock)
+
+    def _encrypt_admitted(self, key: handshake.Key, sock: socket.socket) -> None:
+        sock.settimeout(HANDSHAKE_TLS_S)
+        try:
+            wrapped = self._tls_server.wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("data plane %s: TLS handshake with an admitted peer failed: %s", self.address, exc)
+            sock.close()
+            return
+        wrapped.settimeout(None)
+        self._claimable(key, wrapped)
+
+    def _claimable(self, key: handshake.Key, sock: socket.socket) -> None:
         with self._cond:
             if self._closed:
                 sock.close()
