@@ -68,6 +68,17 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def _read_some(sock: socket.socket, size: int) -> bytes:
+    """Up to `size` bytes from a blocking socket (fewer only if the peer closed)."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
@@ -235,25 +246,55 @@ class TcpTransport:
             culprit_rank=peer.rank,
         )
 
+    def dial_probe(self, address: str) -> socket.socket:
+        """A connection to the data plane at `address` for a link probe (tcp_probe.py), handshake done (the same
+        challenge–response as any peer; a probe carries no data of a job, so it is never encrypted)."""
+        from tessel.plugins.cpu.tcp_probe import PROBE_CHANNEL
+
+        host, port = _split_address(address)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+        try:
+            _tune(sock)
+            body = handshake.encode_key("", "", (), -1, -1, PROBE_CHANNEL)
+            answer = self._prove(sock, body, lambda size: _read_some(sock, size))
+        except BaseException:
+            sock.close()
+            raise
+        if answer != handshake.ACCEPTED:
+            sock.close()
+            why = "wrong cluster token" if answer in (handshake.BAD_TOKEN, b"?") else "the peer closed the connection"
+            raise ConfigurationError(f"the data plane at {address} refused a link probe: {why}")
+        return sock
+
+    def _prove(self, sock: socket.socket, body: bytes, receive) -> bytes:
+        """The dialer's side of tcp_handshake's challenge–response for a connection named by `body`; returns the
+        listener's one-byte answer (b"" if it closed, b"?" if it could not prove the token). `receive(n)` reads."""
+        dialer_nonce = os.urandom(handshake.NONCE_BYTES)
+        sock.sendall(handshake.MAGIC + dialer_nonce)
+        challenge = receive(handshake.CHALLENGE_BYTES)
+        if len(challenge) < handshake.CHALLENGE_BYTES:
+            raise _Refused("the listener closed the connection before answering the handshake")
+        listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
+        if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
+            return b"?"
+        mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
+        sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
+        return receive(1)
+
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str
     ) -> None:
         """The dialer's side of tcp_handshake's challenge–response; returns once the listener accepted."""
         address = context.peers[peer_rank].data_address
-        dialer_nonce = os.urandom(handshake.NONCE_BYTES)
-        sock.sendall(handshake.MAGIC + dialer_nonce)
-        challenge = self._receive(sock, handshake.CHALLENGE_BYTES, context, peer_rank, clock)
-        if len(challenge) < handshake.CHALLENGE_BYTES:
-            raise _Refused(f"{address} closed the connection before answering the handshake")
-        listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
-        if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
-            raise self._wrong_token(context, address, "it could not prove that it holds this cluster's token")
         body = handshake.encode_key(
             context.job_id, context.name, context.ranks, context.rank, context.ranks[peer_rank], channel
         )
-        mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
-        sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
-        answer = self._receive(sock, 1, context, peer_rank, clock)
+        try:
+            answer = self._prove(sock, body, lambda size: self._receive(sock, size, context, peer_rank, clock))
+        except _Refused:
+            raise _Refused(f"{address} closed the connection before answering the handshake") from None
+        if answer == b"?":
+            raise self._wrong_token(context, address, "it could not prove that it holds this cluster's token")
         if answer == handshake.BAD_TOKEN:
             raise self._wrong_token(context, address, "it refused this daemon's proof of the token")
         if answer != handshake.ACCEPTED:
@@ -321,6 +362,11 @@ class TcpTransport:
     def _file(self, key: handshake.Key, sock: socket.socket) -> None:
         """File an admitted connection under its key until its communicator claims it (Admitter's thread); with
         TLS on, its handshake runs first on a thread of its own (the peer proved the token: it is a cluster member)."""
+        if key[-1] == "probe":  # a link probe (tcp_probe.py), authenticated like any peer: answer it on its own thread
+            from tessel.plugins.cpu.tcp_probe import serve_probe
+
+            threading.Thread(target=serve_probe, args=(sock,), name="tessel-tcp-probe", daemon=True).start()
+            return
         if self._tls_server is not None:
             encrypt = threading.Thread(target=self._encrypt_admitted, args=(key, sock), name="tessel-tcp-tls")
             encrypt.daemon = True
