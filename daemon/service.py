@@ -140,7 +140,7 @@ class DaemonServicer:
     def Measure(self, request, context):
         from tessel.daemon.calibration import measure_device
 
-        found = measure_device(self.core.plugin)
+        found = measure_device(self.core.plugin, wait=False)
         if found is None:
             raise ConfigurationError(
                 f"Measure: the {self.core.plugin.name} plugin measures nothing here (or TESSEL_MEASURE=0 is set)"
