@@ -1,0 +1,323 @@
+"""Optimizer parallel: MindSpore's `enable_parallel_optimizer` / `AutoParallel.hsdp()`, ZeRO's three stages.
+
+A parameter replicated over some ranks (every parameter under data parallelism; under SEMI_AUTO/AUTO the ones a
+strategy leaves whole over some mesh axes) is read through a `Mirror` over exactly those ranks, its *replica
+group*. Optimizer parallel cuts dim 0 of the parameter's local value into one block per member of a *shard group*
+(the replica group, or consecutive runs of `shard_size` of its members) and gives each member one block of the
+work and of the memory:
+
+- level1: each rank keeps the optimizer state of its block only and updates only that block: the gradient is
+  reduce-scattered over the shard group (mean or sum as the Mirror says; an AllReduce over the ranks holding the
+  same block follows when the shard group is smaller than the replica group), the block is updated, and the new
+  blocks are all-gathered into the whole parameter;
+- level2: as level1, and the whole local gradient lives only until its reduce-scatter (no gradient bucket keeps
+  it; with micro-batches each micro-batch's gradient is reduce-scattered and the blocks accumulate);
+- level3: the parameter itself is stored as its block: it is all-gathered right before the forward pass uses it,
+  and again before the backward pass does (the forward's copy is freed after its last use), and the update
+  writes the block.
+
+Parameters smaller than the threshold (MindSpore: 64 KB), with a dim 0 that the shard group does not divide, not
+replicated, or not floating point keep the plain all-reduce, as in MindSpore.
+
+    shards = plan_shards(forward, ["w1", "b1"], ShardConfig("level1", threshold_kb=0), rank=1)
+    forward = shard_forward(forward, shards)               # level3 only: parameters become their blocks
+    program = build_train_step(forward, ["w1", "b1"], Adam(), shards=shards)
+
+`shard_layout` gives the checkpoint layout of a block (the parameter's layout with dim 0 further cut over the
+shard group's mesh axes), so checkpoints gather the blocks back into whole tensors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from tessel.compiler.builder import SymbolicTensor, apply
+from tessel.compiler.ir import Graph, Node, TensorType, Value
+from tessel.compiler.rank_rewrite import Rewriter
+from tessel.compiler.shapes import numel
+from tessel.core.errors import ConfigurationError
+
+LEVELS = ("level1", "level2", "level3")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """Optimizer-parallel settings: MindSpore's optimizer_level, parallel_optimizer_threshold (KB) and
+    optimizer_weight_shard_size (-1: the whole replica group)."""
+
+    level: str = "level1"
+    threshold_kb: int = 64
+    shard_size: int = -1
+
+    def __post_init__(self):
+        if self.level not in LEVELS:
+            raise ConfigurationError(f"optimizer_level must be one of {list(LEVELS)}, got {self.level!r}")
+        if isinstance(self.threshold_kb, bool) or not isinstance(self.threshold_kb, int) or self.threshold_kb < 0:
+            raise ConfigurationError(
+                f"the optimizer-parallel threshold must be an int >= 0 (KB), got {self.threshold_kb!r}"
+            )
+        size = self.shard_size
+        if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+            raise ConfigurationError(f"optimizer_weight_shard_size must be a positive int or -1, got {size!r}")
+
+
+@dataclass(frozen=True)
+class ParamShard:
+    """How one parameter is sharded on this rank.
+
+    `shape` is the parameter's local shape (what the rank computes with); this rank holds rows `rows` of dim 0
+    (block `index` of `len(group)`). `replicas` are the ranks holding the same block (this rank included),
+    `mean` whether the gradient reduction averages over the whole replica group, `fusion` the Mirror's."""
+
+    name: str
+    level: str
+    shape: tuple[int, ...]
+    group: tuple[int, ...]
+    index: int
+    replicas: tuple[int, ...]
+    mean: bool
+    fusion: int = 1
+
+    @property
+    def block_shape(self) -> tuple[int, ...]:
+        return (self.shape[0] // len(self.group), *self.shape[1:])
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        size = self.shape[0] // len(self.group)
+        return self.index * size, (self.index + 1) * size
+
+    @property
+    def weights_sharded(self) -> bool:
+        return self.level == "level3"
+
+
+def split_group(replicas: Sequence[int], shard_size: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(shard group, ranks holding the same block) of `rank` in a replica group: runs of `shard_size` consecutive
+    members (MindSpore's optimizer_weight_shard_size; -1 or more than the group: the whole group)."""
+    replicas = tuple(replicas)
+    size = len(replicas) if shard_size == -1 or shard_size >= len(replicas) else shard_size
+    if len(replicas) % size:
+        raise ConfigurationError(
+            f"optimizer_weight_shard_size={shard_size} does not divide the {len(replicas)} ranks {list(replicas)} that "
+            "hold a parameter whole; the rule: shard groups tile the replica group. Use a divisor of "
+            f"{len(replicas)}, or -1 for the whole group"
+        )
+    position = replicas.index(rank)
+    start = position // size * size
+    return replicas[start : start + size], replicas[position % size :: size]
+
+
+def mirror_of(graph: Graph, name: str) -> Node | None:
+    """The Mirror reading parameter `name` (a replicated parameter's one reader), or None."""
+    value = graph.input(name)
+    return next((n for n in graph.nodes if n.op == "Mirror" and n.inputs[0] is value), None)
+
+
+def plan_shards(
+    forward: Graph,
+    params: Sequence[str],
+    config: ShardConfig,
+    rank: int,
+    exclude: frozenset[str] = frozenset(),
+) -> dict[str, ParamShard]:
+    """Which of `params` this rank shards, and how (see the module docstring). `exclude`: parameters whose user
+    turned optimizer parallel off (MindSpore's Parameter(parallel_optimizer=False))."""
+    shards = {}
+    for name in params:
+        mirror = mirror_of(forward, name)
+        if mirror is None or name in exclude:
+            continue
+        value, replicas = forward.input(name), tuple(mirror.attrs["group"])
+        if len(replicas) < 2 or not value.dtype.is_float or value.ndim == 0 or rank not in replicas:
+            continue
+        if numel(value.shape) * value.dtype.itemsize < config.threshold_kb * 1024:
+            continue
+        group, same = split_group(replicas, config.shard_size, rank)
+        if value.shape[0] % len(group):
+            continue  # MindSpore leaves a parameter whose dim 0 the group does not divide whole
+        shards[name] = ParamShard(
+            name,
+            config.level,
+            tuple(value.shape),
+            group,
+            group.index(rank),
+            same,
+            bool(mirror.attrs["mean"]),
+            int(mirror.attrs["fusion"]),
+        )
+    return shards
+
+
+def shard_forward(forward: Graph, shards: Mapping[str, ParamShard]) -> Graph:
+    """Level3: every sharded parameter becomes an input of its block's shape, all-gathered over the shard group
+    where its Mirror was (the gathered value replaces the Mirror's output). Other levels: `forward` unchanged."""
+    stored = {name: s for name, s in shards.items() if s.weights_sharded}
+    if not stored:
+        return forward
+    rewriter = Rewriter(forward)
+    blocks: dict[Value, Value] = {}
+    for i, value in enumerate(forward.inputs):
+        if value.name in stored:
+            block = Value(TensorType(stored[value.name].block_shape, value.dtype), value.name)
+            rewriter.builder.inputs[i] = blocks[value] = block
+            rewriter.alias(value, block)
+    for node in forward.nodes:
+        source = node.inputs[0] if node.inputs else None
+        if node.op == "Mirror" and source in blocks:
+            shard = stored[source.name]
+            with rewriter.at(node.source):
+                gathered = apply("AllGather", rewriter.tensor(source), group=shard.group, axis=0)
+            rewriter.alias(node.outputs[0], gathered.value)
+        else:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
+def read_value(graph: Graph, name: str, shard: ParamShard | None = None) -> Value:
+    """What the computation reads of parameter `name`: its Mirror's output, the AllGather of its block (a level3
+    shard), or the parameter itself. Gradients are taken with respect to it and reduced explicitly."""
+    value = graph.input(name)
+    reader = "AllGather" if shard is not None and shard.weights_sharded else "Mirror"
+    for node in graph.nodes:
+        if node.op == reader and node.inputs and node.inputs[0] is value:
+            return node.outputs[0]
+    return value
+
+
+def reduce_gradient(grad: SymbolicTensor, shard: ParamShard, made: set[Value] | None = None) -> SymbolicTensor:
+    """The block of the gradient this rank updates: reduce-scattered over the shard group, then all-reduced over
+    the ranks holding the same block; averaged over every replica when the Mirror averages. The collectives'
+    outputs are added to `made`."""
+    op = "mean" if shard.mean else "sum"
+    block = apply("ReduceScatter", grad, reduce_op=op, group=shard.group, axis=0)
+    made = set() if made is None else made
+    made.add(block.value)
+    if len(shard.replicas) > 1:
+        block = apply("AllReduce", block, reduce_op=op, group=shard.replicas)
+        made.add(block.value)
+    return block
+
+
+def local_block(param: SymbolicTensor, shard: ParamShard) -> SymbolicTensor:
+    """This rank's rows of a whole (levels 1-2) parameter."""
+    lo, hi = shard.rows
+    rest = (None,) * (param.ndim - 1)
+    return apply("StridedSlice", param, begin=(lo, *rest), end=(hi, *rest), strides=(1,) * param.ndim)
+
+
+def gather_block(block: SymbolicTensor, shard: ParamShard) -> SymbolicTensor:
+    return apply("AllGather", block, group=shard.group, axis=0)
+
+
+def regather_for_backward(graph: Graph, forward_nodes: int, shards: Mapping[str, ParamShard]) -> Graph:
+    """Level3: readers of a gathered parameter in the backward pass (nodes from index `forward_nodes` on) read a
+    second AllGather issued right before the first of them, so that the forward's gathered copy dies with the
+    forward pass (ZeRO-3: gathered before use and freed after, forward and backward)."""
+    stored = {s.name for s in shards.values() if s.weights_sharded}
+    gathers = {
+        n.outputs[0]: n for n in graph.nodes[:forward_nodes] if n.op == "AllGather" and n.inputs[0].name in stored
+    }
+    if not gathers:
+        return graph
+    rewriter = Rewriter(graph)
+    again: dict[Value, Value] = {}
+    for index, node in enumerate(graph.nodes):
+        if index >= forward_nodes and any(v in gathers for v in node.inputs):
+            inputs = []
+            for v in node.inputs:
+                if v in gathers and v not in again:
+                    gather = gathers[v]
+                    with rewriter.at(gather.source):
+                        again[v] = apply(
+                            "AllGather", rewriter.tensor(gather.inputs[0]), group=gather.attrs["group"], axis=0
+                        ).value
+                inputs.append(again.get(v, rewriter.get(v)))
+            rewriter.keep(node, inputs)
+        else:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
+def shard_layout(layout, shard: ParamShard, rank: int):
+    """The layout of this rank's block: `layout` (the parameter's, a compiler Layout) with dim 0 further split over
+    the mesh axes that its shard group spans. A shard group that is not a product of whole mesh axes is refined
+    (an axis of 4 split into 2 x 2) first; None when it cannot be expressed that way."""
+    from tessel.compiler.parallel.layout import Layout
+
+    sizes = list(layout.device_matrix)
+    dim_axes = [list(axes) for axes in layout.dim_axes]
+    replicated = list(layout.replicated_axes)
+    need, chosen = len(shard.group), []
+    # The shard group is the minor part of the replica group: take replicated axes from the last one up.
+    for axis in reversed(replicated):
+        if need == 1:
+            break
+        size = sizes[axis]
+        if need % size == 0:
+            chosen.insert(0, axis)
+            need //= size
+            continue
+        if size % need:
+            return None
+        # Split `axis` into (size // need, need) and take the minor part.
+        sizes[axis : axis + 1] = [size // need, need]
+        dim_axes = [[a + 1 if a > axis else a for a in axes] for axes in dim_axes]
+        chosen = [a + 1 if a > axis else a for a in chosen]
+        chosen.insert(0, axis + 1)
+        need = 1
+    if need != 1:
+        return None
+    dim_axes[0] = dim_axes[0] + chosen
+    candidate = Layout.from_axes(tuple(sizes), [tuple(a) for a in dim_axes])
+    block = candidate.local_slices(tuple(_global_shape(layout, shard)), rank)[0]
+    lo, hi = shard.rows
+    base = layout.local_slices(tuple(_global_shape(layout, shard)), rank)[0]
+    if (block.start - base.start, block.stop - base.start) != (lo, hi):
+        return None  # the mesh orders this rank's block elsewhere than the shard group does
+    return candidate
+
+
+def _global_shape(layout, shard: ParamShard) -> tuple[int, ...]:
+    return tuple(d * s for d, s in zip(shard.shape, layout.splits))
+
+
+def bytes_of(shape: Sequence[int], itemsize: int) -> int:
+    return math.prod(shape) * itemsize
+
+
+def start_reductions_early(graph: Graph, reductions: set[Value]) -> Graph:
+    """`graph` reordered for overlap: each node producing one of `reductions` (the gradients' reduce-scatters and
+    the all-reduces after them) right after the node computing its input, so it starts while the backward pass
+    goes on, and every node that reads a reduced value after every node that does not."""
+    members = [n for n in graph.nodes if any(o in reductions for o in n.outputs)]
+    if not members:
+        return graph
+    producers = graph.producers
+    after: dict[Node | None, list[Node]] = {}
+    for node in members:
+        after.setdefault(producers.get(node.inputs[0]), []).append(node)
+    member_set, reduced = set(members), set(reductions)
+    early, late = [], []
+    for node in graph.nodes:
+        if node in member_set:
+            continue
+        if any(v in reduced for v in node.inputs):
+            reduced.update(node.outputs)
+            late.append(node)
+        else:
+            early.append(node)
+    order: list[Node] = []
+
+    def emit(node: Node) -> None:
+        order.append(node)
+        for follower in after.get(node, ()):
+            emit(follower)
+
+    for node in after.get(None, ()):
+        emit(node)
+    for node in early + late:
+        emit(node)
+    return Graph(graph.inputs, tuple(order), graph.outputs, graph.name)
