@@ -93,6 +93,23 @@ def mirror_parameters(
     return rewriter.build()
 
 
+def sync_in_fp32(graph: Graph) -> Graph:
+    """`graph` with every Mirror of a float16 value marked fp32_sync: its gradient is all-reduced in float32
+    (MindSpore's gradient_fp32_sync); `graph` itself when it mirrors no float16 value."""
+    if not any(n.op == "Mirror" and n.inputs[0].dtype == DType.float16 for n in graph.nodes):
+        return graph
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if node.op == "Mirror" and node.inputs[0].dtype == DType.float16 and not node.attrs["fp32_sync"]:
+            attrs = registry.get("Mirror").bind({**dict(node.attrs), "fp32_sync": True})
+            rewriter.builder.nodes.append(
+                dataclasses.replace(node, inputs=(rewriter.get(node.inputs[0]),), attrs=attrs)
+            )
+        else:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
 def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
     """The buckets bucket_allreduce would make, ordered by when their last gradient is ready.
 

@@ -34,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tessel.compiler.builder import SymbolicTensor, apply
+from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, TensorType, Value
 from tessel.compiler.rank_rewrite import Rewriter
 from tessel.compiler.shapes import numel
@@ -79,6 +80,7 @@ class ParamShard:
     replicas: tuple[int, ...]
     mean: bool
     fusion: int = 1
+    fp32_sync: bool = False  # a float16 gradient is reduced in float32 (MindSpore's gradient_fp32_sync)
 
     @property
     def block_shape(self) -> tuple[int, ...]:
@@ -147,6 +149,7 @@ def plan_shards(
             same,
             bool(mirror.attrs["mean"]),
             int(mirror.attrs["fusion"]),
+            bool(mirror.attrs["fp32_sync"]),
         )
     return shards
 
@@ -191,14 +194,16 @@ def reduce_gradient(grad: SymbolicTensor, shard: ParamShard, made: set[Value] | 
     """The block of the gradient this rank updates: reduce-scattered over the shard group, then all-reduced over
     the ranks holding the same block; averaged over every replica when the Mirror averages. The collectives'
     outputs are added to `made`."""
-    op = "mean" if shard.mean else "sum"
+    op, dtype = "mean" if shard.mean else "sum", grad.dtype
+    if shard.fp32_sync and dtype == DType.float16:
+        grad = grad.astype(DType.float32)
     block = apply("ReduceScatter", grad, reduce_op=op, group=shard.group, axis=0)
     made = set() if made is None else made
     made.add(block.value)
     if len(shard.replicas) > 1:
         block = apply("AllReduce", block, reduce_op=op, group=shard.replicas)
         made.add(block.value)
-    return block
+    return block.astype(dtype) if block.dtype != dtype else block
 
 
 def local_block(param: SymbolicTensor, shard: ParamShard) -> SymbolicTensor:

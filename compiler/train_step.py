@@ -171,7 +171,11 @@ def _reduced_gradients(builder, forward: Graph, params, loss: Value, sens: Value
         if mirror is not None and len(mirror.attrs["group"]) > 1:
             reduce = "mean" if mirror.attrs["mean"] else "sum"
             group, fusion = mirror.attrs["group"], mirror.attrs["fusion"]
-            total = apply("AllReduce", total, reduce_op=reduce, group=group, fusion=fusion)
+            if mirror.attrs["fp32_sync"] and total.dtype == DType.float16:
+                total = apply("AllReduce", total.astype(DType.float32), reduce_op=reduce, group=group)
+                total = total.astype(DType.float16)
+            else:
+                total = apply("AllReduce", total, reduce_op=reduce, group=group, fusion=fusion)
         out.append(total.value)
     return out
 

@@ -284,3 +284,39 @@ def test_micro_batches_accumulate_before_one_reduction():
         for name in PARAMS:
             close(stores[0][name], single.state[name], what=f"{name} ({level})")
     assert counts == {"level1": 4, "level2": 8}
+
+
+def test_gradient_fp32_sync_reduces_float16_gradients_in_float32():
+    from tessel.compiler import grad_graph
+    from tessel.compiler.buckets import sync_in_fp32
+
+    def half(x, w):
+        return apply("MatMul", x, w).astype("float32").mean()
+
+    g = traced(half, TensorSpec((4, 3), "float16"), TensorSpec((3, 2), "float16"))
+    mirrored = mirror_parameters(g, ["w"], (0, 1))
+    for graph, dtype in ((mirrored, "float16"), (sync_in_fp32(mirrored), "float32")):
+        for built in (grad_graph(graph, ["w"]), build_train_step(graph, ["w"], Momentum(0.1), shards={}).graph):
+            (reduce,) = [n for n in built.nodes if n.op == "AllReduce"]
+            assert reduce.inputs[0].dtype.value == dtype
+    full_precision = mirror_parameters(mlp(2), PARAMS, (0, 1))
+    assert sync_in_fp32(full_precision) is full_precision
+
+
+@pytest.mark.parametrize("repeated_mean", [True, False])
+def test_loss_repeated_mean_divides_the_gradient_of_a_replicated_loss(repeated_mean):
+    """Pure data parallelism through the parallel pass: the loss is whole on each of 2 ranks; its gradient is
+    divided by 2 (the mean over the repeats, MindSpore's default) unless loss_repeated_mean is off."""
+    from tessel.compiler import grad_graph
+    from tessel.compiler.lower_onnx import model_bytes
+    from tessel.compiler.rank_simulator import run_graphs
+
+    g = mlp(4)
+    plan = parallelize(g, {}, 2, parameters=PARAMS, loss_repeated_mean=repeated_mean)
+    assert any(n.op == "VirtualDiv" for n in plan.rank_graph(0).nodes) == repeated_mean
+    feeds = dict(initial(), x=batches(4)[0][0], y=batches(4)[0][1])
+    outs = run_graphs([grad_graph(plan.rank_graph(r), ["w2"]) for r in range(2)], [plan.local_feeds(feeds, r) for r
+                      in range(2)], compute())  # fmt: skip
+    exe = compute().compile(model_bytes(grad_graph(g, ["w2"])))
+    _, want = compute().run(exe, {v.name: feeds[v.name] for v in g.inputs})
+    close(outs[0][-1], want * (1 if repeated_mean else 2), what="d loss / d w2")

@@ -346,6 +346,13 @@ class CompiledFunction:
         return entry, call
 
     def _build(self, call: Call, sharded: bool) -> Entry:
+        from tessel.common.rank_step import broadcast_parameters
+
+        entry = self._build_entry(call, sharded)
+        broadcast_parameters(entry.params)  # parameter_broadcast=True: rank 0's values, before the first run
+        return entry
+
+    def _build_entry(self, call: Call, sharded: bool) -> Entry:
         if sharded:
             return self._trace(call, symbolic=False, sharded=True)
         if not self.static:

@@ -87,6 +87,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
         fixed=fixed,
         weights=list(handles),
         output_layouts=returned + [None] * (len(graph.outputs) - n_host),
+        loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
     )
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)

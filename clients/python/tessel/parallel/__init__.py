@@ -19,6 +19,7 @@ from tessel.compiler.ir import Graph
 from tessel.compiler.parallel import ParallelPlan, collective_counts
 from tessel.compiler.parallel import explain as explain_plan
 from tessel.core.errors import ConfigurationError
+from tessel.parallel import nn
 from tessel.parallel.checkpoint import (
     convert_checkpoints,
     load_distributed_checkpoint,
@@ -38,6 +39,7 @@ __all__ = [
     "explain",
     "global_shape",
     "load_distributed_checkpoint",
+    "nn",
     "partition_for_rank",
     "plan",
     "plan_for",
