@@ -326,3 +326,38 @@ def start_reductions_early(graph: Graph, reductions: set[Value]) -> Graph:
     for node in early + late:
         emit(node)
     return Graph(graph.inputs, tuple(order), graph.outputs, graph.name)
+
+
+def gather_blocks(graph: Graph, blocks: Mapping[str, ParamShard]) -> Graph:
+    """`graph` reading the level3 parameters in `blocks` (named by input) as the blocks their daemons store:
+    each such input becomes its block, all-gathered over its shard group before use (an eval or predict graph of
+    a network whose train step shards the weights)."""
+    wanted = {v: blocks[v.name] for v in graph.inputs if v.name in blocks and tuple(v.shape) == blocks[v.name].shape}
+    if not wanted:
+        return graph
+    rewriter = Rewriter(graph)
+    for i, value in enumerate(graph.inputs):
+        if value in wanted:
+            block = Value(TensorType(wanted[value].block_shape, value.dtype), value.name)
+            rewriter.builder.inputs[i] = block
+            gathered = apply("AllGather", SymbolicTensor(rewriter.builder, block), group=wanted[value].group, axis=0)
+            rewriter.alias(value, gathered.value)
+    for node in graph.nodes:
+        rewriter.keep(node)
+    return rewriter.build()
+
+
+def block_of(layout, shape: Sequence[int], itemsize: int, config: ShardConfig, rank: int, name: str = ""):
+    """(ParamShard, block layout) of a parameter of global `shape` laid out as `layout` (a compiler Layout) on
+    `rank`, or None when optimizer parallel leaves it whole: not replicated, under the threshold, a dim 0 its
+    shard group does not divide, or blocks no layout can describe. The same rules as plan_shards, from a layout
+    instead of a Mirror (the optimizer's state in a graph the parallel pass plans)."""
+    local = layout.local_shape(tuple(shape))
+    if layout.replicas == 1 or not local or math.prod(local) * itemsize < config.threshold_kb * 1024:
+        return None
+    group, same = split_group(layout.mesh.group(rank, layout.replicated_axes), config.shard_size, rank)
+    if local[0] % len(group):
+        return None
+    shard = ParamShard(name, config.level, tuple(local), group, group.index(rank), same, False)
+    block = shard_layout(layout, shard, rank)
+    return None if block is None else (shard, block)

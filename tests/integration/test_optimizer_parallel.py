@@ -33,6 +33,15 @@ def test_every_level_and_optimizer_equals_one_rank_on_the_global_batch(tmp_path,
                 found = re.search(line, out, re.M)
                 assert found and float(found.group(1)) <= 1e-5, out
         assert f"zero {mode} checkpoint ok on rank {rank} of {n}" in out, out
+        assert mode != "dp" or f"zero dp predict ok on rank {rank} of {n}" in out, out
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_an_optimizer_called_on_gradients_keeps_its_state_in_blocks(tmp_path, n):
+    for rank, out in enumerate(_run(tmp_path, n, "zero_train.py", "semi_loop")):
+        for optimizer in ("momentum", "adam"):
+            for level in ("off", "level1"):
+                assert f"zero semi_loop loop {optimizer} {level} ok on rank {rank} of {n}" in out, out
 
 
 @pytest.mark.parametrize("n", [2, 4])

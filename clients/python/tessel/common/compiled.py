@@ -243,7 +243,7 @@ def make_entry(
     extra_params: Sequence[P.Parameter] = (),
 ) -> Entry:
     """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
-    graph = expand_gradients(graph)
+    graph = _gather_stored_blocks(expand_gradients(graph), (*tr.parameters(), *extra_params))
     seg = f"{name}:{graph.hash[:12]}"
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     host_names = [f"{seg}/out{i}" for i in range(n_host)]
@@ -265,6 +265,18 @@ def make_entry(
         batch_outputs=any(BATCH in v.shape for v in graph.outputs),
         modes=tr.modes(),
     )
+
+
+def _gather_stored_blocks(graph: Graph, params: Sequence[P.Parameter]) -> Graph:
+    """Under DATA_PARALLEL optimizer parallel level3 the daemons store only a block of some parameters: a graph
+    that reads one whole (an eval or predict network) all-gathers it first (compiler.optimizer_parallel)."""
+    eng_id = engine().id
+    blocks = {p.key: p._zero_shard for p in params if getattr(p, "_zero_shard", None) and p._layout_engine == eng_id}
+    if not blocks:
+        return graph
+    from tessel.compiler.optimizer_parallel import gather_blocks
+
+    return gather_blocks(graph, blocks)
 
 
 class CompiledFunction:

@@ -153,6 +153,8 @@ class FusedTrainStep:
                 p.place(stored, eng.id)
                 if stored is not layout:
                     p._compute_layout = layout  # what the train step plans with (level3 stores only the block)
+                    if layout is None:
+                        p._zero_shard = shard  # other graphs of this job all-gather the block (DATA_PARALLEL)
 
     def _install_partition(self, eng) -> None:
         """Semi-auto: the parameters take the plan's layouts (their slots the same), and this rank's slices go to
