@@ -27,9 +27,11 @@ import numpy as np
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
+PUT_APART_BYTES = 8 << 20  # feeds from this size on are put one request each (Engine.put_large)
 _engine: Engine | None = None
 
 
@@ -81,10 +83,12 @@ class Engine:
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
             lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
+            lowered = free_early(mark_program_inplace(lowered))  # tensors die with their last use (compiler.memory)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
         else:
-            self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
+            onnx = mark_inplace(model_bytes(graph), list(state))
+            self.daemon.compile_segment(self.session, name, onnx, list(state))
         self._segments.add(name)
 
     def expand(self, prog: daemon_pb2.Program) -> daemon_pb2.Program:
@@ -124,7 +128,21 @@ class Engine:
         prog = self.expand(prog)
         if before:
             prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
-        return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
+        return self.daemon.execute(self.session, prog, fetch=fetch, feed=self.put_large(feed)).fetched
+
+    def put_large(self, feed: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
+        """Put the large arrays of `feed` (parameters staged for the first step, say) one request each and return
+        the rest, which travels with the Execute: a daemon then never holds a whole model's worth of request
+        bytes next to the tensors made from them."""
+        if not feed:
+            return feed
+        large = [name for name, array in feed.items() if getattr(array, "nbytes", 0) >= PUT_APART_BYTES]
+        if not large:
+            return feed
+        rest = dict(feed)
+        for name in large:
+            self.daemon.put(self.session, {name: rest.pop(name)})
+        return rest
 
     def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return self.daemon.get(self.session, list(names)) if names else {}
