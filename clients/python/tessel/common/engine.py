@@ -31,7 +31,6 @@ from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplac
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
-PUT_APART_BYTES = 8 << 20  # feeds from this size on are put one request each (Engine.put_large)
 _engine: Engine | None = None
 
 
@@ -128,21 +127,7 @@ class Engine:
         prog = self.expand(prog)
         if before:
             prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
-        return self.daemon.execute(self.session, prog, fetch=fetch, feed=self.put_large(feed)).fetched
-
-    def put_large(self, feed: dict[str, np.ndarray] | None) -> dict[str, np.ndarray] | None:
-        """Put the large arrays of `feed` (parameters staged for the first step, say) one request each and return
-        the rest, which travels with the Execute: a daemon then never holds a whole model's worth of request
-        bytes next to the tensors made from them."""
-        if not feed:
-            return feed
-        large = [name for name, array in feed.items() if getattr(array, "nbytes", 0) >= PUT_APART_BYTES]
-        if not large:
-            return feed
-        rest = dict(feed)
-        for name in large:
-            self.daemon.put(self.session, {name: rest.pop(name)})
-        return rest
+        return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
 
     def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return self.daemon.get(self.session, list(names)) if names else {}

@@ -291,7 +291,7 @@ class SinkRunner:
         batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()
-        result = eng.daemon.execute(eng.session, program, repeat=steps, feed=eng.put_large(feed), collect=[loss])
+        result = eng.daemon.execute(eng.session, program, repeat=steps, feed=feed, collect=[loss])
         P.updated_on_device(entry.assigned)
         for _ in range(steps):
             for hook in entry.after_run:
