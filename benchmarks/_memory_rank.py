@@ -26,7 +26,7 @@ MIB = 2**20
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--level", default="off", choices=["off", "level1", "level2", "level3"])
-    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--mib", type=int, default=128, help="weights, MiB (layers of width x width float32)")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--steps", type=int, default=4)
@@ -61,9 +61,9 @@ class StepClock(Callback):
 def held_bytes(params, optimizer, shards: dict, world: int) -> dict[str, int]:
     """What this rank's daemon must hold, by kind, from the layouts the train step gave each tensor:
     parameters (whole, or the level3 block) plus, at level3, the largest gathered weight alive at once (one layer's);
-    optimizer state (moments, blocks when sharded); gradients: the whole local gradient of every parameter at
-    level0 and level1 (the bucket the backward writes into; level1 reduce-scatters from it), at level2/3 only each
-    parameter's reduced block plus the largest whole gradient alive at once (one layer's)."""
+    optimizer state (moments, blocks when sharded); gradients: without optimizer parallel the whole gradient of
+    every parameter (the buckets the backward writes into), with it each parameter's reduced block plus one whole
+    layer gradient (a whole local gradient lives until its reduce-scatter has read it)."""
 
     def local(p) -> int:
         shape = p.layout.local_shape(p.shape) if p.layout is not None else p.shape
@@ -74,7 +74,7 @@ def held_bytes(params, optimizer, shards: dict, world: int) -> dict[str, int]:
     parameters = sum(local(p) for p in params)
     gathered = max((whole[k] for k, s in shards.items() if s.weights_sharded), default=0)
     state = sum(local(q) for q in optimizer.slot_parameters())
-    if level in ("off", "level1"):
+    if level == "off":
         gradients = sum(whole.values())
     else:
         blocks = sum(whole[k] // len(s.group) if k in shards else whole[k] for k, s in ((p.key, shards.get(p.key))

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/optimizer_parallel.py [--ranks 1,2,4] [--levels off,level1,level2,level3] [--mib 128]
 
-An MLP of Dense(4096, 4096) layers with --mib MiB of weights (128: two layers), Adam, DATA_PARALLEL with
+An MLP of Dense(2048, 2048) layers with --mib MiB of weights (128: eight 16 MiB layers), Adam, DATA_PARALLEL with
 gradients_mean, trained for a few steps by Model.train; for each (ranks, level) a fresh cluster (a coordinator
 and N daemons, each with max(1, cores // N) threads) runs one job, so each daemon's peak resident memory
 (VmHWM) is that job's. Printed per cell:
@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=parse_list, default=[1, 2, 4])
     parser.add_argument("--levels", type=lambda t: parse_list(t, str), default=["off", "level1", "level2", "level3"])
     parser.add_argument("--mib", type=int, default=128)
-    parser.add_argument("--width", type=int, default=4096)
+    parser.add_argument("--width", type=int, default=2048)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", type=Path)
@@ -145,7 +145,9 @@ def main(argv=None) -> int:
             try:
                 cells.append(run_cell(args, world, level))
             except (BenchmarkError, subprocess.TimeoutExpired) as exc:
-                failures.append(f"{world} ranks {level}: {str(exc).splitlines()[0]}")
+                lines = str(exc).splitlines()
+                cause = next((line for line in reversed(lines) if "Error" in line), lines[0])
+                failures.append(f"{world} ranks {level}: {cause.strip()}")
     print(f"Adam, {args.mib} MiB of weights (Dense {args.width}x{args.width}), batch {args.batch} per rank; "
           "MiB per rank (held = what the daemon must hold; peak = the daemon's VmHWM)")  # fmt: skip
     print("\n".join(table(cells)))
