@@ -34,6 +34,7 @@ def test_every_level_and_optimizer_equals_one_rank_on_the_global_batch(tmp_path,
                 assert found and float(found.group(1)) <= 1e-5, out
         assert f"zero {mode} checkpoint ok on rank {rank} of {n}" in out, out
         assert mode != "dp" or f"zero dp predict ok on rank {rank} of {n}" in out, out
+        assert mode != "dp" or f"zero dp switch ok on rank {rank} of {n}" in out, out
 
 
 @pytest.mark.parametrize("n", [2, 4])

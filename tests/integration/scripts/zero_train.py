@@ -209,6 +209,28 @@ def check_loop(optimizer_name: str, level: str):
     print(f"zero {MODE} loop {optimizer_name} {level} ok on rank {rank} of {world}: loss error {loss_error:.1e}")
 
 
+def check_switch():
+    """One Model trained half its steps without optimizer parallel, then with level3: the parameters become
+    blocks on the way, and the 20 steps still equal 1-rank training."""
+    net = Net()
+    optimizer = nn.Momentum(net.trainable_params(), RATES["momentum"], 0.9)
+    model = ms.Model(configure("off", nn.WithLossCell(net, nn.CrossEntropyLoss())), optimizer=optimizer)
+    record = Record()
+    x, y = data()
+    for half, level in enumerate(("off", "level3")):
+        if level != "off":
+            ms.set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config={
+                "optimizer_level": level, "parallel_optimizer_threshold": 0})  # fmt: skip
+        rows = slice(half * STEPS // 2 * GLOBAL, (half + 1) * STEPS // 2 * GLOBAL)
+        part = ds.NumpySlicesDataset({"x": x[rows], "y": y[rows]}, shuffle=False, num_shards=world, shard_id=rank)
+        model.train(1, part.batch(GLOBAL // world), callbacks=[record], dataset_sink_mode=half == 0)
+    params = dict(gather([(p.name, p) for p in net.trainable_params()]))
+    want, _, _ = reference("momentum")
+    error = max(float(np.abs(params[k] - want[k]).max() / np.abs(want[k]).max()) for k in want)
+    assert error <= 1e-5 and net.w2.layout is not None, error
+    print(f"zero {MODE} switch ok on rank {rank} of {world}: parameter error {error:.1e}", flush=True)
+
+
 if MODE == "semi_loop":
     for optimizer_name in ("momentum", "adam"):
         for level in ("off", "level1"):
@@ -241,3 +263,4 @@ else:
         want_logits = np.maximum(x @ want["w1"] + want["b1"], 0) @ want["w2"] + want["b2"]
         assert np.abs(logits - want_logits).max() <= 1e-4 * np.abs(want_logits).max(), "predict after level3"
         print(f"zero {MODE} predict ok on rank {rank} of {world}", flush=True)
+        check_switch()

@@ -133,6 +133,7 @@ class Parameter(Tensor):
             if self._host_stale:
                 self.asnumpy()
             self._device = None
+            mark_host_write()
         self._layout, self._layout_engine = layout, engine_id
 
     @property

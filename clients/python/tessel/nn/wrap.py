@@ -72,6 +72,7 @@ class FusedTrainStep:
         self._checked: set[int] = set()  # engines on which the replicas were found identical
         self._partition = None  # semi-auto: this rank's partition (slices of parameters and batches)
         self._shards: dict = {}  # optimizer parallel: this rank's ParamShard per parameter key
+        self._placed: tuple = ()  # (engine id, id of the shards) whose layouts the parameters took
 
     def _forward(self, *inputs: Any) -> Any:
         network, micro = self.network, _micro_size(self.network)
@@ -120,9 +121,11 @@ class FusedTrainStep:
                 rank_step.check_replicas([(p.name, p.asnumpy()) for p in self.optimizer.parameters])
             if self._partition is not None:
                 self._install_partition(eng)
-            elif self._shards:
-                self._place_shards(eng, {})
             self._checked.add(eng.id)
+        if self._partition is None and self._shards and self._placed != (eng.id, id(self._shards)):
+            # Optimizer parallel turned on (or changed) in this job: the blocks take their layouts before they run.
+            self._place_shards(eng, {})
+        self._placed = (eng.id, id(self._shards))
         return entry, call
 
     def _place_shards(self, eng, layouts: dict) -> None:
