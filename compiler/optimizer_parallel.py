@@ -293,10 +293,13 @@ def bytes_of(shape: Sequence[int], itemsize: int) -> int:
     return math.prod(shape) * itemsize
 
 
-def start_reductions_early(graph: Graph, reductions: set[Value]) -> Graph:
+def start_reductions_early(graph: Graph, reductions: set[Value], lag: int = 1) -> Graph:
     """`graph` reordered for overlap: each node producing one of `reductions` (the gradients' reduce-scatters and
     the all-reduces after them) right after the node computing its input, so it starts while the backward pass
-    goes on, and every node that reads a reduced value after every node that does not."""
+    goes on; a node that reads a reduced value (a block's update, the all-gather of the new block) as soon as
+    `lag` more reductions have started after the ones it reads, so each parameter's update runs (and its block's
+    gather starts) while the backward goes on, in a step of its own: its temporaries are never alive together
+    with the other parameters' (with every update at the end, ONNX Runtime interleaves them all)."""
     members = [n for n in graph.nodes if any(o in reductions for o in n.outputs)]
     if not members:
         return graph
@@ -304,27 +307,61 @@ def start_reductions_early(graph: Graph, reductions: set[Value]) -> Graph:
     after: dict[Node | None, list[Node]] = {}
     for node in members:
         after.setdefault(producers.get(node.inputs[0]), []).append(node)
-    member_set, reduced = set(members), set(reductions)
-    early, late = [], []
+    member_set = set(members)
+    heads: dict[Value, frozenset[Node]] = {}  # reduced value -> the reductions (reduce-scatters) it waits for
+    for node in members:  # in graph order: each all-reduce right after its reduce-scatter
+        source = producers.get(node.inputs[0])
+        heads.update((o, heads[source.outputs[0]] if source in member_set else frozenset({node})) for o in node.outputs)
+    late: list[Node] = []
     for node in graph.nodes:
-        if node in member_set:
-            continue
-        if any(v in reduced for v in node.inputs):
-            reduced.update(node.outputs)
+        if node not in member_set and any(v in heads for v in node.inputs):
+            waits = frozenset().union(*(heads[v] for v in node.inputs if v in heads))
+            heads.update((o, waits) for o in node.outputs)
             late.append(node)
-        else:
-            early.append(node)
+    late_set = set(late)
     order: list[Node] = []
+    done: set[Node] = set()
+    started: dict[Node, int] = {}  # reduce-scatter -> its place in the order the reductions start
 
     def emit(node: Node) -> None:
         order.append(node)
+        done.add(node)
+        if node in member_set and producers.get(node.inputs[0]) not in member_set:
+            started[node] = len(started)
         for follower in after.get(node, ()):
             emit(follower)
 
+    def ready(node: Node, final: bool, seen: set[Node]) -> bool:
+        """Emit `node` after whatever it still needs, if that needs no reduction not yet started (nor, for a
+        reader of reduced values, one started less than `lag` reductions ago)."""
+        if node in done:
+            return True
+        if node in member_set or node in seen:
+            return False
+        if node in late_set and not final:
+            waits = heads[node.outputs[0]]
+            if any(started.get(r, len(started)) > len(started) - 1 - lag for r in waits):
+                return False
+        seen.add(node)
+        if not all(ready(producers[v], final, seen) for v in node.inputs if v in producers):
+            return False
+        emit(node)
+        return True
+
     for node in after.get(None, ()):
         emit(node)
-    for node in early + late:
+    pending = list(late)
+    for node in graph.nodes:
+        if node in member_set or node in late_set or node in done:
+            continue
         emit(node)
+        if pending:
+            pending = [n for n in pending if not ready(n, False, set())]
+    # The rest, readers of the latest reductions last: in the order their reductions started.
+    last = sorted(pending, key=lambda n: max(started.get(r, len(started)) for r in heads[n.outputs[0]]))
+    for node in [*last, *graph.nodes]:
+        if node not in done and node not in member_set:
+            ready(node, True, set())
     return Graph(graph.inputs, tuple(order), graph.outputs, graph.name)
 
 
