@@ -53,3 +53,7 @@ class CollectiveTimeoutError(TesselError, TimeoutError):
 
 class RendezvousTimeoutError(TesselError, TimeoutError):
     """The world (or a group, or a barrier) did not complete before the deadline."""
+
+
+class PlanningTimeoutError(TesselError, TimeoutError):
+    """The coordinator's strategy search took longer than the caller's deadline (it goes on; its plan is cached)."""

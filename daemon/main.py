@@ -52,7 +52,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None) -> str:
+def _measure(plugin):
+    """The device's measurement to register with (daemon/calibration.py); None when there is none or it failed
+    (logged: the coordinator then keeps its default figures for this daemon)."""
+    from tessel.daemon.calibration import measure_device
+
+    try:
+        return measure_device(plugin)
+    except Exception:  # a broken measurement must not keep the device from serving
+        log.exception("measuring the %s device failed; registering without measurements", plugin.name)
+        return None
+
+
+def _register(
+    args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None
+) -> str:
     from tessel.v1 import coordinator_pb2
 
     device = core.plugin.device
@@ -69,6 +83,8 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
         speed=device.speed,
         pid=os.getpid(),
     )
+    if measured is not None:
+        info.measurement.CopyFrom(measured)
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
@@ -102,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin = load_plugin(
             args.plugin, device_id=args.device, threads=threads, host=args.host, advertise_host=advertised
         )
+        measured = _measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         core = DaemonCore(plugin, coordinator, data_address=data_address)
@@ -110,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
-        core.daemon_id = _register(args, core, address, coordinator)
+        core.daemon_id = _register(args, core, address, coordinator, measured=measured)
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)
         return 2
@@ -138,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         lost.clear()
         beat.stop()
         try:
-            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop)
+            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop, measured=measured)
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)

@@ -131,11 +131,13 @@ def cost_text(plan: ParallelPlan, cost_model=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save_graphs(plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterable[int] = (0,)) -> list[str]:
+def save_graphs(
+    plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterable[int] = (0,), cost_model=None
+) -> list[str]:
     """Write step_parallel_begin_<graph>.ir (before the pass, with strategies), step_parallel_end_<graph>_rank<r>.ir
     (each rank's graph after it, layouts and collectives shown) and parallel_plan_<graph>.txt (each op's
-    strategy, the redistributions with their bytes, the predicted cost against data parallel) into `directory`;
-    returns the paths."""
+    strategy, the redistributions with their bytes, the predicted cost against data parallel, priced with
+    `cost_model`, default CostModel.default_cpu) into `directory`; returns the paths."""
     os.makedirs(directory, exist_ok=True)
     name = plan.graph.name
     written = [os.path.join(directory, f"step_parallel_begin_{name}.ir")]
@@ -145,7 +147,7 @@ def save_graphs(plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterabl
         _write(path, plan.rank_graph(rank).dump() + "\n")
         written.append(path)
     summary = os.path.join(directory, f"parallel_plan_{name}.txt")
-    _write(summary, explain(plan) + "\n" + cost_text(plan))
+    _write(summary, explain(plan) + "\n" + cost_text(plan, cost_model))
     written.append(summary)
     return written
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,8 @@ from tessel.compiler.parallel.mesh import DeviceMesh, divisors
 from tessel.compiler.shapes import format_shape
 from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
+
+log = logging.getLogger("tessel.parallel")
 
 DATA_PARALLEL = "data_parallel"  # a strategy value: this op runs data parallel (Cell.set_data_parallel)
 
@@ -312,11 +315,20 @@ def from_layouts(
             if axes and label in blocked:
                 why = spec.why or "the op needs it whole"
                 raise StrategyError(f"{node.op}{_where(node)}: input {i} dim {d} cannot be split ({why})")
-            if axes_of.get(label, axes) != axes:
-                raise StrategyError(
-                    f"{node.op}{_where(node)}: input {i} dim {d} is the same dim of {node.op} as another input's, "
-                    "which is laid out over other mesh axes; the rule: a shared dim is cut alike"
+            taken = {a for other, used in axes_of.items() if other != label for a in used}
+            if axes_of.get(label, axes) != axes or taken & set(axes):
+                # Layouts that cut one dim of the op two ways (MindSpore's nd tensor parallel, an Ascend kernel's
+                # own algorithm): the op runs as the inputs before say; this input is redistributed to match.
+                log.warning(
+                    "%s%s: input %d's layout %s cuts dim %d as no consistent strategy can (the other inputs' layouts "
+                    "cut it otherwise); it is redistributed to the op's layout",
+                    node.op,
+                    _where(node),
+                    i,
+                    layout,
+                    d,
                 )
+                continue
             if axes:
                 axes_of[label] = axes
     sizes = label_sizes(node, spec)

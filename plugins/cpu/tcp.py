@@ -200,6 +200,32 @@ class TcpTransport:
             culprit_rank=peer.rank,
         )
 
+    def _hello(self, fields: dict) -> bytes:
+        """The signed handshake a dialling side sends first."""
+        body = json.dumps(fields, sort_keys=True).encode()
+        mac = hmac.new(self._token, body, hashlib.sha256).digest() if self._token else b""
+        return _HEADER.pack(_MAGIC, len(body)) + body + mac.ljust(32, b"\0")
+
+    def dial_probe(self, address: str) -> socket.socket:
+        """A connection to the data plane at `address` for a link probe (tcp_probe.py), handshake done."""
+        from tessel.plugins.cpu.tcp_probe import PROBE_CHANNEL
+
+        host, port = _split_address(address)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+        try:
+            _tune(sock)
+            fields = {"job": "", "group": "", "ranks": [], "from": -1, "to": -1, "channel": PROBE_CHANNEL}
+            sock.sendall(self._hello(fields))
+            answer = sock.recv(1)
+        except BaseException:
+            sock.close()
+            raise
+        if answer != _ACCEPTED:
+            sock.close()
+            why = "wrong cluster token" if answer == _BAD_TOKEN else "the peer closed the connection"
+            raise ConfigurationError(f"the data plane at {address} refused a link probe: {why}")
+        return sock
+
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str
     ) -> None:
@@ -211,9 +237,7 @@ class TcpTransport:
             "to": context.ranks[peer_rank],
             "channel": channel,
         }
-        body = json.dumps(fields, sort_keys=True).encode()
-        mac = hmac.new(self._token, body, hashlib.sha256).digest() if self._token else b""
-        sock.sendall(_HEADER.pack(_MAGIC, len(body)) + body + mac.ljust(32, b"\0"))
+        sock.sendall(self._hello(fields))
         sock.settimeout(POLL_SLICE_S)
         while True:
             try:
@@ -275,6 +299,11 @@ class TcpTransport:
             sock.sendall(_ACCEPTED)
         except (OSError, ValueError, KeyError, TypeError):
             sock.close()
+            return
+        if key[-1] == "probe":  # a link probe (tcp_probe.py), authenticated like any peer: answer it on its own thread
+            from tessel.plugins.cpu.tcp_probe import serve_probe
+
+            threading.Thread(target=serve_probe, args=(sock,), name="tessel-tcp-probe", daemon=True).start()
             return
         with self._cond:
             if self._closed:

@@ -1,4 +1,4 @@
-"""The `tessel` command: run | coordinator | daemon | status."""
+"""The `tessel` command: run | coordinator | daemon | status | timeline."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ commands:
   coordinator  serve the cluster's coordinator (tessel coordinator --port 7070)
   daemon       serve one device (tessel daemon --coordinator HOST:PORT --plugin cpu --device 0)
   status       print the cluster's daemons and jobs (tessel status --coordinator HOST:PORT)
+  timeline     summarise per-rank timelines: communication hidden, step-time breakdown (tessel timeline DIR)
 
 `tessel <command> --help` describes each command's options.
 """
@@ -36,6 +37,8 @@ def main(argv: list[str] | None = None) -> int:
         from tessel.daemon.main import main as run
     elif command == "status":
         from tessel.coordinator import status_main as run
+    elif command == "timeline":
+        from tessel.profiler.report import main as run
     else:
         print(f"tessel: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

@@ -36,6 +36,8 @@ _CONTEXT_DEFAULTS: dict[str, Any] = {
     "check_bprop": False,
     "enable_compile_cache": False,
     "compile_cache_path": "",
+    "enable_profiling": False,
+    "profiling_options": "",
 }
 # Options MindSpore uses only on GPU/Ascend devices (memory pools, kernel fusion, device configs): any value is
 # accepted, and logged once as having no effect on CPU. Values are MindSpore's defaults.
@@ -110,6 +112,8 @@ def set_context(**kwargs: Any) -> None:
         if key not in _CONTEXT_DEFAULTS:
             known = sorted(set(_CONTEXT_DEFAULTS) | set(_IGNORED))
             raise ConfigurationError(f"set_context: unknown option {key!r}; options: {known}")
+        if key in _PROFILING:
+            continue  # below, once both are known
         value = _validate(key, value)
         _refuse_unsupported(key, value, _CONTEXT_DEFAULTS[key], _NOT_SUPPORTED)
         previous, was_explicit = _context[key], key in _explicit_context
@@ -126,6 +130,11 @@ def set_context(**kwargs: Any) -> None:
                 if not was_explicit:
                     _explicit_context.discard(key)
                 raise
+    profiling = {key: _validate(key, kwargs[key]) for key in _PROFILING if key in kwargs}
+    if profiling:
+        _profiling({**_context, **profiling})
+        _context.update(profiling)
+        _explicit_context.update(profiling)
 
 
 # What init() learnt: (plugins of the job's daemons by rank, this rank's daemon plugin, its device id, the world).
@@ -180,9 +189,41 @@ def _validate(key: str, value: Any) -> Any:
         raise ConfigurationError(f"set_context: device_id must be a non-negative int, got {value!r}")
     if key == "save_graphs" and not isinstance(value, (bool, int)):
         raise ConfigurationError(f"set_context: save_graphs must be a bool or 0-3, got {value!r}")
+    if key == "enable_profiling" and not isinstance(value, bool):
+        raise ConfigurationError(f"set_context: enable_profiling must be True or False, got {value!r}")
     if key == "save_graphs_path" and not isinstance(value, str):
         raise ConfigurationError(f"set_context: save_graphs_path must be a str, got {value!r}")
     return value
+
+
+_PROFILING = ("enable_profiling", "profiling_options")
+
+
+def _profiling(settings: dict[str, Any]) -> None:
+    """MindSpore's set_context(enable_profiling=True, profiling_options='{"output": DIR}'): the timeline of
+    tessel.profiler, written into DIR (default ./data); enable_profiling=False stops and writes it."""
+    import json
+
+    from tessel import profiler
+
+    options = settings["profiling_options"] or "{}"
+    try:
+        parsed = json.loads(options) if isinstance(options, str) else dict(options)
+    except (ValueError, TypeError):
+        raise ConfigurationError(f"set_context: profiling_options must be a JSON object, got {options!r}") from None
+    other = sorted(set(parsed) - {"output"})
+    if other:
+        raise ConfigurationError(
+            f"set_context: profiling_options {other} are not supported yet; only 'output' (the directory of the "
+            "timeline files) is"
+        )
+    if settings["enable_profiling"]:
+        recorder = profiler.active()
+        directory = os.path.realpath(parsed.get("output", "./data"))
+        if recorder is None or os.path.realpath(recorder.directory) != directory:
+            profiler.start(directory)
+    else:
+        profiler.stop()
 
 
 def get_context(attr_key: str) -> Any:

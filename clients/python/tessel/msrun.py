@@ -119,6 +119,12 @@ class Msrun:
         self.args = args
         self.master = self._resolve(args.master_addr)
         one_node = args.local_worker_num == args.worker_num
+        if args.master_port == 0:  # tessel's addition: a free port, for a job that runs on this node alone
+            if not one_node:
+                raise ConfigurationError("--master_port 0 (any free port) needs one node: the others must know it")
+            with socket.socket() as probe:
+                probe.bind((self.master, 0))
+                args.master_port = probe.getsockname()[1]
         self.is_master = local_address(self.master) and (one_node or args.node_rank in (-1, 0))
         self.log_dir = Path(args.log_dir or ".")
         self.cores = _core_sets(args.bind_core, args.local_worker_num)

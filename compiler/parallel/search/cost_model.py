@@ -61,12 +61,16 @@ class Link:
 @dataclass(frozen=True)
 class DeviceMeasurement:
     """What a daemon reports at registration: its host, matrix throughput (flop/s), memory bandwidth (bytes/s)
-    and memory size (bytes)."""
+    and memory size (bytes); optionally its runtime's overheads (seconds per op, per segment launch) and per-op
+    calibration factors (an op's measured forward + backward time over the model's price for it)."""
 
     host: str
     matmul_flops: float
     memory_bandwidth: float
     memory_bytes: int
+    op_overhead: float | None = None
+    launch_overhead: float | None = None
+    op_factors: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,7 +81,11 @@ class CostModel:
 
     - `op_overhead`: seconds a kernel launch costs whatever its size (ONNX Runtime's per-node dispatch);
     - `parameter_bytes_factor`: bytes held per byte of parameter (weights + gradients = 2; + momentum = 3; Adam 4);
-    - `bucket_bytes`: gradients are all-reduced in buckets of about this size (buckets.DEFAULT_BUCKET_BYTES).
+    - `bucket_bytes`: gradients are all-reduced in buckets of about this size (buckets.DEFAULT_BUCKET_BYTES);
+    - `launch_overhead`: seconds one segment launch costs (a runtime call): a step launches one segment, plus one
+      more after every collective;
+    - `op_factors`: (op, factor) pairs measured on the devices: an op's real forward + backward time over what the
+      flop/byte model prices (a convolution's backward runs far below the GEMM rate; 1 = as priced, the default).
     """
 
     flops_per_second: float
@@ -89,10 +97,17 @@ class CostModel:
     op_overhead: float = 5e-6
     parameter_bytes_factor: float = 2.0
     bucket_bytes: int = 25 << 20
+    launch_overhead: float = 0.0
+    op_factors: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.flops_per_second <= 0 or self.memory_bandwidth <= 0 or self.memory_bytes <= 0:
             raise ConfigurationError(f"a cost model needs positive throughput, bandwidth and memory, got {self}")
+        factors = tuple(sorted((str(op), float(f)) for op, f in dict(self.op_factors).items()))
+        if any(f <= 0 for _, f in factors) or self.launch_overhead < 0 or self.op_overhead < 0:
+            raise ConfigurationError(f"op factors must be > 0 and overheads >= 0, got {self}")
+        object.__setattr__(self, "op_factors", factors)
+        object.__setattr__(self, "_factor", dict(factors))
 
     # --- constructors -----------------------------------------------------------------------------------------------
     @staticmethod
@@ -118,6 +133,17 @@ class CostModel:
         default = CostModel.default_cpu()
         names: dict[str, int] = {}
         hosts = tuple(names.setdefault(d.host, len(names)) for d in devices)
+        measured: dict[str, object] = {}  # the slowest device's overheads and factors: it paces every step
+        for name in ("op_overhead", "launch_overhead"):
+            values = [getattr(d, name) for d in devices if getattr(d, name) is not None]
+            if values:
+                measured[name] = max(values)
+        factors: dict[str, float] = {}
+        for d in devices:
+            for op, factor in d.op_factors:
+                factors[op] = max(factor, factors.get(op, 0.0))
+        if factors:
+            measured["op_factors"] = tuple(factors.items())
         return CostModel(
             min(d.matmul_flops for d in devices),
             min(d.memory_bandwidth for d in devices),
@@ -125,13 +151,17 @@ class CostModel:
             links.get("shared_memory", default.shared_memory),
             links.get("tcp", default.tcp),
             hosts if len(names) > 1 else (),
-            **options,
+            **{**measured, **options},
         )
 
     # --- prices -----------------------------------------------------------------------------------------------------
-    def compute_time(self, cost: Cost) -> float:
-        """Seconds one device takes for an op of this cost: bound by flops or by memory traffic."""
-        return max(cost.flops / self.flops_per_second, cost.bytes / self.memory_bandwidth) + self.op_overhead
+    def compute_time(self, cost: Cost, op: str | None = None) -> float:
+        """Seconds one device takes for an op of this cost: bound by flops or by memory traffic, times the op's
+        measured factor (when `op` is named and has one)."""
+        seconds = max(cost.flops / self.flops_per_second, cost.bytes / self.memory_bandwidth)
+        if op is not None:
+            seconds *= self._factor.get(op, 1.0)
+        return seconds + self.op_overhead
 
     def copy_time(self, nbytes: float) -> float:
         """A local copy (a StridedSlice): read and write every byte."""

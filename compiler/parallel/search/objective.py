@@ -10,8 +10,12 @@ A training step is modelled as
 - gradient reduction: each parameter replicated over some device-matrix axes has its gradient all-reduced over
   exactly them; gradients travel in buckets, so a parameter pays the bandwidth of its bytes and the latency share
   of the bucket it fills (its bytes / bucket bytes, at most one whole latency);
-- update: the optimizer reads and writes each parameter's local slice (and its gradient and state).
-Communication is not assumed to overlap compute: the prediction is an upper bound of a well-overlapped step.
+- update: the optimizer reads and writes each parameter's local slice (and its gradient and state);
+- launches: the runtime call of every segment; a step runs one segment, and one more after each collective (a
+  redistribution forward and backward, a gradient bucket: its share of the bucket).
+Each op's compute is multiplied by its measured factor (CostModel.op_factors: how much slower the runtime runs its
+forward + backward than the flop/byte model prices). Communication is not assumed to overlap compute: the
+prediction is an upper bound of a well-overlapped step.
 
 Memory per device: every node output kept for the backward, each parameter's local slice times
 `parameter_bytes_factor` (gradient and optimizer state), and the data inputs' local slices.
@@ -52,7 +56,7 @@ def produced(placement: Placement) -> tuple[Layout, ...]:
 
 def node_time(model: CostModel, node: Node, spec: ShardingSpec, placement: Placement) -> float:
     """The node's forward and backward compute on its local shapes, plus any move its out_strategy asks for."""
-    seconds = TRAIN_COMPUTE * model.compute_time(local_cost(node, spec, placement))
+    seconds = TRAIN_COMPUTE * model.compute_time(local_cost(node, spec, placement), node.op)
     if placement.out_targets is not None:
         for out, have, want in zip(node.outputs, placement.outputs, placement.out_targets):
             seconds += move_time(model, have, want, out)
@@ -65,8 +69,10 @@ def node_memory(node: Node, placement: Placement) -> int:
 
 
 def move_time(model: CostModel, have: Layout, want: Layout, value: Value) -> float:
-    """A redistribution of `value` from `have` to `want`, forward and backward."""
-    return MOVE_BOTH_WAYS * model.redistribution_time(have, want, tuple(value.shape), itemsize(value))
+    """A redistribution of `value` from `have` to `want`, forward and backward (with the segment launch after each
+    collective it takes)."""
+    seconds = model.redistribution_time(have, want, tuple(value.shape), itemsize(value))
+    return MOVE_BOTH_WAYS * (seconds + model.launch_overhead) if seconds else 0.0
 
 
 def itemsize(value: Value) -> int:
@@ -105,7 +111,12 @@ def gradient_time(model: CostModel, layout: Layout, nbytes: float) -> float:
     if not axes or nbytes <= 0:
         return 0.0
     latency, bandwidth = model.group_cost("all_reduce", layout.device_matrix, axes, nbytes)
-    return bandwidth + min(1.0, nbytes / model.bucket_bytes) * latency
+    return bandwidth + min(1.0, nbytes / model.bucket_bytes) * (latency + model.launch_overhead)
+
+
+def step_launch_time(model: CostModel) -> float:
+    """The one segment launch every step makes whatever the plan (the rest come with collectives)."""
+    return model.launch_overhead
 
 
 def clear_caches() -> None:
@@ -127,17 +138,18 @@ class StepTime:
     gradients: float
     update: float
     memory_bytes: float
+    launches: float = 0.0  # the step's own segment launch (those after collectives count in their terms)
 
     @property
     def total(self) -> float:
-        return self.compute + self.redistribution + self.gradients + self.update
+        return self.compute + self.redistribution + self.gradients + self.update + self.launches
 
     def __repr__(self) -> str:
         ms = lambda s: f"{s * 1e3:.3g} ms"  # noqa: E731
         return (
             f"StepTime(total={ms(self.total)}: compute {ms(self.compute)}, redistribution "
-            f"{ms(self.redistribution)}, gradients {ms(self.gradients)}, update {ms(self.update)}; "
-            f"{self.memory_bytes / 2**20:.1f} MiB/device)"
+            f"{ms(self.redistribution)}, gradients {ms(self.gradients)}, update {ms(self.update)}, launch "
+            f"{ms(self.launches)}; {self.memory_bytes / 2**20:.1f} MiB/device)"
         )
 
 
@@ -152,7 +164,7 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         if node in writes:
             continue
         placement = plan.placements[node]
-        compute += TRAIN_COMPUTE * model.compute_time(local_cost(node, plan.specs[node], placement))
+        compute += TRAIN_COMPUTE * model.compute_time(local_cost(node, plan.specs[node], placement), node.op)
         memory += node_memory(node, placement)
     for key, move in plan.redistributions.items():
         if key[0] in writes:
@@ -169,7 +181,7 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         gradients += gradient_time(model, layout, nbytes)
         update += (model.parameter_bytes_factor + 1) * nbytes / model.memory_bandwidth
         memory += nbytes * model.parameter_bytes_factor
-    return StepTime(compute, redistribution, gradients, update, memory)
+    return StepTime(compute, redistribution, gradients, update, memory, step_launch_time(model))
 
 
 def _moved_value(graph, key) -> Value:

@@ -220,6 +220,7 @@ class _Builder:
                 p.constant_memory += memory
         for v, layout in p.dataset.items():
             p.constant_memory += objective.local_bytes(v, layout)
+        p.constant_time += objective.step_launch_time(p.model)
         self._edges()
 
     def _parameter_uses(self) -> dict[Value, list[tuple[Node, int]]]:
@@ -255,11 +256,15 @@ class _Builder:
         else:
             rows = self._base(node, spec)
         outputs = [(j, v) for j, v in enumerate(node.outputs) for w in p.graph.outputs if w is v]
-        # Nodes of one signature whose inputs come from the same kinds of places share their options.
-        context = (id(rows), tuple(_source(p, v, single) for v in node.inputs), tuple(j for j, _ in outputs))
-        options = self.options.get(context)
-        if options is None:
-            options = self.options[context] = [self._option(node, row, single, outputs) for row in rows]
+        if node in p.fixed:  # its own rows: an id() of a list that dies here could name another node's later
+            options = [self._option(node, row, single, outputs) for row in rows]
+        else:
+            # Nodes of one signature whose inputs come from the same kinds of places share their options (the rows
+            # of a signature live in self.base as long as the problem, so their id() names them).
+            context = (id(rows), tuple(_source(p, v, single) for v in node.inputs), tuple(j for j, _ in outputs))
+            options = self.options.get(context)
+            if options is None:
+                options = self.options[context] = [self._option(node, row, single, outputs) for row in rows]
         return Variable(len(p.variables), p.name(node), options, node=node, fixed=node in p.fixed)
 
     def _option(self, node: Node, row: tuple, single: set[Value], outputs: list[tuple[int, Value]]) -> Option:

@@ -140,9 +140,26 @@ class _Recursive:
             for label in labels or ():
                 if label in blocked or label in out:
                     continue
-                if all((size // cuts.get(label, 1)) % prime == 0 for size in self.sizes[var][label]):
+                if not all((size // cuts.get(label, 1)) % prime == 0 for size in self.sizes[var][label]):
+                    continue
+                if self._reachable(var, {**cuts, label: cuts.get(label, 1) * prime}):
                     out.append(label)
         return out
+
+    def _reachable(self, var: int, cuts: dict[str, int]) -> bool:
+        """Some option of the var cuts each label a multiple of `cuts` (a sharding rule may not offer every cut, a
+        periodic slice for one; a shared parameter's users only the cuts it takes)."""
+        return any(all(dict(option).get(label, 1) % n == 0 for label, n in cuts.items()) for option in self.index[var])
+
+    def _option_of(self, var: int) -> int:
+        """The option of the cuts the rounds gave the var, else the fastest option that extends them."""
+        cuts = self.cuts[var]
+        found = self.index[var].get(tuple(sorted(cuts.items())))
+        if found is not None:
+            return found
+        options = self.p.variables[var].options
+        extending = [a for c, a in self.index[var].items() if all(dict(c).get(k, 1) % n == 0 for k, n in cuts.items())]
+        return min(extending or range(len(options)), key=lambda a: (options[a].time, a))
 
     def _best(self, var: int, r: int) -> str | None:
         """The cheapest label to cut; on a tie, one that leaves no partial sums (they always cost a collective,
@@ -231,7 +248,7 @@ class _Recursive:
         p = self.p
         assignment = dict(self.decided)
         for var in self.modeled:
-            assignment[var] = self.index[var][tuple(sorted(self.cuts[var].items()))]
+            assignment[var] = self._option_of(var)
         for param in self.params:
             if param in assignment:
                 continue

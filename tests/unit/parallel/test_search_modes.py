@@ -165,3 +165,23 @@ def _product(strategy) -> int:
     """The number of parts a MatMul strategy ((m, k), (k, n)) cuts into."""
     (m, k), (_, n) = strategy
     return m * k * n
+
+
+def test_every_option_of_a_node_is_a_placement_of_that_node():
+    """A user-fixed node's single option is its own and never another node's (options were once shared by the id()
+    of a freed list; tests/integration/test_multi_copy.py's AUTO case met it)."""
+
+    def net(x, w):
+        a, b = apply("Sign", x), apply("Sign", w)
+        h = apply("MatMul", a, b)
+        for op in ("Add", "Mul", "Sub", "Maximum", "Minimum"):  # each right after the last: two inputs from nodes
+            h = apply(op, h, a)
+        return h.mean()
+
+    graph = traced(net, (8, 8), (8, 8))
+    (matmul,) = by_op(graph, "MatMul")
+    for _ in range(3):
+        problem = Problem(graph, 2, {matmul: ((1, 1), (1, 2))}, ["w"], "data_parallel", CostModel.default_cpu(2))
+        for var in problem.variables:
+            if var.node is not None:
+                assert all(o.placement.op == var.node.op for o in var.options), (var, var.options[:1])

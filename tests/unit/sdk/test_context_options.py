@@ -46,6 +46,8 @@ OTHER_VALUE = {
     "ascend_config": {"precision_mode": "force_fp16"},
     "gpu_config": {"conv_fprop_algo": "normal"},
     "op_timeout": 600,
+    "enable_profiling": True,
+    "profiling_options": '{"output": "timelines"}',
     "parallel_mode": ms.ParallelMode.DATA_PARALLEL,
     "gradients_mean": True,
     "full_batch": True,
@@ -71,14 +73,19 @@ OTHER_VALUE = {
 
 
 @pytest.fixture(autouse=True)
-def own_context(monkeypatch):
-    """Each test changes a copy of the context: what it sets, logs or binds does not reach other tests."""
+def own_context(monkeypatch, tmp_path):
+    """Each test changes a copy of the context: what it sets, logs or binds does not reach other tests (and what it
+    writes, such as a timeline, lands in its own folder)."""
+    from tessel import profiler
+
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(context, "_context", dict(context._context))
     monkeypatch.setattr(context, "_explicit_context", set())
     monkeypatch.setattr(support, "_logged", set())
     monkeypatch.setattr(context, "_bound_daemon", None)
     monkeypatch.setenv("TESSEL_PLUGIN", "cpu")  # set_context(device_target=...) must not pick another plugin here
     yield
+    profiler.stop()
     ms.reset_auto_parallel_context()
 
 

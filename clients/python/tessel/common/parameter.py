@@ -12,6 +12,7 @@ the daemon holds this rank's slice, and `asnumpy()` returns that slice, as MindS
 from __future__ import annotations
 
 import itertools
+import weakref
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from tessel.core.errors import ConfigurationError, TesselError
 
 DEFAULT_NAME = "Parameter"
 _serials = itertools.count()
+_every: weakref.WeakSet = weakref.WeakSet()  # every Parameter alive (report_layouts)
 
 
 class Parameter(Tensor):
@@ -64,6 +66,7 @@ class Parameter(Tensor):
         self._layout_engine: int | None = None  # the engine (job) that layout belongs to
         self._local = False  # self._array holds this rank's slice, not the whole value
         self._comm_fusion = 1
+        _every.add(self)
         mark_host_write()
 
     @property
@@ -263,6 +266,25 @@ class ParameterTuple(tuple):
 
 # Bumped whenever any Parameter's host value changes, so a step can skip checking every parameter when none did.
 _host_writes = 0
+
+
+def report_layouts(path: str) -> None:
+    """Write, as JSON, how this rank holds every parameter: its full shape, its local shape and layout (a debugging
+    view of a plan: `TESSEL_PARAMETER_REPORT=DIR` rewrites DIR/rank_<r>.json after each plan of the rank)."""
+    import json
+
+    report = {}
+    for p in sorted(_every, key=lambda q: q._serial):
+        layout = p.layout
+        local = list(layout.local_shape(p.shape)) if layout is not None else list(p.shape)
+        described = (
+            None
+            if layout is None
+            else {"device_matrix": list(layout.device_matrix), "tensor_map": str(layout.tensor_map)}
+        )
+        report[p.name] = {"shape": list(p.shape), "local": local, "layout": described}
+    with open(path, "w") as out:
+        json.dump(report, out, indent=1)
 
 
 def mark_host_write() -> None:

@@ -76,6 +76,9 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
     for n, ref in handles.items():
         fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
+    for value in graph.inputs:  # values fed at every run (a learning rate) are no dataset column: whole everywhere
+        if value.name in trace.feeders:
+            fixed[value.name] = Layout.replicated(value.ndim, world)
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
 
@@ -100,7 +103,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
         p.place(plan.input_layout(key), eng.id)
     planning.record(plan, list(params.values()), rank)
     if context.get_context("save_graphs"):
-        save_graphs(plan, os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}"), ranks=(rank,))
+        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     local = plan.rank_graph(rank)
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)

@@ -78,6 +78,13 @@ class DynamicCluster:
             )
         if role not in (SCHEDULER, WORKER):
             raise ConfigurationError(f"MS_ROLE={role!r} is not a role: use MS_SCHED (one process) or MS_WORKER")
+        if os.environ.get("MS_ENABLE_RECOVERY", "0") not in ("", "0"):
+            raise NotSupportedYetError(
+                "not supported yet: MS_ENABLE_RECOVERY=1, a process that dies fails the job on every rank within "
+                "seconds; tessel does not yet hold the job open for it to rejoin and roll the others back to the last "
+                "checkpoint. Resume instead: restart the job and load the last checkpoint "
+                "(Model.train(initial_epoch=...) continues exactly)"
+            )
         host = os.environ.get("MS_SCHED_HOST", "")
         if not host:
             raise ConfigurationError(f"dynamic networking: MS_ROLE={role} but MS_SCHED_HOST is not set")

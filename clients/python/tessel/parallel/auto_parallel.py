@@ -207,12 +207,23 @@ class AutoParallel(Cell):
         with current().in_cell(self):
             return self.network(*args, **kwargs)
 
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        from tessel.autograd import _GradFunction
+
+        self._apply()
+        if isinstance(self.network, _GradFunction):
+            return self.network.compiled.entry(args, kwargs)
+        return self._whole.entry(args, kwargs)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from tessel.autograd import _GradFunction
         from tessel.common.tracing import current
 
         if current() is not None:
             return super().__call__(*args, **kwargs)
         self._apply()  # the job's context is this wrapper's configuration
+        if isinstance(self.network, _GradFunction):  # compiles itself, its gradients kept on the daemon
+            return self.network(*args, **kwargs)
         return self._whole(*args, **kwargs)
 
 

@@ -173,7 +173,9 @@ def partition_for_rank(
         params[name] = plan.local_value(name, full_values[name], rank) if held else np.asarray(full_values[name])
     if context.get_context("save_graphs"):
         directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
-        save_graphs(plan, directory, ranks=(rank,))
+        from tessel.parallel import planning
+
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     return RankPartition(rank_graph, params, _feed_slicer(plan, rank, dataset), plan, rank)
 
 
