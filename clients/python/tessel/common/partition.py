@@ -95,6 +95,17 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
         )
 
+    fused = sorted(p.name for p in params.values() if p.comm_fusion != 1)
+    if fused and any(node.op == "GradientOf" for node in graph.nodes):
+        from tessel.common.support import log_once
+
+        log_once(
+            "comm-fusion-functional",
+            f"comm_fusion of {fused[:3]}{'...' if len(fused) > 3 else ''}: gradients taken in a compiled function "
+            "under SEMI_AUTO/AUTO_PARALLEL (value_and_grad, GradOperation) are each reduced by a collective of "
+            "their own, so fusion indices group nothing there; Model.train / TrainOneStepCell's step buckets "
+            "gradients by fusion index",
+        )
     plan = plan_with(fixed)
     blocks = _state_blocks(plan, params, fixed, rank)
     if blocks:  # optimizer parallel: the optimizer's state takes its blocks, and the plan follows

@@ -23,7 +23,7 @@ import numpy as np
 from tessel import context, profiler
 from tessel.common.support import log_once
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step, mirror_parameters
-from tessel.compiler.buckets import sync_in_fp32
+from tessel.compiler.buckets import set_fusion, sync_in_fp32
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
@@ -83,17 +83,20 @@ def shard_config():
     return ShardConfig(level, threshold, size)
 
 
-def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=()):
+def parallel_train_program(
+    graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=(), fusion=None
+):
     """(TrainProgram, RankPartition or None, {key: ParamShard}) for the current parallel mode (see the module
     docstring); `fixed()` gives the layouts of parameters an earlier plan of this job sliced; `exclude` names the
     parameters optimizer parallel must leave whole (Parameter(parallel_optimizer=False)). With optimizer parallel
     on, the shards say which parameters this rank reduce-scatters and updates a block of (compiler/
-    optimizer_parallel.py)."""
+    optimizer_parallel.py). `fusion` maps a parameter key to its comm_fusion index: only gradients of one index
+    share a bucket, index 0 is reduced alone."""
     mode, world = parallel_mode(), world_size()
     config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
-        forward = mirror_parameters(graph, keys, tuple(range(world)), mean=mean)
+        forward = set_fusion(mirror_parameters(graph, keys, tuple(range(world)), mean=mean), fusion or {})
         program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
@@ -108,6 +111,7 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fi
 
         part = partition_for_rank(graph, trace, list(keys), None, get_rank(), world, fixed())
         forward = sync_in_fp32(part.graph) if context.get_auto_parallel_context("gradient_fp32_sync") else part.graph
+        forward = set_fusion(forward, fusion or {})
         program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part, shards
     if config is not None and world > 1:

@@ -94,7 +94,14 @@ class FusedTrainStep:
         keys = [p.key for p in opt.parameters]
         whole = [p.key for p in opt.parameters if not p.parallel_optimizer]
         program, self._partition, self._shards = rank_step.parallel_train_program(
-            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: _sliced(opt.parameters), whole
+            graph,
+            trace,
+            keys,
+            opt._rule,
+            opt.no_decay_keys,
+            lambda: _sliced(opt.parameters),
+            whole,
+            {p.key: p.comm_fusion for p in opt.parameters},
         )
         self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
