@@ -73,6 +73,7 @@ def test_after_training_the_network_runs_through_the_stages_and_a_checkpoint_hol
             r"layers\.1 \(Dense\).* stage 0 but reads what .* computes on the later stage 1.*Fix",
         ),
         (2, 2, ["batch=6"], r"PipelineCell\(WithLossCell\): input 0 has shape \(6, 12\).*micro_size=4"),
+        (2, 2, ["zero"], r"not supported yet: enable_parallel_optimizer=True with pipeline_stages=2.*Fix"),
     ],
 )
 def test_errors_name_the_cell_the_rule_and_the_fix_before_any_step(tmp_path, ranks, stages, options, message):

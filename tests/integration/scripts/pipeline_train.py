@@ -11,7 +11,8 @@ AutoParallel(...).pipeline(stages, interleave, scheduler)). SCHEDULER: 1f1b, gpi
 first Dense layer cut by columns over the stage's ranks), `steps=K` (default 20), `tied` (the last layer also
 reads the first layer's weight: a parameter of two stages), `die=K` (the last rank exits at step K: the others must
 fail, not hang), `stage_of=a,b,c,d` (the layers' stages, given: for the error checks), `batch=B` (rows per rank),
-`relu_stage` (every layer on stage 0 and a last ReLU cell alone on stage 1: a stage without parameters), `infer`
+`zero` (enable_parallel_optimizer=True too: an error, not supported yet), `relu_stage` (every layer on stage 0
+and a last ReLU cell alone on stage 1: a stage without parameters), `infer`
 (after training, `net(x)` on every rank equals numpy's forward with the trained parameters), `ckpt=DIR` (after
 training, save_checkpoint(net) writes every parameter whole, gathered from the stages that hold them), `sync` (with
 `tied`, after training: the ranks of the last stage set their copy of the shared weight to zeros, then
@@ -48,6 +49,8 @@ if FLOW != "auto":
     ms.set_auto_parallel_context(
         parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, pipeline_stages=STAGES, pipeline_config=config
     )
+if "zero" in OPTIONS:  # optimizer parallel as well: not supported yet with pipeline stages
+    ms.set_auto_parallel_context(enable_parallel_optimizer=True)
 ms.set_seed(7)
 
 

@@ -299,3 +299,17 @@ def test_parameter_value_in_a_traced_function_reads_the_parameter_where_it_is_us
     np.testing.assert_allclose(ms.jit(head)(x).asnumpy(), X[:4, :3] @ np.full((3, 2), 2.0), rtol=1e-6)
     copy = head.table.value()
     assert not isinstance(copy, ms.Parameter) and float(copy.asnumpy()[0, 0]) == 2.0
+
+
+def test_a_pipeline_step_over_grad_accumulation_is_not_supported_yet():
+    """GradAccumulation's micro-batches (MicroBatchEnd marks) inside pipeline stages: a clear error, not a step
+    that accumulates differently; PipelineCell already sums its micro-batches' gradients."""
+    from tessel.parallel.nn import GradAccumulation
+
+    net = Net()
+    accumulated = GradAccumulation(nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits(sparse=True)), 2)
+    graph, trace = trace_network(accumulated, X, Y)
+    keys = [p.key for p in trace.parameters()]
+    with pytest.raises(NotSupportedYetError, match=r"not supported yet: pipeline parallel with .*GradAccumulation"):
+        build_train_step(graph, keys, SGD(LR), deferred_gradients=True)
+    build_train_step(graph, keys, SGD(LR))  # without stages it accumulates

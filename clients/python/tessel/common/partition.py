@@ -84,16 +84,48 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     n_prints = len(trace.print_values)  # ops.Print's tensors: the last outputs, each rank printing its own share
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs) - n_prints
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
-    plan = parallelize(
-        graph,
-        planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
-        world,
-        parameters=list(params),
-        dataset=_dataset_arg(dataset),
-        fixed=fixed,
-        weights=list(handles),
-        output_layouts=returned + [None] * (len(graph.outputs) - n_host),
-    )
+
+    def plan_with(fixed_layouts: dict):
+        return parallelize(
+            graph,
+            planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
+            world,
+            parameters=list(params),
+            dataset=_dataset_arg(dataset),
+            fixed=fixed_layouts,
+            weights=list(handles),
+            output_layouts=returned + [None] * (len(graph.outputs) - n_host),
+            loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
+        )
+
+    fused = sorted(p.name for p in params.values() if p.comm_fusion != 1)
+    if fused and any(node.op == "GradientOf" for node in graph.nodes):
+        from tessel.common.support import log_once
+
+        log_once(
+            "comm-fusion-functional",
+            f"comm_fusion of {fused[:3]}{'...' if len(fused) > 3 else ''}: gradients taken in a compiled function "
+            "under SEMI_AUTO/AUTO_PARALLEL (value_and_grad, GradOperation) are each reduced by a collective of "
+            "their own, so fusion indices group nothing there; Model.train / TrainOneStepCell's step buckets "
+            "gradients by fusion index",
+        )
+    if (
+        where.pipelined
+        and context.optimizer_shard_config() is not None
+        and any(n.op == "GradientOf" for n in graph.nodes)
+    ):
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            f"enable_parallel_optimizer=True with pipeline_stages={where.stages}",
+            "pipeline stages do not shard their optimizer state yet (each rank holds only its stage's parameters "
+            "and state already). Fix: set_auto_parallel_context(enable_parallel_optimizer=False) under pipeline "
+            "parallel",
+        )
+    plan = plan_with(fixed)
+    blocks = _state_blocks(plan, params, fixed, rank)
+    if blocks:  # optimizer parallel: the optimizer's state takes its blocks, and the plan follows
+        plan = plan_with({**fixed, **blocks})
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
     if where.pipelined:
@@ -117,6 +149,31 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     if where.pipelined:
         entry.absent_prints = {i - end for i in piped.absent_outputs if i >= end}
     return entry
+
+
+def _state_blocks(plan, params: dict, fixed: dict, rank: int) -> dict:
+    """Optimizer parallel: the block layout of each optimizer slot (store key "<parameter key>/<slot>") of a
+    parameter the plan leaves replicated over some ranks, for slots no plan placed yet
+    (compiler.optimizer_parallel.block_of)."""
+    settings = context.optimizer_shard_config()
+    if settings is None:
+        return {}
+    import numpy as np
+
+    from tessel.compiler.optimizer_parallel import ShardConfig, block_of
+
+    config, blocks = ShardConfig(*settings), {}
+    for key, slot in params.items():
+        base = key.rpartition("/")[0]
+        if not base or base not in params or key in fixed:
+            continue
+        param = params[base]
+        if not param.parallel_optimizer or tuple(slot.shape) != tuple(param.shape):
+            continue
+        found = block_of(plan.input_layout(base), param.shape, np.dtype(param.dtype.numpy).itemsize, config, rank)
+        if found is not None:
+            blocks[key] = found[1]
+    return blocks
 
 
 def _requested_layout(requested: Any, world: int):

@@ -42,6 +42,8 @@ from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate sched
 from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.wrap import (
     DistributedGradReducer,
+    GradAccumulation,
+    GradAccumulationCell,
     MicroBatchInterleaved,
     PipelineCell,
     PipelineGradReducer,
@@ -74,6 +76,8 @@ def __getattr__(name: str):
 __all__ = [
     "GELU",
     "AvgPool2d",
+    "GradAccumulation",
+    "GradAccumulationCell",
     "BCEWithLogitsLoss",
     "BatchNorm1d",
     "BatchNorm2d",

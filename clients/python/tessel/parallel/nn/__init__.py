@@ -1,12 +1,14 @@
 """`tessel.parallel.nn` — MindSpore 2.6's `mindspore.parallel.nn`: the micro-batch wrappers.
 
-`MicroBatchInterleaved` is `tessel.nn.MicroBatchInterleaved`; `Pipeline` is `tessel.nn.PipelineCell` under its
-newer name, `PipelineGradReducer` is `tessel.nn.PipelineGradReducer`. Gradient accumulation is not supported yet:
-`GradAccumulation` raises NotSupportedYetError naming itself when imported or used.
+`MicroBatchInterleaved` and `GradAccumulation` are `tessel.nn`'s cells (GradAccumulation sums its micro-batches'
+losses; a train step over it accumulates their gradients before one reduction and one update). `Pipeline` is
+`tessel.nn.PipelineCell` under its newer name, `PipelineGradReducer` is `tessel.nn.PipelineGradReducer`.
+
+>>> from tessel.parallel.nn import GradAccumulation, MicroBatchInterleaved
+>>> net = GradAccumulation(nn.WithLossCell(backbone, loss_fn), 4)   # sums 4 micro-batches' losses
 """
 
-from tessel.common.support import unsupported_names
-from tessel.nn.wrap import MicroBatchInterleaved, PipelineCell, PipelineGradReducer
+from tessel.nn.wrap import GradAccumulation, MicroBatchInterleaved, PipelineCell, PipelineGradReducer
 
 
 class Pipeline(PipelineCell):
@@ -17,8 +19,4 @@ class Pipeline(PipelineCell):
     """
 
 
-__getattr__ = unsupported_names(
-    "mindspore.parallel.nn", ["GradAccumulation"], "gradient accumulation is not implemented yet"
-)
-
-__all__ = ["MicroBatchInterleaved", "Pipeline", "PipelineCell", "PipelineGradReducer"]
+__all__ = ["GradAccumulation", "MicroBatchInterleaved", "Pipeline", "PipelineCell", "PipelineGradReducer"]
