@@ -62,6 +62,7 @@ class Joiner:
     daemon_id: str  # the pinned daemon, "" = any
     hostname: str
     pid: int
+    restored: bool = False  # read back from the store by a restarted coordinator: its process may ask again
 
 
 @dataclass(eq=False)
@@ -104,6 +105,7 @@ class Job:
     beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
     running_since: float = 0.0  # on the state's clock
     first_beats_checked: bool = False  # every rank was checked for a first heartbeat (liveness.py)
+    recovered: bool = False  # read back by a restarted coordinator: its ranks must heartbeat again
     suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
     next_free: int = 0  # every rank below this one has joined, except those in `freed`
     freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
+from tessel.coordinator.store import Store
 from tessel.core import errors, rpc
 from tessel.core.limits import Limits
 from tessel.core.memory import release_free_memory
@@ -24,6 +25,8 @@ DEFAULT_WAIT_S = 60.0  # a blocking call that gives no timeout_s waits this long
 # the log, to the job's ranks and in `tessel status`; past the timeout the job fails, blaming a missing rank.
 STALL_WARNING_S = float(os.environ.get("TESSEL_STALL_WARNING", "2"))
 STALL_TIMEOUT_S = float(os.environ.get("TESSEL_STALL_TIMEOUT", "300"))
+# After a restart from a durable store, daemons and ranks have this long to heartbeat again (durable.py).
+RECOVERY_GRACE_S = float(os.environ.get("TESSEL_RECOVERY_GRACE", "10"))
 _POLL_S = 0.25  # how often an idle stream sender checks that its call is still alive
 
 
@@ -191,6 +194,8 @@ class CoordinatorServer:
         limits: Limits | None = None,
         stall_warning_s: float = STALL_WARNING_S,
         stall_timeout_s: float = STALL_TIMEOUT_S,
+        store: Store | None = None,
+        recovery_grace_s: float = RECOVERY_GRACE_S,
     ):
         limits = limits or Limits.from_env()
         self.state = CoordinatorState(
@@ -198,7 +203,11 @@ class CoordinatorServer:
             limits=limits,
             stall_warning_s=stall_warning_s,
             stall_timeout_s=stall_timeout_s,
+            store=store,
+            recovery_grace_s=recovery_grace_s,
         )
+        if self.state.restored:
+            log.warning("coordinator %s", self.state.restored)
         servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms)
         service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
         handler = rpc.generic_handler(servicer, service, token, limits.max_request_bytes)
@@ -214,7 +223,8 @@ class CoordinatorServer:
             f"heartbeat every {heartbeat_interval_ms / 1000:g} s, a member silent {heartbeat_timeout_ms / 1000:g} s "
             f"is dead; a dead daemon leaves the registry after {limits.forget_dead_daemon_s:g} s; stall warning after "
             f"{stall_warning_s:g} s, stall timeout {stall_timeout_s:g} s (0 = none); blocking calls wait "
-            f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most"
+            f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most; after a restart members have "
+            f"{recovery_grace_s:g} s to come back (state in {self.state.store.url})"
         )
         log.info("coordinator listening on %s", self.address)
 
@@ -243,6 +253,7 @@ class CoordinatorServer:
         self.state.close_all()
         self._server.stop(grace_s).wait(grace_s + 5)
         self._reaper.join(timeout=5)
+        self.state.store.close()
         log.info("coordinator at %s stopped", self.address)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -266,6 +277,8 @@ def serve(
     limits: Limits | None = None,
     stall_warning_s: float = STALL_WARNING_S,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    store: Store | None = None,
+    recovery_grace_s: float = RECOVERY_GRACE_S,
 ) -> CoordinatorServer:
     """Start a coordinator in this process (port 0 = any free port); the token defaults to the cluster token.
 
@@ -288,4 +301,6 @@ def serve(
         limits=limits,
         stall_warning_s=stall_warning_s,
         stall_timeout_s=stall_timeout_s,
+        store=store,
+        recovery_grace_s=recovery_grace_s,
     )
