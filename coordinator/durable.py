@@ -12,6 +12,7 @@ barrier interrupted by the restart may have to be passed again); groups, keys an
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 
@@ -32,17 +33,15 @@ def _job_prefix(job_id: str) -> str:
 
 
 def job_record(job: Job) -> bytes:
+    """What changes with the job's state (its ranks are records of their own: a join or a finish writes O(1))."""
     return json.dumps(
         {
             "job_id": job.job_id,
             "world_size": job.world_size,
             "created_at": job.created_at,
             "state": job.state,
-            "joiners": [[j.rank, j.plugin, j.daemon_id, j.hostname, j.pid] for j in job.joiners.values()],
             "members": [base64.b64encode(m.SerializeToString()).decode() for m in job.members],
             "daemon_ids": job.daemon_ids,
-            "finished": sorted(job.finished),
-            "reported": sorted(job.reported),
             "cause": job.cause,
             "culprit_rank": job.culprit_rank,
             "timed_out": job.timed_out,
@@ -57,30 +56,78 @@ def job_from_record(raw: bytes) -> Job:
     job = Job(job_id=data["job_id"], world_size=int(data["world_size"]), created_at=float(data["created_at"]))
     job.state, job.cause, job.culprit_rank = data["state"], data["cause"], int(data["culprit_rank"])
     job.timed_out, job.started_at, job.nonce = bool(data["timed_out"]), float(data["started_at"]), data["nonce"]
-    for rank, plugin, daemon_id, hostname, pid in data["joiners"]:
-        job.take_rank(int(rank), jobs.Joiner(int(rank), plugin, daemon_id, hostname, int(pid), restored=True))
     job.members = [common_pb2.Member.FromString(base64.b64decode(m)) for m in data["members"]]
     job.daemon_ids = list(data["daemon_ids"])
-    job.finished, job.reported = set(data["finished"]), set(data["reported"])
     return job
+
+
+def rank_record(job: Job, rank: int) -> bytes:
+    joiner = job.joiners[rank]
+    return json.dumps(
+        {
+            "joiner": [joiner.plugin, joiner.daemon_id, joiner.hostname, joiner.pid],
+            "finished": rank in job.finished,
+            "reported": rank in job.reported,
+        }
+    ).encode()
+
+
+def restore_rank(job: Job, rank: int, raw: bytes) -> None:
+    data = json.loads(raw)
+    plugin, daemon_id, hostname, pid = data["joiner"]
+    job.take_rank(rank, jobs.Joiner(rank, plugin, daemon_id, hostname, int(pid), restored=True))
+    if data["finished"]:
+        job.finished.add(rank)
+    if data["reported"]:
+        job.reported.add(rank)
 
 
 class DurableMixin:
     """Persistence for `CoordinatorState` (which provides store, recovery_grace_s, first_beat_s, _clock, _daemons,
     _jobs, _next_daemon)."""
 
+    _batch: list | None = None
+
     def _write(self, action: str, *args) -> None:
-        """One store write; a failing store is logged loudly and the coordinator goes on (in memory)."""
+        """One store write (or one more in the open batch); a failing store is logged loudly and the coordinator goes
+        on, in memory."""
+        if self._batch is not None:
+            self._batch.append((action, *args))
+            return
+        self._apply([(action, *args)])
+
+    def _apply(self, ops: list[tuple]) -> None:
         try:
-            getattr(self.store, action)(*args)
+            self.store.apply(ops)
         except Exception as exc:
             log.error(
-                "the coordinator's store %s failed to %s %s: %s (this change is not durable)",
+                "the coordinator's store %s failed to write %d changes (%s %s …): %s; they are not durable",
                 self.store.url,
-                action,
-                args[:2],
+                len(ops),
+                ops[0][0],
+                ops[0][1:3],
                 exc,
             )
+
+    @contextlib.contextmanager
+    def _batched(self):
+        """Writes inside go to the store together at the end, in one transaction (a job start takes many daemons)."""
+        if self._batch is not None:
+            yield
+            return
+        self._batch = []
+        try:
+            yield
+        finally:
+            ops, self._batch = self._batch, None
+            if ops:
+                self._apply(ops)
+
+    def _save_rank(self, job: Job, rank: int) -> None:
+        self._write(store.PUT, store.RANK, _group_key(job.job_id, rank), rank_record(job, rank))
+
+    def _forget_rank(self, job: Job, rank: int) -> None:
+        self._write(store.DELETE, store.RANK, _group_key(job.job_id, rank))
 
     def _save_daemon(self, record: DaemonRecord) -> None:
         self._write("put", store.DAEMON, record.daemon_id, record.info.SerializeToString())
@@ -96,6 +143,7 @@ class DurableMixin:
 
     def _forget_job(self, job_id: str) -> None:
         self._write("delete", store.JOB, job_id)
+        self._write("delete_prefix", store.RANK, _job_prefix(job_id))
         self._forget_rendezvous(job_id)
 
     def _forget_rendezvous(self, job_id: str) -> None:
@@ -130,6 +178,11 @@ class DurableMixin:
                 record.died_at = now
             self._daemons[daemon_id] = record
         restored = [job_from_record(raw) for raw in found[store.JOB].values()]
+        by_id = {job.job_id: job for job in restored}
+        for key, raw in found[store.RANK].items():
+            job_id, rank = json.loads(key)
+            if job_id in by_id:
+                restore_rank(by_id[job_id], int(rank), raw)
         for job in sorted(restored, key=lambda j: j.created_at):
             if job.state == RUNNING:
                 # Every rank must heartbeat again within the grace (liveness.py: _check_first_beats).

@@ -164,13 +164,12 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 )
             self._check_rank(job, rank, "FinishRank")
             job.finished.add(rank)
+            self._save_rank(job, rank)
             if len(job.finished) == job.world_size:
                 job.state = FINISHED
                 log.info("job '%s' finished (%d ranks)", job_id, job.world_size)
                 self._publish(job)
                 self._job_ended(job)
-            else:
-                self._save_job(job)
 
     def fail_job(self, job_id: str, rank: int, cause: str, culprit: int | None = None) -> None:
         """A rank reports a failure. Without `culprit`, its own (an exception it raised): the job fails now,
@@ -187,6 +186,8 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             if rank >= 0:
                 self._check_rank(job, rank, "FailJob")
                 job.reported.add(rank)
+                if rank in job.joiners:
+                    self._save_rank(job, rank)
             who = job.describe_rank(rank) if rank >= 0 else "a client"
             if culprit is None:
                 self._fail(job, f"{who} reported: {cause}", rank)
@@ -196,7 +197,6 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 if blamed != rank:
                     claim = f"{job.describe_rank(blamed)} failed, as {who} reported: {cause}"
                 job.suspect = (blamed, claim, self._clock() + self.suspect_grace_s)
-                self._save_job(job)
 
     def cluster_status(self) -> coordinator_pb2.ClusterStatusReply:
         with self._cond:
@@ -286,6 +286,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 self._forget_job(job_id)
             job = Job(job_id=job_id, world_size=world, created_at=time.time())
             self._jobs[job_id] = job
+            self._save_job(job)
             self._forget_old_jobs()
             return job
         if job.state == RUNNING:
@@ -319,7 +320,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 f"{other.hostname}); give each process its own rank, or pass -1 to let the coordinator pick"
             )
         job.take_rank(rank, jobs.Joiner(rank, request.plugin, request.daemon_id, request.hostname, request.pid))
-        self._save_job(job)
+        self._save_rank(job, rank)
         return rank
 
     def _withdraw(self, job: Job, rank: int) -> None:
@@ -331,7 +332,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             del self._jobs[job.job_id]
             self._forget_job(job.job_id)
         else:
-            self._save_job(job)
+            self._forget_rank(job, rank)
         self._cond.notify_all()
 
     def _join_timeout_message(self, job: Job, timeout_s: float) -> str:
@@ -349,18 +350,19 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
 
     def _start_waiting_jobs(self) -> None:
         """Start every waiting job whose world is complete and for which daemons are free, oldest first."""
-        for job in [j for j in self._jobs.values() if j.state == jobs.WAITING and j.complete]:
-            chosen, job.pending_reasons = jobs.assign_daemons(job, self._daemons)
-            if not chosen:
-                continue
-            job.members = [jobs.member_of(rank, chosen[rank]) for rank in range(job.world_size)]
-            job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
-            for rank, record in chosen.items():
-                record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
-                self._save_daemon(record)
-            job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
-            self._save_job(job)
-            log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
+        with self._batched():  # one store transaction
+            for job in [j for j in self._jobs.values() if j.state == jobs.WAITING and j.complete]:
+                chosen, job.pending_reasons = jobs.assign_daemons(job, self._daemons)
+                if not chosen:
+                    continue
+                job.members = [jobs.member_of(rank, chosen[rank]) for rank in range(job.world_size)]
+                job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
+                for rank, record in chosen.items():
+                    record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
+                    self._save_daemon(record)
+                job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
+                self._save_job(job)
+                log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
 
     def _fail(self, job: Job, cause: str, culprit_rank: int) -> None:
         job.state, job.cause, job.culprit_rank = FAILED, self.limits.clip_text(cause), culprit_rank
@@ -380,18 +382,19 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             sub.outbox.put(event)
 
     def _job_ended(self, job: Job) -> None:
-        self.stalls.forget_job(job.job_id)
-        for daemon_id in job.daemon_ids:
-            record = self._daemons.get(daemon_id)
-            if record is not None and record.state == BUSY and record.info.job_id == job.job_id:
-                record.info.state, record.info.job_id, record.info.rank = IDLE, "", -1
-                self._save_daemon(record)
-        self._start_waiting_jobs()
-        self._cond.notify_all()
-        job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
-        self._save_job(job)
-        self._forget_rendezvous(job.job_id)
-        self._forget_old_jobs()
+        with self._batched():  # one store transaction
+            self.stalls.forget_job(job.job_id)
+            for daemon_id in job.daemon_ids:
+                record = self._daemons.get(daemon_id)
+                if record is not None and record.state == BUSY and record.info.job_id == job.job_id:
+                    record.info.state, record.info.job_id, record.info.rank = IDLE, "", -1
+                    self._save_daemon(record)
+            self._start_waiting_jobs()
+            self._cond.notify_all()
+            job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
+            self._save_job(job)
+            self._forget_rendezvous(job.job_id)
+            self._forget_old_jobs()
 
     def _forget_old_jobs(self) -> None:
         ended = [j for j in self._jobs.values() if j.ended]  # creation order

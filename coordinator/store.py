@@ -31,14 +31,21 @@ from tessel.core import errors
 log = logging.getLogger("tessel.coordinator")
 
 # Kinds of records.
-META, DAEMON, JOB, GROUP, KV = "meta", "daemon", "job", "group", "kv"
-KINDS = (META, DAEMON, JOB, GROUP, KV)
+META, DAEMON, JOB, RANK, GROUP, KV = "meta", "daemon", "job", "rank", "group", "kv"
+KINDS = (META, DAEMON, JOB, RANK, GROUP, KV)
+PUT, DELETE, DELETE_PREFIX = "put", "delete", "delete_prefix"
 
 
 class Store:
-    """The interface: `put`, `delete`, `delete_prefix` (keys of one kind starting with a prefix), `load`, `close`."""
+    """The interface: `put`, `delete`, `delete_prefix` (keys of one kind starting with a prefix), `apply` (several
+    of those at once, e.g. the daemons a starting job takes), `load`, `close`."""
 
     url = "memory"
+
+    def apply(self, ops: list[tuple]) -> None:
+        """(PUT, kind, key, value), (DELETE, kind, key) or (DELETE_PREFIX, kind, prefix) items, in order."""
+        for op, *args in ops:
+            getattr(self, op)(*args)
 
     def put(self, kind: str, key: str, value: bytes) -> None:
         pass
@@ -107,9 +114,29 @@ class SqliteStore(Store):
 
     def delete_prefix(self, kind: str, prefix: str) -> None:
         with self._lock:
-            self._db.execute(
-                "DELETE FROM records WHERE kind = ? AND substr(key, 1, ?) = ?", (kind, len(prefix), prefix)
-            )
+            self._delete_prefix(kind, prefix)
+
+    def _delete_prefix(self, kind: str, prefix: str) -> None:
+        self._db.execute("DELETE FROM records WHERE kind = ? AND substr(key, 1, ?) = ?", (kind, len(prefix), prefix))
+
+    def apply(self, ops: list[tuple]) -> None:
+        """One transaction."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                for op, kind, key, *value in ops:
+                    if op == PUT:
+                        self._db.execute(
+                            "INSERT OR REPLACE INTO records (kind, key, value) VALUES (?, ?, ?)", (kind, key, value[0])
+                        )
+                    elif op == DELETE:
+                        self._db.execute("DELETE FROM records WHERE kind = ? AND key = ?", (kind, key))
+                    else:
+                        self._delete_prefix(kind, key)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def load(self) -> dict[str, dict[str, bytes]]:
         found: dict[str, dict[str, bytes]] = {kind: {} for kind in KINDS}
@@ -188,6 +215,21 @@ class EtcdStore(Store):
     def delete_prefix(self, kind: str, prefix: str) -> None:
         start = self._key(kind, prefix)
         self._post("/v3/kv/deleterange", {"key": _b64(start), "range_end": _b64(_prefix_end(start))})
+
+    def apply(self, ops: list[tuple], chunk: int = 100) -> None:
+        """Transactions of at most `chunk` operations (etcd's --max-txn-ops is 128 by default)."""
+        for at in range(0, len(ops), chunk):
+            requests = []
+            for op, kind, key, *value in ops[at : at + chunk]:
+                if op == PUT:
+                    requests.append({"request_put": {"key": _b64(self._key(kind, key)), "value": _b64(value[0])}})
+                else:
+                    start = self._key(kind, key)
+                    body = {"key": _b64(start)}
+                    if op == DELETE_PREFIX:
+                        body["range_end"] = _b64(_prefix_end(start))
+                    requests.append({"request_delete_range": body})
+            self._post("/v3/kv/txn", {"success": requests})
 
     def load(self) -> dict[str, dict[str, bytes]]:
         found: dict[str, dict[str, bytes]] = {kind: {} for kind in KINDS}

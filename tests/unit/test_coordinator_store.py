@@ -94,11 +94,15 @@ def test_put_delete_prefix_and_load(store_url):
     store.put(stores.DAEMON, "d0", b"\x00\xff")
     store.delete_prefix(stores.KV, '["j",')
     store.delete(stores.DAEMON, "nope")
+    # A batch (one transaction; etcd: transactions of at most 100 operations).
+    store.apply([(stores.PUT, stores.RANK, f"r{n:03d}", b"%d" % n) for n in range(150)])
+    store.apply([(stores.DELETE_PREFIX, stores.RANK, "r1"), (stores.DELETE, stores.RANK, "r000")])
     store.close()
     found = stores.open_store(store_url).load()
     assert found[stores.JOB] == {"a": b"2"}
     assert found[stores.KV] == {'["jj",k1': b"z"}  # another job's keys stay
     assert found[stores.DAEMON] == {"d0": b"\x00\xff"}
+    assert sorted(found[stores.RANK]) == [f"r{n:03d}" for n in range(1, 100)]
 
 
 def test_sqlite_is_in_wal_mode(tmp_path):
@@ -137,6 +141,9 @@ def test_a_restarted_coordinator_keeps_daemon_ids_jobs_history_groups_and_keys(s
     before.create_group("live", "g", [0, 1], 1, 1.0)
     before.kv_set("live", "key", b"value")
     before.finish_rank("live", 1)
+    written = before.store.load()
+    assert len(written[stores.RANK]) == 3  # one record per rank: a join or a finish writes O(1), not the world
+    assert b"joiners" not in written[stores.JOB]["live"]
     before.store.close()  # the process dies: nothing else is written
 
     after = _state(store_url)
