@@ -173,7 +173,7 @@ class DurableMixin:
         for daemon_id, raw in found[store.DAEMON].items():
             info = coordinator_pb2.DaemonInfo.FromString(raw)
             # It has the grace to beat again before it counts as silent.
-            record = DaemonRecord(info=info, last_beat=now + self.recovery_grace_s)
+            record = DaemonRecord(info=info, last_beat=now + self.recovery_grace_s, restored=True)
             if info.state == DEAD:
                 record.died_at = now
             self._daemons[daemon_id] = record

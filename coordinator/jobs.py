@@ -24,6 +24,7 @@ class DaemonRecord:
     last_beat: float
     streams: set[Subscriber] = field(default_factory=set)
     died_at: float = 0.0  # when it was declared dead (it leaves the registry some time later)
+    restored: bool = False  # read back by a restarted coordinator and not heard from since: not given new work
 
     @property
     def daemon_id(self) -> str:
@@ -194,7 +195,7 @@ def daemon_order(daemon_id: str) -> tuple[int, str]:
 
 
 def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
-    return record.state == IDLE and (not joiner.plugin or record.info.plugin == joiner.plugin)
+    return record.state == IDLE and not record.restored and (not joiner.plugin or record.info.plugin == joiner.plugin)
 
 
 def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
@@ -205,6 +206,8 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
         return f"{who}, which rank {taken_by} is pinned to as well"
     if joiner.plugin and record.info.plugin != joiner.plugin:
         return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
+    if record.restored:
+        return f"{who}, which has not heartbeat since the coordinator restarted"
     busy = f" with job '{record.info.job_id}'" if record.state == BUSY else ""
     return f"{who}, which is {record.state}{busy}"
 
@@ -280,7 +283,9 @@ def assign_daemons(
             continue
         pinned_by[joiner.daemon_id] = rank
         chosen[rank] = record
-    free = _FreeDaemons([d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by])
+    free = _FreeDaemons(
+        [d for d in daemons.values() if d.state == IDLE and not d.restored and d.daemon_id not in pinned_by]
+    )
     unpinned = sorted((j for j in job.joiners.values() if not j.daemon_id), key=lambda j: (not j.plugin, j.rank))
     for joiner in unpinned:
         pick = free.pick(joiner)

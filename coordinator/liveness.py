@@ -35,6 +35,10 @@ class LivenessMixin:
                 sub.daemon = self._daemon(request.daemon_id)
                 sub.daemon.streams.add(sub)
                 sub.daemon.last_beat = sub.last_beat
+                if sub.daemon.restored:  # back after the coordinator's restart: it may take new work again
+                    sub.daemon.restored = False
+                    self._start_waiting_jobs()
+                    self._cond.notify_all()
                 if sub.daemon.state == DEAD:
                     log.info("daemon %s is heartbeating again: idle", request.daemon_id)
                     sub.daemon.info.state = IDLE

@@ -259,3 +259,17 @@ def test_heartbeats_and_calls_wait_out_a_restart_on_the_same_port_and_store(tmp_
         finally:
             handle.stop()
             second.stop(grace_s=0.1)
+
+
+def test_a_restored_daemon_gets_no_new_job_until_it_heartbeats_again(tmp_path):
+    url = f"sqlite:{tmp_path / 'c.db'}"
+    before = _state(url)
+    before.register_daemon(daemon_info(1))
+    before.store.close()
+    after = _state(url)
+    waiting = Call(after.join, join_request("new", 1, 0), 3.0)
+    time.sleep(0.3)
+    assert after.job_info("new").state == "waiting"  # d0 may be gone for good: it has not been heard from
+    after.subscribe(coordinator_pb2.HeartbeatRequest(daemon_id="d0"), queue.SimpleQueue())
+    assert waiting.result().daemon.daemon_id == "d0"
+    after.store.close()
