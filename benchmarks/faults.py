@@ -459,9 +459,12 @@ def main(argv: list[str] | None = None) -> int:
             earlier_temps = temps
             trials.append(trial)
             detection = f"{trial.detection_s:.2f} s" if trial.detection_s is not None else "-"
+            outcome = f"detected in {detection}, culprit {'right' if trial.culprit_right else 'WRONG'}"
+            if target == "coordinator":
+                how = "restarted" if sig == "kill" else "continued"
+                outcome = f"{how}, job {'finished' if trial.finished else 'FAILED'}"
             print(
-                f"trial {number:3d}: {sig:4s} {target:11s} {rank:2d} after {trial.delay_s:.2f} s: detected in "
-                f"{detection}, culprit {'right' if trial.culprit_right else 'WRONG'}, "
+                f"trial {number:3d}: {sig:4s} {target:11s} {rank:2d} after {trial.delay_s:.2f} s: {outcome}, "
                 f"{'HANG, ' if trial.hang else ''}leftovers {trial.leftovers} {trial.note}",
                 flush=True,
             )
