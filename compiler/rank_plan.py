@@ -1,9 +1,9 @@
 """Cutting a graph at its collectives into steps: runs of local nodes (one ONNX segment each) and collectives.
 
-The graph's node order is the schedule. Walking it, local nodes join the open segment and a collective closes
-it, so work that appears after a collective in the graph runs after it has started: a pass that wants overlap
-orders the graph that way (bucket_allreduce puts each bucket's AllReduce right after its last gradient and the
-gradient's consumers after the backward). Three kinds of node are placed apart:
+The order comes from the dependency graph (`rank_schedule.schedule`): each collective starts as soon as its inputs
+exist, local work that does not need its result runs while it is in flight, and the segment being filled ends
+where a result in flight is first needed. Walking that order, local nodes join the open segment; a collective, and
+a wait for one, close it. Three kinds of node are placed apart:
 - state writes (`Assign`): into the earliest segment that has their value and runs no earlier than the last
   read of the old value, so every read sees the value from before the step (the daemon swaps the buffer in
   when the segment holding the write runs);
@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
+from tessel.compiler.rank_schedule import Wait, schedule, spmd_blocks
+from tessel.v1 import collective_pb2
 
 
 @dataclass
@@ -39,25 +41,58 @@ def is_write(node: Node) -> bool:
     return registry.get(node.op).side_effect
 
 
-def plan_steps(graph: Graph) -> list[Step]:
-    """The steps of `graph` (collectives expanded, effects aliased: see rank_rewrite) in run order."""
+def is_collective(node: Node) -> bool:
+    return registry.get(node.op).collective is not None
+
+
+def is_point_to_point(node: Node) -> bool:
+    return registry.get(node.op).collective.kind in (collective_pb2.SEND, collective_pb2.RECV)
+
+
+def plan_steps(graph: Graph, spmd: bool = False) -> list[Step]:
+    """The steps of `graph` (collectives expanded, effects aliased: see rank_rewrite) in run order. `spmd`: every
+    rank's graph is a copy of this one, so collectives may start in the order their inputs can exist (spmd_blocks)."""
     copied = _copyable_constants(graph)
     steps: list[Step] = []
-    writes: list[Node] = []
-    for node in graph.nodes:
-        if node in copied:
-            continue
-        if registry.get(node.op).collective is not None:
-            steps.append(Step(collective=node))
-        elif is_write(node):
-            writes.append(node)
+    writes = [node for node in graph.nodes if node not in copied and is_write(node)]
+    scheduled = [node for node in graph.nodes if node not in copied and not is_write(node)]
+    blocks = spmd_blocks(scheduled, is_collective, is_point_to_point) if spmd else None
+    closed = True  # the next local node opens a new segment
+    cost = _seconds(graph)
+    for item in schedule(scheduled, is_collective, blocks, cost, MIN_OVERLAP_S):
+        if isinstance(item, Wait):
+            closed = True
+        elif is_collective(item):
+            steps.append(Step(collective=item))
+            closed = True
         else:
-            if not steps or steps[-1].collective is not None:
+            if closed:
                 steps.append(Step())
-            steps[-1].nodes.append(node)
+                closed = False
+            steps[-1].nodes.append(item)
     _place_writes(steps, writes)
     _copy_constants(steps, copied)
     return [s for s in steps if s.members]
+
+
+# Local work worth running while a collective is in flight: an asynchronous start, a wait and one more segment cost
+# tens of microseconds on the daemon, so less work than this runs after the wait instead.
+MIN_OVERLAP_S = 100e-6
+# A rough machine for that estimate (one core of the reference CPU), and the size a symbolic dim (the batch) is
+# taken to have.
+_FLOPS_PER_S, _BYTES_PER_S, _SYMBOL_SIZE = 2e10, 1e10, 32
+
+
+def _seconds(graph: Graph):
+    """A node's estimated run time from its op's cost (flops and bytes), symbolic dims taken as _SYMBOL_SIZE."""
+    symbols = {d for n in graph.nodes for v in (*n.inputs, *n.outputs) for d in v.shape if isinstance(d, str)}
+    sizes = dict.fromkeys(symbols, _SYMBOL_SIZE)
+
+    def seconds(node: Node) -> float:
+        cost = registry.get(node.op).cost(node, sizes)
+        return cost.flops / _FLOPS_PER_S + cost.bytes / _BYTES_PER_S
+
+    return seconds
 
 
 def _copyable_constants(graph: Graph) -> dict[Node, None]:

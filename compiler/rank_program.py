@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -83,20 +83,23 @@ def lower_rank_program(
     state: Collection[str] = (),
     donate: Collection[str] = (),
     world_size: int | None = None,
+    spmd: bool = False,
 ) -> RankProgram:
     """Lower `graph` (which may hold collectives) to a RankProgram.
 
     `state`: inputs kept on the daemon between runs (parameters, optimizer slots); every input an `Assign`
     writes is state too. `donate`: data inputs the program may free after the run (batches a NextBatch stores
-    again each run). `world_size`: lets the world's group run as the daemon's world group ("").
+    again each run). `world_size`: lets the world's group run as the daemon's world group (""). `spmd`: every
+    rank runs a copy of this graph (a parallel plan's rank graph, data parallelism), so independent collectives
+    may start in the order their inputs can exist rather than the graph's (see rank_schedule).
     """
     unknown = sorted(set(state) - {v.name for v in graph.inputs})
     if unknown:
         raise ConfigurationError(
             f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
         )
-    prepared = alias_effects(expand_collectives(graph))
-    steps = plan_steps(prepared)
+    prepared = fold_value_free(op_rewrites(alias_effects(expand_collectives(graph))))
+    steps = plan_steps(prepared, spmd)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
     _check_outputs(prepared, written)
@@ -105,7 +108,7 @@ def lower_rank_program(
     readers = _readers(steps, prepared)
     for index, step in enumerate(steps):
         if step.collective is None:
-            segment = _segment(step, f"{names.prefix}/s{index}", prepared, names, readers, index)
+            segment = _segment(steps, index, f"{names.prefix}/s{index}", prepared, names, readers)
             segments[segment.name] = segment
     instructions, groups = _instructions(steps, segments, names, readers, world_size)
     kept = set(prepared.outputs) | set(prepared.inputs)
@@ -161,8 +164,10 @@ def _readers(steps: list[Step], graph: Graph) -> dict[Value, list[int]]:
     return readers
 
 
-def _segment(step: Step, name: str, graph: Graph, names: _StoreNames, readers, index: int) -> RankSegment:
-    """The ONNX segment of `step`: inputs are what it reads from elsewhere, outputs what later steps read."""
+def _segment(steps: list[Step], index: int, name: str, graph: Graph, names: _StoreNames, readers) -> RankSegment:
+    """The ONNX segment of `steps[index]`: inputs are what it reads from elsewhere, outputs what later steps read
+    (except constants that the later readers compute themselves: plan_steps copies them into each)."""
+    step = steps[index]
     produced = {o for n in step.nodes for o in n.outputs}
     local: dict[Value, Value] = {}
     inputs: list[Value] = []
@@ -173,11 +178,11 @@ def _segment(step: Step, name: str, graph: Graph, names: _StoreNames, readers, i
     nodes, exported = [], []
     for node in step.nodes:
         for out in node.outputs:
-            later = any(i > index for i in readers.get(out, ()))
+            later = any(i > index and (i == len(steps) or node not in steps[i].nodes) for i in readers.get(out, ()))
             local[out] = Value(out.type, names(out)) if later else out
             exported += [local[out]] if later else []
         renamed = (tuple(local[v] for v in node.inputs), tuple(local[o] for o in node.outputs))
-        nodes.append(Node(node.op, renamed[0], node.attrs, renamed[1], node.source))
+        nodes.append(replace(node, inputs=renamed[0], outputs=renamed[1]))
     inputs += _symbol_sources(nodes, inputs, graph)
     segment_graph = Graph(tuple(inputs), tuple(nodes), tuple(exported), name.replace("/", "_"))
     state = tuple(n.inputs[0].name for n in step.nodes if is_write(n))

@@ -17,9 +17,12 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
+import numpy as np
+
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
 from tessel.compiler.ir import Graph, Node, Value
+from tessel.compiler.shapes import is_static, numel
 
 
 class Rewriter:
@@ -91,3 +94,54 @@ def alias_effects(graph: Graph) -> Graph:
             for out, sent in zip(node.outputs, node.inputs):
                 rewriter.alias(out, rewriter.get(sent))
     return rewriter.build()
+
+
+# Largest result folded into a constant: a loss seed or a count, not a tensor worth keeping out of the model.
+FOLD_ELEMENTS = 4096
+
+
+def fold_value_free(graph: Graph) -> Graph:
+    """Replace every node whose result depends on no input's value by the constant it computes: its ONNX lowering
+    reads only its inputs' (static) shapes, as a tensor of ones shaped like the loss (autodiff's seed) or the size of
+    a dim does. Such a node would otherwise order the schedule for nothing: the backward pass could not start before
+    every copy's loss, and with it every forward collective, had been computed."""
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        value = _constant_result(node)
+        if value is None:
+            rewriter.keep(node)
+        else:
+            with rewriter.at(node.source):
+                rewriter.alias(node.outputs[0], rewriter.builder.constant(value, node.outputs[0].dtype))
+    return rewriter.build()
+
+
+def _constant_result(node: Node) -> np.ndarray | None:
+    """The value of `node` when its lowering reads none of its inputs (small, static results only), else None."""
+    from tessel.compiler.lower_onnx import LoweringContext, to_onnx
+
+    opdef = registry.get(node.op)
+    if not node.inputs or len(node.outputs) != 1 or opdef.side_effect or opdef.collective is not None:
+        return None
+    values = (*node.inputs, *node.outputs)
+    if not all(is_static(v.shape) for v in values) or numel(node.outputs[0].shape) > FOLD_ELEMENTS:
+        return None
+    inputs = tuple(Value(v.type, f"in{i}") for i, v in enumerate(node.inputs))
+    alone = Graph(inputs, (Node(node.op, inputs, node.attrs, node.outputs),), node.outputs, "fold")
+    context = LoweringContext(alone)
+    opdef.lower(context, alone.nodes[0], [v.name for v in inputs], ["out0"])
+    if any(name in proto.input for proto in context.nodes for name in (v.name for v in inputs)):
+        return None
+    from onnx.reference import ReferenceEvaluator
+
+    model = to_onnx(alone)
+    del model.graph.input[:]  # read by no node
+    (result,) = ReferenceEvaluator(model).run(None, {})
+    return np.asarray(result, dtype=node.outputs[0].dtype.numpy)
+
+
+def op_rewrites(graph: Graph) -> Graph:
+    """The rank-graph rewrites the ops' definitions bring (registry.OpDef.rewrite), each applied in turn."""
+    for rewrite in registry.rewrites():
+        graph = rewrite(graph)
+    return graph

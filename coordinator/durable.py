@@ -47,6 +47,8 @@ def job_record(job: Job) -> bytes:
             "timed_out": job.timed_out,
             "started_at": job.started_at,
             "nonce": job.nonce,
+            "once": job.once,
+            "how_to_fix": job.how_to_fix,
         }
     ).encode()
 
@@ -58,6 +60,7 @@ def job_from_record(raw: bytes) -> Job:
     job.timed_out, job.started_at, job.nonce = bool(data["timed_out"]), float(data["started_at"]), data["nonce"]
     job.members = [common_pb2.Member.FromString(base64.b64decode(m)) for m in data["members"]]
     job.daemon_ids = list(data["daemon_ids"])
+    job.once, job.how_to_fix = bool(data.get("once", False)), data.get("how_to_fix") or job.how_to_fix
     return job
 
 

@@ -101,6 +101,12 @@ class Job:
     timed_out: bool = False  # failed because the rendezvous passed its deadline
     started_at: float = 0.0
     pending_reasons: list[str] = field(default_factory=list)  # why a complete world has no daemons yet
+    # A job announced before its ranks join (a dynamic cluster's scheduler does): it must form by this time
+    # (the state's clock), and a timeout says how to fix it in the launcher's own terms.
+    form_deadline: float | None = None
+    form_timeout_s: float = 0.0
+    once: bool = False  # the job of a dynamic cluster's scheduler: it runs once, later joiners are extra
+    how_to_fix: str = "start them or lower -n"
     subscribers: set[Subscriber] = field(default_factory=set)
     reported: set[int] = field(default_factory=set)  # ranks that reported their failure (FailJob): they exit next
     beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
@@ -215,7 +221,7 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
 def _explain_unpinned(joiner: Joiner, daemons: dict[str, DaemonRecord], shown: int = 20) -> str:
     plugin = f"'{joiner.plugin}' " if joiner.plugin else ""
     ordered = sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
-    states = ", ".join(f"{d.daemon_id} {d.state}" for d in ordered[:shown])
+    states = ", ".join(f"{d.daemon_id} {d.info.plugin} {d.state}" for d in ordered[:shown])
     more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
     return f"rank {joiner.rank} needs an idle {plugin}daemon (registered: {states or 'none'}{more})"
 

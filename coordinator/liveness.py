@@ -111,6 +111,9 @@ class LivenessMixin:
                     del self._daemons[record.daemon_id]
                     self._forget_daemon(record.daemon_id)
             for job in list(self._jobs.values()):
+                if job.state == jobs.WAITING and job.form_deadline is not None and now > job.form_deadline:
+                    job.timed_out = True
+                    self._fail(job, self._join_timeout_message(job, job.form_timeout_s), -1)
                 for sub in list(job.subscribers):
                     age = now - sub.last_beat
                     if age > self.heartbeat_timeout_s:

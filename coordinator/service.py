@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
 from tessel.coordinator.store import Store
 from tessel.core import errors, rpc
@@ -45,9 +46,16 @@ def _wait_budget(
 class CoordinatorServicer:
     """Maps each Coordinator RPC onto the state; `tessel.core.rpc` does auth, parsing and error mapping around it."""
 
-    def __init__(self, state: CoordinatorState, heartbeat_interval_ms: int, heartbeat_timeout_ms: int):
+    def __init__(
+        self,
+        state: CoordinatorState,
+        heartbeat_interval_ms: int,
+        heartbeat_timeout_ms: int,
+        planner: StrategyPlanner | None = None,
+    ):
         self.state = state
         self.heartbeat_interval_ms, self.heartbeat_timeout_ms = heartbeat_interval_ms, heartbeat_timeout_ms
+        self.planner = planner or StrategyPlanner(state)
 
     def RegisterDaemon(self, request, context):
         daemon_id = self.state.register_daemon(request.info)
@@ -121,6 +129,13 @@ class CoordinatorServicer:
     def ReportStall(self, request, context):
         self.state.report_stall(request)
         return common_pb2.Empty()
+
+    # Strategy assignment: coordinator/planner.py (searches run in the planner's own threads, off the state lock).
+    def PlanStrategies(self, request, context):
+        return self.planner.plan(request, _wait_budget(request.timeout_s, context, DEFAULT_PLAN_TIMEOUT_S))
+
+    def GetCostModel(self, request, context):
+        return self.planner.cost_model(request.job_id, request.refresh)
 
 
 class _HeartbeatStream:
@@ -208,7 +223,8 @@ class CoordinatorServer:
         )
         if self.state.restored:
             log.warning("coordinator %s", self.state.restored)
-        servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms)
+        self.planner = StrategyPlanner(self.state, token)
+        servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms, self.planner)
         service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
         handler = rpc.generic_handler(servicer, service, token, limits.max_request_bytes)
         # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily).
@@ -250,6 +266,7 @@ class CoordinatorServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        self.planner.close()
         self.state.close_all()
         self._server.stop(grace_s).wait(grace_s + 5)
         self._reaper.join(timeout=5)

@@ -148,6 +148,27 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             job_nonce=job.nonce,
         )
 
+    def expect_job(
+        self, job_id: str, world_size: int, timeout_s: float, how_to_fix: str = "", once: bool = False
+    ) -> None:
+        """Announce a job of `world_size` ranks before any joins: ranks that ask for another size are refused, and
+        the job fails naming the missing ranks unless all joined within `timeout_s` (checked by `expire`).
+        `once`: the id is not reused once the job ended; a later joiner is told it is one too many."""
+        if world_size < 1:
+            raise errors.ConfigurationError(f"job '{job_id}': world_size {world_size} must be >= 1")
+        with self._cond:
+            job = self._jobs.get(job_id)
+            if job is None or job.ended:
+                if job is not None:
+                    self._forget_job(job_id)
+                job = Job(job_id=job_id, world_size=world_size, created_at=time.time())
+                self._jobs[job_id] = job
+                self._forget_old_jobs()
+            job.form_deadline, job.form_timeout_s = self._clock() + timeout_s, timeout_s
+            job.once = once
+            job.how_to_fix = how_to_fix or job.how_to_fix
+            self._save_job(job)
+
     def job_info(self, job_id: str) -> coordinator_pb2.JobInfo:
         with self._cond:
             return self._job(job_id).info()
@@ -277,6 +298,11 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         if world < 1:
             raise errors.ConfigurationError(f"JoinJob: job '{job_id}' has world_size {world}; it must be >= 1")
         job = self._jobs.get(job_id)
+        if job is not None and job.ended and job.once:
+            raise errors.ConfigurationError(
+                f"JoinJob: job '{job_id}' already ran with all its {job.world_size} ranks and {job.state}; this "
+                "process is one too many"
+            )
         if job is None or job.ended:
             self.limits.check_count(f"JoinJob: job '{job_id}' has a world size that", world, "max_world_size")
             live = sum(1 for j in self._jobs.values() if not j.ended)
@@ -291,13 +317,13 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             return job
         if job.state == RUNNING:
             raise errors.ConfigurationError(
-                f"JoinJob: job '{job_id}' is already running with {job.world_size} ranks; "
-                "wait until it ends or choose another job id"
+                f"JoinJob: job '{job_id}' is already running with all {job.world_size} ranks; this process is one "
+                "too many: wait until the job ends, or choose another job id"
             )
         if job.world_size != world:
             raise errors.ConfigurationError(
                 f"JoinJob: job '{job_id}' was started with world_size {job.world_size} but this process asks for "
-                f"{world}; start every rank with the same -n"
+                f"{world}; start every rank with the same world size (-n, MS_WORKER_NUM, RANK_SIZE)"
             )
         return job
 
@@ -307,7 +333,8 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             free = job.first_free_rank()
             if free is None:
                 raise errors.ConfigurationError(
-                    f"JoinJob: job '{job.job_id}' already has all {job.world_size} ranks; raise -n or use a new job id"
+                    f"JoinJob: job '{job.job_id}' already has all {job.world_size} ranks; this process is one too "
+                    "many: raise the world size (-n, MS_WORKER_NUM) or use a new job id"
                 )
             rank = free
         self._check_rank(job, rank, "JoinJob")
@@ -341,7 +368,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             missing = str(shown) if count == len(shown) else f"{str(shown)[:-1]}, … {count - len(shown)} more]"
             return (
                 f"job '{job.job_id}' has {len(job.joiners)} of {job.world_size} ranks after {timeout_s:.1f} s; "
-                f"missing ranks {missing}: start them or lower -n"
+                f"missing ranks {missing}: {job.how_to_fix}"
             )
         return (
             f"job '{job.job_id}' has all {job.world_size} ranks but no daemons to run them after {timeout_s:.1f} s: "

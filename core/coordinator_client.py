@@ -339,6 +339,42 @@ class CoordinatorClient:
     def cluster_status(self) -> coordinator_pb2.ClusterStatusReply:
         return self._rpc.ClusterStatus(common_pb2.Empty())
 
+    def plan_strategies(
+        self,
+        job_id: str,
+        graph: bytes,
+        world_size: int,
+        mode: str,
+        *,
+        fixed: bytes = b"",
+        parameters: Sequence[str] = (),
+        dataset: bytes = b"",
+        memory_budget: float = 0.0,
+        timeout_s: float = 120.0,
+    ) -> coordinator_pb2.PlanReply:
+        """The coordinator's plan (PlanStrategies) for a graph in tessel.compiler.ir_json form; `fixed` and the
+        reply's `strategies` are strategy_json documents, `dataset` value_to_json's JSON. Decoding them needs the
+        compiler, which this layer does not import: `tessel.coordinator.plan_client.plan_remotely` does both ends
+        and returns strategies keyed by the graph's nodes."""
+        request = coordinator_pb2.PlanRequest(
+            job_id=job_id,
+            graph=graph,
+            world_size=world_size,
+            mode=mode,
+            fixed=fixed,
+            parameters=list(parameters),
+            dataset=dataset,
+            memory_budget=memory_budget,
+            timeout_s=timeout_s,
+        )
+        return self._wait_call("PlanStrategies", request, timeout_s)
+
+    def cost_model(self, job_id: str, refresh: bool = False) -> coordinator_pb2.ClusterModel:
+        """The cost model of a job's daemons (GetCostModel): their measurements and the probed links (probing links
+        between hosts the first time takes a moment); `refresh`: the daemons measure again first (about a second)."""
+        request = coordinator_pb2.GetCostModelRequest(job_id=job_id, refresh=refresh)
+        return self._rpc.call("GetCostModel", request, timeout_s=90.0)
+
     def close(self) -> None:
         """Stop this client's heartbeat streams and close its channel."""
         for handle in self._handles:

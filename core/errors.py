@@ -15,6 +15,13 @@ class LimitExceededError(ConfigurationError):
     """A request asks for more than a server allows (world size, id length, jobs, sessions, stored bytes...)."""
 
 
+class NotSupportedYetError(TesselError, NotImplementedError):
+    """A MindSpore option or API tessel knows but does not implement yet; the message says why and what to do.
+
+    Raised at the call, never later, with the message "not supported yet: <what>, <why>".
+    """
+
+
 class MissingRuntimeError(TesselError, ImportError):
     """A runtime dependency (ONNX Runtime build, CUDA, CANN) is not installed or not usable."""
 
@@ -54,3 +61,7 @@ class CollectiveTimeoutError(TesselError, TimeoutError):
 
 class RendezvousTimeoutError(TesselError, TimeoutError):
     """The world (or a group, or a barrier) did not complete before the deadline."""
+
+
+class PlanningTimeoutError(TesselError, TimeoutError):
+    """The coordinator's strategy search took longer than the caller's deadline (it goes on; its plan is cached)."""

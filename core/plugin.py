@@ -9,6 +9,7 @@ whether it can run here (`available()` with a reason), describes its device, and
 from __future__ import annotations
 
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -29,9 +30,12 @@ __all__ = [  # the contract, and the wire tables plugins check against
     "Communicator",
     "ComputePlugin",
     "DeviceInfo",
+    "Done",
     "Executable",
     "GroupContext",
     "Handle",
+    "LinkMeasurement",
+    "Measurement",
     "Peer",
     "Plugin",
     "available_plugins",
@@ -81,17 +85,63 @@ class GroupContext:
         return self.ranks.index(self.rank)
 
 
-class Handle:
-    """Result of an asynchronous collective: `wait()` returns its value or raises its error."""
+_worker = threading.local()
 
-    def __init__(self, future: Future):
+
+def on_collective_thread() -> bool:
+    """True on a communicator's background thread (asynchronous collectives), where the daemon's compute runs
+    meanwhile on the other threads: a waiter there should block rather than spin, so that compute threads plus
+    collective threads stay within the host's cores."""
+    return getattr(_worker, "collective", False)
+
+
+def _mark_collective_thread() -> None:
+    _worker.collective = True
+
+
+class Done:
+    """A Handle's face for a result already there (a collective run at once): wait() returns it."""
+
+    def __init__(self, value: Any, started: int, finished: int):
+        self.value, self.started, self.finished = value, started, finished
+
+    def wait(self, timeout: float | None = None) -> Any:
+        return self.value
+
+    def done(self) -> bool:
+        return True
+
+
+class Handle:
+    """Result of an asynchronous collective: `wait()` returns its value or raises its error. `started` and
+    `finished` are the wall-clock times (time.time_ns()) at which the communicator's thread began and ended it
+    (0 until then): the timeline shows them."""
+
+    def __init__(self, future: Future, times: list[int] | None = None):
         self._future = future
+        self._times = times if times is not None else [0, 0]
 
     def wait(self, timeout: float | None = None) -> Any:
         return self._future.result(timeout)
 
     def done(self) -> bool:
         return self._future.done()
+
+    @property
+    def started(self) -> int:
+        return self._times[0]
+
+    @property
+    def finished(self) -> int:
+        return self._times[1]
+
+
+def _timed(fn: Callable[..., Any], times: list[int], args: tuple, kwargs: dict) -> Any:
+    times[0] = time.time_ns()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        times[1] = time.time_ns()
 
 
 class Communicator(ABC):
@@ -105,6 +155,9 @@ class Communicator(ABC):
 
     # The data path the plugin chose for this group ("shm", "tcp", "nccl", ...): the daemon's Status reports it.
     transport: str = ""
+    # True when a collective keeps a core busy for all its duration (copies and reductions in shared memory), as
+    # opposed to waiting on a link or a device: it then overlaps computation only where a core is free for it.
+    compute_bound: bool = False
 
     def __init__(self, context: GroupContext):
         self.context = context
@@ -124,8 +177,11 @@ class Communicator(ABC):
 
         with self._async_lock:
             if self._async_worker is None:
-                self._async_worker = ThreadPoolExecutor(1, thread_name_prefix=f"tessel-coll-{self.context.name}")
-            handle = Handle(self._async_worker.submit(fn, *args, **kwargs))
+                self._async_worker = ThreadPoolExecutor(
+                    1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
+                )
+            times = [0, 0]
+            handle = Handle(self._async_worker.submit(_timed, fn, times, args, kwargs), times)
             if fn not in (self._send, self._recv):
                 self._last_group_call = handle
             return handle
@@ -231,6 +287,11 @@ class CollectivePlugin(ABC):
     @abstractmethod
     def new_group(self, context: GroupContext) -> Communicator: ...
 
+    def probe_link(self, data_address: str) -> LinkMeasurement | None:
+        """Latency and bandwidth of this data plane to the daemon whose data plane listens at `data_address`
+        (the coordinator asks for it between two hosts); None when the plugin cannot probe."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (listening sockets, thread pools)."""
 
@@ -271,6 +332,28 @@ class DeviceInfo:
     speed: float = 1.0  # relative to the reference CPU; the coordinator balances batches by it
 
 
+@dataclass(frozen=True)
+class Measurement:
+    """What a plugin measured its device doing, once, when its daemon started (reported at registration; the
+    coordinator's cost model is calibrated with it). Rates are per second; 0 = not measured."""
+
+    matmul_flops: float  # fp32 matrix-product flop/s with the daemon's threads
+    memory_bandwidth: float  # bytes read plus written per second by a large copy
+    shm_latency_s: float = 0.0  # one-way latency of a message through shared memory on this host
+    shm_bandwidth: float = 0.0  # bytes per second copied into shared memory
+    seconds: float = 0.0  # how long measuring took
+    op_overhead_s: float = 0.0  # the runtime's extra time per op of a program
+    launch_overhead_s: float = 0.0  # the runtime's time per program run (a segment launch)
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """A probed link between two daemons: one-way latency (seconds) and bandwidth (bytes per second)."""
+
+    latency_s: float
+    bandwidth: float
+
+
 class Plugin(ABC):
     """One hardware plugin, found through the `tessel.plugins` entry-point group."""
 
@@ -297,6 +380,11 @@ class Plugin(ABC):
     @property
     @abstractmethod
     def collective(self) -> CollectivePlugin: ...
+
+    def measure(self) -> Measurement | None:
+        """Measure the device now (a fraction of a second; the daemon calls it once at start). None: this plugin
+        measures nothing, and the coordinator keeps its default figures for its daemons."""
+        return None
 
     def close(self) -> None:
         self.collective.close()

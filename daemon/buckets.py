@@ -85,6 +85,14 @@ class _Split:
     def done(self) -> bool:
         return self.handle.done()
 
+    @property
+    def started(self) -> int:
+        return getattr(self.handle, "started", 0)
+
+    @property
+    def finished(self) -> int:
+        return getattr(self.handle, "finished", 0)
+
 
 def _split(flat: np.ndarray, bounds: tuple) -> list[np.ndarray]:
     return [flat[lo:hi].reshape(shape) for lo, hi, shape in bounds]

@@ -13,7 +13,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -21,7 +21,7 @@ import numpy as np
 
 from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
 from tessel.core.limits import Limits, clip
-from tessel.core.plugin import GroupContext, Peer, Plugin
+from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -39,11 +39,13 @@ VERDICT_WAIT_S = 1.0
 
 
 class Result(NamedTuple):
-    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings."""
+    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings and
+    (asked for with `timeline`) one daemon_pb2.TimelineEvent per instruction and repetition."""
 
     fetched: dict[str, np.ndarray]
     collected: dict[str, np.ndarray]
     timings: list[tuple[str, float]]
+    timeline: list | tuple = ()
 
 
 # Longest a collective waits for a live peer that never arrives; dead peers are detected much sooner.
@@ -96,7 +98,8 @@ class DaemonCore:
         self.watch = watch  # daemon/stall.py's CollectiveWatch: the stall inspector's reports, or None
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        self._executor = Executor(self._group)
+        self._probing = threading.Lock()
+        self._executor = Executor(self._group, self._may_overlap)
 
     # ------------------------------------------------------------------------------------------ sessions
 
@@ -263,6 +266,16 @@ class DaemonCore:
             session.groups[name] = self._new_communicator(session, name, ranks, session.members)
         return session.groups[name]
 
+    def _may_overlap(self, session: Session, comm) -> bool:
+        """The thread budget: a collective whose thread keeps a core busy (shared memory) runs beside the segments
+        only if this host's cores cover every local rank's compute threads plus one such thread each; otherwise it
+        would take its core from the computation it is meant to hide behind. Collectives that wait on a link (TCP)
+        mostly sleep, and always may."""
+        if not getattr(comm, "compute_bound", False):
+            return True
+        local = sum(1 for m in session.members if m.host_id == self.host_id) or 1
+        return local * (self.plugin.device.cores + 1) <= _usable_cores()
+
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
         peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
         context = GroupContext(
@@ -317,28 +330,44 @@ class DaemonCore:
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Iterable[str] = (),
+        timeline: bool = False,
+        progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
         cancelled=None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
-        (stacked on dim 0) and per-instruction timings. Between repetitions it stops when the job has failed, or
-        when `cancelled()` (the caller went away) is true."""
+        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
+        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values. Between
+        repetitions it stops when the job has failed, or when `cancelled()` (the caller went away) is true."""
         session = self.session(session_id)
         collect = list(collect)
+        events: list[daemon_pb2.TimelineEvent] = []
         with session.lock:
             session.check_alive()
             if feed:
                 session.tensors.update(feed)
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
+            clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
             try:
-                for _ in range(max(1, repeat)):
+                for repetition in range(max(1, repeat)):
                     session.check_alive()
                     if cancelled is not None and cancelled():
                         raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
-                    self._repetition(session, steps, elapsed if timings else None)
+                    if timeline:
+                        _record(session, steps, repetition, events, elapsed)
+                    elif timings:
+                        for i, step in enumerate(steps):
+                            start = clock()
+                            step.run()
+                            elapsed[i] += clock() - start
+                    else:
+                        for step in steps:
+                            step.run()
                     for name in collect:
                         history[name].append(np.array(session.tensor(name)))
+                    if progress is not None:
+                        progress(repetition, {name: history[name][-1] for name in collect})
             except JobFailedError as exc:
                 if self._verdict(session, exc):  # the job failed: say why, and who, as the coordinator does
                     raise JobFailedError(
@@ -347,9 +376,8 @@ class DaemonCore:
                 raise
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
-        return Result(
-            fetched, collected, [(label, elapsed[i]) for i, (label, _) in enumerate(steps)] if timings else []
-        )
+        spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []
+        return Result(fetched, collected, spent, events)
 
     def _verdict(self, session: Session, exc: JobFailedError) -> bool:
         """Whether the coordinator failed the job, waiting a moment for its word when a peer left the group: a
@@ -359,18 +387,6 @@ class DaemonCore:
             while session.abort_cause is None and time.monotonic() < deadline:
                 time.sleep(0.01)
         return session.abort_cause is not None
-
-    @staticmethod
-    def _repetition(session: Session, steps: list, elapsed: list[float] | None) -> None:
-        if elapsed is None:
-            for _, step in steps:
-                step()
-            return
-        clock = time.perf_counter
-        for i, (_, step) in enumerate(steps):
-            start = clock()
-            step()
-            elapsed[i] += clock() - start
 
     def _bound(self, session: Session, program: daemon_pb2.Program) -> list:
         """The program's bound steps, cached per session by the program's bytes: a training loop sends the same
@@ -398,7 +414,58 @@ class DaemonCore:
                 size = 8 * math.prod(d for d in dims if d)  # at most 8 bytes an element; numpy needs this with 0s too
                 self.limits.check_count(f"instruction {index}: a recv shape's byte size", size, "max_tensor_bytes")
 
+    # ------------------------------------------------------------------------------------------ link probes
+
+    def probe_link(self, data_address: str) -> LinkMeasurement:
+        """Latency and bandwidth of the data plane from here to the daemon at `data_address` (the coordinator asks,
+        to price collectives between hosts). One probe at a time: a second one meanwhile is refused."""
+        if not data_address or ":" not in data_address:
+            raise ConfigurationError(f"ProbeLink: {data_address!r} is not a data-plane address host:port")
+        if not self._probing.acquire(blocking=False):
+            raise ConfigurationError("ProbeLink: this daemon is probing a link already; ask again when it is done")
+        try:
+            link = self.plugin.collective.probe_link(data_address)
+        finally:
+            self._probing.release()
+        if link is None:
+            raise ConfigurationError(f"ProbeLink: the {self.plugin.name} plugin cannot probe links")
+        return link
+
     def close(self) -> None:
         for session in self.sessions():
             self.close_session(session.session_id)
         self.plugin.close()
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _record(session: Session, steps: list, repetition: int, events: list, elapsed: list[float]) -> None:
+    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`). An
+    asynchronous collective's event gets its communicator's start and end once its wait has run."""
+    clock = time.time_ns
+    started: dict[str, daemon_pb2.TimelineEvent] = {}
+    for index, step in enumerate(steps):
+        start = clock()
+        step.run()
+        end = clock()
+        elapsed[index] += (end - start) / 1e9
+        event = daemon_pb2.TimelineEvent(
+            index=index, repetition=repetition, kind=step.kind, name=step.name, start_ns=start, end_ns=end,
+            handle=step.handle,
+        )  # fmt: skip
+        if step.nbytes is not None:
+            event.bytes = step.nbytes()
+        if step.kind not in ("wait", "run_segment", "next_batch", "free", "copy"):  # a collective
+            if step.handle:
+                started[step.handle] = event
+            else:
+                event.comm_start_ns, event.comm_end_ns = start, end
+        elif step.kind == "wait" and step.handle in started:
+            issued = started.pop(step.handle)
+            issued.comm_start_ns, issued.comm_end_ns = session.waited.get(step.handle, (0, 0))
+        events.append(event)

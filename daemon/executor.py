@@ -5,18 +5,35 @@ Binding happens once per Execute, so a program repeated many times pays no per-i
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.plugin import Done
 from tessel.core.wire import REDUCE_OP_NAMES, numpy_dtype
 from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import collective_pb2, daemon_pb2
 
 Step = Callable[[], None]
+
+
+class Bound(NamedTuple):
+    """One instruction bound to a session: `run` executes it; the rest describes it for the timeline."""
+
+    label: str  # "run_segment:<name>", "all_reduce", "wait", ... (the per-instruction timings' kind)
+    run: Step
+    kind: str = ""  # "run_segment", "all_reduce", ..., "wait"
+    name: str = ""  # the segment, dataset or group
+    handle: str = ""  # an asynchronous collective's handle, or the one a wait waits for
+    nbytes: Callable[[], int] | None = None  # bytes it moves (collective inputs, a batch), read after it ran
+
+
+def _bytes_of(session: Session, names: list[str]) -> Callable[[], int]:
+    return lambda: sum(int(np.asarray(session.tensors[n]).nbytes) for n in names if n in session.tensors)
 
 
 def _outputs(op: Any, default: list[str]) -> list[str]:
@@ -68,13 +85,27 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
 
 
+def _run_now(session: Session, handle: str, outputs: list[str], call: Callable) -> None:
+    """Run an asynchronously started collective to completion now; its wait will find the result."""
+    started = time.time_ns()
+    value = call(False)
+    session.handles[handle] = (Done(value, started, time.time_ns()), outputs)
+
+
 class Executor:
-    """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator."""
+    """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator;
+    `may_overlap(session, comm)` says whether its collectives may run while segments compute (see DaemonCore):
+    where not, a collective the program starts asynchronously runs to completion right there instead, and its
+    wait returns at once."""
 
-    def __init__(self, group_of: Callable[[Session, str], Any]):
-        self.group_of = group_of
+    def __init__(
+        self,
+        group_of: Callable[[Session, str], Any],
+        may_overlap: Callable[[Session, Any], bool] = lambda session, comm: True,
+    ):
+        self.group_of, self.may_overlap = group_of, may_overlap
 
-    def bind(self, session: Session, program: daemon_pb2.Program) -> list[tuple[str, Step]]:
+    def bind(self, session: Session, program: daemon_pb2.Program) -> list[Bound]:
         buckets: dict[int, FlatBucket] = {}
         steps = [self._bind_one(session, i, ins, buckets) for i, ins in enumerate(program.instructions)]
         if buckets:
@@ -83,7 +114,7 @@ class Executor:
 
     def _bind_one(
         self, session: Session, index: int, ins: daemon_pb2.Instruction, buckets: dict[int, FlatBucket]
-    ) -> tuple[str, Step]:
+    ) -> Bound:
         which = ins.WhichOneof("op")
         if which is None:
             raise ConfigurationError(f"instruction {index} is empty (no op set)")
@@ -100,19 +131,29 @@ class Executor:
             else:
                 call, outputs = _collective_call(comm, session, op)
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
+            sizes = _bytes_of(session, list(op.inputs))
+            if op.handle and self.may_overlap(session, comm):
+                start = lambda: session.handles.__setitem__(op.handle, (call(True), outputs))  # noqa: E731
+                return Bound(label, start, label, op.group, op.handle, sizes)
             if op.handle:
-                return label, lambda: session.handles.__setitem__(op.handle, (call(True), outputs))
-            return label, lambda: _store(session, outputs, call(False))
+                return Bound(
+                    label, lambda: _run_now(session, op.handle, outputs, call), label, op.group, op.handle, sizes
+                )
+            return Bound(label, lambda: _store(session, outputs, call(False)), label, op.group, "", sizes)
         if which == "wait":
-            return "wait", lambda: self._wait(session, op.handle)
+            return Bound("wait", lambda: self._wait(session, op.handle), "wait", "", op.handle)
         if which == "free":
-            return "free", lambda: [session.tensors.pop(n, None) for n in op.names] and None
+            return Bound("free", lambda: [session.tensors.pop(n, None) for n in op.names] and None, "free")
         if which == "copy":
-            return "copy", lambda: session.tensors.__setitem__(op.target, session.tensor(op.source).copy())
+            copy = lambda: session.tensors.__setitem__(op.target, session.tensor(op.source).copy())  # noqa: E731
+            return Bound("copy", copy, "copy", op.target)
         if which == "next_batch":
-            return f"next_batch:{op.dataset}", lambda: self._next_batch(session, op)
+            run = lambda: self._next_batch(session, op)  # noqa: E731
+            sizes = _bytes_of(session, list(op.outputs))
+            return Bound(f"next_batch:{op.dataset}", run, "next_batch", op.dataset, "", sizes)
         if which == "run_segment":
-            return f"run_segment:{op.segment}", lambda: self._run_segment(session, op)
+            run = lambda: self._run_segment(session, op)  # noqa: E731
+            return Bound(f"run_segment:{op.segment}", run, "run_segment", op.segment)
         raise ConfigurationError(f"instruction {index}: unsupported op {which!r}")
 
     def _wait(self, session: Session, handle: str) -> None:
@@ -120,6 +161,8 @@ class Executor:
             raise ConfigurationError(f"wait on unknown handle {handle!r}; start a collective with that handle first")
         started, outputs = session.handles.pop(handle)
         _store(session, outputs, started.wait())
+        # when the communicator's thread ran it, for the timeline (plugins whose handles do not say: 0, 0)
+        session.waited[handle] = (getattr(started, "started", 0), getattr(started, "finished", 0))
 
     def _run_segment(self, session: Session, op: daemon_pb2.RunSegment) -> None:
         if op.segment not in session.segments:

@@ -57,7 +57,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None):
+def _measure(plugin):
+    """The device's measurement to register with (daemon/calibration.py); None when there is none or it failed
+    (logged: the coordinator then keeps its default figures for this daemon)."""
+    from tessel.daemon.calibration import measure_device
+
+    try:
+        return measure_device(plugin)
+    except Exception:  # a broken measurement must not keep the device from serving
+        log.exception("measuring the %s device failed; registering without measurements", plugin.name)
+        return None
+
+
+def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None):
     """Register (retrying until --connect-timeout, or for ever); returns the RegisterDaemonReply."""
     from tessel.v1 import coordinator_pb2
 
@@ -75,6 +87,8 @@ def _register(args, core: DaemonCore, address: str, coordinator, forever: bool =
         speed=device.speed,
         pid=os.getpid(),
     )
+    if measured is not None:
+        info.measurement.CopyFrom(measured)
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
@@ -140,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         plugin = load_plugin(
             args.plugin, device_id=args.device, threads=threads, host=args.host, advertise_host=advertised
         )
+        measured = _measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
         watch = CollectiveWatch(lambda report: coordinator.report_stall(report, timeout_s=2.0))
@@ -150,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
-        registration = _register(args, core, address, coordinator)
+        registration = _register(args, core, address, coordinator, measured=measured)
         core.daemon_id = registration.daemon_id
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)
@@ -183,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         lost.clear()
         beat.stop()
         try:
-            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop).daemon_id
+            registration = _register(args, core, address, coordinator, forever=True, stop=stop, measured=measured)
+            core.daemon_id = registration.daemon_id
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 
 from tessel.core import rpc
@@ -79,15 +80,47 @@ class DaemonServicer:
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
             request.collect,
+            request.timeline,
+            None,
             cancelled,
         )
-        return daemon_pb2.ExecuteReply(
-            fetched=[_named(n, v) for n, v in result.fetched.items()],
-            collected=[_named(n, v) for n, v in result.collected.items()],
-            timings=[
-                daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)
-            ],
-        )
+        return _reply(result)
+
+    def ExecuteStream(self, request, context):
+        """Execute in a worker thread; each repetition's collected values are sent as it ends, the reply last."""
+        done = object()
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def progress(repetition, collected):
+            events.put(
+                daemon_pb2.ExecuteProgress(
+                    repetition=repetition, collected=[_named(n, v) for n, v in collected.items()]
+                )
+            )
+
+        def run():
+            try:
+                result = self.core.execute(
+                    request.session_id,
+                    request.program,
+                    request.repeat,
+                    request.fetch,
+                    request.timings,
+                    {t.name: from_proto(t.tensor, t.name) for t in request.feed},
+                    request.collect,
+                    request.timeline,
+                    progress,
+                )
+                events.put(daemon_pb2.ExecuteProgress(done=_reply(result, collected=False)))
+            except BaseException as exc:  # handed to the RPC thread, which reports it to the client
+                events.put(exc)
+            events.put(done)
+
+        threading.Thread(target=run, name="tessel-execute-stream", daemon=True).start()
+        while (event := events.get()) is not done:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
 
     def Status(self, request, context):
         sessions = self.core.sessions()
@@ -104,6 +137,29 @@ class DaemonServicer:
                 for name, comm in list(s.groups.items())
             ],
         )
+
+    def Measure(self, request, context):
+        from tessel.daemon.calibration import measure_device
+
+        found = measure_device(self.core.plugin)
+        if found is None:
+            raise ConfigurationError(
+                f"Measure: the {self.core.plugin.name} plugin measures nothing here (or TESSEL_MEASURE=0 is set)"
+            )
+        return found
+
+    def ProbeLink(self, request, context):
+        link = self.core.probe_link(request.data_address)
+        return daemon_pb2.ProbeLinkReply(latency_s=link.latency_s, bandwidth=link.bandwidth)
+
+
+def _reply(result, collected: bool = True) -> daemon_pb2.ExecuteReply:
+    return daemon_pb2.ExecuteReply(
+        fetched=[_named(n, v) for n, v in result.fetched.items()],
+        collected=[_named(n, v) for n, v in result.collected.items()] if collected else [],
+        timings=[daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)],
+        timeline=result.timeline,
+    )
 
 
 def _named(name, array):

@@ -234,6 +234,13 @@ class Dataset:
     def _effective_seed(self) -> int:
         return config.get_seed() if self._seed is None else self._seed
 
+    def resume_at_epoch(self, epoch: int) -> None:
+        """Resuming training at `epoch` (0-based): the next epoch this pipeline yields is that epoch, with that
+        epoch's shuffle order, as if the epochs before had run here (Model.train(initial_epoch=...) calls it)."""
+        if epoch < 0:
+            raise ConfigurationError(f"resume_at_epoch: epoch must be >= 0, got {epoch}")
+        self._next_epoch = max(self._next_epoch, epoch)
+
     def _claim_epoch(self) -> int:
         epoch, self._next_epoch = self._next_epoch, self._next_epoch + 1
         return epoch

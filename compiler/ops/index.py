@@ -90,8 +90,18 @@ def _slice_axis(x, axis, begin, end, stride):
 
 
 def _strided_slice_sharding(node: Node) -> ShardingSpec:
-    sliced = tuple(i for i, s in enumerate(slice_specs(node.inputs[0].type, node.attrs)) if s is not None)
+    """A sliced dim stays whole, except a periodic one: every k-th element from an offset below k to the end of a
+    dim that k divides (x[i::k], how MicroBatchInterleaved cuts its copies). Cut into blocks whose size k divides
+    (the output's split says so), each block holds exactly its share of the result, taken by the same slice."""
+    x = node.inputs[0]
+    specs = slice_specs(x.type, node.attrs)
+    sliced = tuple(i for i, s in enumerate(specs) if s is not None and not _periodic(s, x.shape[i]))
     return pointwise_like(node, sliced, "a sliced dim")
+
+
+def _periodic(spec: tuple[int, int, int, int], size: int) -> bool:
+    start, stop, step, _ = spec
+    return 0 <= start < step and stop == size and size % step == 0
 
 
 register(

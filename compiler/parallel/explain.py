@@ -111,9 +111,33 @@ def begin_text(plan: ParallelPlan) -> str:
     return "\n".join(out) + "\n"
 
 
-def save_graphs(plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterable[int] = (0,)) -> list[str]:
-    """Write step_parallel_begin_<graph>.ir (before the pass, with strategies) and step_parallel_end_<graph>_rank<r>.ir
-    (each rank's graph after it, layouts and collectives shown) into `directory`; returns the paths."""
+def cost_text(plan: ParallelPlan, cost_model=None) -> str:
+    """The cost model's prediction for the plan against plain data parallel (every op's batch dim cut, every
+    parameter whole) on the same devices and data: the breakdown AUTO_PARALLEL's search weighs."""
+    from tessel.compiler.parallel.partition import parallelize
+    from tessel.compiler.parallel.search import CostModel, predict_step_time
+
+    model = cost_model or CostModel.default_cpu(plan.device_num)
+    data = {v.name: plan.layouts[v] for v in plan.graph.inputs if v.name not in plan.parameters}
+    plain = parallelize(plan.graph, {}, plan.device_num, plan.parameters, dataset=data)
+    lines = [f"predicted step of graph {plan.graph.name!r} on {plan.device_num} devices (cost model: {model!r})"]
+    for what, each in (("this plan", plan), ("data parallel", plain)):
+        t = predict_step_time(each, model)
+        lines.append(
+            f"  {what:13s} {t.total * 1e3:9.3f} ms = compute {t.compute * 1e3:.3f} + redistribution "
+            f"{t.redistribution * 1e3:.3f} + gradients {t.gradients * 1e3:.3f} + update {t.update * 1e3:.3f} ms; "
+            f"{t.memory_bytes / 2**20:.2f} MiB per device"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def save_graphs(
+    plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterable[int] = (0,), cost_model=None
+) -> list[str]:
+    """Write step_parallel_begin_<graph>.ir (before the pass, with strategies), step_parallel_end_<graph>_rank<r>.ir
+    (each rank's graph after it, layouts and collectives shown) and parallel_plan_<graph>.txt (each op's
+    strategy, the redistributions with their bytes, the predicted cost against data parallel, priced with
+    `cost_model`, default CostModel.default_cpu) into `directory`; returns the paths."""
     os.makedirs(directory, exist_ok=True)
     name = plan.graph.name
     written = [os.path.join(directory, f"step_parallel_begin_{name}.ir")]
@@ -122,6 +146,9 @@ def save_graphs(plan: ParallelPlan, directory: str | os.PathLike, ranks: Iterabl
         path = os.path.join(directory, f"step_parallel_end_{name}_rank{rank}.ir")
         _write(path, plan.rank_graph(rank).dump() + "\n")
         written.append(path)
+    summary = os.path.join(directory, f"parallel_plan_{name}.txt")
+    _write(summary, explain(plan) + "\n" + cost_text(plan, cost_model))
+    written.append(summary)
     return written
 
 

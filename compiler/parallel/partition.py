@@ -147,8 +147,8 @@ def parallelize(
     layout of some outputs (None: as computed, partial sums combined)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
-    _check_static(graph)
-    given = _by_node(graph, strategies or {})
+    check_static(graph)
+    given = by_node(graph, strategies or {})
     params, fixed = set(parameters), dict(fixed or {})
     names = {v.name for v in graph.inputs}
     for what, given_names in (("parameters", params), ("fixed layouts", set(fixed)), ("weights", set(weights))):
@@ -158,7 +158,7 @@ def parallelize(
     specs = {node: registry.get(node.op).sharding_spec(node) for node in graph.nodes}
     param_values = {v for v in graph.inputs if v.name in params}
     layouts = _input_layouts(graph, param_values, fixed, device_num, dataset)
-    placements = _place(graph, specs, given, layouts, param_values, _weight_side(graph, params, weights), device_num)
+    placements = _place(graph, specs, given, layouts, param_values, weight_side(graph, params, weights), device_num)
     redistributions, finals = _route(graph, placements, layouts, steps, output_layouts)
     return ParallelPlan(
         graph,
@@ -172,7 +172,7 @@ def parallelize(
     )
 
 
-def _weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:
+def weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:
     """Values computed only from parameters, gradients, scalars and constants: not from a dataset column."""
     data = {v for v in graph.inputs if v.ndim > 0 and v.name not in params and v.name not in weights}
     side: set[Value] = {v for v in graph.inputs if v not in data}
@@ -249,7 +249,8 @@ def _gradient_placement(node: Node, layouts: Mapping[Value, Layout]) -> Placemen
     return Placement(node.op, (), "gradient", loss.device_matrix, (), tuple(wants), outputs)
 
 
-def _check_static(graph: Graph) -> None:
+def check_static(graph: Graph) -> None:
+    """Raise unless every tensor of `graph` has a static shape (the pass cuts global shapes)."""
     for v in (*graph.inputs, *(o for n in graph.nodes for o in n.outputs)):
         if not is_static(v.shape):
             raise ConfigurationError(
@@ -258,7 +259,8 @@ def _check_static(graph: Graph) -> None:
             )
 
 
-def _by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+def by_node(graph: Graph, strategies: Mapping[Node | int, Any]) -> dict[Node, Any]:
+    """`strategies` keyed by Node (an int key is an index into graph.nodes); a foreign node is an error."""
     out = {}
     members = set(graph.nodes)
     for key, value in strategies.items():
@@ -284,7 +286,7 @@ def _input_layouts(graph, param_values, fixed, device_num, dataset) -> dict[Valu
             layout.check(v.shape, f"input {v.name!r}")
             layouts[v] = layout
     data = [v for v in graph.inputs if v not in param_values and v not in layouts]
-    for v, layout in zip(data, _dataset_layouts(data, device_num, dataset)):
+    for v, layout in zip(data, dataset_layouts(data, device_num, dataset)):
         layouts[v] = layout
     return layouts
 
@@ -300,7 +302,11 @@ def _conflict(value: Value, first: Node, had: Layout, placements, node: Node, wa
     )
 
 
-def _dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+def dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]:
+    """The layout each data input arrives in: "data_parallel", "full_batch" or a dataset_strategy (a graph with
+    no data input, such as an optimizer's update, takes none of its entries)."""
+    if not data:
+        return []
     if dataset == "full_batch":
         return [Layout.replicated(v.ndim, device_num) for v in data]
     if dataset == "data_parallel":
@@ -400,7 +406,11 @@ class _RankBuilder:
             self.env[v] = local
         for node in plan.graph.nodes:
             first = len(self.builder.nodes)
-            self.node(node)
+            self.builder.recompute = node.recompute  # a recomputed op's local ops and collectives are recomputed
+            try:
+                self.node(node)
+            finally:
+                self.builder.recompute = None
             self.source_of.update((n, node.source) for n in self.builder.nodes[first:])
         outputs = []
         producers = plan.graph.producers
@@ -488,5 +498,6 @@ def _with_layouts(graph: Graph, layout_of: Mapping[Value, Layout], source_of: Ma
             renamed[out] = out if layout is None else dataclasses.replace(out, layout=layout)
             outs.append(renamed[out])
         source = source_of.get(node, node.source)
-        nodes.append(Node(node.op, tuple(renamed[v] for v in node.inputs), node.attrs, tuple(outs), source))
+        inputs = tuple(renamed[v] for v in node.inputs)
+        nodes.append(dataclasses.replace(node, inputs=inputs, outputs=tuple(outs), source=source))
     return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,8 @@ from tessel.compiler.parallel.mesh import DeviceMesh, divisors
 from tessel.compiler.shapes import format_shape
 from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
+
+log = logging.getLogger("tessel.parallel")
 
 DATA_PARALLEL = "data_parallel"  # a strategy value: this op runs data parallel (Cell.set_data_parallel)
 
@@ -41,22 +44,34 @@ class StrategyError(ConfigurationError):
 
 @dataclass(frozen=True)
 class Strategy:
-    """An operator's strategy: one tuple of cuts per input, optionally one per output."""
+    """An operator's strategy: one tuple of cuts per input (optionally one per output), or one Layout per input
+    (MindSpore's `Layout` form of shard(): a device matrix and which of its axes cut each dim; None = take the
+    input as it comes) and optionally one per output."""
 
-    in_strategy: Splits
+    in_strategy: Splits | None
     out_strategy: Splits | None = None
+    in_layouts: tuple[Layout | None, ...] | None = None
+    out_layouts: tuple[Layout, ...] | None = None
 
     @staticmethod
     def of(value: Any) -> Strategy:
-        """From a Strategy, a tuple of tuples (in_strategy), or anything with `in_strategy` / `out_strategy`
-        attributes (a Primitive after `.shard(...)`)."""
+        """From a Strategy, a tuple of tuples (in_strategy), a tuple of Layouts, or anything with `in_strategy` /
+        `out_strategy` attributes (a Primitive after `.shard(...)`)."""
         if isinstance(value, Strategy):
             return value
         if hasattr(value, "in_strategy"):
-            return Strategy(_tuples(value.in_strategy), _tuples(getattr(value, "out_strategy", None)))
-        return Strategy(_tuples(value))
+            return Strategy.of_parts(value.in_strategy, getattr(value, "out_strategy", None))
+        return Strategy.of_parts(value, None)
+
+    @staticmethod
+    def of_parts(inputs: Any, outputs: Any) -> Strategy:
+        if inputs is not None and any(isinstance(s, Layout) for s in inputs):
+            return Strategy(None, None, tuple(inputs), None if outputs is None else tuple(outputs))
+        return Strategy(_tuples(inputs), _tuples(outputs))
 
     def __repr__(self) -> str:
+        if self.in_layouts is not None:
+            return f"Strategy(layouts={self.in_layouts})"
         out = f", out={self.out_strategy}" if self.out_strategy else ""
         return f"Strategy({self.in_strategy}{out})"
 
@@ -76,18 +91,18 @@ class Placement:
     strategy: Splits
     origin: str  # "shard()", "data parallel", "replicated", "parameter"
     device_matrix: tuple[int, ...]
-    label_axes: tuple[tuple[str, int], ...]
+    label_axes: tuple[tuple[str, int | tuple[int, ...]], ...]
     inputs: tuple[Layout | None, ...]
     outputs: tuple[Layout, ...]
     out_targets: tuple[Layout, ...] | None = None
 
     def block(self, rank: int, label: str) -> tuple[int, int]:
         """(this rank's block index, number of blocks) along `label`."""
-        axes = dict(self.label_axes)
-        if label not in axes:
+        found = dict(self.label_axes)
+        if label not in found:
             return 0, 1
-        axis = axes[label]
-        return DeviceMesh(self.device_matrix).block(rank, (axis,)), self.device_matrix[axis]
+        axes = found[label] if isinstance(found[label], tuple) else (found[label],)
+        return DeviceMesh(self.device_matrix).block(rank, axes), math.prod(self.device_matrix[a] for a in axes)
 
 
 # --- checking a user strategy -------------------------------------------------------------------------------------
@@ -265,37 +280,74 @@ def place(node: Node, spec: ShardingSpec, cuts: Mapping[str, int], device_num: i
 
 def follow(node: Node, spec: ShardingSpec, index: int, layout: Layout) -> Placement | None:
     """The placement under which input `index` is used as it is laid out (its device matrix and mesh axes kept),
-    or None when the op's rule cannot: a label it may not split, a dim cut over several axes, a size that does
-    not divide, or two dims of the layout that are one label of the op."""
-    labels = spec.inputs[index]
-    if labels is None or layout.is_partial:
-        return None
-    blocked = spec.fixed | uncombinable(spec)
-    axis_of: dict[str, int] = {}
-    for label, axes in zip(labels, layout.dim_axes):
-        if not axes:
-            continue
-        if len(axes) > 1 or label in blocked or axis_of.get(label, axes[0]) != axes[0]:
-            return None
-        axis_of[label] = axes[0]
-    matrix = layout.device_matrix
-    sizes = label_sizes(node, spec)
-    if any(size % matrix[axis] for label, axis in axis_of.items() for size in sizes[label]):
+    or None when the op's rule cannot: a label it may not split, a size that does not divide, or two dims of the
+    layout that are one label of the op."""
+    layouts: list[Layout | None] = [None] * len(node.inputs)
+    layouts[index] = layout
+    try:
+        return from_layouts(node, spec, layouts, "follows its input")
+    except StrategyError:
         return None
 
+
+def from_layouts(
+    node: Node, spec: ShardingSpec, layouts: Sequence[Layout | None], origin: str = "shard() layouts"
+) -> Placement:
+    """The placement that takes each input in the given layout (None: as it comes), all on one device matrix:
+    a label takes the mesh axes of the dims that carry it. A StrategyError names what the op cannot do."""
+    given = [(i, lay) for i, lay in enumerate(layouts) if lay is not None]
+    if not given:
+        raise StrategyError(f"{node.op}{_where(node)}: no input layout given")
+    matrix = given[0][1].device_matrix
+    blocked = spec.fixed | uncombinable(spec)
+    axes_of: dict[str, tuple[int, ...]] = {}
+    for i, layout in given:
+        labels = spec.inputs[i] if i < len(spec.inputs) else None
+        if layout.device_matrix != matrix:
+            raise StrategyError(
+                f"{node.op}{_where(node)}: input {i}'s layout has device matrix {layout.device_matrix}, input "
+                f"{given[0][0]}'s {matrix}; the rule: the layouts of one op share one device matrix"
+            )
+        if labels is None or layout.is_partial or len(labels) != layout.ndim:
+            shape = format_shape(node.inputs[i].shape)
+            raise StrategyError(f"{node.op}{_where(node)}: input {i} {shape} cannot take layout {layout}")
+        for d, (label, axes) in enumerate(zip(labels, layout.dim_axes)):
+            if axes and label in blocked:
+                why = spec.why or "the op needs it whole"
+                raise StrategyError(f"{node.op}{_where(node)}: input {i} dim {d} cannot be split ({why})")
+            taken = {a for other, used in axes_of.items() if other != label for a in used}
+            if axes_of.get(label, axes) != axes or taken & set(axes):
+                # Layouts that cut one dim of the op two ways (MindSpore's nd tensor parallel, an Ascend kernel's
+                # own algorithm): the op runs as the inputs before say; this input is redistributed to match.
+                log.warning(
+                    "%s%s: input %d's layout %s cuts dim %d as no consistent strategy can (the other inputs' layouts "
+                    "cut it otherwise); it is redistributed to the op's layout",
+                    node.op,
+                    _where(node),
+                    i,
+                    layout,
+                    d,
+                )
+                continue
+            if axes:
+                axes_of[label] = axes
+    sizes = label_sizes(node, spec)
+    for label, axes in axes_of.items():
+        cut = math.prod(matrix[a] for a in axes)
+        if any(size % cut for size in sizes[label]):
+            raise StrategyError(f"{node.op}{_where(node)}: a dim of size {sizes[label]} cannot be cut into {cut}")
+
     def laid_out(labs, partial=()) -> Layout:
-        return Layout.from_axes(
-            matrix, [(axis_of[x],) if x in axis_of else () for x in labs], partial, spec.reduce or "sum"
-        )
+        return Layout.from_axes(matrix, [axes_of.get(x, ()) for x in labs], partial, spec.reduce or "sum")
 
     inputs = tuple(None if labs is None else laid_out(labs) for labs in spec.inputs)
     outputs = tuple(
-        laid_out(labs, sorted(axis_of[x] for x in spec.contracted(j) if x in axis_of))
+        laid_out(labs, sorted(a for x in spec.contracted(j) for a in axes_of.get(x, ())))
         for j, labs in enumerate(spec.outputs)
     )
-    cuts = {label: matrix[axis] for label, axis in axis_of.items()}
+    cuts = {label: math.prod(matrix[a] for a in axes) for label, axes in axes_of.items()}
     strategy = _as_strategy(node, spec, cuts)
-    return Placement(node.op, strategy, "follows its input", matrix, tuple(axis_of.items()), inputs, outputs)
+    return Placement(node.op, strategy, origin, matrix, tuple(axes_of.items()), inputs, outputs)
 
 
 def resolve(
@@ -304,6 +356,11 @@ def resolve(
     """The placement of `node` under a user strategy (`given`), or data parallel when `given` is None or
     DATA_PARALLEL (and replicated when the op cannot split its batch dim)."""
     strategy = None if given is None or given == DATA_PARALLEL else Strategy.of(given)
+    if strategy is not None and strategy.in_layouts is not None:
+        placement = from_layouts(node, spec, strategy.in_layouts)
+        if strategy.out_layouts is None:
+            return placement
+        return dataclasses.replace(placement, out_targets=tuple(strategy.out_layouts))
     if strategy is None or strategy.in_strategy is None:  # a Primitive never shard()-ed has no in_strategy
         cuts = data_parallel_cuts(node, spec, device_num, set(parameters))
         return place(node, spec, cuts, device_num, "data parallel" if cuts else "replicated")

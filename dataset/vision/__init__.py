@@ -9,6 +9,8 @@ from tessel.dataset.vision.transforms import (
     RandomHorizontalFlip,
     Rescale,
     Resize,
+    SliceMode,
+    SlicePatches,
     ToTensor,
 )
 
@@ -21,5 +23,7 @@ __all__ = [
     "RandomHorizontalFlip",
     "Rescale",
     "Resize",
+    "SliceMode",
+    "SlicePatches",
     "ToTensor",
 ]

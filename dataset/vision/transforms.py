@@ -285,3 +285,112 @@ class RandomHorizontalFlip(Transform):
         _check_image(self, x)
         flip = rng.random(len(x)) < self.prob
         return np.where(flip.reshape((-1,) + (1,) * (x.ndim - 1)), x[:, :, ::-1], x)
+
+
+class SliceMode(enum.Enum):
+    """What SlicePatches does with rows or columns left over when H or W is not a multiple of the patch count
+    (MindSpore `vision.SliceMode`): PAD pads the bottom and right with fill_value, DROP drops them."""
+
+    PAD = 0
+    DROP = 1
+
+
+# Element types MindSpore's SlicePatches (an OpenCV kernel) takes; bool images come back as uint8.
+_OPENCV_KINDS = {"uint8", "int8", "uint16", "int16", "int32", "float16", "float32", "float64", "bool"}
+_OPENCV_MAX_CHANNELS = 512
+
+
+def _count(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"vision.SlicePatches: {name} must be an int, got {type(value).__name__}")
+    if not 1 <= value <= 2**31 - 1:
+        raise ConfigurationError(f"vision.SlicePatches: {name} must be in [1, 2147483647], got {value}")
+    return int(value)
+
+
+@register
+class SlicePatches(Transform):
+    """Cut each <H, W> or <H, W, C> image into num_height x num_width patches, returned row by row (patch i * num_width
+    + j covers rows i*h.. and columns j*w..), one output column per patch. With SliceMode.PAD the patch size is
+    ceil(H / num_height) x ceil(W / num_width) and the image is padded at the bottom and right with fill_value; with
+    SliceMode.DROP it is floor(...) and the remainder is dropped. 1 x 1 returns the image unchanged.
+
+    A <C, H, W> image is read as <H, W, C>, as MindSpore does: SlicePatches(1, 4) on a (1, 28, 28) image gives four
+    (1, 7, 28) patches (its rows 7k..7k+6).
+
+    >>> import numpy as np
+    >>> top, bottom = SlicePatches(2, 1)(np.arange(6, dtype=np.uint8).reshape(3, 2))
+    >>> bottom.tolist()
+    [[4, 5], [0, 0]]
+    """
+
+    def __init__(
+        self,
+        num_height: int = 1,
+        num_width: int = 1,
+        slice_mode: SliceMode | str = SliceMode.PAD,
+        fill_value: int = 0,
+    ):
+        self.num_height, self.num_width = _count(num_height, "num_height"), _count(num_width, "num_width")
+        if not isinstance(slice_mode, (SliceMode, str)):
+            raise TypeError(f"vision.SlicePatches: slice_mode must be a SliceMode, got {type(slice_mode).__name__}")
+        self.slice_mode = _enum(SliceMode, slice_mode, "vision.SlicePatches slice_mode")
+        if isinstance(fill_value, bool) or not isinstance(fill_value, (int, np.integer)):
+            raise TypeError(f"vision.SlicePatches: fill_value must be an int, got {type(fill_value).__name__}")
+        if not 0 <= fill_value <= 255:
+            raise ConfigurationError(f"vision.SlicePatches: fill_value must be in [0, 255], got {fill_value}")
+        self.fill_value = int(fill_value)
+        self._params = {
+            "num_height": self.num_height,
+            "num_width": self.num_width,
+            "slice_mode": self.slice_mode.name,
+            "fill_value": self.fill_value,
+        }
+
+    def apply(self, arrays: Sequence[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+        if len(arrays) != 1:
+            raise ConfigurationError(f"{self!r} takes 1 input column (the image), got {len(arrays)}")
+        x = arrays[0]
+        if x.ndim < 3:
+            raise self.reject(x, "images of rank 2 or more (<H, W> or <H, W, C>)", "map it over the image column")
+        if self.num_height == 1 and self.num_width == 1:
+            return (x,)
+        self._check(x)
+        if x.dtype == np.bool_:
+            x = x.astype(np.uint8)
+        height, width = x.shape[1:3]
+        if self.slice_mode is SliceMode.PAD:
+            patch_h, patch_w = -(-height // self.num_height), -(-width // self.num_width)
+            x = self._pad(x, patch_h * self.num_height - height, patch_w * self.num_width - width)
+        else:
+            patch_h, patch_w = height // self.num_height, width // self.num_width
+        return tuple(
+            np.ascontiguousarray(x[:, i * patch_h : (i + 1) * patch_h, j * patch_w : (j + 1) * patch_w])
+            for i in range(self.num_height)
+            for j in range(self.num_width)
+        )
+
+    def _check(self, x: np.ndarray) -> None:
+        if x.ndim > 4:
+            raise self.reject(x, "images of shape <H, W> or <H, W, C>", "map it over the image column, before batch()")
+        if x.dtype.name not in _OPENCV_KINDS:
+            raise self.reject(
+                x, f"images of dtype {sorted(_OPENCV_KINDS)} (as MindSpore's OpenCV kernel)", "cast the image first"
+            )
+        if x.ndim == 4 and x.shape[3] > _OPENCV_MAX_CHANNELS:
+            raise self.reject(x, f"at most {_OPENCV_MAX_CHANNELS} channels (OpenCV's limit)", "slice fewer channels")
+        for axis, count, name in ((1, self.num_height, "height"), (2, self.num_width, "width")):
+            if count > x.shape[axis]:
+                raise self.reject(
+                    x, f"a {name} of at least num_{name}={count}", f"use at most {x.shape[axis]} patches along {name}"
+                )
+
+    def _pad(self, x: np.ndarray, bottom: int, right: int) -> np.ndarray:
+        if not bottom and not right:
+            return x
+        fill: Any = self.fill_value
+        if x.dtype.kind in "iu":  # saturate as OpenCV does (int8: 200 -> 127)
+            info = np.iinfo(x.dtype)
+            fill = min(max(fill, info.min), info.max)
+        widths = [(0, 0), (0, bottom), (0, right)] + [(0, 0)] * (x.ndim - 3)
+        return np.pad(x, widths, mode="constant", constant_values=np.asarray(fill).astype(x.dtype))

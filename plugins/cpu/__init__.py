@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import os
 
-from tessel.core.plugin import CollectivePlugin, Communicator, ComputePlugin, DeviceInfo, GroupContext, Plugin
+from tessel.core.plugin import (
+    CollectivePlugin,
+    Communicator,
+    ComputePlugin,
+    DeviceInfo,
+    GroupContext,
+    LinkMeasurement,
+    Measurement,
+    Plugin,
+)
 
 
 def _memory_bytes() -> int:
@@ -50,6 +59,12 @@ class CpuCollective(CollectivePlugin):
 
             return ShmCommunicator(context)
         return self.tcp.communicator(context)
+
+    def probe_link(self, data_address: str) -> LinkMeasurement:
+        """TCP latency and bandwidth to the daemon listening at `data_address` (plugins/cpu/tcp_probe.py)."""
+        from tessel.plugins.cpu.tcp_probe import probe
+
+        return probe(self.tcp, data_address)
 
     def close(self) -> None:
         if self._tcp is not None:
@@ -93,3 +108,10 @@ class CpuPlugin(Plugin):
     @property
     def collective(self) -> CpuCollective:
         return self._collective
+
+    def measure(self) -> Measurement:
+        """GEMM throughput with this daemon's threads, copy bandwidth and the shared-memory link
+        (plugins/cpu/measure.py); about a quarter of a second."""
+        from tessel.plugins.cpu.measure import measure
+
+        return measure(self.threads, self.compute)

@@ -65,6 +65,7 @@ class ShmCommunicator(Communicator):
     """
 
     transport = "shm"
+    compute_bound = True  # every byte is copied or reduced by this rank's own threads
 
     def __init__(self, context: GroupContext):
         super().__init__(context)

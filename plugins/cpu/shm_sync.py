@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 
 from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
-from tessel.core.plugin import GroupContext
+from tessel.core.plugin import GroupContext, on_collective_thread
 from tessel.plugins.cpu import futex
 from tessel.plugins.cpu.shm_segment import CLOSED, FAILED, Segment
 
@@ -131,7 +131,8 @@ class Sync:
 
     def _spin(self, index: int, target: int) -> bool:
         words, clock = self.segment.words, time.perf_counter
-        end = clock() + self.spin_s
+        # On a collective's background thread the daemon computes meanwhile: spinning would take its core.
+        end = clock() + (0.0 if on_collective_thread() else self.spin_s)
         while True:
             for _ in range(32):
                 if (words[index] - target) & _MASK < _HALF_RANGE:

@@ -206,6 +206,47 @@ class TcpTransport:
             culprit_rank=peer.rank,
         )
 
+    def dial_probe(self, address: str) -> socket.socket:
+        """A connection to the data plane at `address` for a link probe (tcp_probe.py), handshake done: the same
+        challenge–response as a peer's (tcp_handshake.py), blocking, within the connect timeout."""
+        from tessel.plugins.cpu.tcp_probe import PROBE_CHANNEL
+
+        host, port = _split_address(address)
+        sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
+
+        def read(size: int) -> bytes:
+            data = b""
+            while len(data) < size:
+                chunk = sock.recv(size - len(data))
+                if not chunk:
+                    raise ConfigurationError(f"the data plane at {address} closed a link probe's handshake")
+                data += chunk
+            return data
+
+        try:
+            _tune(sock)
+            dialer_nonce = os.urandom(handshake.NONCE_BYTES)
+            sock.sendall(handshake.MAGIC + dialer_nonce)
+            challenge = read(handshake.CHALLENGE_BYTES)
+            listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
+            if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
+                raise ConfigurationError(
+                    f"the data plane at {address} refused a link probe: wrong cluster token (it could not prove "
+                    "that it holds this cluster's token)"
+                )
+            body = handshake.encode_key("", "", (), -1, -1, PROBE_CHANNEL)
+            mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
+            sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
+            answer = read(1)
+        except BaseException:
+            sock.close()
+            raise
+        if answer != handshake.ACCEPTED:
+            sock.close()
+            why = "wrong cluster token" if answer == handshake.BAD_TOKEN else "the peer closed the connection"
+            raise ConfigurationError(f"the data plane at {address} refused a link probe: {why}")
+        return sock
+
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str
     ) -> None:
@@ -291,6 +332,11 @@ class TcpTransport:
 
     def _file(self, key: handshake.Key, sock: socket.socket) -> None:
         """File an admitted connection under its key until its communicator claims it (Admitter's thread)."""
+        if key[-1] == "probe":  # a link probe (tcp_probe.py), authenticated like any peer: answer it on its own thread
+            from tessel.plugins.cpu.tcp_probe import serve_probe
+
+            threading.Thread(target=serve_probe, args=(sock,), name="tessel-tcp-probe", daemon=True).start()
+            return
         with self._cond:
             if self._closed:
                 sock.close()

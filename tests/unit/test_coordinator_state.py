@@ -415,3 +415,21 @@ def test_status_table_lists_daemons_and_jobs(state):
     assert lines[7].split()[:4] == ["train", "1", "failed", "0/1"] and lines[7].endswith("reported: out of memory")
     assert lines[8].split() == ["eval", "1", "running", "0/1"]
     assert format_status(coordinator_pb2.ClusterStatusReply()).splitlines()[1].strip().startswith("none registered")
+
+
+def test_an_announced_job_refuses_other_sizes_times_out_on_its_own_and_runs_once(state):
+    # What a dynamic cluster's scheduler does: announce the job of MS_WORKER_NUM ranks before any worker arrives.
+    now = [0.0]
+    state._clock = lambda: now[0]
+    state.register_daemon(daemon_info(1))
+    state.expect_job("ms", 2, timeout_s=5.0, how_to_fix="start them, or lower MS_WORKER_NUM", once=True)
+    with pytest.raises(errors.ConfigurationError, match=r"started with world_size 2 but this process asks for 3"):
+        state.join(join_request("ms", 3, 0), TIMEOUT_S)
+    waiting = Call(state.join, join_request("ms", 2, 0), 10.0)
+    time.sleep(0.1)
+    now[0] = 6.0  # past the deadline the scheduler set, however long the worker itself would wait
+    state.expire()
+    with pytest.raises(errors.RendezvousTimeoutError, match=r"missing ranks \[1\]: start them, or lower MS_WORKER"):
+        waiting.result()
+    with pytest.raises(errors.ConfigurationError, match=r"already ran with all its 2 ranks and failed; this process"):
+        state.join(join_request("ms", 2, 1), TIMEOUT_S)

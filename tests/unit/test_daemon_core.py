@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -196,3 +198,32 @@ def test_large_requests_are_split_so_the_heartbeat_keeps_running():
     assert list(groups[0]) == ["big"]
     assert all(sum(v.nbytes for v in g.values()) <= REQUEST_CHUNK_BYTES for g in groups[1:])
     assert sum(len(g) for g in groups) == 6
+
+
+def test_thread_budget_runs_a_compute_bound_collective_at_once_where_no_core_is_free(core, monkeypatch):
+    """A started collective whose communicator keeps a core busy (shared memory) runs to completion in its start
+    instruction when the host has no core left for it beside the compute threads; its wait returns the result and
+    the timeline shows it inside the start. Where a core is free it runs on the communicator's thread."""
+    import tessel.daemon.core as daemon_core
+
+    sid = core.open_session("budget", rank=0, world_size=1, members=[])
+    core.put(sid, {"x": np.arange(4, dtype=np.float32)})
+    start = {"collective": daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, inputs=["x"], outputs=["y"],
+                                                   handle="h")}  # fmt: skip
+    program = _program(start, {"wait": daemon_pb2.WaitOp(handle="h")})
+    comm = core._group(core.session(sid), "world")
+    monkeypatch.setattr(type(comm), "compute_bound", True, raising=False)
+    threads = []
+    reduce = comm._all_reduce
+    monkeypatch.setattr(comm, "_all_reduce", lambda x, op: threads.append(threading.current_thread()) or reduce(x, op))
+    for cores, overlapped in ((1, False), (64, True)):
+        monkeypatch.setattr(daemon_core, "_usable_cores", lambda cores=cores: cores)
+        core.session(sid).bound.clear()
+        result = core.execute(sid, program, fetch=["y"], timeline=True)
+        np.testing.assert_array_equal(result.fetched["y"], np.arange(4, dtype=np.float32))
+        assert (threads[-1] is not threading.current_thread()) == overlapped
+        issued = result.timeline[0]
+        assert issued.start_ns <= issued.comm_start_ns <= issued.comm_end_ns, issued
+        if not overlapped:
+            assert issued.comm_end_ns <= issued.end_ns, issued
+    core.close_session(sid)

@@ -17,7 +17,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_SUBMODULES = {"autograd", "common", "communication", "context", "dataset", "nn", "ops", "train"}
+_SUBMODULES = {
+    "autograd",
+    "common",
+    "communication",
+    "context",
+    "dataset",
+    "mint",
+    "nn",
+    "ops",
+    "parallel",
+    "profiler",
+    "runtime",
+    "train",
+}
 _DTYPES = {
     "bool_",
     "int8",
@@ -34,13 +47,37 @@ _DTYPES = {
     "dtype_to_nptype",
     "pytype_to_dtype",
 }
+_PARALLEL_NAMES = {
+    "set_algo_parameters",
+    "get_algo_parameters",
+    "reset_algo_parameters",
+    "rank_list_for_transform",
+    "transform_checkpoint_by_rank",
+    "transform_checkpoints",
+    "shard",
+    "Layout",
+    "parameter_broadcast",
+    "load_segmented_checkpoints",
+    "unified_safetensors",
+    "load_distributed_checkpoint",
+    "merge_sliced_parameter",
+    "restore_group_info_list",
+    "build_searched_strategy",
+    "set_op_strategy_config",
+    "rank_list_for_convert",
+    "convert_checkpoint_by_rank",
+    "convert_checkpoints",
+}
 _NAMES = {
     "Tensor": "tessel.common.tensor",
     "Parameter": "tessel.common.parameter",
     "ParameterTuple": "tessel.common.parameter",
+    "Symbol": "tessel.common.symbol",
+    "lazy_inline": "tessel.common.lazy_inline",
     "set_seed": "tessel.common.seed",
     "get_seed": "tessel.common.seed",
     "jit": "tessel.common.compiled",
+    "recompute": "tessel.common.recompute",
     "set_context": "tessel.context",
     "get_context": "tessel.context",
     "GRAPH_MODE": "tessel.context",
@@ -53,11 +90,16 @@ _NAMES = {
     "grad": "tessel.autograd",
     "GradOperation": "tessel.autograd",
     "Model": "tessel.train.model",
+    "Profiler": "tessel.profiler",
     "save_checkpoint": "tessel.train.serialization",
     "load_checkpoint": "tessel.train.serialization",
     "load_param_into_net": "tessel.train.serialization",
     "export": "tessel.train.serialization",
     **dict.fromkeys(_DTYPES, "tessel.common.dtype"),
+    # mindspore.parallel's names MindSpore re-exports at the top level (its __init__.py imports them and extends
+    # __all__ with parallel.__all__); the pipeline-parallel ones are not here yet
+    **dict.fromkeys(_PARALLEL_NAMES, "tessel.parallel"),
+    "reshard": "tessel.parallel.function",
 }
 
 

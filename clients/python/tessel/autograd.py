@@ -6,8 +6,10 @@
 
 Called eagerly, the function is traced and differentiated once per input signature and compiled into one
 daemon segment computing the value and the gradients; values come back, gradients stay on the daemon as handle
-Tensors (fetched only if read). Called inside a trace (a cell's construct in graph mode, a custom train step),
-the gradient ops are added to that graph.
+Tensors (fetched only if read). Called inside a trace (a cell's construct in graph mode, a custom train step,
+an `@ms.jit` function), the gradients join that graph. Either way the trace records a GradientOf node, which
+the compiler differentiates once the graph is final: under SEMI_AUTO/AUTO parallelism, after the parallel pass,
+on each rank's slice of the network.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from tessel.common.compiled import CompiledFunction, arg_names_of
 from tessel.common.parameter import Parameter
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
-from tessel.compiler import GradientError, SymbolicTensor, apply, gradients
+from tessel.compiler import GradientError, SymbolicTensor, apply, apply_all
 from tessel.core.errors import ConfigurationError
 
 
@@ -100,9 +102,9 @@ class _GradFunction:
         else:
             loss = out if isinstance(out, Tensor) else _sum_outputs(out)
         loss_sym = _symbolic(trace, loss, "the loss")
-        seed = None if sens is None else _symbolic(trace, sens, "sens").value
-        grads = gradients(trace.builder, loss_sym.value, [w.value for w in wrt], seed)
-        grads = [Tensor._wrap_symbolic(SymbolicTensor(trace.builder, g)) for g in grads]
+        seed = [] if sens is None else [_symbolic(trace, sens, "sens")]
+        grads = apply_all("GradientOf", loss_sym, *wrt, *seed, seeded=bool(seed)) if wrt else ()
+        grads = [Tensor._wrap_symbolic(g) for g in grads]
         input_grads, weight_grads = tuple(grads[: len(positions)]), tuple(grads[len(positions) :])
         if isinstance(self.positions, int):
             input_grads = input_grads[0]

@@ -1,4 +1,4 @@
-"""The `tessel` command: run | coordinator | daemon | status."""
+"""The `tessel` command: run | coordinator | daemon | status | timeline."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ USAGE = """usage: tessel <command> [options]
 
 commands:
   run          start N ranks of a script (tessel run -n 4 train.py)
+  msrun        MindSpore's msrun: scheduler + workers, dynamic networking (tessel msrun --worker_num=4 ...)
   coordinator  serve the cluster's coordinator (tessel coordinator --port 7070)
   daemon       serve one device (tessel daemon --coordinator HOST:PORT --plugin cpu --device 0)
   status       print the cluster's daemons and jobs (tessel status --coordinator HOST:PORT)
+  timeline     summarise per-rank timelines: communication hidden, step-time breakdown (tessel timeline DIR)
 
 `tessel <command> --help` describes each command's options.
 """
@@ -27,12 +29,16 @@ def main(argv: list[str] | None = None) -> int:
     command, rest = argv[0], argv[1:]
     if command == "run":
         from tessel.launcher import main as run
+    elif command == "msrun":
+        from tessel.msrun import main as run
     elif command == "coordinator":
         from tessel.coordinator import main as run
     elif command == "daemon":
         from tessel.daemon.main import main as run
     elif command == "status":
         from tessel.coordinator import status_main as run
+    elif command == "timeline":
+        from tessel.profiler.report import main as run
     else:
         print(f"tessel: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2

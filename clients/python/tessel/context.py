@@ -27,47 +27,157 @@ _CONTEXT_DEFAULTS: dict[str, Any] = {
     "max_call_depth": 1000,
     "deterministic": "OFF",
     "jit_level": "O0",
+    "runtime_num_threads": 30,
+    "inter_op_parallel_num": 0,
+    "jit_config": None,
+    "print_file_path": None,
+    "env_config_path": None,
+    "precompile_only": False,
+    "check_bprop": False,
+    "enable_compile_cache": False,
+    "compile_cache_path": "",
+    "enable_profiling": False,
+    "profiling_options": "",
 }
-# Accepted for compatibility with MindSpore scripts; they have no effect here.
-_IGNORED = {
-    "enable_graph_kernel",
-    "graph_kernel_flags",
-    "max_device_memory",
-    "mempool_block_size",
-    "variable_memory_max_size",
-    "enable_reduce_precision",
-    "pynative_synchronize",
-    "runtime_num_threads",
-    "inter_op_parallel_num",
-    "memory_optimize_level",
-    "jit_config",
-    "ascend_config",
-    "gpu_config",
-    "print_file_path",
-    "env_config_path",
-    "precompile_only",
-    "check_bprop",
-    "enable_compile_cache",
-    "compile_cache_path",
-    "op_timeout",
+# Options MindSpore uses only on GPU/Ascend devices (memory pools, kernel fusion, device configs): any value is
+# accepted, and logged once as having no effect on CPU. Values are MindSpore's defaults.
+_IGNORED: dict[str, Any] = {
+    "enable_graph_kernel": False,
+    "graph_kernel_flags": "",
+    "max_device_memory": "1024GB",
+    "mempool_block_size": "1GB",
+    "variable_memory_max_size": "0",
+    "enable_reduce_precision": True,
+    "pynative_synchronize": False,
+    "memory_optimize_level": "O0",
+    "ascend_config": None,
+    "gpu_config": None,
+    "op_timeout": 1900,
 }
-_context: dict[str, Any] = dict(_CONTEXT_DEFAULTS)
+# Options tessel accepts but does not act on yet: the default value passes, any other value raises
+# "not supported yet: <option>=<value>, <why>". Whoever implements one removes it from here and marks it
+# "working" in README's option table (tests/unit/sdk/test_context_options.py checks that both agree).
+_NOT_SUPPORTED: dict[str, str] = {
+    "max_call_depth": "graphs are traced within Python's own recursion limit (sys.setrecursionlimit)",
+    "deterministic": "tessel does not promise bitwise-reproducible kernels and reductions yet",
+    "jit_level": "every graph is compiled one way (ONNX Runtime with all graph optimizations)",
+    "runtime_num_threads": "the daemons' compute threads are set when they start (tessel run/daemon --threads, "
+    "TESSEL_THREADS)",
+    "inter_op_parallel_num": "each daemon runs a step's operators with one ONNX Runtime thread pool",
+    "jit_config": "every graph is compiled one way (ONNX Runtime with all graph optimizations)",
+    "print_file_path": "there is no ops.Print to redirect yet",
+    "env_config_path": "there is no debug environment configuration file",
+    "precompile_only": "compiling a network without running it is not wired to set_context",
+    "check_bprop": "custom bprop functions are not supported",
+    "enable_compile_cache": "daemons cache compiled programs in memory only, for as long as they run",
+    "compile_cache_path": "daemons cache compiled programs in memory only, for as long as they run",
+}
+_context: dict[str, Any] = {**_IGNORED, **_CONTEXT_DEFAULTS}
+_explicit_context: set[str] = set()
+
+WORKING = "working"
+NO_EFFECT_ON_CPU = "no effect on CPU"
+
+
+def option_status(option: str) -> str:
+    """What tessel does with a set_context / set_auto_parallel_context option: "working", "no effect on CPU" or
+    "not supported yet: <why>" (README's option table lists the same)."""
+    if option in _IGNORED:
+        return NO_EFFECT_ON_CPU
+    why = _NOT_SUPPORTED.get(option) or _PARALLEL_NOT_SUPPORTED.get(option)
+    if why:
+        return f"not supported yet: {why}"
+    if option in _CONTEXT_DEFAULTS or option in _PARALLEL_DEFAULTS:
+        return WORKING
+    raise ConfigurationError(f"{option!r} is not a set_context or set_auto_parallel_context option")
+
+
+def _refuse_unsupported(option: str, value: Any, default: Any, table: dict[str, str]) -> None:
+    why = table.get(option)
+    if why is not None and value != default:
+        raise _not_supported(f"{option}={value!r}", why)
 
 
 def set_context(**kwargs: Any) -> None:
-    """Set execution options: mode (GRAPH_MODE/PYNATIVE_MODE), device_target ("CPU"/"GPU"/"Ascend"),
-    device_id, save_graphs (graph dumps of every compiled segment into save_graphs_path), ..."""
+    """Set execution options: mode (GRAPH_MODE/PYNATIVE_MODE), device_target ("CPU"/"GPU"/"Ascend": the plugin of
+    the daemons; a job whose daemons provide none of it fails at init()), device_id, save_graphs (graph dumps of
+    every compiled segment into save_graphs_path), ... README's option table says what each option does."""
     for key, value in kwargs.items():
         if key in _IGNORED:
             _context[key] = value
+            from tessel.common.support import log_once
+
+            log_once(f"set_context:{key}", f"set_context({key}={value!r}): no effect on CPU; tessel does not use it")
             continue
         if key not in _CONTEXT_DEFAULTS:
-            known = sorted(set(_CONTEXT_DEFAULTS) | _IGNORED)
+            known = sorted(set(_CONTEXT_DEFAULTS) | set(_IGNORED))
             raise ConfigurationError(f"set_context: unknown option {key!r}; options: {known}")
-        _context[key] = _validate(key, value)
+        if key in _PROFILING:
+            continue  # below, once both are known
+        value = _validate(key, value)
+        _refuse_unsupported(key, value, _CONTEXT_DEFAULTS[key], _NOT_SUPPORTED)
+        previous, was_explicit = _context[key], key in _explicit_context
+        _context[key] = value
+        _explicit_context.add(key)
         if key == "device_target":
             # Picks the plugin of the daemon this process starts for itself; a launcher's choice wins.
             os.environ.setdefault("TESSEL_PLUGIN", _DEVICE_PLUGINS[value])
+        if key in ("device_target", "device_id") and _bound_daemon is not None:
+            try:
+                _check_daemon(*_bound_daemon)
+            except ConfigurationError:
+                _context[key] = previous  # a refused value is not kept
+                if not was_explicit:
+                    _explicit_context.discard(key)
+                raise
+    profiling = {key: _validate(key, kwargs[key]) for key in _PROFILING if key in kwargs}
+    if profiling:
+        _profiling({**_context, **profiling})
+        _context.update(profiling)
+        _explicit_context.update(profiling)
+
+
+# What init() learnt: (plugins of the job's daemons by rank, this rank's daemon plugin, its device id, the world).
+_bound_daemon: tuple[list[str], str, int, int] | None = None
+
+
+def _bind_daemon(plugins: list[str], own_plugin: str, own_device: int, world_size: int) -> None:
+    """Called by init() once the rank knows its daemon: the daemons decide the device, so an explicit
+    device_target no daemon of the job provides (or a device_id / device_num / global_rank other than the job's)
+    is an error; unset, device_target and device_id report the daemon's."""
+    global _bound_daemon
+    _bound_daemon = (list(plugins), own_plugin, own_device, world_size)
+    _check_daemon(*_bound_daemon)
+    _check_parallel_against_world()
+
+
+def _check_daemon(plugins: list[str], own_plugin: str, own_device: int, world_size: int) -> None:
+    targets = {plugin: target for target, plugin in _DEVICE_PLUGINS.items()}
+    if "device_target" in _explicit_context:
+        wanted = _DEVICE_PLUGINS[_context["device_target"]]
+        if wanted not in plugins:
+            found = sorted(set(plugins))
+            raise ConfigurationError(
+                f"set_context(device_target={_context['device_target']!r}): no daemon of this job provides it; "
+                f"the job's daemons run the plugin(s) {found} (this rank's: {own_plugin!r}). Start "
+                f"{_context['device_target']} daemons (tessel run --plugin {wanted}, tessel daemon --plugin "
+                f"{wanted}), or drop device_target to use the daemons' device"
+            )
+    else:
+        _context["device_target"] = targets.get(own_plugin, own_plugin)
+    if "device_id" not in _explicit_context:
+        _context["device_id"] = own_device
+    elif _context["device_id"] != own_device:
+        raise ConfigurationError(
+            f"set_context(device_id={_context['device_id']}): this rank's daemon runs device {own_device}; the "
+            "daemon a rank drives owns its device: set device_id before init() where the rank starts its own daemon "
+            "(a world of 1, mpirun, a rank table, dynamic networking), or leave it unset"
+        )
+
+
+def _requested_device() -> int | None:
+    """The device_id the script set before init(), for the daemon the rank starts itself; None if unset."""
+    return _context["device_id"] if "device_id" in _explicit_context else None
 
 
 def _validate(key: str, value: Any) -> Any:
@@ -79,9 +189,41 @@ def _validate(key: str, value: Any) -> Any:
         raise ConfigurationError(f"set_context: device_id must be a non-negative int, got {value!r}")
     if key == "save_graphs" and not isinstance(value, (bool, int)):
         raise ConfigurationError(f"set_context: save_graphs must be a bool or 0-3, got {value!r}")
+    if key == "enable_profiling" and not isinstance(value, bool):
+        raise ConfigurationError(f"set_context: enable_profiling must be True or False, got {value!r}")
     if key == "save_graphs_path" and not isinstance(value, str):
         raise ConfigurationError(f"set_context: save_graphs_path must be a str, got {value!r}")
     return value
+
+
+_PROFILING = ("enable_profiling", "profiling_options")
+
+
+def _profiling(settings: dict[str, Any]) -> None:
+    """MindSpore's set_context(enable_profiling=True, profiling_options='{"output": DIR}'): the timeline of
+    tessel.profiler, written into DIR (default ./data); enable_profiling=False stops and writes it."""
+    import json
+
+    from tessel import profiler
+
+    options = settings["profiling_options"] or "{}"
+    try:
+        parsed = json.loads(options) if isinstance(options, str) else dict(options)
+    except (ValueError, TypeError):
+        raise ConfigurationError(f"set_context: profiling_options must be a JSON object, got {options!r}") from None
+    other = sorted(set(parsed) - {"output"})
+    if other:
+        raise ConfigurationError(
+            f"set_context: profiling_options {other} are not supported yet; only 'output' (the directory of the "
+            "timeline files) is"
+        )
+    if settings["enable_profiling"]:
+        recorder = profiler.active()
+        directory = os.path.realpath(parsed.get("output", "./data"))
+        if recorder is None or os.path.realpath(recorder.directory) != directory:
+            profiler.start(directory)
+    else:
+        profiler.stop()
 
 
 def get_context(attr_key: str) -> Any:
@@ -107,7 +249,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "gradients_mean": False,
     "full_batch": False,
     "dataset_strategy": "data_parallel",
-    "search_mode": "sharding_propagation",
+    "search_mode": "recursive_programming",  # MindSpore's default
     "device_num": 1,
     "global_rank": 0,
     "pipeline_stages": 1,
@@ -117,6 +259,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "enable_parallel_optimizer": False,
     "strategy_ckpt_load_file": "",
     "strategy_ckpt_save_file": "",
+    "strategy_ckpt_config": None,
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
@@ -125,6 +268,22 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
 }
 _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()
+# As _NOT_SUPPORTED, for set_auto_parallel_context.
+_PARALLEL_NOT_SUPPORTED: dict[str, str] = {
+    "pipeline_stages": "pipeline parallelism (stages over devices) is not implemented",
+    "gradient_fp32_sync": "gradients are all-reduced in their own dtype (for float32 networks what either value gives)",
+    "loss_repeated_mean": "repeated losses are not re-averaged",
+    "parameter_broadcast": "parameters are not broadcast from rank 0: every rank initialises them from the seed "
+    "(ms.set_seed gives all ranks the same values)",
+    "enable_parallel_optimizer": "optimizer state is not sharded across data-parallel ranks (each rank updates all "
+    "of it, with the same result)",
+    "all_reduce_fusion_config": "gradients are fused by size: comm_fusion={'allreduce': {'mode': 'size', "
+    "'config': MB}}",
+    "grad_accumulation_step": "gradient accumulation is not implemented in set_auto_parallel_context",
+    "pipeline_config": "pipeline parallelism (stages over devices) is not implemented",
+    "auto_pipeline": "pipeline parallelism (stages over devices) is not implemented",
+}
+_COMM_FUSION_KINDS = ("openstate", "allreduce", "allgather", "reducescatter")
 
 
 def _positive_int(key: str, value: Any, upper: int | None = None) -> int:
@@ -139,6 +298,13 @@ def _validate_parallel(key: str, value: Any) -> Any:
         value = value.lower() if isinstance(value, str) else value
         if value not in ParallelMode.MODE_LIST:
             raise ConfigurationError(f"parallel_mode must be one of {list(ParallelMode.MODE_LIST)}, got {value!r}")
+    elif key == "strategy_ckpt_config" and value is not None:
+        unknown = set(value) - {"load_file", "save_file", "only_trainable_params"} if isinstance(value, dict) else 1
+        if unknown:
+            raise ConfigurationError(
+                "strategy_ckpt_config must be a dict with load_file, save_file and only_trainable_params, e.g. "
+                f"{{'save_file': './strategy.json'}}; got {value!r}"
+            )
     elif key == "search_mode" and value not in SEARCH_MODES:
         raise ConfigurationError(f"search_mode must be one of {list(SEARCH_MODES)}, got {value!r}")
     elif key in ("device_num", "pipeline_stages", "grad_accumulation_step"):
@@ -149,14 +315,68 @@ def _validate_parallel(key: str, value: Any) -> Any:
         value = _dataset_strategy(value)
     elif key == "all_reduce_fusion_config" and not all(isinstance(i, int) for i in value):
         raise ConfigurationError(f"all_reduce_fusion_config must be a list of int indices, got {value!r}")
+    elif key == "comm_fusion" and value is not None:
+        _comm_fusion(value)
     elif isinstance(_PARALLEL_DEFAULTS.get(key), bool) and not isinstance(value, bool):
         raise ConfigurationError(f"set_auto_parallel_context: {key} must be a bool, got {value!r}")
     return value
 
 
+def _comm_fusion(value: Any) -> None:
+    """comm_fusion={"allreduce": {"mode": "size", "config": MB}} sizes the gradient buckets ("auto": the default
+    size); the other kinds and modes are refused rather than ignored."""
+    if not isinstance(value, dict) or not set(value) <= set(_COMM_FUSION_KINDS):
+        raise ConfigurationError(
+            f"comm_fusion must be a dict with keys among {list(_COMM_FUSION_KINDS)}, got {value!r}"
+        )
+    if value.get("openstate", True) is not True:
+        raise _not_supported("comm_fusion openstate=False", "gradients always travel in size-bounded buckets")
+    for kind in ("allgather", "reducescatter"):
+        if kind in value:
+            raise _not_supported(f"comm_fusion {kind!r}={value[kind]!r}", "only the gradient all-reduce is fused")
+    allreduce = value.get("allreduce", {"mode": "auto"})
+    mode = allreduce.get("mode") if isinstance(allreduce, dict) else None
+    if mode not in ("auto", "size"):
+        raise _not_supported(
+            f"comm_fusion 'allreduce'={allreduce!r}",
+            "gradients are fused by size only: {'mode': 'size', 'config': MB} or {'mode': 'auto'}",
+        )
+
+
+def _not_supported(what: str, why: str) -> Exception:
+    from tessel.common.support import not_supported_yet
+
+    return not_supported_yet(what, why)
+
+
+def _check_parallel_against_world() -> None:
+    """device_num and global_rank describe the running job: set to anything else, the job would silently differ."""
+    if _bound_daemon is None or _bound_daemon[3] <= 1:
+        return  # a world of 1 may plan for device_num devices (tessel.parallel.explain)
+    world = _bound_daemon[3]
+    if "device_num" in _explicit and _parallel["device_num"] != world:
+        raise ConfigurationError(
+            f"set_auto_parallel_context(device_num={_parallel['device_num']}): the job has {world} ranks; "
+            "device_num must be the number of ranks (or left unset)"
+        )
+    if "global_rank" in _explicit:
+        from tessel.communication import runtime
+
+        rank = runtime.current().rank if runtime.is_initialized() else None
+        if rank is not None and _parallel["global_rank"] != rank:
+            raise ConfigurationError(
+                f"set_auto_parallel_context(global_rank={_parallel['global_rank']}): this process is rank {rank}; "
+                "the launcher assigns ranks (leave global_rank unset)"
+            )
+
+
 def _dataset_strategy(value: Any) -> Any:
-    if value in ("data_parallel", "full_batch"):
+    from tessel.parallel.layout import TensorLayout
+
+    if isinstance(value, str) and value in ("data_parallel", "full_batch"):
         return value
+    if isinstance(value, (tuple, list)) and value and all(isinstance(s, TensorLayout) for s in value):
+        return tuple(value)  # MindSpore's Layout form: one tensor layout per column
     ok = isinstance(value, (tuple, list)) and all(
         isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s) for s in value
     )
@@ -171,6 +391,7 @@ def _dataset_strategy(value: Any) -> Any:
 def set_auto_parallel_context(**kwargs: Any) -> None:
     """Set parallel options (parallel_mode, gradients_mean, full_batch, dataset_strategy, search_mode, device_num,
     pipeline_stages, ...). Unknown options and invalid values are errors naming the option."""
+    before = {key: _parallel[key] for key in ("device_num", "global_rank")}, set(_explicit)
     for key, value in kwargs.items():
         if key == "auto_parallel_search_mode":  # MindSpore's older name
             key = "search_mode"
@@ -178,8 +399,17 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
             raise ConfigurationError(
                 f"set_auto_parallel_context: unknown option {key!r}; options: {sorted(_PARALLEL_DEFAULTS)}"
             )
-        _parallel[key] = _validate_parallel(key, value)
+        value = _validate_parallel(key, value)
+        _refuse_unsupported(key, value, _PARALLEL_DEFAULTS[key], _PARALLEL_NOT_SUPPORTED)
+        _parallel[key] = value
         _explicit.add(key)
+    if {"device_num", "global_rank"} & set(kwargs):
+        try:
+            _check_parallel_against_world()
+        except ConfigurationError:
+            _parallel.update(before[0])  # a refused value is not kept
+            _explicit.intersection_update(before[1])
+            raise
     # full_batch and dataset_strategy describe the same thing; keep them consistent.
     if "full_batch" in kwargs and "dataset_strategy" not in kwargs:
         _parallel["dataset_strategy"] = "full_batch" if _parallel["full_batch"] else "data_parallel"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import os
 import secrets
 import signal
@@ -22,6 +21,7 @@ import time
 from collections import deque
 from pathlib import Path
 
+from tessel import local_daemons
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError, TesselError
 
@@ -31,13 +31,6 @@ TAIL_LINES = 20
 ERASE_LINE = b"\r\x1b[2K"
 _MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it comes
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    # Children must not outlive the launcher, even when it is SIGKILLed (Linux prctl).
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -54,6 +47,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
     parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
+    parser.add_argument(
+        "--sim-level",
+        type=int,
+        default=None,
+        help="simulate the -n world (msrun's --sim_level): 0 plans and compiles one rank, starting no daemons",
+    )
+    parser.add_argument("--sim-rank-id", type=int, default=0, help="the rank a simulation plans and compiles")
     parser.add_argument("script", help="the training script")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     args = parser.parse_args(argv)
@@ -175,34 +175,14 @@ class Launch:
         cores = os.cpu_count() or 1
         total = self.args.threads or cores
         threads = max(1, total // self.args.nproc)
-        env = self._base_env()
         for device in range(self.args.nproc):
-            cmd = [
-                sys.executable,
-                "-m",
-                "tessel.daemon",
-                "--coordinator",
-                self.coordinator,
-                "--plugin",
-                self.args.plugin,
-                "--device",
-                str(device),
-                "--threads",
-                str(threads),
-            ]
             self.daemons.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    start_new_session=True,
-                    preexec_fn=_die_with_parent,
+                local_daemons.spawn_daemon(
+                    self.coordinator, self.token, plugin=self.args.plugin, device=device, threads=threads
                 )
             )
         for device, proc in enumerate(self.daemons):
-            line = self._first_line(proc, f"daemon {device}")
-            self.daemon_ids.append(line.split()[2])
+            self.daemon_ids.append(local_daemons.read_started(proc, f"daemon {device}")[0])
             # The rest of the daemon's output goes to its log; an unread pipe would block it once full.
             out_dir = log_root / f"daemon.{device}"
             out_dir.mkdir(parents=True, exist_ok=True)
@@ -210,18 +190,6 @@ class Launch:
                 tee = _Tee(pipe, out_dir / name, None)
                 tee.start()
                 self.tees.append(tee)
-
-    def _first_line(self, proc: subprocess.Popen, what: str, timeout_s: float = 60.0) -> str:
-        result: list[bytes] = []
-        reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)
-        reader.start()
-        reader.join(timeout_s)
-        line = result[0].decode() if result else ""
-        if not line.startswith("tessel daemon"):
-            proc.kill()
-            err = proc.stderr.read().decode(errors="replace")[-2000:] if proc.poll() is not None else ""
-            raise TesselError(f"{what} did not start within {timeout_s:.0f} s: {line.strip()} {err.strip()}")
-        return line
 
     def _base_env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -263,7 +231,7 @@ class Launch:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=local_daemons.die_with_parent,  # never outlive the launcher
             )
             echo_out = sys.stdout.buffer if rank == 0 and not self.args.quiet else None
             echo_err = sys.stderr.buffer if rank == 0 and not self.args.quiet else None
@@ -358,6 +326,29 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
 
 
+def simulate(args: argparse.Namespace, log_root: Path) -> int:
+    """`--sim-level`: the script once, as rank --sim-rank-id of an -n world that is not running
+    (tessel.communication.simulation); its output goes to the terminal and LOG_DIR/<job>/rank.<r>/."""
+    from tessel.communication.simulation import SIM_LEVEL, SIM_RANK, SIM_WORLD
+
+    if not 0 <= args.sim_rank_id < args.nproc:
+        _say(f"tessel run: --sim-rank-id {args.sim_rank_id} is not a rank of the {args.nproc}-rank world")
+        return 2
+    rank_dir = log_root / f"rank.{args.sim_rank_id}"
+    rank_dir.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.update({SIM_LEVEL: str(args.sim_level), SIM_RANK: str(args.sim_rank_id), SIM_WORLD: str(args.nproc)})
+    for name in ("TESSEL_COORDINATOR", "TESSEL_RANK", "MS_ROLE", "RANK_TABLE_FILE"):
+        env.pop(name, None)
+    with open(rank_dir / "stdout", "wb") as out, open(rank_dir / "stderr", "wb") as err:
+        child = subprocess.run([sys.executable, args.script, *args.args], env=env, stdout=out, stderr=err)
+    sys.stdout.write((rank_dir / "stdout").read_text(errors="replace"))
+    if child.returncode != 0:
+        _say(f"tessel run: the simulated rank failed with exit code {child.returncode}; last lines of its stderr:")
+        _say(_tail(rank_dir / "stderr"))
+    return child.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     log_dir = Path(args.log_dir)
@@ -365,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     # in one directory would take the same next number, so a nonce follows it: "3-1f0a9c".
     job_id = args.job_id or f"{_next_job_id(log_dir)}-{secrets.token_hex(3)}"
     log_root = log_dir / job_id
+    if args.sim_level is not None:
+        return simulate(args, log_root)
     try:
         launch = Launch(args)
     except ConfigurationError as exc:  # e.g. no cluster token for --coordinator

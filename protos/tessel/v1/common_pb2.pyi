@@ -74,3 +74,32 @@ class Member(_message.Message):
     plugin: str
     device_id: int
     def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., daemon_address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., pid: _Optional[int] = ..., plugin: _Optional[str] = ..., device_id: _Optional[int] = ...) -> None: ...
+
+class DeviceMeasurement(_message.Message):
+    __slots__ = ("matmul_flops", "memory_bandwidth", "shm_latency_s", "shm_bandwidth", "op_overhead_s", "launch_overhead_s", "op_factors", "seconds", "measured_at")
+    class OpFactorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    MATMUL_FLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    SHM_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    SHM_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    OP_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    OP_FACTORS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_AT_FIELD_NUMBER: _ClassVar[int]
+    matmul_flops: float
+    memory_bandwidth: float
+    shm_latency_s: float
+    shm_bandwidth: float
+    op_overhead_s: float
+    launch_overhead_s: float
+    op_factors: _containers.ScalarMap[str, float]
+    seconds: float
+    measured_at: float
+    def __init__(self, matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., shm_latency_s: _Optional[float] = ..., shm_bandwidth: _Optional[float] = ..., op_overhead_s: _Optional[float] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ..., seconds: _Optional[float] = ..., measured_at: _Optional[float] = ...) -> None: ...

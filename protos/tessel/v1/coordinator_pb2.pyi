@@ -9,7 +9,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DaemonInfo(_message.Message):
-    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s")
+    __slots__ = ("daemon_id", "address", "data_address", "host_id", "hostname", "plugin", "device_kind", "device_id", "cores", "memory_bytes", "speed", "pid", "state", "job_id", "rank", "heartbeat_age_s", "measurement")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class DaemonInfo(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    MEASUREMENT_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     address: str
     data_address: str
@@ -42,7 +43,8 @@ class DaemonInfo(_message.Message):
     job_id: str
     rank: int
     heartbeat_age_s: float
-    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ...) -> None: ...
+    measurement: _common_pb2.DeviceMeasurement
+    def __init__(self, daemon_id: _Optional[str] = ..., address: _Optional[str] = ..., data_address: _Optional[str] = ..., host_id: _Optional[str] = ..., hostname: _Optional[str] = ..., plugin: _Optional[str] = ..., device_kind: _Optional[str] = ..., device_id: _Optional[int] = ..., cores: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., speed: _Optional[float] = ..., pid: _Optional[int] = ..., state: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., heartbeat_age_s: _Optional[float] = ..., measurement: _Optional[_Union[_common_pb2.DeviceMeasurement, _Mapping]] = ...) -> None: ...
 
 class RegisterDaemonRequest(_message.Message):
     __slots__ = ("info",)
@@ -313,3 +315,112 @@ class Stall(_message.Message):
     missing: _containers.RepeatedScalarFieldContainer[int]
     detail: str
     def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., sequence: _Optional[int] = ..., collective: _Optional[str] = ..., waited_s: _Optional[float] = ..., waiting: _Optional[_Iterable[int]] = ..., missing: _Optional[_Iterable[int]] = ..., detail: _Optional[str] = ...) -> None: ...
+
+class PlanRequest(_message.Message):
+    __slots__ = ("job_id", "graph", "world_size", "mode", "fixed", "parameters", "dataset", "memory_budget", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GRAPH_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    FIXED_FIELD_NUMBER: _ClassVar[int]
+    PARAMETERS_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BUDGET_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    graph: bytes
+    world_size: int
+    mode: str
+    fixed: bytes
+    parameters: _containers.RepeatedScalarFieldContainer[str]
+    dataset: bytes
+    memory_budget: float
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., graph: _Optional[bytes] = ..., world_size: _Optional[int] = ..., mode: _Optional[str] = ..., fixed: _Optional[bytes] = ..., parameters: _Optional[_Iterable[str]] = ..., dataset: _Optional[bytes] = ..., memory_budget: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class PlanReply(_message.Message):
+    __slots__ = ("strategies", "seconds", "cached", "step_time_s", "memory_bytes", "cost_model")
+    STRATEGIES_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    CACHED_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COST_MODEL_FIELD_NUMBER: _ClassVar[int]
+    strategies: bytes
+    seconds: float
+    cached: bool
+    step_time_s: float
+    memory_bytes: float
+    cost_model: ClusterModel
+    def __init__(self, strategies: _Optional[bytes] = ..., seconds: _Optional[float] = ..., cached: _Optional[bool] = ..., step_time_s: _Optional[float] = ..., memory_bytes: _Optional[float] = ..., cost_model: _Optional[_Union[ClusterModel, _Mapping]] = ...) -> None: ...
+
+class GetCostModelRequest(_message.Message):
+    __slots__ = ("job_id", "refresh")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    REFRESH_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    refresh: bool
+    def __init__(self, job_id: _Optional[str] = ..., refresh: _Optional[bool] = ...) -> None: ...
+
+class LinkModel(_message.Message):
+    __slots__ = ("latency_s", "bandwidth", "measured")
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    latency_s: float
+    bandwidth: float
+    measured: bool
+    def __init__(self, latency_s: _Optional[float] = ..., bandwidth: _Optional[float] = ..., measured: _Optional[bool] = ...) -> None: ...
+
+class DeviceModel(_message.Message):
+    __slots__ = ("rank", "daemon_id", "host_id", "matmul_flops", "memory_bandwidth", "memory_bytes", "measured")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_ID_FIELD_NUMBER: _ClassVar[int]
+    MATMUL_FLOPS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEASURED_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    daemon_id: str
+    host_id: str
+    matmul_flops: float
+    memory_bandwidth: float
+    memory_bytes: int
+    measured: bool
+    def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., host_id: _Optional[str] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
+
+class ClusterModel(_message.Message):
+    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors")
+    class OpFactorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    FLOPS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHARED_MEMORY_FIELD_NUMBER: _ClassVar[int]
+    TCP_FIELD_NUMBER: _ClassVar[int]
+    HOSTS_FIELD_NUMBER: _ClassVar[int]
+    OP_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    PARAMETER_BYTES_FACTOR_FIELD_NUMBER: _ClassVar[int]
+    BUCKET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEVICES_FIELD_NUMBER: _ClassVar[int]
+    LAUNCH_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
+    OP_FACTORS_FIELD_NUMBER: _ClassVar[int]
+    flops_per_second: float
+    memory_bandwidth: float
+    memory_bytes: int
+    shared_memory: LinkModel
+    tcp: LinkModel
+    hosts: _containers.RepeatedScalarFieldContainer[int]
+    op_overhead_s: float
+    parameter_bytes_factor: float
+    bucket_bytes: int
+    devices: _containers.RepeatedCompositeFieldContainer[DeviceModel]
+    launch_overhead_s: float
+    op_factors: _containers.ScalarMap[str, float]
+    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ...) -> None: ...

@@ -111,6 +111,16 @@ class CoordinatorStub:
                 request_serializer=tessel_dot_v1_dot_coordinator__pb2.StallReport.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                 _registered_method=True)
+        self.PlanStrategies = channel.unary_unary(
+                '/tessel.v1.Coordinator/PlanStrategies',
+                request_serializer=tessel_dot_v1_dot_coordinator__pb2.PlanRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_coordinator__pb2.PlanReply.FromString,
+                _registered_method=True)
+        self.GetCostModel = channel.unary_unary(
+                '/tessel.v1.Coordinator/GetCostModel',
+                request_serializer=tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_coordinator__pb2.ClusterModel.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -213,6 +223,22 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PlanStrategies(self, request, context):
+        """Strategy assignment (AUTO_PARALLEL's search): a strategy for every node of a traced forward graph, priced with
+        the job's cluster model; planned once per (graph hash, world size, mode, fixed, parameters, dataset, budget,
+        cluster model) and cached across jobs, so every rank asking gets the same plan.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetCostModel(self, request, context):
+        """The cost model of a job's daemons: what they measured at registration and the probed links between hosts.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -290,6 +316,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ReportStall,
                     request_deserializer=tessel_dot_v1_dot_coordinator__pb2.StallReport.FromString,
                     response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'PlanStrategies': grpc.unary_unary_rpc_method_handler(
+                    servicer.PlanStrategies,
+                    request_deserializer=tessel_dot_v1_dot_coordinator__pb2.PlanRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_coordinator__pb2.PlanReply.SerializeToString,
+            ),
+            'GetCostModel': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetCostModel,
+                    request_deserializer=tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_coordinator__pb2.ClusterModel.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -697,6 +733,60 @@ class Coordinator:
             '/tessel.v1.Coordinator/ReportStall',
             tessel_dot_v1_dot_coordinator__pb2.StallReport.SerializeToString,
             tessel_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PlanStrategies(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Coordinator/PlanStrategies',
+            tessel_dot_v1_dot_coordinator__pb2.PlanRequest.SerializeToString,
+            tessel_dot_v1_dot_coordinator__pb2.PlanReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetCostModel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Coordinator/GetCostModel',
+            tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.SerializeToString,
+            tessel_dot_v1_dot_coordinator__pb2.ClusterModel.FromString,
             options,
             channel_credentials,
             insecure,

@@ -223,7 +223,7 @@ class Program(_message.Message):
     def __init__(self, instructions: _Optional[_Iterable[_Union[Instruction, _Mapping]]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed", "collect")
+    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed", "collect", "timeline")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     REPEAT_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +231,7 @@ class ExecuteRequest(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     FEED_FIELD_NUMBER: _ClassVar[int]
     COLLECT_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     program: Program
     repeat: int
@@ -238,7 +239,8 @@ class ExecuteRequest(_message.Message):
     timings: bool
     feed: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
     collect: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., collect: _Optional[_Iterable[str]] = ...) -> None: ...
+    timeline: bool
+    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., collect: _Optional[_Iterable[str]] = ..., timeline: _Optional[bool] = ...) -> None: ...
 
 class InstructionTiming(_message.Message):
     __slots__ = ("index", "kind", "seconds")
@@ -250,15 +252,51 @@ class InstructionTiming(_message.Message):
     seconds: float
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
+class TimelineEvent(_message.Message):
+    __slots__ = ("index", "repetition", "kind", "name", "start_ns", "end_ns", "comm_start_ns", "comm_end_ns", "bytes", "handle")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    START_NS_FIELD_NUMBER: _ClassVar[int]
+    END_NS_FIELD_NUMBER: _ClassVar[int]
+    COMM_START_NS_FIELD_NUMBER: _ClassVar[int]
+    COMM_END_NS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    repetition: int
+    kind: str
+    name: str
+    start_ns: int
+    end_ns: int
+    comm_start_ns: int
+    comm_end_ns: int
+    bytes: int
+    handle: str
+    def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ...) -> None: ...
+
+class ExecuteProgress(_message.Message):
+    __slots__ = ("repetition", "collected", "done")
+    REPETITION_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    repetition: int
+    collected: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
+    done: ExecuteReply
+    def __init__(self, repetition: _Optional[int] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., done: _Optional[_Union[ExecuteReply, _Mapping]] = ...) -> None: ...
+
 class ExecuteReply(_message.Message):
-    __slots__ = ("fetched", "timings", "collected")
+    __slots__ = ("fetched", "timings", "collected", "timeline")
     FETCHED_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     COLLECTED_FIELD_NUMBER: _ClassVar[int]
+    TIMELINE_FIELD_NUMBER: _ClassVar[int]
     fetched: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
     timings: _containers.RepeatedCompositeFieldContainer[InstructionTiming]
     collected: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
-    def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
+    timeline: _containers.RepeatedCompositeFieldContainer[TimelineEvent]
+    def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEvent, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatusReply(_message.Message):
     __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups")
@@ -285,3 +323,17 @@ class GroupStatus(_message.Message):
     ranks: _containers.RepeatedScalarFieldContainer[int]
     transport: str
     def __init__(self, session_id: _Optional[str] = ..., name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., transport: _Optional[str] = ...) -> None: ...
+
+class ProbeLinkRequest(_message.Message):
+    __slots__ = ("data_address",)
+    DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    data_address: str
+    def __init__(self, data_address: _Optional[str] = ...) -> None: ...
+
+class ProbeLinkReply(_message.Message):
+    __slots__ = ("latency_s", "bandwidth")
+    LATENCY_S_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    latency_s: float
+    bandwidth: float
+    def __init__(self, latency_s: _Optional[float] = ..., bandwidth: _Optional[float] = ...) -> None: ...

@@ -86,10 +86,25 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteReply.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.unary_stream(
+                '/tessel.v1.Daemon/ExecuteStream',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/tessel.v1.Daemon/Status',
                 request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_daemon__pb2.DaemonStatusReply.FromString,
+                _registered_method=True)
+        self.ProbeLink = channel.unary_unary(
+                '/tessel.v1.Daemon/ProbeLink',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.FromString,
+                _registered_method=True)
+        self.Measure = channel.unary_unary(
+                '/tessel.v1.Daemon/Measure',
+                request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
                 _registered_method=True)
 
 
@@ -157,8 +172,30 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteStream(self, request, context):
+        """Execute, reporting each repetition's `collect`ed values as it ends (sink mode: per-step losses while the
+        epoch runs); the last message carries the reply (fetched, timings, timeline; its `collected` is empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeLink(self, request, context):
+        """Measure the data-plane link to another daemon (the coordinator asks, to price collectives between hosts).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Measure(self, request, context):
+        """Measure the device again now (what it reported at registration, fresh; the coordinator asks on a refresh).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -216,10 +253,25 @@ def add_DaemonServicer_to_server(servicer, server):
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteReply.SerializeToString,
             ),
+            'ExecuteStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.SerializeToString,
+            ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
                     request_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=tessel_dot_v1_dot_daemon__pb2.DaemonStatusReply.SerializeToString,
+            ),
+            'ProbeLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeLink,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.SerializeToString,
+            ),
+            'Measure': grpc.unary_unary_rpc_method_handler(
+                    servicer.Measure,
+                    request_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
+                    response_serializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -503,6 +555,33 @@ class Daemon:
             _registered_method=True)
 
     @staticmethod
+    def ExecuteStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessel.v1.Daemon/ExecuteStream',
+            tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
+            tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
     def Status(request,
             target,
             options=(),
@@ -519,6 +598,60 @@ class Daemon:
             '/tessel.v1.Daemon/Status',
             tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             tessel_dot_v1_dot_daemon__pb2.DaemonStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/ProbeLink',
+            tessel_dot_v1_dot_daemon__pb2.ProbeLinkRequest.SerializeToString,
+            tessel_dot_v1_dot_daemon__pb2.ProbeLinkReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Measure(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/Measure',
+            tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
             options,
             channel_credentials,
             insecure,

@@ -259,14 +259,14 @@ def test_tensor_parallel_first_update_is_n_times_the_single_device_one(n):
 PARAMS = ["w1", "b1", "w2", "b2"]
 
 
-def _dp_forward():
+def _dp_forward(inputs=IN, hidden=HIDDEN, out=OUT):
     def mlp(x, y, w1, b1, w2, b2):
         h = apply("ReLU", apply("MatMul", x, w1) + b1)
         logits = apply("MatMul", h, w2) + b2
         return apply("SparseSoftmaxCrossEntropy", logits, y).mean()
 
-    specs = [TensorSpec(("N", IN)), TensorSpec(("N",), "int32"), TensorSpec((IN, HIDDEN)), TensorSpec((HIDDEN,)),
-             TensorSpec((HIDDEN, OUT)), TensorSpec((OUT,))]  # fmt: skip
+    specs = [TensorSpec(("N", inputs)), TensorSpec(("N",), "int32"), TensorSpec((inputs, hidden)),
+             TensorSpec((hidden,)), TensorSpec((hidden, out)), TensorSpec((out,))]  # fmt: skip
     return trace(mlp, *specs).graph
 
 
@@ -290,17 +290,35 @@ def test_buckets_respect_their_size_and_the_order_gradients_are_ready(cap):
     assert [list(b.reductions) for b in buckets] == [*expected, current]
 
 
-def test_bucketed_gradients_start_early_and_are_awaited_just_before_the_update():
-    train = data_parallel_train_step(_dp_forward(), PARAMS, Momentum(0.1, 0.9), (0, 1), bucket_bytes=60)
+def test_bucketed_gradients_start_early_and_each_is_awaited_just_before_its_update():
+    # Sizes where the rest of the backward is worth running while a bucket is in flight (rank_plan.MIN_OVERLAP_S).
+    forward, cap = _dp_forward(256, 512, 64), 64 << 10
+    train = data_parallel_train_step(forward, PARAMS, Momentum(0.1, 0.9), (0, 1), bucket_bytes=cap)
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
+    instructions = program.program.instructions
+    kinds = [i.WhichOneof("op") for i in instructions]
+    starts = [i for i, kind in enumerate(kinds) if kind == "collective"]
+    assert program.collective_counts()["ALL_REDUCE"] == len(plan_buckets(train.graph, cap)) >= 2
+    assert all(instructions[i].collective.handle for i in starts)
+    assert "run_segment" in kinds[starts[0] + 1 : starts[-1]]  # backward runs while the first bucket is in flight
+    waits = [i for i, kind in enumerate(kinds) if kind == "wait"]
+    assert len(waits) == len(starts) and min(waits) > max(starts)  # no bucket waited for before the last starts
+    for wait in waits:  # each wait is followed by the update that reads that bucket (and writes its parameters)
+        after = next(i for i in range(wait, len(kinds)) if kinds[i] == "run_segment")
+        segment = program.segments[instructions[after].run_segment.segment]
+        handle = instructions[wait].wait.handle
+        bucket = next(instructions[i].collective for i in starts if instructions[i].collective.handle == handle)
+        assert set(bucket.outputs) & {v.name for v in segment.graph.inputs} and segment.state
+
+
+def test_work_too_small_to_hide_anything_does_not_make_a_collective_asynchronous():
+    # The tiny MLP's one bucket: only the loss (a mean of the batch) could run while it is in flight, which is not
+    # worth an asynchronous start and a segment of its own: the AllReduce runs synchronously between two segments.
+    train = data_parallel_train_step(_dp_forward(), PARAMS, SGD(0.1), (0, 1), bucket_bytes=1 << 20)
     program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
     kinds = [i.WhichOneof("op") for i in program.program.instructions]
-    starts = [i for i, ins in enumerate(program.program.instructions) if kinds[i] == "collective"]
-    assert program.collective_counts()["ALL_REDUCE"] == len(plan_buckets(train.graph, 60)) >= 2
-    assert all(program.program.instructions[i].collective.handle for i in starts)
-    assert "run_segment" in kinds[starts[0] + 1 : starts[-1]]  # backward runs while the first bucket is in flight
-    update = max(i for i, k in enumerate(kinds) if k == "run_segment")
-    assert kinds[update - len(starts) : update] == ["wait"] * len(starts)  # all waits right before the update
-    assert program.segments[program.program.instructions[update].run_segment.segment].state  # which writes state
+    assert kinds == ["run_segment", "collective", "run_segment", "free"]
+    assert not program.program.instructions[1].collective.handle
 
 
 def test_a_bucket_travels_as_one_all_reduce_of_its_gradients_with_no_concat_or_split():

@@ -46,7 +46,10 @@ def test_save_graphs_writes_the_graph_before_and_after_the_pass(tmp_path):
         "step_parallel_begin_net.ir",
         "step_parallel_end_net_rank0.ir",
         "step_parallel_end_net_rank5.ir",
+        "parallel_plan_net.txt",
     ]
+    summary = Path(paths[3]).read_text()
+    assert "this plan" in summary and "data parallel" in summary and "AllGather" in summary
     begin = Path(paths[0]).read_text()
     assert "MatMul(%x, %weight)" in begin and "# strategy ((1, 1), (1, 2)) (shard()), device matrix (4, 2)" in begin
     assert "AllGather" not in begin

@@ -215,8 +215,13 @@ def test_save_graphs_writes_the_graph_before_and_after_the_pass(tmp_path):
     ms.set_context(save_graphs=True, save_graphs_path=str(tmp_path))
     partition(TwoMatMuls(s1=((1, 1), (1, 2)), s2=((2, 1), (1, 1))), 2, rank=1)
     files = sorted(p.name for p in (tmp_path / "rank_1").iterdir())
-    assert files == ["step_parallel_begin_TwoMatMuls.ir", "step_parallel_end_TwoMatMuls_rank1.ir"]
-    begin = (tmp_path / "rank_1" / files[0]).read_text()
-    end = (tmp_path / "rank_1" / files[1]).read_text()
+    assert files == [
+        "parallel_plan_TwoMatMuls.txt",
+        "step_parallel_begin_TwoMatMuls.ir",
+        "step_parallel_end_TwoMatMuls_rank1.ir",
+    ]
+    begin = (tmp_path / "rank_1" / files[1]).read_text()
+    end = (tmp_path / "rank_1" / files[2]).read_text()
+    assert "data parallel" in (tmp_path / "rank_1" / files[0]).read_text()
     assert "# strategy ((1, 1), (1, 2)) (shard())" in begin and "AlltoAll" not in begin
     assert "AlltoAll" in end and "Mirror" in end

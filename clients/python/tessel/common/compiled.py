@@ -11,6 +11,7 @@ first copied aside on the daemon, see Engine.execute).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,10 +20,11 @@ from typing import Any
 import numpy as np
 
 from tessel.common import parameter as P
+from tessel.common import partition
 from tessel.common.engine import engine, program
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace
-from tessel.compiler import Graph, Node, Value, registry
+from tessel.compiler import Graph, Node, Value, expand_gradients, registry
 from tessel.compiler.ir import Attrs
 from tessel.compiler.tracer import OutputTree, flatten
 
@@ -46,7 +48,7 @@ def rename_inputs(graph: Graph, mapping: dict[str, str]) -> Graph:
     """`graph` with inputs renamed by `mapping` (state names are store names, so they must not collide)."""
     new = {v: Value(v.type, mapping[v.name], v.layout) for v in graph.inputs if v.name in mapping}
     sub = lambda v: new.get(v, v)  # noqa: E731
-    nodes = tuple(Node(n.op, tuple(map(sub, n.inputs)), n.attrs, n.outputs, n.source) for n in graph.nodes)
+    nodes = tuple(dataclasses.replace(n, inputs=tuple(map(sub, n.inputs))) for n in graph.nodes)
     return Graph(tuple(map(sub, graph.inputs)), nodes, tuple(map(sub, graph.outputs)), graph.name)
 
 
@@ -148,15 +150,17 @@ def arg_names_of(fn: Callable) -> list[str]:
 
 
 def trace_call(
-    fn: Callable, call: Call, name: str, symbolic: bool, params_first=()
+    fn: Callable, call: Call, name: str, symbolic: bool, params_first=(), specs: Sequence | None = None
 ) -> tuple[Graph, OutputTree, SdkTrace]:
-    """Trace fn on symbolic tensors shaped like `call`'s tensor leaves; Python values pass through."""
+    """Trace fn on symbolic tensors shaped like `call`'s tensor leaves (or like `specs`, (shape, dtype) per leaf);
+    Python values pass through."""
+    specs = call.specs(symbolic) if specs is None else specs
     with SdkTrace(name) as tr:
         for p in params_first:
             tr.param(p)
         leaves = [
             leaf if spec is None else Tensor._wrap_symbolic(tr.input(input_name, spec[0], spec[1]))
-            for leaf, spec, input_name in zip(call.leaves, call.specs(symbolic), call.names)
+            for leaf, spec, input_name in zip(call.leaves, specs, call.names)
         ]
         args, kwargs = call.tree.unflatten(leaves)
         graph, out_tree = tr.build(fn(*args, **kwargs))
@@ -184,8 +188,9 @@ class Entry:
     device_names: list[str]
     device_types: list[tuple[tuple, Any]]
     out_tree: OutputTree
+    device_layouts: list = field(default_factory=list)  # SEMI_AUTO/AUTO: the layout of each device output
     batch_outputs: bool = False  # some output's shape follows the batch size
-    modes: tuple = ()  # (cell, training, float dtype) at trace time; the entry serves calls in the same modes
+    modes: tuple = ()  # (cell, Cell.graph_modes()) at trace time; the entry serves calls in the same modes
     programs: dict = field(default_factory=dict)
     engine_id: int = 0
     staged_at: int = -1
@@ -219,8 +224,9 @@ class Entry:
         for hook in self.after_run:
             hook()
         values = [Tensor._wrap(fetched[n]) for n in self.host_names]
-        for name, (shape, dtype) in zip(self.device_names, self.device_types):
-            values.append(eng.handle(name, tuple(batch if d == BATCH else d for d in shape), dtype))
+        layouts = self.device_layouts or [None] * len(self.device_names)
+        for name, (shape, dtype), layout in zip(self.device_names, self.device_types, layouts):
+            values.append(eng.handle(name, tuple(batch if d == BATCH else d for d in shape), dtype, layout))
         return self.out_tree.unflatten(values)
 
 
@@ -238,6 +244,7 @@ def make_entry(
     extra_params: Sequence[P.Parameter] = (),
 ) -> Entry:
     """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
+    graph = expand_gradients(graph)
     seg = f"{name}:{graph.hash[:12]}"
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     host_names = [f"{seg}/out{i}" for i in range(n_host)]
@@ -278,8 +285,12 @@ class CompiledFunction:
         arg_names: Sequence[str] | None = None,
         symbolic_batch: bool = True,
         transform: Callable | None = None,
+        partition: bool = True,
     ):
         self.fn, self.name = fn, name
+        # Under SEMI_AUTO/AUTO over several ranks the traced graph goes through the parallel pass (off for a
+        # transform that partitions by itself: the fused train step).
+        self.partition = partition
         self.params_first, self.device_result, self.key_extra = params_first, device_result, key_extra
         self.arg_names = list(arg_names) if arg_names is not None else arg_names_of(fn)
         # transform(graph, trace) -> (graph, extra Parameters): rewrites the traced graph before it is compiled.
@@ -302,6 +313,7 @@ class CompiledFunction:
             key_extra=self.key_extra,
             arg_names=self.arg_names,
             transform=transform,
+            partition=self.partition,
         )
         made.static = self.static
         return made
@@ -312,26 +324,31 @@ class CompiledFunction:
 
     def entry(self, args: tuple, kwargs: dict) -> tuple[Entry, Call]:
         """The compiled entry for this call's signature and cell modes (traced and compiled on first use)."""
+        sharded = self.partition and partition.active()
+        static = self.static or sharded  # the parallel pass cuts static shapes
         quick = _quick_signature(args) if not kwargs else None
-        known = self._quick.get((quick, self.static)) if quick is not None else None
+        known = self._quick.get((quick, static)) if quick is not None else None
         if known is not None:
             key, tree, names = known
             call = Call(list(args), tree, names, [False] * len(args))
         else:
             call = Call.of(args, kwargs, self.arg_names, engine().id)
-            key = (call.key(not self.static), self.key_extra())
+            key = (call.key(not static), self.key_extra(), sharded)
         for entry in self.entries.get(key, ()):
-            if all(c.training == training and c._float_dtype == dtype for c, training, dtype in entry.modes):
+            if all(c.graph_modes() == modes for c, modes in entry.modes):
                 break
         else:
-            entry = self._build(call)
-            key = (call.key(not self.static), self.key_extra())
+            entry = self._build(call, sharded)
+            static = self.static or sharded
+            key = (call.key(not static), self.key_extra(), sharded)
             self.entries.setdefault(key, []).append(entry)
         if quick is not None and known is None:
-            self._quick[(quick, self.static)] = (key, call.tree, call.names)
+            self._quick[(quick, static)] = (key, call.tree, call.names)
         return entry, call
 
-    def _build(self, call: Call) -> Entry:
+    def _build(self, call: Call, sharded: bool) -> Entry:
+        if sharded:
+            return self._trace(call, symbolic=False, sharded=True)
         if not self.static:
             try:
                 return self._trace(call, symbolic=True)
@@ -341,11 +358,14 @@ class CompiledFunction:
         self.static = True
         return entry
 
-    def _trace(self, call: Call, symbolic: bool) -> Entry:
-        graph, out_tree, tr = trace_call(self.fn, call, self.name, symbolic, tuple(self.params_first()))
+    def _trace(self, call: Call, symbolic: bool, sharded: bool = False) -> Entry:
+        specs = partition.global_specs(call) if sharded else None
+        graph, out_tree, tr = trace_call(self.fn, call, self.name, symbolic, tuple(self.params_first()), specs)
         extra = ()
         if self.transform is not None:
             graph, extra = self.transform(graph, tr)
+        if sharded:
+            return partition.make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
         return make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
 
 

@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
@@ -80,11 +82,14 @@ class Engine:
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size)
+            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size, spmd=_spmd())
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
+            for segment in lowered.segments.values():
+                profiler.name_segment(segment.name, segment.graph)
         else:
-            self.daemon.compile_segment(self.session, name, model_bytes(graph), list(state))
+            self.daemon.compile_segment(self.session, name, model_bytes(op_rewrites(graph)), list(state))
+            profiler.name_segment(name, graph)
         self._segments.add(name)
 
     def expand(self, prog: daemon_pb2.Program) -> daemon_pb2.Program:
@@ -124,16 +129,16 @@ class Engine:
         prog = self.expand(prog)
         if before:
             prog = daemon_pb2.Program(instructions=[*before, *prog.instructions])
-        return self.daemon.execute(self.session, prog, fetch=fetch, feed=feed).fetched
+        return profiler.execute(self.daemon, self.session, prog, fetch=fetch, feed=feed).fetched
 
     def get(self, names: Sequence[str]) -> dict[str, np.ndarray]:
         return self.daemon.get(self.session, list(names)) if names else {}
 
-    def handle(self, name: str, shape: tuple[int, ...], dtype: Any):
-        """A Tensor naming store entry `name` (fetched on first use)."""
+    def handle(self, name: str, shape: tuple[int, ...], dtype: Any, layout: Any = None):
+        """A Tensor naming store entry `name` (fetched on first use); `layout` when the store holds a piece."""
         from tessel.common.tensor import Tensor
 
-        tensor = Tensor._wrap_ref(DeviceRef(self, name, shape, dtype))
+        tensor = Tensor._wrap_ref(DeviceRef(self, name, shape, dtype, layout))
         self._live[name] = weakref.ref(tensor)
         return tensor
 
@@ -146,9 +151,22 @@ class Engine:
             if tensor is not None and tensor._ref is not None and tensor._ref.name == name:
                 aside = f"{name}@{next(self._backups)}"
                 copies.append(daemon_pb2.Instruction(copy=daemon_pb2.CopyOp(source=name, target=aside)))
-                tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype)
+                tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype, tensor._ref.layout)
                 weakref.finalize(tensor, self._unused.append, aside)
         return copies
+
+
+def _spmd() -> bool:
+    """Whether every rank compiles a copy of the same graph: the parallel modes where tessel generates the ranks'
+    graphs (data parallelism, a parallel plan), not manual parallelism, whose graphs may differ by rank."""
+    from tessel import context
+
+    modes = (
+        context.ParallelMode.DATA_PARALLEL,
+        context.ParallelMode.SEMI_AUTO_PARALLEL,
+        context.ParallelMode.AUTO_PARALLEL,
+    )
+    return context.get_auto_parallel_context("parallel_mode") in modes
 
 
 def has_collectives(graph: Graph) -> bool:

@@ -37,11 +37,16 @@ def get_seed() -> int | None:
     return _seed
 
 
-def next_stream() -> np.random.Generator:
-    """A fresh random stream, the next in creation order under the global seed."""
+def next_stream_key() -> list[int]:
+    """The key of the next random stream in creation order under the global seed (np.random.default_rng(key))."""
     global _streams
     _streams += 1
-    return np.random.default_rng([DEFAULT_SEED if _seed is None else _seed, _streams])
+    return [DEFAULT_SEED if _seed is None else _seed, _streams]
+
+
+def next_stream() -> np.random.Generator:
+    """A fresh random stream, the next in creation order under the global seed."""
+    return np.random.default_rng(next_stream_key())
 
 
 def next_op_seed() -> int:

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.dtype import DType, default_dtype_of, ms_name, to_dtype
+from tessel.common.symbol import Symbol, is_dynamic_shape, split_shape
 from tessel.common.tracing import apply_op, current
 from tessel.compiler import SymbolicTensor, TraceError, as_dtype
 from tessel.core.errors import ConfigurationError
@@ -24,12 +25,14 @@ from tessel.dataset import core as _dataset_core
 
 
 class DeviceRef:
-    """A tensor living in the daemon's store under `name`."""
+    """A tensor living in the daemon's store under `name`. Under SEMI_AUTO/AUTO parallelism a handle may be
+    sharded: `shape` is the global shape and the store holds this rank's piece of `layout` (a compiler Layout)."""
 
-    __slots__ = ("dtype", "engine", "name", "shape")
+    __slots__ = ("dtype", "engine", "layout", "name", "shape")
 
-    def __init__(self, engine, name: str, shape: tuple, dtype: DType):
+    def __init__(self, engine, name: str, shape: tuple, dtype: DType, layout=None):
         self.engine, self.name, self.shape, self.dtype = engine, name, tuple(shape), dtype
+        self.layout = layout
 
 
 class Tensor:
@@ -38,15 +41,29 @@ class Tensor:
     __slots__ = ("__weakref__", "_array", "_ref", "_sym")
     __array_ufunc__ = None  # `ndarray + Tensor` uses our reflected operators
 
+    def __new__(cls, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
+        # Tensor(shape=[Symbol(...) or None, ...], dtype=...) declares an input (Cell.set_inputs): no value.
+        if cls is Tensor and input_data is None and init is None and is_dynamic_shape(shape):
+            return object.__new__(DynamicShapeTensor)
+        return object.__new__(cls)
+
     def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
         if init is not None:
             from tessel.common.initializer import init_array
 
             if shape is None:
                 raise ConfigurationError("Tensor(init=...) needs shape=; e.g. Tensor(shape=(2, 3), init='normal')")
+            if is_dynamic_shape(shape):
+                raise ConfigurationError(
+                    f"Tensor(shape={shape!r}, init=...): dims that are None or a Symbol declare an input and take no "
+                    "init; give every dim a length, or drop init"
+                )
             array = init_array(init, (shape,) if isinstance(shape, int) else shape, dtype or DType.float32)
         elif input_data is None:
-            raise ConfigurationError("Tensor() needs input_data, or shape= and init= (e.g. init=One())")
+            raise ConfigurationError(
+                "Tensor() needs input_data, or shape= and init= (e.g. init=One()); a shape with None or Symbol dims "
+                "and a dtype declares an input for Cell.set_inputs"
+            )
         elif isinstance(input_data, Tensor):
             array = np.array(input_data.asnumpy())
         else:
@@ -140,7 +157,10 @@ class Tensor:
             return self._array
         if self._ref is not None:
             ref = self._ref
-            self._materialize(ref.engine.get([ref.name])[ref.name])
+            value = ref.engine.get([ref.name])[ref.name]
+            if ref.layout is not None:  # this rank's piece of a sharded tensor: the handle stays what it is
+                return value
+            self._materialize(value)
             return self._array
         return self._sym.asnumpy()  # raises TraceError: values of traced tensors do not exist yet
 
@@ -389,6 +409,49 @@ class Tensor:
 
     def broadcast_to(self, shape) -> Tensor:
         return F.broadcast_to(self, shape)
+
+
+class DynamicShapeTensor(Tensor):
+    """`Tensor(shape=[Symbol(divisor=8), 1, 28, 28], dtype=ms.float32)`: a placeholder declaring an input of
+    `Cell.set_inputs`. Its dynamic dims read as -1 (MindSpore's shape); it holds no value."""
+
+    __slots__ = ("_declared_dtype", "_declared_shape", "dim_symbols", "symbolic_shape")
+
+    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
+        if dtype is None:
+            raise ConfigurationError(
+                f"Tensor(shape={shape!r}): a shape with dynamic dims (None or Symbol) needs dtype=, e.g. "
+                "Tensor(shape=[None, 10], dtype=ms.float32)"
+            )
+        self._array, self._ref, self._sym = None, None, None
+        self._declared_shape, self.dim_symbols = split_shape(shape)
+        self._declared_dtype = to_dtype(dtype)
+        items = [shape] if isinstance(shape, Symbol) else list(shape)
+        self.symbolic_shape = (
+            [d.to_dict() if isinstance(d, Symbol) else d for d in items]
+            if any(isinstance(d, Symbol) for d in items)
+            else None
+        )
+
+    @property
+    def shape(self) -> tuple:
+        return self._declared_shape
+
+    @property
+    def dtype(self) -> DType:
+        return self._declared_dtype
+
+    def asnumpy(self) -> np.ndarray:
+        raise ConfigurationError(
+            f"{self!r} declares an input for Cell.set_inputs and holds no value; pass a Tensor with data instead"
+        )
+
+    numpy = asnumpy
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={list(self.shape)}, dtype={ms_name(self.dtype)}, value= )"
+
+    __str__ = __repr__
 
 
 def _varargs(args: tuple) -> tuple:

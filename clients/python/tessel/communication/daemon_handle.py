@@ -11,6 +11,8 @@ speaks gRPC to `tessel daemon` (Execute over its Unix socket when on the same ho
 
 from __future__ import annotations
 
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -60,9 +62,11 @@ class InstalledProgram:
         repeat: int = 1,
         collect: Sequence[str] = (),
         timings: bool = False,
+        timeline: bool = False,
     ) -> Result:
         """Store `feed`, run the program `repeat` times, return the daemon's Result (fetched = the program's
-        outputs unless `fetch` names others; collected = per-repetition values of `collect`)."""
+        outputs unless `fetch` names others; collected = per-repetition values of `collect`; with `timeline`,
+        every instruction's wall-clock span on the daemon)."""
         return self.daemon.execute(
             self.session_id,
             self.program.program,
@@ -71,6 +75,7 @@ class InstalledProgram:
             timings=timings,
             feed=dict(feed or {}),
             collect=list(collect),
+            timeline=timeline,
         )
 
     def state(self, names: Sequence[str] | None = None) -> dict[str, np.ndarray]:
@@ -133,9 +138,22 @@ class DaemonHandle(ABC):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
-        """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values
-        and (with `timings`) per-instruction timings."""
+        """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values,
+        (with `timings`) per-instruction timings and (with `timeline`) daemon_pb2.TimelineEvents."""
+
+    @abstractmethod
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Store `feed`, run `program` `repeat` times, yielding each repetition's `collect`ed values as soon as it
+        has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -214,12 +232,38 @@ class LocalDaemon(DaemonHandle):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
         # Feeds are borrowed for the call (the daemon never writes into them); fetched values are copied because
         # they may be live buffers the next step overwrites in place.
         feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
-        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect)
+        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect, timeline)
         return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
+
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
+        done = object()
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                self.core.execute(session_id, program, repeat, (), False, feed, collect, False, _put_to(events))
+            except BaseException as exc:  # raised in the caller's thread, below
+                events.put(exc)
+            events.put(done)
+
+        threading.Thread(target=run, name="tessel-execute-steps", daemon=True).start()
+        while (event := events.get()) is not done:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
 
     def close(self) -> None:
         self.core.close()
@@ -292,6 +336,7 @@ class RemoteDaemon(DaemonHandle):
         timings: bool = False,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        timeline: bool = False,
     ) -> Result:
         feed = dict(feed or {})
         large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
@@ -306,13 +351,34 @@ class RemoteDaemon(DaemonHandle):
             timings=timings,
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
             collect=list(collect),
+            timeline=timeline,
         )
         reply = self.local.execute(request) if self.local is not None else self.client.Execute(request)
-        return Result(
-            {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
-            {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
-            [(t.kind, t.seconds) for t in reply.timings],
+        return _result(reply)
+
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        feed = dict(feed or {})
+        large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
+        if large:
+            self.put(session_id, large)
+            feed = {k: v for k, v in feed.items() if k not in large}
+        request = daemon_pb2.ExecuteRequest(
+            session_id=session_id,
+            program=program,
+            repeat=repeat,
+            feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in feed.items()],
+            collect=list(collect),
         )
+        for progress in self.client.replies("ExecuteStream", request):
+            if not progress.HasField("done"):
+                yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
 
     def _unreachable(self, message: str) -> DaemonUnreachableError:
         return DaemonUnreachableError(f"{message} (the daemon of rank {self.rank})", self.rank)
@@ -326,3 +392,17 @@ class RemoteDaemon(DaemonHandle):
         if self.local is not None:
             self.local.close()
         self.client.close()
+
+
+def _result(reply: daemon_pb2.ExecuteReply) -> Result:
+    return Result(
+        {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
+        {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
+        [(t.kind, t.seconds) for t in reply.timings],
+        list(reply.timeline),
+    )
+
+
+def _put_to(events: queue.SimpleQueue):
+    """A DaemonCore.execute progress callback that queues each repetition's values (the core hands over copies)."""
+    return lambda _repetition, collected: events.put(collected)

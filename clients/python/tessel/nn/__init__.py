@@ -6,6 +6,7 @@
 """
 
 from tessel.common.parameter import Parameter, ParameterTuple
+from tessel.nn import utils
 from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
 from tessel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
@@ -31,6 +32,7 @@ from tessel.nn.loss import (
     CrossEntropyLoss,
     L1Loss,
     LossBase,
+    MAELoss,
     MSELoss,
     NLLLoss,
     SoftmaxCrossEntropyWithLogits,
@@ -88,6 +90,7 @@ __all__ = [
     "LeakyReLU",
     "LogSoftmax",
     "LossBase",
+    "MAELoss",
     "MSELoss",
     "MaxPool2d",
     "MicroBatchInterleaved",
@@ -106,5 +109,6 @@ __all__ = [
     "WithEvalCell",
     "WithLossCell",
     "get_activation",
+    "utils",
     *_optim_names,
 ]

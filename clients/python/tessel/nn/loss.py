@@ -1,5 +1,5 @@
 """Loss cells (MindSpore `nn.CrossEntropyLoss`, `nn.SoftmaxCrossEntropyWithLogits`, `nn.MSELoss`, `nn.L1Loss`,
-`nn.NLLLoss`, `nn.BCEWithLogitsLoss`): construct(logits, labels) → the loss, reduced by `reduction`."""
+`nn.MAELoss`, `nn.NLLLoss`, `nn.BCEWithLogitsLoss`): construct(logits, labels) → the loss, reduced by `reduction`."""
 
 from __future__ import annotations
 
@@ -104,6 +104,14 @@ class L1Loss(LossBase):
 
     def construct(self, logits, labels):
         return F.l1_loss(logits, labels, self.reduction)
+
+
+class MAELoss(LossBase):
+    """Mean absolute error |logits - labels|, reduced by `reduction`; labels broadcast against logits (MindSpore
+    `nn.MAELoss`: logits (32, 1) against labels (32,) give a (32, 32) loss before reduction)."""
+
+    def construct(self, logits, label):
+        return F.l1_loss(logits, label, self.reduction)
 
 
 class BCEWithLogitsLoss(LossBase):

@@ -65,6 +65,7 @@ class FusedTrainStep:
             arg_names=arg_names_of(network.construct),
             transform=self._transform,
             key_extra=rank_step.parallel_mode,
+            partition=False,  # _transform partitions (rank_step.parallel_train_program)
         )
         self._checked: set[int] = set()  # engines on which the replicas were found identical
         self._partition = None  # semi-auto: this rank's partition (slices of parameters and batches)
@@ -82,7 +83,7 @@ class FusedTrainStep:
         opt = self.optimizer
         keys = [p.key for p in opt.parameters]
         program, self._partition = rank_step.parallel_train_program(
-            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: {p.key: p.asnumpy() for p in opt.parameters}
+            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: _sliced(opt.parameters)
         )
         self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
@@ -113,19 +114,28 @@ class FusedTrainStep:
         return entry, call
 
     def _install_partition(self, eng) -> None:
-        """Semi-auto: this rank's parameter slices (and slot buffers shaped like them) go to the daemon."""
+        """Semi-auto: the parameters take the plan's layouts (their slots the same), and this rank's slices go to
+        the daemon (with buffers shaped like them for state the optimizer starts from a constant)."""
         import numpy as np
 
-        values = dict(self._partition.params)
-        opt = self.optimizer
+        from tessel.common import parameter as P
+
+        opt, plan = self.optimizer, self._partition.plan
+        for p, *slots in zip(opt.parameters, *opt._slots.values()):
+            if p.key in plan.parameters:
+                for q in (p, *slots):
+                    q.place(plan.input_layout(p.key), eng.id)
+        from tessel.parallel import planning
+
+        planning.record(plan, list(opt.parameters), eng.runtime.rank)
+        values: dict = {}
+        P.stage(eng, (*opt.parameters, *opt.slot_parameters()), values)
         renamed = opt.rename_map()
         for spec in self._partition_state:
-            if spec.name not in values and spec.init is not None:
-                values[renamed.get(spec.name, spec.name)] = np.full(spec.shape, spec.init, spec.dtype.numpy)
+            name = renamed.get(spec.name, spec.name)
+            if name not in values and spec.init is not None:
+                values[name] = np.full(spec.shape, spec.init, spec.dtype.numpy)
         eng.daemon.put(eng.session, values)
-        for p in (*opt.parameters, *opt.slot_parameters()):
-            if p.key in values:
-                p._device = eng.id
 
     def before_run(self, feed: dict) -> None:
         """Semi-auto: replace the batch in `feed` by this rank's slices of it."""
@@ -136,6 +146,17 @@ class FusedTrainStep:
         entry, call = self.prepare(*inputs)
         out = entry.run(call) if self._partition is None else _run_partitioned(entry, call, self)
         return out[1] if self.sens != 1.0 else out
+
+
+def _sliced(parameters) -> dict:
+    """The layouts of the parameters an earlier plan of the current job sliced."""
+    from tessel.common.engine import engine
+    from tessel.parallel import planning
+
+    current, loaded = engine().id, planning.loaded_layouts()  # strategy_ckpt_config's load_file
+    fixed = {p.key: loaded[p.name] for p in parameters if p.name in loaded}
+    fixed.update({p.key: p.layout for p in parameters if p.layout is not None and p._layout_engine == current})
+    return fixed
 
 
 def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
@@ -189,6 +210,11 @@ class TrainOneStepCell(Cell):
         if current() is None and type(self).construct is TrainOneStepCell.construct:
             return self._fused(*inputs)
         return super().__call__(*inputs)
+
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        if type(self).construct is TrainOneStepCell.construct and not kwargs:
+            return self._fused.prepare(*args)
+        return super()._compiled_entry(args, kwargs)
 
 
 class DistributedGradReducer(Cell):
@@ -256,25 +282,138 @@ class DistributedGradReducer(Cell):
 
 
 class MicroBatchInterleaved(Cell):
-    """Split every input along dim 0 into interleave_num parts, run the network on each, return the sum."""
+    """Multi-copy parallelism (MindSpore's `nn.MicroBatchInterleaved`): every input is split on dim 0 into
+    `interleave_num` copies, the network runs on each copy independently, and the result is the **sum** of the
+    copies' outputs (as MindSpore measures: twice the loss with two copies). The network must return one Tensor.
+
+    Copy i takes rows i, i + k, i + 2k, ... (k = interleave_num), a StridedSlice on dim 0 in the traced graph. For
+    the usual outputs (a mean loss) the sum equals that of a contiguous split; the interleaved one lets any
+    data-parallel cut of the batch cut every copy in place: each rank's rows of a copy are its own rows' i-th of
+    each k, so SEMI_AUTO/AUTO_PARALLEL partition each copy with no communication, DATA_PARALLEL splits each rank's
+    batch the same way, and N ranks compute exactly what one device computes with the same k. The copies share no
+    op until the final sum, forward and backward, so the rank program's schedule overlaps one copy's
+    communication with another's computation.
+
+        >>> net = nn.MicroBatchInterleaved(nn.WithLossCell(backbone, nn.CrossEntropyLoss()), 2)
+        >>> ms.Model(net, optimizer=nn.SGD(backbone.trainable_params(), 1e-2)).train(10, dataset)
+    """
 
     def __init__(self, network: Cell, interleave_num: int = 2):
         super().__init__(auto_prefix=False)
+        name = f"MicroBatchInterleaved({getattr(network, 'cls_name', type(network).__name__)})"
+        if not isinstance(network, Cell):
+            raise ConfigurationError(f"{name}: network must be a Cell, got {type(network).__name__}")
         if isinstance(interleave_num, bool) or not isinstance(interleave_num, int) or interleave_num < 1:
-            raise ConfigurationError(f"MicroBatchInterleaved: interleave_num must be an int >= 1, got {interleave_num}")
+            raise ConfigurationError(
+                f"{name}: interleave_num must be an int >= 1 (the number of copies the batch is split into), got "
+                f"{interleave_num!r}; use e.g. interleave_num=2"
+            )
         self.network, self.interleave_num = network, interleave_num
+        names = arg_names_of(network.construct)
+        if names:  # the graph's inputs keep the network's argument names (explain, save_graphs, errors)
+            object.__setattr__(self, "construct", _named(self._split_and_sum, names))
 
     def construct(self, *inputs):
-        k, total = self.interleave_num, None
+        return self._split_and_sum(*inputs)
+
+    def _split_and_sum(self, *inputs):
+        k = self.interleave_num
+        cuts = [_import_cut(x) for x in inputs]
+        for index, (x, cut) in enumerate(zip(inputs, cuts)):
+            _check_splits(self, index, x, k, cut)
+        total = None
         for i in range(k):
-            parts = []
-            for x in inputs:
-                if isinstance(x, Tensor) and x.ndim >= 1:
-                    n = x.shape[0]
-                    if isinstance(n, int) and n % k:
-                        raise ConfigurationError(f"MicroBatchInterleaved: batch {n} does not split into {k} parts")
-                    x = x[i * (n // k) : (i + 1) * (n // k)]
-                parts.append(x)
-            out = self.network(*parts)
+            out = self.network(*(_copy(x, i, k, cut) for x, cut in zip(inputs, cuts)))
+            if not isinstance(out, Tensor):
+                raise ConfigurationError(
+                    f"{self._name()}: the network returns {_describe_output(out)}, not a single Tensor; the copies' "
+                    "outputs are summed, so the wrapped network must return one Tensor (wrap the backbone with its "
+                    "loss: nn.MicroBatchInterleaved(nn.WithLossCell(net, loss_fn), k))"
+                )
             total = out if total is None else total + out
         return total
+
+    def _name(self) -> str:
+        return f"MicroBatchInterleaved({self.network.cls_name})"
+
+
+def _named(function: Any, names: list[str]) -> Any:
+    """`function(*inputs)` with a signature naming its positional arguments `names`."""
+    import inspect
+
+    def construct(*inputs):
+        return function(*inputs)
+
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    construct.__signature__ = inspect.Signature([inspect.Parameter(n, kind) for n in names])
+    return construct
+
+
+def _check_splits(cell: MicroBatchInterleaved, index: int, x: Any, k: int, cut: tuple | None) -> None:
+    if not isinstance(x, Tensor) or x.ndim == 0:
+        return
+    rows = x.shape[0]
+    if not isinstance(rows, int):  # a symbolic batch: the trace is repeated with the real one
+        raise ConfigurationError(f"{cell._name()}: needs the batch size to split the batch")
+    parts = k * (cut[0] if cut else 1)
+    if rows % parts == 0:
+        return
+    lower, upper = rows // parts * parts, -(-rows // parts) * parts
+    suggestion = f"{lower} or {upper}" if lower else f"{upper}"
+    where = f" on each of the {cut[0]} slices of the batch that dataset_strategy gives the ranks" if parts != k else ""
+    raise ConfigurationError(
+        f"{cell._name()}: input {index} has shape {tuple(x.shape)}; its batch dim {rows} does not split into "
+        f"interleave_num={k} equal copies{where}. Use a batch size divisible by {parts} (e.g. {suggestion}), and "
+        "dataset.batch(..., drop_remainder=True) so that the last batch is not smaller"
+    )
+
+
+def _copy(x: Any, i: int, k: int, cut: tuple | None) -> Any:
+    """Rows i, i + k, ... of a Tensor (StridedSlice on dim 0); anything else as it is. Under SEMI_AUTO/AUTO
+    parallelism a copy of a data input is cut as the dataset cuts it (`cut`): it stays on the ranks that read it."""
+    if k == 1 or not isinstance(x, Tensor) or x.ndim == 0:
+        return x
+    from tessel.ops.primitive import StridedSlice
+
+    rest = x.ndim - 1
+    slicer = StridedSlice()
+    if cut is not None:
+        slicer.shard((cut,))
+    return slicer(x, (i, *(None,) * rest), (None,) * (rest + 1), (k, *(1,) * rest))
+
+
+def _import_cut(x: Any) -> tuple | None:
+    """How the dataset import cuts `x` when `x` is a data input of a SEMI_AUTO/AUTO_PARALLEL trace: (1, ..., 1)
+    with full_batch, that column's dataset_strategy, None otherwise (data_parallel import: dim 0 over every device,
+    which is what an op without a strategy gets anyway)."""
+    trace = current()
+    if trace is None or not isinstance(x, Tensor) or x.ndim == 0:
+        return None
+    if context.get_auto_parallel_context("parallel_mode") not in (
+        context.ParallelMode.SEMI_AUTO_PARALLEL,
+        context.ParallelMode.AUTO_PARALLEL,
+    ):
+        return None
+    from tessel.compiler import SymbolicTensor
+
+    symbolic = trace.to_symbolic(x)
+    if not isinstance(symbolic, SymbolicTensor):
+        return None
+    parameters = {sym.value for _, sym in trace.params.values()}
+    data = [v for v in trace.builder.inputs if v not in parameters and v.name not in trace.feeders]
+    if symbolic.value not in data:
+        return None
+    dataset = context.get_auto_parallel_context("dataset_strategy")
+    if context.get_auto_parallel_context("full_batch") or dataset == "full_batch":
+        return (1,) * x.ndim
+    if isinstance(dataset, (tuple, list)):
+        column = data.index(symbolic.value)
+        return tuple(dataset[column]) if column < len(dataset) else None
+    return None
+
+
+def _describe_output(out: Any) -> str:
+    if isinstance(out, (tuple, list)):
+        shapes = ", ".join(str(tuple(o.shape)) if isinstance(o, Tensor) else type(o).__name__ for o in out)
+        return f"a {type(out).__name__} of {len(out)} ({shapes})"
+    return f"a {type(out).__name__}"

@@ -17,16 +17,19 @@ from tessel.ops import functional as F
 
 
 def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
+    """One entry per input (or output): a tuple of positive ints (splits per dim) or a `Layout` applied to the
+    tensor (`layout("dp", "None")`), all of one kind."""
+    from tessel.parallel.shard import check_in_strategy
+
     if strategy is None:
         return None
-    if not isinstance(strategy, (tuple, list)) or not all(
-        s is None or (isinstance(s, (tuple, list)) and all(isinstance(d, int) and d >= 1 for d in s)) for s in strategy
-    ):
+    try:
+        return check_in_strategy(strategy, f"{name}.shard {what}")
+    except ConfigurationError as err:
         raise ConfigurationError(
-            f"{name}.shard: {what} must be a tuple with one tuple of positive ints per input (splits per dim), "
-            f"e.g. ((1, 1), (1, 2)); got {strategy!r}"
-        )
-    return tuple(None if s is None else tuple(s) for s in strategy)
+            f"{name}.shard: {what} must be a tuple with one tuple of positive ints per input (splits per dim) or one "
+            f"Layout per input, all of one kind, e.g. ((1, 1), (1, 2)); got {strategy!r} ({err})"
+        ) from None
 
 
 def _recorded(call: Callable) -> Callable:
@@ -76,7 +79,48 @@ class Primitive:
         return self
 
     def add_prim_attr(self, name: str, value: Any) -> Primitive:
+        """Set attribute `name` (kept in `attrs` and as `self.<name>`) and return self, as MindSpore. An attribute
+        given at construction (MatMul's transpose_a, ReduceSum's keep_dims) changes the op; any other is a hint to
+        MindSpore's backend that tessel's compiler does not read, which is logged once (see `_HINTS`)."""
+        op_attrs = self.__dict__.get("op_attrs", self.attrs)
+        if name in op_attrs:
+            op_attrs[name] = value
+        else:
+            _note_hint(self, name, value)
         self.attrs[name] = value
+        if not hasattr(type(self), name):
+            self.__dict__[name] = value
+        return self
+
+    def recompute(self, mode: bool = True) -> Primitive:
+        """Recompute this operator for the backward pass (MindSpore `Primitive.recompute`): its outputs are not kept
+        between forward and backward; the backward computes them again just before it needs them (from kept
+        values: recomputed inputs are recomputed in turn). Overrides the setting of a recomputed cell around it
+        (`recompute(False)` keeps an op of a recomputed cell). Set it before the first call that compiles the
+        network. Returns the primitive.
+
+            >>> self.relu = ops.ReLU().recompute()
+        """
+        if not isinstance(mode, bool):
+            raise TypeError(f"{self.name}.recompute: mode must be a bool, got {type(mode).__name__}")
+        return self.add_prim_attr("recompute", mode)
+
+    def set_device(self, device_target: str) -> Primitive:
+        """Run this operator on `device_target` ("Ascend", "GPU" or "CPU"): `add_prim_attr("primitive_target", ...)`.
+
+        A tessel daemon runs the whole graph on its own device: on a CPU target the op runs on the CPU as asked; on a
+        GPU or Ascend daemon it runs there (same result, no host offload), which is logged once."""
+        if device_target not in _DEVICE_TARGETS:
+            raise ConfigurationError(
+                f"{self.name}.set_device: device_target must be one of {list(_DEVICE_TARGETS)}, got {device_target!r}"
+            )
+        return self.add_prim_attr("primitive_target", device_target)
+
+    def place(self, role: str, rank_id: int) -> Primitive:
+        """MindSpore runs this operator on process (role, rank_id) of a dynamic cluster. tessel validates the
+        arguments as MindSpore does, then raises NotSupportedYetError: each rank runs its whole graph on its own
+        daemon. Split a network across ranks with `Cell.pipeline_stage` and `pipeline_stages` instead."""
+        check_place(f"{self.name}.place", role, rank_id)
         return self
 
     def set_prim_instance_name(self, instance_name: str) -> Primitive:
@@ -91,6 +135,63 @@ class Primitive:
         return f"Prim[{self.name}]" + (f"<{', '.join(f'{k}={v}' for k, v in shown.items())}>" if shown else "")
 
 
+_DEVICE_TARGETS = ("Ascend", "GPU", "CPU")
+_PLACE_WHY = (
+    "tessel runs each rank's whole graph on that rank's daemon and cannot move part of it to another process; "
+    "split a network across ranks with Cell.pipeline_stage and set_auto_parallel_context(pipeline_stages=...)"
+)
+
+
+def check_place(where: str, role: Any, rank_id: Any) -> None:
+    """MindSpore's checks of `place(role, rank_id)`, then NotSupportedYetError."""
+    from tessel import context
+    from tessel.common.support import not_supported_yet
+
+    if isinstance(rank_id, bool) or not isinstance(rank_id, int):
+        raise TypeError(f"{where}: rank_id must be an int >= 0, got {type(rank_id).__name__}")
+    if rank_id < 0:
+        raise ConfigurationError(f"{where}: rank_id must be an int >= 0, got {rank_id}")
+    if role != "MS_WORKER":
+        raise ConfigurationError(f"{where}: role must be 'MS_WORKER' (the only role MindSpore supports), got {role!r}")
+    mode = context.get_auto_parallel_context("parallel_mode")
+    if mode != context.ParallelMode.STAND_ALONE:
+        raise not_supported_yet(
+            f"{where} with parallel_mode={mode!r}", "MindSpore does not support it together with parallel modes either"
+        )
+    raise not_supported_yet(f"{where} (MindSpore's placement of operators on other processes)", _PLACE_WHY)
+
+
+# add_prim_attr names MindSpore's backend reads and tessel's compiler does not: why each changes nothing here.
+_HINTS = {
+    "enable_nd_tp": "tessel's parallel pass derives the collectives from the shard() strategy; the result is the same",
+}
+# add_prim_attr names tessel's tracer reads (tessel.common.tracing.SdkTrace.recompute_mark).
+_TRACED = frozenset({"recompute", "recompute_comm_op"})
+
+
+def _note_hint(primitive: Primitive, name: str, value: Any) -> None:
+    import logging
+
+    from tessel import context
+    from tessel.common.support import log_once
+
+    if name in _TRACED:
+        return
+    if name == "primitive_target":
+        target = context.get_context("device_target")
+        if value != target:
+            log_once(
+                f"set_device:{value}:{target}",
+                f"{primitive.name}.set_device({value!r}): tessel runs every op of a graph on its daemon's device "
+                f"({target}); the op runs there with the same result",
+            )
+        return
+    why = _HINTS.get(name, "tessel's compiler does not read it")
+    log_once(
+        f"add_prim_attr:{name}", f"add_prim_attr({name!r}, ...): kept on the primitive, no effect: {why}", logging.INFO
+    )
+
+
 class _Op(Primitive):
     """A primitive applying one registered op (`_op`) to its inputs, with the attributes given at construction."""
 
@@ -98,10 +199,11 @@ class _Op(Primitive):
 
     def __init__(self, **attrs: Any):
         super().__init__()
+        self.op_attrs = dict(attrs)  # what the compiler op takes; add_prim_attr hints are not passed on
         self.attrs.update(attrs)
 
     def __call__(self, *inputs: Any) -> Any:
-        return apply_op(self._op, *inputs, **self.attrs)
+        return apply_op(self._op, *inputs, **self.op_attrs)
 
 
 def _op_class(name: str, op: str | None = None) -> type:
@@ -375,7 +477,8 @@ class StridedSlice(Primitive):
             raise ConfigurationError("StridedSlice masks are not supported; index with x[a:b:c] instead")
 
     def __call__(self, x, begin, end, strides):
-        return x[tuple(slice(b, e, s) for b, e, s in zip(begin, end, strides))]
+        # One StridedSlice node (None = an open end), created by this primitive so that its shard() applies.
+        return apply_op("StridedSlice", x, begin=tuple(begin), end=tuple(end), strides=tuple(strides))
 
 
 class Dropout(Primitive):
@@ -398,3 +501,39 @@ class LayerNorm(Primitive):
     def __call__(self, x, gamma, beta):
         y, mean, rstd = apply_op("LayerNorm", x, gamma, beta, **self.attrs)
         return y, mean, F.reciprocal(F.square(rstd)) - self.attrs["epsilon"]
+
+
+class Print(Primitive):
+    """Print the inputs (strings, numbers, Tensors; one line each, Tensors as their repr) and return None.
+
+    In PYNATIVE_MODE and outside compiled functions it prints at the call. Inside a compiled graph (a GRAPH_MODE
+    cell, `jit`, `value_and_grad`, `Model.train`) it raises NotSupportedYetError: tessel's compiled graphs cannot
+    print while they run yet. Return the tensor from `construct` and print it after the call, or run in PYNATIVE_MODE.
+
+        >>> ops.Print()("out is:", ms.Tensor([1.0, 2.0]))
+        out is:
+        Tensor(shape=[2], dtype=Float32, value= [1., 2.])
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.attrs["side_effect_io"] = True
+
+    def __call__(self, *args: Any) -> None:
+        if current() is not None:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "ops.Print inside a compiled graph (a GRAPH_MODE cell, jit, value_and_grad or Model.train)",
+                "a compiled graph cannot print while it runs yet; return the tensor from construct and print it "
+                "after the call, or set_context(mode=PYNATIVE_MODE)",
+            )
+        from tessel.common.tensor import Tensor
+
+        for arg in args:
+            print(Tensor.__repr__(arg) if isinstance(arg, Tensor) else arg)
+
+
+def print_(*input_x: Any) -> None:
+    """`ops.print_`: `ops.Print()(*input_x)`."""
+    return Print()(*input_x)

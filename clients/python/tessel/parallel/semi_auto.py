@@ -35,9 +35,10 @@ import numpy as np
 
 from tessel import context
 from tessel.compiler.ir import Graph, Node
-from tessel.compiler.parallel import DATA_PARALLEL, ParallelPlan, parallelize, save_graphs
+from tessel.compiler.parallel import DATA_PARALLEL, ParallelPlan, Strategy, parallelize, save_graphs
 from tessel.compiler.shapes import format_shape
 from tessel.core.errors import ConfigurationError
+from tessel.parallel.layout import TensorLayout, as_compiler_strategy
 
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # graph -> {(strategies, world, dataset): plan}
 
@@ -73,8 +74,12 @@ def strategies_of(graph: Graph, sdk_trace: Any) -> dict[Node, Any]:
     for nodes in calls.values():
         primitive = nodes[0][1].primitive
         own = [node for node, made in nodes if made.op == primitive.main_op] or [nodes[0][0]]
+        strategy = primitive  # the compiler reads its in_strategy/out_strategy; Layouts are converted first
+        if any(isinstance(s, TensorLayout) for s in (*primitive.in_strategy, *(primitive.out_strategy or ()))):
+            inputs, outputs = (as_compiler_strategy(s) for s in (primitive.in_strategy, primitive.out_strategy))
+            strategy = Strategy.of_parts(inputs, outputs)
         for node in own:
-            strategies[node] = primitive
+            strategies[node] = strategy
     return strategies
 
 
@@ -89,29 +94,34 @@ def plan_for(
     param_names: Collection[str],
     device_num: int,
     dataset: str | tuple | None = None,
+    fixed: Mapping[str, Any] | None = None,
 ) -> ParallelPlan:
-    """The parallel plan of `graph` (cached per graph, strategies, world size and data import)."""
+    """The parallel plan of `graph` (cached per graph, strategies, world size, data import and the layouts of
+    parameters an earlier plan sliced, `fixed`)."""
+    from tessel.parallel import planning
+
     dataset = dataset_setting() if dataset is None else dataset
-    strategies = strategies_of(graph, sdk_trace)
     inputs = {v.name for v in graph.inputs}
     parameters = tuple(name for name in param_names if name in inputs)
+    strategies = planning.strategies(graph, sdk_trace, list(parameters), device_num, dataset)
+    fixed = {name: layout for name, layout in (fixed or {}).items() if name in inputs}
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))
-    key = (shown, device_num, dataset, parameters)
+    key = (shown, device_num, dataset, parameters, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
     cache = _PLANS.setdefault(graph, {})
     if key not in cache:
-        cache[key] = parallelize(graph, strategies, device_num, parameters, _dataset_arg(dataset))
+        cache[key] = parallelize(graph, strategies, device_num, parameters, _dataset_arg(dataset), fixed=fixed)
     return cache[key]
 
 
 def _strategy_key(strategy: Any) -> Any:
-    if strategy == DATA_PARALLEL:
-        return DATA_PARALLEL
-    return (strategy.in_strategy, strategy.out_strategy)
+    return strategy if strategy == DATA_PARALLEL else repr(strategy)
 
 
 def _dataset_arg(dataset: str | tuple) -> Any:
-    return dataset if isinstance(dataset, str) else [tuple(s) for s in dataset]
+    if isinstance(dataset, str):
+        return dataset
+    return [s.compiler_layout() if isinstance(s, TensorLayout) else tuple(s) for s in dataset]
 
 
 def global_shape(shape: tuple, column: int, device_num: int, dataset: str | tuple | None = None) -> tuple:
@@ -124,38 +134,44 @@ def global_shape(shape: tuple, column: int, device_num: int, dataset: str | tupl
         return shape
     if dataset == "data_parallel":
         return (shape[0] * device_num, *shape[1:])
-    if column >= len(dataset) or len(dataset[column]) != len(shape):
+    entry = dataset[column] if column < len(dataset) else None
+    cuts = entry.compiler_layout().splits if isinstance(entry, TensorLayout) else entry
+    if cuts is None or len(cuts) != len(shape):
         raise ConfigurationError(
             f"dataset_strategy {dataset} has no {len(shape)}-dim entry for dataset column {column} of shape "
             f"{format_shape(shape)}; the rule: one tuple of cuts per column, one cut per dim. Fix: add or correct it"
         )
-    return tuple(size * cut for size, cut in zip(shape, dataset[column]))
+    return tuple(size * cut for size, cut in zip(shape, cuts))
 
 
 def partition_for_rank(
     graph: Graph,
     sdk_trace: Any,
     param_names: Collection[str],
-    full_values: Mapping[str, np.ndarray],
+    full_values: Mapping[str, np.ndarray] | None,
     rank: int,
     device_num: int,
+    fixed: Mapping[str, Any] | None = None,
 ) -> RankPartition:
-    """Rank `rank`'s forward graph, parameter slices and feed slicer (see the module docstring). Invalid
-    strategies fail here, before any step runs, with a StrategyError naming the op, input, dim and a fix.
-    With set_context(save_graphs=True) the graph before and after the pass is written to
+    """Rank `rank`'s forward graph, parameter slices (of `full_values`, when given) and feed slicer (see the
+    module docstring); `fixed` holds the layouts of parameters an earlier plan sliced. Invalid strategies fail
+    here, before any step runs, with a StrategyError naming the op, input, dim and a fix. With
+    set_context(save_graphs=True) the graph before and after the pass is written to
     <save_graphs_path>/rank_<rank>/step_parallel_{begin,end}_*.ir."""
     dataset = dataset_setting()
-    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset)
+    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset, fixed)
     rank_graph = plan.rank_graph(rank)
     params = {}
-    for name in param_names:
+    for name in param_names if full_values is not None else ():
         if name not in full_values:
             raise ConfigurationError(f"partition_for_rank: no full value given for parameter {name!r}")
         held = name in plan.parameters
         params[name] = plan.local_value(name, full_values[name], rank) if held else np.asarray(full_values[name])
     if context.get_context("save_graphs"):
         directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
-        save_graphs(plan, directory, ranks=(rank,))
+        from tessel.parallel import planning
+
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
     return RankPartition(rank_graph, params, _feed_slicer(plan, rank, dataset), plan, rank)
 
 

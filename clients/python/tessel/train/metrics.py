@@ -105,7 +105,8 @@ class Loss(Metric):
 
 
 class MAE(Metric):
-    """Mean absolute error."""
+    """Mean absolute error as MindSpore defines it: the sum of |pred - label| over all elements divided by the
+    number of samples (rows), so an output of k values per sample sums k errors per sample."""
 
     def clear(self) -> None:
         self._sum, self._count = 0.0, 0
@@ -113,19 +114,19 @@ class MAE(Metric):
     def update(self, *inputs: Any) -> None:
         pred, label = _np(inputs[0]), _np(inputs[1])
         self._sum += float(np.abs(pred - label.reshape(pred.shape)).sum())
-        self._count += pred.size
+        self._count += label.shape[0] if label.ndim else 1
 
     def eval(self) -> float:
         return self._sum / self._count
 
 
 class MSE(MAE):
-    """Mean squared error."""
+    """Mean squared error, per sample as MAE."""
 
     def update(self, *inputs: Any) -> None:
         pred, label = _np(inputs[0]), _np(inputs[1])
         self._sum += float(np.square(pred - label.reshape(pred.shape)).sum())
-        self._count += pred.size
+        self._count += label.shape[0] if label.ndim else 1
 
 
 _BY_NAME = {

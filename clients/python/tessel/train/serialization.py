@@ -7,6 +7,9 @@ a clear error instead of silently wrong weights. Parameters are saved under thei
 
 `export(net, *inputs, file_name, file_format="ONNX")` writes a self-contained ONNX model (parameters as
 initializers) that runs in plain onnxruntime.
+
+Under SEMI_AUTO/AUTO parallelism parameters are sliced; `tessel.parallel.checkpoint` gathers them (integrated_save,
+the default), writes slices with their layouts (integrated_save=False) and loads either into any strategy.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 
 from tessel.common.parameter import Parameter, fetch_all
 from tessel.common.tensor import Tensor
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 FORMAT = "tessel-checkpoint-1"
 
@@ -40,8 +43,8 @@ def _checksum(tensors: dict[str, np.ndarray]) -> str:
     return digest.hexdigest()
 
 
-def _collect(save_obj: Any) -> OrderedDict:
-    """name -> array from a Cell, a dict of name -> Tensor/array, or MindSpore's list of {"name", "data"}."""
+def _named(save_obj: Any) -> list[tuple[str, Any]]:
+    """(name, value) from a Cell, a dict of name -> Tensor/array, or MindSpore's list of {"name", "data"}."""
     from tessel.nn.cell import Cell
 
     if isinstance(save_obj, Cell):
@@ -58,12 +61,23 @@ def _collect(save_obj: Any) -> OrderedDict:
     else:
         raise ConfigurationError(f"save_checkpoint: cannot save a {type(save_obj).__name__}; pass a Cell, dict or list")
     fetch_all([v for _, v in items if isinstance(v, Parameter)])
-    out = OrderedDict()
-    for name, value in items:
-        if name in out:
-            raise ConfigurationError(f"save_checkpoint: two parameters are named {name!r}; names must be unique")
-        out[name] = np.ascontiguousarray(value.asnumpy() if isinstance(value, Tensor) else np.asarray(value))
-    return out
+    names = [name for name, _ in items]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ConfigurationError(f"save_checkpoint: two parameters are named {twice}; names must be unique")
+    return items
+
+
+def _arrays(items: list[tuple[str, Any]]) -> OrderedDict:
+    return OrderedDict(
+        (name, contiguous(value.asnumpy() if isinstance(value, Tensor) else value)) for name, value in items
+    )
+
+
+def contiguous(value: Any) -> np.ndarray:
+    """A C-contiguous array of `value`, 0-d values staying 0-d (np.ascontiguousarray alone makes them 1-d)."""
+    array = np.asarray(value)
+    return np.ascontiguousarray(array).reshape(array.shape)
 
 
 def _with_suffix(path: str) -> str:
@@ -128,14 +142,41 @@ def save_checkpoint(
     **_: Any,
 ) -> None:
     """Save parameters (of a Cell, or a dict/list of named tensors) to a checkpoint file (".ckpt" appended if
-    the name has no suffix). `append_dict` adds extra named numbers or tensors (e.g. {"epoch_num": 3})."""
-    from safetensors.numpy import save
+    the name has no suffix). `append_dict` adds extra named numbers or tensors (e.g. {"epoch_num": 3}).
 
-    tensors = _collect(save_obj)
+    With sliced parameters (SEMI_AUTO/AUTO over several ranks) every rank must call it: integrated_save=True
+    gathers the full values and writes them once per distinct path; integrated_save=False writes this rank's
+    slices with their layouts (tessel.parallel.checkpoint)."""
+    from tessel.parallel import checkpoint
+
+    if async_save:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet("save_checkpoint(async_save=True)", "checkpoints are written before save returns")
+    path = _with_suffix(ckpt_file_name)
+    items = _named(save_obj)
+    metadata: dict[str, str] = {}
+    if checkpoint.sliced(v for _, v in items):
+        checkpoint.rendezvous("save_checkpoint")
+        if integrated_save:
+            tensors = OrderedDict(checkpoint.gather(items))
+            if not checkpoint.first_writer(path):
+                return
+        else:
+            tensors, metadata = _arrays(items), checkpoint.slice_metadata(items)
+    else:
+        tensors = _arrays(items)
     for name, value in (append_dict or {}).items():
         tensors[name] = np.asarray(value.asnumpy() if isinstance(value, Tensor) else value)
-    metadata = {"format": FORMAT, "sha256": _checksum(tensors), "order": json.dumps(list(tensors))}
-    atomic_write(_with_suffix(ckpt_file_name), save(dict(tensors), metadata=metadata))
+    write_checkpoint(tensors, path, metadata)
+
+
+def write_checkpoint(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None) -> None:
+    """Write named arrays as a checksummed safetensors checkpoint, atomically."""
+    from safetensors.numpy import save
+
+    metadata = {**(metadata or {}), "format": FORMAT, "sha256": _checksum(tensors), "order": json.dumps(list(tensors))}
+    atomic_write(path, save(dict(tensors), metadata=metadata))
 
 
 def _read_header(data: bytes, path: str) -> dict:
@@ -159,7 +200,27 @@ def load_checkpoint(
     choice_func: Any = None,
     **_: Any,
 ) -> dict[str, Parameter]:
-    """name -> Parameter of a checkpoint (verified against its checksum); with `net`, also load it into net."""
+    """name -> Parameter of a checkpoint (verified against its checksum); with `net`, also load it into net. A
+    rank's slice file keeps, on each Parameter, the layout it was cut with (loads back into the same slice)."""
+    import json as _json
+
+    tensors, metadata = read_checkpoint(ckpt_file_name)
+    layouts = _json.loads(metadata.get("layouts", "{}"))
+    rank = int(metadata["rank"]) if "rank" in metadata else None
+    order = json.loads(metadata.get("order", "[]")) or sorted(tensors)
+    params = OrderedDict()
+    for name in order:
+        if _keep(name, filter_prefix, specify_prefix, choice_func):
+            params[name] = Parameter(tensors[name], name=name)
+            if name in layouts:
+                params[name]._saved = (layouts[name], rank)
+    if net is not None:
+        load_param_into_net(net, params, strict_load)
+    return params
+
+
+def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A checkpoint's tensors and metadata, verified against its checksum."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
@@ -181,14 +242,7 @@ def load_checkpoint(
             f"checkpoint {path!r} is corrupt: its tensors do not match the checksum stored when it was saved. "
             "Re-save it or use another checkpoint"
         )
-    order = json.loads(metadata.get("order", "[]")) or sorted(tensors)
-    params = OrderedDict()
-    for name in order:
-        if _keep(name, filter_prefix, specify_prefix, choice_func):
-            params[name] = Parameter(tensors[name], name=name)
-    if net is not None:
-        load_param_into_net(net, params, strict_load)
-    return params
+    return tensors, metadata
 
 
 def _keep(name: str, filter_prefix: Any, specify_prefix: Any, choice_func: Any) -> bool:
@@ -204,6 +258,8 @@ def load_param_into_net(
     net: Any, parameter_dict: dict, strict_load: bool = False, remove_redundancy: bool = False
 ) -> tuple[list[str], list[str]]:
     """Copy checkpoint values into net's parameters by name; returns (net params not loaded, ckpt names unused)."""
+    from tessel.parallel import checkpoint
+
     if not isinstance(parameter_dict, dict):
         raise ConfigurationError("load_param_into_net: parameter_dict must be a dict of name -> Parameter/Tensor")
     used, not_loaded = set(), []
@@ -213,22 +269,31 @@ def load_param_into_net(
             not_loaded.append(param.name)
             continue
         array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
-        if tuple(array.shape) != tuple(param.shape):
-            raise ConfigurationError(
-                f"load_param_into_net: parameter {param.name!r} has shape {tuple(param.shape)} in the network but "
-                f"{tuple(array.shape)} in the checkpoint; was the checkpoint saved from another network?"
-            )
-        param.set_data(array.astype(param.dtype.numpy, copy=False))
+        saved, rank = getattr(value, "_saved", (None, None))
+        checkpoint.load_value(param, array, saved, rank)
         used.add(param.name)
     if strict_load and not_loaded:
         raise ConfigurationError(f"load_param_into_net(strict_load=True): not in the checkpoint: {not_loaded}")
     return not_loaded, [name for name in parameter_dict if name not in used]
 
 
-def export(net: Any, *inputs: Any, file_name: str, file_format: str = "ONNX", **_: Any) -> None:
-    """Write net (in inference mode) as a standalone ONNX model for `inputs`' shapes; ".onnx" is appended."""
-    if file_format.upper() != "ONNX":
-        raise ConfigurationError(f"export: file_format {file_format!r} is not supported; use file_format='ONNX'")
+def export(net: Any, *inputs: Any, file_name: str, file_format: str = "AIR", **kwargs: Any) -> None:
+    """Write net (in inference mode) as a standalone ONNX model for `inputs`' shapes; ".onnx" is appended.
+    MindSpore's own formats (MINDIR, AIR) and its export options are not supported yet, each named at the call."""
+    if file_format in ("MINDIR", "AIR"):
+        raise ConfigurationError(
+            f"export: file_format {file_format!r} is not supported yet (MindSpore's own IR format, read only by "
+            "MindSpore); use file_format='ONNX'"
+        )
+    if file_format != "ONNX":
+        raise ConfigurationError(f"export: file_format must be one of ['AIR', 'ONNX', 'MINDIR'], got {file_format!r}")
+    if kwargs:
+        raise NotSupportedYetError(
+            f"not supported yet: export options {sorted(kwargs)} (encryption, dataset-driven inputs, incremental "
+            "or custom export); call export(net, *inputs, file_name=..., file_format='ONNX')"
+        )
+    if any(getattr(x, "to_spec", None) is not None for x in inputs):
+        raise NotSupportedYetError("not supported yet: export with a Dataset as input; pass example Tensors")
     model = onnx_model(net, *inputs)
     path = os.fspath(file_name)
     atomic_write(path if path.endswith(".onnx") else path + ".onnx", model.SerializeToString())

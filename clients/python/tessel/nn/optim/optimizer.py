@@ -17,6 +17,7 @@ import numpy as np
 
 from tessel.common.compiled import CompiledFunction
 from tessel.common.dtype import DType
+from tessel.common.initializer import Deferred
 from tessel.common.parameter import Parameter, ParameterTuple
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
@@ -80,6 +81,33 @@ def _lr_source(learning_rate: Any) -> Any:
     return float(values) if values.ndim == 0 else values
 
 
+def _slot_value(p: Parameter, init: float) -> Any:
+    """A moment slot's start: a constant like the parameter; not drawn yet when the parameter is not either (a
+    rank then allocates only its slice)."""
+    if p.has_init:
+        return Deferred.constant(init, p.shape, p.dtype)
+    return np.full(p.shape, init, p.dtype.numpy)
+
+
+class _GlobalStep(Parameter):
+    """The optimizer's step count as a Parameter: its value is the optimizer's host counter (steps advance on the
+    host, once per update), read when saved and set when loaded."""
+
+    def __init__(self, optimizer: Optimizer):
+        super().__init__(np.zeros(1, np.int32), "global_step", requires_grad=False)
+        self._optimizer = optimizer
+
+    def asnumpy(self) -> np.ndarray:
+        return np.array([self._optimizer._step], np.int32)
+
+    def set_data(self, data: Any, slice_shape: bool = False) -> Parameter:
+        value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data).reshape(-1)
+        if value.size != 1:
+            raise ConfigurationError(f"global_step takes one step count, got shape {value.shape}")
+        self._optimizer.__dict__["_step"] = int(value[0])
+        return self
+
+
 class Optimizer(Cell):
     """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
 
@@ -96,14 +124,14 @@ class Optimizer(Cell):
         self.learning_rate = _lr_source(learning_rate)
         self.key = f"optimizer{next(_serials)}"
         self._step = 0
+        self.insert_param_to_cell("global_step", _GlobalStep(self))
+        self.__dict__["_global_step"] = self._params["global_step"]
         self._rule: Rule = self._make_rule(decay)
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
             made = [
-                Parameter(
-                    np.full(p.shape, slot.init, p.dtype.numpy), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}"
-                )
+                Parameter(_slot_value(p, slot.init), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}")
                 for p in params
             ]
             self._slots[slot.name] = made
@@ -155,8 +183,10 @@ class Optimizer(Cell):
         self.__dict__["_step"] += 1  # once per step: skip Cell.__setattr__
 
     @property
-    def global_step(self) -> Tensor:
-        return Tensor._wrap(np.array([self._step], np.int32))
+    def global_step(self) -> Parameter:
+        """How many updates ran (MindSpore's `global_step`, a Parameter saved with the optimizer's state, so a
+        resumed run continues its learning-rate schedule where it stopped)."""
+        return self.__dict__["_global_step"]
 
     # --- state ------------------------------------------------------------------------------------------------
     def slot_parameters(self) -> list[Parameter]:

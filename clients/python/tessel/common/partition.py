@@ -1,0 +1,140 @@
+"""Compiled functions under SEMI_AUTO_PARALLEL / AUTO_PARALLEL: every graph goes through the parallel pass.
+
+A cell called in GRAPH_MODE, a `value_and_grad` function, an `@ms.jit` step, `optimizer(grads)`: each is traced
+at the *global* shapes and partitioned for this rank (`tessel.compiler.parallel.parallelize`), so a functional
+training loop partitions exactly as `Model.train` does:
+
+- parameters are sliced: the first plan that uses one decides its layout (`Parameter.place`), later plans keep it
+  (a consumer that wants another layout gets a redistribution); the daemon holds this rank's slice;
+- data inputs are this rank's share of the global batch, as the dataset gives it (`dataset_strategy`): traced at
+  the global shape, fed as they come;
+- gradients (GradientOf) are differentiated on the rank's graph, reduced over the parameter's replicas; handles
+  returned on the daemon (gradients) keep their layout, so `optimizer(grads)` updates the slices where they are;
+- values returned to the host are this rank's share in the dataset's convention (dim 0 split under
+  "data_parallel", whole under "full_batch"); a scalar loss is whole on every rank.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tessel import context
+from tessel.core.errors import ConfigurationError
+
+_MODES = (context.ParallelMode.SEMI_AUTO_PARALLEL, context.ParallelMode.AUTO_PARALLEL)
+
+
+def active() -> bool:
+    """Compiled graphs are partitioned: SEMI_AUTO/AUTO_PARALLEL over more than one rank."""
+    if context.get_auto_parallel_context("parallel_mode") not in _MODES:
+        return False
+    from tessel.common.engine import engine
+
+    return engine().world_size > 1
+
+
+def global_specs(call: Any) -> list[tuple | None]:
+    """(shape, dtype) per leaf of `call` at the global shape: data tensors as the dataset convention makes them
+    (this rank's share times the world), handles held on the daemon at their own (global) shape."""
+    from tessel.common.engine import engine
+    from tessel.parallel.semi_auto import dataset_setting, global_shape
+
+    world, dataset = engine().world_size, dataset_setting()
+    specs, column = [], 0
+    for spec, resident in zip(call.specs(False), call.resident):
+        if spec is None or resident:
+            specs.append(spec)
+            continue
+        specs.append((global_shape(spec[0], column, world, dataset), spec[1]))
+        column += 1
+    return specs
+
+
+def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, extra_params: Sequence = ()):
+    """The compiled entry of this rank's share of `graph` (see the module docstring)."""
+    from tessel.common.compiled import count_leaves
+    from tessel.common.compiled import make_entry as make_local_entry
+    from tessel.common.engine import engine
+    from tessel.compiler.parallel import Layout, parallelize, save_graphs
+    from tessel.parallel import planning
+    from tessel.parallel.semi_auto import _dataset_arg, dataset_setting
+
+    eng = engine()
+    world, rank, dataset = eng.world_size, eng.runtime.rank, dataset_setting()
+    inputs = {v.name for v in graph.inputs}
+    params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
+    fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
+    loaded = planning.loaded_layouts()  # strategy_ckpt_config's load_file
+    for key, p in params.items():
+        requested = getattr(p, "_requested", None)  # Cell.shard's parameter_plan
+        if key not in fixed and requested is not None:
+            fixed[key] = _requested_layout(requested, world)
+        elif key not in fixed and p.name in loaded:
+            fixed[key] = loaded[p.name]
+    handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
+    for n, ref in handles.items():
+        fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
+    for value in graph.inputs:  # values fed at every run (a learning rate) are no dataset column: whole everywhere
+        if value.name in trace.feeders:
+            fixed[value.name] = Layout.replicated(value.ndim, world)
+    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
+    returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
+    plan = parallelize(
+        graph,
+        planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
+        world,
+        parameters=list(params),
+        dataset=_dataset_arg(dataset),
+        fixed=fixed,
+        weights=list(handles),
+        output_layouts=returned + [None] * (len(graph.outputs) - n_host),
+    )
+    for key, p in params.items():
+        p.place(plan.input_layout(key), eng.id)
+    planning.record(plan, list(params.values()), rank)
+    if context.get_context("save_graphs"):
+        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
+    local = plan.rank_graph(rank)
+    _check_data(plan, call, graph, dataset)
+    entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
+    entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]
+    entry.device_layouts = list(plan.output_layouts[n_host:])
+    return entry
+
+
+def _requested_layout(requested: Any, world: int):
+    from tessel.compiler.parallel import Layout
+
+    return (
+        requested.compiler_layout() if hasattr(requested, "compiler_layout") else Layout.from_strategy(requested, world)
+    )
+
+
+def _returned_layout(shape: tuple, world: int, dataset: Any):
+    """The share of an output a rank gets back: dim 0 split under "data_parallel" (when it divides), else whole."""
+    from tessel.compiler.parallel import Layout
+
+    if dataset == "data_parallel" and shape and shape[0] % world == 0:
+        return Layout.from_strategy((world,) + (1,) * (len(shape) - 1), world)
+    return Layout.replicated(len(shape), world)
+
+
+def _check_data(plan, call, graph, dataset) -> None:
+    """Each data tensor the call gives must be this rank's share of the traced global input."""
+    from tessel.common.compiled import is_tensor
+    from tessel.compiler.shapes import format_shape
+
+    names = {v.name for v in graph.inputs}
+    for leaf, name, resident in zip(call.leaves, call.names, call.resident):
+        if resident or not is_tensor(leaf) or name not in names:
+            continue
+        full = tuple(plan.graph.input(name).shape)
+        local = plan.input_layout(name).local_shape(full)
+        if tuple(leaf.shape) != tuple(local):
+            raise ConfigurationError(
+                f"input {name!r}: this rank gave shape {format_shape(tuple(leaf.shape))}, but under "
+                f"dataset_strategy {dataset!r} its share of the global {format_shape(full)} is {format_shape(local)}"
+            )

@@ -1,0 +1,46 @@
+"""How tessel answers a MindSpore option or API it accepts: it works, it is logged once as having no effect here,
+or it raises `NotSupportedYetError` at the call. Never an AttributeError, never a silent no-op.
+
+    >>> from tessel.common.support import not_supported_yet
+    >>> raise not_supported_yet("mindspore.mint.fft", "tessel has no FFT op")
+    Traceback (most recent call last):
+    tessel.core.errors.NotSupportedYetError: not supported yet: mindspore.mint.fft, tessel has no FFT op
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from tessel.core.errors import NotSupportedYetError
+
+logger = logging.getLogger("tessel")
+_logged: set[str] = set()
+
+
+def not_supported_yet(what: str, why: str) -> NotSupportedYetError:
+    """The error for a known MindSpore API or option tessel does not implement (raise it)."""
+    return NotSupportedYetError(f"not supported yet: {what}, {why}")
+
+
+def log_once(key: str, message: str, level: int = logging.WARNING) -> bool:
+    """Log `message` on the "tessel" logger the first time `key` is seen in this process; True if it was logged."""
+    if key in _logged:
+        return False
+    _logged.add(key)
+    logger.log(level, message)
+    return True
+
+
+def unsupported_names(module: str, names: Iterable[str], why: str) -> Any:
+    """A module `__getattr__` for names MindSpore's `module` has and tessel does not map yet: each raises
+    NotSupportedYetError naming it; any other name is the usual AttributeError."""
+    known = frozenset(names)
+
+    def __getattr__(name: str) -> Any:
+        if name in known:
+            raise not_supported_yet(f"{module}.{name}", why)
+        raise AttributeError(f"module {module.replace('mindspore', 'tessel', 1)!r} has no attribute {name!r}")
+
+    return __getattr__

@@ -1,0 +1,77 @@
+"""Planning a world that is not running (msrun's `--sim_level 0`): `tessel run --sim-level 0 -n 64 train.py`.
+
+The script runs once, as rank `--sim-rank-id` (default 0) of a world of `-n` ranks, on an in-process daemon: it
+traces, plans (SEMI_AUTO strategies or AUTO_PARALLEL's search, for the whole world), lowers and compiles this
+rank's programs, writing the strategy file (strategy_ckpt_config) and the save_graphs output as a real job would.
+No collective runs and no other rank exists: at the first run of a compiled program the simulation is complete
+and the process exits 0, saying what it did.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+
+from tessel.communication.daemon_handle import LocalDaemon
+from tessel.core.errors import ConfigurationError
+
+SIM_LEVEL, SIM_RANK, SIM_WORLD = "TESSEL_SIM_LEVEL", "TESSEL_SIM_RANK", "TESSEL_SIM_WORLD"
+
+
+class SimulationComplete(SystemExit):
+    """Raised at the first run of a compiled program in a simulated world: planning and compiling are done."""
+
+    def __init__(self, rank: int, world: int, compiled: int):
+        super().__init__(0)
+        self.rank, self.world, self.compiled = rank, world, compiled
+
+
+def settings() -> tuple[int, int, int] | None:
+    """(level, rank, world) when this process simulates a world, else None."""
+    level = os.environ.get(SIM_LEVEL, "")
+    if level == "":
+        return None
+    try:
+        level_, rank, world = int(level), int(os.environ.get(SIM_RANK, "0")), int(os.environ[SIM_WORLD])
+    except (KeyError, ValueError):
+        raise ConfigurationError(
+            f"{SIM_LEVEL}={level!r}: a simulation needs integer {SIM_LEVEL}, {SIM_RANK} and {SIM_WORLD}; start it "
+            "with `tessel run --sim-level 0 -n N script.py`"
+        ) from None
+    if level_ != 0:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            f"--sim-level {level_}", "level 0 (plan and compile one rank) is the only simulation level so far"
+        )
+    if world < 1 or not 0 <= rank < world:
+        raise ConfigurationError(f"--sim-rank-id {rank} must be a rank of the {world}-rank world (0..{world - 1})")
+    return level_, rank, world
+
+
+class SimulatedDaemon(LocalDaemon):
+    """An in-process daemon that compiles what it is given and stops the process at the first run."""
+
+    def __init__(self, core, rank: int, world: int):
+        super().__init__(core)
+        self.rank, self.world, self.compiled = rank, world, 0
+
+    def create_group(self, session_id: str, name: str, ranks: Sequence[int]) -> None:
+        """Groups of the simulated world have no other member here: nothing to set up."""
+
+    def destroy_group(self, session_id: str, name: str) -> None:
+        """See create_group."""
+
+    def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Sequence[str] = ()) -> None:
+        super().compile_segment(session_id, name, onnx_model, state)
+        self.compiled += 1
+
+    def execute(self, session_id, program, repeat=1, fetch=(), timings=False, feed=None, collect=()):
+        print(
+            f"tessel simulation (sim level 0): rank {self.rank} of a {self.world}-rank world planned and compiled "
+            f"{self.compiled} segment(s); stopping before the first run",
+            flush=True,
+        )
+        sys.stdout.flush()
+        raise SimulationComplete(self.rank, self.world, self.compiled)

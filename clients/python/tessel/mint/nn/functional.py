@@ -1,0 +1,205 @@
+"""`tessel.mint.nn.functional` — MindSpore's `mindspore.mint.nn.functional` (PyTorch-style names and defaults)
+mapped onto `tessel.ops`. Other names of MindSpore's module raise NotSupportedYetError.
+
+    >>> from tessel.mint.nn import functional as F
+    >>> y = F.relu(F.linear(x, weight, bias))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.common.support import not_supported_yet, unsupported_names
+from tessel.common.tensor import Tensor
+from tessel.core.errors import ConfigurationError
+from tessel.mint._names import MINT_NN_FUNCTIONAL
+from tessel.ops import functional as ops
+
+_WHY = "tessel has no mapping for it yet; use the tessel.ops equivalent if there is one"
+
+
+def _no_inplace(name: str, inplace: bool) -> None:
+    if inplace:
+        raise not_supported_yet(
+            f"mindspore.mint.nn.functional.{name}(inplace=True)",
+            "tessel does not overwrite input tensors; use the returned tensor (inplace=False)",
+        )
+
+
+def relu(input: Any, inplace: bool = False) -> Tensor:
+    _no_inplace("relu", inplace)
+    return ops.relu(input)
+
+
+def relu6(input: Any, inplace: bool = False) -> Tensor:
+    _no_inplace("relu6", inplace)
+    return ops.relu6(input)
+
+
+def sigmoid(input: Any) -> Tensor:
+    return ops.sigmoid(input)
+
+
+def tanh(input: Any) -> Tensor:
+    return ops.tanh(input)
+
+
+def silu(input: Any, inplace: bool = False) -> Tensor:
+    _no_inplace("silu", inplace)
+    return ops.silu(input)
+
+
+def gelu(input: Any, approximate: str = "none") -> Tensor:
+    return ops.gelu(input, approximate)
+
+
+def leaky_relu(input: Any, negative_slope: float = 0.01) -> Tensor:
+    return ops.leaky_relu(input, negative_slope)
+
+
+def softmax(input: Any, dim: int | None = None, dtype: Any = None) -> Tensor:
+    """Softmax along `dim` (the last dim when None, as MindSpore's mint)."""
+    return ops.softmax(input, -1 if dim is None else dim, dtype=dtype)
+
+
+def log_softmax(input: Any, dim: int | None = None, *, dtype: Any = None) -> Tensor:
+    if dim is None:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.log_softmax with dim=None",
+            "MindSpore does not document which dim it then uses; pass dim (e.g. dim=-1)",
+        )
+    return ops.log_softmax(input if dtype is None else ops.cast(input, dtype), dim)
+
+
+def dropout(input: Any, p: float = 0.5, training: bool = True, inplace: bool = False) -> Tensor:
+    """Zero each element with probability p and scale the rest by 1/(1-p) while training."""
+    _no_inplace("dropout", inplace)
+    return ops.dropout(input, p, training)
+
+
+def linear(input: Any, weight: Any, bias: Any = None) -> Tensor:
+    """input @ weight.T + bias; weight is (out_features, in_features)."""
+    return ops.dense(input, weight, bias)
+
+
+def flatten(input: Any, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    return ops.flatten(input, start_dim=start_dim, end_dim=end_dim)
+
+
+def cross_entropy(
+    input: Any,
+    target: Any,
+    weight: Any = None,
+    ignore_index: int = -100,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    return ops.cross_entropy(input, target, weight, ignore_index, reduction, label_smoothing)
+
+
+def nll_loss(input: Any, target: Any, weight: Any = None, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    return ops.nll_loss(input, target, weight, ignore_index, reduction)
+
+
+def mse_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+    return ops.mse_loss(input, target, reduction)
+
+
+def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+    return ops.l1_loss(input, target, reduction)
+
+
+def binary_cross_entropy_with_logits(
+    input: Any, target: Any, weight: Any = None, reduction: str = "mean", pos_weight: Any = None
+) -> Tensor:
+    return ops.binary_cross_entropy_with_logits(input, target, weight, pos_weight, reduction)
+
+
+def layer_norm(
+    input: Any, normalized_shape: int | Sequence[int], weight: Any = None, bias: Any = None, eps: float = 1e-5
+) -> Tensor:
+    return ops.layer_norm(input, normalized_shape, weight, bias, eps)
+
+
+def one_hot(tensor: Any, num_classes: int = -1) -> Tensor:
+    """int64 one-hot vectors along a new last dim; num_classes=-1 takes max(tensor) + 1 (eager tensors only)."""
+    if num_classes == -1:
+        if not isinstance(tensor, Tensor) or tensor._sym is not None:
+            raise ConfigurationError(
+                "mint.nn.functional.one_hot: num_classes=-1 reads the data, which a compiled graph cannot; pass "
+                "num_classes"
+            )
+        num_classes = int(np.max(tensor.asnumpy())) + 1
+    on = Tensor(np.array(1, np.int64))
+    return ops.one_hot(tensor, num_classes, on, 0, -1)
+
+
+def _pair(value: Any, name: str) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2:
+        raise ConfigurationError(f"mint.nn.functional: {name} must be an int or two ints, got {value!r}")
+    return int(pair[0]), int(pair[1])
+
+
+def _torch_padding(padding: Any, where: str) -> tuple[str, Any]:
+    """PyTorch's padding (int, (pad_h, pad_w), 'valid', 'same') as tessel's (pad_mode, padding)."""
+    if isinstance(padding, str):
+        if padding not in ("valid", "same"):
+            raise ConfigurationError(f"{where}: padding must be 'valid', 'same', an int or two ints, got {padding!r}")
+        return padding, 0
+    pad_h, pad_w = _pair(padding, "padding")
+    return ("pad", (pad_h, pad_h, pad_w, pad_w)) if pad_h or pad_w else ("valid", 0)
+
+
+def conv2d(
+    input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> Tensor:
+    """2-D convolution of NCHW input with (out, in/groups, kH, kW) weights; padding as PyTorch."""
+    pad_mode, pads = _torch_padding(padding, "mint.nn.functional.conv2d")
+    if pad_mode == "same" and _pair(stride, "stride") != (1, 1):
+        raise ConfigurationError("mint.nn.functional.conv2d: padding='same' needs stride=1")
+    return ops.conv2d(input, weight, bias, stride, pad_mode, pads, dilation, groups)
+
+
+def max_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    *,
+    ceil_mode: bool = False,
+    return_indices: bool = False,
+) -> Tensor:
+    if _pair(dilation, "dilation") != (1, 1) or ceil_mode or return_indices:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.max_pool2d with dilation, ceil_mode or return_indices",
+            "tessel's MaxPool has none of them",
+        )
+    pad_mode, pads = _torch_padding(padding, "mint.nn.functional.max_pool2d")
+    return ops.max_pool2d(input, kernel_size, stride, pads, pad_mode)
+
+
+def avg_pool2d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+    divisor_override: int | None = None,
+) -> Tensor:
+    if ceil_mode or divisor_override is not None:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.avg_pool2d with ceil_mode or divisor_override",
+            "tessel's AvgPool has neither",
+        )
+    pad_mode, pads = _torch_padding(padding, "mint.nn.functional.avg_pool2d")
+    return ops.avg_pool2d(input, kernel_size, stride, pads, count_include_pad, pad_mode)
+
+
+__getattr__ = unsupported_names("mindspore.mint.nn.functional", MINT_NN_FUNCTIONAL, _WHY)
+__all__ = sorted(name for name in MINT_NN_FUNCTIONAL if name in globals())

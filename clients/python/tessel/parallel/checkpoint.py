@@ -1,0 +1,349 @@
+"""Checkpoints of sliced parameters (SEMI_AUTO/AUTO_PARALLEL), MindSpore's way:
+
+- `save_checkpoint(net, path)` (integrated_save=True, the default) gathers every sliced parameter and writes the
+  full values once per distinct path; with integrated_save=False each rank writes its slices plus the layout each
+  was cut with (in the file's metadata). Saving is a collective: every rank calls it; a rank that does not is
+  named in a clear error within the rendezvous deadline ($TESSEL_CHECKPOINT_TIMEOUT, 60 s), never a deadlock.
+- `load_checkpoint` + `load_param_into_net` load a full checkpoint into any world size and strategy (each rank
+  keeps its slice); a rank's slice file loads back into the same slice; `load_distributed_checkpoint` assembles a
+  set of sliced files into any other world size or strategy; `transform_checkpoints` / `convert_checkpoints` /
+  `transform_checkpoint_by_rank` rewrite sliced checkpoints offline for another strategy file.
+- Strategy files (`strategy_ckpt_config={"save_file": ...}`, `AutoParallel.save_param_strategy_file`) are JSON:
+  each parameter's full shape, device matrix and tensor map.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import itertools
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from tessel.core.errors import ConfigurationError
+
+STRATEGY_FORMAT = "tessel-parameter-strategy-1"
+_saves = itertools.count()
+
+
+# --- layouts as records -------------------------------------------------------------------------------------------
+
+
+def layout_record(layout: Any, shape: Sequence[int]) -> dict:
+    return {"shape": list(shape), "device_matrix": list(layout.device_matrix), "tensor_map": _plain(layout.tensor_map)}
+
+
+def _plain(tensor_map: Sequence) -> list:
+    return [list(e) if isinstance(e, tuple) else e for e in tensor_map]
+
+
+def layout_of(record: Mapping) -> Any:
+    from tessel.compiler.parallel import Layout
+
+    tensor_map = tuple(tuple(e) if isinstance(e, list) else e for e in record["tensor_map"])
+    return Layout(tuple(record["device_matrix"]), tensor_map)
+
+
+def save_strategy_file(params: Iterable[Any], path: str) -> None:
+    """Write every laid-out parameter's layout (by name) as JSON."""
+    from tessel.train.serialization import atomic_write
+
+    records = {p.name: layout_record(p.layout, p.shape) for p in params if p.layout is not None}
+    document = {"format": STRATEGY_FORMAT, "parameters": records}
+    atomic_write(os.fspath(path), json.dumps(document, indent=1, sort_keys=True).encode())
+
+
+def read_strategy_file(path: str) -> dict[str, dict]:
+    """name -> layout record of a strategy file (a clear error for anything else)."""
+    try:
+        with open(path) as source:
+            document = json.load(source)
+    except FileNotFoundError:
+        raise ConfigurationError(f"strategy file {path!r} does not exist") from None
+    except ValueError:
+        raise ConfigurationError(f"strategy file {path!r} is not JSON; write it with save_strategy_file") from None
+    if not isinstance(document, dict) or document.get("format") != STRATEGY_FORMAT:
+        raise ConfigurationError(f"strategy file {path!r} was not written by tessel ({STRATEGY_FORMAT})")
+    return document["parameters"]
+
+
+# --- saving -------------------------------------------------------------------------------------------------------
+
+
+def sliced(values: Iterable[Any]) -> bool:
+    """True when some value is a parameter this rank holds a slice of, in a world of several ranks."""
+    from tessel.common.parameter import Parameter
+
+    return any(isinstance(v, Parameter) and v.layout is not None and _world() > 1 for v in values)
+
+
+def _world() -> int:
+    from tessel.communication import runtime
+
+    return runtime.current().world_size if runtime.is_initialized() else 1
+
+
+def rendezvous(what: str) -> None:
+    """Every rank reaches this point, or a clear error naming the ones missing (never a wait without end)."""
+    from tessel.communication import runtime
+
+    rt = runtime.current()
+    if rt.coordinator is None or rt.world_size == 1:
+        return
+    timeout = float(os.environ.get("TESSEL_CHECKPOINT_TIMEOUT", "60"))
+    rt.coordinator.barrier(rt.job_id, f"{what}#{next(_saves)}", rt.rank, timeout_s=timeout)
+
+
+def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
+    """name -> full value; each sliced parameter all-gathered from every rank and assembled (a collective)."""
+    from tessel.common.parameter import Parameter
+    from tessel.communication import comm_func
+    from tessel.compiler.parallel import assemble
+    from tessel.train.serialization import contiguous
+
+    world, out = _world(), {}
+    for name, value in named:
+        if not (isinstance(value, Parameter) and value.layout is not None and world > 1):
+            out[name] = contiguous(value.asnumpy() if hasattr(value, "asnumpy") else value)
+            continue
+        local = np.ascontiguousarray(value.asnumpy())
+        everyone = np.asarray(comm_func.all_gather_into_tensor(local.reshape(-1)))
+        pieces = [piece.reshape(local.shape) for piece in np.split(everyone, world)]
+        out[name] = assemble(pieces, value.layout, tuple(value.shape))
+    return out
+
+
+def first_writer(path: str) -> bool:
+    """True on the lowest rank that asked to write `path` (a full checkpoint is written once per path)."""
+    from tessel.communication import comm_func
+    from tessel.communication.runtime import current
+
+    digest = int.from_bytes(hashlib.blake2b(os.path.abspath(path).encode(), digest_size=6).digest(), "little")
+    everyone = np.asarray(comm_func.all_gather_into_tensor(np.array([digest], np.int64))).tolist()
+    return everyone.index(digest) == current().rank
+
+
+def slice_metadata(named: Sequence[tuple[str, Any]]) -> dict[str, str]:
+    """The metadata of a rank's slice file: which rank, of how many, and each sliced tensor's layout."""
+    from tessel.common.parameter import Parameter
+    from tessel.communication.runtime import current
+
+    layouts = {
+        name: layout_record(v.layout, v.shape) for name, v in named if isinstance(v, Parameter) and v.layout is not None
+    }
+    rt = current()
+    return {"layouts": json.dumps(layouts), "rank": str(rt.rank), "world": str(rt.world_size)}
+
+
+# --- loading ------------------------------------------------------------------------------------------------------
+
+
+def load_value(param: Any, array: np.ndarray, saved: Mapping | None, saved_rank: int | None) -> None:
+    """Put a checkpoint value into `param`: a full value (sliced again by this job's layout), or this rank's own
+    slice saved with the same layout; anything else names the way that loads it."""
+    from tessel.communication.runtime import current, is_initialized
+
+    if tuple(array.shape) == tuple(param.shape) and saved is None:
+        param.set_data(array.astype(param.dtype.numpy, copy=False))
+        return
+    rank = current().rank if is_initialized() else 0
+    if saved is not None and param.layout is None and saved_rank == rank and layout_of(saved).device_num == _world():
+        from tessel.common.engine import engine
+
+        param.place(layout_of(saved), engine().id)  # not laid out yet: it keeps the layout it was saved with
+    same = saved is not None and param.layout is not None and layout_of(saved).same_as(param.layout)
+    if same and saved_rank == rank:
+        param.set_data(array.astype(param.dtype.numpy, copy=False), slice_shape=True)
+        return
+    if saved is not None:
+        raise ConfigurationError(
+            f"load_param_into_net: {param.name!r} in the checkpoint is rank {saved_rank}'s slice "
+            f"{tuple(array.shape)} of {tuple(saved['shape'])}, cut as device matrix {saved['device_matrix']} / tensor "
+            f"map {saved['tensor_map']}; this rank ({rank}) needs another piece. Load the slices of every rank with "
+            "load_distributed_checkpoint(net, [rank_0.ckpt, ...]) or merge them with transform_checkpoints"
+        )
+    raise ConfigurationError(
+        f"load_param_into_net: parameter {param.name!r} has shape {tuple(param.shape)} in the network but "
+        f"{tuple(array.shape)} in the checkpoint; was the checkpoint saved from another network?"
+    )
+
+
+def _read(path: str) -> tuple[dict[str, np.ndarray], dict[str, dict], int | None]:
+    """A checkpoint's tensors, the layouts of its sliced tensors and the rank that saved it (None: full)."""
+    from tessel.train.serialization import read_checkpoint
+
+    tensors, metadata = read_checkpoint(path)
+    layouts = json.loads(metadata.get("layouts", "{}"))
+    rank = int(metadata["rank"]) if "rank" in metadata else None
+    return tensors, layouts, rank
+
+
+def merged(paths: Sequence[str], strategies: Mapping[str, dict] | None = None) -> dict[str, np.ndarray]:
+    """The full tensors of a set of slice files (one per rank, each knowing its rank and layouts), or of one full
+    checkpoint. `strategies` (a strategy file's records) stands in for files that carry no layouts."""
+    from tessel.compiler.parallel import assemble
+
+    files = [_read(path) for path in paths]
+    if len(files) == 1 and files[0][2] is None:
+        return files[0][0]
+    by_rank = {rank if rank is not None else i: (tensors, layouts) for i, (tensors, layouts, rank) in enumerate(files)}
+    first_tensors, first_layouts = by_rank[min(by_rank)]
+    out = {}
+    for name, value in first_tensors.items():
+        record = first_layouts.get(name) or (strategies or {}).get(name)
+        if record is None:
+            out[name] = value
+            continue
+        layout = layout_of(record)
+        missing = [r for r in range(layout.device_num) if r not in by_rank]
+        if missing:
+            raise ConfigurationError(
+                f"{name!r} is cut over {layout.device_num} ranks but no checkpoint was given for ranks {missing}; "
+                "pass every rank's file"
+            )
+        pieces = [by_rank[r][0][name] for r in range(layout.device_num)]
+        out[name] = assemble(pieces, layout, tuple(record["shape"]))
+    return out
+
+
+def load_distributed_checkpoint(
+    network: Any,
+    checkpoint_filenames: Sequence[str] | None = None,
+    predict_strategy: Any = None,
+    train_strategy_filename: str | None = None,
+    strict_load: bool = False,
+    dec_key: Any = None,
+    dec_mode: str = "AES-GCM",
+    format: str = "ckpt",
+    unified_safetensors_dir: str | None = None,
+    dst_safetensors_dir: str | None = None,
+    rank_id: int | None = None,
+    output_format: str = "safetensors",
+    name_map: dict | None = None,
+    max_process_num: int = 64,
+    return_param_dict: bool = False,
+) -> Any:
+    """Load the slice files of every rank of a training job (in any order; each knows its rank and layouts) into
+    `network`, whatever its world size and strategy now: every parameter is assembled whole, and each rank keeps
+    the slice its own layout asks for (MindSpore `load_distributed_checkpoint`)."""
+    from tessel.train.serialization import load_param_into_net
+
+    if dec_key is not None or unified_safetensors_dir is not None or dst_safetensors_dir is not None:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet("load_distributed_checkpoint with decryption or unified safetensors", "plain files")
+    if not checkpoint_filenames:
+        raise ConfigurationError("load_distributed_checkpoint: give checkpoint_filenames (every rank's file)")
+    strategies = read_strategy_file(train_strategy_filename) if train_strategy_filename else None
+    full = merged(list(checkpoint_filenames), strategies)
+    if name_map:
+        full = {name_map.get(k, k): v for k, v in full.items()}
+    if return_param_dict:
+        from tessel.common.parameter import Parameter
+
+        return {name: Parameter(value, name=name) for name, value in full.items()}
+    load_param_into_net(network, full, strict_load)
+    return None
+
+
+# --- offline transforms -------------------------------------------------------------------------------------------
+
+
+def _rank_files(directory: str) -> list[str]:
+    """The last checkpoint (lexicographic) in each rank_<k> folder of `directory`, in rank order."""
+    folders = sorted(glob.glob(os.path.join(directory, "rank_*")), key=lambda p: int(p.rsplit("_", 1)[-1]))
+    files = []
+    for folder in folders:
+        found = sorted(glob.glob(os.path.join(folder, "*.ckpt")) + glob.glob(os.path.join(folder, "*.safetensors")))
+        if not found:
+            raise ConfigurationError(f"{folder!r} holds no checkpoint")
+        files.append(found[-1])
+    if not files:
+        raise ConfigurationError(f"{directory!r} has no rank_<k> folders with checkpoints")
+    return files
+
+
+def _write_rank(full: Mapping[str, np.ndarray], strategies: Mapping[str, dict] | None, rank: int, path: str) -> None:
+    from tessel.compiler.parallel import piece
+    from tessel.train.serialization import write_checkpoint
+
+    tensors, layouts = {}, {}
+    for name, value in full.items():
+        record = (strategies or {}).get(name)
+        if record is None:
+            tensors[name] = value
+            continue
+        tensors[name] = piece(value, layout_of(record), rank)
+        layouts[name] = record
+    world = layout_of(next(iter(strategies.values()))).device_num if strategies else 1
+    metadata = {"layouts": json.dumps(layouts), "rank": str(rank), "world": str(world)} if layouts else {}
+    write_checkpoint(tensors, path, metadata)
+
+
+def transform_checkpoints(
+    src_checkpoints_dir: str,
+    dst_checkpoints_dir: str,
+    ckpt_prefix: str,
+    src_strategy_file: str | None = None,
+    dst_strategy_file: str | None = None,
+    process_num: int = 1,
+    output_format: str = "ckpt",
+) -> None:
+    """Rewrite the sliced checkpoints in src_checkpoints_dir/rank_<k>/ for the strategy of dst_strategy_file (None:
+    one full checkpoint) as dst_checkpoints_dir/rank_<k>/<ckpt_prefix><k>.ckpt (MindSpore `transform_checkpoints`)."""
+    src = read_strategy_file(src_strategy_file) if src_strategy_file else None
+    full = merged(_rank_files(src_checkpoints_dir), src)
+    dst = read_strategy_file(dst_strategy_file) if dst_strategy_file else None
+    world = layout_of(next(iter(dst.values()))).device_num if dst else 1
+    for rank in range(world):
+        folder = os.path.join(dst_checkpoints_dir, f"rank_{rank}")
+        _write_rank(full, dst, rank, os.path.join(folder, f"{ckpt_prefix}{rank}.{output_format}"))
+
+
+convert_checkpoints = transform_checkpoints
+
+
+def transform_checkpoint_by_rank(
+    rank_id: int,
+    checkpoint_files_map: Mapping[int, str],
+    save_checkpoint_file_name: str,
+    src_strategy_file: str | None = None,
+    dst_strategy_file: str | None = None,
+) -> None:
+    """Write rank `rank_id`'s checkpoint for the strategy of dst_strategy_file from the source ranks' files
+    (MindSpore `transform_checkpoint_by_rank`; `rank_list_for_transform` says which source files it needs)."""
+    if not isinstance(rank_id, int):
+        raise TypeError("The rank_id should be a int.")
+    src = read_strategy_file(src_strategy_file) if src_strategy_file else None
+    full = merged([checkpoint_files_map[r] for r in sorted(checkpoint_files_map)], src)
+    dst = read_strategy_file(dst_strategy_file) if dst_strategy_file else None
+    _write_rank(full, dst, rank_id, save_checkpoint_file_name)
+
+
+def rank_list_for_transform(rank_id: int, src_strategy_file: str | None = None, dst_strategy_file: str | None = None):
+    """The source ranks whose slices rank `rank_id` of the destination strategy needs."""
+    if not isinstance(rank_id, int):
+        raise TypeError("The rank_id should be a int.")
+    if src_strategy_file is None:
+        return [0]
+    src = read_strategy_file(src_strategy_file)
+    dst = read_strategy_file(dst_strategy_file) if dst_strategy_file else {}
+    needed: set[int] = set()
+    for name, record in src.items():
+        layout, shape = layout_of(record), tuple(record["shape"])
+        want = layout_of(dst[name]).local_slices(shape, rank_id) if name in dst else tuple(slice(0, d) for d in shape)
+        for rank in range(layout.device_num):
+            have = layout.local_slices(shape, rank)
+            if all(_overlap(a, b, d) for a, b, d in zip(have, want, shape)):
+                needed.add(rank)
+    return sorted(needed) or [0]
+
+
+def _overlap(a: slice, b: slice, size: int) -> bool:
+    a0, a1 = a.indices(size)[:2]
+    b0, b1 = b.indices(size)[:2]
+    return a0 < b1 and b0 < a1

@@ -1,0 +1,171 @@
+"""`tessel timeline DIR`: what the timelines of a run say, per rank.
+
+- communication hidden: the share of the time the communicators moved data while a segment computed
+  (|communication ∩ compute| / |communication|);
+- the step-time breakdown: the recorded span, each instant counted once under the first of compute, communication
+  (only what no segment hides), data loading, host transfers, other (script, dispatch, gaps), divided by the steps.
+
+    tessel timeline /tmp/tl
+    summaries = summarize("/tmp/tl")          # one RankSummary per timeline_rank<r>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+Interval = tuple[float, float]
+CATEGORIES = ("compute", "communication", "data loading", "host transfers", "other")
+_SOURCES = {  # event category -> breakdown category
+    "compute": "compute",
+    "communication": "communication",
+    "data": "data loading",
+    "transfer": "host transfers",
+}
+
+
+@dataclass(frozen=True)
+class RankSummary:
+    rank: int
+    steps: int
+    span_us: float  # first event to last
+    breakdown_us: dict[str, float]  # CATEGORIES -> time over the whole span (sums to span_us)
+    communication_us: float  # time any communicator moved data
+    hidden_us: float  # ... while a segment computed
+
+    @property
+    def step_us(self) -> float:
+        return self.span_us / max(1, self.steps)
+
+    @property
+    def hidden_share(self) -> float | None:
+        return self.hidden_us / self.communication_us if self.communication_us > 0 else None
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """The union of intervals, as sorted disjoint intervals."""
+    out: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b) for a, b in out]
+
+
+def length(intervals: Sequence[Interval]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def intersect(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """a minus b (both merged)."""
+    out, j = [], 0
+    for start, end in a:
+        while j < len(b) and b[j][1] <= start:
+            j += 1
+        k, cursor = j, start
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cursor:
+                out.append((cursor, b[k][0]))
+            cursor = max(cursor, b[k][1])
+            k += 1
+        if cursor < end:
+            out.append((cursor, end))
+    return out
+
+
+def summarize_trace(trace: dict) -> RankSummary:
+    """One rank's summary from its Chrome trace (as Recorder.trace() writes it)."""
+    events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+    other = trace.get("otherData", {})
+    rank = int(other.get("rank", events[0]["pid"] if events else 0))
+    spans: dict[str, list[Interval]] = {c: [] for c in CATEGORIES}
+    for e in events:
+        category = _SOURCES.get(e.get("cat", ""))
+        if category is not None:
+            spans[category].append((e["ts"], e["ts"] + e["dur"]))
+    merged = {c: merge(v) for c, v in spans.items()}
+    if not events:
+        return RankSummary(rank, 0, 0.0, dict.fromkeys(CATEGORIES, 0.0), 0.0, 0.0)
+    whole = [(min(e["ts"] for e in events), max(e["ts"] + e["dur"] for e in events))]
+    communication = merged["communication"]
+    breakdown, taken = {}, []
+    for category in CATEGORIES[:-1]:  # each instant counted once, under the first category that holds it
+        own = subtract(merged[category], merge(taken))
+        breakdown[category] = length(own)
+        taken += own
+    breakdown["other"] = length(subtract(whole, merge(taken)))
+    steps = sum(1 for e in events if e.get("cat") == "step")
+    hidden = length(intersect(communication, merged["compute"]))
+    return RankSummary(rank, steps, length(whole), breakdown, length(communication), hidden)
+
+
+def summarize(directory: str | Path) -> list[RankSummary]:
+    """A RankSummary per timeline_rank<r>.json in `directory`, by rank."""
+    files = sorted(Path(directory).glob("timeline_rank*.json"))
+    return sorted((summarize_trace(json.loads(f.read_text())) for f in files), key=lambda s: s.rank)
+
+
+def table(summaries: Sequence[RankSummary]) -> str:
+    """The text `tessel timeline` prints: per rank, ms per step in each category and the hidden share."""
+    head = f"{'rank':>4} {'steps':>6} {'step ms':>9} | " + " ".join(f"{c:>14}" for c in CATEGORIES)
+    head += f" | {'comm ms':>9} {'hidden':>7}"
+    lines = [head, "-" * len(head)]
+    for s in summaries:
+        per = max(1, s.steps) * 1e3  # microseconds over the span -> milliseconds per step
+        cells = " ".join(f"{s.breakdown_us[c] / per:14.3f}" for c in CATEGORIES)
+        hidden = "-" if s.hidden_share is None else f"{s.hidden_share:.0%}"
+        lines.append(f"{s.rank:>4} {s.steps:>6} {s.span_us / per:9.3f} | {cells} | {s.communication_us / per:9.3f} "
+                     f"{hidden:>7}")  # fmt: skip
+    lines.append(
+        "ms per step; each instant is counted once, under the first of: compute, communication no segment hides, "
+        "data loading, host transfers, other. comm ms: time the communicators moved data; hidden: the share of it "
+        "during which a segment computed."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tessel timeline", description=__doc__.split("\n\n")[0])
+    parser.add_argument("directory", help="where TESSEL_TIMELINE (or Profiler(output_path=...)) wrote the files")
+    parser.add_argument("--json", action="store_true", help="print the summaries as JSON instead of a table")
+    args = parser.parse_args(argv)
+    summaries = summarize(args.directory)
+    if not summaries:
+        print(f"tessel timeline: no timeline_rank*.json in {args.directory}", flush=True)
+        return 1
+    if args.json:
+        rows = [
+            {
+                "rank": s.rank,
+                "steps": s.steps,
+                "step_ms": s.step_us / 1e3,
+                "breakdown_ms_per_step": {c: s.breakdown_us[c] / max(1, s.steps) / 1e3 for c in CATEGORIES},
+                "communication_ms_per_step": s.communication_us / max(1, s.steps) / 1e3,
+                "hidden_share": s.hidden_share,
+            }
+            for s in summaries
+        ]
+        print(json.dumps(rows, indent=1))
+    else:
+        print(f"timeline of {len(summaries)} rank(s) in {args.directory}")
+        print(table(summaries))
+    return 0

@@ -1,0 +1,161 @@
+"""sharding_propagation: strategies flow from the ops whose strategy is known to their neighbours, breadth first in
+both directions (MindSpore's CostGraph::StrategyPropagate / BFS in graph_costmodel.cc).
+
+A node reached from decided neighbours takes, among its candidates, the one with the least redistribution towards
+all of them (the data inputs' dataset layouts count as decided), ties broken by its own cost (compute, parameter
+gradients). A parameter several ops use takes the layout of the first user decided; the others then choose among
+the candidates that cut it alike, and a candidate is only taken if every undecided user can still cut it that way.
+
+Where the propagation starts, as MindSpore does: from the configured ops (shard(), set_data_parallel()) and from
+the dataset. MindSpore inserts a VirtualDataset op whose strategy is the dataset strategy (data parallel unless
+full_batch or dataset_strategy) and, under sharding_propagation, adds it to the configured ops
+(step_auto_parallel.cc, CreateTheOperatorInfo); with nothing configured at all it raises "There is no operator
+that is configured sharding strategy" (graph_costmodel.cc, StrategyPropagate), and ops the BFS never reaches get a
+default strategy. Here the data inputs play the VirtualDataset; a part of the graph that neither reaches starts
+from its heaviest op's cheapest strategy, and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Mapping
+
+from tessel.compiler.parallel.search.problem import INFEASIBLE, Problem, layout_key
+from tessel.compiler.parallel.strategy import StrategyError
+
+log = logging.getLogger("tessel.parallel")
+
+
+def propagate(problem: Problem, decided: Mapping[int, int], mode: str = "sharding_propagation") -> list[int]:
+    """An option for every variable: `decided` (variable -> option) kept, the rest propagated from them and from
+    the dataset. `mode` names the caller in the log."""
+    search = _Propagation(problem, dict(decided))
+    queue: deque[int] = deque()
+    for var in decided:
+        queue.extend(other for _, other in problem.neighbours(var))
+    if not decided:
+        log.info(
+            "%s: no operator has a configured strategy; propagating from the dataset's layout (as MindSpore "
+            "propagates from its VirtualDataset op, configured with the dataset strategy)",
+            mode,
+        )
+    queue.extend(search.data_consumers())
+    search.run(queue)
+    while search.undecided():
+        start = max(search.undecided(), key=search.weight)
+        log.info(
+            "%s: %s is reached neither from a configured op nor from the dataset; starting from it with its "
+            "cheapest strategy",
+            mode,
+            problem.variables[start].name,
+        )
+        search.run(deque([start]))
+    return search.assignment
+
+
+class _Propagation:
+    def __init__(self, problem: Problem, decided: dict[int, int]):
+        self.p = problem
+        self.assignment = [-1] * len(problem.variables)
+        for var, option in decided.items():
+            self.assignment[var] = option
+        # For each shared parameter, per user edge: the layouts that user's options may give it.
+        self.param_keys: dict[int, dict[int, set[tuple]]] = {}
+        for var in problem.param_var.values():
+            self.param_keys[var] = {
+                k: {layout_key(o.placement.inputs[problem.edges[k].input]) for o in self._users_options(k)}
+                for k in problem.variables[var].edges
+            }
+
+    def _users_options(self, k: int):
+        return self.p.variables[self.p.edges[k].target].options
+
+    def undecided(self) -> list[int]:
+        return [v for v, a in enumerate(self.assignment) if a < 0]
+
+    def weight(self, var: int) -> float:
+        return max(o.time for o in self.p.variables[var].options)
+
+    def data_consumers(self) -> list[int]:
+        return [self.p.node_var[n] for n in self.p.node_var if any(v in self.p.dataset for v in n.inputs)]
+
+    def run(self, queue: deque) -> None:
+        while queue:
+            var = queue.popleft()
+            if self.assignment[var] >= 0:
+                continue
+            self.assignment[var] = self.choose(var)
+            for done in (var, *self._settle_parameters(var)):
+                queue.extend(other for _, other in self.p.neighbours(done) if self.assignment[other] < 0)
+
+    def _settle_parameters(self, var: int) -> list[int]:
+        """Give the shared parameters `var` uses the layout it chose for them, so that their other users follow."""
+        settled = []
+        for k in self.p.variables[var].edges:
+            edge = self.p.edges[k]
+            if edge.target == var and edge.output < 0 and self.assignment[edge.source] < 0:
+                options = range(len(self.p.variables[edge.source].options))
+                match = next(a for a in options if self.p.edge_time(k, a, self.assignment[var]) == 0.0)
+                self.assignment[edge.source] = match
+                settled.append(edge.source)
+        return settled
+
+    def choose(self, var: int) -> int:
+        """The option with the least redistribution towards the decided neighbours (and the dataset), then the
+        least own cost, among those every shared parameter allows."""
+        variable = self.p.variables[var]
+        best, best_key = -1, (INFEASIBLE, INFEASIBLE)
+        near = [(k, other) for k, other in self.p.neighbours(var) if self.assignment[other] >= 0]
+        for a, option in enumerate(variable.options):
+            moves = 0.0
+            for k, other in near:
+                edge = self.p.edges[k]
+                if edge.source == var:
+                    moves += self.p.edge_time(k, a, self.assignment[other])
+                else:
+                    moves += self.p.edge_time(k, self.assignment[other], a)
+            if moves >= INFEASIBLE or not self._allowed(var, a):
+                continue
+            key = (moves + self._data_moves(variable, option), option.time)
+            if key < best_key:
+                best, best_key = a, key
+        if best < 0:
+            raise StrategyError(self._stuck(var, near))
+        return best
+
+    def _data_moves(self, variable, option) -> float:
+        node = variable.node
+        if node is None:
+            return 0.0
+        total = 0.0
+        for i, v in enumerate(node.inputs):
+            want = option.placement.inputs[i]
+            if v in self.p.dataset and want is not None:
+                total += self.p.move(self.p.dataset[v], want, v)
+        return total
+
+    def _allowed(self, var: int, a: int) -> bool:
+        """False when option a cuts a shared, undecided parameter in a way one of its other users cannot."""
+        variable = self.p.variables[var]
+        if variable.node is None:
+            return True
+        for k in variable.edges:
+            edge = self.p.edges[k]
+            if edge.target != var or edge.output >= 0 or self.assignment[edge.source] >= 0:
+                continue
+            key = layout_key(variable.options[a].placement.inputs[edge.input])
+            for other, keys in self.param_keys[edge.source].items():
+                user = self.p.edges[other].target
+                if other != k and self.assignment[user] < 0 and key not in keys:
+                    return False
+        return True
+
+    def _stuck(self, var: int, near: list[tuple[int, int]]) -> str:
+        variable = self.p.variables[var]
+        decided = ", ".join(self.p.variables[other].name for _, other in near) or "none"
+        return (
+            f"sharding_propagation: no strategy of {variable.name} agrees with its decided neighbours ({decided}): "
+            "a parameter they share is cut in a way this op cannot cut it. The rule: a parameter has one layout. "
+            "Fix: configure strategies (shard()) that cut the shared parameter alike for all its users"
+        )

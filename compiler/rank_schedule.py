@@ -1,0 +1,173 @@
+"""The run order of a rank's nodes, from their dependency graph, so that communication overlaps computation.
+
+A list scheduler: it keeps the set of nodes whose inputs exist and emits, at every point,
+1. a collective whose inputs exist and whose turn it is (see below): it starts asynchronously on the daemon
+   (unless the local work that could run meanwhile is too little to hide anything: that runs first);
+2. else a local node whose inputs exist, preferring one that leads to the earliest collective still to start (so
+   that it starts sooner), then the graph's own order;
+3. else it waits for the oldest collective in flight: only now do the readers of its result become ready.
+A wait ends the ONNX segment being filled (a `Wait` item), so the work emitted while a collective is in flight runs
+as a segment of its own between the collective's start and its wait, and a segment never reads a result that was
+not waited for. Several collectives may be in flight at once. With a cost estimate, local work that can run while
+collectives are in flight runs there only if it adds up to enough to hide something; less runs after the wait.
+
+Turns: every rank must start a group's collectives in the same order. By default a collective's turn comes after
+every collective before it in the graph, an order the same on every rank of a valid program (hand-written ones
+included: pipeline stages pair their sends and receives in it); only local work moves. Where the ranks' graphs
+are copies of one another (a parallel plan's rank graphs, data parallelism: `spmd_blocks`), the schedule itself is
+the same on every rank, so any collective whose inputs exist may start, in the order the schedule makes them
+ready: the second copy's first AllReduce of MicroBatchInterleaved starts before the first copy's second one, and a
+copy's backward starts its AllReduce without waiting for the other copy's forward. Sends and receives keep their
+place among the collectives even then (a peer's different graph pairs them in that order).
+
+The scheduler knows no op by name: a data-parallel step's gradient buckets, the copies of MicroBatchInterleaved and
+a semi-auto plan's redistributions all overlap by the same rule.
+
+    items = schedule(graph.nodes, is_collective)                                    # Node | Wait, in run order
+    items = schedule(graph.nodes, is_collective, spmd_blocks(graph.nodes, is_collective, is_point_to_point))
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from tessel.compiler.ir import Node, Value
+
+
+@dataclass(frozen=True, eq=False)
+class Wait:
+    """The point where the result of `collective` (started earlier) is first needed: the segment ends here."""
+
+    collective: Node
+
+
+def schedule(
+    nodes: Sequence[Node],
+    is_collective: Callable[[Node], bool],
+    blocks: Mapping[Node, int] | None = None,
+    cost: Callable[[Node], float] | None = None,
+    min_overlap: float = 0.0,
+) -> list[Node | Wait]:
+    """`nodes` (a topological order) reordered for overlap, with a `Wait` before the first use of each collective
+    started earlier (see the module docstring). Nodes read only Values produced by `nodes` or from outside.
+
+    `blocks`: each collective's turn, a number that never decreases along the graph; collectives of one block may
+    start in any order, all of them before any of the next block (default: one block each, the graph's order).
+    `cost`: a node's estimated seconds; local work that can run while collectives are in flight runs there only if
+    it adds up to `min_overlap`."""
+    return _Scheduler(nodes, is_collective, blocks, cost, min_overlap).run()
+
+
+def spmd_blocks(
+    nodes: Sequence[Node], is_collective: Callable[[Node], bool], is_point_to_point: Callable[[Node], bool]
+) -> dict[Node, int]:
+    """Turns for ranks that run copies of one graph: every group collective between two sends or receives in one
+    block, each send or receive a block of its own."""
+    blocks, block = {}, 0
+    for node in nodes:
+        if is_collective(node):
+            if is_point_to_point(node):
+                blocks[node] = block + 1
+                block += 2
+            else:
+                blocks[node] = block
+    return blocks
+
+
+class _Scheduler:
+    def __init__(self, nodes, is_collective, blocks, cost, min_overlap):
+        self.nodes, self.is_collective, self.cost, self.min_overlap = nodes, is_collective, cost, min_overlap
+        self.position = {node: i for i, node in enumerate(nodes)}
+        producer: dict[Value, Node] = {out: node for node in nodes for out in node.outputs}
+        self.users: dict[Node, list[Node]] = {node: [] for node in nodes}
+        self.missing: dict[Node, int] = {}
+        for node in nodes:
+            deps = {producer[v] for v in node.inputs if v in producer}
+            self.missing[node] = len(deps)
+            for dep in deps:
+                self.users[dep].append(node)
+        collectives = [n for n in nodes if is_collective(n)]
+        if blocks is None:
+            blocks = {c: i for i, c in enumerate(collectives)}
+        self.turn = {c: (blocks[c], self.position[c]) for c in collectives}
+        self.unstarted = sorted(self.turn.values())  # turns of the collectives not started yet
+        self.urgency = _urgency(nodes, self.users, self.turn)
+        self.ready: list[tuple[tuple, int, Node]] = []  # local nodes whose inputs exist: (urgency, position, node)
+        self.startable: list[tuple[tuple[int, int], Node]] = []  # collectives whose inputs exist, by turn
+        for node in nodes:
+            if self.missing[node] == 0:
+                self._arrive(node)
+
+    def _arrive(self, node: Node) -> None:
+        if self.is_collective(node):
+            heapq.heappush(self.startable, (self.turn[node], node))
+        else:
+            heapq.heappush(self.ready, (self.urgency[node], self.position[node], node))
+
+    def _available(self, node: Node) -> None:
+        """`node`'s outputs exist: its users may become ready."""
+        for user in self.users[node]:
+            self.missing[user] -= 1
+            if self.missing[user] == 0:
+                self._arrive(user)
+
+    def _may_start(self) -> bool:
+        """Whether a collective whose inputs exist is in the block of the earliest turn not taken yet."""
+        return bool(self.startable) and self.startable[0][0][0] == self.unstarted[0][0]
+
+    def run(self) -> list[Node | Wait]:
+        in_flight: list[Node] = []  # started, not waited for, oldest first
+        order: list[Node | Wait] = []
+        emitted, decide = 0, False  # decide: whether to overlap the work now ready is still open
+        while emitted < len(self.nodes):
+            # Too little work to hide anything runs first, in the segment that is open, not after the wait.
+            start = self._may_start() and not (self.ready and self.cost is not None and not self._worth_overlapping())
+            if start:
+                turn, collective = heapq.heappop(self.startable)
+                self.unstarted.remove(turn)
+                order.append(collective)
+                in_flight.append(collective)
+                emitted, decide = emitted + 1, True
+            elif self.ready and not (in_flight and decide and not self._worth_overlapping()):
+                node = heapq.heappop(self.ready)[2]
+                order.append(node)
+                self._available(node)
+                emitted, decide = emitted + 1, False
+            elif in_flight:
+                collective = in_flight.pop(0)
+                order.append(Wait(collective))
+                self._available(collective)
+                decide = True
+            else:  # pragma: no cover - a graph in topological order always makes progress
+                raise ValueError("schedule: the nodes form a cycle or read a value no node produces")
+        return order
+
+    def _worth_overlapping(self) -> bool:
+        """Whether the local work that can run before any collective in flight completes reaches min_overlap."""
+        if self.cost is None:
+            return True
+        left: dict[Node, int] = {}
+        queue = [entry[2] for entry in self.ready]
+        total = 0.0
+        while queue:
+            node = queue.pop()
+            total += self.cost(node)
+            if total >= self.min_overlap:
+                return True
+            for user in self.users[node]:
+                if not self.is_collective(user):
+                    left[user] = left.get(user, self.missing[user]) - 1
+                    if left[user] == 0:
+                        queue.append(user)
+        return False
+
+
+def _urgency(nodes: Sequence[Node], users: dict[Node, list[Node]], turn: dict[Node, tuple]) -> dict[Node, tuple]:
+    """For each node, the turn of the earliest collective that needs it (a turn after every other if none)."""
+    never = (float("inf"), float("inf"))
+    urgency: dict[Node, tuple] = {}
+    for node in reversed(nodes):
+        urgency[node] = min([turn.get(node, never), *(urgency[u] for u in users[node])])
+    return urgency

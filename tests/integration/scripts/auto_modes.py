@@ -1,0 +1,94 @@
+"""AUTO_PARALLEL's three search modes reproduce the standalone run: an MLP, a conv net and a net whose weight is used
+by two ops, 20 steps, nothing configured by the user (the planner decides every op).
+
+    python auto_modes.py NET MODE reference.json            # standalone: writes the losses
+    tessel run -n 4 auto_modes.py NET MODE reference.json   # every rank compares (relative error <= 1e-5)
+    ... NET MODE reference.json SAVE.json [LOAD.json]       # and writes the strategy file (loading another first)
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+import tessel as ms
+from tessel import nn, ops
+from tessel.communication import get_group_size, get_rank, init
+
+STEPS, BATCH = 20, 16
+
+
+class Mlp(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.relu = nn.Dense(32, 64), nn.Dense(64, 16), nn.ReLU()
+
+    def construct(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+class ConvNet(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 8, 3, pad_mode="same")
+        self.relu, self.flatten, self.fc = nn.ReLU(), nn.Flatten(), nn.Dense(8 * 6 * 6, 16)
+
+    def construct(self, x):
+        return self.fc(self.flatten(self.relu(self.conv(x))))
+
+
+class Tied(nn.Cell):
+    """One weight, two uses: encode with w, decode with its transpose."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(2)
+        self.w = ms.Parameter(ms.Tensor(rng.standard_normal((16, 32)).astype(np.float32) * 0.2), name="w")
+        self.encode, self.decode = ops.MatMul(), ops.MatMul(transpose_b=True)
+        self.relu = ops.ReLU()
+
+    def construct(self, x):
+        return self.decode(self.relu(self.encode(x, self.w)), self.w)
+
+
+NETS = {"mlp": (Mlp, (32,), 16), "conv": (ConvNet, (2, 6, 6), 16), "tied": (Tied, (16,), 16)}
+
+
+def main() -> None:
+    net_name, mode, reference = sys.argv[1:4]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_seed(4)
+    init()
+    world, rank = get_group_size(), get_rank()
+    if world > 1:
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=mode)
+        files = dict(zip(("save_file", "load_file"), sys.argv[4:6]))
+        if files:
+            ms.set_auto_parallel_context(strategy_ckpt_config=files)
+    make, shape, out = NETS[net_name]
+    net = make()
+    optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.02, momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
+    rng = np.random.default_rng(7)
+    share = BATCH // world
+    losses = []
+    for _ in range(STEPS):
+        x = rng.standard_normal((BATCH, *shape)).astype(np.float32)
+        y = rng.standard_normal((BATCH, out)).astype(np.float32)
+        part = slice(rank * share, (rank + 1) * share)
+        losses.append(float(step(ms.Tensor(x[part]), ms.Tensor(y[part])).asnumpy()))
+    if world == 1:
+        with open(reference, "w") as f:
+            json.dump(losses, f)
+        print(f"auto {net_name} standalone losses {losses[:3]}...")
+        return
+    with open(reference) as f:
+        want = json.load(f)
+    error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, want))
+    print(f"auto {net_name} {mode} ok on rank {rank} of {world}: loss error {error:.3g}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""MindSpore's ways to say how a network is cut, on real daemons under SEMI_AUTO_PARALLEL: Primitive.shard with
+Layouts (named device axes), Cell.shard with a parameter_plan, ms.parallel.shard on a function and AutoParallel
+around a training-step function each reproduce the standalone losses and slice the weights as they say
+(scripts/semi_api.py checks on every rank)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT, rank_log, run_tessel
+
+SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_api.py"
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize("variant", ["layout", "cellshard", "fnshard", "autoparallel"])
+def test_sharding_apis_train_like_standalone(tmp_path, variant):
+    reference = tmp_path / "reference.json"
+    alone = subprocess.run(
+        [sys.executable, str(SCRIPT), variant, str(reference)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-3000:]
+    result = run_tessel(["run", "-n", "4", str(SCRIPT), variant, str(reference)], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    for rank in range(4):
+        out = rank_log(tmp_path, rank).read_text()
+        found = re.search(rf"semi api {variant} ok on rank {rank} of 4: loss error (\S+);", out)
+        assert found and float(found.group(1)) <= 1e-5, out

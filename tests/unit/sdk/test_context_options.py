@@ -1,0 +1,176 @@
+"""No option is ignored in silence: each set_context / set_auto_parallel_context option tessel accepts is in README's
+option table with the status the code gives it, and behaves so — "working" options take other values, "no effect on
+CPU" ones are accepted and logged once, "not supported yet" ones accept only their default."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import pytest
+
+import tessel as ms
+from tessel import context
+from tessel.common import support
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tests.conftest import ROOT
+
+ROW = re.compile(r"^\| `(\w+)` \| (set_context|set_auto_parallel_context) \| `(.*?)` \| ([^|]+?) \| ([^|]*) \|$")
+# A value other than the default for every option: accepted when the option works, refused when not supported yet.
+OTHER_VALUE = {
+    "mode": ms.PYNATIVE_MODE,
+    "device_target": "CPU",  # the default; GPU is checked against the daemons below
+    "device_id": 1,
+    "save_graphs": True,
+    "save_graphs_path": "graphs",
+    "max_call_depth": 2000,
+    "deterministic": "ON",
+    "jit_level": "O1",
+    "runtime_num_threads": 4,
+    "inter_op_parallel_num": 2,
+    "jit_config": {"jit_level": "O2"},
+    "print_file_path": "print.log",
+    "env_config_path": "env.json",
+    "precompile_only": True,
+    "check_bprop": True,
+    "enable_compile_cache": True,
+    "compile_cache_path": "cache",
+    "enable_graph_kernel": True,
+    "graph_kernel_flags": "--opt_level=2",
+    "max_device_memory": "2GB",
+    "mempool_block_size": "2GB",
+    "variable_memory_max_size": "1GB",
+    "enable_reduce_precision": False,
+    "pynative_synchronize": True,
+    "memory_optimize_level": "O1",
+    "ascend_config": {"precision_mode": "force_fp16"},
+    "gpu_config": {"conv_fprop_algo": "normal"},
+    "op_timeout": 600,
+    "enable_profiling": True,
+    "profiling_options": '{"output": "timelines"}',
+    "parallel_mode": ms.ParallelMode.DATA_PARALLEL,
+    "gradients_mean": True,
+    "full_batch": True,
+    "dataset_strategy": ((2, 1), (2,)),
+    "search_mode": "sharding_propagation",
+    "device_num": 4,
+    "global_rank": 1,
+    "pipeline_stages": 2,
+    "gradient_fp32_sync": False,
+    "loss_repeated_mean": False,
+    "parameter_broadcast": True,
+    "enable_parallel_optimizer": True,
+    "strategy_ckpt_load_file": "strategy.ckpt",
+    "strategy_ckpt_save_file": "strategy.ckpt",
+    "strategy_ckpt_config": {"save_file": "strategy.json"},
+    "all_reduce_fusion_config": [20, 35],
+    "grad_accumulation_step": 4,
+    "comm_fusion": {"allreduce": {"mode": "size", "config": 32}},
+    "pipeline_config": {"pipeline_scheduler": "1f1b"},
+    "auto_pipeline": True,
+}
+
+
+@pytest.fixture(autouse=True)
+def own_context(monkeypatch, tmp_path):
+    """Each test changes a copy of the context: what it sets, logs or binds does not reach other tests (and what it
+    writes, such as a timeline, lands in its own folder)."""
+    from tessel import profiler
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(context, "_context", dict(context._context))
+    monkeypatch.setattr(context, "_explicit_context", set())
+    monkeypatch.setattr(support, "_logged", set())
+    monkeypatch.setattr(context, "_bound_daemon", None)
+    monkeypatch.setenv("TESSEL_PLUGIN", "cpu")  # set_context(device_target=...) must not pick another plugin here
+    yield
+    profiler.stop()
+    ms.reset_auto_parallel_context()
+
+
+def readme_table() -> dict[str, tuple[str, str, str]]:
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        found = ROW.match(line)
+        if found:
+            name, of, default, status, _ = found.groups()
+            rows[name] = (of, default, status)
+    return rows
+
+
+def all_options() -> dict[str, tuple[str, object]]:
+    """option -> (the function that sets it, its default)."""
+    options = {name: ("set_context", default) for name, default in context._IGNORED.items()}
+    options.update({name: ("set_context", default) for name, default in context._CONTEXT_DEFAULTS.items()})
+    options.update({name: ("set_auto_parallel_context", d) for name, d in context._PARALLEL_DEFAULTS.items()})
+    return options
+
+
+def setter(of: str):
+    return ms.set_context if of == "set_context" else ms.set_auto_parallel_context
+
+
+def test_the_readme_lists_every_option_with_its_status():
+    table, options = readme_table(), all_options()
+    assert sorted(table) == sorted(options), "README's option table and the code list different options"
+    for name, (of, default) in options.items():
+        status = context.option_status(name).split(":")[0]
+        assert table[name] == (of, repr(default), status), f"README's row of {name!r} is out of date"
+
+
+@pytest.mark.parametrize("name", sorted(all_options()))
+def test_each_option_behaves_as_its_status_says(name, caplog):
+    of, default = all_options()[name]
+    status = context.option_status(name)
+    value = OTHER_VALUE[name]
+    with caplog.at_level(logging.WARNING, logger="tessel"):
+        setter(of)(**{name: default})  # the default is always accepted
+        if status == "no effect on CPU":
+            setter(of)(**{name: value})
+    if status == "working":
+        setter(of)(**{name: value})
+        getter = ms.get_context if of == "set_context" else ms.get_auto_parallel_context
+        assert getter(name) == value
+    elif status == "no effect on CPU":  # said once, whatever the value
+        said = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+        assert said == [f"set_context({name}={default!r}): no effect on CPU; tessel does not use it"]
+        assert ms.get_context(name) == value
+    else:
+        assert status.startswith("not supported yet: ")
+        with pytest.raises(NotSupportedYetError, match=re.escape(f"not supported yet: {name}={value!r}, ")):
+            setter(of)(**{name: value})
+
+
+def test_the_unsupported_parts_of_comm_fusion_are_refused():
+    for fusion, error, message in [
+        ({"allgather": {"mode": "size", "config": 32}}, NotSupportedYetError, "not supported yet: comm_fusion 'allg"),
+        ({"allreduce": {"mode": "index", "config": [20]}}, NotSupportedYetError, "not supported yet: comm_fusion 'all"),
+        ({"openstate": False}, NotSupportedYetError, "not supported yet: comm_fusion openstate=False"),
+        ({"allreduce_x": {}}, ConfigurationError, "comm_fusion must be a dict with keys among"),
+    ]:
+        with pytest.raises(error, match=re.escape(message)):
+            ms.set_auto_parallel_context(comm_fusion=fusion)
+    ms.set_auto_parallel_context(comm_fusion={"openstate": True, "allreduce": {"mode": "auto"}})
+
+
+def test_a_device_target_no_daemon_provides_is_an_error_naming_their_plugins():
+    ms.set_context(device_target="GPU")
+    with pytest.raises(ConfigurationError, match=r"no daemon of this job provides it; .* plugin\(s\) \['cpu'\]"):
+        context._bind_daemon(["cpu", "cpu"], "cpu", 0, 2)
+    ms.set_context(device_target="CPU")
+    context._bind_daemon(["cpu", "gpu"], "gpu", 1, 2)  # a mixed job: some daemon provides it
+
+
+def test_unset_device_options_report_the_daemons_and_set_ones_must_match_the_job():
+    context._bind_daemon(["gpu", "gpu"], "gpu", 1, 2)
+    assert ms.get_context("device_target") == "GPU" and ms.get_context("device_id") == 1
+    with pytest.raises(ConfigurationError, match=r"device_id=3\): this rank's daemon runs device 1"):
+        ms.set_context(device_id=3)
+    assert ms.get_context("device_id") == 1  # the refused value is not kept
+    with pytest.raises(ConfigurationError, match=r"device_num=4\): the job has 2 ranks"):
+        ms.set_auto_parallel_context(device_num=4)
+    assert ms.get_auto_parallel_context("device_num") == 1  # the refused value is not kept
+    context._bind_daemon(["cpu"], "cpu", 0, 1)
+    ms.set_auto_parallel_context(device_num=4)  # a world of 1 may plan for 4 devices (tessel.parallel.explain)
+    with pytest.raises(ConfigurationError, match=r"device_num=4\): the job has 2 ranks"):
+        context._bind_daemon(["cpu", "cpu"], "cpu", 0, 2)

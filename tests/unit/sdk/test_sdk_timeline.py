@@ -1,0 +1,146 @@
+"""The per-rank timeline: MindSpore's Profiler and TESSEL_TIMELINE write a Chrome trace per rank (segments named by
+their ops, collectives issued / moving / waited for with their bytes, data loading, host transfers), and `tessel
+timeline DIR` reads the share of communication hidden behind computation and the step-time breakdown."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel import nn, profiler
+from tessel.core.errors import ConfigurationError
+from tessel.daemon.core import Result
+from tessel.dataset import NumpySlicesDataset
+from tessel.profiler.recorder import Recorder
+from tessel.profiler.report import main as timeline_main
+from tessel.profiler.report import merge, subtract, summarize, summarize_trace
+from tessel.v1 import daemon_pb2
+
+MS = 1_000_000  # ns
+
+
+def _model():
+    ms.set_seed(0)
+    net = nn.SequentialCell(nn.Dense(8, 16), nn.ReLU(), nn.Dense(16, 4))
+    x = np.random.default_rng(0).random((64, 8)).astype(np.float32)
+    data = NumpySlicesDataset({"x": x, "y": (np.arange(64) % 4).astype(np.int32)}, shuffle=False).batch(16)
+    return ms.Model(net, nn.CrossEntropyLoss(), nn.SGD(net.trainable_params(), 0.1)), data
+
+
+@pytest.fixture(autouse=True)
+def no_recording():
+    yield
+    profiler.stop()
+
+
+def test_profiler_writes_one_chrome_trace_per_rank_that_the_summary_reads(tmp_path, capsys):
+    model, data = _model()
+    recorder = ms.Profiler(output_path=str(tmp_path))
+    model.train(1, data, dataset_sink_mode=False)  # 4 steps, one Execute each
+    model.train(1, data, dataset_sink_mode=True)  # 4 steps in one Execute
+    recorder.analyse()
+    trace = json.loads((tmp_path / "timeline_rank0.json").read_text())
+    events = trace["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"steps", "script", "daemon"} <= names
+    spans = [e for e in events if e["ph"] == "X"]
+    assert all(isinstance(e["ts"], float) and e["dur"] >= 0 for e in spans)
+    categories = {e["cat"] for e in spans}
+    assert {"step", "compute", "data", "transfer"} <= categories
+    compute = [e for e in spans if e["cat"] == "compute"]
+    assert len(compute) == 8 and all("MatMul" in e["name"] and e["args"]["ops"]["MatMul"] >= 2 for e in compute)
+    assert sum(1 for e in spans if e["cat"] == "data" and e["name"].startswith("next batch")) == 4  # sink mode
+    assert sum(1 for e in spans if e["cat"] == "data" and e["name"].startswith("data loading")) == 4  # feed mode
+    summary = summarize(tmp_path)[0]
+    assert summary.steps == 8 and summary.hidden_share is None  # one rank: no communication
+    assert abs(sum(summary.breakdown_us.values()) - summary.span_us) < 1e-3 * summary.span_us
+    assert timeline_main([str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "compute" in printed and "hidden" in printed and "   0      8" in printed
+
+
+def test_tessel_timeline_environment_variable_records_without_code_changes(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_TIMELINE", str(tmp_path))
+    monkeypatch.setattr(profiler, "_from_environment", False)
+    model, data = _model()
+    model.train(1, data)
+    assert profiler.stop().endswith("timeline_rank0.json")
+    assert summarize(tmp_path)[0].steps == 4
+
+
+def test_set_context_enable_profiling_maps_to_the_timeline(tmp_path):
+    ms.set_context(enable_profiling=True, profiling_options=json.dumps({"output": str(tmp_path)}))
+    model, data = _model()
+    model.train(1, data)
+    ms.set_context(enable_profiling=False)
+    assert summarize(tmp_path)[0].steps == 4
+    with pytest.raises(ConfigurationError, match="not supported yet"):
+        ms.set_context(profiling_options=json.dumps({"output": str(tmp_path), "aicpu": "on"}))
+    ms.set_context(profiling_options="")
+
+
+@pytest.mark.parametrize("option", [{"profile_memory": True}, {"aicore_metrics": 1}, {"l2_cache": True},
+                                    {"op_time": False}, {"no_such_option": 1}])  # fmt: skip
+def test_profiler_options_it_cannot_honour_say_not_supported_yet(option, tmp_path):
+    with pytest.raises(ConfigurationError, match="not supported yet"):
+        ms.Profiler(output_path=str(tmp_path), **option)
+
+
+def test_profiler_start_and_stop_follow_mindspores_rules(tmp_path):
+    recorder = ms.Profiler(output_path=str(tmp_path), start_profile=False, profile_communication=True)
+    with pytest.raises(ConfigurationError, match="not recording"):
+        recorder.stop()
+    recorder.start()
+    with pytest.raises(ConfigurationError, match="already recording"):
+        recorder.start()
+    recorder.stop()
+    assert (tmp_path / "timeline_rank0.json").exists()
+
+
+def _event(index, kind, start, end, **fields):
+    return daemon_pb2.TimelineEvent(index=index, kind=kind, start_ns=start * MS, end_ns=end * MS, **fields)
+
+
+class _FakeDaemon:
+    """A daemon whose Execute 'ran' copy 0's AllReduce asynchronously while copy 1's segment computed."""
+
+    def execute(self, session, program, **kwargs):
+        assert kwargs.pop("timeline") is True
+        events = [
+            _event(0, "run_segment", 100, 110, name="train@1a2b3c4d/s0"),
+            _event(1, "all_reduce", 110, 111, handle="h1", bytes=4 << 20, comm_start_ns=111 * MS, comm_end_ns=125 * MS),
+            _event(2, "run_segment", 111, 121, name="train@1a2b3c4d/s2"),
+            _event(3, "wait", 121, 125, handle="h1"),
+            _event(4, "all_reduce", 125, 129, bytes=1024, comm_start_ns=125 * MS, comm_end_ns=129 * MS, name="g_0_1"),
+            _event(5, "run_segment", 129, 130, name="train@1a2b3c4d/s5"),
+        ]
+        return Result({"loss": np.float32(1.0)}, {}, [], events)
+
+
+def test_recorder_names_collectives_by_kind_group_and_bytes_and_the_summary_measures_overlap(tmp_path):
+    recorder = Recorder(tmp_path, rank=3)
+    recorder.execute(_FakeDaemon(), "session", daemon_pb2.Program(), feed={"x": np.zeros(256, np.float32)})
+    trace = recorder.trace()
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    names = [e["name"] for e in spans]
+    assert "start AllReduce (world, 4.0 MiB)" in names and "wait for AllReduce (world)" in names
+    assert "AllReduce (world, 4.0 MiB)" in names and "AllReduce (g_0_1, 1.0 KiB)" in names
+    assert "host→daemon (1.0 KiB fed)" in names
+    tracks = {e["tid"] for e in spans if e["cat"] == "communication"}
+    assert len(tracks) == 2  # one per group, like the communicators' threads
+    assert all(e["pid"] == 3 for e in trace["traceEvents"])
+    summary = summarize_trace(trace)
+    # communication: 111-125 (14 ms, of which 111-121 under segment s2) and 125-129 (none hidden) -> 10 of 18 ms
+    assert summary.communication_us == pytest.approx(18_000)
+    assert summary.hidden_share == pytest.approx(10 / 18)
+    assert summary.breakdown_us["compute"] == pytest.approx(21_000)  # 10 + 10 + 1 ms of segments
+    assert summary.breakdown_us["communication"] == pytest.approx(8_000)  # 121-125 and 125-129: exposed
+    assert summary.steps == 1
+
+
+def test_interval_arithmetic():
+    assert merge([(3, 4), (0, 2), (1, 3), (6, 6)]) == [(0, 4)]
+    assert subtract([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
