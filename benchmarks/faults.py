@@ -50,7 +50,7 @@ JOB_SECONDS = 12.0  # how long a trial's job all-reduces when nothing goes wrong
 TRIAL_DEADLINE_S = 60.0
 DETECTION_TARGET_S = 5.0
 RESTART_AFTER_S = 1.0  # a killed coordinator is started again this long after the kill
-PAUSE_S = 2.0  # a stopped coordinator is continued after this long
+PAUSE_S = 4.0  # a stopped coordinator is continued after this long (longer than the 3 s heartbeat timeout)
 FAILED = re.compile(r"rank (\d+): (\w+) at ([\d.]+) culprit=(-?\d+|None): (.*)")
 SUMMARY = re.compile(r"tessel run: rank (-?\d+) failed")
 

@@ -48,9 +48,10 @@ _FINAL_CODES = (
 class HeartbeatHandle:
     """A background heartbeat stream for one member; events arrive through `on_event` (on the handle's thread).
 
-    If the stream breaks or the coordinator stops answering, the handle opens it again (naming the same member)
-    for up to `grace_s`, so a coordinator restarted from its store takes its members back. If it does not come back
-    in time, or answers that it does not know the member, the handle sets `lost` (with `lost_reason`) and calls
+    If the stream breaks, the handle opens it again (naming the same member) for up to `grace_s`, so a coordinator
+    restarted from its store takes its members back; a coordinator that stops answering on an open stream has
+    `timeout_s + grace_s` to answer again. If it does not come back in time, or answers that it does not know the
+    member, the handle sets `lost` (with `lost_reason`) and calls
     `on_event` once with a JobEvent whose state is COORDINATOR_LOST. `stop()` ends the stream; for a client rank
     that has not finished (FinishRank), that counts as its death and fails its job.
     """
@@ -132,17 +133,13 @@ class HeartbeatHandle:
         return True
 
     def _watch(self) -> None:
+        """A hung or stopped coordinator keeps the stream open but silent: it is lost once silent for the timeout
+        plus the grace. The stream is never cancelled before: a coordinator that resumes (SIGCONT, a pause of its
+        host) must find it open, since to the coordinator a rank's closed stream is that rank's death."""
         while not self._done.wait(self.interval_s):
             age = time.monotonic() - self._last_reply
-            # A hung coordinator: end this stream (the receiver opens another one while the grace lasts).
-            if age > self.timeout_s and self._broken(
-                f"no reply from the coordinator at {self._client.address} for {age:.1f} s"
-            ):
-                with self._lock:
-                    call = self._call
-                if call is not None:
-                    call.cancel()
-                self._last_reply = time.monotonic()  # give the next stream its own timeout
+            if age > self.timeout_s + self.grace_s:
+                self._lose(f"no reply from the coordinator at {self._client.address} for {age:.1f} s")
 
     def _deliver(self, event: coordinator_pb2.JobEvent) -> None:
         try:
