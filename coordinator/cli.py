@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -50,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
         default=RECOVERY_GRACE_S,
         help="after a restart, how long restored daemons and ranks have to heartbeat again (default 10)",
     )
+    parser.add_argument(
+        "--tls",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="TLS on the gRPC port with the cluster CA (default $TESSEL_TLS, else auto: on unless --host is loopback)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -69,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     for are tessel.core.limits' (TESSEL_LIMIT_* variables).
     """
     args = _parser().parse_args(argv)
+    if args.tls is not None:
+        os.environ["TESSEL_TLS"] = args.tls  # its own clients (none today) and any child follow the same setting
     limit_heaps()  # many RPC threads, mostly waiting: few heaps keep the memory in one place
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:

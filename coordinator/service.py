@@ -14,7 +14,7 @@ import grpc
 from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
 from tessel.coordinator.store import Store
-from tessel.core import errors, rpc
+from tessel.core import errors, rpc, tls
 from tessel.core.limits import Limits
 from tessel.core.memory import release_free_memory
 from tessel.v1 import common_pb2, coordinator_pb2
@@ -242,7 +242,8 @@ class CoordinatorServer:
             f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most; after a restart members have "
             f"{recovery_grace_s:g} s to come back (state in {self.state.store.url})"
         )
-        log.info("coordinator listening on %s", self.address)
+        self.tls = tls.wanted(host)
+        log.info("coordinator listening on %s (%s)", self.address, "TLS, cluster CA" if self.tls else "plaintext")
 
     def _reap(self, period_s: float, trim_every_s: float = 10.0) -> None:
         last = trimmed = time.monotonic()
@@ -309,6 +310,7 @@ def serve(
             "use a timeout of several intervals (default 3000 ms over 500 ms)"
         )
     token = token or rpc.cluster_token(create=True)
+    tls.cluster_ca(create=True)  # made with the token at the first start: the files other hosts get a copy of
     return CoordinatorServer(
         host,
         port,

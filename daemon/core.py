@@ -332,12 +332,12 @@ class DaemonCore:
         collect: Iterable[str] = (),
         timeline: bool = False,
         progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
-        cancelled=None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
         (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
-        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values. Between
-        repetitions it stops when the job has failed, or when `cancelled()` (the caller went away) is true."""
+        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values.
+        Between repetitions it stops when the job has failed, or when `cancelled()` (the caller went away) is true."""
         session = self.session(session_id)
         collect = list(collect)
         events: list[daemon_pb2.TimelineEvent] = []
@@ -347,7 +347,6 @@ class DaemonCore:
                 session.tensors.update(feed)
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
-            clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
             try:
                 for repetition in range(max(1, repeat)):
@@ -357,6 +356,7 @@ class DaemonCore:
                     if timeline:
                         _record(session, steps, repetition, events, elapsed)
                     elif timings:
+                        clock = time.perf_counter
                         for i, step in enumerate(steps):
                             start = clock()
                             step.run()

@@ -49,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="address other hosts reach this daemon at (default: --host; required when --host is 0.0.0.0)",
     )
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
+    parser.add_argument(
+        "--tls",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="TLS on its gRPC port and to the coordinator, with the cluster CA pinned (default $TESSEL_TLS, else "
+        "auto: on for any address other than loopback)",
+    )
     parser.add_argument("--max-request-mb", type=int, default=1024, help="largest accepted request")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach the coordinator")
     parser.add_argument(
@@ -138,6 +145,8 @@ def _housekeeping(core: DaemonCore, stop: threading.Event, trim_every_s: float =
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tls is not None:
+        os.environ["TESSEL_TLS"] = args.tls
     limit_heaps(8)  # many RPC threads, mostly waiting: few heaps keep freed memory in few places
     logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
     from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient

@@ -80,9 +80,8 @@ class DaemonServicer:
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
             request.collect,
-            request.timeline,
-            None,
-            cancelled,
+            timeline=request.timeline,
+            cancelled=cancelled,
         )
         return _reply(result)
 
@@ -108,8 +107,8 @@ class DaemonServicer:
                     request.timings,
                     {t.name: from_proto(t.tensor, t.name) for t in request.feed},
                     request.collect,
-                    request.timeline,
-                    progress,
+                    timeline=request.timeline,
+                    progress=progress,
                 )
                 events.put(daemon_pb2.ExecuteProgress(done=_reply(result, collected=False)))
             except BaseException as exc:  # handed to the RPC thread, which reports it to the client
@@ -141,7 +140,7 @@ class DaemonServicer:
     def Measure(self, request, context):
         from tessel.daemon.calibration import measure_device
 
-        found = measure_device(self.core.plugin)
+        found = measure_device(self.core.plugin, wait=False)
         if found is None:
             raise ConfigurationError(
                 f"Measure: the {self.core.plugin.name} plugin measures nothing here (or TESSEL_MEASURE=0 is set)"

@@ -20,6 +20,7 @@ import logging
 import os
 import secrets
 import socket
+import ssl
 import threading
 import time
 import weakref
@@ -39,6 +40,7 @@ SOCKET_BUFFER_BYTES = 4 * 1024 * 1024
 # up before its address is published, so a healthy peer never needs longer.
 CONNECT_TIMEOUT_S = float(os.environ.get("TESSEL_CONNECT_TIMEOUT", "5"))
 _WILDCARDS = ("", "0.0.0.0", "::")
+HANDSHAKE_TLS_S = 10.0  # a TLS handshake after the token's proof: both ends are cluster members, and alive
 
 
 _PROCESS_SECRET = secrets.token_hex(16)
@@ -66,6 +68,17 @@ def _tune(sock: socket.socket) -> None:
             sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
 
 
+def _read_some(sock: socket.socket, size: int) -> bytes:
+    """Up to `size` bytes from a blocking socket (fewer only if the peer closed)."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return bytes(data)
+
+
 def _split_address(address: str) -> tuple[str, int]:
     host, sep, port = address.rpartition(":")
     if not sep or not port.isdigit():
@@ -86,8 +99,16 @@ class TcpTransport:
         token: str | None = None,
         advertise_host: str = "",
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        tls: bool | None = None,
     ):
+        """`tls`: encrypt every connection after the handshake (default: TESSEL_DATA_TLS=on), the listener with a
+        certificate of the cluster CA, the dialer pinning that CA (core/tls.py)."""
+        from tessel.core import tls as cluster_tls
+
         self.host = host
+        self.tls = cluster_tls.data_plane_wanted() if tls is None else tls
+        self._tls_server = cluster_tls.server_context() if self.tls else None
+        self._tls_client = cluster_tls.client_context() if self.tls else None
         advertised = advertise_host or host
         if advertised in _WILDCARDS:
             raise ConfigurationError(
@@ -193,7 +214,26 @@ class TcpTransport:
             except BaseException:
                 sock.close()
                 raise
+            return self._encrypt_dialled(sock, context, peer_rank, clock)
+
+    def _encrypt_dialled(self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock):
+        """The dialer's TLS handshake on an admitted connection (when TLS is on): the listener must prove a
+        certificate of the cluster CA."""
+        if self._tls_client is None:
             return sock
+        from tessel.core.tls import SERVER_NAME
+
+        sock.settimeout(max(0.05, min(HANDSHAKE_TLS_S, clock.remaining())))
+        try:
+            return self._tls_client.wrap_socket(sock, server_hostname=SERVER_NAME)
+        except (ssl.SSLError, OSError) as exc:
+            sock.close()
+            peer = context.peers[peer_rank]
+            raise PeerFailedError(
+                f"TLS with {Who(peer_rank, peer.rank)} at {peer.data_address} failed ({exc}): every daemon of the "
+                "job must set the same TESSEL_DATA_TLS and hold the same cluster CA (~/.tessel/tls)",
+                culprit_rank=peer.rank,
+            ) from None
 
     def _unreachable(self, context: GroupContext, peer_rank: int, clock: Clock, cause: OSError) -> PeerUnreachableError:
         peer = context.peers[peer_rank]
@@ -207,65 +247,54 @@ class TcpTransport:
         )
 
     def dial_probe(self, address: str) -> socket.socket:
-        """A connection to the data plane at `address` for a link probe (tcp_probe.py), handshake done: the same
-        challenge–response as a peer's (tcp_handshake.py), blocking, within the connect timeout."""
+        """A connection to the data plane at `address` for a link probe (tcp_probe.py), handshake done (the same
+        challenge–response as any peer; a probe carries no data of a job, so it is never encrypted)."""
         from tessel.plugins.cpu.tcp_probe import PROBE_CHANNEL
 
         host, port = _split_address(address)
         sock = socket.create_connection((host, port), timeout=self.connect_timeout_s)
-
-        def read(size: int) -> bytes:
-            data = b""
-            while len(data) < size:
-                chunk = sock.recv(size - len(data))
-                if not chunk:
-                    raise ConfigurationError(f"the data plane at {address} closed a link probe's handshake")
-                data += chunk
-            return data
-
         try:
             _tune(sock)
-            dialer_nonce = os.urandom(handshake.NONCE_BYTES)
-            sock.sendall(handshake.MAGIC + dialer_nonce)
-            challenge = read(handshake.CHALLENGE_BYTES)
-            listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
-            if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
-                raise ConfigurationError(
-                    f"the data plane at {address} refused a link probe: wrong cluster token (it could not prove "
-                    "that it holds this cluster's token)"
-                )
             body = handshake.encode_key("", "", (), -1, -1, PROBE_CHANNEL)
-            mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
-            sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
-            answer = read(1)
+            answer = self._prove(sock, body, lambda size: _read_some(sock, size))
         except BaseException:
             sock.close()
             raise
         if answer != handshake.ACCEPTED:
             sock.close()
-            why = "wrong cluster token" if answer == handshake.BAD_TOKEN else "the peer closed the connection"
+            why = "wrong cluster token" if answer in (handshake.BAD_TOKEN, b"?") else "the peer closed the connection"
             raise ConfigurationError(f"the data plane at {address} refused a link probe: {why}")
         return sock
+
+    def _prove(self, sock: socket.socket, body: bytes, receive) -> bytes:
+        """The dialer's side of tcp_handshake's challenge–response for a connection named by `body`; returns the
+        listener's one-byte answer (b"" if it closed, b"?" if it could not prove the token). `receive(n)` reads."""
+        dialer_nonce = os.urandom(handshake.NONCE_BYTES)
+        sock.sendall(handshake.MAGIC + dialer_nonce)
+        challenge = receive(handshake.CHALLENGE_BYTES)
+        if len(challenge) < handshake.CHALLENGE_BYTES:
+            raise _Refused("the listener closed the connection before answering the handshake")
+        listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
+        if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
+            return b"?"
+        mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
+        sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
+        return receive(1)
 
     def _handshake(
         self, sock: socket.socket, context: GroupContext, peer_rank: int, clock: Clock, channel: str
     ) -> None:
         """The dialer's side of tcp_handshake's challenge–response; returns once the listener accepted."""
         address = context.peers[peer_rank].data_address
-        dialer_nonce = os.urandom(handshake.NONCE_BYTES)
-        sock.sendall(handshake.MAGIC + dialer_nonce)
-        challenge = self._receive(sock, handshake.CHALLENGE_BYTES, context, peer_rank, clock)
-        if len(challenge) < handshake.CHALLENGE_BYTES:
-            raise _Refused(f"{address} closed the connection before answering the handshake")
-        listener_nonce, proof = challenge[: handshake.NONCE_BYTES], challenge[handshake.NONCE_BYTES :]
-        if not hmac.compare_digest(proof, handshake.listener_proof(self._token, dialer_nonce, listener_nonce)):
-            raise self._wrong_token(context, address, "it could not prove that it holds this cluster's token")
         body = handshake.encode_key(
             context.job_id, context.name, context.ranks, context.rank, context.ranks[peer_rank], channel
         )
-        mac = handshake.dialer_proof(self._token, dialer_nonce, listener_nonce, body)
-        sock.sendall(handshake.LENGTH.pack(len(body)) + body + mac)
-        answer = self._receive(sock, 1, context, peer_rank, clock)
+        try:
+            answer = self._prove(sock, body, lambda size: self._receive(sock, size, context, peer_rank, clock))
+        except _Refused:
+            raise _Refused(f"{address} closed the connection before answering the handshake") from None
+        if answer == b"?":
+            raise self._wrong_token(context, address, "it could not prove that it holds this cluster's token")
         if answer == handshake.BAD_TOKEN:
             raise self._wrong_token(context, address, "it refused this daemon's proof of the token")
         if answer != handshake.ACCEPTED:
@@ -331,12 +360,32 @@ class TcpTransport:
             self._listener.close()
 
     def _file(self, key: handshake.Key, sock: socket.socket) -> None:
-        """File an admitted connection under its key until its communicator claims it (Admitter's thread)."""
+        """File an admitted connection under its key until its communicator claims it (Admitter's thread); with
+        TLS on, its handshake runs first on a thread of its own (the peer proved the token: it is a cluster member)."""
         if key[-1] == "probe":  # a link probe (tcp_probe.py), authenticated like any peer: answer it on its own thread
             from tessel.plugins.cpu.tcp_probe import serve_probe
 
             threading.Thread(target=serve_probe, args=(sock,), name="tessel-tcp-probe", daemon=True).start()
             return
+        if self._tls_server is not None:
+            encrypt = threading.Thread(target=self._encrypt_admitted, args=(key, sock), name="tessel-tcp-tls")
+            encrypt.daemon = True
+            encrypt.start()
+            return
+        self._claimable(key, sock)
+
+    def _encrypt_admitted(self, key: handshake.Key, sock: socket.socket) -> None:
+        sock.settimeout(HANDSHAKE_TLS_S)
+        try:
+            wrapped = self._tls_server.wrap_socket(sock, server_side=True)
+        except (ssl.SSLError, OSError) as exc:
+            log.warning("data plane %s: TLS handshake with an admitted peer failed: %s", self.address, exc)
+            sock.close()
+            return
+        wrapped.settimeout(None)
+        self._claimable(key, wrapped)
+
+    def _claimable(self, key: handshake.Key, sock: socket.socket) -> None:
         with self._cond:
             if self._closed:
                 sock.close()

@@ -67,7 +67,17 @@ class RequestFuzzer:
         rng = self.rng
         target = getattr(message, field.name)
         huge = rng.random() < 0.03 and depth < 2
-        if field.type == T.TYPE_MESSAGE:
+        if field.type == T.TYPE_MESSAGE and field.message_type.GetOptions().map_entry:
+            entry = field.message_type.fields_by_name
+            key_field, value_field = entry["key"], entry["value"]
+            for _ in range(rng.randint(100, 500) if huge else rng.choice([0, 1, 2, 3])):
+                key = self._scalar(key_field, small=huge)
+                if value_field.type == T.TYPE_MESSAGE:
+                    if depth < 3:
+                        self._fill(target[key], 3 if huge else depth + 1)
+                else:
+                    target[key] = self._scalar(value_field)
+        elif field.type == T.TYPE_MESSAGE:
             count = rng.randint(100, 500) if huge else rng.choice([0, 1, 1, 2, 3])
             for _ in range(count):
                 item = target.add()
@@ -137,6 +147,11 @@ def send_all(
                     iter(messages), timeout=timeout_s, metadata=metadata
                 )
                 for _ in call:
+                    pass
+            elif method.server_streaming:
+                for _ in channel.unary_stream(path, request_serializer=serialize)(
+                    messages[0], timeout=timeout_s, metadata=metadata
+                ):
                     pass
             else:
                 channel.unary_unary(path, request_serializer=serialize)(
