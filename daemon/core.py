@@ -55,6 +55,7 @@ def release_freed_memory() -> None:
 
 _trim = None
 
+
 # How long a collective that failed because a peer left waits for the coordinator's verdict on the job (the
 # daemons of a job hear of its failure within a heartbeat of each other).
 VERDICT_WAIT_S = 1.0
@@ -468,9 +469,20 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _store_bytes(session: Session) -> int:
+    """What the session's store holds, in bytes (each buffer once, however many names it has)."""
+    seen: dict[int, int] = {}
+    for value in list(session.tensors.values()):
+        array = np.asarray(value)
+        base = array.base if isinstance(array.base, np.ndarray) else array
+        seen[id(base)] = max(seen.get(id(base), 0), int(array.nbytes))
+    return sum(seen.values())
+
+
 def _record(session: Session, steps: list, repetition: int, events: list, elapsed: list[float]) -> None:
-    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`). An
-    asynchronous collective's event gets its communicator's start and end once its wait has run."""
+    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`) with what the
+    store holds after it (the live memory of the step). An asynchronous collective's event gets its
+    communicator's start and end once its wait has run."""
     clock = time.time_ns
     started: dict[str, daemon_pb2.TimelineEvent] = {}
     for index, step in enumerate(steps):
@@ -484,6 +496,7 @@ def _record(session: Session, steps: list, repetition: int, events: list, elapse
         )  # fmt: skip
         if step.nbytes is not None:
             event.bytes = step.nbytes()
+        event.store_bytes = _store_bytes(session)
         if step.kind not in ("wait", "run_segment", "next_batch", "free", "copy"):  # a collective
             if step.handle:
                 started[step.handle] = event

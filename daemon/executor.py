@@ -96,7 +96,7 @@ class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator;
     `may_overlap(session, comm)` says whether its collectives may run while segments compute (see DaemonCore):
     where not, a collective the program starts asynchronously runs to completion right there instead, and its
-    wait returns at once."""
+    wait returns at once. Sends and receives started asynchronously always run beside the program."""
 
     def __init__(
         self,
@@ -132,7 +132,10 @@ class Executor:
                 call, outputs = _collective_call(comm, session, op)
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
             sizes = _bytes_of(session, list(op.inputs))
-            if op.handle and self.may_overlap(session, comm):
+            # A send or receive always runs beside the program: it mostly waits for its peer, and a receive posted
+            # early and run at once would block this rank until the sender gets there (a pipeline would deadlock).
+            point_to_point = op.kind in (collective_pb2.SEND, collective_pb2.RECV)
+            if op.handle and (point_to_point or self.may_overlap(session, comm)):
                 start = lambda: session.handles.__setitem__(op.handle, (call(True), outputs))  # noqa: E731
                 return Bound(label, start, label, op.group, op.handle, sizes)
             if op.handle:

@@ -253,7 +253,7 @@ class InstructionTiming(_message.Message):
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class TimelineEvent(_message.Message):
-    __slots__ = ("index", "repetition", "kind", "name", "start_ns", "end_ns", "comm_start_ns", "comm_end_ns", "bytes", "handle")
+    __slots__ = ("index", "repetition", "kind", "name", "start_ns", "end_ns", "comm_start_ns", "comm_end_ns", "bytes", "handle", "store_bytes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +264,7 @@ class TimelineEvent(_message.Message):
     COMM_END_NS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
     index: int
     repetition: int
     kind: str
@@ -274,7 +275,8 @@ class TimelineEvent(_message.Message):
     comm_end_ns: int
     bytes: int
     handle: str
-    def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ...) -> None: ...
+    store_bytes: int
+    def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ..., store_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteProgress(_message.Message):
     __slots__ = ("repetition", "collected", "done")

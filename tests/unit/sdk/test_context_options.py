@@ -56,6 +56,7 @@ OTHER_VALUE = {
     "device_num": 4,
     "global_rank": 1,
     "pipeline_stages": 2,
+    "pipeline_result_broadcast": True,
     "gradient_fp32_sync": False,
     "loss_repeated_mean": False,
     "parameter_broadcast": True,
