@@ -157,8 +157,15 @@ def daemon_order(daemon_id: str) -> tuple[int, str]:
     return (int(digits), daemon_id) if digits.isdigit() else (1 << 62, daemon_id)
 
 
+def _plugins(joiner: Joiner) -> list[str]:
+    """The plugins a rank accepts: JoinJobRequest.plugin is empty (any) or one name or several, comma-separated
+    (a job over mixed hardware: tessel run --plugin gpu,cpu)."""
+    return [name.strip() for name in joiner.plugin.split(",") if name.strip()]
+
+
 def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
-    return record.state == IDLE and (not joiner.plugin or record.info.plugin == joiner.plugin)
+    wanted = _plugins(joiner)
+    return record.state == IDLE and (not wanted or record.info.plugin in wanted)
 
 
 def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
@@ -167,7 +174,7 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
         return f"{who}, which is not registered"
     if taken_by is not None:
         return f"{who}, which rank {taken_by} is pinned to as well"
-    if joiner.plugin and record.info.plugin != joiner.plugin:
+    if _plugins(joiner) and record.info.plugin not in _plugins(joiner):
         return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
     busy = f" with job '{record.info.job_id}'" if record.state == BUSY else ""
     return f"{who}, which is {record.state}{busy}"

@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
+from tessel.core.plugin import CollectivePlugin, GroupContext, LinkMeasurement, Peer, Plugin
+from tessel.daemon import hierarchy
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -74,8 +75,17 @@ class DaemonCore:
         core.put(sid, {"x": np.ones(3, np.float32)})
     """
 
-    def __init__(self, plugin: Plugin, coordinator=None, daemon_id: str = "local", data_address: str = ""):
+    def __init__(
+        self,
+        plugin: Plugin,
+        coordinator=None,
+        daemon_id: str = "local",
+        data_address: str = "",
+        host_transport: CollectivePlugin | None = None,
+    ):
         self.plugin = plugin
+        # What joins this daemon's groups to other hosts and plugins (daemon/hierarchy.py).
+        self.host_transport = host_transport if host_transport is not None else plugin.host_transport
         self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
         self.daemon_id = daemon_id
         self.data_address = data_address
@@ -88,9 +98,17 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
+    def open_session(
+        self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "", collectives: str = ""
+    ) -> str:
         """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
-        rank) keeps this job's shared-memory names apart from another job's of the same id."""
+        rank) keeps this job's shared-memory names apart from another job's of the same id; `collectives` ("auto"
+        or "", "flat") says how its groups that span hosts or plugins run (daemon/hierarchy.py)."""
+        if (collectives or "auto") not in hierarchy.MODES:
+            raise ConfigurationError(
+                f"job {job_id!r}: collectives={collectives!r} is not one of {list(hierarchy.MODES)} "
+                "(TESSEL_COLLECTIVES on the rank)"
+            )
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -105,7 +123,7 @@ class DaemonCore:
         if not job_nonce and world_size == 1:
             job_nonce = uuid.uuid4().hex[:16]  # nobody to agree with
         session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
-        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
+        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce, collectives=collectives)
         with self._lock:
             self._sessions[session.session_id] = session
         log.info("opened %s", session.describe())
@@ -223,7 +241,9 @@ class DaemonCore:
         return local * (self.plugin.device.cores + 1) <= _usable_cores()
 
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
-        peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
+        peers = tuple(
+            Peer(r, members[r].host_id, members[r].data_address, members[r].pid, members[r].plugin) for r in ranks
+        )
         context = GroupContext(
             job_id=session.job_id,
             job_nonce=session.job_nonce,
@@ -234,7 +254,7 @@ class DaemonCore:
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
         )
-        return self.plugin.collective.new_group(context)
+        return hierarchy.communicator(context, self.plugin.collective, self.host_transport, session.collectives)
 
     # ------------------------------------------------------------------------------------------ tensors
 

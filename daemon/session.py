@@ -22,6 +22,7 @@ class Session:
     world_size: int
     members: list  # common_pb2.Member, index = rank
     job_nonce: str = ""  # the coordinator's per-job random value (JoinJobReply.job_nonce)
+    collectives: str = ""  # groups spanning hosts or plugins: "" / "auto" hierarchical, "flat" (daemon/hierarchy.py)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     groups: dict[str, Communicator] = field(default_factory=dict)
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)

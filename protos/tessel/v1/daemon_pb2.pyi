@@ -17,18 +17,20 @@ class SessionRef(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce")
+    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce", "collectives")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     JOB_NONCE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
     members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
     job_nonce: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ...) -> None: ...
+    collectives: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ..., collectives: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_socket", "host_id")

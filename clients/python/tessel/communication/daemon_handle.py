@@ -190,8 +190,16 @@ class LocalDaemon(DaemonHandle):
         super().__init__()
         self.core = core
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = (), job_nonce: str = "") -> str:
-        return self.core.open_session(job_id, rank, world_size, members, job_nonce)
+    def open_session(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        members: Sequence = (),
+        job_nonce: str = "",
+        collectives: str = "",
+    ) -> str:
+        return self.core.open_session(job_id, rank, world_size, members, job_nonce, collectives)
 
     def close_session(self, session_id: str) -> None:
         self.core.close_session(session_id)
@@ -274,9 +282,22 @@ class RemoteDaemon(DaemonHandle):
         self.token, self.timeout_s = token, timeout_s
         self.local: LocalExecuteClient | None = None  # Execute over the daemon's Unix socket, when on this host
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = (), job_nonce: str = "") -> str:
+    def open_session(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        members: Sequence = (),
+        job_nonce: str = "",
+        collectives: str = "",
+    ) -> str:
         request = daemon_pb2.OpenSessionRequest(
-            job_id=job_id, rank=rank, world_size=world_size, members=members, job_nonce=job_nonce
+            job_id=job_id,
+            rank=rank,
+            world_size=world_size,
+            members=members,
+            job_nonce=job_nonce,
+            collectives=collectives,
         )
         reply = self.client.OpenSession(request, 60.0)
         if self.local is None and reply.local_socket and reply.host_id == host_id():
