@@ -12,8 +12,9 @@ Parts of equal size k (the usual: as many ranks on every host) use every member 
 of each part talking to the i-th members of the others (k cross groups of one member per part):
 
     all_reduce        reduce_scatter in the part (member i holds the part's sum of chunk i), all_reduce of chunk i
-                      in cross group i, all_gather in the part; small buffers: all_reduce in the part, then in the
-                      cross group (two latency-bound steps instead of three)
+                      in cross group i, all_gather in the part, pipelined in segments (the cross step of one
+                      segment runs while the part reduces the next); small buffers: all_reduce in the part, then
+                      in the cross group (two latency-bound steps instead of three)
     reduce_scatter    reduce_scatter in the part (member i gets the part's sums of the blocks of every part's i-th
                       member), then reduce_scatter in cross group i
     all_gather        all_gather in cross group i, then in the part (blocks put back in group-rank order)
@@ -42,6 +43,11 @@ from tessel.core.plugin import CollectivePlugin, Communicator, GroupContext, Pee
 
 # all_reduce up to this size per rank takes two all_reduce steps (part, cross) instead of three: latency dominates.
 SMALL_BYTES = 64 << 10
+# Larger ones run as a pipeline of segments of this many bytes per member of a part: while segment s crosses the
+# hosts (on the cross group's thread), the part reduces segment s + 1 and gathers segment s - 1, so the steps
+# inside a host hide behind the link. Big enough that a segment's fixed costs (an agreement round trip) are small
+# against its transfer even at 10 Gbit/s, small enough that the pipeline fills quickly.
+SEGMENT_BYTES = 512 << 10
 MODES = ("auto", "flat")
 
 
@@ -140,10 +146,25 @@ class HierarchicalCommunicator(Communicator):
         if x.nbytes <= SMALL_BYTES or x.size < k:
             return self.cross.all_reduce(self.intra.all_reduce(x, op), op)
         flat = np.ascontiguousarray(x).reshape(x.size)
-        padded = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
-        chunk = self.intra.reduce_scatter(padded, op)
-        chunk = self.cross.all_reduce(chunk, op)
-        return self.intra.all_gather(chunk)[: flat.size].reshape(x.shape)
+        out = np.empty_like(flat)
+        step = k * max(1, SEGMENT_BYTES // x.itemsize)  # elements per segment, a multiple of k
+        bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]
+        crossing: list[tuple[int, int, object]] = []
+        # The part's collectives run here in one fixed order on every member (reduce segment s, then gather
+        # segment s - 1), the cross group's on its own thread in segment order: the same sequence on every rank.
+        for lo, hi in bounds:
+            piece = flat[lo:hi]
+            if piece.size % k:
+                piece = np.concatenate([piece, np.zeros(k - piece.size % k, flat.dtype)])
+            crossing.append((lo, hi, self.cross.all_reduce(self.intra.reduce_scatter(piece, op), op, async_op=True)))
+            if len(crossing) > 1:
+                self._gather_into(out, *crossing.pop(0))
+        for lo, hi, handle in crossing:
+            self._gather_into(out, lo, hi, handle)
+        return out.reshape(x.shape)
+
+    def _gather_into(self, out: np.ndarray, lo: int, hi: int, handle) -> None:
+        out[lo:hi] = self.intra.all_gather(handle.wait())[: hi - lo]
 
     def _through_leaders(self, x: np.ndarray, op: str) -> np.ndarray:
         inner = "sum" if op == "mean" else op
