@@ -312,6 +312,7 @@ class DaemonCore:
             elapsed = [0.0] * len(steps)
             clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
+            began = clock()
             for repetition in range(max(1, repeat)):
                 if timeline:
                     _record(session, steps, repetition, events, elapsed)
@@ -327,6 +328,7 @@ class DaemonCore:
                     history[name].append(np.array(session.tensor(name)))
                 if progress is not None:
                     progress(repetition, {name: history[name][-1] for name in collect})
+            session.run_s += clock() - began
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []

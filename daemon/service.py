@@ -126,6 +126,12 @@ class DaemonServicer:
                 for s in sessions
                 for name, comm in list(s.groups.items())
             ],
+            loads=[
+                daemon_pb2.SessionLoad(
+                    session_id=s.session_id, job_id=s.job_id, rank=s.rank, run_s=s.run_s, blocked_s=s.blocked_s
+                )
+                for s in sessions
+            ],
         )
 
     def Measure(self, request, context):

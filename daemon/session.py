@@ -31,6 +31,10 @@ class Session:
     segments: dict[str, Any] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)
     bound: dict[bytes, list] = field(default_factory=dict)  # program bytes -> bound steps (DaemonCore._bound)
+    # Seconds spent running programs, and the part of them spent blocked in collectives (waiting for peers and
+    # moving data): what is left is this rank's own work, the measure of its speed (speed-aware data parallelism).
+    run_s: float = 0.0
+    blocked_s: float = 0.0
     abort_cause: str | None = None
     culprit_rank: int = -1
     # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.

@@ -21,6 +21,7 @@ import numpy as np
 
 from tessel.compiler.rank_program import RankProgram
 from tessel.core import rpc
+from tessel.core.errors import ConfigurationError
 from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
@@ -155,6 +156,10 @@ class DaemonHandle(ABC):
         has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened."""
 
     @abstractmethod
+    def load(self, session_id: str) -> tuple[float, float]:
+        """(seconds the session has run programs, the part of them blocked in collectives) so far."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     # --- rank programs -----------------------------------------------------------------------------------------
@@ -267,6 +272,10 @@ class LocalDaemon(DaemonHandle):
             if isinstance(event, BaseException):
                 raise event
             yield event
+
+    def load(self, session_id: str) -> tuple[float, float]:
+        session = self.core.session(session_id)
+        return session.run_s, session.blocked_s
 
     def close(self) -> None:
         self.core.close()
@@ -392,6 +401,15 @@ class RemoteDaemon(DaemonHandle):
         for progress in self.client.replies("ExecuteStream", request):
             if not progress.HasField("done"):
                 yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
+
+    def load(self, session_id: str) -> tuple[float, float]:
+        for load in self.client.Status(common_pb2.Empty(), 60.0).loads:
+            if load.session_id == session_id:
+                return load.run_s, load.blocked_s
+        raise ConfigurationError(
+            f"daemon at {self.client.address} reports no session {session_id!r}; it may have been closed after its "
+            "job ended or failed"
+        )
 
     def close(self) -> None:
         if self.local is not None:
