@@ -263,6 +263,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
+    "batch_split": "even",
     "pipeline_config": None,
     "auto_pipeline": False,
 }
@@ -317,6 +318,8 @@ def _validate_parallel(key: str, value: Any) -> Any:
         raise ConfigurationError(f"all_reduce_fusion_config must be a list of int indices, got {value!r}")
     elif key == "comm_fusion" and value is not None:
         _comm_fusion(value)
+    elif key == "batch_split":
+        value = _batch_split(value)
     elif isinstance(_PARALLEL_DEFAULTS.get(key), bool) and not isinstance(value, bool):
         raise ConfigurationError(f"set_auto_parallel_context: {key} must be a bool, got {value!r}")
     return value
@@ -341,6 +344,23 @@ def _comm_fusion(value: Any) -> None:
             f"comm_fusion 'allreduce'={allreduce!r}",
             "gradients are fused by size only: {'mode': 'size', 'config': MB} or {'mode': 'auto'}",
         )
+
+
+def _batch_split(value: Any) -> Any:
+    """batch_split: "even" (MindSpore's: every rank the same share), "speed" (shares in proportion to the ranks'
+    measured speeds, refined epoch by epoch) or fixed weights, one positive number per rank."""
+    import math
+
+    if isinstance(value, str) and value in ("even", "speed"):
+        return value
+    numbers = isinstance(value, (tuple, list)) and len(value) > 0
+    numbers = numbers and all(not isinstance(w, bool) and isinstance(w, (int, float)) for w in value)
+    if not numbers or not all(math.isfinite(w) and w > 0 for w in value):
+        raise ConfigurationError(
+            "batch_split must be 'even', 'speed' or one positive weight per rank, e.g. (1, 2) for a rank twice as "
+            f"fast as the other; got {value!r}"
+        )
+    return tuple(float(w) for w in value)
 
 
 def _not_supported(what: str, why: str) -> Exception:
