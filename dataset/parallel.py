@@ -163,6 +163,16 @@ def with_shares(dataset: Any, shares: Sequence[int], rank: int) -> Any:
     return copies[0]
 
 
+def per_rank_batch(dataset: Any) -> int:
+    """The batch size of the one batch op of a pipeline `with_shares` can split (MindSpore's per-rank batch)."""
+    from tessel.dataset.ops import BatchDataset
+
+    batches = [node for node in _path_to_source(dataset) if isinstance(node, BatchDataset)]
+    if len(batches) != 1:
+        raise _unsupported(f"a pipeline with {len(batches)} batch ops", "it needs exactly one, below any repeat")
+    return batches[0].batch_size
+
+
 def _path_to_source(dataset: Any) -> list[Any]:
     path = [dataset]
     while path[-1].children:

@@ -29,6 +29,24 @@ from tessel.v1 import daemon_pb2
 _PARALLEL = context.ParallelMode
 _MEAN_MODES = (_PARALLEL.DATA_PARALLEL, _PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL)
 _datasets = itertools.count()
+# This rank's gradient weight while Model.train runs an uneven split of the global batch (batch_split): n * share /
+# B, so the mean over the ranks equals one device's gradient (compiler.buckets.data_parallel_train_step).
+_gradient_weight = 1.0
+
+
+def gradient_weight() -> float:
+    return _gradient_weight
+
+
+def set_gradient_weight(weight: float) -> None:
+    """Model.train sets it for each epoch of an uneven split (1.0: the even split); part of the train step's key."""
+    global _gradient_weight
+    _gradient_weight = float(weight)
+
+
+def step_key() -> tuple:
+    """What besides the inputs selects a compiled train step: the parallel mode and this rank's gradient weight."""
+    return (parallel_mode(), _gradient_weight)
 
 
 def world_size() -> int:
@@ -77,9 +95,17 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fi
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
         group = tuple(range(world))
-        return _dp_train_step(
-            graph, keys, rule, group, mean=mean, bucket_bytes=bucket_bytes(), no_weight_decay=no_decay
-        ), None
+        program = _dp_train_step(
+            graph,
+            keys,
+            rule,
+            group,
+            mean=mean,
+            bucket_bytes=bucket_bytes(),
+            no_weight_decay=no_decay,
+            gradient_weight=_gradient_weight,
+        )
+        return program, None
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         try:
             from tessel.parallel.semi_auto import partition_for_rank

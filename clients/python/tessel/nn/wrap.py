@@ -64,7 +64,7 @@ class FusedTrainStep:
             params_first=lambda: optimizer.parameters,
             arg_names=arg_names_of(network.construct),
             transform=self._transform,
-            key_extra=rank_step.parallel_mode,
+            key_extra=rank_step.step_key,
             partition=False,  # _transform partitions (rank_step.parallel_train_program)
         )
         self._checked: set[int] = set()  # engines on which the replicas were found identical
