@@ -83,3 +83,16 @@ def test_a_missing_rank_times_out_naming_it_and_mismatched_requests_are_refused(
     bad = coordinator_pb2.BalanceRequest(job_id="j", rank=0, epoch=1, global_batch=8, weights=[1, 0])
     with pytest.raises(errors.ConfigurationError, match="must be 2 positive numbers, one per rank"):
         balancer.balance(bad, 0.3)
+
+
+def test_status_shows_the_latest_split():
+    from tessel.coordinator.status import format_status
+
+    balancer = BatchBalancer(_state(40 * GFLOPS, 80 * GFLOPS))
+    _ask(balancer, 2, 0)
+    _ask(balancer, 2, 1, reports=[(3.0, 30), (1.0, 30)])
+    reply = balancer.state.cluster_status()
+    reply.jobs[0].batch_split.CopyFrom(balancer.latest("j"))
+    text = format_status(reply)
+    assert "batch split (speed-aware data parallelism)" in text
+    assert "15:45" in text and "10:30 samples/s" in text and "step times of epoch 0" in text
