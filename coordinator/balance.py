@@ -6,8 +6,9 @@ when the last rank arrives:
 - fixed weights (set_auto_parallel_context(batch_split=(w0, w1, ...))): shares proportional to them;
 - otherwise by speed: for the first epoch, the flop/s each rank's daemon measured when it started
   (DaemonInfo.measurement, `plugins/cpu/measure.py`); from then on the job's own step times, samples per second of
-  each rank's own work in the last epoch (the daemon's program time less the time it sat blocked in collectives,
-  so a fast rank's waiting for the slow one does not count against it).
+  each rank's own work (the daemon's program time less the time it sat blocked in collectives, so a fast rank's
+  waiting for the slow one does not count against it), over the epochs so far with each older epoch weighing
+  DECAY times less (one epoch's figure on a shared machine is noisy).
 
 Shares are proportional to the speeds, rounded to whole rows (largest remainder, at least one row each) and sum to
 the global batch. Speeds within EQUAL_WITHIN of each other count as equal: the even split, which is MindSpore's
@@ -31,7 +32,8 @@ from tessel.core import errors
 from tessel.v1 import coordinator_pb2
 
 EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
-KEEP_WITHIN = 0.05  # a new split must shorten the predicted step this much to replace the last one
+KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
+DECAY = 0.5  # an epoch's step times weigh this much less with each later epoch
 KEEP_JOBS = 256  # jobs whose splits are remembered (for status), oldest forgotten first
 _POLL_S = 0.25  # how often a waiting rank checks its job, its call and the deadline
 
@@ -51,6 +53,7 @@ class _Job:
     world: int
     rounds: dict[int, _Round] = field(default_factory=dict)
     latest: coordinator_pb2.BatchSplit | None = None
+    work: list[tuple[float, float]] = field(default_factory=list)  # per rank: decayed (busy seconds, samples)
 
 
 def proportional(weights: Sequence[float], total: int) -> tuple[int, ...]:
@@ -163,8 +166,10 @@ class BatchBalancer:
             return split
         reports = [now.reports[r] for r in range(world)]
         if all(busy > 0 and samples > 0 for busy, samples in reports):
-            speeds = [samples / busy for busy, samples in reports]
-            source = f"step times of epoch {request.epoch - 1}"
+            old = job.work or [(0.0, 0.0)] * world
+            job.work = [(DECAY * b + busy, DECAY * n + samples) for (b, n), (busy, samples) in zip(old, reports)]
+            speeds = [samples / busy for busy, samples in job.work]
+            source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
         elif job.latest is not None and all(s > 0 for s in job.latest.speeds):
             speeds, source = list(job.latest.speeds), f"speeds of epoch {job.latest.epoch}"
         else:
