@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tessel.coordinator.stalls import describe
 from tessel.core import errors
 from tessel.core.coordinator_client import CoordinatorClient, default_address
 from tessel.v1 import coordinator_pb2
@@ -59,6 +60,9 @@ def format_status(reply: coordinator_pb2.ClusterStatusReply) -> str:
         lines += ["", "batch split (speed-aware data parallelism)"]
         header = ["JOB", "EPOCH", "GLOBAL BATCH", "SHARES", "SPEEDS", "FROM"]
         lines += _table(header, [_split_row(j.batch_split) for j in split])
+    if reply.stalls:  # only while some collective is stalled
+        lines += ["", f"stalls ({len(reply.stalls)})"]
+        lines += [f"  {describe(stall)}" for stall in reply.stalls]
     return "\n".join(lines)
 
 
