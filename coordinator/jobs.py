@@ -254,15 +254,17 @@ class _FreeDaemons:
         return found[at] if at < len(found) else None
 
     def pick(self, joiner: Joiner) -> DaemonRecord | None:
-        """The lowest-numbered free daemon with the joiner's plugin, on its host if there is one."""
-        keys = (
-            [("both", joiner.plugin, joiner.hostname), ("plugin", joiner.plugin)]
-            if joiner.plugin
-            else [("host", joiner.hostname), ("any",)]
+        """The lowest-numbered free daemon of one of the joiner's plugins, on its host if there is one."""
+        wanted = _plugins(joiner)
+        tiers = (
+            [[("both", p, joiner.hostname) for p in wanted], [("plugin", p) for p in wanted]]
+            if wanted
+            else [[("host", joiner.hostname)], [("any",)]]
         )
-        for key in keys:
-            record = self._first(key)
-            if record is not None:
+        for keys in tiers:
+            found = [r for r in (self._first(key) for key in keys) if r is not None]
+            if found:
+                record = min(found, key=lambda r: daemon_order(r.daemon_id))
                 self.taken.add(record.daemon_id)
                 return record
         return None
