@@ -21,6 +21,7 @@ share over its speed) by KEEP_WITHIN: measured speeds wobble, and a new split co
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from tessel.coordinator.cluster_model import job_daemons
 from tessel.core import errors
 from tessel.v1 import coordinator_pb2
+
+log = logging.getLogger("tessel.coordinator")
 
 EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
 KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
@@ -54,6 +57,7 @@ class _Job:
     rounds: dict[int, _Round] = field(default_factory=dict)
     latest: coordinator_pb2.BatchSplit | None = None
     work: list[tuple[float, float]] = field(default_factory=list)  # per rank: decayed (busy seconds, samples)
+    slow: frozenset[int] = frozenset()  # ranks the last measured epoch found slower than the fastest
 
 
 def proportional(weights: Sequence[float], total: int) -> tuple[int, ...]:
@@ -169,6 +173,7 @@ class BatchBalancer:
             old = job.work or [(0.0, 0.0)] * world
             job.work = [(DECAY * b + busy, DECAY * n + samples) for (b, n), (busy, samples) in zip(old, reports)]
             speeds = [samples / busy for busy, samples in job.work]
+            _stragglers(request.job_id, request.epoch - 1, job, speeds)
             source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
         elif job.latest is not None and all(s > 0 for s in job.latest.speeds):
             speeds, source = list(job.latest.speeds), f"speeds of epoch {job.latest.epoch}"
@@ -194,6 +199,24 @@ class BatchBalancer:
         split.speeds.extend(speeds)
         split.source = source
         return split
+
+
+def _stragglers(job_id: str, epoch: int, job: _Job, speeds: list[float]) -> None:
+    """Name the ranks slower than the fastest (beyond EQUAL_WITHIN) in two measured epochs running, with their
+    speeds: a sustained straggler (a slow device, a loaded host), not one noisy epoch."""
+    fastest = max(speeds)
+    slow = frozenset(r for r, speed in enumerate(speeds) if speed * (1 + EQUAL_WITHIN) < fastest)
+    for rank in sorted(slow & job.slow):
+        log.warning(
+            "job %s: rank %d is slower than the others through epoch %d: %.3g samples/s of its own work, the fastest "
+            "rank %.3g (speed-aware data parallelism gives it a smaller share)",
+            job_id,
+            rank,
+            epoch,
+            speeds[rank],
+            fastest,
+        )
+    job.slow = slow
 
 
 def _check(request: coordinator_pb2.BalanceRequest, world: int) -> None:

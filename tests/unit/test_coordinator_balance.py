@@ -96,3 +96,16 @@ def test_status_shows_the_latest_split():
     text = format_status(reply)
     assert "batch split (speed-aware data parallelism)" in text
     assert "15:45" in text and "10:30 samples/s" in text and "step times of epoch 0" in text
+
+
+def test_a_rank_slower_in_two_measured_epochs_running_is_named_with_its_speed(caplog):
+    balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
+    _ask(balancer, 2, 0)
+    with caplog.at_level("WARNING", logger="tessel.coordinator"):
+        _ask(balancer, 2, 1, reports=[(1.0, 30), (1.0, 10)])  # one epoch: not yet sustained
+        assert not caplog.records
+        _ask(balancer, 2, 2, reports=[(1.0, 30), (1.0, 10)])
+    assert [r.getMessage() for r in caplog.records] == [
+        "job j: rank 1 is slower than the others through epoch 1: 10 samples/s of its own work, the fastest rank 30 "
+        "(speed-aware data parallelism gives it a smaller share)"
+    ]
