@@ -200,8 +200,15 @@ def daemon_order(daemon_id: str) -> tuple[int, str]:
     return (int(digits), daemon_id) if digits.isdigit() else (1 << 62, daemon_id)
 
 
+def _plugins(joiner: Joiner) -> list[str]:
+    """The plugins a rank accepts: JoinJobRequest.plugin is empty (any) or one name or several, comma-separated
+    (a job over mixed hardware: tessel run --plugin gpu,cpu)."""
+    return [name.strip() for name in joiner.plugin.split(",") if name.strip()]
+
+
 def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
-    return record.state == IDLE and not record.restored and (not joiner.plugin or record.info.plugin == joiner.plugin)
+    wanted = _plugins(joiner)
+    return record.state == IDLE and not record.restored and (not wanted or record.info.plugin in wanted)
 
 
 def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
@@ -210,7 +217,7 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
         return f"{who}, which is not registered"
     if taken_by is not None:
         return f"{who}, which rank {taken_by} is pinned to as well"
-    if joiner.plugin and record.info.plugin != joiner.plugin:
+    if _plugins(joiner) and record.info.plugin not in _plugins(joiner):
         return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
     if record.restored:
         return f"{who}, which has not heartbeat since the coordinator restarted"
@@ -252,15 +259,17 @@ class _FreeDaemons:
         return found[at] if at < len(found) else None
 
     def pick(self, joiner: Joiner) -> DaemonRecord | None:
-        """The lowest-numbered free daemon with the joiner's plugin, on its host if there is one."""
-        keys = (
-            [("both", joiner.plugin, joiner.hostname), ("plugin", joiner.plugin)]
-            if joiner.plugin
-            else [("host", joiner.hostname), ("any",)]
+        """The lowest-numbered free daemon of one of the joiner's plugins, on its host if there is one."""
+        wanted = _plugins(joiner)
+        tiers = (
+            [[("both", p, joiner.hostname) for p in wanted], [("plugin", p) for p in wanted]]
+            if wanted
+            else [[("host", joiner.hostname)], [("any",)]]
         )
-        for key in keys:
-            record = self._first(key)
-            if record is not None:
+        for keys in tiers:
+            found = [r for r in (self._first(key) for key in keys) if r is not None]
+            if found:
+                record = min(found, key=lambda r: daemon_order(r.daemon_id))
                 self.taken.add(record.daemon_id)
                 return record
         return None

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 
 import grpc
 
+from tessel.coordinator.balance import BatchBalancer
 from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
 from tessel.coordinator.store import Store
@@ -56,6 +57,7 @@ class CoordinatorServicer:
         self.state = state
         self.heartbeat_interval_ms, self.heartbeat_timeout_ms = heartbeat_interval_ms, heartbeat_timeout_ms
         self.planner = planner or StrategyPlanner(state)
+        self.balancer = BatchBalancer(state)
 
     def RegisterDaemon(self, request, context):
         daemon_id = self.state.register_daemon(request.info)
@@ -76,7 +78,13 @@ class CoordinatorServicer:
         return self.state.join(request, self._budget(request.timeout_s, context), context.is_active)
 
     def GetJob(self, request, context):
-        return self.state.job_info(request.job_id)
+        return self._with_split(self.state.job_info(request.job_id))
+
+    def _with_split(self, job: coordinator_pb2.JobInfo) -> coordinator_pb2.JobInfo:
+        split = self.balancer.latest(job.job_id)
+        if split is not None:
+            job.batch_split.CopyFrom(split)
+        return job
 
     def FinishRank(self, request, context):
         self.state.finish_rank(request.job_id, request.rank)
@@ -121,7 +129,10 @@ class CoordinatorServicer:
         return common_pb2.Empty()
 
     def ClusterStatus(self, request, context):
-        return self.state.cluster_status()
+        reply = self.state.cluster_status()
+        for job in reply.jobs:
+            self._with_split(job)
+        return reply
 
     def GetDaemon(self, request, context):
         return self.state.get_daemon(request.daemon_id)
@@ -136,6 +147,10 @@ class CoordinatorServicer:
 
     def GetCostModel(self, request, context):
         return self.planner.cost_model(request.job_id, request.refresh)
+
+    # Speed-aware data parallelism: coordinator/balance.py.
+    def BalanceBatch(self, request, context):
+        return self.balancer.balance(request, _wait_budget(request.timeout_s, context), context.is_active)
 
 
 class _HeartbeatStream:

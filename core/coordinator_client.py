@@ -372,6 +372,31 @@ class CoordinatorClient:
         request = coordinator_pb2.GetCostModelRequest(job_id=job_id, refresh=refresh)
         return self._rpc.call("GetCostModel", request, timeout_s=90.0)
 
+    def balance_batch(
+        self,
+        job_id: str,
+        rank: int,
+        epoch: int,
+        global_batch: int,
+        weights: Sequence[float] = (),
+        busy_s: float = 0.0,
+        samples: int = 0,
+        timeout_s: float = 120.0,
+    ) -> coordinator_pb2.BatchSplit:
+        """The split of the global batch for `epoch`, the same for every rank of the job (a rendezvous: it returns once
+        all have asked); this rank's `busy_s` of own work on `samples` samples since it last asked refine the speeds."""
+        request = coordinator_pb2.BalanceRequest(
+            job_id=job_id,
+            rank=rank,
+            epoch=epoch,
+            global_batch=global_batch,
+            weights=list(weights),
+            busy_s=busy_s,
+            samples=samples,
+            timeout_s=timeout_s,
+        )
+        return self._wait_call("BalanceBatch", request, timeout_s)
+
     def close(self) -> None:
         """Stop this client's heartbeat streams and close its channel."""
         for handle in self._handles:

@@ -21,7 +21,8 @@ import numpy as np
 
 from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
 from tessel.core.limits import Limits, clip
-from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
+from tessel.core.plugin import CollectivePlugin, GroupContext, LinkMeasurement, Peer, Plugin
+from tessel.daemon import hierarchy
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -108,10 +109,13 @@ class DaemonCore:
         coordinator=None,
         daemon_id: str = "local",
         data_address: str = "",
+        host_transport: CollectivePlugin | None = None,
         limits: Limits | None = None,
         watch=None,
     ):
         self.plugin = plugin
+        # What joins this daemon's groups to other hosts and plugins (daemon/hierarchy.py).
+        self.host_transport = host_transport if host_transport is not None else plugin.host_transport
         self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
         self.daemon_id = daemon_id
         self.data_address = data_address
@@ -126,12 +130,20 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
+    def open_session(
+        self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "", collectives: str = ""
+    ) -> str:
         """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
-        rank) keeps this job's shared-memory names apart from another job's of the same id."""
+        rank) keeps this job's shared-memory names apart from another job's of the same id; `collectives` ("auto"
+        or "", "flat") says how its groups that span hosts or plugins run (daemon/hierarchy.py)."""
         self.limits.check_id("OpenSession: the job id", job_id)
         self.limits.check_id("OpenSession: the job nonce", job_nonce)
         self.limits.check_count("OpenSession: the world size", world_size, "max_world_size")
+        if (collectives or "auto") not in hierarchy.MODES:
+            raise ConfigurationError(
+                f"job {job_id!r}: collectives={collectives!r} is not one of {list(hierarchy.MODES)} "
+                "(TESSEL_COLLECTIVES on the rank)"
+            )
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -146,7 +158,7 @@ class DaemonCore:
         if not job_nonce and world_size == 1:
             job_nonce = uuid.uuid4().hex[:16]  # nobody to agree with
         session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
-        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
+        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce, collectives=collectives)
         with self._lock:
             self.limits.check_count("OpenSession: the number of open sessions", len(self._sessions) + 1, "max_sessions")
             self._sessions[session.session_id] = session
@@ -300,7 +312,9 @@ class DaemonCore:
         return local * (self.plugin.device.cores + 1) <= _usable_cores()
 
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
-        peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
+        peers = tuple(
+            Peer(r, members[r].host_id, members[r].data_address, members[r].pid, members[r].plugin) for r in ranks
+        )
         context = GroupContext(
             job_id=session.job_id,
             job_nonce=session.job_nonce,
@@ -311,7 +325,7 @@ class DaemonCore:
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
         )
-        communicator = self.plugin.collective.new_group(context)
+        communicator = hierarchy.communicator(context, self.plugin.collective, self.host_transport, session.collectives)
         return communicator if self.watch is None else self.watch.wrap(communicator, session.job_id, session.rank)
 
     # ------------------------------------------------------------------------------------------ tensors
@@ -373,6 +387,7 @@ class DaemonCore:
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
+            began = time.perf_counter()
             try:
                 for repetition in range(max(1, repeat)):
                     session.check_alive()
@@ -399,6 +414,8 @@ class DaemonCore:
                         f"job {session.job_id!r} failed: {session.abort_cause}", session.culprit_rank
                     ) from exc
                 raise
+            finally:
+                session.run_s += time.perf_counter() - began
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []

@@ -24,7 +24,7 @@ class DaemonServicer:
 
     def OpenSession(self, request, context):
         session_id = self.core.open_session(
-            request.job_id, request.rank, request.world_size, request.members, request.job_nonce
+            request.job_id, request.rank, request.world_size, request.members, request.job_nonce, request.collectives
         )
         return daemon_pb2.OpenSessionReply(
             session_id=session_id, local_socket=self.local_socket, host_id=self.core.host_id
@@ -134,6 +134,12 @@ class DaemonServicer:
                 )
                 for s in sessions
                 for name, comm in list(s.groups.items())
+            ],
+            loads=[
+                daemon_pb2.SessionLoad(
+                    session_id=s.session_id, job_id=s.job_id, rank=s.rank, run_s=s.run_s, blocked_s=s.blocked_s
+                )
+                for s in sessions
             ],
         )
 

@@ -264,6 +264,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
+    "batch_split": "even",
     "pipeline_config": None,
     "auto_pipeline": False,
     # every stage returns the last stage's result in either case (tessel sends it to every stage): True is what
@@ -314,6 +315,8 @@ def _validate_parallel(key: str, value: Any) -> Any:
         _comm_fusion(value)
     elif key == "pipeline_config" and value is not None:
         value = _pipeline_config(value)
+    elif key == "batch_split":
+        value = _batch_split(value)
     elif key == "parallel_optimizer_config" and value is not None:
         value = _parallel_optimizer_config(value)
     elif isinstance(_PARALLEL_DEFAULTS.get(key), bool) and not isinstance(value, bool):
@@ -373,6 +376,23 @@ def _pipeline_config(value: Any) -> dict:
             f"pipeline_config: pipeline_scheduler must be one of {list(PIPELINE_SCHEDULERS)}, got {scheduler!r}"
         )
     return dict(value)
+
+
+def _batch_split(value: Any) -> Any:
+    """batch_split: "even" (MindSpore's: every rank the same share), "speed" (shares in proportion to the ranks'
+    measured speeds, refined epoch by epoch) or fixed weights, one positive number per rank."""
+    import math
+
+    if isinstance(value, str) and value in ("even", "speed"):
+        return value
+    numbers = isinstance(value, (tuple, list)) and len(value) > 0
+    numbers = numbers and all(not isinstance(w, bool) and isinstance(w, (int, float)) for w in value)
+    if not numbers or not all(math.isfinite(w) and w > 0 for w in value):
+        raise ConfigurationError(
+            "batch_split must be 'even', 'speed' or one positive weight per rank, e.g. (1, 2) for a rank twice as "
+            f"fast as the other; got {value!r}"
+        )
+    return tuple(float(w) for w in value)
 
 
 _OPTIMIZER_CONFIG_KEYS = (

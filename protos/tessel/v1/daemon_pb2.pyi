@@ -17,18 +17,20 @@ class SessionRef(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce")
+    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce", "collectives")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     JOB_NONCE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
     members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
     job_nonce: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ...) -> None: ...
+    collectives: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ..., collectives: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_socket", "host_id")
@@ -301,18 +303,34 @@ class ExecuteReply(_message.Message):
     def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEvent, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatusReply(_message.Message):
-    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups")
+    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups", "loads")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     PLUGIN_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     plugin: str
     sessions: _containers.RepeatedScalarFieldContainer[str]
     tensor_bytes: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
-    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...
+    loads: _containers.RepeatedCompositeFieldContainer[SessionLoad]
+    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[SessionLoad, _Mapping]]] = ...) -> None: ...
+
+class SessionLoad(_message.Message):
+    __slots__ = ("session_id", "job_id", "rank", "run_s", "blocked_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RUN_S_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    job_id: str
+    rank: int
+    run_s: float
+    blocked_s: float
+    def __init__(self, session_id: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., run_s: _Optional[float] = ..., blocked_s: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
     __slots__ = ("session_id", "name", "ranks", "transport")

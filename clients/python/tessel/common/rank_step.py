@@ -24,13 +24,26 @@ import numpy as np
 from tessel import context, profiler
 from tessel.common.support import log_once
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step, mirror_parameters
-from tessel.compiler.buckets import set_fusion, sync_in_fp32
+from tessel.compiler.buckets import set_fusion, sync_in_fp32, weigh_gradients
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
 _PARALLEL = context.ParallelMode
 _MEAN_MODES = (_PARALLEL.DATA_PARALLEL, _PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL)
 _datasets = itertools.count()
+# This rank's gradient weight while Model.train runs an uneven split of the global batch (batch_split): n * share /
+# B, so the mean over the ranks equals one device's gradient (compiler.buckets.data_parallel_train_step).
+_gradient_weight = 1.0
+
+
+def gradient_weight() -> float:
+    return _gradient_weight
+
+
+def set_gradient_weight(weight: float) -> None:
+    """Model.train sets it for each epoch of an uneven split (1.0: the even split); part of the train step's key."""
+    global _gradient_weight
+    _gradient_weight = float(weight)
 
 
 def world_size() -> int:
@@ -97,6 +110,8 @@ def parallel_train_program(
     config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
+        if _gradient_weight != 1.0:  # an uneven batch split (batch_split): see gradient_weight
+            graph = weigh_gradients(graph, _gradient_weight)
         forward = set_fusion(mirror_parameters(graph, keys, tuple(range(world)), mean=mean), fusion or {})
         program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
