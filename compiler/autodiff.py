@@ -3,7 +3,8 @@
 `gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph: it walks the
 nodes between `wrt` and `loss` in reverse, calls each op's gradient rule, sums the cotangents of values used more
 than once, sums broadcast dims away and casts back to each input's dtype, and returns d(loss)/d(wrt) (zeros for
-an unused input). `grad_graph` wraps it into a Graph: forward outputs first, then the gradients.
+an unused input). Where forward nodes are marked for recomputation, the backward then reads copies of their
+outputs (compiler/recompute.py). `grad_graph` wraps it into a Graph: forward outputs first, then the gradients.
 `expand_gradients(graph)` replaces each GradientOf node (gradients a traced function asked for, deferred so that
 a parallel graph is differentiated after the parallel pass) by its backward pass.
 
@@ -15,12 +16,13 @@ A gradient rule sees a `GradContext`:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.errors import GradientError
 from tessel.compiler.ir import Attrs, Graph, Node, Value
+from tessel.compiler.recompute import rematerialize
 from tessel.compiler.shapes import format_shape
 
 
@@ -61,23 +63,39 @@ def gradients(builder: GraphBuilder, loss: Value, wrt: Sequence[Value], sens: Va
             raise GradientError(f"cannot differentiate with respect to {w!r}: only float tensors have gradients")
     if not loss.dtype.is_float:
         raise GradientError(f"the loss {loss!r} must be a float tensor to differentiate")
+    recompute, builder.recompute = builder.recompute, None  # the backward itself is never recomputed
+    try:
+        start = len(builder.nodes)
+        grads, tokens = _backward(builder, loss, wrt, sens)
+        rematerialize(builder.nodes, start, tokens)
+    finally:
+        builder.recompute = recompute
+    return grads
+
+
+def _backward(builder: GraphBuilder, loss: Value, wrt: Sequence[Value], sens: Value | None) -> tuple[list, list]:
+    """Append the backward pass. Returns the gradients and, for each forward node's backward, (index of its first
+    node, the cotangent that starts it): they order recomputation (see compiler/recompute.py)."""
     nodes = _between(builder.nodes, set(wrt), loss)
     active = set(wrt) | {o for n in nodes for o in n.outputs}
     wrap = lambda v: SymbolicTensor(builder, v)  # noqa: E731
     seed = wrap(sens) if sens is not None else apply("OnesLike", wrap(loss))
     cotangents: dict[Value, SymbolicTensor] = {loss: _fit(seed, loss, "the loss seed")}
+    tokens: list = []
 
     for node in reversed(nodes):
         grads = tuple(cotangents.get(o) for o in node.outputs)
         if all(g is None for g in grads):
             continue
+        tokens.append((len(builder.nodes), next(g.value for g in grads if g is not None)))
         needs = tuple(v in active and v.dtype.is_float for v in node.inputs)
         for value, g in zip(node.inputs, _node_grads(node, grads, needs, wrap)):
             if g is None or value not in active or not value.dtype.is_float:
                 continue
             g = _fit(g, value, f"the gradient rule of {node.op}")
             cotangents[value] = cotangents[value] + g if value in cotangents else g
-    return [cotangents[w].value if w in cotangents else apply("ZerosLike", wrap(w)).value for w in wrt]
+    grads = [cotangents[w].value if w in cotangents else apply("ZerosLike", wrap(w)).value for w in wrt]
+    return grads, tokens
 
 
 def _node_grads(node: Node, grads, needs, wrap) -> tuple:
@@ -173,7 +191,7 @@ def expand_gradients(graph: Graph) -> Graph:
             outputs = gradients(builder, loss, wrt, seed)
         else:
             same = all(a is b for a, b in zip(inputs, node.inputs))
-            builder.nodes.append(node if same else Node(node.op, tuple(inputs), node.attrs, node.outputs, node.source))
+            builder.nodes.append(node if same else replace(node, inputs=tuple(inputs)))
             outputs = list(node.outputs)
         env.update(zip(node.outputs, outputs))
     return Graph(graph.inputs, tuple(builder.nodes), tuple(env[v] for v in graph.outputs), graph.name)

@@ -17,16 +17,20 @@ import numpy as np
 from tessel.compiler import registry
 from tessel.compiler.dtypes import DType, as_dtype, promote, scalar_dtype
 from tessel.compiler.errors import ShapeInferenceError, TraceError
-from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value, new_value
+from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, Recompute, TensorType, Value, new_value
 
 
 class GraphBuilder:
-    """Collects inputs and nodes; `build(outputs)` returns the immutable Graph (dead nodes pruned)."""
+    """Collects inputs and nodes; `build(outputs)` returns the immutable Graph (dead nodes pruned).
+
+    `recompute` (a `Recompute` or None) is stamped on every node emitted while it is set: the tracer sets it inside
+    a recomputed cell, the parallel pass while it writes a recomputed node's rank-local ops."""
 
     def __init__(self, name: str = "main"):
         self.name = name
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
+        self.recompute: Recompute | None = None
         self._constants: dict[tuple, Value] = {}
 
     @classmethod
@@ -57,7 +61,8 @@ class GraphBuilder:
             at = f" at {where}" if where else ""
             raise ShapeInferenceError(f"{op}({shown}){at}: {err}") from None
         outputs = tuple(Value(t) for t in types)
-        self.nodes.append(Node(op, tuple(inputs), frozen, outputs, where))
+        recompute = self.recompute if inputs else None  # a constant costs nothing to keep
+        self.nodes.append(Node(op, tuple(inputs), frozen, outputs, where, recompute))
         return outputs
 
     def constant(self, value: Any, dtype: DType | None = None) -> Value:

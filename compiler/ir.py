@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
 from typing import Any
 
@@ -135,15 +136,27 @@ class Attrs(Mapping):
         return "{" + ", ".join(f"{k}={v!r}" for k, v in self._items) + "}"
 
 
+class Recompute(str, Enum):
+    """How a node is recomputed for the backward pass (`Cell.recompute`, `Primitive.recompute`): its outputs are
+    not kept for the gradient; the backward reads a copy computed again from the nearest kept values. WITH_COMM
+    recomputes the collectives the node needs too (MindSpore's mp_comm_recompute=True, the default);
+    WITHOUT_COMM keeps their results."""
+
+    WITH_COMM = "recompute"
+    WITHOUT_COMM = "recompute_without_comm"
+
+
 @dataclass(frozen=True, eq=False)
 class Node:
-    """One application of a registered op. `source` is the user's file:line that created it (dumps, errors)."""
+    """One application of a registered op. `source` is the user's file:line that created it (dumps, errors);
+    `recompute` says whether the backward pass recomputes its outputs instead of keeping them (None: kept)."""
 
     op: str
     inputs: tuple[Value, ...]
     attrs: Attrs
     outputs: tuple[Value, ...]
     source: str | None = None
+    recompute: Recompute | None = None
 
     @property
     def output(self) -> Value:
@@ -185,6 +198,7 @@ class Graph:
             outs = ", ".join(f"{ids[o]}: {o.type!r}{_layout(o)}" for o in node.outputs)
             args = ", ".join(ids.get(v, "%<undefined>") for v in node.inputs)
             attrs = f" {node.attrs!r}" if len(node.attrs) else ""
+            attrs += f" [{node.recompute.value}]" if node.recompute else ""
             where = f"   # {node.source}" if sources and node.source else ""
             lines.append(f"  {outs} = {node.op}({args}){attrs}{where}")
         rets = ", ".join(ids.get(v, "%<undefined>") + (f" as {v.name}" if v.name else "") for v in self.outputs)

@@ -8,10 +8,11 @@
 
 The document, `{"format": "tessel.graph/1", "name", "inputs", "nodes", "outputs"}`: values are numbered in order of
 definition (the graph inputs, then every node's outputs), and each node lists its op, input value numbers,
-attributes (in Attrs order) and output types. Attribute values are JSON numbers, strings, booleans, null and
-lists (tuples), plus three tagged objects: `{"dtype": "float32"}`, `{"array": {"dtype", "shape", "data"}}` (a
-ConstArray, its bytes in base64) and `{"float": "nan" | "inf" | "-inf"}` (JSON has no such numbers). A value's
-layout, when the parallel pass set one, is `{"device_matrix", "tensor_map", "partial", "partial_op"}`.
+attributes (in Attrs order), output types and, when it is recomputed for the backward pass, its `recompute`
+mark. Attribute values are JSON numbers, strings, booleans, null and lists (tuples), plus three tagged objects:
+`{"dtype": "float32"}`, `{"array": {"dtype", "shape", "data"}}` (a ConstArray, its bytes in base64) and
+`{"float": "nan" | "inf" | "-inf"}` (JSON has no such numbers). A value's layout, when the parallel pass set one,
+is `{"device_matrix", "tensor_map", "partial", "partial_op"}`.
 
 Decoding trusts nothing: every op must be registered, every attribute known to it, every input defined before use,
 and (unless check_types=False) every node's output types what the op's shape inference gives; anything else is a
@@ -30,7 +31,7 @@ from typing import Any
 from tessel.compiler import registry
 from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import ShapeInferenceError
-from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
+from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, Recompute, TensorType, Value
 from tessel.compiler.shapes import as_shape
 from tessel.core.errors import ConfigurationError
 
@@ -73,7 +74,10 @@ def graph_to_json(graph: Graph) -> bytes:
             outputs.append(_value(v))
         where = f"node {index} ({node.op}) attribute"
         attrs = [[name, _attr(value, f"{where} {name!r}")] for name, value in node.attrs.items()]
-        nodes.append({"op": node.op, "inputs": args, "attrs": attrs, "outputs": outputs, "source": node.source})
+        entry = {"op": node.op, "inputs": args, "attrs": attrs, "outputs": outputs, "source": node.source}
+        if node.recompute is not None:
+            entry["recompute"] = node.recompute.value
+        nodes.append(entry)
     missing = [v for v in graph.outputs if v not in ids]
     if missing:
         raise ConfigurationError(f"graph {graph.name!r} returns {missing}, which no input or node defines")
@@ -185,8 +189,11 @@ def _decode_node(entry: Any, index: int, values: list[Value], check_types: bool)
         _check_types(opdef, where, inputs, attrs, outputs)
     source = entry.get("source")
     _expect(source is None or isinstance(source, str), f"{where}: source is not a string")
+    marks = {m.value: m for m in Recompute}
+    recompute = entry.get("recompute")
+    _expect(recompute is None or recompute in marks, f"{where}: recompute must be one of {sorted(marks)}")
     values.extend(outputs)
-    return Node(op, inputs, attrs, outputs, source)
+    return Node(op, inputs, attrs, outputs, source, None if recompute is None else marks[recompute])
 
 
 def _check_types(opdef, where: str, inputs: tuple[Value, ...], attrs: Attrs, outputs: tuple[Value, ...]) -> None:

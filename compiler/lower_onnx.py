@@ -11,6 +11,7 @@ State writes: every `Assign(param, value)` node becomes an extra model output na
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -26,6 +27,12 @@ OPSET = 18
 # ONNX Runtime 1.17+ reads IR version 8 models at opset 18; newer onnx packages would stamp a version it rejects.
 IR_VERSION = 8
 ASSIGN_SUFFIX = "/new"
+# Model metadata asking the runtime to run nodes in the order they are written wherever the data allows (ONNX
+# Runtime's priority-based order, Kahn's algorithm by node index) rather than its default depth-first order from
+# the outputs: set on models holding ops that order the graph (After), so that recomputed copies run where the
+# backward needs them and parameter-gradient branches do not wait until the end of the backward pass.
+EXECUTION_ORDER = "tessel.execution_order"
+PRIORITY_ORDER = "priority"
 
 
 def assign_output_name(param_name: str) -> str:
@@ -49,6 +56,15 @@ class LoweringContext:
             for axis, d in enumerate(v.shape):
                 if isinstance(d, str):
                     self._symbol_sources.setdefault(d, (v.name, axis))
+
+    @cached_property
+    def _read(self) -> set[Value]:
+        return {v for n in self.graph.nodes for v in n.inputs} | set(_output_values(self.graph))
+
+    def is_read(self, value: Value) -> bool:
+        """Whether some node or model output reads `value`: an op may leave an optional output nobody reads out
+        of its ONNX node, and ONNX Runtime then never allocates it (it keeps unread outputs until the run ends)."""
+        return value in self._read
 
     def fresh(self, hint: str = "t") -> str:
         self._counter += 1
@@ -156,6 +172,8 @@ def to_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
     model = helper.make_model(
         onnx_graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="tessel", ir_version=IR_VERSION
     )
+    if any(registry.get(node.op).orders for node in graph.nodes):
+        helper.set_model_props(model, {EXECUTION_ORDER: PRIORITY_ORDER})
     return model
 
 

@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, fuse_summed_products
+from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -98,7 +98,7 @@ def lower_rank_program(
         raise ConfigurationError(
             f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
         )
-    prepared = fold_value_free(fuse_summed_products(alias_effects(expand_collectives(graph))))
+    prepared = fold_value_free(op_rewrites(alias_effects(expand_collectives(graph))))
     steps = plan_steps(prepared, spmd)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
@@ -182,7 +182,7 @@ def _segment(steps: list[Step], index: int, name: str, graph: Graph, names: _Sto
             local[out] = Value(out.type, names(out)) if later else out
             exported += [local[out]] if later else []
         renamed = (tuple(local[v] for v in node.inputs), tuple(local[o] for o in node.outputs))
-        nodes.append(Node(node.op, renamed[0], node.attrs, renamed[1], node.source))
+        nodes.append(replace(node, inputs=renamed[0], outputs=renamed[1]))
     inputs += _symbol_sources(nodes, inputs, graph)
     segment_graph = Graph(tuple(inputs), tuple(nodes), tuple(exported), name.replace("/", "_"))
     state = tuple(n.inputs[0].name for n in step.nodes if is_write(n))

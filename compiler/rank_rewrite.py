@@ -21,7 +21,7 @@ import numpy as np
 
 from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor
-from tessel.compiler.ir import Attrs, Graph, Node, Value
+from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.shapes import is_static, numel
 
 
@@ -140,85 +140,8 @@ def _constant_result(node: Node) -> np.ndarray | None:
     return np.asarray(result, dtype=node.outputs[0].dtype.numpy)
 
 
-def fuse_summed_products(graph: Graph) -> Graph:
-    """Σ_i A_iᵀ B_i → [A_1; …; A_k]ᵀ [B_1; …; B_k]: a sum of products that contract over rows (the gradient of a
-    weight that k copies of a network share, as MicroBatchInterleaved's copies and a pipeline's micro-batches do)
-    becomes one product of the stacked rows. The k - 1 additions each read and write the whole weight-sized
-    gradient, which for a wide layer costs more than the products themselves; stacking copies only the rows.
-    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum, and
-    only to products whose inputs wait for the same collectives: stacking the rows of two copies that each wait for
-    their own AllReduce would make the first copy's product wait for the second copy's communication too, instead
-    of running while it is in flight."""
-    from tessel.compiler.builder import apply
-
-    after = _last_collective(graph)
-
-    users: dict[Value, int] = {}
-    for node in (*graph.nodes, Node("return", graph.outputs, Attrs(), ())):
-        for v in node.inputs:
-            users[v] = users.get(v, 0) + 1
-    producer = graph.producers
-    sums: dict[Value, tuple[list[tuple[Value, Value]], list[Node]]] = {}  # sum -> (its (A_i, B_i), nodes it absorbs)
-
-    def parts(value: Value) -> tuple[list[tuple[Value, Value]], list[Node]] | None:
-        node = producer.get(value)
-        if node is None or users.get(value) != 1:
-            return None
-        if value in sums:
-            return sums[value]
-        if node.op != "MatMul" or not node.attrs["transpose_a"] or node.attrs["transpose_b"]:
-            return None
-        a, b = node.inputs
-        return ([(a, b)], [node]) if a.ndim == 2 and b.ndim == 2 else None
-
-    for node in graph.nodes:
-        if node.op == "Add" and len(node.inputs) == 2 and node.inputs[0].type == node.inputs[1].type:
-            left, right = parts(node.inputs[0]), parts(node.inputs[1])
-            if left is not None and right is not None and _stackable(left[0] + right[0], after):
-                sums[node.outputs[0]] = (left[0] + right[0], [*left[1], *right[1], node])
-    absorbed = {n for _, inner in sums.values() for n in inner[:-1]}
-    chosen = {v: t for v, (t, inner) in sums.items() if inner[-1] not in absorbed and _worth_stacking(t, v)}
-    if not chosen:
-        return graph
-    skipped = {n for v in chosen for n in sums[v][1]}
-    rewriter = Rewriter(graph)
-    for node in graph.nodes:
-        if node.outputs and node.outputs[0] in chosen:
-            terms = chosen[node.outputs[0]]
-            with rewriter.at(node.source):
-                a = apply("Concat", *(rewriter.tensor(t[0]) for t in terms), axis=0)
-                b = apply("Concat", *(rewriter.tensor(t[1]) for t in terms), axis=0)
-                rewriter.alias(node.outputs[0], apply("MatMul", a, b, transpose_a=True, transpose_b=False).value)
-        elif node not in skipped:
-            rewriter.keep(node)
-    return rewriter.build()
-
-
-def _stackable(terms: list[tuple[Value, Value]], after: dict[Value, int]) -> bool:
-    (a0, b0), rest = terms[0], terms[1:]
-    waits = {max(after.get(a, -1), after.get(b, -1)) for a, b in terms}
-    return len(waits) == 1 and all(
-        a.shape[1] == a0.shape[1] and b.shape[1] == b0.shape[1] and a.dtype == a0.dtype and b.dtype == b0.dtype
-        for a, b in rest
-    )
-
-
-def _last_collective(graph: Graph) -> dict[Value, int]:
-    """For each value, the position of the last collective (in graph order) it depends on (absent: none)."""
-    after: dict[Value, int] = {}
-    for position, node in enumerate(graph.nodes):
-        last = max((after[v] for v in node.inputs if v in after), default=-1)
-        if registry.get(node.op).collective is not None:
-            last = position
-        if last >= 0:
-            for out in node.outputs:
-                after[out] = last
-    return after
-
-
-def _worth_stacking(terms: list[tuple[Value, Value]], out: Value) -> bool:
-    """Copying the rows costs less than the additions: (k - 1) reads of two and a write of the sum."""
-    if not all(is_static(v.shape) for pair in terms for v in pair) or not is_static(out.shape):
-        return False
-    copied = sum(numel(a.shape) * a.dtype.itemsize + numel(b.shape) * b.dtype.itemsize for a, b in terms)
-    return copied < (len(terms) - 1) * 3 * numel(out.shape) * out.dtype.itemsize
+def op_rewrites(graph: Graph) -> Graph:
+    """The rank-graph rewrites the ops' definitions bring (registry.OpDef.rewrite), each applied in turn."""
+    for rewrite in registry.rewrites():
+        graph = rewrite(graph)
+    return graph

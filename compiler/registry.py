@@ -14,7 +14,11 @@ An `OpDef` says
 - `writes`: the index of the input the op writes in place (Assign writes its parameter, input 0); such a node is
   kept by graph building even when no output is used;
 - `differentiates`: the op's outputs are the gradients of input 0 with respect to its other inputs (GradientOf):
-  autodiff expands it once the graph is final, which for a parallel graph is after the parallel pass.
+  autodiff expands it once the graph is final, which for a parallel graph is after the parallel pass;
+- `rewrite(graph) -> graph`: an algebraic identity of the op applied to every rank graph before lowering
+  (MatMul's: a sum of row-contracted products becomes one product of the stacked rows);
+- `orders`: the op exists to order the graph (After): a model holding one asks the runtime to follow the node
+  order it was written in (lower_onnx.EXECUTION_ORDER).
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -108,8 +112,12 @@ class OpDef:
     collective: Collective | None = None
     writes: int | None = None
     differentiates: bool = False
+    orders: bool = False
     num_inputs: int | None = None  # None = variadic
     doc: str = ""
+    # A rewrite of whole rank graphs this op's definition brings (graph -> graph, the same values out), applied to
+    # every rank graph before lowering (rank_rewrite.op_rewrites); an algebraic identity of the op, kept with it.
+    rewrite: Callable[[Any], Any] | None = None
 
     def sharding_spec(self, node: Node) -> ShardingSpec:
         """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""
@@ -147,6 +155,12 @@ def register(name: str, **fields: Any) -> OpDef:
     op = OpDef(name=name, **fields)
     _OPS[name] = op
     return op
+
+
+def rewrites() -> list[Callable[[Any], Any]]:
+    """Every op's rank-graph rewrite, in registration order (one entry per function)."""
+    _load_ops()
+    return list(dict.fromkeys(op.rewrite for op in _OPS.values() if op.rewrite is not None))
 
 
 def get(name: str) -> OpDef:

@@ -153,6 +153,16 @@ class _Method:
                 raise
             _abort_with(context, exc)
 
+    def unary_stream(self, raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+        self._authenticate(context)
+        request = self.parse(raw, context)
+        try:
+            yield from self.impl(request, context)
+        except Exception as exc:
+            if isinstance(exc, grpc.RpcError) or context.code() is not None:
+                raise
+            _abort_with(context, exc)
+
     def stream(self, raw_iterator: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[Any]:
         self._authenticate(context)
         requests = (self.parse(raw, context) for raw in raw_iterator)
@@ -178,7 +188,7 @@ def generic_handler(
         make = {
             (False, False): (grpc.unary_unary_rpc_method_handler, wrapped.unary),
             (True, True): (grpc.stream_stream_rpc_method_handler, wrapped.stream),
-            (False, True): (grpc.unary_stream_rpc_method_handler, None),
+            (False, True): (grpc.unary_stream_rpc_method_handler, wrapped.unary_stream),
             (True, False): (grpc.stream_unary_rpc_method_handler, None),
         }[kind]
         if make[1] is None:
@@ -274,6 +284,14 @@ class Client:
     def stream(self, method: str, requests: Iterator[Any]) -> Iterator[Any]:
         """A long-lived bidirectional stream (no deadline: liveness is its purpose)."""
         return getattr(self.stub, method)(requests, metadata=self.metadata)
+
+    def replies(self, method: str, request: Any, timeout_s: float | None = None) -> Iterator[Any]:
+        """The replies of a server-streaming call as they come, under one deadline for the whole call; errors
+        raise tessel exceptions as `call` does."""
+        try:
+            yield from getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+        except grpc.RpcError as exc:
+            raise _error_from(exc, f"{self.what} {method}") from None
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):

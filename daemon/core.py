@@ -12,7 +12,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -277,9 +277,11 @@ class DaemonCore:
         feed: dict[str, np.ndarray] | None = None,
         collect: Iterable[str] = (),
         timeline: bool = False,
+        progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
-        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span."""
+        (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
+        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values."""
         session = self.session(session_id)
         collect = list(collect)
         events: list[daemon_pb2.TimelineEvent] = []
@@ -304,6 +306,8 @@ class DaemonCore:
                         step.run()
                 for name in collect:
                     history[name].append(np.array(session.tensor(name)))
+                if progress is not None:
+                    progress(repetition, {name: history[name][-1] for name in collect})
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError
@@ -72,14 +74,43 @@ class DaemonServicer:
             request.collect,
             request.timeline,
         )
-        return daemon_pb2.ExecuteReply(
-            fetched=[_named(n, v) for n, v in result.fetched.items()],
-            collected=[_named(n, v) for n, v in result.collected.items()],
-            timings=[
-                daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)
-            ],
-            timeline=result.timeline,
-        )
+        return _reply(result)
+
+    def ExecuteStream(self, request, context):
+        """Execute in a worker thread; each repetition's collected values are sent as it ends, the reply last."""
+        done = object()
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def progress(repetition, collected):
+            events.put(
+                daemon_pb2.ExecuteProgress(
+                    repetition=repetition, collected=[_named(n, v) for n, v in collected.items()]
+                )
+            )
+
+        def run():
+            try:
+                result = self.core.execute(
+                    request.session_id,
+                    request.program,
+                    request.repeat,
+                    request.fetch,
+                    request.timings,
+                    {t.name: from_proto(t.tensor, t.name) for t in request.feed},
+                    request.collect,
+                    request.timeline,
+                    progress,
+                )
+                events.put(daemon_pb2.ExecuteProgress(done=_reply(result, collected=False)))
+            except BaseException as exc:  # handed to the RPC thread, which reports it to the client
+                events.put(exc)
+            events.put(done)
+
+        threading.Thread(target=run, name="tessel-execute-stream", daemon=True).start()
+        while (event := events.get()) is not done:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
 
     def Status(self, request, context):
         sessions = self.core.sessions()
@@ -114,6 +145,15 @@ class DaemonServicer:
     def ProbeGroup(self, request, context):
         seconds = self.core.probe_group(request.probe_id, request.rank, list(request.members), request.collectives)
         return daemon_pb2.ProbeGroupReply(collective_s=seconds)
+
+
+def _reply(result, collected: bool = True) -> daemon_pb2.ExecuteReply:
+    return daemon_pb2.ExecuteReply(
+        fetched=[_named(n, v) for n, v in result.fetched.items()],
+        collected=[_named(n, v) for n, v in result.collected.items()] if collected else [],
+        timings=[daemon_pb2.InstructionTiming(index=i, kind=k, seconds=s) for i, (k, s) in enumerate(result.timings)],
+        timeline=result.timeline,
+    )
 
 
 def _named(name, array):

@@ -111,7 +111,10 @@ for _name, _onnx, _grad, _why in (
 
 
 # Dropout: in training, output 1 is the keep mask (bool) that the gradient reuses; ONNX Runtime draws it from a
-# generator seeded by `seed`, so a given seed gives the same masks step after step in every process.
+# generator seeded by `seed`, so a given seed gives the same masks step after step in every process (and a copy of
+# the node that recomputation makes draws the masks of the original: each node has its generator). ONNX Runtime's
+# EliminateDropout removes a Dropout whose mask nobody reads as if it ran for inference, training or not: the CPU
+# plugin disables that rewrite.
 def _dropout_active(attrs) -> bool:
     return attrs["training"] and attrs["p"] > 0.0
 
@@ -129,7 +132,8 @@ def _lower_dropout(ctx, node, inputs, outputs):
         return
     ratio = ctx.const(node.attrs["p"], node.inputs[0].dtype)
     training = ctx.const(True, DType.bool_)
-    ctx.add("Dropout", [inputs[0], ratio, training], outputs, seed=int(node.attrs["seed"]))
+    keep = outputs if ctx.is_read(node.outputs[1]) else outputs[:1]  # an unread mask is never allocated
+    ctx.add("Dropout", [inputs[0], ratio, training], keep, seed=int(node.attrs["seed"]))
 
 
 def _dropout_grad(c):

@@ -1,5 +1,5 @@
-"""Ops about order and state: Assign (write a parameter), Depend (order without data) and GradientOf (gradients,
-differentiated once the graph is final).
+"""Ops about order and state: Assign (write a parameter), Depend (order without data), After (order that the
+runtime must keep) and GradientOf (gradients, differentiated once the graph is final).
 
 `Assign(param, value)` returns `value` and marks it as the parameter's new value; lowering turns it into the model
 output `<param>/new`, which executors bind onto the parameter's buffer (see lower_onnx.assign_output_name).
@@ -7,6 +7,7 @@ output `<param>/new`, which executors bind onto the parameter's buffer (see lowe
 
 from __future__ import annotations
 
+from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import GradientError
 from tessel.compiler.ir import Node
 from tessel.compiler.ops.common import ZERO_GRAD, free, moves_data, require
@@ -49,6 +50,35 @@ register(
     grad=lambda c: (c.g,) + (None,) * (len(c.inputs) - 1),
     cost=free,
     doc="Depend(x, *deps): x, computed after deps (MindSpore ops.Depend).",
+)
+
+
+# After(x, token): x, but only once `token` has been computed. Depend lowers to an Identity, which ONNX Runtime
+# schedules wherever it likes; recomputation needs its copies to run late (after the backward pass reached them),
+# so After makes the order a data edge: Reshape(x, Shape(x) + n), where n = [token[0] > token[0]] summed, is 0 for
+# any token value (a NaN too), costs one element read, and no graph optimizer can prove it constant. ONNX
+# Runtime's Reshape aliases its input, so x is not copied.
+def _lower_after(ctx, node, inputs, outputs):
+    x, token = inputs
+    flat = ctx.add1("Reshape", [token, ctx.ints([-1])])
+    first = ctx.cast(ctx.add1("Slice", [flat, ctx.ints([0]), ctx.ints([1])]), node.inputs[1].dtype, DType.float32)
+    never = ctx.add1("Cast", [ctx.add1("Greater", [first, first])], to=DType.int64.onnx)
+    zero = ctx.add1("ReduceSum", [never], keepdims=0)  # a scalar 0, also for a token with no elements
+    shape = ctx.add1("Add", [ctx.add1("Shape", [x]), zero])
+    ctx.add("Reshape", [x, shape], outputs)
+
+
+register(
+    "After",
+    infer=lambda types, attrs: (types[0],),
+    sharding=depend,
+    lower=_lower_after,
+    grad=lambda c: (c.g, None),
+    cost=free,
+    num_inputs=2,
+    orders=True,
+    doc="After(x, token): x, computed no earlier than token; unlike Depend the order survives ONNX lowering "
+    "(recomputation places its copies with it).",
 )
 
 

@@ -406,7 +406,11 @@ class _RankBuilder:
             self.env[v] = local
         for node in plan.graph.nodes:
             first = len(self.builder.nodes)
-            self.node(node)
+            self.builder.recompute = node.recompute  # a recomputed op's local ops and collectives are recomputed
+            try:
+                self.node(node)
+            finally:
+                self.builder.recompute = None
             self.source_of.update((n, node.source) for n in self.builder.nodes[first:])
         outputs = []
         producers = plan.graph.producers
@@ -494,5 +498,6 @@ def _with_layouts(graph: Graph, layout_of: Mapping[Value, Layout], source_of: Ma
             renamed[out] = out if layout is None else dataclasses.replace(out, layout=layout)
             outs.append(renamed[out])
         source = source_of.get(node, node.source)
-        nodes.append(Node(node.op, tuple(renamed[v] for v in node.inputs), node.attrs, tuple(outs), source))
+        inputs = tuple(renamed[v] for v in node.inputs)
+        nodes.append(dataclasses.replace(node, inputs=inputs, outputs=tuple(outs), source=source))
     return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name)

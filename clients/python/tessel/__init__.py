@@ -47,6 +47,27 @@ _DTYPES = {
     "dtype_to_nptype",
     "pytype_to_dtype",
 }
+_PARALLEL_NAMES = {
+    "set_algo_parameters",
+    "get_algo_parameters",
+    "reset_algo_parameters",
+    "rank_list_for_transform",
+    "transform_checkpoint_by_rank",
+    "transform_checkpoints",
+    "shard",
+    "Layout",
+    "parameter_broadcast",
+    "load_segmented_checkpoints",
+    "unified_safetensors",
+    "load_distributed_checkpoint",
+    "merge_sliced_parameter",
+    "restore_group_info_list",
+    "build_searched_strategy",
+    "set_op_strategy_config",
+    "rank_list_for_convert",
+    "convert_checkpoint_by_rank",
+    "convert_checkpoints",
+}
 _NAMES = {
     "Tensor": "tessel.common.tensor",
     "Parameter": "tessel.common.parameter",
@@ -56,6 +77,7 @@ _NAMES = {
     "set_seed": "tessel.common.seed",
     "get_seed": "tessel.common.seed",
     "jit": "tessel.common.compiled",
+    "recompute": "tessel.common.recompute",
     "set_context": "tessel.context",
     "get_context": "tessel.context",
     "GRAPH_MODE": "tessel.context",
@@ -74,6 +96,10 @@ _NAMES = {
     "load_param_into_net": "tessel.train.serialization",
     "export": "tessel.train.serialization",
     **dict.fromkeys(_DTYPES, "tessel.common.dtype"),
+    # mindspore.parallel's names MindSpore re-exports at the top level (its __init__.py imports them and extends
+    # __all__ with parallel.__all__); the pipeline-parallel ones are not here yet
+    **dict.fromkeys(_PARALLEL_NAMES, "tessel.parallel"),
+    "reshard": "tessel.parallel.function",
 }
 
 

@@ -86,6 +86,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteReply.FromString,
                 _registered_method=True)
+        self.ExecuteStream = channel.unary_stream(
+                '/tessel.v1.Daemon/ExecuteStream',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/tessel.v1.Daemon/Status',
                 request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
@@ -172,6 +177,14 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ExecuteStream(self, request, context):
+        """Execute, reporting each repetition's `collect`ed values as it ends (sink mode: per-step losses while the
+        epoch runs); the last message carries the reply (fetched, timings, timeline; its `collected` is empty).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -252,6 +265,11 @@ def add_DaemonServicer_to_server(servicer, server):
                     servicer.Execute,
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteReply.SerializeToString,
+            ),
+            'ExecuteStream': grpc.unary_stream_rpc_method_handler(
+                    servicer.ExecuteStream,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -544,6 +562,33 @@ class Daemon:
             '/tessel.v1.Daemon/Execute',
             tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
             tessel_dot_v1_dot_daemon__pb2.ExecuteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ExecuteStream(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tessel.v1.Daemon/ExecuteStream',
+            tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
+            tessel_dot_v1_dot_daemon__pb2.ExecuteProgress.FromString,
             options,
             channel_credentials,
             insecure,

@@ -7,7 +7,9 @@ import pytest
 from compiler_testkit import check_forward, check_grad, erf, feeds_of, op_graph, run_graph
 
 from tessel.compiler.autodiff import grad_graph
+from tessel.compiler.builder import apply_all
 from tessel.compiler.lower_onnx import to_onnx
+from tessel.compiler.tracer import TensorSpec, trace
 from tessel.plugins.cpu.compute import CpuCompute
 
 rng = np.random.default_rng(7)
@@ -222,3 +224,15 @@ def test_bias_add_along_channels(shape):
     fn = lambda x, b: x + b.reshape((1, -1) + (1,) * (x.ndim - 2))  # noqa: E731
     check_forward("BiasAdd", [x, bias], {}, fn)
     check_grad("BiasAdd", [x, bias], {}, fn)
+
+
+def test_a_training_dropout_whose_mask_nobody_reads_still_drops():
+    # ONNX Runtime's EliminateDropout would remove it as if it ran for inference; the CPU plugin disables that rule.
+    def f(x):
+        return apply_all("Dropout", x, p=0.5, seed=3)[0]
+
+    graph = trace(f, TensorSpec((4096,))).graph
+    model = to_onnx(graph)
+    assert [len(n.output) for n in model.graph.node if n.op_type == "Dropout"] == [1]  # the mask is not allocated
+    (y,) = run_graph(graph, {"x": np.ones(4096, np.float32)})
+    assert set(np.unique(y).tolist()) == {0.0, 2.0}

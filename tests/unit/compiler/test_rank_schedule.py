@@ -218,7 +218,7 @@ def test_a_sum_of_row_contracted_products_becomes_one_product_of_stacked_rows():
     memory than the k - 1 additions of weight-sized gradients; the result is unchanged."""
     from compiler_testkit import run_graph
 
-    from tessel.compiler.rank_rewrite import fuse_summed_products
+    from tessel.compiler.ops.linalg import fuse_summed_products
 
     def grads(a0, b0, a1, b1, a2, b2):
         products = [apply("MatMul", a, b, transpose_a=True) for a, b in ((a0, b0), (a1, b1), (a2, b2))]
@@ -239,7 +239,7 @@ def test_a_sum_of_row_contracted_products_becomes_one_product_of_stacked_rows():
 def test_products_waiting_for_different_collectives_are_not_stacked():
     """Two copies' weight gradients, each after its own AllReduce: stacking them would make the first copy's product
     wait for the second copy's AllReduce, so they stay two products (and an addition)."""
-    from tessel.compiler.rank_rewrite import fuse_summed_products
+    from tessel.compiler.ops.linalg import fuse_summed_products
 
     def grads(a0, b0, a1, b1):
         reduced = [apply("AllReduce", b, group=GROUP) for b in (b0, b1)]

@@ -4,6 +4,8 @@ exactly as feed mode does; a pipeline with Python callables falls back to feed m
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -34,17 +36,21 @@ def _train(sink: bool, dataset, epochs: int = 2, sink_size: int = -1):
             losses.append(float(run_context.original_args().net_outputs.asnumpy()))
 
     daemon = engine().daemon
-    calls, execute = [], daemon.execute
+    calls, execute, execute_steps = [], daemon.execute, daemon.execute_steps
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("repeat", 1))
         return execute(*args, **kwargs)
 
-    daemon.execute = counting
+    def counting_steps(session, program, repeat, **kwargs):
+        calls.append(repeat)
+        return execute_steps(session, program, repeat, **kwargs)
+
+    daemon.execute, daemon.execute_steps = counting, counting_steps
     try:
         model.train(epochs, dataset, callbacks=[Record(1)], dataset_sink_mode=sink, sink_size=sink_size)
     finally:
-        del daemon.execute
+        del daemon.execute, daemon.execute_steps
     return np.array(losses), net.weight.asnumpy(), calls
 
 
@@ -57,6 +63,44 @@ def test_sink_mode_runs_an_epoch_per_execute_and_trains_like_feed_mode():
     assert max(fed_calls) == 1 and len(fed_calls) >= 2 * steps
     np.testing.assert_allclose(sunk, fed, rtol=1e-6)
     np.testing.assert_allclose(weight, want, rtol=1e-6, atol=1e-7)
+
+
+def test_sink_mode_reports_each_steps_loss_while_the_epoch_still_runs():
+    """The daemon holds the epoch after its first step until the client's step callback has seen that step's loss:
+    the callback runs while the Execute is still under way, not once the epoch has ended."""
+    x, y = _data()
+    core = engine().daemon.core
+    execute, gate, running, seen = core.execute, threading.Event(), threading.Event(), []
+
+    def gated(*args):
+        *head, progress = args
+
+        def held(repetition, collected):
+            progress(repetition, collected)
+            if repetition == 0:
+                gate.wait(30)
+
+        running.set()
+        try:
+            return execute(*head, held)
+        finally:
+            running.clear()
+
+    class Watch(LossMonitor):
+        def on_train_step_end(self, run_context):
+            seen.append(running.is_set())
+            gate.set()
+
+    core.execute = gated
+    try:
+        ms.set_seed(4)
+        net = nn.Dense(6, 2)
+        model = ms.Model(net, nn.CrossEntropyLoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+        dataset = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(BATCH)
+        model.train(1, dataset, callbacks=[Watch(1)], dataset_sink_mode=True)
+    finally:
+        del core.execute
+    assert len(seen) == ROWS // BATCH and seen[0], seen
 
 
 def test_sink_size_sets_the_steps_per_execute_and_every_step_reaches_the_callbacks():

@@ -11,6 +11,7 @@ first copied aside on the daemon, see Engine.execute).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ def rename_inputs(graph: Graph, mapping: dict[str, str]) -> Graph:
     """`graph` with inputs renamed by `mapping` (state names are store names, so they must not collide)."""
     new = {v: Value(v.type, mapping[v.name], v.layout) for v in graph.inputs if v.name in mapping}
     sub = lambda v: new.get(v, v)  # noqa: E731
-    nodes = tuple(Node(n.op, tuple(map(sub, n.inputs)), n.attrs, n.outputs, n.source) for n in graph.nodes)
+    nodes = tuple(dataclasses.replace(n, inputs=tuple(map(sub, n.inputs))) for n in graph.nodes)
     return Graph(tuple(map(sub, graph.inputs)), nodes, tuple(map(sub, graph.outputs)), graph.name)
 
 
@@ -189,7 +190,7 @@ class Entry:
     out_tree: OutputTree
     device_layouts: list = field(default_factory=list)  # SEMI_AUTO/AUTO: the layout of each device output
     batch_outputs: bool = False  # some output's shape follows the batch size
-    modes: tuple = ()  # (cell, training, float dtype) at trace time; the entry serves calls in the same modes
+    modes: tuple = ()  # (cell, Cell.graph_modes()) at trace time; the entry serves calls in the same modes
     programs: dict = field(default_factory=dict)
     engine_id: int = 0
     staged_at: int = -1
@@ -334,7 +335,7 @@ class CompiledFunction:
             call = Call.of(args, kwargs, self.arg_names, engine().id)
             key = (call.key(not static), self.key_extra(), sharded)
         for entry in self.entries.get(key, ()):
-            if all(c.training == training and c._float_dtype == dtype for c, training, dtype in entry.modes):
+            if all(c.graph_modes() == modes for c, modes in entry.modes):
                 break
         else:
             entry = self._build(call, sharded)

@@ -28,7 +28,7 @@ from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
-from tessel.compiler.rank_rewrite import fuse_summed_products
+from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
@@ -88,7 +88,7 @@ class Engine:
             for segment in lowered.segments.values():
                 profiler.name_segment(segment.name, segment.graph)
         else:
-            self.daemon.compile_segment(self.session, name, model_bytes(fuse_summed_products(graph)), list(state))
+            self.daemon.compile_segment(self.session, name, model_bytes(op_rewrites(graph)), list(state))
             profiler.name_segment(name, graph)
         self._segments.add(name)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -205,8 +205,10 @@ class SinkRunner:
             )
         self.inputs = names
 
-    def run(self, steps: int) -> list[float]:
-        """Run `steps` train steps in one Execute; the per-step losses."""
+    def run(self, steps: int) -> Iterator[float]:
+        """Run `steps` train steps in one Execute, yielding each step's loss as the daemon reports it (so step
+        callbacks, LossMonitor's lines and the progress bar follow the steps as they happen; with a timeline being
+        recorded, once the Execute has ended)."""
         from tessel.common import parameter as P
 
         eng, entry = self.engine, self.entry
@@ -220,9 +222,23 @@ class SinkRunner:
         batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()
-        result = profiler.execute(eng.daemon, eng.session, program, repeat=steps, feed=feed, collect=[loss])
+        if profiler.active() is not None:
+            result = profiler.execute(eng.daemon, eng.session, program, repeat=steps, feed=feed, collect=[loss])
+            losses = iter(np.asarray(result.collected[loss]).reshape(steps, -1)[:, 0])
+        else:
+            reports = eng.daemon.execute_steps(eng.session, program, steps, feed=feed, collect=[loss])
+            losses = (np.asarray(report[loss]).reshape(-1)[0] for report in reports)
         P.updated_on_device(entry.assigned)
-        for _ in range(steps):
-            for hook in entry.after_run:
-                hook()
-        return [float(v) for v in np.asarray(result.collected[loss]).reshape(steps, -1)[:, 0]]
+        ran = 0
+        try:
+            for value in losses:
+                ran += 1
+                for hook in entry.after_run:
+                    hook()  # the optimizer's step count, as each step ends
+                yield float(value)
+        finally:  # a loop stopped early: the daemon runs the whole epoch all the same, and the host counts it
+            for _ in losses:
+                ran += 1
+            for _ in range(steps - ran):
+                for hook in entry.after_run:
+                    hook()

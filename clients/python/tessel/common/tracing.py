@@ -8,6 +8,7 @@ Each Parameter read while tracing becomes one graph input named by its store key
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -16,6 +17,7 @@ import numpy as np
 
 from tessel.common.dtype import default_dtype_of
 from tessel.compiler import Graph, SymbolicTensor, Trace, TraceError, apply_all
+from tessel.compiler.ir import Recompute
 from tessel.compiler.tracer import OutputTree, flatten
 
 _local = threading.local()
@@ -85,13 +87,63 @@ class SdkTrace:
 
     @contextlib.contextmanager
     def in_cell(self, cell: Any) -> Iterator[None]:
-        """Ops traced inside `with trace.in_cell(cell)` belong to `cell` (Cell.set_data_parallel)."""
+        """Ops traced inside `with trace.in_cell(cell)` belong to `cell` (Cell.set_data_parallel, Cell.recompute)."""
         self.note_cell(cell)
         self.cell_stack.append(cell)
+        self.sync_recompute()
         try:
             yield
         finally:
             self.cell_stack.pop()
+            self.sync_recompute()
+
+    def call_cell(self, cell: Any, construct: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """`construct(*args, **kwargs)` traced inside `cell`; a recomputed cell's output ops are then kept for the
+        backward pass instead of recomputed (MindSpore's rule: the outputs of a recomputed cell are not)."""
+        with self.in_cell(cell):
+            first = len(self.builder.nodes)
+            out = construct(*args, **kwargs)
+        if cell.__dict__.get("_output_no_recompute"):
+            self._keep_outputs(out, first)
+        return out
+
+    def sync_recompute(self) -> None:
+        """Point the builder at the recompute mark of what is traced now (see `recompute_mark`)."""
+        self.builder.recompute = self.recompute_mark()
+
+    def recompute_mark(self) -> Recompute | None:
+        """How ops traced now are recomputed: as the primitive applying them says (Primitive.recompute), else as the
+        innermost cell configured by Cell.recompute says; their collectives too unless mp_comm_recompute=False."""
+        cell_mode, comm = None, True
+        for cell in reversed(self.cell_stack):
+            mode = cell.__dict__.get("_recompute_mode")
+            if mode is not None:
+                cell_mode, comm = mode, cell.__dict__.get("_recompute_comm", True)
+                break
+        stack = _primitive_stack()
+        primitive = stack[-1][0] if stack else None
+        attrs = getattr(primitive, "attrs", {})
+        mode = attrs.get("recompute", cell_mode)
+        comm = attrs.get("recompute_comm_op", comm)
+        if not mode:
+            return None
+        return Recompute.WITH_COMM if comm else Recompute.WITHOUT_COMM
+
+    def _keep_outputs(self, out: Any, first: int) -> None:
+        """Unmark the nodes (made since index `first`) that produce the tensors `out` holds, unless the primitive
+        that made one asked for recomputation itself."""
+        from tessel.common.tensor import Tensor
+
+        leaves, _ = flatten(out)
+        produced = {leaf._sym.value for leaf in leaves if isinstance(leaf, Tensor) and leaf._sym is not None}
+        nodes = self.builder.nodes
+        for index in range(first, len(nodes)):
+            node = nodes[index]
+            if node.recompute is None or not any(o in produced for o in node.outputs):
+                continue
+            made = self.primitive_of.get(node.outputs[0])
+            if made is None or getattr(made.primitive, "attrs", {}).get("recompute") is not True:
+                nodes[index] = dataclasses.replace(node, recompute=None)
 
     def record(self, op: str, outputs: tuple[SymbolicTensor, ...]) -> None:
         """Note which Primitive call and which data-parallel cell created the node of `outputs`."""
@@ -106,8 +158,9 @@ class SdkTrace:
             self.data_parallel.add(key)
 
     def modes(self) -> tuple:
-        """(cell, training, float dtype) of every cell traced through: what the graph depends on besides inputs."""
-        return tuple((c, c.training, c._float_dtype) for c in self.cells.values())
+        """(cell, its graph modes) of every cell traced through: what the graph depends on besides inputs (train or
+        eval, float dtype, recompute configuration; see Cell.graph_modes)."""
+        return tuple((c, c.graph_modes()) for c in self.cells.values())
 
     def parameters(self) -> list:
         return [p for p, _ in self.params.values()]
@@ -183,10 +236,15 @@ def created_by(primitive: Any) -> Iterator[None]:
     else:
         _local.calls = getattr(_local, "calls", 0) + 1
         stack.append((primitive, _local.calls))
+    trace = current()
+    if trace is not None:
+        trace.sync_recompute()
     try:
         yield
     finally:
         stack.pop()
+        if trace is not None:
+            trace.sync_recompute()
 
 
 def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:

@@ -11,6 +11,8 @@ speaks gRPC to `tessel daemon` (Execute over its Unix socket when on the same ho
 
 from __future__ import annotations
 
+import queue
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -141,6 +143,18 @@ class DaemonHandle(ABC):
         (with `timings`) per-instruction timings and (with `timeline`) daemon_pb2.TimelineEvents."""
 
     @abstractmethod
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        """Store `feed`, run `program` `repeat` times, yielding each repetition's `collect`ed values as soon as it
+        has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     # --- rank programs -----------------------------------------------------------------------------------------
@@ -220,6 +234,31 @@ class LocalDaemon(DaemonHandle):
         feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
         result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect, timeline)
         return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
+
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
+        done = object()
+        events: queue.SimpleQueue = queue.SimpleQueue()
+
+        def run() -> None:
+            try:
+                self.core.execute(session_id, program, repeat, (), False, feed, collect, False, _put_to(events))
+            except BaseException as exc:  # raised in the caller's thread, below
+                events.put(exc)
+            events.put(done)
+
+        threading.Thread(target=run, name="tessel-execute-steps", daemon=True).start()
+        while (event := events.get()) is not done:
+            if isinstance(event, BaseException):
+                raise event
+            yield event
 
     def close(self) -> None:
         self.core.close()
@@ -307,14 +346,47 @@ class RemoteDaemon(DaemonHandle):
             timeline=timeline,
         )
         reply = self.local.execute(request) if self.local is not None else self.client.Execute(request)
-        return Result(
-            {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
-            {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
-            [(t.kind, t.seconds) for t in reply.timings],
-            list(reply.timeline),
+        return _result(reply)
+
+    def execute_steps(
+        self,
+        session_id: str,
+        program: daemon_pb2.Program,
+        repeat: int,
+        feed: dict[str, np.ndarray] | None = None,
+        collect: Sequence[str] = (),
+    ) -> Iterator[dict[str, np.ndarray]]:
+        feed = dict(feed or {})
+        large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
+        if large:
+            self.put(session_id, large)
+            feed = {k: v for k, v in feed.items() if k not in large}
+        request = daemon_pb2.ExecuteRequest(
+            session_id=session_id,
+            program=program,
+            repeat=repeat,
+            feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in feed.items()],
+            collect=list(collect),
         )
+        for progress in self.client.replies("ExecuteStream", request):
+            if not progress.HasField("done"):
+                yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
 
     def close(self) -> None:
         if self.local is not None:
             self.local.close()
         self.client.close()
+
+
+def _result(reply: daemon_pb2.ExecuteReply) -> Result:
+    return Result(
+        {t.name: from_proto(t.tensor, t.name) for t in reply.fetched},
+        {t.name: from_proto(t.tensor, t.name) for t in reply.collected},
+        [(t.kind, t.seconds) for t in reply.timings],
+        list(reply.timeline),
+    )
+
+
+def _put_to(events: queue.SimpleQueue):
+    """A DaemonCore.execute progress callback that queues each repetition's values (the core hands over copies)."""
+    return lambda _repetition, collected: events.put(collected)

@@ -11,6 +11,7 @@ Parameter names follow MindSpore: assigning a child cell prefixes its parameters
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ from tessel.compiler import GradientError, ShapeInferenceError, TraceError
 from tessel.core.errors import ConfigurationError
 
 _calls = threading.local()
+log = logging.getLogger("tessel")
 _NAMED_ERRORS = (ShapeInferenceError, TraceError, GradientError, ConfigurationError)
 
 
@@ -188,8 +190,81 @@ class Cell:
         object.__setattr__(self, "_shard", {"in_strategy": strategies, "out_strategy": out_strategy})
         return self
 
-    def recompute(self, **_: Any) -> Cell:
+    def recompute(self, **kwargs: Any) -> Cell:
+        """Recompute this cell for the backward pass (MindSpore `Cell.recompute`): the activations of the ops inside
+        it (and inside its sub-cells) are not kept between forward and backward; the backward computes them again
+        from the cell's inputs, just before it needs them. The ops producing the cell's outputs are kept, so
+        consecutive recomputed cells hold only what passes between them. Gradients are unchanged (the same ops on
+        the same values; Dropout draws the same masks); memory goes down, compute up by about one forward pass.
+
+        A cell is configured once: when a parent is configured, children configured before keep their own
+        setting. `Primitive.recompute(mode)` on an op inside overrides the cell. Keyword arguments (MindSpore's):
+        `mp_comm_recompute=True` also recomputes the collectives the parallel pass inserts for the cell's ops
+        (False keeps their results); `parallel_optimizer_comm_recompute` and `recompute_slice_activation` are
+        accepted at their defaults (False) only. Changing it after a call compiles the network again. Returns
+        the cell (MindSpore returns None).
+
+            >>> for block in net.blocks:
+            ...     block.recompute()
+        """
+        from tessel.common.support import not_supported_yet
+
+        known = ("mp_comm_recompute", "parallel_optimizer_comm_recompute", "recompute_slice_activation")
+        for key, value in kwargs.items():
+            if key not in known:
+                raise ValueError(
+                    f"For 'recompute', keyword '{key}' is not recognized! the key kwargs must be 'mp_comm_recompute', "
+                    "'parallel_optimizer_comm_recompute', 'recompute_slice_activation'"
+                )
+            if not isinstance(value, bool):
+                raise TypeError(f"{self.cls_name}.recompute: {key} must be a bool, got {type(value).__name__}")
+        if kwargs.get("parallel_optimizer_comm_recompute"):
+            raise not_supported_yet(
+                f"{self.cls_name}.recompute(parallel_optimizer_comm_recompute=True)",
+                "optimizer parallelism (enable_parallel_optimizer) is not implemented, so there are no "
+                "optimizer-shard AllGathers to recompute; leave it False",
+            )
+        if kwargs.get("recompute_slice_activation"):
+            raise not_supported_yet(
+                f"{self.cls_name}.recompute(recompute_slice_activation=True)",
+                "the outputs a recomputed cell keeps are not sliced across model-parallel ranks; leave it False",
+            )
+        self._recompute()
+        if "mp_comm_recompute" in kwargs:
+            self._mp_comm_recompute(kwargs["mp_comm_recompute"])
         return self
+
+    def _recompute(self, mode: bool = True, output_recompute: bool = False) -> None:
+        """MindSpore's Cell._recompute: configure this cell (once) and its sub-cells not configured yet; the cell
+        `recompute()` is called on keeps its output ops, its sub-cells recompute theirs."""
+        if self.__dict__.get("_recompute_mode") is not None:
+            log.warning(
+                "%s.recompute: the recompute interface can be configured only once; when the parent cell is "
+                "configured, the child cell should not be configured (this call changes nothing)",
+                self.cls_name,
+            )
+            return
+        object.__setattr__(self, "_recompute_mode", bool(mode))
+        object.__setattr__(self, "_output_no_recompute", bool(mode) and not output_recompute)
+        for cell in self.cells():
+            if cell.__dict__.get("_recompute_mode") is None:
+                cell._recompute(mode, True)
+
+    def _mp_comm_recompute(self, mp_comm_recompute: bool = True) -> None:
+        for _, cell in self.cells_and_names():
+            object.__setattr__(cell, "_recompute_comm", bool(mp_comm_recompute))
+
+    def graph_modes(self) -> tuple:
+        """What this cell's compiled graph depends on besides its inputs: train/eval mode, the float dtype it runs in
+        and its recompute configuration (a change retraces)."""
+        state = self.__dict__
+        return (
+            self.training,
+            self._float_dtype,
+            state.get("_recompute_mode"),
+            state.get("_output_no_recompute"),
+            state.get("_recompute_comm", True),
+        )
 
     def set_comm_fusion(self, fusion_type: int, recurse: bool = True) -> Cell:
         """Set `comm_fusion` of this cell's trainable parameters (and its children's, with recurse): the fusion
@@ -257,8 +332,7 @@ class Cell:
         try:
             trace = current()
             if trace is not None:
-                with trace.in_cell(self):
-                    return self._construct(*args, **kwargs)
+                return trace.call_cell(self, self._construct, *args, **kwargs)
             declared = self.__dict__.get("_declared_inputs")
             if declared is not None:  # checked on the outermost call only, as MindSpore checks the compiled cell
                 _check_declared(self, declared[0], args, kwargs)
@@ -283,14 +357,51 @@ class Cell:
             return self.construct(*args, **kwargs)
 
     def _graph_call(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_function()(*args, **kwargs)
+
+    def _compiled_function(self) -> CompiledFunction:
         if self._compiled is None:
             compiled = CompiledFunction(self._traced, self.cls_name, arg_names=arg_names_of(self.construct))
             object.__setattr__(self, "_compiled", compiled)
-        return self._compiled(*args, **kwargs)
+        return self._compiled
+
+    # --- compiling without running ------------------------------------------------------------------------------
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """Compile this cell's graph for inputs like `args` without running it (MindSpore `Cell.compile`): trace,
+        plan and partition it under SEMI_AUTO/AUTO_PARALLEL (parameters take their layouts), and compile the rank
+        program on the daemon. A later call with inputs of the same shapes runs it without compiling again.
+        Afterwards `parameter_layout_dict` gives the parameters' layouts.
+
+            >>> net.compile(ms.Tensor(np.zeros((32, 784), np.float32)))
+        """
+        self._compile(args, kwargs)
+
+    def _compile(self, args: tuple, kwargs: dict, backend: bool = True) -> Any:
+        """The compiled entry for these inputs (its daemon program too, with `backend`); records the layouts."""
+        from tessel.common.engine import engine
+        from tessel.parallel.parameter_layout import parameter_layout_dict
+
+        declared = self.__dict__.get("_declared_inputs")
+        if declared is not None:
+            _check_declared(self, declared[0], args, kwargs)
+        entry, call = self._compiled_entry(args, kwargs)
+        if backend:
+            entry.program(engine(), call.batch_size())
+        object.__setattr__(self, "_parameter_layout_dict", parameter_layout_dict(entry.params))
+        return entry
+
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        """(Entry, Call) of what calling this cell with `args` runs (a subclass that runs otherwise says so)."""
+        return self._compiled_function().entry(args, kwargs)
+
+    @property
+    def parameter_layout_dict(self) -> dict:
+        """The layout of each parameter of the last compiled graph of this cell, in MindSpore's format (see
+        tessel.parallel.parameter_layout); empty before `compile` (MindSpore `Cell.parameter_layout_dict`)."""
+        return self.__dict__.get("_parameter_layout_dict") or {}
 
     def _traced(self, *args: Any, **kwargs: Any) -> Any:
-        with current().in_cell(self):
-            return self._construct(*args, **kwargs)
+        return current().call_cell(self, self._construct, *args, **kwargs)
 
     # --- repr -------------------------------------------------------------------------------------------------------
     def extend_repr(self) -> str:

@@ -211,6 +211,11 @@ class TrainOneStepCell(Cell):
             return self._fused(*inputs)
         return super().__call__(*inputs)
 
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        if type(self).construct is TrainOneStepCell.construct and not kwargs:
+            return self._fused.prepare(*args)
+        return super()._compiled_entry(args, kwargs)
+
 
 class DistributedGradReducer(Cell):
     """Sum (or average, mean=True) gradients over the data-parallel group; the identity on one device.

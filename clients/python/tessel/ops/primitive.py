@@ -92,6 +92,19 @@ class Primitive:
             self.__dict__[name] = value
         return self
 
+    def recompute(self, mode: bool = True) -> Primitive:
+        """Recompute this operator for the backward pass (MindSpore `Primitive.recompute`): its outputs are not kept
+        between forward and backward; the backward computes them again just before it needs them (from kept
+        values: recomputed inputs are recomputed in turn). Overrides the setting of a recomputed cell around it
+        (`recompute(False)` keeps an op of a recomputed cell). Set it before the first call that compiles the
+        network. Returns the primitive.
+
+            >>> self.relu = ops.ReLU().recompute()
+        """
+        if not isinstance(mode, bool):
+            raise TypeError(f"{self.name}.recompute: mode must be a bool, got {type(mode).__name__}")
+        return self.add_prim_attr("recompute", mode)
+
     def set_device(self, device_target: str) -> Primitive:
         """Run this operator on `device_target` ("Ascend", "GPU" or "CPU"): `add_prim_attr("primitive_target", ...)`.
 
@@ -151,8 +164,9 @@ def check_place(where: str, role: Any, rank_id: Any) -> None:
 # add_prim_attr names MindSpore's backend reads and tessel's compiler does not: why each changes nothing here.
 _HINTS = {
     "enable_nd_tp": "tessel's parallel pass derives the collectives from the shard() strategy; the result is the same",
-    "recompute_comm_op": "tessel does not recompute communication",
 }
+# add_prim_attr names tessel's tracer reads (tessel.common.tracing.SdkTrace.recompute_mark).
+_TRACED = frozenset({"recompute", "recompute_comm_op"})
 
 
 def _note_hint(primitive: Primitive, name: str, value: Any) -> None:
@@ -161,6 +175,8 @@ def _note_hint(primitive: Primitive, name: str, value: Any) -> None:
     from tessel import context
     from tessel.common.support import log_once
 
+    if name in _TRACED:
+        return
     if name == "primitive_target":
         target = context.get_context("device_target")
         if value != target:

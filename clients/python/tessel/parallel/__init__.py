@@ -19,13 +19,25 @@ from tessel.compiler.ir import Graph
 from tessel.compiler.parallel import ParallelPlan, collective_counts
 from tessel.compiler.parallel import explain as explain_plan
 from tessel.core.errors import ConfigurationError
-from tessel.parallel import nn
+from tessel.parallel import function, nn
+from tessel.parallel.algo_parameters import get_algo_parameters, reset_algo_parameters, set_algo_parameters
 from tessel.parallel.checkpoint import (
     convert_checkpoints,
     load_distributed_checkpoint,
     rank_list_for_transform,
     transform_checkpoint_by_rank,
     transform_checkpoints,
+)
+from tessel.parallel.checkpoint_tools import (
+    build_searched_strategy,
+    convert_checkpoint_by_rank,
+    load_segmented_checkpoints,
+    merge_sliced_parameter,
+    parameter_broadcast,
+    rank_list_for_convert,
+    restore_group_info_list,
+    set_op_strategy_config,
+    unified_safetensors,
 )
 from tessel.parallel.layout import Layout
 from tessel.parallel.semi_auto import RankPartition, global_shape, partition_for_rank, plan_for, strategies_of
@@ -34,21 +46,34 @@ from tessel.parallel.shard import shard
 __all__ = [
     "Layout",
     "RankPartition",
+    "build_searched_strategy",
     "collective_counts",
+    "convert_checkpoint_by_rank",
     "convert_checkpoints",
     "explain",
+    "function",
+    "get_algo_parameters",
     "global_shape",
     "load_distributed_checkpoint",
+    "load_segmented_checkpoints",
+    "merge_sliced_parameter",
     "nn",
+    "parameter_broadcast",
     "partition_for_rank",
     "plan",
     "plan_for",
+    "rank_list_for_convert",
     "rank_list_for_transform",
+    "reset_algo_parameters",
+    "restore_group_info_list",
+    "set_algo_parameters",
+    "set_op_strategy_config",
     "shard",
     "strategies_of",
     "trace_network",
     "transform_checkpoint_by_rank",
     "transform_checkpoints",
+    "unified_safetensors",
 ]
 
 

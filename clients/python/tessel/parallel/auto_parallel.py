@@ -184,6 +184,14 @@ class AutoParallel(Cell):
         with current().in_cell(self):
             return self.network(*args, **kwargs)
 
+    def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
+        from tessel.autograd import _GradFunction
+
+        self._apply()
+        if isinstance(self.network, _GradFunction):
+            return self.network.compiled.entry(args, kwargs)
+        return self._whole.entry(args, kwargs)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         from tessel.autograd import _GradFunction
         from tessel.common.tracing import current

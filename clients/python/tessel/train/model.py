@@ -12,7 +12,8 @@ HYBRID_PARALLEL: the network's own collectives), see `tessel.common.rank_step`.
 
 * `dataset_sink_mode=True` with a declarative pipeline (`dataset.is_serializable()`): the pipeline goes to the
   daemon as a spec, the daemon reads its own shard and runs a whole epoch (or `sink_size` steps) per Execute,
-  returning each step's loss; the step callbacks then run once per step (LossMonitor prints every step).
+  streaming each step's loss as the step ends (Daemon.ExecuteStream); the step callbacks run once per step as the
+  losses arrive (LossMonitor's lines and the progress bar follow the steps while the epoch runs).
 * Otherwise (feed mode: `dataset_sink_mode=False`, or a pipeline with Python callables such as
   GeneratorDataset or a map with a lambda): one Execute per step with the batch fed from the client.
 
@@ -168,6 +169,72 @@ class Model:
         if rank_step.data_parallel():
             rank_step.warn_unsharded(dataset)
 
+    # --- layouts without running ----------------------------------------------------------------------------------
+    def infer_train_layout(self, train_dataset: Any, dataset_sink_mode: bool = True, sink_size: int = -1) -> dict:
+        """Compile the train network for `train_dataset`'s batches without running a step and return every
+        parameter's layout (MindSpore `Model.infer_train_layout`; SEMI_AUTO/AUTO_PARALLEL only, sink mode only, as
+        there). The plan is the one `train` then runs: parameters keep these layouts. Each entry is MindSpore's
+        layout tuple, (device_matrix, tensor_map, slice_shape, field_size, uniform_split, opt_shard_group, ...),
+        see tessel.parallel.parameter_layout.
+
+            >>> layout = model.infer_train_layout(dataset)
+            >>> layout["fc1.weight"][2]          # this rank's slice of fc1.weight
+        """
+        _apply_parallel_config(self._network)
+        mode = context.get_auto_parallel_context("parallel_mode")
+        if mode not in _LAYOUT_MODES:
+            raise RuntimeError(
+                f"'infer_train_layout' only supports 'semi_auto_parallel' and 'auto_parallel' mode, but got {mode}."
+            )
+        if not isinstance(dataset_sink_mode, bool):
+            raise TypeError(f"dataset_sink_mode must be a bool, but got {type(dataset_sink_mode).__name__}")
+        if not dataset_sink_mode:
+            raise ValueError("Only dataset sink mode is supported for now.")
+        if isinstance(sink_size, bool) or not isinstance(sink_size, int):
+            raise TypeError(f"sink_size must be an int, but got {type(sink_size).__name__}")
+        _check_dataset(train_dataset)
+        if train_dataset.get_dataset_size() == 0:
+            raise ValueError("There is no valid data in dataset, please check dataset file firstly.")
+        if sink_size < -1 or sink_size == 0:
+            raise ValueError(
+                f"For 'infer_train_layout', the argument 'sink_size' must be -1 or positive, but got sink_size "
+                f"{sink_size}."
+            )
+        if self._train_network is None:
+            raise ConfigurationError(
+                "Model.infer_train_layout needs the train network: Model(net, loss_fn, optimizer) or "
+                "Model(TrainOneStepCell(...))"
+            )
+        first = next(iter(train_dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+        self._train_network.set_train(True)
+        self._train_network._compile(tuple(first), {})
+        return self._train_network.parameter_layout_dict
+
+    def infer_predict_layout(self, *predict_data: Any, skip_backend_compile: bool = False) -> dict:
+        """Compile the predict network for `predict_data` without running it and return every parameter's layout
+        (MindSpore `Model.infer_predict_layout`; SEMI_AUTO/AUTO_PARALLEL only). With skip_backend_compile the graph
+        is traced and planned but not compiled on the daemon. The result can be given to
+        load_distributed_checkpoint as predict_strategy.
+
+            >>> layout = model.infer_predict_layout(ms.Tensor(np.ones((32, 128), np.float32)))
+        """
+        from tessel.common.support import logger
+
+        _apply_parallel_config(self._network)
+        if context.get_auto_parallel_context("parallel_mode") not in _LAYOUT_MODES:
+            raise RuntimeError("Infer predict layout only supports semi auto parallel and auto parallel mode.")
+        dataset = context.get_auto_parallel_context("dataset_strategy")
+        if not context.get_auto_parallel_context("full_batch") and dataset in ("data_parallel", "full_batch"):
+            logger.warning("Using non full-batch dataset in model prediction may lead to incorrect data.")
+        for data in predict_data:
+            if data is not None and not isinstance(data, (int, float, str, Tensor, np.ndarray)):
+                raise TypeError(
+                    f"The type of predict_data must be int, float, str, None or Tensor, but got {type(data).__name__}"
+                )
+        self._network.set_train(False)
+        self._network._compile(predict_data, {}, backend=not skip_backend_compile)
+        return self._network.parameter_layout_dict
+
     # --- evaluation and prediction ------------------------------------------------------------------------------
     def eval(self, valid_dataset: Any, callbacks: Any = None, dataset_sink_mode: bool = False) -> dict[str, float]:
         """The metrics over one pass of valid_dataset (network in inference mode)."""
@@ -206,6 +273,16 @@ class Model:
         """network(*predict_data) in inference mode."""
         self._network.set_train(False)
         return self._network(*predict_data)
+
+
+_LAYOUT_MODES = (context.ParallelMode.SEMI_AUTO_PARALLEL, context.ParallelMode.AUTO_PARALLEL)
+
+
+def _apply_parallel_config(network: Any) -> None:
+    """An AutoParallel network's configuration is the job's context while it compiles (as when it runs)."""
+    apply = getattr(network, "_apply", None)
+    if apply is not None and type(network).__name__ == "AutoParallel":
+        apply()
 
 
 def _rank() -> int:
@@ -269,7 +346,7 @@ def _fed_steps(step, batches: Iterator[Iterator]) -> Iterator:
 
 
 def _sunk_steps(runner: rank_step.SinkRunner, steps: int) -> Iterator:
-    """One epoch in sink mode: a single Execute on the daemon, then each step's loss in turn."""
+    """One epoch in sink mode: a single Execute on the daemon, each step's loss as the daemon reports it."""
     for loss in runner.run(steps):
         yield lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
 

@@ -1,0 +1,135 @@
+"""Every name MindSpore's `mindspore.parallel` exports (its __all__) and every one of them its top-level package
+re-exports resolves through `import tessel as ms`, without importing tessel.parallel first, to something that
+works or to a function that raises NotSupportedYetError naming what and why; never an AttributeError."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel.core.errors import NotSupportedYetError
+
+# Copied from MindSpore 2.7.0's sources: mindspore/parallel/__init__.py (__all__) and mindspore/__init__.py (the
+# names it imports from mindspore.parallel and mindspore.parallel.function, then `__all__.extend(parallel.__all__)`).
+MINDSPORE_VERSION = "2.7.0"
+PARALLEL_ALL = [
+    "set_algo_parameters", "reset_algo_parameters", "get_algo_parameters", "rank_list_for_transform",
+    "transform_checkpoint_by_rank", "transform_checkpoints", "merge_pipeline_strategys", "shard",
+    "sync_pipeline_shared_parameters", "Layout", "parameter_broadcast", "load_segmented_checkpoints",
+    "unified_safetensors", "load_distributed_checkpoint", "merge_sliced_parameter", "restore_group_info_list",
+    "build_searched_strategy", "set_op_strategy_config", "rank_list_for_convert", "convert_checkpoint_by_rank",
+    "convert_checkpoints",
+]  # fmt: skip
+TOP_LEVEL_IMPORTS = [
+    "set_algo_parameters", "get_algo_parameters", "reset_algo_parameters", "rank_list_for_transform",
+    "transform_checkpoint_by_rank", "transform_checkpoints", "merge_pipeline_strategys", "shard", "Layout",
+    "sync_pipeline_shared_parameters", "parameter_broadcast", "load_segmented_checkpoints", "unified_safetensors",
+    "load_distributed_checkpoint", "merge_sliced_parameter", "restore_group_info_list", "build_searched_strategy",
+    "reshard",
+]  # fmt: skip
+# Pipeline parallelism is built on its own branch ("pipeline"); its names are left to it.
+PIPELINE = {"merge_pipeline_strategys", "sync_pipeline_shared_parameters"}
+TOP_LEVEL = sorted(set(PARALLEL_ALL) | set(TOP_LEVEL_IMPORTS))
+NOT_SUPPORTED = {
+    "unified_safetensors": ("src", "strategy.json", "dst"),
+    "restore_group_info_list": ("group_info.pb",),
+    "set_op_strategy_config": ("SAVE", "/tmp/ops.json"),
+}
+
+
+def test_every_name_resolves_on_a_fresh_import_without_importing_tessel_parallel_first():
+    names = [n for n in TOP_LEVEL if n not in PIPELINE]
+    parallel = [n for n in PARALLEL_ALL if n not in PIPELINE]
+    code = (
+        "import json, sys, tessel as ms\n"
+        "assert 'tessel.parallel' not in sys.modules\n"
+        f"top = {{n: callable(getattr(ms, n)) for n in {names!r}}}\n"
+        f"par = {{n: callable(getattr(ms.parallel, n)) for n in {parallel!r}}}\n"
+        "fn = callable(ms.parallel.function.reshard)\n"
+        "print(json.dumps([top, par, fn]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    top, par, fn = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(top.values()) and all(par.values()) and fn, (top, par)
+    assert set(top) == set(names) and set(par) == set(parallel)
+
+
+@pytest.mark.parametrize("name", sorted(PIPELINE))
+def test_pipeline_names_are_left_to_the_pipeline_branch(name):
+    pytest.skip(f"{name} belongs to pipeline parallelism, built on branch 'pipeline' (MindSpore {MINDSPORE_VERSION})")
+
+
+@pytest.mark.parametrize("name", sorted(NOT_SUPPORTED))
+def test_names_not_supported_yet_say_so_at_the_call(name):
+    with pytest.raises(NotSupportedYetError, match=f"not supported yet: {name}"):
+        getattr(ms, name)(*NOT_SUPPORTED[name])
+
+
+def test_algo_parameters_accept_what_the_search_does_and_refuse_the_rest():
+    defaults = {
+        "fully_use_devices": False,
+        "elementwise_op_strategy_follow": False,
+        "enable_algo_approxi": False,
+        "algo_approxi_epsilon": 0.1,
+        "tensor_slice_align_enable": False,
+        "tensor_slice_align_size": 16,
+    }
+    ms.set_algo_parameters(**defaults)
+    assert {k: ms.get_algo_parameters(k) for k in defaults} == defaults
+    for key, value in (("fully_use_devices", True), ("enable_algo_approxi", True), ("tensor_slice_align_size", 8)):
+        with pytest.raises(NotSupportedYetError, match=f"set_algo_parameters\\({key}="):
+            ms.set_algo_parameters(**{key: value})
+    with pytest.raises(ValueError, match="Align_size must be in"):
+        ms.set_algo_parameters(tensor_slice_align_size=2048)
+    with pytest.raises(TypeError, match="must be bool"):
+        ms.set_algo_parameters(fully_use_devices=1)
+    with pytest.raises(ValueError, match="keyword speed is not recognized"):
+        ms.set_algo_parameters(speed=True)
+    with pytest.raises(ValueError, match="keyword speed is not recognized"):
+        ms.get_algo_parameters("speed")
+    ms.reset_algo_parameters()
+    assert ms.get_algo_parameters("algo_approxi_epsilon") == 0.1
+
+
+def test_the_checkpoint_names_work(tmp_path):
+    from tessel.parallel.checkpoint import STRATEGY_FORMAT
+
+    assert ms.rank_list_for_convert(0) == ms.rank_list_for_transform(0) == [0]
+    assert ms.convert_checkpoint_by_rank is ms.transform_checkpoint_by_rank
+    assert ms.convert_checkpoints is ms.transform_checkpoints
+    strategy_file = tmp_path / "strategy.json"
+    record = {"shape": [4, 6], "device_matrix": [2], "tensor_map": [-1, 0]}  # dim 1 cut in two
+    strategy_file.write_text(json.dumps({"format": STRATEGY_FORMAT, "parameters": {"w": record}}))
+    strategy = ms.build_searched_strategy(str(strategy_file))
+    assert strategy == {"w": record}
+    whole = np.arange(24, dtype=np.float32).reshape(4, 6)
+    slices = [ms.Parameter(ms.Tensor(whole[:, :3]), "w"), ms.Parameter(ms.Tensor(whole[:, 3:]), "w")]
+    np.testing.assert_array_equal(ms.merge_sliced_parameter(slices, strategy).asnumpy(), whole)
+    rows = [ms.Parameter(ms.Tensor(whole[:2]), "w"), ms.Parameter(ms.Tensor(whole[2:]), "w")]
+    np.testing.assert_array_equal(ms.merge_sliced_parameter(rows).asnumpy(), whole)
+    with pytest.raises(KeyError, match="should be a key in the 'strategy'"):
+        ms.merge_sliced_parameter([ms.Parameter(ms.Tensor(whole), "v")], strategy)
+    with pytest.raises(TypeError, match="should be list"):
+        ms.merge_sliced_parameter(tuple(slices))
+    folder = tmp_path / "segments"
+    folder.mkdir()
+    ms.save_checkpoint([{"name": "a", "data": ms.Tensor(whole)}], str(folder / "part0.ckpt"))
+    ms.save_checkpoint([{"name": "b", "data": ms.Tensor(whole * 2)}], str(folder / "part1.ckpt"))
+    loaded = ms.load_segmented_checkpoints(str(folder))
+    assert sorted(loaded) == ["a", "b"]
+    np.testing.assert_array_equal(loaded["b"].asnumpy(), whole * 2)
+    with pytest.raises(ValueError, match="doesn't exist"):
+        ms.load_segmented_checkpoints(str(tmp_path / "missing"))
+
+
+def test_reshard_and_parameter_broadcast_on_one_device():
+    x = ms.Tensor(np.ones((4, 4), np.float32))
+    layout = ms.Layout((2, 2), ("dp", "mp"))
+    assert ms.reshard(x, layout("dp", "mp")) is x  # one device: nothing to lay out
+    assert ms.parameter_broadcast(ms.nn.Dense(2, 2), {"weight": ([1], [-1, -1], [2, 2])}) is None
