@@ -36,7 +36,7 @@ from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.parallel.cost import local_cost
 from tessel.compiler.parallel.layout import Layout
-from tessel.compiler.parallel.partition import ParallelPlan
+from tessel.compiler.parallel.partition import ParallelPlan, sums_partials
 from tessel.compiler.parallel.search import cost_model
 from tessel.compiler.parallel.search.cost_model import CostModel
 from tessel.compiler.parallel.strategy import Placement
@@ -114,9 +114,10 @@ def reduction_time(model: CostModel, layout: Layout, value: Value, backward: boo
     return best
 
 
-def output_time(model: CostModel, value: Value, layout: Layout, backward: bool = True) -> float:
-    """A graph output leaves the pass without partial results (partition._route): the AllReduce that takes."""
-    return move_time(model, layout, layout.without_partial(), value, backward) if layout.is_partial else 0.0
+def output_time(model: CostModel, value: Value, layout: Layout) -> float:
+    """A graph output leaves the pass without partial results (partition._route): the AllReduce that takes, forward
+    only (nothing differentiates an output but the loss, and the loss's gradient starts from its partial sums)."""
+    return move_time(model, layout, layout.without_partial(), value, backward=False) if layout.is_partial else 0.0
 
 
 def parameter_cost(model: CostModel, value: Value, layout: Layout) -> tuple[float, float]:
@@ -198,7 +199,9 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         if key[0] in writes:
             continue
         value = _moved_value(graph, key)
-        backward = value in grads or key[1] == "out"  # an out_strategy move is priced as its node's (node_time)
+        # An out_strategy move is priced as its node's (node_time); an output's, or a loss's summed into the
+        # gradient, has no transpose (partition._RankBuilder.gradient differentiates the partial sums).
+        backward = (value in grads or key[1] == "out") and not _one_way(key, move)
         redistribution += move_time(model, move.source, move.target, value, backward)
     params = set(plan.parameters)
     for v in graph.inputs:
@@ -211,6 +214,12 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         update += (model.parameter_bytes_factor + 1) * nbytes / model.memory_bandwidth
         memory += nbytes * model.parameter_bytes_factor
     return StepTime(compute, redistribution, gradients, update, memory, step_launch_time(model))
+
+
+def _one_way(key, move) -> bool:
+    if key[0] == "output":
+        return True
+    return registry.get(key[0].op).differentiates and key[1] == 0 and sums_partials(move, move.target)
 
 
 def _moved_value(graph, key) -> Value:

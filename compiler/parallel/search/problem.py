@@ -306,7 +306,7 @@ class _Builder:
                 memory += extra_memory
                 communication += p.gradient_time(v, want)
         for j, v in outputs:
-            move = objective.output_time(p.model, v, objective.produced(placement)[j], v in p.differentiable)
+            move = objective.output_time(p.model, v, objective.produced(placement)[j])
             seconds += move
             communication += move
         return Option(seconds, memory, placement, cuts, communication=communication)
