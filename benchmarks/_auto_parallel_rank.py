@@ -173,6 +173,21 @@ def describe(plan) -> list[str]:
     return shown
 
 
+def dataset_moves(plan, model) -> float:
+    """Predicted seconds a step spends moving the data inputs from the layout the dataset gives them (cut by the
+    batch, MindSpore's default under AUTO_PARALLEL) to the layout the plan's ops read (the expert reads the whole
+    batch on every rank: none). A data input has no gradient: forward only."""
+    from tessel.compiler.parallel.search import objective
+
+    data = {v for v in plan.graph.inputs if v.name not in set(plan.parameters)}
+    seconds = 0.0
+    for key, move in plan.redistributions.items():
+        if key[0] != "output" and key[1] != "out" and key[0].inputs[key[1]] in data:
+            value = key[0].inputs[key[1]]
+            seconds += objective.move_time(model, move.source, move.target, value, backward=False)
+    return seconds
+
+
 def main() -> None:
     config = json.loads(sys.argv[1])
     ms.set_context(mode=ms.GRAPH_MODE)
@@ -196,6 +211,7 @@ def main() -> None:
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     predicted: dict[str, list[float]] = {v.name: [] for v in variants}
     parts: dict[str, str] = {}
+    data_moves: dict[str, list[float]] = {v.name: [] for v in variants}
     for r in range(config["rounds"]):
         if client is not None:
             from tessel.compiler.parallel.search import predict_step_time
@@ -206,6 +222,7 @@ def main() -> None:
                 step = predict_step_time(plan, model)
                 predicted[name].append(step.total)
                 parts[name] = repr(step)
+                data_moves[name].append(dataset_moves(plan, model))
         barrier()  # the other ranks wait here for rank 0's refresh, not inside a timed step
         order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for variant in order:
@@ -221,6 +238,7 @@ def main() -> None:
             plans={name: describe(plan) for name, plan in plans.items()},
             predicted=predicted,
             parts=parts,
+            data_moves=data_moves,
             median_step_ms={k: statistics.median(v) * 1e3 for k, v in times.items()},
         )
         client.close()
