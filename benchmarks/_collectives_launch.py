@@ -32,6 +32,7 @@ ONE_THREAD = {v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_N
 # Series names as printed: a backend launch yields one series per (backend, variant).
 SERIES = {("tessel", "numpy"): "tessel", ("tessel", "zero-copy"): "tessel zero-copy"}
 SERIES |= {("tessel-tcp", "numpy"): "tessel tcp", ("gloo", "numpy"): "gloo", ("mpi", "numpy"): "MPI"}
+SERIES |= {("tessel-tls", "numpy"): "tessel tcp+tls"}
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,11 @@ def launch(backend: str, world_size: int, plan: list[dict], repetitions: int, de
         spec_path = directory / "spec.json"
         spec_path.write_text(json.dumps(spec))
         env = dict(os.environ, **ONE_THREAD, PYTHONUNBUFFERED="1", PYTHONWARNINGS="ignore::FutureWarning")
-        env["TESSEL_TRANSPORT"] = "tcp" if backend == "tessel-tcp" else "shm"
+        env["TESSEL_TRANSPORT"] = "tcp" if backend in ("tessel-tcp", "tessel-tls") else "shm"
+        env["TESSEL_DATA_TLS"] = "on" if backend == "tessel-tls" else "off"
+        if backend == "tessel-tls":  # the cluster CA the ranks' data planes share, made by the first of them
+            env["TESSEL_HOME"] = str(directory / "home")
+        env.setdefault("TESSEL_TOKEN", uuid.uuid4().hex)  # the TCP data plane admits only peers with the token
         codes, timeout = _run(_commands(backend, world_size, spec_path), directory, env, deadline_s)
         paths = [directory / f"result.{rank}.json" for rank in range(world_size)]
         results = [json.loads(path.read_text()) for path in paths if path.exists()]

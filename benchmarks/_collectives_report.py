@@ -16,11 +16,12 @@ TITLES = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter"
 TITLES["broadcast"] = "Broadcast"
 PEERS = ("gloo", "MPI")
 # The tessel series compared with the peers, per collective: AllReduce shows each of its paths in its own table.
-TESSEL_SERIES = {"all_reduce": ("tessel", "tessel zero-copy", "tessel tcp")}
+TESSEL_SERIES = {"all_reduce": ("tessel", "tessel zero-copy", "tessel tcp", "tessel tcp+tls")}
 SERIES_TITLES = {
     "tessel": "numpy input, shared memory",
     "tessel zero-copy": "zero-copy input from comm.buffer(), shared memory",
     "tessel tcp": "numpy input, TCP transport (TESSEL_TRANSPORT=tcp)",
+    "tessel tcp+tls": "numpy input, TCP transport encrypted (TESSEL_TRANSPORT=tcp TESSEL_DATA_TLS=on)",
 }
 MIB = 1 << 20
 
@@ -89,12 +90,26 @@ def table(results: Results, op: str, series: str) -> list[str]:
     return lines
 
 
+def tls_cost(results: Results) -> list[str]:
+    """What encrypting the TCP data plane costs: AllReduce over TCP with and without TLS, side by side."""
+    widths = (5, 8, 24, 24, 12)
+    header = ("ranks", "size", "tessel tcp", "tessel tcp+tls", "tls/plain")
+    lines = ["AllReduce — cost of TLS on the TCP data plane", "  ".join(h.ljust(w) for h, w in zip(header, widths))]
+    for ranks, nbytes in results.keys("all_reduce"):
+        plain = results.get("tessel tcp", ranks, "all_reduce", nbytes)
+        tls = results.get("tessel tcp+tls", ranks, "all_reduce", nbytes)
+        ratio = "—" if plain is None or tls is None else f"{tls.seconds / plain.seconds:.2f}× time"
+        row = (str(ranks), size_label(nbytes), _cell(plain), _cell(tls), ratio)
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+    return lines
+
+
 def tables(results: Results) -> list[str]:
     lines = ["Each cell: time per call (slowest rank, median of repetitions) and busbw; ratios are busbw tessel/peer."]
     for op in OPS:
         for series in TESSEL_SERIES.get(op, ("tessel",)):
             lines += ["", *table(results, op, series)]
-    return lines
+    return [*lines, "", *tls_cost(results)]
 
 
 @dataclass(frozen=True)

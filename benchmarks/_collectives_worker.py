@@ -93,7 +93,7 @@ class TesselBackend:
         from tessel.plugins.cpu import CpuPlugin
 
         self.plugin = CpuPlugin(threads=1)
-        tcp = spec["backend"] == "tessel-tcp"
+        tcp = spec["backend"] in ("tessel-tcp", "tessel-tls")
         peers = self._exchange_peers(Path(spec["directory"]), rank, spec["world_size"], tcp)
         ranks = tuple(range(spec["world_size"]))
         members = tuple(Peer(r, "localhost", peers[r]["data_address"], peers[r]["pid"]) for r in ranks)
@@ -206,6 +206,7 @@ class MpiBackend:
 
 
 BACKENDS = {"tessel": TesselBackend, "tessel-tcp": TesselBackend, "gloo": GlooBackend, "mpi": MpiBackend}
+BACKENDS["tessel-tls"] = TesselBackend
 
 
 # ------------------------------------------------------------------------------------------------- timing

@@ -6,7 +6,8 @@ Usage: python benchmarks/collectives.py [--ranks 2,4] [--sizes 4K,64K,1M,4M,16M,
 For each world size, each backend runs in its own set of processes, one per rank, one thread each:
 - tessel: `CpuPlugin(threads=1).collective.new_group(GroupContext(...))` per rank, as tests/integration builds
   groups; shared memory (numpy inputs, and for AllReduce also inputs living in `comm.buffer()`: zero-copy), then
-  AllReduce again over TCP (TESSEL_TRANSPORT=tcp) so the inter-host transport is visible;
+  AllReduce again over TCP (TESSEL_TRANSPORT=tcp) so the inter-host transport is visible, and over TCP encrypted
+  (TESSEL_DATA_TLS=on) with a table of what TLS costs;
 - gloo: torch.distributed (init_method tcp://127.0.0.1:port), all_reduce / all_gather / reduce_scatter /
   broadcast into preallocated tensors, torch.set_num_threads(1);
 - MPI: mpi4py Allreduce / Allgather / Reduce_scatter_block / Bcast on numpy buffers under mpirun
@@ -48,6 +49,7 @@ VOLUME_BYTES = 128 << 20  # bytes moved per repetition at large sizes (bounds th
 MIN_ITERATIONS = 2
 DEADLINE_S = 300.0  # per backend launch; a hang is killed and reported, the run goes on
 SERIES_OF = {"tessel": ("tessel", "tessel zero-copy"), "tessel-tcp": ("tessel tcp",), "gloo": ("gloo",)}
+SERIES_OF["tessel-tls"] = ("tessel tcp+tls",)
 SERIES_OF["mpi"] = ("MPI",)
 
 
@@ -79,7 +81,7 @@ def plan_for(backend: str, world_size: int, sizes: list[int], most: int) -> list
     """The worker's plan: (op, variant, float32 count) entries with their iterations and warm-up calls.
 
     Counts are rounded down to a multiple of the world size so AllGather/ReduceScatter blocks are equal."""
-    ops = ("all_reduce",) if backend == "tessel-tcp" else OPS
+    ops = ("all_reduce",) if backend in ("tessel-tcp", "tessel-tls") else OPS
     variants = {"all_reduce": ("numpy", "zero-copy")} if backend == "tessel" else {}
     plan = []
     for op in ops:
@@ -131,7 +133,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[Launch], dict[str, str]]:
     """Every backend at every world size, one after the other; returns the launches and skip reasons by series."""
     launches, skipped = [], {}
     for world_size in args.ranks:
-        for backend in ("tessel", "gloo", "mpi", "tessel-tcp"):
+        for backend in ("tessel", "gloo", "mpi", "tessel-tcp", "tessel-tls"):
             plan = plan_for(backend, world_size, args.sizes, args.iters)
             print(f"[{backend}, {world_size} ranks] running {len(plan)} entries ...", file=sys.stderr, flush=True)
             outcome = launch(backend, world_size, plan, args.repetitions, DEADLINE_S)

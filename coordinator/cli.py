@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Sequence
 
-from tessel.coordinator.service import serve
+from tessel.coordinator.service import STALL_TIMEOUT_S, STALL_WARNING_S, serve
 from tessel.core import errors
 from tessel.core.coordinator_client import DEFAULT_PORT
+from tessel.core.memory import limit_heaps
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +26,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--heartbeat-timeout-ms", type=int, default=3000, help="a member silent this long is dead (default 3000)"
     )
+    parser.add_argument(
+        "--stall-warning-s",
+        type=float,
+        default=STALL_WARNING_S,
+        help="announce a collective ranks have waited in this long, naming the ranks missing (default 2)",
+    )
+    parser.add_argument(
+        "--stall-timeout-s",
+        type=float,
+        default=STALL_TIMEOUT_S,
+        help="fail a job whose ranks waited this long for a rank that never came, blaming it (0 = never; 300)",
+    )
+    parser.add_argument(
+        "--tls",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="TLS on the gRPC port with the cluster CA (default $TESSEL_TLS, else auto: on unless --host is loopback)",
+    )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
 
@@ -31,16 +51,29 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Serve until interrupted; exit 0 on SIGINT/SIGTERM, 2 on a configuration error (e.g. port in use).
 
-    The token is $TESSEL_TOKEN, else ~/.tessel/token (created if missing).
+    The token is $TESSEL_TOKEN, else ~/.tessel/token (created if missing). Limits on what one request may ask
+    for are tessel.core.limits' (TESSEL_LIMIT_* variables).
     """
     args = _parser().parse_args(argv)
+    if args.tls is not None:
+        os.environ["TESSEL_TLS"] = args.tls  # its own clients (none today) and any child follow the same setting
+    limit_heaps()  # many RPC threads, mostly waiting: few heaps keep the memory in one place
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
-        server = serve(args.host, args.port, None, args.heartbeat_interval_ms, args.heartbeat_timeout_ms)
+        server = serve(
+            args.host,
+            args.port,
+            None,
+            args.heartbeat_interval_ms,
+            args.heartbeat_timeout_ms,
+            stall_warning_s=args.stall_warning_s,
+            stall_timeout_s=args.stall_timeout_s,
+        )
     except errors.ConfigurationError as exc:
         print(f"tessel coordinator: {exc}", file=sys.stderr)
         return 2
     print(server.address, flush=True)
+    print(f"tessel coordinator deadlines: {server.deadlines}", file=sys.stderr, flush=True)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: server.stop())
     while not server.wait(1.0):  # a timed wait keeps the main thread responsive to signals

@@ -23,6 +23,7 @@ class DaemonRecord:
     info: coordinator_pb2.DaemonInfo
     last_beat: float
     streams: set[Subscriber] = field(default_factory=set)
+    died_at: float = 0.0  # when it was declared dead (it leaves the registry some time later)
 
     @property
     def daemon_id(self) -> str:
@@ -105,9 +106,17 @@ class Job:
     once: bool = False  # the job of a dynamic cluster's scheduler: it runs once, later joiners are extra
     how_to_fix: str = "start them or lower -n"
     subscribers: set[Subscriber] = field(default_factory=set)
+    reported: set[int] = field(default_factory=set)  # ranks that reported their failure (FailJob): they exit next
+    beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
+    running_since: float = 0.0  # on the state's clock
+    first_beats_checked: bool = False  # every rank was checked for a first heartbeat (liveness.py)
+    suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
+    next_free: int = 0  # every rank below this one has joined, except those in `freed`
+    freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew
     groups: dict[str, Group] = field(default_factory=dict)
     barriers: dict[str, Barrier] = field(default_factory=dict)
     kv: dict[str, bytes] = field(default_factory=dict)
+    kv_bytes: int = 0
     # Job ids repeat (each embedded `tessel run` numbers from 1 at its own coordinator; a finished id may be
     # reused): names that must differ between jobs on a host, like shared-memory segments, include this.
     nonce: str = field(default_factory=lambda: secrets.token_hex(8))
@@ -116,8 +125,39 @@ class Job:
     def ended(self) -> bool:
         return self.state in (FAILED, FINISHED)
 
-    def missing_ranks(self) -> list[int]:
-        return [r for r in range(self.world_size) if r not in self.joiners]
+    @property
+    def complete(self) -> bool:
+        return len(self.joiners) == self.world_size
+
+    def missing_ranks(self, limit: int = 20) -> list[int]:
+        """The first `limit` ranks that have not joined: O(joined + limit), whatever the world size."""
+        missing = sorted(self.freed)[:limit]
+        rank = self.next_free
+        while len(missing) < limit and rank < self.world_size:
+            if rank not in self.joiners:
+                missing.append(rank)
+            rank += 1
+        return sorted(missing)[:limit]
+
+    def take_rank(self, rank: int, joiner: Joiner) -> None:
+        self.joiners[rank] = joiner
+        self.freed.discard(rank)
+        while self.next_free in self.joiners:
+            self.next_free += 1
+
+    def free_rank(self, rank: int) -> None:
+        if self.joiners.pop(rank, None) is not None and rank < self.next_free:
+            self.freed.add(rank)
+
+    def first_free_rank(self) -> int | None:
+        if self.freed:
+            return min(self.freed)
+        return self.next_free if self.next_free < self.world_size else None
+
+    def forget_rendezvous(self) -> None:
+        """An ended job keeps what the status table and late members need, not its groups, barriers and KV."""
+        self.groups, self.barriers, self.kv, self.kv_bytes = {}, {}, {}, 0
+        self.members, self.pending_reasons, self.suspect = [], [], None
 
     def failure(self) -> errors.TesselError:
         """The exception every blocked call of this failed job raises."""
@@ -173,20 +213,62 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
     return f"{who}, which is {record.state}{busy}"
 
 
-def _explain_unpinned(joiner: Joiner, daemons: dict[str, DaemonRecord]) -> str:
+def _explain_unpinned(joiner: Joiner, daemons: dict[str, DaemonRecord], shown: int = 20) -> str:
     plugin = f"'{joiner.plugin}' " if joiner.plugin else ""
-    states = ", ".join(
-        f"{d.daemon_id} {d.info.plugin} {d.state}"
-        for d in sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
-    )
-    return f"rank {joiner.rank} needs an idle {plugin}daemon (registered: {states or 'none'})"
+    ordered = sorted(daemons.values(), key=lambda d: daemon_order(d.daemon_id))
+    states = ", ".join(f"{d.daemon_id} {d.info.plugin} {d.state}" for d in ordered[:shown])
+    more = f" and {len(ordered) - shown} more" if len(ordered) > shown else ""
+    return f"rank {joiner.rank} needs an idle {plugin}daemon (registered: {states or 'none'}{more})"
 
 
-def assign_daemons(job: Job, daemons: dict[str, DaemonRecord]) -> tuple[dict[int, DaemonRecord], list[str]]:
+class _FreeDaemons:
+    """Idle daemons, lowest-numbered first, by plugin and by (plugin, host): each pick is O(1) amortized, so
+    assigning a world of W ranks among D daemons is O(W + D log D), not O(W·D)."""
+
+    def __init__(self, records: list[DaemonRecord]):
+        self.taken: set[str] = set()
+        self.lists: dict[tuple, list[DaemonRecord]] = {}
+        self.cursors: dict[tuple, int] = {}
+        for record in sorted(records, key=lambda d: daemon_order(d.daemon_id)):
+            info = record.info
+            for key in (
+                ("any",),
+                ("plugin", info.plugin),
+                ("host", info.hostname),
+                ("both", info.plugin, info.hostname),
+            ):
+                self.lists.setdefault(key, []).append(record)
+
+    def _first(self, key: tuple) -> DaemonRecord | None:
+        found, at = self.lists.get(key, []), self.cursors.get(key, 0)
+        while at < len(found) and found[at].daemon_id in self.taken:
+            at += 1
+        self.cursors[key] = at
+        return found[at] if at < len(found) else None
+
+    def pick(self, joiner: Joiner) -> DaemonRecord | None:
+        """The lowest-numbered free daemon with the joiner's plugin, on its host if there is one."""
+        keys = (
+            [("both", joiner.plugin, joiner.hostname), ("plugin", joiner.plugin)]
+            if joiner.plugin
+            else [("host", joiner.hostname), ("any",)]
+        )
+        for key in keys:
+            record = self._first(key)
+            if record is not None:
+                self.taken.add(record.daemon_id)
+                return record
+        return None
+
+
+def assign_daemons(
+    job: Job, daemons: dict[str, DaemonRecord], max_reasons: int = 5
+) -> tuple[dict[int, DaemonRecord], list[str]]:
     """Choose a daemon for every rank of a complete world: (assignment, []) or ({}, reasons it is impossible now).
 
     Deterministic for a given registry: pinned ranks first; then ranks that require a plugin, then the rest, each
     in rank order, taking the lowest-numbered idle daemon with the right plugin, preferring the rank's own host.
+    At most `max_reasons` reasons are given (the first ones).
     """
     chosen: dict[int, DaemonRecord] = {}
     reasons: list[str] = []
@@ -197,23 +279,20 @@ def assign_daemons(job: Job, daemons: dict[str, DaemonRecord]) -> tuple[dict[int
         record = daemons.get(joiner.daemon_id)
         taken_by = pinned_by.get(joiner.daemon_id)
         if record is None or taken_by is not None or not _fits(record, joiner):
-            reasons.append(_explain_pinned(job, joiner, record, taken_by))
+            if len(reasons) < max_reasons:
+                reasons.append(_explain_pinned(job, joiner, record, taken_by))
             continue
         pinned_by[joiner.daemon_id] = rank
         chosen[rank] = record
-    free = sorted(
-        (d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by),
-        key=lambda d: daemon_order(d.daemon_id),
-    )
+    free = _FreeDaemons([d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by])
     unpinned = sorted((j for j in job.joiners.values() if not j.daemon_id), key=lambda j: (not j.plugin, j.rank))
     for joiner in unpinned:
-        fitting = [d for d in free if _fits(d, joiner)]
-        local = [d for d in fitting if d.info.hostname == joiner.hostname]
-        pick = (local or fitting or [None])[0]
+        pick = free.pick(joiner)
         if pick is None:
-            reasons.append(_explain_unpinned(joiner, daemons))
-            continue
-        free.remove(pick)
+            if len(reasons) < max_reasons:
+                reasons.append(_explain_unpinned(joiner, daemons))
+                continue
+            break  # enough said: the world does not fit now
         chosen[joiner.rank] = pick
     return ({}, reasons) if reasons else (chosen, [])
 
@@ -238,21 +317,35 @@ def local_rank_and_size(members: list[common_pb2.Member], rank: int) -> tuple[in
     return same_host.index(rank), len(same_host)
 
 
+def show_ranks(ranks, shown: int = 20) -> str:
+    """'[0, 1, 2]', or the first `shown` of a long list and how many more."""
+    ranks = list(ranks)
+    if len(ranks) <= shown:
+        return str(ranks)
+    return f"{str(ranks[:shown])[:-1]}, … {len(ranks) - shown} more]"
+
+
 def check_ranks(job: Job, ranks: list[int], rank: int, what: str) -> tuple[int, ...]:
     """Validate a group/barrier rank list against the job; returns it as a tuple."""
     if not ranks:
         raise errors.ConfigurationError(f"{what} of job '{job.job_id}': the rank list is empty; name its ranks")
+    if len(ranks) > job.world_size:
+        raise errors.ConfigurationError(
+            f"{what} of job '{job.job_id}': {len(ranks)} ranks in a world of {job.world_size}; list each rank once"
+        )
     bad = [r for r in ranks if not 0 <= r < job.world_size]
     if bad:
         raise errors.ConfigurationError(
-            f"{what} of job '{job.job_id}': ranks {bad} are outside the world of {job.world_size} ranks "
+            f"{what} of job '{job.job_id}': ranks {show_ranks(bad)} are outside the world of {job.world_size} ranks "
             f"(valid: 0..{job.world_size - 1})"
         )
     if len(set(ranks)) != len(ranks):
-        raise errors.ConfigurationError(f"{what} of job '{job.job_id}': ranks {ranks} repeat a rank; list each once")
+        raise errors.ConfigurationError(
+            f"{what} of job '{job.job_id}': ranks {show_ranks(ranks)} repeat a rank; list each once"
+        )
     if rank not in ranks:
         raise errors.ConfigurationError(
-            f"{what} of job '{job.job_id}': rank {rank} called it but is not one of its ranks {ranks}; "
+            f"{what} of job '{job.job_id}': rank {rank} called it but is not one of its ranks {show_ranks(ranks)}; "
             "only members may join"
         )
     return tuple(ranks)

@@ -15,7 +15,8 @@ from tessel.v1 import common_pb2
 
 
 class RendezvousMixin:
-    """Groups, barriers and the key-value store of `CoordinatorState` (which provides _cond, _job and _wait)."""
+    """Groups, barriers and the key-value store of `CoordinatorState` (which provides _cond, _job, _wait and
+    limits)."""
 
     def _running_job(self, job_id: str, what: str) -> Job:
         job = self._job(job_id)
@@ -34,6 +35,7 @@ class RendezvousMixin:
     ) -> list[common_pb2.Member]:
         """Wait until every rank of the group called this with the same ranks; returns its Members in group order."""
         deadline = time.monotonic() + timeout_s
+        self.limits.check_id("CreateGroup: the group name", name)
         what = f"group '{name}'"
         with self._cond:
             job = self._running_job(job_id, "CreateGroup")
@@ -69,6 +71,7 @@ class RendezvousMixin:
     def barrier(self, job_id: str, name: str, rank: int, ranks: list[int], timeout_s: float, is_active=None) -> None:
         """Wait until every rank of `ranks` (empty = the whole job) reached the barrier; reusable."""
         deadline = time.monotonic() + timeout_s
+        self.limits.check_id("Barrier: the barrier name", name)
         what = f"barrier '{name}'"
         with self._cond:
             job = self._running_job(job_id, "Barrier")
@@ -99,7 +102,14 @@ class RendezvousMixin:
 
     def kv_set(self, job_id: str, key: str, value: bytes) -> None:
         with self._cond:
-            self._kv_job(job_id, key).kv[key] = bytes(value)
+            job = self._kv_job(job_id, key)
+            old = job.kv.get(key)
+            size = job.kv_bytes + len(key) + len(value) - (0 if old is None else len(key) + len(old))
+            self.limits.check_count(
+                f"KeyValueSet: the key-value store of job '{job_id}' in bytes", size, "max_kv_bytes"
+            )
+            job.kv[key] = bytes(value)
+            job.kv_bytes = size
             self._cond.notify_all()
 
     def kv_get(self, job_id: str, key: str, timeout_s: float, is_active=None) -> bytes:
@@ -118,12 +128,18 @@ class RendezvousMixin:
 
     def kv_delete(self, job_id: str, key: str) -> None:
         with self._cond:
-            self._kv_job(job_id, key).kv.pop(key, None)
+            job = self._kv_job(job_id, key)
+            old = job.kv.pop(key, None)
+            if old is not None:
+                job.kv_bytes -= len(key) + len(old)
 
     def _kv_job(self, job_id: str, key: str) -> Job:
+        self.limits.check_id("the key-value store's key", key)
         if not key:
             raise errors.ConfigurationError(f"key-value store of job '{job_id}': the key is empty; name it")
         job = self._job(job_id)
         if job.state == FAILED:
             raise job.failure()
+        if job.ended:  # its store went with it
+            raise errors.ConfigurationError(f"key-value store of job '{job_id}': the job has {job.state}")
         return job

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -12,18 +13,27 @@ import grpc
 
 from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
-from tessel.core import errors, rpc
+from tessel.core import errors, rpc, tls
+from tessel.core.limits import Limits
+from tessel.core.memory import release_free_memory
 from tessel.v1 import common_pb2, coordinator_pb2
 
 log = logging.getLogger("tessel.coordinator")
 
 DEFAULT_WAIT_S = 60.0  # a blocking call that gives no timeout_s waits this long at most
+# The stall inspector (coordinator/stalls.py): a collective that ranks have waited in this long is announced in
+# the log, to the job's ranks and in `tessel status`; past the timeout the job fails, blaming a missing rank.
+STALL_WARNING_S = float(os.environ.get("TESSEL_STALL_WARNING", "2"))
+STALL_TIMEOUT_S = float(os.environ.get("TESSEL_STALL_TIMEOUT", "300"))
 _POLL_S = 0.25  # how often an idle stream sender checks that its call is still alive
 
 
-def _wait_budget(requested_s: float, context: grpc.ServicerContext, default_s: float = DEFAULT_WAIT_S) -> float:
-    """The caller's timeout_s (default_s if unset), cut short so our clear error beats the gRPC deadline."""
-    budget = requested_s if requested_s > 0 else default_s
+def _wait_budget(
+    requested_s: float, context: grpc.ServicerContext, default_s: float = DEFAULT_WAIT_S, limits: Limits | None = None
+) -> float:
+    """The caller's timeout_s (default_s if unset, negative or NaN; at most the limit's max_wait_s), cut short so our
+    clear error beats the gRPC deadline."""
+    budget = (limits or Limits()).wait_s(requested_s, default_s)
     remaining = context.time_remaining()
     if remaining is not None:
         budget = min(budget, max(remaining - 0.2, 0.0))
@@ -56,8 +66,11 @@ class CoordinatorServicer:
         stream = _HeartbeatStream(self.state, requests, self.heartbeat_timeout_ms / 1000)
         return stream.replies(context)
 
+    def _budget(self, requested_s: float, context, default_s: float = DEFAULT_WAIT_S) -> float:
+        return _wait_budget(requested_s, context, default_s, self.state.limits)
+
     def JoinJob(self, request, context):
-        return self.state.join(request, _wait_budget(request.timeout_s, context), context.is_active)
+        return self.state.join(request, self._budget(request.timeout_s, context), context.is_active)
 
     def GetJob(self, request, context):
         return self.state.job_info(request.job_id)
@@ -67,7 +80,8 @@ class CoordinatorServicer:
         return common_pb2.Empty()
 
     def FailJob(self, request, context):
-        self.state.fail_job(request.job_id, request.rank, request.cause)
+        culprit = request.culprit_rank if request.HasField("culprit_rank") else None
+        self.state.fail_job(request.job_id, request.rank, request.cause, culprit)
         return common_pb2.Empty()
 
     def CreateGroup(self, request, context):
@@ -76,7 +90,7 @@ class CoordinatorServicer:
             request.name,
             list(request.ranks),
             request.rank,
-            _wait_budget(request.timeout_s, context),
+            self._budget(request.timeout_s, context),
             context.is_active,
         )
         return coordinator_pb2.CreateGroupReply(members=members)
@@ -86,7 +100,7 @@ class CoordinatorServicer:
         return common_pb2.Empty()
 
     def Barrier(self, request, context):
-        budget = _wait_budget(request.timeout_s, context)
+        budget = self._budget(request.timeout_s, context)
         self.state.barrier(request.job_id, request.name, request.rank, list(request.ranks), budget, context.is_active)
         return common_pb2.Empty()
 
@@ -95,7 +109,7 @@ class CoordinatorServicer:
         return common_pb2.Empty()
 
     def KeyValueGet(self, request, context):
-        budget = _wait_budget(request.timeout_s, context, default_s=0.0) if request.timeout_s > 0 else 0.0
+        budget = self._budget(request.timeout_s, context, default_s=0.0) if request.timeout_s > 0 else 0.0
         value = self.state.kv_get(request.job_id, request.key, budget, context.is_active)
         return coordinator_pb2.KeyValueGetReply(value=value)
 
@@ -105,6 +119,13 @@ class CoordinatorServicer:
 
     def ClusterStatus(self, request, context):
         return self.state.cluster_status()
+
+    def GetDaemon(self, request, context):
+        return self.state.get_daemon(request.daemon_id)
+
+    def ReportStall(self, request, context):
+        self.state.report_stall(request)
+        return common_pb2.Empty()
 
     # Strategy assignment: coordinator/planner.py (searches run in the planner's own threads, off the state lock).
     def PlanStrategies(self, request, context):
@@ -182,11 +203,21 @@ class CoordinatorServer:
         heartbeat_interval_ms: int,
         heartbeat_timeout_ms: int,
         max_workers: int = 1024,
+        limits: Limits | None = None,
+        stall_warning_s: float = STALL_WARNING_S,
+        stall_timeout_s: float = STALL_TIMEOUT_S,
     ):
-        self.state = CoordinatorState(heartbeat_timeout_s=heartbeat_timeout_ms / 1000)
+        limits = limits or Limits.from_env()
+        self.state = CoordinatorState(
+            heartbeat_timeout_ms / 1000,
+            limits=limits,
+            stall_warning_s=stall_warning_s,
+            stall_timeout_s=stall_timeout_s,
+        )
         self.planner = StrategyPlanner(self.state, token)
         servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms, self.planner)
-        handler = rpc.generic_handler(servicer, coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"], token)
+        service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
+        handler = rpc.generic_handler(servicer, service, token, limits.max_request_bytes)
         # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily).
         self._server, self.port = rpc.start_server([handler], host, port, max_workers=max_workers)
         self.host = host
@@ -195,12 +226,29 @@ class CoordinatorServer:
         period = min(heartbeat_interval_ms, heartbeat_timeout_ms) / 1000 / 2
         self._reaper = threading.Thread(target=self._reap, args=(period,), name="tessel-reaper", daemon=True)
         self._reaper.start()
-        log.info("coordinator listening on %s", self.address)
+        self.deadlines = (
+            f"heartbeat every {heartbeat_interval_ms / 1000:g} s, a member silent {heartbeat_timeout_ms / 1000:g} s "
+            f"is dead; a dead daemon leaves the registry after {limits.forget_dead_daemon_s:g} s; stall warning after "
+            f"{stall_warning_s:g} s, stall timeout {stall_timeout_s:g} s (0 = none); blocking calls wait "
+            f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most"
+        )
+        self.tls = tls.wanted(host)
+        log.info("coordinator listening on %s (%s)", self.address, "TLS, cluster CA" if self.tls else "plaintext")
 
-    def _reap(self, period_s: float) -> None:
+    def _reap(self, period_s: float, trim_every_s: float = 10.0) -> None:
+        last = trimmed = time.monotonic()
         while not self._stopped.wait(period_s):
+            now = time.monotonic()
+            if now - trimmed > trim_every_s:  # a burst of large requests must not keep the RSS at its peak
+                release_free_memory()
+                trimmed = now
+            gap, last = now - last, now
             try:
-                self.state.expire()
+                if gap > self.state.heartbeat_timeout_s / 2:  # this thread was stopped or starved: so were the beats
+                    log.warning("the liveness check ran %.1f s late; judging heartbeats on the next pass", gap)
+                else:
+                    self.state.expire()
+                self.state.inspect()
             except Exception:  # the reaper must outlive any bug, or deaths would go unnoticed
                 log.exception("liveness check failed")
 
@@ -232,6 +280,10 @@ def serve(
     token: str | None = None,
     heartbeat_interval_ms: int = 500,
     heartbeat_timeout_ms: int = 3000,
+    *,
+    limits: Limits | None = None,
+    stall_warning_s: float = STALL_WARNING_S,
+    stall_timeout_s: float = STALL_TIMEOUT_S,
 ) -> CoordinatorServer:
     """Start a coordinator in this process (port 0 = any free port); the token defaults to the cluster token.
 
@@ -245,4 +297,14 @@ def serve(
             "use a timeout of several intervals (default 3000 ms over 500 ms)"
         )
     token = token or rpc.cluster_token(create=True)
-    return CoordinatorServer(host, port, token, heartbeat_interval_ms, heartbeat_timeout_ms)
+    tls.cluster_ca(create=True)  # made with the token at the first start: the files other hosts get a copy of
+    return CoordinatorServer(
+        host,
+        port,
+        token,
+        heartbeat_interval_ms,
+        heartbeat_timeout_ms,
+        limits=limits,
+        stall_warning_s=stall_warning_s,
+        stall_timeout_s=stall_timeout_s,
+    )

@@ -13,19 +13,21 @@ import time
 from collections.abc import Callable
 
 from tessel.coordinator import jobs
-from tessel.coordinator.jobs import BUSY, DEAD, FAILED, FINISHED, IDLE, RUNNING, DaemonRecord, Job, Subscriber
+from tessel.coordinator.jobs import BUSY, FAILED, FINISHED, IDLE, RUNNING, DaemonRecord, Job
+from tessel.coordinator.liveness import CLOSE, STALLED, LivenessMixin
 from tessel.coordinator.rendezvous import RendezvousMixin
+from tessel.coordinator.stalls import StallInspector
 from tessel.core import errors
+from tessel.core.limits import Limits
 from tessel.v1 import coordinator_pb2
 
 log = logging.getLogger("tessel.coordinator")
 
 ACK = "ack"  # outbox item: answer a beat (so the member can tell the coordinator is alive)
-CLOSE = "close"  # outbox item: end the stream
-KEEP_ENDED_JOBS = 256  # ended jobs stay visible in the status table until this many newer ones ended
+__all__ = ["ACK", "CLOSE", "STALLED", "CoordinatorState"]
 
 
-class CoordinatorState(RendezvousMixin):
+class CoordinatorState(LivenessMixin, RendezvousMixin):
     """Registry, jobs, groups, barriers, key-value store and liveness, guarded by one condition.
 
     Example:
@@ -33,13 +35,26 @@ class CoordinatorState(RendezvousMixin):
         daemon_id = state.register_daemon(coordinator_pb2.DaemonInfo(address="h:1", plugin="cpu"))
     """
 
-    def __init__(self, heartbeat_timeout_s: float = 3.0, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        heartbeat_timeout_s: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        limits: Limits | None = None,
+        stall_warning_s: float = 2.0,
+        stall_timeout_s: float = 300.0,
+    ):
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.limits = limits or Limits.from_env()
+        # A rank blamed by a peer is blamed only after this long without a death being reported (which wins).
+        self.suspect_grace_s = min(1.0, heartbeat_timeout_s / 2)
+        # A rank of a running job must open its heartbeat stream within this long (it opens its session first).
+        self.first_beat_s = max(10.0, 3 * heartbeat_timeout_s)
         self._clock = clock
         self._cond = threading.Condition()
         self._daemons: dict[str, DaemonRecord] = {}
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[str, Job] = {}  # in creation order: the oldest waiting job starts first
         self._next_daemon = 0
+        self.stalls = StallInspector(stall_warning_s, stall_timeout_s)
 
     # ------------------------------------------------------------------------------------------ registry
 
@@ -47,9 +62,14 @@ class CoordinatorState(RendezvousMixin):
         """Add a daemon (or replace the entry with the same address); returns its daemon id."""
         if not info.address:
             raise errors.ConfigurationError("RegisterDaemon: the daemon's address is empty; send its host:port")
+        for name in ("address", "data_address", "host_id", "hostname", "plugin", "device_kind"):
+            self.limits.check_id(f"RegisterDaemon: the daemon's {name}", getattr(info, name))
         with self._cond:
             old = next((d for d in self._daemons.values() if d.info.address == info.address), None)
             if old is None:
+                self.limits.check_count(
+                    "RegisterDaemon: the number of registered daemons", len(self._daemons) + 1, "max_daemons"
+                )
                 daemon_id = f"d{self._next_daemon}"
                 self._next_daemon += 1
             else:
@@ -61,121 +81,20 @@ class CoordinatorState(RendezvousMixin):
             record = DaemonRecord(info=coordinator_pb2.DaemonInfo(), last_beat=self._clock())
             record.info.CopyFrom(info)
             record.info.daemon_id, record.info.state, record.info.job_id, record.info.rank = daemon_id, IDLE, "", -1
+            record.info.heartbeat_age_s = 0.0
             self._daemons[daemon_id] = record
             log.info("daemon %s registered: %s %s at %s", daemon_id, info.plugin, info.device_kind, info.address)
             self._start_waiting_jobs()
             self._cond.notify_all()
             return daemon_id
 
-    # ------------------------------------------------------------------------------------------ liveness
-
-    def subscribe(self, request: coordinator_pb2.HeartbeatRequest, outbox) -> Subscriber:
-        """Bind a heartbeat stream to the daemon or client rank its first message names."""
-        with self._cond:
-            sub = Subscriber(outbox=outbox, last_beat=self._clock())
-            if request.WhichOneof("who") == "daemon_id":
-                sub.daemon = self._daemon(request.daemon_id)
-                sub.daemon.streams.add(sub)
-                sub.daemon.last_beat = sub.last_beat
-                if sub.daemon.state == DEAD:
-                    log.info("daemon %s is heartbeating again: idle", request.daemon_id)
-                    sub.daemon.info.state = IDLE
-                    self._start_waiting_jobs()
-                    self._cond.notify_all()
-            elif request.WhichOneof("who") == "client":
-                ref = request.client
-                job = self._job(ref.job_id)
-                if ref.rank not in job.joiners:
-                    raise KeyError(
-                        f"rank {ref.rank} has not joined job '{ref.job_id}': call JoinJob before heartbeating"
-                    )
-                sub.job, sub.rank, sub.pid = job, ref.rank, ref.pid
-                job.subscribers.add(sub)
-                if job.ended:  # it ended before this member started listening: tell it now
-                    outbox.put(job.event())
-            else:
-                raise errors.ConfigurationError(
-                    "Heartbeat: the first message must name a daemon (daemon_id) or a client (job_id, rank, pid)"
-                )
-            return sub
-
-    def beat(self, sub: Subscriber) -> None:
-        with self._cond:
-            sub.last_beat = self._clock()
-            if sub.daemon is not None:
-                sub.daemon.last_beat = sub.last_beat
-
-    def stream_closed(self, sub: Subscriber, why: str = "closed its heartbeat stream") -> None:
-        """A member's stream ended: that member is dead (unless it already finished its part)."""
-        with self._cond:
-            if sub.closed:
-                return
-            self._close(sub)
-            record = sub.daemon
-            if record is not None:
-                if not record.streams and self._daemons.get(record.daemon_id) is record:
-                    self._daemon_died(record, why)
-            else:
-                self._client_died(sub, why)
-
-    def expire(self, now: float | None = None) -> None:
-        """Declare dead every daemon and client rank whose last beat is older than the heartbeat timeout."""
-        with self._cond:
-            now = self._clock() if now is None else now
-            for record in list(self._daemons.values()):
-                age = now - record.last_beat
-                if record.state != DEAD and age > self.heartbeat_timeout_s:
-                    self._daemon_died(record, f"missed heartbeats for {age:.1f} s")
-                    for sub in list(record.streams):
-                        self._close(sub)
-            for job in list(self._jobs.values()):
-                if job.state == jobs.WAITING and job.form_deadline is not None and now > job.form_deadline:
-                    job.timed_out = True
-                    self._fail(job, self._join_timeout_message(job, job.form_timeout_s), -1)
-                for sub in list(job.subscribers):
-                    age = now - sub.last_beat
-                    if age > self.heartbeat_timeout_s:
-                        self._close(sub)
-                        self._client_died(sub, f"missed heartbeats for {age:.1f} s")
-
-    def close_all(self) -> None:
-        """End every heartbeat stream (the coordinator is shutting down)."""
-        with self._cond:
-            subs = [s for d in self._daemons.values() for s in d.streams]
-            subs += [s for j in self._jobs.values() for s in j.subscribers]
-            for sub in subs:
-                self._close(sub)
-
-    def _close(self, sub: Subscriber) -> None:
-        """Detach the stream from its member and tell its sender to end it."""
-        sub.closed = True
-        if sub.daemon is not None:
-            sub.daemon.streams.discard(sub)
-        if sub.job is not None:
-            sub.job.subscribers.discard(sub)
-        sub.outbox.put(CLOSE)
-
-    def _daemon_died(self, record: DaemonRecord, why: str) -> None:
-        if record.state == DEAD:
-            return
-        job = self._jobs.get(record.info.job_id) if record.state == BUSY else None
-        log.warning("%s is dead: %s", record.where(), why)
-        record.info.state = DEAD
-        if job is not None and not job.ended:
-            self._fail(job, f"rank {record.info.rank} ({record.where()}) {why}", record.info.rank)
-        record.info.job_id, record.info.rank = "", -1
-
-    def _client_died(self, sub: Subscriber, why: str) -> None:
-        job = sub.job
-        if job is None or job.ended or sub.rank in job.finished:
-            return
-        self._fail(job, f"{job.describe_rank(sub.rank)} {why}", sub.rank)
-
     # ------------------------------------------------------------------------------------------ job lifecycle
 
     def join(self, request: coordinator_pb2.JoinJobRequest, timeout_s: float, is_active=None):
         """Join the job as `request.rank` (-1 = next free); blocks until the job runs or the deadline passes."""
         deadline = time.monotonic() + timeout_s
+        for name in ("job_id", "plugin", "daemon_id", "hostname"):
+            self.limits.check_id(f"JoinJob: {name}", getattr(request, name))
         with self._cond:
             job = self._job_for_join(request)
             rank = self._take_rank(job, request)
@@ -243,13 +162,30 @@ class CoordinatorState(RendezvousMixin):
                 self._publish(job)
                 self._job_ended(job)
 
-    def fail_job(self, job_id: str, rank: int, cause: str) -> None:
-        """A rank reports its own failure: the job fails and every member learns the cause."""
+    def fail_job(self, job_id: str, rank: int, cause: str, culprit: int | None = None) -> None:
+        """A rank reports a failure. Without `culprit`, its own (an exception it raised): the job fails now,
+        blaming it. With `culprit`, a claim: the rank failed because of another one (a peer died, closed its links,
+        never came) or exited with a non-zero status (culprit = itself, or the rank the error it handled named).
+        A claim is decided after `suspect_grace_s` unless harder news (a death, a rank's own exception) comes
+        first: the other ranks may be about to report that themselves, and a peer may name the neighbour that
+        gave up rather than the one that died. A rank reports once."""
+        cause = self.limits.clip_text(cause or "no cause given")
         with self._cond:
             job = self._job(job_id)
-            if not job.ended:
-                who = job.describe_rank(rank) if rank >= 0 else "a client"
-                self._fail(job, f"{who} reported: {cause or 'no cause given'}", rank)
+            if job.ended or rank in job.reported:
+                return  # a rank tells its story once (its launcher may repeat it as an exit status)
+            if rank >= 0:
+                self._check_rank(job, rank, "FailJob")
+                job.reported.add(rank)
+            who = job.describe_rank(rank) if rank >= 0 else "a client"
+            if culprit is None:
+                self._fail(job, f"{who} reported: {cause}", rank)
+            elif job.suspect is None:
+                blamed = culprit if 0 <= culprit < job.world_size else rank
+                claim = f"{who} reported: {cause}"
+                if blamed != rank:
+                    claim = f"{job.describe_rank(blamed)} failed, as {who} reported: {cause}"
+                job.suspect = (blamed, claim, self._clock() + self.suspect_grace_s)
 
     def cluster_status(self) -> coordinator_pb2.ClusterStatusReply:
         with self._cond:
@@ -260,7 +196,29 @@ class CoordinatorState(RendezvousMixin):
                 info.CopyFrom(record.info)
                 info.heartbeat_age_s = now - record.last_beat
             reply.jobs.extend(job.info() for job in sorted(self._jobs.values(), key=lambda j: j.created_at))
+            reply.stalls.extend(self.stalls.stalls(now))
             return reply
+
+    def get_daemon(self, daemon_id: str) -> coordinator_pb2.DaemonInfo:
+        with self._cond:
+            record = self._daemon(daemon_id)
+            info = coordinator_pb2.DaemonInfo()
+            info.CopyFrom(record.info)
+            info.heartbeat_age_s = self._clock() - record.last_beat
+            return info
+
+    def report_stall(self, report: coordinator_pb2.StallReport) -> None:
+        """A daemon's rank waits in a collective (or stopped waiting): see coordinator/stalls.py."""
+        self.limits.check_id("ReportStall: the group name", report.group)
+        self.limits.check_id("ReportStall: the collective", report.collective)
+        with self._cond:
+            job = self._job(report.job_id)
+            if job.state != RUNNING:
+                return  # it ended meanwhile: nothing to inspect
+            self._check_rank(job, report.rank, "ReportStall")
+            if report.ranks:
+                jobs.check_ranks(job, list(report.ranks), report.rank, f"ReportStall of group '{report.group}'")
+            self.stalls.report(report, self._clock())
 
     # ------------------------------------------------------------------------------------------ internals
 
@@ -314,6 +272,10 @@ class CoordinatorState(RendezvousMixin):
                 "process is one too many"
             )
         if job is None or job.ended:
+            self.limits.check_count(f"JoinJob: job '{job_id}' has a world size that", world, "max_world_size")
+            live = sum(1 for j in self._jobs.values() if not j.ended)
+            self.limits.check_count("JoinJob: the number of waiting and running jobs", live + 1, "max_jobs")
+            self._jobs.pop(job_id, None)  # a new job of an old id goes to the back of the queue
             job = Job(job_id=job_id, world_size=world, created_at=time.time())
             self._jobs[job_id] = job
             self._forget_old_jobs()
@@ -333,13 +295,13 @@ class CoordinatorState(RendezvousMixin):
     def _take_rank(self, job: Job, request: coordinator_pb2.JoinJobRequest) -> int:
         rank = request.rank
         if rank == -1:
-            free = job.missing_ranks()
-            if not free:
+            free = job.first_free_rank()
+            if free is None:
                 raise errors.ConfigurationError(
                     f"JoinJob: job '{job.job_id}' already has all {job.world_size} ranks; this process is one too "
                     "many: raise the world size (-n, MS_WORKER_NUM) or use a new job id"
                 )
-            rank = free[0]
+            rank = free
         self._check_rank(job, rank, "JoinJob")
         other = job.joiners.get(rank)
         if other is not None:
@@ -347,21 +309,22 @@ class CoordinatorState(RendezvousMixin):
                 f"JoinJob: rank {rank} of job '{job.job_id}' already joined (pid {other.pid} on host "
                 f"{other.hostname}); give each process its own rank, or pass -1 to let the coordinator pick"
             )
-        job.joiners[rank] = jobs.Joiner(rank, request.plugin, request.daemon_id, request.hostname, request.pid)
+        job.take_rank(rank, jobs.Joiner(rank, request.plugin, request.daemon_id, request.hostname, request.pid))
         return rank
 
     def _withdraw(self, job: Job, rank: int) -> None:
         """A joiner went away (its call was cancelled) before the job started: free its rank."""
         if job.state != jobs.WAITING:
             return
-        job.joiners.pop(rank, None)
+        job.free_rank(rank)
         if not job.joiners and self._jobs.get(job.job_id) is job:
             del self._jobs[job.job_id]
         self._cond.notify_all()
 
     def _join_timeout_message(self, job: Job, timeout_s: float) -> str:
-        missing = job.missing_ranks()
-        if missing:
+        if not job.complete:
+            shown, count = job.missing_ranks(), job.world_size - len(job.joiners)
+            missing = str(shown) if count == len(shown) else f"{str(shown)[:-1]}, … {count - len(shown)} more]"
             return (
                 f"job '{job.job_id}' has {len(job.joiners)} of {job.world_size} ranks after {timeout_s:.1f} s; "
                 f"missing ranks {missing}: {job.how_to_fix}"
@@ -373,9 +336,7 @@ class CoordinatorState(RendezvousMixin):
 
     def _start_waiting_jobs(self) -> None:
         """Start every waiting job whose world is complete and for which daemons are free, oldest first."""
-        for job in sorted(self._jobs.values(), key=lambda j: j.created_at):
-            if job.state != jobs.WAITING or job.missing_ranks():
-                continue
+        for job in [j for j in self._jobs.values() if j.state == jobs.WAITING and j.complete]:
             chosen, job.pending_reasons = jobs.assign_daemons(job, self._daemons)
             if not chosen:
                 continue
@@ -383,11 +344,11 @@ class CoordinatorState(RendezvousMixin):
             job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
             for rank, record in chosen.items():
                 record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
-            job.state, job.started_at = RUNNING, time.time()
+            job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
             log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
 
     def _fail(self, job: Job, cause: str, culprit_rank: int) -> None:
-        job.state, job.cause, job.culprit_rank = FAILED, cause, culprit_rank
+        job.state, job.cause, job.culprit_rank = FAILED, self.limits.clip_text(cause), culprit_rank
         log.warning("job '%s' failed: %s", job.job_id, cause)
         self._publish(job)
         self._job_ended(job)
@@ -404,14 +365,17 @@ class CoordinatorState(RendezvousMixin):
             sub.outbox.put(event)
 
     def _job_ended(self, job: Job) -> None:
+        self.stalls.forget_job(job.job_id)
         for daemon_id in job.daemon_ids:
             record = self._daemons.get(daemon_id)
             if record is not None and record.state == BUSY and record.info.job_id == job.job_id:
                 record.info.state, record.info.job_id, record.info.rank = IDLE, "", -1
         self._start_waiting_jobs()
         self._cond.notify_all()
+        job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
+        self._forget_old_jobs()
 
     def _forget_old_jobs(self) -> None:
-        ended = sorted((j for j in self._jobs.values() if j.ended), key=lambda j: j.created_at)
-        for job in ended[: max(0, len(ended) - KEEP_ENDED_JOBS)]:
+        ended = [j for j in self._jobs.values() if j.ended]  # creation order
+        for job in ended[: max(0, len(ended) - self.limits.keep_ended_jobs)]:
             del self._jobs[job.job_id]

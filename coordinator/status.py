@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tessel.coordinator.stalls import describe
 from tessel.core import errors
 from tessel.core.coordinator_client import CoordinatorClient, default_address
 from tessel.v1 import coordinator_pb2
@@ -54,6 +55,9 @@ def format_status(reply: coordinator_pb2.ClusterStatusReply) -> str:
         lines += _table(["ID", "WORLD", "STATE", "FINISHED", "CAUSE"], [_job_row(j) for j in reply.jobs])
     else:
         lines.append("  none")
+    if reply.stalls:  # only while some collective is stalled
+        lines += ["", f"stalls ({len(reply.stalls)})"]
+        lines += [f"  {describe(stall)}" for stall in reply.stalls]
     return "\n".join(lines)
 
 

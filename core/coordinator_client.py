@@ -74,7 +74,10 @@ class HeartbeatHandle:
                     self._deliver(event)
             self._lose(f"the coordinator at {self._client.address} ended the heartbeat stream (it stopped)")
         except grpc.RpcError as exc:
-            self._lose(f"heartbeat stream to {self._client.address} broke: {exc.code().name}: {exc.details()}")
+            self._lose(
+                f"lost the coordinator at {self._client.address}: its heartbeat stream broke "
+                f"({exc.code().name}: {exc.details()})"
+            )
 
     def _watch(self) -> None:
         while not self._done.wait(self.interval_s):
@@ -98,7 +101,8 @@ class HeartbeatHandle:
             if self._call is not None:
                 self._call.cancel()
         log.warning("%s", reason)
-        self._deliver(coordinator_pb2.JobEvent(job_id=self.job_id, state=COORDINATOR_LOST, cause=reason))
+        event = coordinator_pb2.JobEvent(job_id=self.job_id, state=COORDINATOR_LOST, cause=reason, culprit_rank=-1)
+        self._deliver(event)  # no rank is to blame
 
     @property
     def alive(self) -> bool:
@@ -181,11 +185,28 @@ class CoordinatorClient:
     def get_job(self, job_id: str) -> coordinator_pb2.JobInfo:
         return self._rpc.GetJob(coordinator_pb2.GetJobRequest(job_id=job_id))
 
-    def finish_rank(self, job_id: str, rank: int) -> None:
-        self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank))
+    def finish_rank(self, job_id: str, rank: int, timeout_s: float | None = None) -> None:
+        self._rpc.FinishRank(coordinator_pb2.FinishRankRequest(job_id=job_id, rank=rank), timeout_s)
 
-    def fail_job(self, job_id: str, rank: int, cause: str) -> None:
-        self._rpc.FailJob(coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause))
+    def fail_job(
+        self, job_id: str, rank: int, cause: str, culprit_rank: int | None = None, timeout_s: float | None = None
+    ) -> None:
+        """Report a failure of `rank`: its own, or (culprit_rank) one that another rank caused."""
+        request = coordinator_pb2.FailJobRequest(job_id=job_id, rank=rank, cause=cause)
+        if culprit_rank is not None:
+            request.culprit_rank = culprit_rank
+        self._rpc.FailJob(request, timeout_s)
+
+    def abort(self, error: Exception) -> None:
+        """The coordinator is lost: end the calls in flight (a stopped coordinator would hold them until their
+        deadline) and fail later ones with `error`. Heartbeat streams are not affected."""
+        self._rpc.abort(error)
+
+    def get_daemon(self, daemon_id: str, timeout_s: float | None = None) -> coordinator_pb2.DaemonInfo:
+        return self._rpc.GetDaemon(coordinator_pb2.GetDaemonRequest(daemon_id=daemon_id), timeout_s)
+
+    def report_stall(self, report: coordinator_pb2.StallReport, timeout_s: float | None = None) -> None:
+        self._rpc.ReportStall(report, timeout_s)
 
     def create_group(
         self, job_id: str, name: str, ranks: Sequence[int], rank: int, timeout_s: float = 60.0

@@ -11,6 +11,10 @@ class ConfigurationError(TesselError, ValueError):
     """Bad input from the user: an argument, an environment variable, a strategy."""
 
 
+class LimitExceededError(ConfigurationError):
+    """A request asks for more than a server allows (world size, id length, jobs, sessions, stored bytes...)."""
+
+
 class NotSupportedYetError(TesselError, NotImplementedError):
     """A MindSpore option or API tessel knows but does not implement yet; the message says why and what to do.
 
@@ -28,6 +32,10 @@ class JobFailedError(TesselError):
     def __init__(self, message: str, culprit_rank: int = -1):
         super().__init__(message)
         self.culprit_rank = culprit_rank
+
+
+class DaemonUnreachableError(JobFailedError):
+    """This rank's daemon went away or does not answer (it died, or its host did): `culprit_rank` is this rank."""
 
 
 class PeerFailedError(JobFailedError):

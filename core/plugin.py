@@ -295,6 +295,10 @@ class CollectivePlugin(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release process-wide resources (listening sockets, thread pools)."""
 
+    def deadlines(self) -> str:
+        """The plugin's own deadlines in words (e.g. "data-plane connect 5 s"), for the daemon's start-up line."""
+        return ""
+
 
 class Executable(ABC):
     """A compiled ONNX graph on one device."""

@@ -22,7 +22,9 @@ from google.protobuf import message_factory
 from google.protobuf.descriptor import ServiceDescriptor
 from google.protobuf.message import DecodeError
 
-from tessel.core import errors
+from tessel.core import errors, tls
+from tessel.core.limits import DEFAULT as DEFAULT_LIMITS
+from tessel.core.limits import clip
 
 TOKEN_HEADER = "x-tessel-token"
 ERROR_HEADER = "x-tessel-error"
@@ -36,6 +38,7 @@ _STATUS_OF = [  # most specific first
     (errors.RendezvousTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.CollectiveTimeoutError, grpc.StatusCode.DEADLINE_EXCEEDED),
     (errors.MissingRuntimeError, grpc.StatusCode.FAILED_PRECONDITION),
+    (errors.LimitExceededError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (errors.ConfigurationError, grpc.StatusCode.INVALID_ARGUMENT),
     (KeyError, grpc.StatusCode.NOT_FOUND),
     (errors.TesselError, grpc.StatusCode.FAILED_PRECONDITION),
@@ -90,7 +93,8 @@ def error_fields(exc: BaseException) -> tuple[str, str, int | None]:
     message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
     if _status_for(exc) == grpc.StatusCode.INTERNAL:
         message = f"{type(exc).__name__}: {message}"
-    return type(exc).__name__, str(message), getattr(exc, "culprit_rank", None)
+    # Cut long texts (an error may quote what the caller sent): they travel in a header, and a caller never needs more.
+    return type(exc).__name__, clip(str(message), DEFAULT_LIMITS.max_text_chars), getattr(exc, "culprit_rank", None)
 
 
 def rebuilt_error(kind: str, message: str, culprit: int | None) -> Exception | None:
@@ -215,8 +219,12 @@ def check_port_free(host: str, port: int) -> None:
 def start_server(
     handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1", port: int = 0, max_workers: int = 32
 ) -> tuple[grpc.Server, int]:
-    """Start a gRPC server on host:port (0 = any free port); returns (server, bound port)."""
+    """Start a gRPC server on host:port (0 = any free port); returns (server, bound port).
+
+    It speaks TLS with a certificate signed by the cluster CA where tls.wanted(host): by default whenever it binds
+    anything other than loopback (TESSEL_TLS)."""
     check_port_free(host, port)
+    credentials = tls.server_credentials() if tls.wanted(host) else None
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tessel-rpc"),
         handlers=handlers,
@@ -227,7 +235,8 @@ def start_server(
         ],
     )
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        target = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = server.add_insecure_port(target) if credentials is None else server.add_secure_port(target, credentials)
     except RuntimeError:
         bound = 0
     if bound == 0:
@@ -250,14 +259,26 @@ def _error_from(exc: grpc.RpcError, what: str) -> Exception:
         return rebuilt
     code = exc.code()
     if code == grpc.StatusCode.UNAVAILABLE:
-        return errors.JobFailedError(f"{what} is unreachable: {message}")
+        return errors.JobFailedError(f"{what} is unreachable: {message}{tls_hint(what, message)}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return errors.RendezvousTimeoutError(f"{what}: {message}")
-    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.RESOURCE_EXHAUSTED):
         return errors.ConfigurationError(f"{what}: {message}")
     if code == grpc.StatusCode.NOT_FOUND:
         return KeyError(message)
     return errors.TesselError(f"{what} failed ({code.name}): {message}")
+
+
+def tls_hint(what: str, message: str) -> str:
+    """What to check when a connection failed the way a TLS mismatch or a foreign certificate fails it."""
+    if "ssl" in message.lower() or "handshake" in message.lower():
+        return (
+            f" (TLS: {what} did not prove a certificate signed by this cluster's CA ({tls.tls_dir() / 'ca.pem'}), "
+            "or it does not speak TLS: give every process of the cluster the same CA and the same TESSEL_TLS)"
+        )
+    if "socket closed" in message.lower():
+        return " (if that server speaks TLS, set TESSEL_TLS=on on this side too)"
+    return ""
 
 
 class Client:
@@ -266,20 +287,51 @@ class Client:
     Example: `Client("127.0.0.1:7000", daemon_pb2_grpc.DaemonStub, token).Status(common_pb2.Empty())`
     """
 
-    def __init__(self, address: str, stub_cls: type, token: str, timeout_s: float = DEFAULT_TIMEOUT_S):
-        self.address, self.timeout_s = address, timeout_s
-        self.channel = grpc.insecure_channel(
-            address, options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-        )
+    def __init__(
+        self,
+        address: str,
+        stub_cls: type,
+        token: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        unreachable: Callable[[str], Exception] | None = None,
+    ):
+        """`unreachable(message)`: the exception for a server that cannot be reached (default JobFailedError)."""
+        self.address, self.timeout_s, self.unreachable = address, timeout_s, unreachable
+        options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+        if tls.wanted(tls.host_of(address)):  # the cluster CA pinned: only a server it signed sees the token
+            self.channel = grpc.secure_channel(address, tls.channel_credentials(), options + list(tls.CHANNEL_OPTIONS))
+        else:
+            self.channel = grpc.insecure_channel(address, options=options)
         self.stub = stub_cls(self.channel)
         self.metadata = ((TOKEN_HEADER, token),)
         self.what = f"{stub_cls.__name__.removesuffix('Stub').lower()} at {address}"
+        self._aborted: Exception | None = None
 
     def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        if self._aborted is not None:
+            raise self._aborted
         try:
             return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
+            if self._aborted is not None:
+                raise self._aborted from None
+            if exc.code() == grpc.StatusCode.UNAVAILABLE and self.unreachable is not None:
+                details = exc.details() or ""
+                raise self.unreachable(
+                    f"{self.what} {method} is unreachable: {details}{tls_hint(self.what, details)}"
+                ) from None
             raise _error_from(exc, f"{self.what} {method}") from None
+        except ValueError:  # "Cannot invoke RPC on closed channel": abort() closed it meanwhile
+            if self._aborted is not None:
+                raise self._aborted from None
+            raise
+
+    def abort(self, error: Exception) -> None:
+        """End the calls in flight and fail every later one with `error` (e.g. the job failed: a call waiting on a
+        stopped daemon would last until its deadline). Closing the channel ends its calls at once; a blocking call
+        stays the fast path (a cancellable future costs twice as much per call)."""
+        self._aborted = error
+        self.channel.close()
 
     def stream(self, method: str, requests: Iterator[Any]) -> Iterator[Any]:
         """A long-lived bidirectional stream (no deadline: liveness is its purpose)."""

@@ -11,6 +11,8 @@ Every part reads its names from here: dtypes (`common.proto` DType), reduce ops 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
@@ -54,7 +56,8 @@ def wire_dtype(dtype: np.dtype) -> int:
 
 def numpy_dtype(wire: int) -> np.dtype:
     if wire not in _FROM_WIRE:
-        raise ConfigurationError(f"unknown or unsupported wire dtype {common_pb2.DType.Name(wire)}")
+        known = {v.number: v.name for v in common_pb2.DType.DESCRIPTOR.values}
+        raise ConfigurationError(f"unknown or unsupported wire dtype {known.get(wire, wire)}")
     return _FROM_WIRE[wire]
 
 
@@ -77,7 +80,9 @@ def from_proto(tensor: common_pb2.TensorProto, name: str = "tensor") -> np.ndarr
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise ConfigurationError(f"{name}: negative dimension in shape {shape}")
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 62:  # numpy cannot even describe it
+        raise ConfigurationError(f"{name}: shape {shape} is too large for any array")
+    expected = math.prod(shape) * dtype.itemsize  # Python ints: an absurd shape cannot wrap around to a match
     if len(tensor.data) != expected:
         raise ConfigurationError(
             f"{name}: {len(tensor.data)} data bytes do not match dtype {dtype} x shape {shape} ({expected} bytes)"

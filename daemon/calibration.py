@@ -58,12 +58,30 @@ REFERENCES = (
 )
 
 
-def measure_device(plugin, calibrate_ops: bool = True) -> common_pb2.DeviceMeasurement | None:
+class _Held:
+    """Releases a lock acquired already when the block ends."""
+
+    def __init__(self, lock: threading.Lock):
+        self.lock = lock
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        self.lock.release()
+
+
+def measure_device(plugin, calibrate_ops: bool = True, wait: bool = True) -> common_pb2.DeviceMeasurement | None:
     """The plugin's measurement and the per-op factors, now; None when the plugin measures nothing or
-    TESSEL_MEASURE=0. One measurement at a time per process (a second caller waits for the first)."""
+    TESSEL_MEASURE=0. One measurement at a time per process: a second caller waits for the first, or with
+    `wait=False` (a Measure request) is refused at once, so requests never pile up behind one another."""
     if os.environ.get("TESSEL_MEASURE", "1") == "0":
         return None
-    with _measuring:
+    if not _measuring.acquire(blocking=wait):
+        from tessel.core.errors import LimitExceededError
+
+        raise LimitExceededError("Measure: this daemon is measuring already; ask again when it is done (about 1 s)")
+    with _Held(_measuring):
         started = time.perf_counter()
         found = plugin.measure()
         if found is None:

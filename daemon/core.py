@@ -7,6 +7,7 @@ compiled segments. The gRPC service (`tessel.daemon.service`) is a thin translat
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import threading
@@ -18,7 +19,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
+from tessel.core.limits import Limits, clip
 from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
@@ -32,6 +34,9 @@ log = logging.getLogger("tessel.daemon")
 
 BOUND_PROGRAMS = 64  # bound programs cached per session
 PROBE_GROUP_TIMEOUT_S = 10.0  # a member of a group probe that never comes fails the probe after this long
+# How long a collective that failed because a peer left waits for the coordinator's verdict on the job (the
+# daemons of a job hear of its failure within a heartbeat of each other).
+VERDICT_WAIT_S = 1.0
 
 
 class Result(NamedTuple):
@@ -75,13 +80,23 @@ class DaemonCore:
         core.put(sid, {"x": np.ones(3, np.float32)})
     """
 
-    def __init__(self, plugin: Plugin, coordinator=None, daemon_id: str = "local", data_address: str = ""):
+    def __init__(
+        self,
+        plugin: Plugin,
+        coordinator=None,
+        daemon_id: str = "local",
+        data_address: str = "",
+        limits: Limits | None = None,
+        watch=None,
+    ):
         self.plugin = plugin
         self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
         self.daemon_id = daemon_id
         self.data_address = data_address
         self.host_id = host_id()
         self.collective_timeout_s = DEFAULT_COLLECTIVE_TIMEOUT_S
+        self.limits = limits or Limits.from_env()
+        self.watch = watch  # daemon/stall.py's CollectiveWatch: the stall inspector's reports, or None
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
         self._probing = threading.Lock()
@@ -92,6 +107,9 @@ class DaemonCore:
     def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
         """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
         rank) keeps this job's shared-memory names apart from another job's of the same id."""
+        self.limits.check_id("OpenSession: the job id", job_id)
+        self.limits.check_id("OpenSession: the job nonce", job_nonce)
+        self.limits.check_count("OpenSession: the world size", world_size, "max_world_size")
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -108,6 +126,7 @@ class DaemonCore:
         session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
         session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
         with self._lock:
+            self.limits.check_count("OpenSession: the number of open sessions", len(self._sessions) + 1, "max_sessions")
             self._sessions[session.session_id] = session
         log.info("opened %s", session.describe())
         return session.session_id
@@ -128,7 +147,7 @@ class DaemonCore:
         with self._lock:
             if session_id not in self._sessions:
                 raise ConfigurationError(
-                    f"no session {session_id!r} on daemon {self.daemon_id}; open one with OpenSession "
+                    f"no session {clip(session_id, 100)!r} on daemon {self.daemon_id}; open one with OpenSession "
                     "(it may have been closed after its job ended or failed)"
                 )
             return self._sessions[session_id]
@@ -147,6 +166,8 @@ class DaemonCore:
 
     def on_job_event(self, job_id: str, state: str, cause: str, culprit_rank: int = -1) -> None:
         """The coordinator says a job ended: abort its waits now, free its sessions once they are idle."""
+        if state not in ("failed", "finished"):
+            return  # news about a job that goes on
         for session in self.sessions():
             if session.job_id != job_id:
                 continue
@@ -154,6 +175,34 @@ class DaemonCore:
                 session.culprit_rank = culprit_rank
                 session.abort_cause = cause or "failed"
             threading.Thread(target=self._reap, args=(session.session_id,), daemon=True).start()
+
+    def close_orphans(self) -> None:
+        """Close the sessions whose job the coordinator has not run on this daemon for `limits.orphan_session_s`:
+        sessions opened without a job, or left open after it ended (their clients died or never closed them).
+        The coordinator knows which (job, rank) this daemon serves; one GetDaemon call checks every session."""
+        sessions = self.sessions()
+        if self.coordinator is None or not sessions:
+            return
+        try:
+            info = self.coordinator.get_daemon(self.daemon_id, timeout_s=5.0)
+            serving = (info.job_id, info.rank) if info.state == "busy" else None
+        except KeyError:
+            serving = None  # not registered (any more): no job runs here
+        except TesselError:
+            return  # the coordinator is unreachable: the daemon's lost-coordinator path fails its sessions
+        now = time.monotonic()
+        for session in sessions:
+            if (session.job_id, session.rank) == serving:
+                session.orphan_since = None
+            elif session.orphan_since is None:
+                session.orphan_since = now
+            elif now - session.orphan_since >= self.limits.orphan_session_s and not session.reaping:
+                idle = now - session.orphan_since
+                log.info("closing %s: its job has not run on this daemon for %.0f s", session.describe(), idle)
+                if session.abort_cause is None:
+                    session.abort_cause = f"its job has not run on daemon {self.daemon_id} for a while"
+                session.reaping = True
+                threading.Thread(target=self._reap, args=(session.session_id, 5.0), daemon=True).start()
 
     def _reap(self, session_id: str, grace_s: float = 30.0) -> None:
         # The client closes its own session when it can; this frees what a dead client left behind.
@@ -170,8 +219,12 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ groups
 
-    def create_group(self, session_id: str, name: str, ranks: Iterable[int]) -> None:
+    def create_group(self, session_id: str, name: str, ranks: Iterable[int], timeout_s: float = 60.0) -> None:
+        """Create a communicator over `ranks` (a rendezvous at the coordinator: waits up to timeout_s for them)."""
         session = self.session(session_id)
+        self.limits.check_id("CreateGroup: the group name", name)
+        ranks = list(ranks)
+        self.limits.check_count("CreateGroup: the number of ranks", len(ranks), "max_world_size")
         ranks = [int(r) for r in ranks]
         if not name or name == WORLD_GROUP:
             raise ConfigurationError(f"group name {name!r} is reserved or empty; pick another name")
@@ -188,7 +241,8 @@ class DaemonCore:
             )
         members = session.members
         if self.coordinator is not None and session.world_size > 1:
-            by_rank = {m.rank: m for m in self.coordinator.create_group(session.job_id, name, ranks, session.rank)}
+            found = self.coordinator.create_group(session.job_id, name, ranks, session.rank, timeout_s=timeout_s)
+            by_rank = {m.rank: m for m in found}
             members = [by_rank.get(i, m) for i, m in enumerate(session.members)]
         session.groups[name] = self._new_communicator(session, name, ranks, members)
         session.bound.clear()
@@ -235,7 +289,8 @@ class DaemonCore:
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
         )
-        return self.plugin.collective.new_group(context)
+        communicator = self.plugin.collective.new_group(context)
+        return communicator if self.watch is None else self.watch.wrap(communicator, session.job_id, session.rank)
 
     # ------------------------------------------------------------------------------------------ tensors
 
@@ -278,10 +333,12 @@ class DaemonCore:
         collect: Iterable[str] = (),
         timeline: bool = False,
         progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
         (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
-        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values."""
+        `progress(repetition, collected)` is called as each repetition ends, with that repetition's values.
+        Between repetitions it stops when the job has failed, or when `cancelled()` (the caller went away) is true."""
         session = self.session(session_id)
         collect = list(collect)
         events: list[daemon_pb2.TimelineEvent] = []
@@ -291,27 +348,46 @@ class DaemonCore:
                 session.tensors.update(feed)
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
-            clock = time.perf_counter
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
-            for repetition in range(max(1, repeat)):
-                if timeline:
-                    _record(session, steps, repetition, events, elapsed)
-                elif timings:
-                    for i, step in enumerate(steps):
-                        start = clock()
-                        step.run()
-                        elapsed[i] += clock() - start
-                else:
-                    for step in steps:
-                        step.run()
-                for name in collect:
-                    history[name].append(np.array(session.tensor(name)))
-                if progress is not None:
-                    progress(repetition, {name: history[name][-1] for name in collect})
+            try:
+                for repetition in range(max(1, repeat)):
+                    session.check_alive()
+                    if cancelled is not None and cancelled():
+                        raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
+                    if timeline:
+                        _record(session, steps, repetition, events, elapsed)
+                    elif timings:
+                        clock = time.perf_counter
+                        for i, step in enumerate(steps):
+                            start = clock()
+                            step.run()
+                            elapsed[i] += clock() - start
+                    else:
+                        for step in steps:
+                            step.run()
+                    for name in collect:
+                        history[name].append(np.array(session.tensor(name)))
+                    if progress is not None:
+                        progress(repetition, {name: history[name][-1] for name in collect})
+            except JobFailedError as exc:
+                if self._verdict(session, exc):  # the job failed: say why, and who, as the coordinator does
+                    raise JobFailedError(
+                        f"job {session.job_id!r} failed: {session.abort_cause}", session.culprit_rank
+                    ) from exc
+                raise
             fetched = {n: session.tensor(n) for n in fetch}
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []
         return Result(fetched, collected, spent, events)
+
+    def _verdict(self, session: Session, exc: JobFailedError) -> bool:
+        """Whether the coordinator failed the job, waiting a moment for its word when a peer left the group: a
+        peer whose daemon heard first gives up before this one hears, and would be blamed for the job's end."""
+        if session.abort_cause is None and isinstance(exc, PeerFailedError) and self.coordinator is not None:
+            deadline = time.monotonic() + VERDICT_WAIT_S
+            while session.abort_cause is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return session.abort_cause is not None
 
     def _bound(self, session: Session, program: daemon_pb2.Program) -> list:
         """The program's bound steps, cached per session by the program's bytes: a training loop sends the same
@@ -319,11 +395,25 @@ class DaemonCore:
         key = program.SerializeToString(deterministic=True)
         steps = session.bound.get(key)
         if steps is None:
+            self._check_shapes(program)
             steps = self._executor.bind(session, program)
             if len(session.bound) >= BOUND_PROGRAMS:
                 session.bound.pop(next(iter(session.bound)))
             session.bound[key] = steps
         return steps
+
+    def _check_shapes(self, program: daemon_pb2.Program) -> None:
+        """Shapes a program asks this daemon to allocate (what it receives) must be real: no negative dimension,
+        at most `limits.max_tensor_bytes` (checked before binding, so an absurd request costs nothing)."""
+        for index, instruction in enumerate(program.instructions):
+            if instruction.WhichOneof("op") != "collective":
+                continue
+            for shape in instruction.collective.recv_shapes:
+                dims = list(shape.dims)
+                if any(d < 0 for d in dims):
+                    raise ConfigurationError(f"instruction {index}: recv shape {clip(str(dims), 200)} is negative")
+                size = 8 * math.prod(d for d in dims if d)  # at most 8 bytes an element; numpy needs this with 0s too
+                self.limits.check_count(f"instruction {index}: a recv shape's byte size", size, "max_tensor_bytes")
 
     # ------------------------------------------------------------------------------------------ link probes
 

@@ -9,7 +9,9 @@ messages as the gRPC call (never pickle): one kind byte, an 8-byte little-endian
     client -> TOKEN (the cluster token, once per connection), then REQUEST (an ExecuteRequest) ...
     daemon -> REPLY (an ExecuteReply) or ERROR (a LocalExecuteError: the exception the gRPC path would raise)
 
-A wrong token or an oversized frame closes the connection. The client side (LocalExecuteClient) is used by
+A wrong token or an oversized frame closes the connection. The directory is named after the daemon's pid
+(`tessel-daemon-<pid>-<random>`); a daemon killed with SIGKILL cannot remove its own, so every daemon that starts
+removes those of dead daemons (`remove_stale_directories`). The client side (LocalExecuteClient) is used by
 RemoteDaemon when the daemon reports this socket and the same host id; a daemon that dies closes the socket,
 so a waiting client fails at once instead of at its deadline.
 """
@@ -25,11 +27,18 @@ import socket
 import struct
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 from tessel.core import rpc
-from tessel.core.errors import ConfigurationError, JobFailedError, RendezvousTimeoutError, TesselError
+from tessel.core.errors import (
+    ConfigurationError,
+    DaemonUnreachableError,
+    JobFailedError,
+    RendezvousTimeoutError,
+    TesselError,
+)
 from tessel.v1 import daemon_pb2
 
 log = logging.getLogger("tessel.daemon")
@@ -37,6 +46,63 @@ log = logging.getLogger("tessel.daemon")
 TOKEN, REQUEST, REPLY, ERROR = 1, 2, 3, 4
 _HEADER = struct.Struct("<BQ")
 _MAX_PATH = 100  # sun_path holds 108 bytes on Linux
+TOKEN_TIMEOUT_S = 5.0  # a connection must send the token this soon
+DIRECTORY_PREFIX = "tessel-daemon-"
+SOCKET_NAME = "execute.sock"
+_STARTING_S = 60.0  # a directory younger than this whose socket does not answer may belong to a daemon starting
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _answers(path: str) -> bool:
+    """Whether a server accepts connections on the Unix socket `path` (a live daemon's does)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect(path)
+        return True
+    except OSError:
+        return False
+    finally:
+        probe.close()
+
+
+def remove_stale_directories(root: str | None = None) -> list[str]:
+    """Remove this user's daemon socket directories under `root` (the temp dir) whose daemon is dead: its pid is
+    gone, or for a minute its socket has not answered (a reused pid, or a directory of an older naming)."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.startswith(DIRECTORY_PREFIX):
+            continue
+        try:
+            stat = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or stat.st_uid != os.getuid():
+            continue
+        pid_text = entry.name[len(DIRECTORY_PREFIX) :].split("-", 1)[0]
+        pid = int(pid_text) if pid_text.isdigit() else None
+        if pid is not None and not _pid_alive(pid):
+            dead = True
+        else:  # alive (maybe a reused pid) or unknown: dead only if its socket has long stopped answering
+            dead = time.time() - stat.st_mtime > _STARTING_S and not _answers(os.path.join(entry.path, SOCKET_NAME))
+        if dead:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
 
 
 class ChannelClosed(Exception):
@@ -75,8 +141,11 @@ class LocalExecuteServer:
 
     def __init__(self, execute: Callable[[Any], Any], token: str, max_request_bytes: int):
         self.execute, self.token, self.max_bytes = execute, token, max_request_bytes
-        self.directory = tempfile.mkdtemp(prefix="tessel-daemon-")  # mode 0700: only this user can connect
-        self.path = os.path.join(self.directory, "execute.sock")
+        for stale in remove_stale_directories():
+            log.info("removed %s, the socket directory of a daemon that died", stale)
+        # Mode 0700: only this user can connect.
+        self.directory = tempfile.mkdtemp(prefix=f"{DIRECTORY_PREFIX}{os.getpid()}-")
+        self.path = os.path.join(self.directory, SOCKET_NAME)
         if len(self.path) > _MAX_PATH:
             shutil.rmtree(self.directory, ignore_errors=True)
             raise ConfigurationError(f"the socket path {self.path} is too long for a Unix socket; set TMPDIR shorter")
@@ -105,10 +174,12 @@ class LocalExecuteServer:
 
     def _serve(self, conn: socket.socket) -> None:
         try:
+            conn.settimeout(TOKEN_TIMEOUT_S)  # a silent connection does not hold a thread for ever
             kind, token = recv_frame(conn, 1024)
             if kind != TOKEN or not secrets.compare_digest(token, self.token.encode()):
                 log.warning("local Execute socket: a connection without the cluster token was closed")
                 return
+            conn.settimeout(None)  # between a client's requests: as long as it likes
             while True:
                 kind, payload = recv_frame(conn, self.max_bytes)
                 if kind != REQUEST:
@@ -145,8 +216,9 @@ class LocalExecuteServer:
 class LocalExecuteClient:
     """Sends Execute requests over a daemon's Unix socket; one call at a time (calls from threads queue)."""
 
-    def __init__(self, path: str, token: str, timeout_s: float, what: str):
-        self.what, self.timeout_s = what, timeout_s
+    def __init__(self, path: str, token: str, timeout_s: float, what: str, rank: int = -1):
+        """`rank`: the rank this daemon serves, blamed when the daemon goes away (DaemonUnreachableError)."""
+        self.what, self.timeout_s, self.rank = what, timeout_s, rank
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.settimeout(10.0)
@@ -156,11 +228,22 @@ class LocalExecuteClient:
             self._sock.close()
             raise
         self._lock = threading.Lock()
+        self._aborted: Exception | None = None
+
+    def abort(self, error: Exception) -> None:
+        """End the call in flight now and fail every later one with `error` (see rpc.Client.abort)."""
+        self._aborted = error
+        sock = self._sock
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the waiting recv without the call's lock
 
     def execute(self, request: daemon_pb2.ExecuteRequest, timeout_s: float | None = None) -> daemon_pb2.ExecuteReply:
         payload = request.SerializeToString()
         with self._lock:
             sock = self._sock
+            if self._aborted is not None:
+                raise self._aborted
             if sock is None:
                 raise JobFailedError(f"{self.what}: the connection to the daemon was lost earlier")
             sock.settimeout(timeout_s or self.timeout_s)
@@ -175,7 +258,11 @@ class LocalExecuteClient:
                 ) from None
             except (ChannelClosed, OSError) as exc:
                 self._drop()
-                raise JobFailedError(f"{self.what} is unreachable: {exc}; is the daemon still running?") from None
+                if self._aborted is not None:
+                    raise self._aborted from None
+                raise DaemonUnreachableError(
+                    f"{self.what} is unreachable: {exc}; is the daemon of rank {self.rank} still running?", self.rank
+                ) from None
         if kind == REPLY:
             return daemon_pb2.ExecuteReply.FromString(body)
         error = daemon_pb2.LocalExecuteError.FromString(body)

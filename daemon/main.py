@@ -23,8 +23,13 @@ import time
 
 from tessel.core import rpc
 from tessel.core.errors import TesselError
+from tessel.core.limits import Limits
+from tessel.core.memory import limit_heaps, release_free_memory
 from tessel.daemon import service
 from tessel.daemon.core import DaemonCore
+from tessel.daemon.stall import REPORT_AFTER_S, CollectiveWatch
+
+ORPHAN_CHECK_S = 2.0  # how often the daemon asks the coordinator which job its sessions should belong to
 
 log = logging.getLogger("tessel.daemon")
 
@@ -44,6 +49,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="address other hosts reach this daemon at (default: --host; required when --host is 0.0.0.0)",
     )
     parser.add_argument("--port", type=int, default=0, help="gRPC port (0 = any free port)")
+    parser.add_argument(
+        "--tls",
+        choices=["auto", "on", "off"],
+        default=None,
+        help="TLS on its gRPC port and to the coordinator, with the cluster CA pinned (default $TESSEL_TLS, else "
+        "auto: on for any address other than loopback)",
+    )
     parser.add_argument("--max-request-mb", type=int, default=1024, help="largest accepted request")
     parser.add_argument("--connect-timeout", type=float, default=30.0, help="seconds to reach the coordinator")
     parser.add_argument(
@@ -64,9 +76,8 @@ def _measure(plugin):
         return None
 
 
-def _register(
-    args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None
-) -> str:
+def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None):
+    """Register (retrying until --connect-timeout, or for ever); returns the RegisterDaemonReply."""
     from tessel.v1 import coordinator_pb2
 
     device = core.plugin.device
@@ -88,7 +99,7 @@ def _register(
     deadline = time.monotonic() + args.connect_timeout
     while True:
         try:
-            return coordinator.register_daemon(info).daemon_id
+            return coordinator.register_daemon(info)
         except TesselError as exc:
             if stop is not None and stop.is_set():
                 raise
@@ -100,8 +111,42 @@ def _register(
             time.sleep(0.2)
 
 
+def _heartbeat_deadlines(reply) -> tuple[float, float]:
+    """(beat interval, silence after which the coordinator counts as lost), as registration told them."""
+    interval_s = (reply.heartbeat_interval_ms or 500) / 1000
+    return interval_s, max(3.0, 6 * interval_s, (reply.heartbeat_timeout_ms or 3000) / 1000)
+
+
+def _deadlines(core: DaemonCore, interval_s: float, timeout_s: float) -> str:
+    """Every deadline this daemon keeps, in one line (printed once at start-up)."""
+    plugin = core.plugin.collective.deadlines()
+    return (
+        f"tessel daemon {core.daemon_id} deadlines: heartbeat every {interval_s:g} s, coordinator lost after "
+        f"{timeout_s:g} s of silence; collective timeout {core.collective_timeout_s:g} s "
+        f"(TESSEL_COLLECTIVE_TIMEOUT); stall report after {REPORT_AFTER_S:g} s in a collective; group rendezvous "
+        f"60 s; sessions whose job is not running here closed after {core.limits.orphan_session_s:g} s"
+        + (f"; {plugin}" if plugin else "")
+    )
+
+
+def _housekeeping(core: DaemonCore, stop: threading.Event, trim_every_s: float = 10.0) -> None:
+    """Close orphaned sessions; while no session is open, give freed memory back to the OS now and then."""
+    trimmed = 0.0
+    while not stop.wait(ORPHAN_CHECK_S):
+        try:
+            core.close_orphans()
+            if not core.sessions() and time.monotonic() - trimmed > trim_every_s:
+                release_free_memory()  # never during a job: it would pause the allocator under a training step
+                trimmed = time.monotonic()
+        except Exception:  # must outlive any bug: it is what frees sessions nobody closes
+            log.exception("daemon housekeeping failed")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.tls is not None:
+        os.environ["TESSEL_TLS"] = args.tls
+    limit_heaps(8)  # many RPC threads, mostly waiting: few heaps keep freed memory in few places
     logging.basicConfig(level=os.environ.get("TESSEL_LOG", "WARNING"), format="%(asctime)s %(name)s %(message)s")
     from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient
     from tessel.core.plugin import load_plugin
@@ -121,13 +166,16 @@ def main(argv: list[str] | None = None) -> int:
         measured = _measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
         data_address = getattr(plugin.collective, "data_address", "")
-        core = DaemonCore(plugin, coordinator, data_address=data_address)
+        watch = CollectiveWatch(lambda report: coordinator.report_stall(report, timeout_s=2.0))
+        limits = Limits.from_env()
+        core = DaemonCore(plugin, coordinator, data_address=data_address, limits=limits, watch=watch)
         max_bytes = args.max_request_mb << 20
         local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
         server, port = rpc.start_server(handlers, args.host, args.port)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
-        core.daemon_id = _register(args, core, address, coordinator, measured=measured)
+        registration = _register(args, core, address, coordinator, measured=measured)
+        core.daemon_id = registration.daemon_id
     except TesselError as exc:
         print(f"tessel daemon: {exc}", file=sys.stderr)
         return 2
@@ -135,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
 
     stop = threading.Event()
     lost = threading.Event()
+    watch.start()
+    threading.Thread(target=_housekeeping, args=(core, stop), name="tessel-housekeeping", daemon=True).start()
 
     def on_event(event) -> None:
         if event.state == COORDINATOR_LOST:
@@ -147,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), lost.set()))
-    beat = coordinator.heartbeat(core.daemon_id, on_event)
+    interval_s, timeout_s = _heartbeat_deadlines(registration)
+    print(_deadlines(core, interval_s, timeout_s), file=sys.stderr, flush=True)
+    beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
     while not stop.is_set():
         lost.wait()
         if stop.is_set():
@@ -155,12 +207,14 @@ def main(argv: list[str] | None = None) -> int:
         lost.clear()
         beat.stop()
         try:
-            core.daemon_id = _register(args, core, address, coordinator, forever=True, stop=stop, measured=measured)
+            registration = _register(args, core, address, coordinator, forever=True, stop=stop, measured=measured)
+            core.daemon_id = registration.daemon_id
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)
-        beat = coordinator.heartbeat(core.daemon_id, on_event)
+        beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
     beat.stop()
+    watch.stop()
     server.stop(grace=1.0).wait(2.0)
     if local is not None:
         local.close()

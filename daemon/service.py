@@ -35,7 +35,10 @@ class DaemonServicer:
         return common_pb2.Empty()
 
     def CreateGroup(self, request, context):
-        self.core.create_group(request.session_id, request.name, request.ranks)
+        # The rendezvous waits no longer than the caller does: an abandoned call must not hold a worker thread.
+        remaining = context.time_remaining() if context is not None else None
+        timeout_s = 60.0 if remaining is None else max(0.1, min(60.0, remaining - 0.5))
+        self.core.create_group(request.session_id, request.name, request.ranks, timeout_s)
         return common_pb2.Empty()
 
     def DestroyGroup(self, request, context):
@@ -64,6 +67,11 @@ class DaemonServicer:
         return daemon_pb2.OpenDatasetReply(batches_per_epoch=cursor.batches_per_epoch, columns=cursor.columns)
 
     def Execute(self, request, context):
+        cancelled = None
+        if context is not None:  # a caller that goes away (cancel, deadline) stops a long run between repetitions
+            ended = threading.Event()
+            if context.add_callback(ended.set):
+                cancelled = ended.is_set
         result = self.core.execute(
             request.session_id,
             request.program,
@@ -72,7 +80,8 @@ class DaemonServicer:
             request.timings,
             {t.name: from_proto(t.tensor, t.name) for t in request.feed},
             request.collect,
-            request.timeline,
+            timeline=request.timeline,
+            cancelled=cancelled,
         )
         return _reply(result)
 
@@ -98,8 +107,8 @@ class DaemonServicer:
                     request.timings,
                     {t.name: from_proto(t.tensor, t.name) for t in request.feed},
                     request.collect,
-                    request.timeline,
-                    progress,
+                    timeline=request.timeline,
+                    progress=progress,
                 )
                 events.put(daemon_pb2.ExecuteProgress(done=_reply(result, collected=False)))
             except BaseException as exc:  # handed to the RPC thread, which reports it to the client
@@ -131,7 +140,7 @@ class DaemonServicer:
     def Measure(self, request, context):
         from tessel.daemon.calibration import measure_device
 
-        found = measure_device(self.core.plugin)
+        found = measure_device(self.core.plugin, wait=False)
         if found is None:
             raise ConfigurationError(
                 f"Measure: the {self.core.plugin.name} plugin measures nothing here (or TESSEL_MEASURE=0 is set)"

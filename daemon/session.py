@@ -32,6 +32,8 @@ class Session:
     bound: dict[bytes, list] = field(default_factory=dict)  # program bytes -> bound steps (DaemonCore._bound)
     abort_cause: str | None = None
     culprit_rank: int = -1
+    orphan_since: float | None = None  # since when the coordinator has not had this session's job run here
+    reaping: bool = False
     # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.
     lock: threading.RLock = field(default_factory=threading.RLock)
 

@@ -33,21 +33,25 @@ def first_line(proc: subprocess.Popen, what: str, timeout_s: float = 60.0) -> st
 class Cluster:
     """A coordinator and daemons started like an operator would, torn down with the test."""
 
-    def __init__(self, tmp: Path, heartbeat_timeout_ms: int = 2000):
+    def __init__(self, tmp: Path, heartbeat_timeout_ms: int = 2000, coordinator_args: tuple[str, ...] = ()):
         self.token = secrets.token_hex(8)
         self.env = dict(os.environ, TESSEL_TOKEN=self.token, TESSEL_HOME=str(tmp / "home"), PYTHONUNBUFFERED="1")
         self.procs: list[subprocess.Popen] = []
-        coordinator = self.spawn(
-            [
-                sys.executable,
-                "-m",
-                "tessel.coordinator",
-                "--port",
-                "0",
-                "--heartbeat-timeout-ms",
-                str(heartbeat_timeout_ms),
-            ]
-        )
+        self.coordinator_log = tmp / "coordinator.stderr"  # its log, which tests may read
+        with open(self.coordinator_log, "w") as log:
+            coordinator = self.spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "tessel.coordinator",
+                    "--port",
+                    "0",
+                    "--heartbeat-timeout-ms",
+                    str(heartbeat_timeout_ms),
+                    *coordinator_args,
+                ],
+                stderr=log,
+            )
         self.address = ADDRESS.search(first_line(coordinator, "coordinator")).group(1)
         self.coordinator = coordinator
         self.env["TESSEL_COORDINATOR"] = self.address
@@ -55,7 +59,8 @@ class Cluster:
 
     def spawn(self, cmd: list[str], **kwargs) -> subprocess.Popen:
         kwargs.setdefault("env", self.env)
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kwargs)
+        kwargs.setdefault("stderr", subprocess.PIPE)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT, **kwargs)
         self.procs.append(proc)
         return proc
 

@@ -70,6 +70,16 @@ class CpuCollective(CollectivePlugin):
         if self._tcp is not None:
             self._tcp.close()
 
+    def deadlines(self) -> str:
+        from tessel.plugins.cpu.shm_sync import LIVENESS_PERIOD_S
+        from tessel.plugins.cpu.tcp import CONNECT_TIMEOUT_S
+        from tessel.plugins.cpu.tcp_handshake import HANDSHAKE_TIMEOUT_S
+
+        return (
+            f"TCP connect {CONNECT_TIMEOUT_S:g} s (TESSEL_CONNECT_TIMEOUT), TCP handshake {HANDSHAKE_TIMEOUT_S:g} s, "
+            f"shared-memory peers checked alive every {LIVENESS_PERIOD_S:g} s"
+        )
+
 
 class CpuPlugin(Plugin):
     name = "cpu"

@@ -13,6 +13,7 @@ import contextlib
 import os
 import select
 import socket
+import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -28,6 +29,7 @@ from tessel.core.errors import CollectiveTimeoutError, PeerFailedError
 POLL_SLICE_S = 0.1
 # Buffers handed to one sendmsg call (well under the kernel's IOV_MAX of 1024).
 _MAX_IOV = 64
+_TLS_CHUNK = 256 << 10  # bytes handed to one SSL write (it sends whole records, as many as the socket takes)
 
 
 def as_bytes(array: np.ndarray) -> memoryview:
@@ -53,6 +55,7 @@ class Link:
         sock.setblocking(False)
         self.sock = sock
         self.fd = sock.fileno()
+        self.tls = isinstance(sock, ssl.SSLSocket)  # no sendmsg; records may wait decrypted in its buffer
         self.who = who
         self.closed_here = False
 
@@ -127,8 +130,11 @@ class _Writer:
         views = self.views
         while views:
             try:
-                sent = self.link.sock.sendmsg(list(islice(views, _MAX_IOV)))
-            except (BlockingIOError, InterruptedError):
+                if self.link.tls:
+                    sent = self.link.sock.send(views[0][:_TLS_CHUNK])
+                else:
+                    sent = self.link.sock.sendmsg(list(islice(views, _MAX_IOV)))
+            except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
                 return False
             except OSError as exc:
                 raise LinkBroken(self.link, exc) from exc
@@ -167,7 +173,7 @@ class _Reader:
         while self.view is not None:
             try:
                 got = self.link.sock.recv_into(self.view)
-            except (BlockingIOError, InterruptedError):
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return False
             except OSError as exc:
                 raise LinkBroken(self.link, exc) from exc

@@ -107,6 +107,7 @@ def run_collectives(
     spec_path = directory / "spec.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ, TESSEL_TRANSPORT=transport, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["TESSEL_TOKEN"] = uuid.uuid4().hex  # the TCP data plane admits only peers that prove the same token
     processes, logs = [], []
     try:
         for rank in range(world_size):

@@ -103,7 +103,9 @@ def test_a_reader_that_goes_away_loses_no_log_line_and_the_exit_status_is_the_jo
         expected = [f"rank {rank} line {i}" for i in range(lines)] + [f"rank {rank} done"]
         assert log.read_text().splitlines() == expected, f"rank {rank}'s log lost lines"
     (errors,) = tmp_path.glob("log_output/*/rank.0/stderr")
-    assert errors.read_text().splitlines() == [f"rank 0 error line {i}" for i in range(lines)]
+    deadlines, *printed = errors.read_text().splitlines()  # a rank states its deadlines first, in one line
+    assert deadlines.startswith("tessel rank 0 of job") and "deadlines:" in deadlines, deadlines
+    assert printed == [f"rank 0 error line {i}" for i in range(lines)]
     if not stderr_too:
         stderr.close()
         assert "Traceback" not in (tmp_path / "launcher.stderr").read_text()

@@ -181,9 +181,9 @@ def test_killed_peer_fails_every_other_rank_within_five_seconds(tmp_path):
 # ---------------------------------------------------------------------------------------------- in this process
 
 
-def _threads(size: int, body, timeout_s: float = 10.0, aborts=None, tokens=None) -> list:
+def _threads(size: int, body, timeout_s: float = 10.0, aborts=None, tokens=None, tls: bool = False) -> list:
     """Run body(communicator, rank) for each rank in its own thread, each with its own transport."""
-    transports = [TcpTransport("127.0.0.1", token=(tokens or [None] * size)[r]) for r in range(size)]
+    transports = [TcpTransport("127.0.0.1", token=(tokens or [None] * size)[r], tls=tls) for r in range(size)]
     peers = tuple(Peer(r, "localhost", t.address, os.getpid()) for r, t in enumerate(transports))
     results: list = [None] * size
 
@@ -257,6 +257,23 @@ def test_the_token_file_signs_the_data_plane_like_every_rpc(tmp_path, monkeypatc
     results = _threads(2, lambda c, r: c.barrier(), 1.0, tokens=[None, "other"])
     assert isinstance(results[0], ConfigurationError) and "TESSEL_TOKEN" in str(results[0]), results
     assert _threads(2, lambda c, r: c.barrier(), 10.0, tokens=[None, "from-the-file"]) == [None, None]
+
+
+def test_tls_on_the_data_plane_encrypts_every_link_and_results_stay_exact(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSEL_HOME", str(tmp_path))  # the cluster CA the transports share, made by the first
+    big = [make_input(0, "tls", r, [1_100_000], "float32") for r in range(3)]  # the ring path, above SMALL_BYTES
+
+    def body(comm, rank: int):
+        small = comm.all_reduce(np.array([rank + 1], np.int64))
+        large = comm.all_reduce(big[rank])
+        return small, large, [link.tls for link in comm._links.values()]
+
+    results = _threads(3, body, 60.0, tls=True)
+    for result in results:
+        assert not isinstance(result, Exception), results
+        small, large, encrypted = result
+        assert small[0] == 6 and encrypted and all(encrypted), (small, encrypted)
+        np.testing.assert_allclose(large, big[0] + big[1] + big[2], rtol=1e-6)
 
 
 def test_same_token_connects_and_closed_groups_refuse_work():

@@ -253,16 +253,19 @@ class Launch:
                     if code != 0:
                         failed = rank
                         break
-            if failed is None and pending and any(proc.poll() is not None for proc in self.daemons):
+            dead_daemon = next((d for d, proc in enumerate(self.daemons) if proc.poll() is not None), None)
+            if failed is None and pending and dead_daemon is not None:
                 # The ranks learn of a dead daemon from the coordinator within seconds and fail with the cause.
                 self._await_exit(self.ranks, 10.0)
-                failed = next((r for r, p in enumerate(self.ranks) if p.returncode not in (0, None)), -1)
+                failed = next((r for r, p in enumerate(self.ranks) if p.returncode not in (0, None)), dead_daemon)
             if failed is not None:
-                culprit, cause = self._culprit(job_id)
-                if cause:
-                    # The coordinator failed the job, so the other ranks hear of it from their daemons within
-                    # moments and exit saying why; stopping them at once raced that, and their logs stayed empty.
-                    self._await_exit(self.ranks, RANKS_LEARN_S)
+                # The status reaches the coordinator even if the rank could not say it (`raise SystemExit(3)`, a
+                # signal); a rank that reported its failure itself is not blamed again (coordinator/state.py).
+                culprit, cause = self._culprit(job_id, failed, self.ranks[failed].poll())
+                # The coordinator failed the job (or went away: the ranks hear that too), so the other ranks learn
+                # of it within moments and exit saying why; stopping them at once raced that, and their logs stayed
+                # empty.
+                self._await_exit(self.ranks, RANKS_LEARN_S)
                 self._stop(self.ranks)
                 rank = culprit if culprit >= 0 else failed
                 code = self.ranks[rank].returncode if rank >= 0 else 1
@@ -270,12 +273,16 @@ class Launch:
             time.sleep(0.02)
         return 0, -1, ""
 
-    def _culprit(self, job_id: str, wait_s: float = 2.0) -> tuple[int, str]:
-        """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict."""
+    def _culprit(self, job_id: str, rank: int = -1, code: int | None = None, wait_s: float = 2.0) -> tuple[int, str]:
+        """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict.
+        `rank` exited with status `code` (None: still running): the coordinator hears of it first."""
         from tessel.core.coordinator_client import CoordinatorClient
 
         deadline = time.monotonic() + wait_s
         with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0) as client:
+            if code not in (0, None):
+                with contextlib.suppress(TesselError, KeyError):
+                    client.fail_job(job_id, rank, f"exited with status {code}", rank)
             while time.monotonic() < deadline:
                 try:
                     job = client.get_job(job_id)
@@ -380,8 +387,11 @@ def main(argv: list[str] | None = None) -> int:
         # Whatever ended the wait: an embedded coordinator left running would keep this process alive.
         launch.shutdown()
     if code != 0:
-        rank_dir = log_root / f"rank.{failed}"
         because = f" ({cause})" if cause else ""
+        if failed < 0:  # no rank to show (the coordinator had no verdict and no rank process failed)
+            _say(f"\ntessel run: the job failed with exit code {code}{because}")
+            return code if code > 0 else 1
+        rank_dir = log_root / f"rank.{failed}"
         _say(f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:")
         _say(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"))
         return code if code > 0 else 1

@@ -171,14 +171,16 @@ class FinishRankRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
 
 class FailJobRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "cause")
+    __slots__ = ("job_id", "rank", "cause", "culprit_rank")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     CAUSE_FIELD_NUMBER: _ClassVar[int]
+    CULPRIT_RANK_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     cause: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., cause: _Optional[str] = ...) -> None: ...
+    culprit_rank: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., cause: _Optional[str] = ..., culprit_rank: _Optional[int] = ...) -> None: ...
 
 class CreateGroupRequest(_message.Message):
     __slots__ = ("job_id", "name", "ranks", "rank", "timeout_s")
@@ -259,12 +261,60 @@ class KeyValueDeleteRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusReply(_message.Message):
-    __slots__ = ("daemons", "jobs")
+    __slots__ = ("daemons", "jobs", "stalls")
     DAEMONS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    STALLS_FIELD_NUMBER: _ClassVar[int]
     daemons: _containers.RepeatedCompositeFieldContainer[DaemonInfo]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
-    def __init__(self, daemons: _Optional[_Iterable[_Union[DaemonInfo, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ...) -> None: ...
+    stalls: _containers.RepeatedCompositeFieldContainer[Stall]
+    def __init__(self, daemons: _Optional[_Iterable[_Union[DaemonInfo, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., stalls: _Optional[_Iterable[_Union[Stall, _Mapping]]] = ...) -> None: ...
+
+class GetDaemonRequest(_message.Message):
+    __slots__ = ("daemon_id",)
+    DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
+    daemon_id: str
+    def __init__(self, daemon_id: _Optional[str] = ...) -> None: ...
+
+class StallReport(_message.Message):
+    __slots__ = ("job_id", "rank", "group", "ranks", "sequence", "collective", "waited_s", "done")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    group: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    sequence: int
+    collective: str
+    waited_s: float
+    done: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., group: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., sequence: _Optional[int] = ..., collective: _Optional[str] = ..., waited_s: _Optional[float] = ..., done: _Optional[bool] = ...) -> None: ...
+
+class Stall(_message.Message):
+    __slots__ = ("job_id", "group", "sequence", "collective", "waited_s", "waiting", "missing", "detail")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_FIELD_NUMBER: _ClassVar[int]
+    WAITED_S_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    group: str
+    sequence: int
+    collective: str
+    waited_s: float
+    waiting: _containers.RepeatedScalarFieldContainer[int]
+    missing: _containers.RepeatedScalarFieldContainer[int]
+    detail: str
+    def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., sequence: _Optional[int] = ..., collective: _Optional[str] = ..., waited_s: _Optional[float] = ..., waiting: _Optional[_Iterable[int]] = ..., missing: _Optional[_Iterable[int]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
     __slots__ = ("job_id", "graph", "world_size", "mode", "fixed", "parameters", "dataset", "memory_budget", "timeout_s")

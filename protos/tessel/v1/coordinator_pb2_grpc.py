@@ -101,6 +101,16 @@ class CoordinatorStub:
                 request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_coordinator__pb2.ClusterStatusReply.FromString,
                 _registered_method=True)
+        self.GetDaemon = channel.unary_unary(
+                '/tessel.v1.Coordinator/GetDaemon',
+                request_serializer=tessel_dot_v1_dot_coordinator__pb2.GetDaemonRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_coordinator__pb2.DaemonInfo.FromString,
+                _registered_method=True)
+        self.ReportStall = channel.unary_unary(
+                '/tessel.v1.Coordinator/ReportStall',
+                request_serializer=tessel_dot_v1_dot_coordinator__pb2.StallReport.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.PlanStrategies = channel.unary_unary(
                 '/tessel.v1.Coordinator/PlanStrategies',
                 request_serializer=tessel_dot_v1_dot_coordinator__pb2.PlanRequest.SerializeToString,
@@ -199,6 +209,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetDaemon(self, request, context):
+        """One daemon's record: what it serves now (a daemon checks that its sessions still belong to running jobs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportStall(self, request, context):
+        """A daemon's rank has waited in a collective for a while, or stopped waiting (done): the stall inspector.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def PlanStrategies(self, request, context):
         """Strategy assignment (AUTO_PARALLEL's search): a strategy for every node of a traced forward graph, priced with
         the job's cluster model; planned once per (graph hash, world size, mode, fixed, parameters, dataset, budget,
@@ -282,6 +306,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.ClusterStatus,
                     request_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=tessel_dot_v1_dot_coordinator__pb2.ClusterStatusReply.SerializeToString,
+            ),
+            'GetDaemon': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetDaemon,
+                    request_deserializer=tessel_dot_v1_dot_coordinator__pb2.GetDaemonRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_coordinator__pb2.DaemonInfo.SerializeToString,
+            ),
+            'ReportStall': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportStall,
+                    request_deserializer=tessel_dot_v1_dot_coordinator__pb2.StallReport.FromString,
+                    response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'PlanStrategies': grpc.unary_unary_rpc_method_handler(
                     servicer.PlanStrategies,
@@ -645,6 +679,60 @@ class Coordinator:
             '/tessel.v1.Coordinator/ClusterStatus',
             tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             tessel_dot_v1_dot_coordinator__pb2.ClusterStatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetDaemon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Coordinator/GetDaemon',
+            tessel_dot_v1_dot_coordinator__pb2.GetDaemonRequest.SerializeToString,
+            tessel_dot_v1_dot_coordinator__pb2.DaemonInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportStall(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Coordinator/ReportStall',
+            tessel_dot_v1_dot_coordinator__pb2.StallReport.SerializeToString,
+            tessel_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import struct
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -99,3 +103,35 @@ def test_export_runs_standalone_in_onnxruntime(tmp_path):
     np.testing.assert_allclose(got, net(ms.Tensor(x)).asnumpy(), rtol=1e-5, atol=1e-6)
     with pytest.raises(ConfigurationError, match="file_format 'MINDIR' is not supported"):
         ms.export(net, ms.Tensor(x), file_name=str(tmp_path / "net"), file_format="MINDIR")
+
+
+def test_a_save_killed_midway_leaves_no_temp_file_after_the_next_save(tmp_path):
+    # A process saving a large checkpoint in a loop is SIGKILLed while a temp file of the save exists.
+    saver = (
+        "import sys, numpy as np, tessel as ms\n"
+        "big = {'w': np.ones(1 << 24, np.float32)}\n"
+        "while True:\n"
+        "    ms.save_checkpoint(big, sys.argv[1])\n"
+    )
+    target = tmp_path / "big.ckpt"
+    proc = subprocess.Popen([sys.executable, "-c", saver, str(target)])
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".tmp-*")) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    left = list(tmp_path.glob(".tmp-*"))
+    assert left and all(p.name.startswith(".tmp-big.ckpt.") for p in left), left
+    ms.save_checkpoint({"w": np.zeros(4, np.float32)}, str(target))
+    assert not list(tmp_path.glob(".tmp-*"))
+    np.testing.assert_array_equal(ms.load_checkpoint(str(target))["w"].asnumpy(), np.zeros(4, np.float32))
+    # Another file's temp in the same folder, or one of a live writer, is not touched.
+    other = tmp_path / f".tmp-other.ckpt.{socket.gethostname()}.1.x"
+    live = tmp_path / f".tmp-big.ckpt.{socket.gethostname()}.{os.getpid()}.x"
+    other.touch()
+    live.touch()
+    ms.save_checkpoint({"w": np.zeros(4, np.float32)}, str(target))
+    assert other.exists() and live.exists()

@@ -21,6 +21,7 @@ import numpy as np
 
 from tessel.compiler.rank_program import RankProgram
 from tessel.core import rpc
+from tessel.core.errors import DaemonUnreachableError
 from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
@@ -157,6 +158,10 @@ class DaemonHandle(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    def abort(self, error: Exception) -> None:  # noqa: B027 - only a remote daemon has calls to end
+        """The job failed: end this rank's calls to the daemon in flight and fail later ones with `error` (a
+        stopped daemon would otherwise hold them until their deadline)."""
+
     # --- rank programs -----------------------------------------------------------------------------------------
 
     def install(
@@ -269,8 +274,10 @@ class RemoteDaemon(DaemonHandle):
 
     def __init__(self, address: str, token: str, timeout_s: float = 3600.0):
         super().__init__()
-        # Programs may legitimately run long (many steps per call); liveness comes from the coordinator.
-        self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s)
+        # Programs may legitimately run long (many steps per call); liveness comes from the coordinator, and a job
+        # that fails ends the calls in flight (abort). A daemon that went away is this rank's failure.
+        self.rank = -1  # the rank of the session opened here
+        self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s, self._unreachable)
         self.token, self.timeout_s = token, timeout_s
         self.local: LocalExecuteClient | None = None  # Execute over the daemon's Unix socket, when on this host
 
@@ -279,10 +286,11 @@ class RemoteDaemon(DaemonHandle):
             job_id=job_id, rank=rank, world_size=world_size, members=members, job_nonce=job_nonce
         )
         reply = self.client.OpenSession(request, 60.0)
+        self.rank = rank
         if self.local is None and reply.local_socket and reply.host_id == host_id():
             try:
                 what = f"daemon at {self.client.address} Execute (Unix socket)"
-                self.local = LocalExecuteClient(reply.local_socket, self.token, self.timeout_s, what)
+                self.local = LocalExecuteClient(reply.local_socket, self.token, self.timeout_s, what, rank)
             except OSError:
                 self.local = None  # e.g. another mount namespace: gRPC works everywhere
         return reply.session_id
@@ -371,6 +379,14 @@ class RemoteDaemon(DaemonHandle):
         for progress in self.client.replies("ExecuteStream", request):
             if not progress.HasField("done"):
                 yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
+
+    def _unreachable(self, message: str) -> DaemonUnreachableError:
+        return DaemonUnreachableError(f"{message} (the daemon of rank {self.rank})", self.rank)
+
+    def abort(self, error: Exception) -> None:
+        self.client.abort(error)
+        if self.local is not None:
+            self.local.abort(error)
 
     def close(self) -> None:
         if self.local is not None:

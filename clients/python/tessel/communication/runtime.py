@@ -17,11 +17,9 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -230,6 +228,7 @@ def _distributed(env: LaunchEnv) -> Runtime:
 
 
 def _join(env: LaunchEnv, address: str, token: str, daemon_id: str, started: Started | None) -> Runtime:
+    from tessel.communication import supervision
     from tessel.communication.daemon_handle import RemoteDaemon
     from tessel.core.coordinator_client import COORDINATOR_LOST, CoordinatorClient
     from tessel.v1 import coordinator_pb2
@@ -270,12 +269,11 @@ def _join(env: LaunchEnv, address: str, token: str, daemon_id: str, started: Sta
 
     def on_event(event) -> None:
         # A lost coordinator also ends the job: nobody would tell this rank that a peer died.
-        if event.state in ("failed", COORDINATOR_LOST) and runtime.failure is None:
-            runtime.failure, runtime.culprit_rank = event.cause, event.culprit_rank
+        supervision.on_event(runtime, event, COORDINATOR_LOST)
 
     member = coordinator_pb2.ClientRef(job_id=env.job_id, rank=reply.rank, pid=os.getpid())
     runtime.heartbeat = coordinator.heartbeat(member, on_event)
-    _report_uncaught_exceptions(runtime)
+    supervision.install(runtime)  # failures and exit statuses reach the coordinator with their culprit
     return runtime
 
 
@@ -284,22 +282,6 @@ def _check_device_target(reply) -> None:
 
     plugins = [m.plugin for m in reply.members]
     context._bind_daemon(plugins, reply.daemon.plugin, reply.daemon.device_id, reply.world_size)
-
-
-def _report_uncaught_exceptions(runtime: Runtime) -> None:
-    """An exception that ends this rank fails the job at once, naming this rank and the exception, so the other
-    ranks stop waiting for it with that cause (instead of a bare "peer went away")."""
-    previous = sys.excepthook
-
-    def hook(kind, value, traceback) -> None:
-        if runtime.failure is None and runtime.coordinator is not None:
-            runtime.failure, runtime.culprit_rank = f"{kind.__name__}: {value}", runtime.rank
-            # If the coordinator is gone too, the broken heartbeat stream tells the same story.
-            with contextlib.suppress(TesselError):
-                runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure)
-        previous(kind, value, traceback)
-
-    sys.excepthook = hook
 
 
 def init() -> Runtime:
@@ -332,7 +314,9 @@ def release() -> None:
         return
     try:
         if runtime.coordinator is not None and runtime.failure is None:
-            runtime.coordinator.finish_rank(runtime.job_id, runtime.rank)
+            from tessel.communication import supervision
+
+            supervision.finish(runtime)  # or fails the job, if this rank exits with a non-zero status
         runtime.daemon.close_session(runtime.session_id)
     except TesselError:
         pass  # the job already failed or the daemon is gone: nothing left to release there

@@ -14,9 +14,11 @@ the default), writes slices with their layouts (integrated_save=False) and loads
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import socket
 import struct
 import tempfile
 from collections import OrderedDict
@@ -83,11 +85,42 @@ def _with_suffix(path: str) -> str:
     return path if path.endswith((".ckpt", ".safetensors")) else path + ".ckpt"
 
 
+def _temp_prefix(path: str) -> str:
+    # ".tmp-<name>.<host>.<pid>.": the next save of the same file can tell a writer that died from a live one.
+    return f".tmp-{os.path.basename(path)}.{socket.gethostname()}."
+
+
+def _remove_stale_temps(path: str) -> None:
+    """Remove temp files of earlier saves of `path` on this host whose writer died (e.g. SIGKILL mid-save)."""
+    folder, prefix = os.path.dirname(os.path.abspath(path)), _temp_prefix(path)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix)]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split(".", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def atomic_write(path: str, data: bytes) -> None:
-    """Write `data` to `path` through a temp file in the same folder, fsync'd, then renamed over `path`."""
+    """Write `data` to `path` through a temp file in the same folder, fsync'd, then renamed over `path`. Temp files
+    that an earlier, interrupted save of `path` left behind are removed first."""
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, temp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    _remove_stale_temps(path)
+    fd, temp = tempfile.mkstemp(prefix=f"{_temp_prefix(path)}{os.getpid()}.", dir=folder)
     try:
         with os.fdopen(fd, "wb") as out:
             out.write(data)

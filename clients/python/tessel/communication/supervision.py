@@ -1,0 +1,117 @@
+"""How a rank takes part in failure detection (the coordinator judges: coordinator/state.py).
+
+* An exception that ends the rank fails the job at once, blaming this rank, or the rank the exception names (a
+  peer died, closed its links or never came: `JobFailedError.culprit_rank`); the coordinator blames that one
+  unless it learns of a death first.
+* A non-zero exit status fails the job too. Python does not tell an exit hook the status, so `install` wraps
+  `sys.exit` and the `exit`/`quit` builtins to note it, and at exit the rank reports it instead of finishing.
+  A bare `raise SystemExit(3)` escapes the wrappers; `tessel run` sees every rank's status and reports it as well.
+* When the job fails, the calls this rank has in flight to its daemon end at once with the cause (a stopped
+  daemon would hold them until their deadline), and later ones fail at once.
+* A stall the coordinator announces is printed to stderr (the rank's log): the waiting and the missing ranks.
+* The rank prints its deadlines once, in one line, to stderr.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import sys
+import threading
+from typing import Any
+
+from tessel.core.errors import JobFailedError, TesselError
+
+EXIT_CALL_S = 10.0  # the longest a dying rank waits on the coordinator (a lost one also ends the call at once)
+_exit_status: int = 0  # what the main thread last asked sys.exit / exit / quit for
+_exit_culprit: int | None = None  # the rank named by the error being handled when it asked (if any)
+_exit_error: str = ""  # that error
+
+
+def _status_of(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    return 1  # sys.exit("message") prints it and exits with 1
+
+
+def _noting(exit_function):
+    def exit(code: Any = None):
+        global _exit_status, _exit_culprit, _exit_error
+        if threading.current_thread() is threading.main_thread():
+            _exit_status = _status_of(code)
+            handled = sys.exc_info()[1]  # `except PeerFailedError: sys.exit(4)` exits because of another rank
+            culprit = getattr(handled, "culprit_rank", None)
+            _exit_culprit = culprit if isinstance(culprit, int) and culprit >= 0 else None
+            _exit_error = f"{type(handled).__name__}: {str(handled)[:1000]}" if handled is not None else ""
+        exit_function(code)
+
+    exit.__wrapped__ = exit_function
+    return exit
+
+
+def _wrap_exits() -> None:
+    if not hasattr(sys.exit, "__wrapped__"):
+        sys.exit = _noting(sys.exit)
+    for name in ("exit", "quit"):
+        original = getattr(builtins, name, None)
+        if original is not None and not hasattr(original, "__wrapped__"):
+            setattr(builtins, name, _noting(original))
+
+
+def install(runtime) -> None:
+    """Report uncaught exceptions and exit statuses of this rank, and print its deadlines."""
+    _wrap_exits()
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback) -> None:
+        if runtime.failure is None and runtime.coordinator is not None:
+            culprit = getattr(value, "culprit_rank", -1)
+            blamed = culprit if isinstance(culprit, int) and culprit >= 0 else runtime.rank
+            runtime.failure, runtime.culprit_rank = f"{kind.__name__}: {value}", blamed
+            # Its own exception decides at once; one naming another rank is a claim (coordinator/state.py fail_job).
+            # If the coordinator is gone too, the broken heartbeat stream tells the same story.
+            with contextlib.suppress(TesselError):
+                claim = None if blamed == runtime.rank else blamed
+                runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure, claim, EXIT_CALL_S)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
+    print(deadlines(runtime), file=sys.stderr, flush=True)
+
+
+def deadlines(runtime) -> str:
+    beat = runtime.heartbeat
+    daemon_s = getattr(runtime.daemon, "timeout_s", None)
+    daemon = f"{daemon_s:g} s" if daemon_s else "none (in this process)"
+    return (
+        f"tessel rank {runtime.rank} of job {runtime.job_id!r} deadlines: heartbeat every {beat.interval_s:g} s, "
+        f"coordinator lost after {beat.timeout_s:g} s of silence; calls to the daemon {daemon} (ended at once "
+        "when the job fails); collectives time out on the daemon (its log lists its deadlines)"
+    )
+
+
+def on_event(runtime, event, lost_state: str) -> None:
+    """A heartbeat event of this rank's job: a failure (or the coordinator lost) ends its daemon calls."""
+    if event.state in ("failed", lost_state):
+        if runtime.failure is None:
+            runtime.failure, runtime.culprit_rank = event.cause, event.culprit_rank
+        error = JobFailedError(f"job {runtime.job_id!r} failed: {event.cause}", event.culprit_rank)
+        runtime.daemon.abort(error)
+        if event.state == lost_state:  # what this rank would still tell the coordinator cannot arrive
+            runtime.coordinator.abort(error)
+    elif event.state == "stalled":
+        print(f"tessel: stalled: {event.cause}", file=sys.stderr, flush=True)
+
+
+def finish(runtime) -> None:
+    """At exit of a rank that did not fail: finish its part, or fail the job if it exits with a non-zero status."""
+    if _exit_status != 0:
+        culprit = runtime.rank if _exit_culprit is None else _exit_culprit
+        after = f" after {_exit_error}" if _exit_error else ""
+        runtime.failure = f"rank {runtime.rank} exited with status {_exit_status}{after}"
+        runtime.culprit_rank = culprit
+        runtime.coordinator.fail_job(runtime.job_id, runtime.rank, runtime.failure, culprit, EXIT_CALL_S)
+    else:
+        runtime.coordinator.finish_rank(runtime.job_id, runtime.rank, EXIT_CALL_S)
