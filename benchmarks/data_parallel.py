@@ -11,7 +11,8 @@ C`, which gives each local daemon C // N; DDP: torch.set_num_threads).
 - tessel: `tessel run -n N benchmarks/_dp_tessel.py` (embedded coordinator + N daemons), DATA_PARALLEL with
   gradients_mean=True, `Model.train` with dataset_sink_mode=True (row "sink": the daemon reads its own shard and
   runs an epoch per Execute), then, in the same job, dataset_sink_mode=False (row "feed": one Execute per step,
-  the batch sent by the script);
+  the batch sent by the script), then sink mode with optimizer parallel (enable_parallel_optimizer, MindSpore's
+  default 64 KB threshold: rows "zero1", optimizer_level level1, and "zero3", level3);
 - DDP: N `benchmarks/_dp_torch.py` processes, torch.distributed over gloo (init_method tcp://127.0.0.1),
   DistributedDataParallel, torch.optim.SGD.
 Each side trains E epochs of S steps; epoch 1 (compilation, warm-up) is excluded and throughput is
@@ -26,15 +27,15 @@ Then job start-up on a standing cluster: `tessel coordinator --port 0` and 4 `te
 started once, and the whole `tessel run -n 4 --coordinator ADDR _dp_tessel.py --one-step` command (a job that
 trains one step) is timed wall-clock, median of 3 (msrun pays 13-15 s per job).
 
-Targets (PASS/FAIL): tessel sink ≥ 2x DDP's samples/s at every (N, B); the one-step job ≤ 2 s. The machine is
-usually shared: compare the figures of one run, and expect ±10-30 % between runs.
+Targets (PASS/FAIL): tessel sink ≥ 1x DDP's samples/s at every (N, B), and ≥ 80 % (batch 256) / 60 % (batch 32)
+of the matrix-products bound; the one-step job ≤ 2 s. The machine is usually shared: compare the figures of one
+run, and expect ±10-30 % between runs.
 
-Last, what the hardware allows: the bounds table times, in this process with ONNX Runtime, the step's eight
-matrix products alone (forward 3, input gradients 2, weight gradients 3: the fp32 FLOPs every framework must do;
-inputs and outputs bound to preallocated buffers), with the threads one rank gets. N ranks on C cores take at
-least that time per step when N ≤ C, and N / C times the 1-thread time when they share cores. "max sink/DDP" is
-the ratio to DDP that a tessel step costing only that would reach: where it is below 2, the 2x target cannot be
-met on this machine however fast the rest (loss, all-reduce, update, data) is.
+What the hardware allows: the bounds table times, in this process with ONNX Runtime, the step's eight matrix
+products alone (forward 3, input gradients 2, weight gradients 3: the fp32 FLOPs every framework must do; inputs
+and outputs bound to preallocated buffers), with the threads one rank gets. N ranks on C cores take at least that
+time per step when N ≤ C, and N / C times the 1-thread time when they share cores; bound/s is the samples/s a
+step costing only that reaches, and each tessel series is printed as a share of it.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever th
 from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
 from single_device import DIMS
 
-SPEEDUP_TARGET = 2.0  # tessel sink / DDP
+SPEEDUP_TARGET = 1.0  # tessel sink / DDP, every cell
+BOUND_TARGETS = {256: 0.80, 32: 0.60}  # tessel sink samples/s as a share of the matrix-products bound, by batch
+SERIES = {"sink": "tessel sink", "feed": "tessel feed", "zero1": "tessel zero1", "zero3": "tessel zero3"}
 LAUNCH_TARGET_S = 2.0
 LAUNCH_WORLD = 4
 # Steps per epoch by per-rank batch: 3200-4096 rows per rank per epoch, so each epoch is long enough to time.
@@ -144,9 +147,7 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict, list]:
                       file=sys.stderr, flush=True)  # fmt: skip
                 raw.append({"side": side, "ranks": world, "batch": batch, "records": records})
                 for mode in records[0]["modes"]:
-                    rates[({"sink": "tessel sink", "feed": "tessel feed"}.get(mode, "DDP"), world, batch)] = throughput(
-                        records, mode
-                    )
+                    rates[(SERIES.get(mode, "DDP"), world, batch)] = throughput(records, mode)
     return rates, errors, raw
 
 
@@ -215,22 +216,27 @@ def gemm_bounds(args: argparse.Namespace, seconds: float = 0.6) -> dict[tuple[in
 
 
 def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[str]:
-    """Per (B, N): the step time 2x DDP needs, the matrix products' wall time per step, and the ratio to DDP a step
-    costing only that would reach."""
-    head = f"{'batch':>5} {'N':>2} | {'2x DDP needs':>12} | {'GEMMs alone':>11} | {'max sink/DDP':>12}"
-    lines = [head, "-" * len(head)]
+    """Per (B, N): the matrix products' wall time per step (the bound), the samples/s a step costing only that
+    would reach, and each tessel series' samples/s as a share of it (target: BOUND_TARGETS, on the sink series)."""
+    shown = [s for s in SERIES.values() if s != "tessel feed"]
+    head = f"{'batch':>5} {'N':>2} | {'GEMMs alone':>11} | {'bound/s':>8} | "
+    head += " ".join(f"{s.split()[-1]:>7}" for s in shown) + " | target"
+    lines = [head, "-" * (len(head) + 12)]
     for batch in args.batches:
         for world in args.ranks:
-            ddp = rates.get(("DDP", world, batch))
             threads = max(1, args.cores // world)
             wall = bounds[(threads, batch)] * max(1.0, world / args.cores)  # ranks beyond the cores share them
-            needs = world * batch / (SPEEDUP_TARGET * ddp) * 1e3 if ddp else None
-            reach = world * batch / (wall / 1e3) / ddp if ddp else None
-            verdict = "  (2x unreachable)" if reach is not None and reach < SPEEDUP_TARGET else ""
+            bound = world * batch / (wall / 1e3)
+            shares = {s: rates[(s, world, batch)] / bound if rates.get((s, world, batch)) else None for s in shown}
+            target = BOUND_TARGETS.get(batch)
+            sink = shares["tessel sink"]
+            verdict = "-" if sink is None or target is None else "PASS" if sink >= target else "FAIL"
+            goal = f" (>= {target:.0%})" if target is not None else ""
             lines.append(
-                f"{batch:>5} {world:>2} | {_cell(needs, '9.2f', ' ms')} | {wall:8.2f} ms | "
-                f"{_cell(reach, '11.2f', 'x')}{verdict}"
-            )  # fmt: skip
+                f"{batch:>5} {world:>2} | {wall:8.2f} ms | {bound:8.0f} | "
+                + " ".join(_cell(None if v is None else 100 * v, "6.0f", "%") for v in shares.values())
+                + f" | {verdict}{goal}"
+            )
     return lines
 
 
@@ -242,22 +248,24 @@ def _cell(value: float | None, fmt: str, suffix: str = "") -> str:
 
 
 def table(args: argparse.Namespace, rates: dict) -> list[str]:
-    series = ("tessel sink", "tessel feed", "DDP")
-    head = f"{'batch':>5} {'N':>2} | {'sink':>8} {'feed':>8} {'DDP':>8} | {'sink/DDP':>8} {'feed/DDP':>8} |"
-    lines = [head + f" {'eff sink':>8} {'eff feed':>8} {'eff DDP':>8} | target", "-" * (len(head) + 38)]
+    """Per (B, N): samples/s of every series, each tessel series over DDP, and scaling efficiency."""
+    tessel = list(SERIES.values())
+    series = [*tessel, "DDP"]
+    head = f"{'batch':>5} {'N':>2} | " + " ".join(f"{s.split()[-1]:>7}" for s in series) + " | "
+    head += " ".join(f"{s.split()[-1] + '/DDP':>10}" for s in tessel) + f" | {'eff sink':>8} {'eff DDP':>8} | target"
+    lines = [head, "-" * len(head)]
     for batch in args.batches:
         for world in args.ranks:
             got = {s: rates.get((s, world, batch)) for s in series}
-            ratio = {s: got[s] / got["DDP"] if got[s] and got["DDP"] else None for s in series[:2]}
-            base = {s: rates.get((s, 1, batch)) for s in series}
-            eff = {s: got[s] / (world * base[s]) if got[s] and base[s] else None for s in series}
-            verdict = (
-                "-" if ratio["tessel sink"] is None else "PASS" if ratio["tessel sink"] >= SPEEDUP_TARGET else "FAIL"
-            )
+            ratio = {s: got[s] / got["DDP"] if got[s] and got["DDP"] else None for s in tessel}
+            base = {s: rates.get((s, 1, batch)) for s in ("tessel sink", "DDP")}
+            eff = {s: got[s] / (world * base[s]) if got[s] and base[s] else None for s in base}
+            sink = ratio["tessel sink"]
+            verdict = "-" if sink is None else "PASS" if sink >= SPEEDUP_TARGET else "FAIL"
             lines.append(
-                f"{batch:>5} {world:>2} | " + " ".join(_cell(got[s], "8.0f") for s in series) + " | "
-                + " ".join(_cell(ratio[s], "7.2f", "x") for s in series[:2]) + " | "
-                + " ".join(_cell(eff[s], "8.2f") for s in series) + f" | {verdict}"
+                f"{batch:>5} {world:>2} | " + " ".join(_cell(got[s], "7.0f") for s in series) + " | "
+                + " ".join(_cell(ratio[s], "9.2f", "x") for s in tessel) + " | "
+                + " ".join(_cell(eff[s], "8.2f") for s in eff) + f" | {verdict}"
             )  # fmt: skip
     return lines
 
@@ -282,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
     bounds = gemm_bounds(args)
     print(
         "bounds: wall time per step of N ranks doing nothing but the step's matrix products, with each rank's "
-        "threads (GEMMs alone); max sink/DDP: the ratio a step costing only that would reach"
+        "threads (GEMMs alone), the samples/s that allows (bound/s), and each tessel series' samples/s as a share of "
+        "it"
     )
     print("\n".join(bounds_table(args, rates, bounds)))
     for (side, world, batch), error in sorted(errors.items()):

@@ -17,7 +17,7 @@ just before the update.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tessel.compiler import registry
@@ -90,6 +90,48 @@ def mirror_parameters(
                 value = mirrored[value]
             inputs.append(rewriter.get(value))
         rewriter.keep(node, inputs)
+    return rewriter.build()
+
+
+def set_fusion(graph: Graph, fusion: Mapping[str, int]) -> Graph:
+    """`graph` with the Mirror of each parameter named in `fusion` given that fusion index (Parameter.comm_fusion,
+    Cell.set_comm_fusion): bucket_allreduce fuses only gradients of one index (buckets still close at their byte
+    size), and index 0 reduces a gradient on its own, as MindSpore's fusion attribute does. `graph` itself when no
+    Mirror changes."""
+    names = {v: fusion[v.name] for v in graph.inputs if v.name in fusion}
+    changes = [n for n in graph.nodes if n.op == "Mirror" and n.inputs[0] in names]
+    changes = [n for n in changes if n.attrs["fusion"] != names[n.inputs[0]]]
+    if not changes:
+        return graph
+    for index in set(names.values()):
+        if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+            raise ConfigurationError(f"a fusion index must be an int >= 0, got {index!r}")
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if node in changes:
+            attrs = registry.get("Mirror").bind({**dict(node.attrs), "fusion": names[node.inputs[0]]})
+            rewriter.builder.nodes.append(
+                dataclasses.replace(node, inputs=(rewriter.get(node.inputs[0]),), attrs=attrs)
+            )
+        else:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
+def sync_in_fp32(graph: Graph) -> Graph:
+    """`graph` with every Mirror of a float16 value marked fp32_sync: its gradient is all-reduced in float32
+    (MindSpore's gradient_fp32_sync); `graph` itself when it mirrors no float16 value."""
+    if not any(n.op == "Mirror" and n.inputs[0].dtype == DType.float16 for n in graph.nodes):
+        return graph
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if node.op == "Mirror" and node.inputs[0].dtype == DType.float16 and not node.attrs["fp32_sync"]:
+            attrs = registry.get("Mirror").bind({**dict(node.attrs), "fp32_sync": True})
+            rewriter.builder.nodes.append(
+                dataclasses.replace(node, inputs=(rewriter.get(node.inputs[0]),), attrs=attrs)
+            )
+        else:
+            rewriter.keep(node)
     return rewriter.build()
 
 

@@ -157,9 +157,18 @@ def to_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
     direct = {}
     for name, value in wanted:
         direct.setdefault(value, name)
+    # So does a value written to a parameter ("<param>/new"): its other readers then read the new value where it is
+    # written, instead of ONNX Runtime keeping it in a temporary and copying it out with an Identity (measured: two
+    # temporaries of every moment of an Adam update, and a copy each).
+    written = _directly_written(graph, direct)
+    new_names = {node.inputs[1]: name for node, name in written.items()}
     for i, node in enumerate(graph.nodes):
+        if node in written:
+            names[node.outputs[0]] = names[node.inputs[1]]
+            continue
         for j, out in enumerate(node.outputs):
-            names[out] = direct.get(out) or f"{node.op.lower()}_{i}" + (f"_{j}" if len(node.outputs) > 1 else "")
+            default = f"{node.op.lower()}_{i}" + (f"_{j}" if len(node.outputs) > 1 else "")
+            names[out] = direct.get(out) or new_names.get(out) or default
         _lower_node(ctx, node, names)
 
     outputs = []
@@ -175,6 +184,20 @@ def to_onnx(graph: Graph, opset: int = OPSET) -> onnx.ModelProto:
     if any(registry.get(node.op).orders for node in graph.nodes):
         helper.set_model_props(model, {EXECUTION_ORDER: PRIORITY_ORDER})
     return model
+
+
+def _directly_written(graph: Graph, direct: dict[Value, str]) -> dict[Node, str]:
+    """Assign nodes whose value can carry the output name "<param>/new" itself: computed by a node of this graph,
+    written once, and no model output of its own."""
+    produced = {out for node in graph.nodes if not registry.get(node.op).side_effect for out in node.outputs}
+    uses: dict[Value, int] = {}
+    for node in _assign_nodes(graph):
+        uses[node.inputs[1]] = uses.get(node.inputs[1], 0) + 1
+    return {
+        node: assign_output_name(node.inputs[0].name)
+        for node in _assign_nodes(graph)
+        if node.inputs[1] in produced and node.inputs[1] not in direct and uses[node.inputs[1]] == 1
+    }
 
 
 def output_names(graph: Graph) -> list[str]:

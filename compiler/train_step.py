@@ -26,8 +26,18 @@ from tessel.compiler.autodiff import gradients
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import ShapeInferenceError
-from tessel.compiler.ir import Graph
+from tessel.compiler.ir import Graph, Value
 from tessel.compiler.lower_onnx import assign_output_name, model_bytes, output_names
+from tessel.compiler.optimizer_parallel import (
+    ParamShard,
+    gather_block,
+    local_block,
+    mirror_of,
+    read_value,
+    reduce_gradient,
+    regather_for_backward,
+    start_reductions_early,
+)
 from tessel.compiler.optimizers import Optimizer
 from tessel.core.errors import ConfigurationError
 
@@ -60,18 +70,33 @@ def build_train_step(
     params: Sequence[str],
     optimizer: Optimizer,
     no_weight_decay: frozenset[str] = frozenset(),
+    shards: Mapping[str, ParamShard] | None = None,
 ) -> TrainProgram:
     """Extend `forward` (loss = output 0) with gradients of `params` and the optimizer update.
 
     Inputs that `forward` assigns itself (BatchNorm moving statistics) become state too, kept but not trained.
+    `shards` (optimizer parallel, see compiler/optimizer_parallel.py) names the parameters whose gradient this
+    rank reduce-scatters and whose block of the update (and optimizer state) it owns; level3 parameters are
+    already blocks in `forward` (shard_forward).
+
+    A graph whose loss sums micro-batch losses marked by MicroBatchEnd (GradAccumulation), or that shards
+    parameters, takes each gradient with respect to what the computation reads (a Mirror's output) and reduces
+    it explicitly, once per step, after the micro-batches' gradients are summed (each micro-batch's separately
+    for level2 shards).
     """
+    shards = dict(shards or {})
     builder = GraphBuilder.extend(forward)
     lr = builder.add_input(LEARNING_RATE, (), DType.float32)
     values = [forward.input(n) for n in params]
     loss = SymbolicTensor(builder, forward.outputs[0])
     fold = optimizer.folds_learning_rate() and _full_precision(forward)
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
-    grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
+    reductions: set[Value] = set()
+    if shards or _micro_batch_ends(forward):
+        seed = None if sens is None else sens.value
+        grads = _reduced_gradients(builder, forward, params, loss.value, seed, shards, reductions)
+    else:
+        grads = gradients(builder, loss.value, values, sens=None if sens is None else sens.value)
     # State = trained parameters, plus inputs the forward graph itself assigns (BatchNorm's moving statistics).
     written = (registry.written(n) for n in forward.nodes)
     assigned = list(dict.fromkeys(v.name for v in written if v is not None and v.name not in params))
@@ -84,27 +109,82 @@ def build_train_step(
         glob[slot.name] = builder.add_input(name, (), DType.float32)
         state.append(StateSpec(name, (), DType.float32, slot.init))
     for name, value, grad in zip(params, values, grads):
-        p, g = SymbolicTensor(builder, value), SymbolicTensor(builder, grad)
+        whole, g = SymbolicTensor(builder, value), SymbolicTensor(builder, grad)
+        shard = shards.get(name)
+        p = whole if shard is None or shard.weights_sharded else local_block(whole, shard)
         slots = {}
         for slot in optimizer.slots():
-            slots[slot.name] = builder.add_input(f"{name}/{slot.name}", value.shape, value.dtype)
-            state.append(StateSpec(f"{name}/{slot.name}", _static(value.shape, name), value.dtype, slot.init))
+            slots[slot.name] = builder.add_input(f"{name}/{slot.name}", p.shape, value.dtype)
+            state.append(StateSpec(f"{name}/{slot.name}", _static(p.shape, name), value.dtype, slot.init))
         rate, decay = lr.astype(value.dtype), name not in no_weight_decay
         if fold:
             new_p, new_slots = optimizer.update_scaled(p, g, rate, decay), {}
         else:
             new_p, new_slots = optimizer.update(p, g, slots, glob, rate, decay)
-        apply("Assign", p, new_p)
+        if shard is not None and not shard.weights_sharded:
+            new_p = gather_block(new_p, shard)
+        apply("Assign", whole, new_p)
         for slot_name, new in new_slots.items():
             apply("Assign", slots[slot_name], new)
     for slot_name, new in optimizer.update_globals(glob).items():
         apply("Assign", glob[slot_name], new)
 
     graph = builder.build(forward.outputs, f"{forward.name}_train")
+    if shards:
+        graph = regather_for_backward(graph, len(forward.nodes), shards)
+        graph = start_reductions_early(graph, reductions)
     state_names = {s.name for s in state} | {LEARNING_RATE}
     data = tuple(v.name for v in graph.inputs if v.name not in state_names)
     outputs = tuple(output_names(graph)[: len(forward.outputs)])
     return TrainProgram(graph, data, tuple(state), outputs, optimizer)
+
+
+def _micro_batch_ends(forward: Graph) -> list[Value]:
+    """The micro-batch losses (MicroBatchEnd outputs) the loss is summed from, in micro-batch order."""
+    ends = [n for n in forward.nodes if n.op == "MicroBatchEnd"]
+    return [n.outputs[0] for n in sorted(ends, key=lambda n: n.attrs["index"])]
+
+
+def _reduced_gradients(builder, forward: Graph, params, loss: Value, sens: Value | None, shards, reductions) -> list:
+    """Each parameter's gradient, reduced: with respect to what the computation reads of it (read_value), summed
+    over the micro-batches, then reduce-scattered (a shard: reduce_gradient) or all-reduced over its Mirror's group
+    (what the Mirror's own gradient would do, marked for bucketing). The reduce-scatters' outputs (and the
+    all-reduces after them) are added to `reductions`."""
+    reads = [read_value(forward, n, shards.get(n)) for n in params]
+    ends = _micro_batch_ends(forward)
+    if ends:
+        # Each micro-batch's cotangent, then its own backward pass: the micro-batches' gradients meet only here.
+        seeds = gradients(builder, loss, ends, sens)
+        per_micro = [gradients(builder, end, reads, seed) for end, seed in zip(ends, seeds)]
+    else:
+        per_micro = [gradients(builder, loss, reads, sens)]
+    out = []
+    for i, name in enumerate(params):
+        shard, parts = shards.get(name), [SymbolicTensor(builder, grads[i]) for grads in per_micro]
+        if shard is not None:
+            each = parts if shard.level == "level2" else [_sum(parts)]
+            blocks = [reduce_gradient(g, shard, reductions) for g in each]
+            out.append(_sum(blocks).value)
+            continue
+        total = _sum(parts)
+        mirror = mirror_of(forward, name)
+        if mirror is not None and len(mirror.attrs["group"]) > 1:
+            reduce = "mean" if mirror.attrs["mean"] else "sum"
+            group, fusion = mirror.attrs["group"], mirror.attrs["fusion"]
+            if mirror.attrs["fp32_sync"] and total.dtype == DType.float16:
+                total = apply("AllReduce", total.astype(DType.float32), reduce_op=reduce, group=group)
+                total = total.astype(DType.float16)
+            else:
+                total = apply("AllReduce", total, reduce_op=reduce, group=group, fusion=fusion)
+        out.append(total.value)
+    return out
+
+
+def _sum(parts: list[SymbolicTensor]) -> SymbolicTensor:
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
 
 
 def _full_precision(graph: Graph) -> bool:

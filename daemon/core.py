@@ -34,6 +34,28 @@ log = logging.getLogger("tessel.daemon")
 
 BOUND_PROGRAMS = 64  # bound programs cached per session
 PROBE_GROUP_TIMEOUT_S = 10.0  # a member of a group probe that never comes fails the probe after this long
+TRIM_AFTER_BYTES = 8 << 20  # a put this large is followed by a malloc_trim
+
+
+def release_freed_memory() -> None:
+    """Give the memory the request buffers of a large put were freed into back to the system (glibc keeps the
+    per-thread heaps of gRPC's threads otherwise: measured, 192 MiB put in 16 MiB tensors left ~230 MiB of freed
+    heap resident in the daemon; after malloc_trim, ~100 MiB)."""
+    global _trim
+    if _trim is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _trim = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False  # not glibc
+    if _trim:
+        _trim(0)
+
+
+_trim = None
+
 # How long a collective that failed because a peer left waits for the coordinator's verdict on the job (the
 # daemons of a job hear of its failure within a heartbeat of each other).
 VERDICT_WAIT_S = 1.0
@@ -298,6 +320,8 @@ class DaemonCore:
         session = self.session(session_id)
         session.check_alive()
         session.tensors.update(tensors)
+        if sum(getattr(t, "nbytes", 0) for t in tensors.values()) >= TRIM_AFTER_BYTES:
+            release_freed_memory()
 
     def get(self, session_id: str, names: Iterable[str]) -> dict[str, np.ndarray]:
         session = self.session(session_id)

@@ -1,6 +1,11 @@
 """Compiled ONNX segments on a session. State inputs (parameters, optimizer slots) are double-buffered:
 one binding reads buffer A and writes the model's "<name>/new" output into B, the next does the reverse, so
-updates land in place with no copies, and the session's store always names the current buffer."""
+updates land in place with no copies, and the session's store always names the current buffer. State the model
+names in its "tessel.inplace" metadata (compiler/memory.py: every reader runs before the element-wise op writing
+the new value) has one buffer, read and written by the same run.
+
+After a run the binding lets go of large inputs that are not state (a gathered weight, an activation), so that
+freeing them from the store frees their memory; they are bound again on the next run."""
 
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ import numpy as np
 from tessel.core.errors import ConfigurationError
 
 NEW = "/new"
+INPLACE_KEY = "tessel.inplace"  # the metadata entry compiler/memory.py writes
+RELEASE_BYTES = 1 << 20  # inputs from this size on are not kept bound between runs
 
 
 class Segment:
@@ -26,6 +33,8 @@ class Segment:
             )
         self.state = tuple(state)
         self.updated = tuple(s for s in state if s + NEW in outputs)
+        marked = getattr(self.exe, "metadata", {}).get(INPLACE_KEY, "")
+        self.inplace = frozenset(marked.split(",")) & frozenset(self.updated) if marked else frozenset()
         self.data = tuple(n for n in self.exe.input_names if n not in self.state)
         self._buffers: dict[str, list[np.ndarray]] = {}
         self._placed: dict[str, np.ndarray] = {}  # outputs written into buffers given by place()
@@ -47,9 +56,15 @@ class Segment:
         for name in names:
             binding.input(name, _contiguous(tensors[name]))
         values = iter(binding.run())
+        forget = getattr(binding, "forget", None)
+        if forget is not None:
+            for name in names:
+                if tensors[name].nbytes >= RELEASE_BYTES:
+                    forget(name)
         self._parity = 1 - self._parity
         for name in self.updated:
-            tensors[name] = self._buffers[name][self._parity]
+            buffers = self._buffers[name]
+            tensors[name] = buffers[self._parity % len(buffers)]
         placed = self._placed
         for name in outputs:
             tensors[name] = placed[name] if name in placed else next(values)
@@ -85,11 +100,17 @@ class Segment:
         for name in self.updated:
             current = tensors[name]
             buffers = self._buffers.get(name)
-            if buffers is not None and buffers[self._parity] is current:
+            if buffers is not None and buffers[self._parity % len(buffers)] is current:
                 continue
-            first = np.array(current, order="C", copy=True)
-            pair = [first, np.empty_like(first)] if self._parity == 0 else [np.empty_like(first), first]
-            self._buffers[name] = pair
+            if name in self.inplace:
+                # The store's own array becomes the buffer when nothing else can see it: no copy of a large state.
+                owned = current.flags.owndata and current.flags.writeable and current.flags.c_contiguous
+                first = current if owned else np.array(current, order="C", copy=True)
+                self._buffers[name] = [first]
+            else:
+                first = np.array(current, order="C", copy=True)
+                pair = [first, np.empty_like(first)] if self._parity == 0 else [np.empty_like(first), first]
+                self._buffers[name] = pair
             tensors[name] = first
             self._bindings.clear()
 
@@ -99,8 +120,9 @@ class Segment:
             binding = self.compute.bind(self.exe)
             for name in self.state:
                 if name in self._buffers:
-                    binding.input(name, self._buffers[name][parity])
-                    binding.output(name + NEW, self._buffers[name][1 - parity])
+                    buffers = self._buffers[name]
+                    binding.input(name, buffers[parity % len(buffers)])
+                    binding.output(name + NEW, buffers[(1 - parity) % len(buffers)])
                 else:
                     binding.input(name, _contiguous(tensors[name]))
             for name in outputs:

@@ -548,7 +548,11 @@ def _mirror_grad(c):
     # With mean, the collective divides in its last pass over the data; a Mul after it would be one more pass
     # over every gradient (and, fused into buckets, one per piece after the split).
     reduce = "mean" if c.attrs["mean"] else "sum"
-    return (op("AllReduce", c.g, reduce_op=reduce, group=c.attrs["group"], fusion=c.attrs["fusion"]),)
+    g = c.g
+    if c.attrs["fp32_sync"] and g.dtype == DType.float16:  # MindSpore's gradient_fp32_sync
+        summed = op("AllReduce", g.astype(DType.float32), reduce_op=reduce, group=c.attrs["group"])
+        return (summed.astype(DType.float16),)
+    return (op("AllReduce", g, reduce_op=reduce, group=c.attrs["group"], fusion=c.attrs["fusion"]),)
 
 
 register(
@@ -558,10 +562,11 @@ register(
     lower=lambda ctx, node, inputs, outputs: ctx.add("Identity", inputs, outputs),
     grad=_mirror_grad,
     cost=free,
-    attrs={"group": REQUIRED, "mean": False, "fusion": 1},
+    attrs={"group": REQUIRED, "mean": False, "fusion": 1, "fp32_sync": False},
     num_inputs=1,
-    doc="Mirror(x, group, mean=False, fusion=1): x, marked as replicated over `group`: its gradient is the "
-    "AllReduce(sum) of the incoming gradient (times 1/len(group) with mean), like MindSpore's _MirrorOperator. "
+    doc="Mirror(x, group, mean=False, fusion=1, fp32_sync=False): x, marked as replicated over `group`: its gradient "
+    "is the AllReduce(sum) of the incoming gradient (times 1/len(group) with mean), like MindSpore's "
+    "_MirrorOperator; with fp32_sync a float16 gradient is reduced in float32 (MindSpore's gradient_fp32_sync). "
     "Data parallelism puts one on every parameter; bucket_allreduce fuses their reductions.",
 )
 register(

@@ -11,7 +11,7 @@ from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import GradientError
 from tessel.compiler.ir import Node
 from tessel.compiler.ops.common import ZERO_GRAD, free, moves_data, require
-from tessel.compiler.registry import register
+from tessel.compiler.registry import REQUIRED, register
 from tessel.compiler.shapes import format_shape
 from tessel.compiler.sharding import ShardingSpec, depend, pointwise
 
@@ -123,4 +123,30 @@ register(
     differentiates=True,
     doc="GradientOf(loss, *wrt, [seed], seeded=False): d(loss)/d(wrt) for each wrt (seeded by `seed`, default 1). "
     "Autodiff expands it once the graph is final (expand_gradients), after the parallel pass under SEMI_AUTO.",
+)
+
+
+def _infer_micro_batch_end(types, attrs):
+    (x,) = types
+    count, index = attrs["count"], attrs["index"]
+    require(
+        isinstance(count, int) and isinstance(index, int) and 0 <= index < count,
+        f"MicroBatchEnd index={index!r}, count={count!r}: index must lie in 0..count-1",
+    )
+    require(x.dtype.is_float, f"MicroBatchEnd marks a micro-batch's loss, a float tensor; got {x!r}")
+    return (x,)
+
+
+register(
+    "MicroBatchEnd",
+    infer=_infer_micro_batch_end,
+    sharding=pointwise,
+    lower=lambda ctx, node, inputs, outputs: ctx.add("Identity", inputs, outputs),
+    grad=lambda c: (c.g,),
+    cost=free,
+    attrs={"index": REQUIRED, "count": REQUIRED},
+    num_inputs=1,
+    doc="MicroBatchEnd(loss, index, count): the identity, marking micro-batch `index` of `count`'s loss "
+    "(GradAccumulation; MindSpore's `forward_end` attribute). A train step differentiates each marked loss on its "
+    "own and accumulates the gradients before one reduction and one update.",
 )

@@ -97,6 +97,7 @@ class ParallelPlan:
     layouts: Mapping[Value, Layout]
     redistributions: Mapping[Key, Redistribution]
     output_layouts: tuple[Layout, ...]
+    loss_repeated_mean: bool = True  # False: no VirtualDiv on values several ranks compute alike (MindSpore's flag)
     _rank_graphs: dict[int, Graph] = field(default_factory=dict, repr=False)
 
     def input_layout(self, name: str) -> Layout:
@@ -138,13 +139,16 @@ def parallelize(
     fixed: Mapping[str, Layout] | None = None,
     weights: Collection[str] = (),
     output_layouts: Sequence[Layout | None] | None = None,
+    loss_repeated_mean: bool = True,
 ) -> ParallelPlan:
     """Plan `graph` on `device_num` devices. `strategies` maps nodes (or their index in graph.nodes) to a
     strategy (a tuple of cuts per input, a Strategy, a Primitive after .shard(), or "data_parallel"); unlisted
     nodes run data parallel. `parameters` names the inputs that are parameters. `steps` limits redistribution
     to some kinds (redistribution.TABLE). `fixed` gives inputs whose layout is already decided; `weights` names
     non-parameter inputs on the weight side (gradients held from an earlier call); `output_layouts` asks for the
-    layout of some outputs (None: as computed, partial sums combined)."""
+    layout of some outputs (None: as computed, partial sums combined). `loss_repeated_mean=False` leaves out the
+    VirtualDiv of outputs (and losses) that several ranks compute alike, so their gradients are not averaged over
+    those ranks (MindSpore's loss_repeated_mean)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
     check_static(graph)
@@ -169,6 +173,7 @@ def parallelize(
         layouts,
         redistributions,
         finals,
+        loss_repeated_mean,
     )
 
 
@@ -421,7 +426,7 @@ class _RankBuilder:
                 x = redistribution.emit_steps(move, self.env[v], self.rank, self._emit_uniform)
             else:
                 x = self.route(("output", k), self.env[v])
-            if v.dtype.is_float and layout.replicas > 1:
+            if v.dtype.is_float and layout.replicas > 1 and plan.loss_repeated_mean:
                 x = self.emit("VirtualDiv", (x,), {"divisor": layout.replicas}, layout)
             source = producers[v].source if v in producers else None
             self.source_of.update((n, source) for n in self.builder.nodes[first:])
@@ -466,7 +471,7 @@ class _RankBuilder:
         seeded = node.attrs["seeded"]
         layout = placement.inputs[0]
         move = self.plan.redistributions.get((node, 0))
-        if sums_partials(move, layout):
+        if self.plan.loss_repeated_mean and sums_partials(move, layout):
             # A loss of partial sums: every rank's copy of the all-reduced loss counts each rank's partial once, so
             # d(sum of the copies / their replicas)/d(partial) = seed / (the partial's own replicas). Differentiating
             # the partial itself gives that without the AllReduce's transpose, a second collective of the seed
@@ -474,7 +479,7 @@ class _RankBuilder:
             loss, layout = self.env[node.inputs[0]], move.source
         else:
             loss = self.route((node, 0), self.env[node.inputs[0]])
-        if layout.replicas > 1:
+        if layout.replicas > 1 and self.plan.loss_repeated_mean:
             loss = self.emit("VirtualDiv", (loss,), {"divisor": layout.replicas}, layout)
         wrt = [self.env[v] for v in node.inputs[1 : len(node.inputs) - seeded]]
         seed = self.route((node, len(node.inputs) - 1), self.env[node.inputs[-1]]) if seeded else None

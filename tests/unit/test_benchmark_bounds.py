@@ -49,23 +49,25 @@ def test_the_bound_model_computes_every_matrix_product_of_the_mlp_step():
     assert macs == batch * (2 * sum(layer_macs) + sum(layer_macs[1:]))
 
 
-def test_ranks_beyond_the_cores_share_the_one_thread_time_and_a_short_bound_is_flagged():
+def test_ranks_beyond_the_cores_share_the_one_thread_time_and_each_series_is_a_share_of_the_bound():
     args = argparse.Namespace(cores=2, ranks=[1, 2, 4], batches=[256])
     bounds = {(2, 256): 3.0, (1, 256): 5.0}  # ms per step
-    rates = {("DDP", 1, 256): 64_000.0, ("DDP", 2, 256): 48_000.0, ("DDP", 4, 256): 37_000.0}
+    rates = {("tessel sink", 1, 256): 64_000.0, ("tessel sink", 2, 256): 48_000.0, ("tessel zero1", 4, 256): 51_200.0}
     rows = data_parallel.bounds_table(args, rates, bounds)[2:]
-    walls = [float(row.split("|")[2].split()[0]) for row in rows]
+    walls = [float(row.split("|")[1].split()[0]) for row in rows]
     assert walls == [3.0, 5.0, 10.0]  # 4 ranks on 2 cores: twice the 1-thread time
-    # 1 rank: 256 / 3 ms = 85.3k samples/s, 1.33x DDP, short of 2x; 4 ranks: 1024 / 10 ms = 102.4k, 2.77x
-    assert "1.33x" in rows[0] and "unreachable" in rows[0]
-    assert "2.77x" in rows[2] and "unreachable" not in rows[2]
-    needs = float(rows[0].split("|")[1].split()[0])
-    assert needs == pytest.approx(256 / (2 * 64_000) * 1e3, abs=0.01)
+    allowed = [float(row.split("|")[2]) for row in rows]
+    assert allowed == pytest.approx([256 / 3e-3, 512 / 5e-3, 1024 / 10e-3], abs=1)
+    # 1 rank: 64k of 85.3k samples/s = 75 %, short of the 80 % target; 4 ranks: zero1 50 %, sink not run
+    shares = [row.split("|")[3].split() for row in rows]
+    assert shares[0][0] == "75%" and "FAIL (>= 80%)" in rows[0]
+    assert shares[1][0] == "47%"
+    assert shares[2] == ["-", "50%", "-"] and rows[2].rstrip().endswith("- (>= 80%)")
 
 
-def test_a_cell_whose_ddp_run_failed_prints_dashes_instead_of_a_ratio():
+def test_a_cell_whose_runs_failed_prints_dashes_instead_of_shares():
     args = argparse.Namespace(cores=2, ranks=[2], batches=[32])
     (row,) = data_parallel.bounds_table(args, {}, {(1, 32): 0.8})[2:]
-    needs, wall, reach = (cell.strip() for cell in row.split("|")[1:])
-    assert needs == "-" and wall == "0.80 ms" and reach == "-"
-    assert "unreachable" not in row
+    wall, allowed, shares, verdict = (cell.strip() for cell in row.split("|")[1:])
+    assert wall == "0.80 ms" and float(allowed) == pytest.approx(2 * 32 / 0.8e-3, abs=1)
+    assert shares.split() == ["-", "-", "-"] and verdict == "- (>= 60%)"

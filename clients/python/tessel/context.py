@@ -257,6 +257,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "loss_repeated_mean": True,
     "parameter_broadcast": False,
     "enable_parallel_optimizer": False,
+    "parallel_optimizer_config": None,
     "strategy_ckpt_load_file": "",
     "strategy_ckpt_save_file": "",
     "strategy_ckpt_config": None,
@@ -271,15 +272,8 @@ _explicit: set[str] = set()
 # As _NOT_SUPPORTED, for set_auto_parallel_context.
 _PARALLEL_NOT_SUPPORTED: dict[str, str] = {
     "pipeline_stages": "pipeline parallelism (stages over devices) is not implemented",
-    "gradient_fp32_sync": "gradients are all-reduced in their own dtype (for float32 networks what either value gives)",
-    "loss_repeated_mean": "repeated losses are not re-averaged",
-    "parameter_broadcast": "parameters are not broadcast from rank 0: every rank initialises them from the seed "
-    "(ms.set_seed gives all ranks the same values)",
-    "enable_parallel_optimizer": "optimizer state is not sharded across data-parallel ranks (each rank updates all "
-    "of it, with the same result)",
     "all_reduce_fusion_config": "gradients are fused by size: comm_fusion={'allreduce': {'mode': 'size', "
     "'config': MB}}",
-    "grad_accumulation_step": "gradient accumulation is not implemented in set_auto_parallel_context",
     "pipeline_config": "pipeline parallelism (stages over devices) is not implemented",
     "auto_pipeline": "pipeline parallelism (stages over devices) is not implemented",
 }
@@ -317,6 +311,8 @@ def _validate_parallel(key: str, value: Any) -> Any:
         raise ConfigurationError(f"all_reduce_fusion_config must be a list of int indices, got {value!r}")
     elif key == "comm_fusion" and value is not None:
         _comm_fusion(value)
+    elif key == "parallel_optimizer_config" and value is not None:
+        value = _parallel_optimizer_config(value)
     elif isinstance(_PARALLEL_DEFAULTS.get(key), bool) and not isinstance(value, bool):
         raise ConfigurationError(f"set_auto_parallel_context: {key} must be a bool, got {value!r}")
     return value
@@ -341,6 +337,56 @@ def _comm_fusion(value: Any) -> None:
             f"comm_fusion 'allreduce'={allreduce!r}",
             "gradients are fused by size only: {'mode': 'size', 'config': MB} or {'mode': 'auto'}",
         )
+
+
+_OPTIMIZER_CONFIG_KEYS = (
+    "gradient_accumulation_shard",
+    "parallel_optimizer_threshold",
+    "optimizer_weight_shard_size",
+    "optimizer_level",
+)
+
+
+def _parallel_optimizer_config(value: Any) -> dict:
+    """MindSpore's parallel_optimizer_config: gradient_accumulation_shard (bool; True is optimizer_level
+    "level2"), parallel_optimizer_threshold (KB, >= 0; default 64), optimizer_weight_shard_size (> 0 or -1) and
+    optimizer_level ("level1" | "level2" | "level3"), checked as MindSpore checks them."""
+    if not isinstance(value, dict):
+        raise ConfigurationError(f"parallel_optimizer_config must be a dict, got {value!r}")
+    unknown = sorted(set(value) - set(_OPTIMIZER_CONFIG_KEYS))
+    if unknown:
+        raise ConfigurationError(
+            f"parallel_optimizer_config: unknown key(s) {unknown}; known: {list(_OPTIMIZER_CONFIG_KEYS)}"
+        )
+    shard = value.get("gradient_accumulation_shard", False)
+    if not isinstance(shard, bool):
+        raise ConfigurationError(f"gradient_accumulation_shard must be a bool, got {shard!r}")
+    threshold = value.get("parallel_optimizer_threshold", 64)
+    if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+        raise ConfigurationError(f"parallel_optimizer_threshold must be an int >= 0 (KB), got {threshold!r}")
+    size = value.get("optimizer_weight_shard_size", -1)
+    if isinstance(size, bool) or not isinstance(size, int) or (size < 1 and size != -1):
+        raise ConfigurationError(f"optimizer_weight_shard_size must be a positive int or -1, got {size!r}")
+    level = value.get("optimizer_level", "level2" if shard else "level1")
+    if level not in ("level1", "level2", "level3"):
+        raise ConfigurationError(f"optimizer_level should be in ['level1', 'level2', 'level3'], but got {level!r}")
+    if shard and level != "level2":
+        raise ConfigurationError(
+            f"parallel_optimizer_config: gradient_accumulation_shard=True shards the accumulated gradients, which is "
+            f"optimizer_level 'level2', but optimizer_level is {level!r}; drop one of the two"
+        )
+    return dict(value)
+
+
+def optimizer_shard_config() -> tuple[str, int, int] | None:
+    """(optimizer_level, threshold in KB, shard size) when optimizer parallel is on (enable_parallel_optimizer),
+    else None."""
+    if not _parallel["enable_parallel_optimizer"]:
+        return None
+    config = _parallel["parallel_optimizer_config"] or {}
+    shard = config.get("gradient_accumulation_shard", False)
+    level = config.get("optimizer_level", "level2" if shard else "level1")
+    return level, config.get("parallel_optimizer_threshold", 64), config.get("optimizer_weight_shard_size", -1)
 
 
 def _not_supported(what: str, why: str) -> Exception:

@@ -31,6 +31,7 @@ from tessel.compiler import (
     simulate,
     trace,
 )
+from tessel.compiler.buckets import set_fusion
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
 from tessel.compiler.rank_simulator import World
 from tessel.core.errors import ConfigurationError
@@ -288,6 +289,20 @@ def test_buckets_respect_their_size_and_the_order_gradients_are_ready(cap):
             current = []
         current.append(node)
     assert [list(b.reductions) for b in buckets] == [*expected, current]
+
+
+def test_comm_fusion_indices_bucket_only_gradients_of_one_index_and_zero_reduces_alone():
+    forward = set_fusion(mirror_parameters(_dp_forward(), PARAMS, (0, 1)), {"w1": 2, "b1": 3, "w2": 2, "b2": 0})
+    graph = build_train_step(forward, PARAMS, SGD(0.1)).graph
+    reduced = {node: node.attrs["fusion"] for node in graph.nodes if node.op == "AllReduce"}
+    assert sorted(reduced.values()) == [0, 2, 2, 3]
+    buckets = plan_buckets(graph, 1 << 20)  # room for everything: only the indices split the gradients
+    assert sorted(sorted(reduced[n] for n in b.reductions) for b in buckets) == [[2, 2], [3]]  # index 0: no bucket
+    fused = bucket_allreduce(graph, 1 << 20)
+    assert [len(n.inputs) for n in fused.nodes if n.op == "AllReduceBucket"] == [2]
+    assert sum(n.op == "AllReduce" for n in fused.nodes) == 2  # b2 (index 0) and b1 (alone in index 3)
+    with pytest.raises(ConfigurationError, match="fusion index"):
+        set_fusion(forward, {"w1": -1})
 
 
 def test_bucketed_gradients_start_early_and_each_is_awaited_just_before_its_update():

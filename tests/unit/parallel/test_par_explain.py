@@ -56,6 +56,6 @@ def test_save_graphs_writes_the_graph_before_and_after_the_pass(tmp_path):
     end = Path(paths[2]).read_text()
     assert "%weight: f32[128,64] @Layout((4, 2), (-1, 0))" in end  # rank 5 holds half of weight
     assert "AllGather(%x) {axis=0, group=(0, 1, 2, 3, 4, 5, 6, 7)}" in end
-    assert "Mirror(%weight) {fusion=1, group=(1, 3, 5, 7), mean=False}" in end
+    assert "Mirror(%weight) {fp32_sync=False, fusion=1, group=(1, 3, 5, 7), mean=False}" in end
     assert "test_par_explain.py" in end  # each rank node points at the user's line it implements
     assert not list((tmp_path / "ir").glob("*.tmp"))

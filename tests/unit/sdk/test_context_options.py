@@ -60,6 +60,7 @@ OTHER_VALUE = {
     "loss_repeated_mean": False,
     "parameter_broadcast": True,
     "enable_parallel_optimizer": True,
+    "parallel_optimizer_config": {"optimizer_level": "level3", "parallel_optimizer_threshold": 0},
     "strategy_ckpt_load_file": "strategy.ckpt",
     "strategy_ckpt_save_file": "strategy.ckpt",
     "strategy_ckpt_config": {"save_file": "strategy.json"},

@@ -244,7 +244,7 @@ def make_entry(
     extra_params: Sequence[P.Parameter] = (),
 ) -> Entry:
     """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
-    graph = expand_gradients(graph)
+    graph = _gather_stored_blocks(expand_gradients(graph), (*tr.parameters(), *extra_params))
     seg = f"{name}:{graph.hash[:12]}"
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     host_names = [f"{seg}/out{i}" for i in range(n_host)]
@@ -266,6 +266,18 @@ def make_entry(
         batch_outputs=any(BATCH in v.shape for v in graph.outputs),
         modes=tr.modes(),
     )
+
+
+def _gather_stored_blocks(graph: Graph, params: Sequence[P.Parameter]) -> Graph:
+    """Under DATA_PARALLEL optimizer parallel level3 the daemons store only a block of some parameters: a graph
+    that reads one whole (an eval or predict network) all-gathers it first (compiler.optimizer_parallel)."""
+    eng_id = engine().id
+    blocks = {p.key: p._zero_shard for p in params if getattr(p, "_zero_shard", None) and p._layout_engine == eng_id}
+    if not blocks:
+        return graph
+    from tessel.compiler.optimizer_parallel import gather_blocks
+
+    return gather_blocks(graph, blocks)
 
 
 class CompiledFunction:
@@ -347,6 +359,13 @@ class CompiledFunction:
         return entry, call
 
     def _build(self, call: Call, sharded: bool) -> Entry:
+        from tessel.common.rank_step import broadcast_parameters
+
+        entry = self._build_entry(call, sharded)
+        broadcast_parameters(entry.params)  # parameter_broadcast=True: rank 0's values, before the first run
+        return entry
+
+    def _build_entry(self, call: Call, sharded: bool) -> Entry:
         if sharded:
             return self._trace(call, symbolic=False, sharded=True)
         if not self.static:

@@ -28,6 +28,7 @@ from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.v1 import daemon_pb2
 
@@ -83,12 +84,14 @@ class Engine:
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
             lowered = lower_rank_program(named, state=list(state), world_size=self.world_size, spmd=_spmd())
+            lowered = free_early(mark_program_inplace(lowered))  # tensors die with their last use (compiler.memory)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
             for segment in lowered.segments.values():
                 profiler.name_segment(segment.name, segment.graph)
         else:
-            self.daemon.compile_segment(self.session, name, model_bytes(op_rewrites(graph)), list(state))
+            onnx = mark_inplace(model_bytes(op_rewrites(graph)), list(state))
+            self.daemon.compile_segment(self.session, name, onnx, list(state))
             profiler.name_segment(name, graph)
         self._segments.add(name)
 

@@ -71,7 +71,10 @@ class Parameter(Tensor):
 
     @property
     def comm_fusion(self) -> int:
-        """The fusion group of this parameter's gradient reduction (MindSpore's default 1; Cell.set_comm_fusion)."""
+        """The fusion group of this parameter's gradient reduction (MindSpore's default 1; Cell.set_comm_fusion):
+        the train step of Model.train / TrainOneStepCell under DATA_PARALLEL, SEMI_AUTO and AUTO fuses only
+        gradients of one index into a bucket (each bucket still closes at comm_fusion's size), and index 0 reduces
+        the gradient on its own."""
         return self._comm_fusion
 
     @comm_fusion.setter
@@ -136,6 +139,7 @@ class Parameter(Tensor):
             if self._host_stale:
                 self.asnumpy()
             self._device = None
+            mark_host_write()
         self._layout, self._layout_engine = layout, engine_id
 
     @property

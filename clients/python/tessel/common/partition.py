@@ -81,16 +81,35 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             fixed[value.name] = Layout.replicated(value.ndim, world)
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
-    plan = parallelize(
-        graph,
-        planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
-        world,
-        parameters=list(params),
-        dataset=_dataset_arg(dataset),
-        fixed=fixed,
-        weights=list(handles),
-        output_layouts=returned + [None] * (len(graph.outputs) - n_host),
-    )
+
+    def plan_with(fixed_layouts: dict):
+        return parallelize(
+            graph,
+            planning.strategies(graph, trace, list(params), world, dataset, weights=list(handles)),
+            world,
+            parameters=list(params),
+            dataset=_dataset_arg(dataset),
+            fixed=fixed_layouts,
+            weights=list(handles),
+            output_layouts=returned + [None] * (len(graph.outputs) - n_host),
+            loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
+        )
+
+    fused = sorted(p.name for p in params.values() if p.comm_fusion != 1)
+    if fused and any(node.op == "GradientOf" for node in graph.nodes):
+        from tessel.common.support import log_once
+
+        log_once(
+            "comm-fusion-functional",
+            f"comm_fusion of {fused[:3]}{'...' if len(fused) > 3 else ''}: gradients taken in a compiled function "
+            "under SEMI_AUTO/AUTO_PARALLEL (value_and_grad, GradOperation) are each reduced by a collective of "
+            "their own, so fusion indices group nothing there; Model.train / TrainOneStepCell's step buckets "
+            "gradients by fusion index",
+        )
+    plan = plan_with(fixed)
+    blocks = _state_blocks(plan, params, fixed, rank)
+    if blocks:  # optimizer parallel: the optimizer's state takes its blocks, and the plan follows
+        plan = plan_with({**fixed, **blocks})
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
     planning.record(plan, list(params.values()), rank)
@@ -103,6 +122,31 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]
     entry.device_layouts = list(plan.output_layouts[n_host:])
     return entry
+
+
+def _state_blocks(plan, params: dict, fixed: dict, rank: int) -> dict:
+    """Optimizer parallel: the block layout of each optimizer slot (store key "<parameter key>/<slot>") of a
+    parameter the plan leaves replicated over some ranks, for slots no plan placed yet
+    (compiler.optimizer_parallel.block_of)."""
+    settings = context.optimizer_shard_config()
+    if settings is None:
+        return {}
+    import numpy as np
+
+    from tessel.compiler.optimizer_parallel import ShardConfig, block_of
+
+    config, blocks = ShardConfig(*settings), {}
+    for key, slot in params.items():
+        base = key.rpartition("/")[0]
+        if not base or base not in params or key in fixed:
+            continue
+        param = params[base]
+        if not param.parallel_optimizer or tuple(slot.shape) != tuple(param.shape):
+            continue
+        found = block_of(plan.input_layout(base), param.shape, np.dtype(param.dtype.numpy).itemsize, config, rank)
+        if found is not None:
+            blocks[key] = found[1]
+    return blocks
 
 
 def _requested_layout(requested: Any, world: int):

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 
 from tessel import context, profiler
-from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step
-from tessel.compiler import data_parallel_train_step as _dp_train_step
+from tessel.common.support import log_once
+from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step, mirror_parameters
+from tessel.compiler.buckets import set_fusion, sync_in_fp32
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
@@ -70,16 +71,34 @@ def check_mode() -> None:
         )
 
 
-def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict]):
-    """(TrainProgram, RankPartition or None) for the current parallel mode (see the module docstring); `fixed()`
-    gives the layouts of parameters an earlier plan of this job sliced."""
+def shard_config():
+    """The optimizer-parallel settings of the context (enable_parallel_optimizer, parallel_optimizer_config,
+    AutoParallel.hsdp) as a compiler ShardConfig, or None when optimizer parallel is off."""
+    settings = context.optimizer_shard_config()
+    if settings is None:
+        return None
+    from tessel.compiler.optimizer_parallel import ShardConfig
+
+    level, threshold, size = settings
+    return ShardConfig(level, threshold, size)
+
+
+def parallel_train_program(
+    graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=(), fusion=None
+):
+    """(TrainProgram, RankPartition or None, {key: ParamShard}) for the current parallel mode (see the module
+    docstring); `fixed()` gives the layouts of parameters an earlier plan of this job sliced; `exclude` names the
+    parameters optimizer parallel must leave whole (Parameter(parallel_optimizer=False)). With optimizer parallel
+    on, the shards say which parameters this rank reduce-scatters and updates a block of (compiler/
+    optimizer_parallel.py). `fusion` maps a parameter key to its comm_fusion index: only gradients of one index
+    share a bucket, index 0 is reduced alone."""
     mode, world = parallel_mode(), world_size()
+    config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
-        group = tuple(range(world))
-        return _dp_train_step(
-            graph, keys, rule, group, mean=mean, bucket_bytes=bucket_bytes(), no_weight_decay=no_decay
-        ), None
+        forward = set_fusion(mirror_parameters(graph, keys, tuple(range(world)), mean=mean), fusion or {})
+        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
+        return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         try:
             from tessel.parallel.semi_auto import partition_for_rank
@@ -91,9 +110,30 @@ def parallel_train_program(graph, trace, keys: Sequence[str], rule, no_decay, fi
         from tessel.communication import get_rank
 
         part = partition_for_rank(graph, trace, list(keys), None, get_rank(), world, fixed())
-        program = build_train_step(part.graph, keys, rule, no_decay)
-        return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part
-    return build_train_step(graph, keys, rule, no_decay), None
+        forward = sync_in_fp32(part.graph) if context.get_auto_parallel_context("gradient_fp32_sync") else part.graph
+        forward = set_fusion(forward, fusion or {})
+        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
+        return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part, shards
+    if config is not None and world > 1:
+        log_once(
+            "optimizer-parallel-mode",
+            f"enable_parallel_optimizer: parallel_mode={mode!r} reduces no gradients itself, so there is no "
+            "replicated parameter to shard; optimizer parallel applies under DATA_PARALLEL, SEMI_AUTO_PARALLEL "
+            "and AUTO_PARALLEL",
+        )
+    return build_train_step(graph, keys, rule, no_decay), None, {}
+
+
+def _sharded_step(forward, keys, rule, no_decay, config, exclude) -> tuple[TrainProgram, dict]:
+    """build_train_step with this rank's optimizer-parallel shards (none when `config` is None)."""
+    shards = {}
+    if config is not None:
+        from tessel.communication import get_rank
+        from tessel.compiler.optimizer_parallel import plan_shards, shard_forward
+
+        shards = plan_shards(forward, keys, config, get_rank(), exclude)
+        forward = shard_forward(forward, shards)
+    return build_train_step(forward, keys, rule, no_decay, shards=shards), shards
 
 
 def global_inputs(inputs: Sequence[Any]) -> tuple | None:
@@ -128,6 +168,41 @@ def _with_graph(program: TrainProgram, graph) -> TrainProgram:
 
 
 # --- identical replicas ---------------------------------------------------------------------------------------
+
+
+_broadcast: set[tuple[int, str]] = set()  # (engine id, parameter key) already taken from rank 0
+
+
+def broadcast_parameters(params: Sequence[Any]) -> None:
+    """parameter_broadcast=True: before a compiled graph first runs, every rank takes rank 0's value of each
+    parameter it reads (once per parameter and job), as MindSpore broadcasts parameters when it compiles a
+    network: under DATA_PARALLEL all but layerwise_parallel ones, under the other parallel modes those no plan
+    cut (a sliced parameter's pieces differ by design). One broadcast per dtype, of the parameters concatenated."""
+    if not context.get_auto_parallel_context("parameter_broadcast") or parallel_mode() == _PARALLEL.STAND_ALONE:
+        return
+    from tessel.common.engine import engine
+    from tessel.communication import comm_func
+
+    eng = engine()
+    if eng.world_size == 1:
+        return
+    chosen = [p for p in params if (eng.id, p.key) not in _broadcast and not p.layerwise_parallel and not _cut(p)]
+    by_dtype: dict[Any, list[Any]] = {}
+    for p in chosen:
+        by_dtype.setdefault(np.dtype(p.dtype.numpy), []).append(p)
+        _broadcast.add((eng.id, p.key))
+    for dtype, group in sorted(by_dtype.items(), key=lambda item: item[0].str):
+        flat = np.concatenate([np.asarray(p.asnumpy(), dtype).reshape(-1) for p in group])
+        received = np.asarray(comm_func.broadcast(flat, src=0))
+        offset = 0
+        for p in group:
+            size = int(np.prod(p.shape, dtype=np.int64))
+            p.set_data(received[offset : offset + size].reshape(p.shape))
+            offset += size
+
+
+def _cut(p: Any) -> bool:
+    return p.layout is not None and any(s > 1 for s in p.layout.splits)
 
 
 def _checksum(array: np.ndarray) -> float:
@@ -218,7 +293,7 @@ class SinkRunner:
         for name, feeder in entry.feeders.items():
             feed[name] = feeder()
         self.step.before_run(feed)
-        loss = entry.host_names[0]
+        loss = entry.host_names[-1]  # the unscaled loss: a scaled step returns (scaled loss, loss)
         batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()

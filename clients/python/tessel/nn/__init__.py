@@ -42,6 +42,8 @@ from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate sched
 from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.wrap import (
     DistributedGradReducer,
+    GradAccumulation,
+    GradAccumulationCell,
     MicroBatchInterleaved,
     TrainOneStepCell,
     WithEvalCell,
@@ -72,6 +74,8 @@ def __getattr__(name: str):
 __all__ = [
     "GELU",
     "AvgPool2d",
+    "GradAccumulation",
+    "GradAccumulationCell",
     "BCEWithLogitsLoss",
     "BatchNorm1d",
     "BatchNorm2d",

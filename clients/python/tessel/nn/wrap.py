@@ -1,5 +1,7 @@
-"""Training wrappers: WithLossCell, WithEvalCell, TrainOneStepCell (a fused step), DistributedGradReducer and
-MicroBatchInterleaved (MindSpore's semantics: the sum of the copies' losses)."""
+"""Training wrappers: WithLossCell, WithEvalCell, TrainOneStepCell (a fused step), DistributedGradReducer,
+MicroBatchInterleaved and GradAccumulation (MindSpore's semantics: the sum of the copies' or micro-batches'
+losses; a train step over GradAccumulation scales the gradients by 1/micro_size, as MindSpore's
+_TrainGradAccuStepCell does)."""
 
 from __future__ import annotations
 
@@ -64,16 +66,24 @@ class FusedTrainStep:
             params_first=lambda: optimizer.parameters,
             arg_names=arg_names_of(network.construct),
             transform=self._transform,
-            key_extra=rank_step.parallel_mode,
+            key_extra=_step_settings,
             partition=False,  # _transform partitions (rank_step.parallel_train_program)
         )
         self._checked: set[int] = set()  # engines on which the replicas were found identical
         self._partition = None  # semi-auto: this rank's partition (slices of parameters and batches)
+        self._shards: dict = {}  # optimizer parallel: this rank's ParamShard per parameter key
+        self._placed: tuple = ()  # (engine id, id of the shards) whose layouts the parameters took
 
     def _forward(self, *inputs: Any) -> Any:
-        out = self.network(*inputs)
+        network, micro = self.network, _micro_size(self.network)
+        steps = context.get_auto_parallel_context("grad_accumulation_step")
+        if steps > 1 and micro == 1:  # set_auto_parallel_context(grad_accumulation_step=k)
+            network, micro = GradAccumulation(self.network, steps), steps
+        out = network(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
-        return (loss * self.sens, loss) if self.sens != 1.0 else loss
+        # MindSpore's _TrainGradAccuStepCell: the micro-batches' summed loss is differentiated with sens 1/micro.
+        scale = self.sens / micro
+        return (loss * scale, loss) if scale != 1.0 else loss
 
     def _transform(self, graph: Graph, trace: SdkTrace) -> tuple[Graph, list]:
         if trace.feeders:
@@ -82,8 +92,16 @@ class FusedTrainStep:
             )
         opt = self.optimizer
         keys = [p.key for p in opt.parameters]
-        program, self._partition = rank_step.parallel_train_program(
-            graph, trace, keys, opt._rule, opt.no_decay_keys, lambda: _sliced(opt.parameters)
+        whole = [p.key for p in opt.parameters if not p.parallel_optimizer]
+        program, self._partition, self._shards = rank_step.parallel_train_program(
+            graph,
+            trace,
+            keys,
+            opt._rule,
+            opt.no_decay_keys,
+            lambda: _sliced(opt.parameters),
+            whole,
+            {p.key: p.comm_fusion for p in opt.parameters},
         )
         self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
@@ -111,7 +129,42 @@ class FusedTrainStep:
             if self._partition is not None:
                 self._install_partition(eng)
             self._checked.add(eng.id)
+        if self._partition is None and self._shards and self._placed != (eng.id, id(self._shards)):
+            # Optimizer parallel turned on (or changed) in this job: the blocks take their layouts before they run.
+            self._place_shards(eng, {})
+        self._placed = (eng.id, id(self._shards))
         return entry, call
+
+    def _place_shards(self, eng, layouts: dict) -> None:
+        """Give each parameter and its optimizer slots their layouts: the plan's (`layouts`, semi-auto), or under
+        optimizer parallel the layout of this rank's block (slots; level3 parameters too), so that checkpoints
+        gather them whole and the daemon receives only the block."""
+        from tessel.compiler.optimizer_parallel import shard_layout
+        from tessel.compiler.parallel import Layout
+
+        opt, rank = self.optimizer, eng.runtime.rank
+        for p, *slots in zip(opt.parameters, *opt._slots.values()):
+            layout, shard = layouts.get(p.key), self._shards.get(p.key)
+            block = None
+            if shard is not None:
+                base = layout if layout is not None else Layout.replicated(len(p.shape), eng.world_size)
+                block = shard_layout(base, shard, rank)
+                if block is None:
+                    raise ConfigurationError(
+                        f"optimizer parallel: the blocks of parameter {p.name!r} over ranks {list(shard.group)} are "
+                        f"not a cut of its layout {base.describe()}, so checkpoints could not reassemble it; use "
+                        "optimizer_weight_shard_size=-1 (hsdp(shard_size=-1))"
+                    )
+            for q in slots:
+                if block is not None or layout is not None:
+                    q.place(block if block is not None else layout, eng.id)
+            stored = block if shard is not None and shard.weights_sharded else layout
+            if stored is not None:
+                p.place(stored, eng.id)
+                if stored is not layout:
+                    p._compute_layout = layout  # what the train step plans with (level3 stores only the block)
+                    if layout is None:
+                        p._zero_shard = shard  # other graphs of this job all-gather the block (DATA_PARALLEL)
 
     def _install_partition(self, eng) -> None:
         """Semi-auto: the parameters take the plan's layouts (their slots the same), and this rank's slices go to
@@ -121,10 +174,7 @@ class FusedTrainStep:
         from tessel.common import parameter as P
 
         opt, plan = self.optimizer, self._partition.plan
-        for p, *slots in zip(opt.parameters, *opt._slots.values()):
-            if p.key in plan.parameters:
-                for q in (p, *slots):
-                    q.place(plan.input_layout(p.key), eng.id)
+        self._place_shards(eng, {key: plan.input_layout(key) for key in plan.parameters})
         from tessel.parallel import planning
 
         planning.record(plan, list(opt.parameters), eng.runtime.rank)
@@ -145,18 +195,42 @@ class FusedTrainStep:
     def __call__(self, *inputs: Any) -> Tensor:
         entry, call = self.prepare(*inputs)
         out = entry.run(call) if self._partition is None else _run_partitioned(entry, call, self)
-        return out[1] if self.sens != 1.0 else out
+        return out[1] if isinstance(out, tuple) else out  # (scaled loss, loss) when sens or micro-batches scale
 
 
 def _sliced(parameters) -> dict:
-    """The layouts of the parameters an earlier plan of the current job sliced."""
+    """The layouts of the parameters an earlier plan of the current job sliced (for a parameter optimizer parallel
+    stores as a block, the layout the plan computes with)."""
     from tessel.common.engine import engine
     from tessel.parallel import planning
 
     current, loaded = engine().id, planning.loaded_layouts()  # strategy_ckpt_config's load_file
     fixed = {p.key: loaded[p.name] for p in parameters if p.name in loaded}
-    fixed.update({p.key: p.layout for p in parameters if p.layout is not None and p._layout_engine == current})
-    return fixed
+    for p in parameters:
+        if p.layout is not None and p._layout_engine == current:
+            fixed[p.key] = getattr(p, "_compute_layout", None) or p.layout
+    return {key: layout for key, layout in fixed.items() if layout is not None}
+
+
+def _step_settings() -> tuple:
+    """What a fused train step's graph depends on besides its inputs: a change retraces it."""
+    ctx = context.get_auto_parallel_context
+    return (
+        rank_step.parallel_mode(),
+        ctx("grad_accumulation_step"),
+        ctx("enable_parallel_optimizer"),
+        repr(ctx("parallel_optimizer_config")),
+        ctx("gradient_fp32_sync"),
+        ctx("loss_repeated_mean"),
+    )
+
+
+def _micro_size(network: Cell) -> int:
+    """micro_size of the GradAccumulation cell inside `network` (1 without one)."""
+    for _, cell in [("", network), *network.cells_and_names()]:
+        if isinstance(cell, GradAccumulation):
+            return cell.micro_size
+    return 1
 
 
 def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
@@ -417,3 +491,56 @@ def _describe_output(out: Any) -> str:
         shapes = ", ".join(str(tuple(o.shape)) if isinstance(o, Tensor) else type(o).__name__ for o in out)
         return f"a {type(out).__name__} of {len(out)} ({shapes})"
     return f"a {type(out).__name__}"
+
+
+class GradAccumulation(Cell):
+    """Split every input along dim 0 into `micro_size` micro-batches, run the network on each and return the sum
+    of their losses (MindSpore's `mindspore.parallel.nn.GradAccumulation` / `nn.GradAccumulationCell`).
+
+    A train step (Model.train, TrainOneStepCell) over it accumulates the micro-batches' gradients, each from its
+    own backward pass, scales them by 1/micro_size (MindSpore's _TrainGradAccuStepCell) and then reduces them
+    once and updates once: one step on the whole batch.
+
+    >>> net = GradAccumulation(nn.WithLossCell(backbone, loss_fn), 4)
+    """
+
+    def __init__(self, network: Cell, micro_size: int):
+        super().__init__(auto_prefix=False)
+        if not isinstance(network, Cell):
+            raise TypeError(
+                f"For 'GradAccumulation', the argument 'network' must cell type, but got the type : {type(network)}."
+            )
+        if isinstance(micro_size, bool) or not isinstance(micro_size, int):
+            raise TypeError(
+                f"For 'GradAccumulation', the argument 'micro_size' must be integer, but got the type : "
+                f"{type(micro_size)}."
+            )
+        if micro_size <= 0:
+            raise ValueError(
+                f"For 'GradAccumulation', the argument 'micro_size' must be large than 0, but got {micro_size}."
+            )
+        self.network, self.micro_size = network, micro_size
+
+    def construct(self, *inputs):
+        from tessel.common.tracing import apply_op
+
+        k, total = self.micro_size, None
+        for i in range(k):
+            parts = []
+            for x in inputs:
+                if isinstance(x, Tensor) and x.ndim >= 1:
+                    n = x.shape[0]
+                    if isinstance(n, int) and n % k:
+                        raise ConfigurationError(
+                            f"GradAccumulation: the batch dim {n} does not split into micro_size={k} micro-batches"
+                        )
+                    x = x[i * (n // k) : (i + 1) * (n // k)]
+                parts.append(x)
+            out = self.network(*parts)
+            if current() is not None and k > 1:
+                out = apply_op("MicroBatchEnd", out, index=i, count=k)
+            total = out if total is None else total + out
+        return total
+
+
+GradAccumulationCell = GradAccumulation

@@ -48,6 +48,8 @@ class AutoParallel(Cell):
         self._comm_fusion_config: dict = {}
         self._pipeline_stages = 1
         self._strategy_files: dict[str, Any] = {}
+        self._optimizer_parallel: dict[str, Any] | None = None  # hsdp()'s parallel_optimizer_config
+        self._sync_options: dict[str, bool] = {}  # gradient_fp32_sync / loss_repeated_mean when disabled
         function = network.construct if isinstance(network, Cell) else network
         object.__setattr__(
             self,
@@ -68,6 +70,10 @@ class AutoParallel(Cell):
             settings["search_mode"] = search
         if self._strategy_files:
             settings["strategy_ckpt_config"] = dict(self._strategy_files)
+        if self._optimizer_parallel is not None:
+            settings["enable_parallel_optimizer"] = True
+            settings["parallel_optimizer_config"] = dict(self._optimizer_parallel)
+        settings.update(self._sync_options)
         context.set_auto_parallel_context(**settings)
 
     def dataset_strategy(self, config: Any) -> None:
@@ -118,9 +124,22 @@ class AutoParallel(Cell):
         self._pipeline_stages = stages
 
     def hsdp(self, shard_size: int = -1, threshold: int = 64, optimizer_level: str = "level1") -> None:
-        raise not_supported_yet(
-            "AutoParallel.hsdp (optimizer parallel)", "sharding optimizer state is not implemented yet"
-        )
+        """Optimizer parallel (MindSpore's hsdp): each parameter replicated over some ranks has dim 0 cut over them
+        (over runs of `shard_size` of them; -1: all), each rank holding the optimizer state of its block and updating
+        only it ("level1"), also keeping only its block of the gradient ("level2"), or also storing only its block
+        of the weight, gathered before each use ("level3"). Parameters under `threshold` KB stay whole."""
+        if isinstance(shard_size, bool) or not isinstance(shard_size, int) or (shard_size <= 0 and shard_size != -1):
+            raise ValueError(f"shard_size must be a positive integer or -1, but got {shard_size}.")
+        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 0:
+            raise ValueError(f"threshold must be a positive integer or 0, but got {threshold}.")
+        if optimizer_level not in ("level1", "level2", "level3"):
+            raise ValueError(f"Optimizer level should in ['level1', 'level2', 'level3'], but got {optimizer_level}")
+        self._optimizer_parallel = {
+            "optimizer_weight_shard_size": shard_size,
+            "parallel_optimizer_threshold": threshold,
+            "optimizer_level": optimizer_level,
+        }
+        self._apply()
 
     def no_init_parameters_in_compile(self) -> None:
         raise not_supported_yet(
@@ -154,10 +173,14 @@ class AutoParallel(Cell):
         """Collectives already carry float32 here (no float16 reduction): nothing to change."""
 
     def disable_gradient_fp32_sync(self) -> None:
-        raise not_supported_yet("AutoParallel.disable_gradient_fp32_sync", "gradients are reduced in their own dtype")
+        """All-reduce float16 gradients in float16 (by default they are cast to float32 for the reduction)."""
+        self._sync_options["gradient_fp32_sync"] = False
+        self._apply()
 
     def disable_loss_repeated_mean(self) -> None:
-        raise not_supported_yet("AutoParallel.disable_loss_repeated_mean", "the loss of replicated outputs is averaged")
+        """Do not divide the gradient of a loss that several ranks compute alike by their number."""
+        self._sync_options["loss_repeated_mean"] = False
+        self._apply()
 
     def set_group_ckpt_save_file(self, file_path: str) -> None:
         raise not_supported_yet("AutoParallel.set_group_ckpt_save_file", "communication groups are not checkpointed")

@@ -107,10 +107,14 @@ def plan_for(
     fixed = {name: layout for name, layout in (fixed or {}).items() if name in inputs}
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))
-    key = (shown, device_num, dataset, parameters, tuple(sorted(fixed.items(), key=lambda kv: kv[0])))
+    repeated_mean = bool(context.get_auto_parallel_context("loss_repeated_mean"))
+    key = (shown, device_num, dataset, parameters, tuple(sorted(fixed.items(), key=lambda kv: kv[0])), repeated_mean)
     cache = _PLANS.setdefault(graph, {})
     if key not in cache:
-        cache[key] = parallelize(graph, strategies, device_num, parameters, _dataset_arg(dataset), fixed=fixed)
+        dataset_arg = _dataset_arg(dataset)
+        cache[key] = parallelize(
+            graph, strategies, device_num, parameters, dataset_arg, fixed=fixed, loss_repeated_mean=repeated_mean
+        )
     return cache[key]
 
 

@@ -216,8 +216,28 @@ class Optimizer(Cell):
                 raise ConfigurationError(f"gradient for {p.name!r} has shape {tuple(g.shape)}, expected {p.shape}")
         if current() is not None:
             return self._emit(gradients)
+        self._shard_state()
         self._update(*gradients)
         return True
+
+    def _shard_state(self) -> None:
+        """Optimizer parallel and an update called on gradients (value_and_grad + optimizer(grads)): under
+        SEMI_AUTO/AUTO the parallel pass gives the moment slots the layout of each rank's block
+        (common/partition.py); under DATA_PARALLEL this path keeps whole state (Model.train and TrainOneStepCell
+        shard it), and says so."""
+        from tessel import context
+        from tessel.common import partition
+        from tessel.common.engine import engine
+
+        if context.optimizer_shard_config() is None or partition.active() or engine().world_size == 1:
+            return
+        from tessel.common.support import log_once
+
+        log_once(
+            "optimizer-parallel-functional",
+            "enable_parallel_optimizer: an optimizer called on gradients (optimizer(grads)) under DATA_PARALLEL "
+            "updates whole parameters and keeps whole state; Model.train and TrainOneStepCell shard it",
+        )
 
     def _emit(self, gradients: Sequence[Any]) -> Any:
         """Add the update of every parameter (and slot) to the current trace."""

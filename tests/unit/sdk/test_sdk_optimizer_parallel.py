@@ -1,0 +1,93 @@
+"""Optimizer parallel and gradient accumulation through the SDK on one rank: the options are checked as MindSpore
+checks them, AutoParallel.hsdp and its disable_* companions set the job's context, and GradAccumulation returns the
+sum of its micro-batches' losses while a train step over it takes one update equal to the whole batch's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel import context, nn
+from tessel.core.errors import ConfigurationError
+from tessel.parallel.auto_parallel import AutoParallel
+from tessel.parallel.nn import GradAccumulation
+
+
+def test_parallel_optimizer_config_is_checked_as_mindspore_checks_it():
+    ms.set_auto_parallel_context(enable_parallel_optimizer=True)
+    assert context.optimizer_shard_config() == ("level1", 64, -1)
+    ms.set_auto_parallel_context(parallel_optimizer_config={"gradient_accumulation_shard": True})
+    assert context.optimizer_shard_config() == ("level2", 64, -1)
+    config = {"optimizer_level": "level3", "parallel_optimizer_threshold": 0, "optimizer_weight_shard_size": 2}
+    ms.set_auto_parallel_context(parallel_optimizer_config=config)
+    assert context.optimizer_shard_config() == ("level3", 0, 2)
+    for bad, message in [
+        ({"optimizer_level": "level4"}, "optimizer_level should be in"),
+        ({"parallel_optimizer_threshold": -1}, "parallel_optimizer_threshold must be an int >= 0"),
+        ({"optimizer_weight_shard_size": 0}, "optimizer_weight_shard_size must be a positive int or -1"),
+        ({"gradient_accumulation_shard": True, "optimizer_level": "level1"}, "which is optimizer_level 'level2'"),
+        ({"shard": 1}, r"unknown key\(s\) \['shard'\]"),
+    ]:
+        with pytest.raises(ConfigurationError, match=message):
+            ms.set_auto_parallel_context(parallel_optimizer_config=bad)
+    ms.set_auto_parallel_context(enable_parallel_optimizer=False)
+    assert context.optimizer_shard_config() is None
+
+
+def test_hsdp_and_its_companions_set_the_context():
+    net = AutoParallel(nn.Dense(4, 2))
+    net.hsdp(shard_size=2, threshold=8, optimizer_level="level2")
+    assert ms.get_auto_parallel_context("enable_parallel_optimizer") is True
+    assert context.optimizer_shard_config() == ("level2", 8, 2)
+    net.disable_gradient_fp32_sync()
+    net.disable_loss_repeated_mean()
+    assert ms.get_auto_parallel_context("gradient_fp32_sync") is False
+    assert ms.get_auto_parallel_context("loss_repeated_mean") is False
+    ms.reset_auto_parallel_context()
+    net._apply()  # the wrapper's configuration is the job's again whenever it runs
+    assert context.optimizer_shard_config() == ("level2", 8, 2)
+    for kwargs, message in [
+        ({"shard_size": 0}, "shard_size must be a positive integer or -1"),
+        ({"threshold": -1}, "threshold must be a positive integer or 0"),
+        ({"optimizer_level": "level0"}, "Optimizer level should in"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            net.hsdp(**kwargs)
+
+
+def test_grad_accumulation_checks_its_arguments():
+    with pytest.raises(TypeError, match="must cell type"):
+        GradAccumulation(lambda x: x, 2)
+    with pytest.raises(TypeError, match="must be integer"):
+        GradAccumulation(nn.Dense(2, 2), 2.0)
+    with pytest.raises(ValueError, match="must be large than 0"):
+        GradAccumulation(nn.Dense(2, 2), 0)
+    assert ms.nn.GradAccumulation is ms.nn.GradAccumulationCell is GradAccumulation
+
+
+def _train(network_of, steps: int = 3) -> tuple[list[float], np.ndarray]:
+    ms.set_seed(4)
+    dense = nn.Dense(6, 3)
+    network = network_of(nn.WithLossCell(dense, nn.CrossEntropyLoss()))
+    step = nn.TrainOneStepCell(network, nn.Momentum(dense.trainable_params(), 0.1, 0.9))
+    rng = np.random.default_rng(2)
+    losses = []
+    for _ in range(steps):
+        x = rng.standard_normal((8, 6)).astype(np.float32)
+        y = rng.integers(0, 3, 8).astype(np.int32)
+        losses.append(float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()))
+    return losses, dense.weight.asnumpy()
+
+
+@pytest.mark.parametrize("by_context", [False, True])
+def test_accumulated_micro_batches_are_one_step_on_the_whole_batch(by_context):
+    want_losses, want = _train(lambda net: net)
+    if by_context:
+        ms.set_auto_parallel_context(grad_accumulation_step=4)
+        losses, got = _train(lambda net: net)
+    else:
+        losses, got = _train(lambda net: GradAccumulation(net, 4))
+    # the logged loss sums the 4 micro-batches' mean losses; the update is the whole batch's
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert losses[0] == pytest.approx(4 * want_losses[0], rel=1e-5)
