@@ -24,6 +24,7 @@ class DaemonRecord:
     last_beat: float
     streams: set[Subscriber] = field(default_factory=set)
     died_at: float = 0.0  # when it was declared dead (it leaves the registry some time later)
+    restored: bool = False  # read back by a restarted coordinator and not heard from since: not given new work
 
     @property
     def daemon_id(self) -> str:
@@ -62,6 +63,7 @@ class Joiner:
     daemon_id: str  # the pinned daemon, "" = any
     hostname: str
     pid: int
+    restored: bool = False  # read back from the store by a restarted coordinator: its process may ask again
 
 
 @dataclass(eq=False)
@@ -110,6 +112,7 @@ class Job:
     beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
     running_since: float = 0.0  # on the state's clock
     first_beats_checked: bool = False  # every rank was checked for a first heartbeat (liveness.py)
+    recovered: bool = False  # read back by a restarted coordinator: its ranks must heartbeat again
     suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
     next_free: int = 0  # every rank below this one has joined, except those in `freed`
     freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew
@@ -198,7 +201,7 @@ def daemon_order(daemon_id: str) -> tuple[int, str]:
 
 
 def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
-    return record.state == IDLE and (not joiner.plugin or record.info.plugin == joiner.plugin)
+    return record.state == IDLE and not record.restored and (not joiner.plugin or record.info.plugin == joiner.plugin)
 
 
 def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
@@ -209,6 +212,8 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
         return f"{who}, which rank {taken_by} is pinned to as well"
     if joiner.plugin and record.info.plugin != joiner.plugin:
         return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
+    if record.restored:
+        return f"{who}, which has not heartbeat since the coordinator restarted"
     busy = f" with job '{record.info.job_id}'" if record.state == BUSY else ""
     return f"{who}, which is {record.state}{busy}"
 
@@ -284,7 +289,9 @@ def assign_daemons(
             continue
         pinned_by[joiner.daemon_id] = rank
         chosen[rank] = record
-    free = _FreeDaemons([d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by])
+    free = _FreeDaemons(
+        [d for d in daemons.values() if d.state == IDLE and not d.restored and d.daemon_id not in pinned_by]
+    )
     unpinned = sorted((j for j in job.joiners.values() if not j.daemon_id), key=lambda j: (not j.plugin, j.rank))
     for joiner in unpinned:
         pick = free.pick(joiner)

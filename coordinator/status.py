@@ -71,7 +71,7 @@ def status_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     address = args.coordinator or default_address()
     try:
-        with CoordinatorClient(address, timeout_s=args.timeout) as client:
+        with CoordinatorClient(address, timeout_s=args.timeout, grace_s=0.0) as client:
             reply = client.cluster_status()
     except errors.ConfigurationError as exc:
         print(f"tessel status: {exc}", file=sys.stderr)

@@ -120,12 +120,13 @@ def _heartbeat_deadlines(reply) -> tuple[float, float]:
 def _deadlines(core: DaemonCore, interval_s: float, timeout_s: float) -> str:
     """Every deadline this daemon keeps, in one line (printed once at start-up)."""
     plugin = core.plugin.collective.deadlines()
+    grace = core.coordinator.grace_s if core.coordinator is not None else 0.0
     return (
         f"tessel daemon {core.daemon_id} deadlines: heartbeat every {interval_s:g} s, coordinator lost after "
-        f"{timeout_s:g} s of silence; collective timeout {core.collective_timeout_s:g} s "
-        f"(TESSEL_COLLECTIVE_TIMEOUT); stall report after {REPORT_AFTER_S:g} s in a collective; group rendezvous "
-        f"60 s; sessions whose job is not running here closed after {core.limits.orphan_session_s:g} s"
-        + (f"; {plugin}" if plugin else "")
+        f"{timeout_s + grace:g} s of silence or {grace:g} s unreachable (TESSEL_COORDINATOR_GRACE); collective "
+        f"timeout {core.collective_timeout_s:g} s (TESSEL_COLLECTIVE_TIMEOUT); stall report after "
+        f"{REPORT_AFTER_S:g} s in a collective; group rendezvous 60 s; sessions whose job is not running here "
+        f"closed after {core.limits.orphan_session_s:g} s" + (f"; {plugin}" if plugin else "")
     )
 
 

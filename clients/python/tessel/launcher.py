@@ -279,7 +279,7 @@ class Launch:
         from tessel.core.coordinator_client import CoordinatorClient
 
         deadline = time.monotonic() + wait_s
-        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0) as client:
+        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0, grace_s=0.0) as client:
             if code not in (0, None):
                 with contextlib.suppress(TesselError, KeyError):
                     client.fail_job(job_id, rank, f"exited with status {code}", rank)
