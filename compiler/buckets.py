@@ -25,7 +25,7 @@ from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_a
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.optimizers import Optimizer
-from tessel.compiler.rank_rewrite import Rewriter
+from tessel.compiler.rank_rewrite import Rewriter, fold_value_free
 from tessel.compiler.shapes import is_static, numel
 from tessel.compiler.train_step import TrainProgram, build_train_step
 from tessel.core.errors import ConfigurationError
@@ -183,10 +183,15 @@ def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list
 def bucket_allreduce(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Graph:
     """Fuse the gradient AllReduces of `graph` into buckets (see plan_buckets) and order the graph for overlap:
     each bucket's AllReduceBucket right after its last input is computed, and every node that reads a reduced
-    gradient after all nodes that do not."""
-    buckets = plan_buckets(graph, bucket_bytes)
-    if not buckets:
+    gradient after all nodes that do not.
+
+    Nodes that read only a shape (autodiff's OnesLike seed) are folded to constants first (as lowering would): a
+    reduction the loss flows into, such as a data-parallel plan's loss AllReduce, then shares the gradients'
+    bucket instead of appearing to be upstream of every gradient."""
+    if not any(_fusible(node) for node in graph.nodes):
         return graph
+    graph = fold_value_free(graph)
+    buckets = plan_buckets(graph, bucket_bytes)
     member = {node: bucket for bucket in buckets for node in bucket.reductions}
     producer = {out: node for node in graph.nodes for out in node.outputs}
     positions = {node: i for i, node in enumerate(graph.nodes)}

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tessel.daemon")
 
 BOUND_PROGRAMS = 64  # bound programs cached per session
+PROBE_GROUP_TIMEOUT_S = 10.0  # a member of a group probe that never comes fails the probe after this long
 TRIM_AFTER_BYTES = 8 << 20  # a put this large is followed by a malloc_trim
 
 
@@ -472,6 +473,42 @@ class DaemonCore:
         if link is None:
             raise ConfigurationError(f"ProbeLink: the {self.plugin.name} plugin cannot probe links")
         return link
+
+    def probe_group(self, probe_id: str, rank: int, members: list, collectives: int) -> float:
+        """Seconds one small all_reduce takes over a temporary group of daemons (`members`, index = rank; this one
+        is `rank`), the mean over `collectives` of them after one that forms the group: what a collective among a
+        job's ranks costs where they are placed, waiting for every member to arrive included (the coordinator asks
+        every member at once). One probe at a time, like probe_link."""
+        if len(members) < 2 or not 0 <= rank < len(members) or not probe_id or not 1 <= collectives <= 1000:
+            raise ConfigurationError(
+                f"ProbeGroup: needs a probe id, 2 or more members, this daemon's rank among them and 1 to 1000 "
+                f"collectives; got id {probe_id!r}, rank {rank} of {len(members)}, {collectives} collectives"
+            )
+        if not self._probing.acquire(blocking=False):
+            raise ConfigurationError("ProbeGroup: this daemon is probing already; ask again when it is done")
+        try:
+            peers = tuple(Peer(i, m.host_id, m.data_address, m.pid) for i, m in enumerate(members))
+            context = GroupContext(
+                job_id=f"probe-{probe_id}",
+                name="probe",
+                ranks=tuple(range(len(members))),
+                rank=rank,
+                peers=peers,
+                timeout_s=PROBE_GROUP_TIMEOUT_S,
+                job_nonce=probe_id,
+            )
+            comm = self.plugin.collective.new_group(context)
+            try:
+                value = np.zeros(1, np.float32)
+                comm.all_reduce(value)
+                started = time.perf_counter()
+                for _ in range(collectives):
+                    comm.all_reduce(value)
+                return (time.perf_counter() - started) / collectives
+            finally:
+                comm.close()
+        finally:
+            self._probing.release()
 
     def close(self) -> None:
         for session in self.sessions():

@@ -157,6 +157,10 @@ class DaemonServicer:
         link = self.core.probe_link(request.data_address)
         return daemon_pb2.ProbeLinkReply(latency_s=link.latency_s, bandwidth=link.bandwidth)
 
+    def ProbeGroup(self, request, context):
+        seconds = self.core.probe_group(request.probe_id, request.rank, list(request.members), request.collectives)
+        return daemon_pb2.ProbeGroupReply(collective_s=seconds)
+
 
 def _reply(result, collected: bool = True) -> daemon_pb2.ExecuteReply:
     return daemon_pb2.ExecuteReply(

@@ -434,13 +434,27 @@ class _RankBuilder:
         producers = plan.graph.producers
         for k, (v, layout) in enumerate(zip(plan.graph.outputs, plan.output_layouts)):
             first = len(self.builder.nodes)
-            x = self.route(("output", k), self.env[v])
+            move = plan.redistributions.get(("output", k))
+            if v.dtype.is_float and sums_partials(move, layout):
+                x = redistribution.emit_steps(move, self.env[v], self.rank, self._emit_uniform)
+            else:
+                x = self.route(("output", k), self.env[v])
             if v.dtype.is_float and layout.replicas > 1 and plan.loss_repeated_mean:
                 x = self.emit("VirtualDiv", (x,), {"divisor": layout.replicas}, layout)
             source = producers[v].source if v in producers else None
             self.source_of.update((n, source) for n in self.builder.nodes[first:])
             outputs.append(x)
         return _with_layouts(self.builder.build(outputs), self.layout_of, self.source_of, self.origin_of)
+
+    def _emit_uniform(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
+        """emit, marking an AllReduce's cotangent uniform: a replicated graph output is seeded alike on every rank
+        holding it (the VirtualDiv after it assumes as much), so the AllReduce summing its partial results needs
+        no transpose collective. Nothing in the step reads it but the output, so it is also marked fusible: in a
+        train step bucket_allreduce carries it in the gradient bucket of its group (a data-parallel loss: one
+        collective a step, as under DATA_PARALLEL, not a second one that every rank waits for mid-step)."""
+        if op == "AllReduce":
+            attrs = {**attrs, "uniform_cotangent": 1, "fusion": 1}
+        return self.emit(op, inputs, attrs, layout)
 
     def route(self, key: Key, value: Value) -> Value:
         move = self.plan.redistributions.get(key)
@@ -468,8 +482,16 @@ class _RankBuilder:
         replicated loss counts) with respect to the local inputs, through the Mirrors and collectives."""
         placement = self.plan.placements[node]
         seeded = node.attrs["seeded"]
-        loss = self.route((node, 0), self.env[node.inputs[0]])
         layout = placement.inputs[0]
+        move = self.plan.redistributions.get((node, 0))
+        if self.plan.loss_repeated_mean and sums_partials(move, layout):
+            # A loss of partial sums: every rank's copy of the all-reduced loss counts each rank's partial once, so
+            # d(sum of the copies / their replicas)/d(partial) = seed / (the partial's own replicas). Differentiating
+            # the partial itself gives that without the AllReduce's transpose, a second collective of the seed
+            # (identical on every rank) each step; the loss the step returns is all-reduced on its own route.
+            loss, layout = self.env[node.inputs[0]], move.source
+        else:
+            loss = self.route((node, 0), self.env[node.inputs[0]])
         if layout.replicas > 1 and self.plan.loss_repeated_mean:
             loss = self.emit("VirtualDiv", (loss,), {"divisor": layout.replicas}, layout)
         wrt = [self.env[v] for v in node.inputs[1 : len(node.inputs) - seeded]]
@@ -526,3 +548,10 @@ def _with_layouts(
         if node in origin_of:
             origins[nodes[-1]] = origin_of[node]
     return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name), origins
+
+
+def sums_partials(move: Redistribution | None, target: Layout) -> bool:
+    """Whether `move` only sums partial results into `target` (an AllReduce over the partial axes, nothing else)."""
+    if move is None or not move.source.is_partial or move.source.partial_op != "sum":
+        return False
+    return move.source.without_partial() == target and move.target == target

@@ -393,7 +393,7 @@ class DeviceModel(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., host_id: _Optional[str] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
 
 class ClusterModel(_message.Message):
-    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors")
+    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors", "collective_latency_s")
     class OpFactorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +413,7 @@ class ClusterModel(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     OP_FACTORS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     flops_per_second: float
     memory_bandwidth: float
     memory_bytes: int
@@ -425,7 +426,8 @@ class ClusterModel(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[DeviceModel]
     launch_overhead_s: float
     op_factors: _containers.ScalarMap[str, float]
-    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    collective_latency_s: float
+    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ..., collective_latency_s: _Optional[float] = ...) -> None: ...
 
 class BalanceRequest(_message.Message):
     __slots__ = ("job_id", "rank", "epoch", "global_batch", "weights", "busy_s", "samples", "timeout_s")

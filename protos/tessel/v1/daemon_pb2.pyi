@@ -350,6 +350,24 @@ class ProbeLinkRequest(_message.Message):
     data_address: str
     def __init__(self, data_address: _Optional[str] = ...) -> None: ...
 
+class ProbeGroupRequest(_message.Message):
+    __slots__ = ("probe_id", "rank", "members", "collectives")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    probe_id: str
+    rank: int
+    members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
+    collectives: int
+    def __init__(self, probe_id: _Optional[str] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., collectives: _Optional[int] = ...) -> None: ...
+
+class ProbeGroupReply(_message.Message):
+    __slots__ = ("collective_s",)
+    COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    collective_s: float
+    def __init__(self, collective_s: _Optional[float] = ...) -> None: ...
+
 class ProbeLinkReply(_message.Message):
     __slots__ = ("latency_s", "bandwidth")
     LATENCY_S_FIELD_NUMBER: _ClassVar[int]
