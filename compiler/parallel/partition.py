@@ -452,7 +452,7 @@ class _RankBuilder:
         no transpose collective. Nothing in the step reads it but the output, so it is also marked fusible: in a
         train step bucket_allreduce carries it in the gradient bucket of its group (a data-parallel loss: one
         collective a step, as under DATA_PARALLEL, not a second one that every rank waits for mid-step)."""
-        if op == "AllReduce":
+        if "uniform_cotangent" in registry.get(op).attrs:  # the collective that sums the partial results
             attrs = {**attrs, "uniform_cotangent": 1, "fusion": 1}
         return self.emit(op, inputs, attrs, layout)
 

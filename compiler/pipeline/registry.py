@@ -8,10 +8,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Mapping
 
+from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.rank_program import RankProgram
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2
+
+_POINT_TO_POINT = (collective_pb2.SEND, collective_pb2.RECV)
 
 _PHASES: weakref.WeakKeyDictionary[Value, int] = weakref.WeakKeyDictionary()
 _TRANSFERS: weakref.WeakKeyDictionary[Value, tuple[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
@@ -21,9 +24,12 @@ def record(phases: Mapping[Value, int], nodes: list[Node]) -> None:
     """Remember the phases of a pipelined graph's nodes and its transfers (Send/Receive nodes, in order)."""
     _PHASES.update(phases)
     for node in nodes:
-        if node.op in ("Send", "Receive"):
-            kind = "SEND" if node.op == "Send" else "RECV"
-            _TRANSFERS[node.outputs[0]] = (kind, tuple(node.attrs["group"]))
+        collective = registry.get(node.op).collective
+        if collective is not None and collective.kind in _POINT_TO_POINT:
+            _TRANSFERS[node.outputs[0]] = (
+                collective_pb2.CollectiveKind.Name(collective.kind),
+                tuple(node.attrs["group"]),
+            )
 
 
 def phases_of(graph: Graph) -> dict[Value, int] | None:
@@ -41,7 +47,7 @@ def check_lowered(program: RankProgram, graph: Graph, world_size: int) -> None:
         if ins.WhichOneof("op") != "collective":
             continue
         op = ins.collective
-        if op.kind in (collective_pb2.SEND, collective_pb2.RECV):
+        if op.kind in _POINT_TO_POINT:
             group = tuple(program.groups[op.group]) if op.group else tuple(range(world_size))
             got.append((collective_pb2.CollectiveKind.Name(op.kind), group))
     if got != expected:
