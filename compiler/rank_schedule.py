@@ -106,9 +106,9 @@ class _Scheduler:
         never = (float("inf"), float("inf"))
         self.deferred: dict[Node, bool] = {}  # deferred node -> released
         for n in nodes:
-            if not is_collective(n) and self.urgency[n] == never and self.users[n]:
-                if all(d in self.deferred for d in self.deps[n]):
-                    self.deferred[n] = False
+            local = not is_collective(n) and self.urgency[n] == never and self.users[n]
+            if local and all(d in self.deferred for d in self.deps[n]):
+                self.deferred[n] = False
         self.pending = {node: 0 for node in nodes}  # deferred producers of a node not released yet
         for node in self.deferred:
             for user in set(self.users[node]):
