@@ -28,7 +28,29 @@ def parse_args() -> argparse.Namespace:
     for name in ("rank", "world", "port", "batch", "steps", "epochs", "threads"):
         parser.add_argument(f"--{name}", type=int, required=True)
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--width", type=int, default=512, help="hidden width (512: the seeds' MLP)")
+    parser.add_argument(
+        "--slowdown",
+        type=float,
+        default=1.0,
+        help="emulated slower device: each step's compute takes this many times as long (a sleep after it)",
+    )
     return parser.parse_args()
+
+
+def _compute_seconds(model, loss_fn, x, y) -> float:
+    """One step's forward and backward alone (the local model, no all-reduce), median of 5: what an emulated slower
+    device stretches (benchmarks/heterogeneous.py; stretching the measured step would stretch the waits for the
+    other rank too)."""
+    times = []
+    for _ in range(2):  # warm-up
+        loss_fn(model(x), y).backward()
+    for _ in range(5):
+        started = time.perf_counter()
+        loss_fn(model(x), y).backward()
+        times.append(time.perf_counter() - started)
+    model.zero_grad(set_to_none=True)
+    return sorted(times)[2]
 
 
 def main() -> None:
@@ -47,11 +69,17 @@ def main() -> None:
     shard_y = torch.from_numpy(labels[args.rank :: args.world].astype("int64"))
     batches = [(shard_x[i : i + args.batch], shard_y[i : i + args.batch]) for i in range(0, len(shard_x), args.batch)]
     model = nn.Sequential(
-        nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        nn.Flatten(),
+        nn.Linear(784, args.width),
+        nn.ReLU(),
+        nn.Linear(args.width, args.width),
+        nn.ReLU(),
+        nn.Linear(args.width, 10),
     )
+    loss_fn = nn.CrossEntropyLoss()
+    stretch = (args.slowdown - 1.0) * _compute_seconds(model, loss_fn, *batches[0]) if args.slowdown != 1.0 else 0.0
     ddp = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
-    loss_fn = nn.CrossEntropyLoss()
     seconds, losses = [], []
     for _ in range(args.epochs):
         started = time.perf_counter()
@@ -60,6 +88,7 @@ def main() -> None:
             loss = loss_fn(ddp(x), y)
             loss.backward()
             optimizer.step()
+            time.sleep(stretch)
             losses.append(float(loss.detach()))
         seconds.append(time.perf_counter() - started)
     checksums = [float(p.detach().double().sum()) for p in model.parameters()]

@@ -23,8 +23,14 @@ print(f"rank {rank} running", flush=True)
 end = time.monotonic() + seconds
 try:
     step = 0
-    while time.monotonic() < end:
-        comm_func.all_reduce(np.ones(1000, np.float32))
+    while True:
+        # The ranks stop together: each says whether its time is up, and the all-reduced flag decides for all (a
+        # rank that left on its own clock one step early would leave the others waiting in that step).
+        values = np.ones(1000, np.float32)
+        values[0] = float(time.monotonic() >= end)
+        total = comm_func.all_reduce(values)
+        if np.asarray(total.asnumpy() if hasattr(total, "asnumpy") else total)[0] > 0:
+            break
         if weights and step % 5 == 0:
             from tessel.train.serialization import save_checkpoint
 

@@ -56,48 +56,58 @@ def timed(graph, params, mode: str, devices: int, runs: int):
     return statistics.median(seconds), result
 
 
+def measure(batch: int = 1024, hidden: int = 1024, runs: int = 3, show=print) -> list[tuple[str, str, str, bool]]:
+    """Every figure of the module docstring; `show` gets a line per measurement as it is taken. Returns the rows
+    (measurement, measured, target, met) that `print_rows` prints."""
+    rows = []
+
+    big, big_params = stacked_layers(333, batch, hidden)
+    for mode in ("recursive_programming", "sharding_propagation"):
+        seconds, result = timed(big, big_params, mode, 64, runs)
+        rows.append((f"{mode}, {len(big.nodes)} ops, 64 devices", f"{seconds:.3f} s", "<= 1 s", seconds <= 1.0))
+        show(f"{mode}: {len(big.nodes)} ops on 64 devices in {seconds:.3f} s, step {result.step_time * 1e3:.2f} ms")
+
+    small, small_params = stacked_layers(20, batch, hidden)
+    seconds, _ = timed(small, small_params, "dynamic_programming", 8, runs)
+    name = f"dynamic_programming, {len(small.nodes)} ops, 8 devices"
+    rows.append((name, f"{seconds:.3f} s", "<= 10 s", seconds <= 10))
+    show(f"dynamic_programming: {len(small.nodes)} ops on 8 devices in {seconds:.3f} s")
+
+    # The default shapes, then small, latency-bound layers (where the symbolic costs know least).
+    cases = [(20, batch, hidden, d) for d in (2, 4, 8)] + [(8, batch, hidden, 16)]
+    cases += [(6, 64, 256, 8), (6, 64, 256, 16), (6, 256, 1024, 16)]
+    for layers, case_batch, case_hidden, devices in cases:
+        graph, params = stacked_layers(layers, case_batch, case_hidden)
+        _, optimum = timed(graph, params, "dynamic_programming", devices, 1)
+        _, found = timed(graph, params, "recursive_programming", devices, 1)
+        _, propagated = timed(graph, params, "sharding_propagation", devices, 1)
+        ratio = found.step_time / optimum.step_time
+        name = f"recursive / dynamic plan cost, {len(graph.nodes)} ops {case_batch}x{case_hidden}, {devices} devices"
+        rows.append((name, f"{ratio:.3f}", "<= 1.10", ratio <= 1.10))
+        show(
+            f"{len(graph.nodes)} ops ({case_batch}x{case_hidden}) on {devices} devices: predicted step "
+            f"dynamic_programming {optimum.step_time * 1e3:.3f} ms, recursive_programming "
+            f"{found.step_time * 1e3:.3f} ms, sharding_propagation {propagated.step_time * 1e3:.3f} ms"
+        )
+    return rows
+
+
+def print_rows(rows: list[tuple[str, str, str, bool]]) -> None:
+    width = max(len(row[0]) for row in rows)
+    print(f"{'measurement':<{width}}  {'measured':>9}  {'target':>8}  result")
+    for name, value, target, ok in rows:
+        print(f"{name:<{width}}  {value:>9}  {target:>8}  {'PASS' if ok else 'FAIL'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    rows = []
-
-    big, big_params = stacked_layers(333, args.batch, args.hidden)
-    for mode in ("recursive_programming", "sharding_propagation"):
-        seconds, result = timed(big, big_params, mode, 64, args.runs)
-        rows.append((f"{mode}, {len(big.nodes)} ops, 64 devices", f"{seconds:.3f} s", "<= 1 s", seconds <= 1.0))
-        print(f"{mode}: {len(big.nodes)} ops on 64 devices in {seconds:.3f} s, step {result.step_time * 1e3:.2f} ms")
-
-    small, small_params = stacked_layers(20, args.batch, args.hidden)
-    seconds, _ = timed(small, small_params, "dynamic_programming", 8, args.runs)
-    name = f"dynamic_programming, {len(small.nodes)} ops, 8 devices"
-    rows.append((name, f"{seconds:.3f} s", "<= 10 s", seconds <= 10))
-    print(f"dynamic_programming: {len(small.nodes)} ops on 8 devices in {seconds:.3f} s")
-
-    # The default shapes, then small, latency-bound layers (where the symbolic costs know least).
-    cases = [(20, args.batch, args.hidden, d) for d in (2, 4, 8)] + [(8, args.batch, args.hidden, 16)]
-    cases += [(6, 64, 256, 8), (6, 64, 256, 16), (6, 256, 1024, 16)]
-    for layers, batch, hidden, devices in cases:
-        graph, params = stacked_layers(layers, batch, hidden)
-        _, optimum = timed(graph, params, "dynamic_programming", devices, 1)
-        _, found = timed(graph, params, "recursive_programming", devices, 1)
-        _, propagated = timed(graph, params, "sharding_propagation", devices, 1)
-        ratio = found.step_time / optimum.step_time
-        name = f"recursive / dynamic plan cost, {len(graph.nodes)} ops {batch}x{hidden}, {devices} devices"
-        rows.append((name, f"{ratio:.3f}", "<= 1.10", ratio <= 1.10))
-        print(
-            f"{len(graph.nodes)} ops ({batch}x{hidden}) on {devices} devices: predicted step "
-            f"dynamic_programming {optimum.step_time * 1e3:.3f} ms, recursive_programming "
-            f"{found.step_time * 1e3:.3f} ms, sharding_propagation {propagated.step_time * 1e3:.3f} ms"
-        )
-
-    width = max(len(row[0]) for row in rows)
+    rows = measure(args.batch, args.hidden, args.runs)
     print()
-    print(f"{'measurement':<{width}}  {'measured':>9}  {'target':>8}  result")
-    for name, value, target, ok in rows:
-        print(f"{name:<{width}}  {value:>9}  {target:>8}  {'PASS' if ok else 'FAIL'}")
+    print_rows(rows)
 
 
 if __name__ == "__main__":

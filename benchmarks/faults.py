@@ -11,15 +11,16 @@ a 16 MiB checkpoint every fifth step). Once every rank runs, after a random dela
 What is measured, per trial:
 - detection: seconds from the signal until every rank still able to report has printed its failure (the
   ranks catch the error and print the time; a SIGSTOPped rank cannot, and is not waited for);
-- culprit right: the coordinator's verdict, the launcher's summary and every rank's error all name rank r
-  (coordinator trials: every rank's error says the coordinator was lost instead; no rank is at fault);
+- culprit right: the coordinator's verdict, the launcher's summary and every rank's error all name rank r;
 - hang: `tessel run` still running TRIAL_DEADLINE_S after the signal (its processes' stacks are then dumped into
   their logs with SIGABRT, and everything of the trial is killed);
 - leftovers once the cluster is repaired (the signalled process killed for good and started again): processes
   of the job, socket directories of dead daemons, shared-memory segments of the job's groups that no process
   maps, checkpoint temp files still there after a later save.
-Coordinator restart and recovery belong to another part of the project: a coordinator trial counts as passed
-when every rank fails with a clear error within seconds; whether the job could survive is "pending".
+- coordinator trials: the coordinator keeps its state in an SQLite store (`--store`), so a killed one is started
+  again on the same port RESTART_AFTER_S later and a stopped one is continued (SIGCONT) after PAUSE_S; its ranks
+  and daemons reconnect within their grace ($TESSEL_COORDINATOR_GRACE) and the trial passes when the job finishes
+  (every rank done, the launcher's status 0): "jobs that finished". No rank is at fault, so no detection time.
 
 Prints a table by target and signal, and the targets: 0 hangs, culprit right in 100 %, detection <= 5 s.
 """
@@ -34,6 +35,7 @@ import random
 import re
 import secrets
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,8 @@ RANK_SCRIPT = Path(__file__).with_name("_faults_rank.py")
 JOB_SECONDS = 12.0  # how long a trial's job all-reduces when nothing goes wrong
 TRIAL_DEADLINE_S = 60.0
 DETECTION_TARGET_S = 5.0
+RESTART_AFTER_S = 1.0  # a killed coordinator is started again this long after the kill
+PAUSE_S = 4.0  # a stopped coordinator is continued after this long (longer than the 3 s heartbeat timeout)
 FAILED = re.compile(r"rank (\d+): (\w+) at ([\d.]+) culprit=(-?\d+|None): (.*)")
 SUMMARY = re.compile(r"tessel run: rank (-?\d+) failed")
 
@@ -122,10 +126,13 @@ class Cluster:
         self.env = dict(os.environ, TESSEL_TOKEN=secrets.token_hex(16), TESSEL_HOME=str(workdir / "home"))
         self.env["PYTHONUNBUFFERED"] = "1"
         self.env["PYTHONFAULTHANDLER"] = "1"  # a hang's stacks can be dumped (SIGABRT)
-        self.port = 0
+        with socket.socket() as probe:  # a fixed port: a restarted coordinator must come back where it was
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        self.store = f"sqlite:{workdir / 'coordinator.db'}"
         self.coordinator: subprocess.Popen | None = None
         self.daemons: list[subprocess.Popen | None] = [None] * daemons
-        self._start_coordinator()
+        self.start_coordinator()
         for index in range(daemons):
             self._start_daemon(index)
         self.wait_idle()
@@ -146,8 +153,10 @@ class Cluster:
                 start_new_session=True,
             )
 
-    def _start_coordinator(self) -> None:
-        self.coordinator = self._spawn(["coordinator", "--port", str(self.port)], "coordinator.log")
+    def start_coordinator(self) -> None:
+        self.coordinator = self._spawn(
+            ["coordinator", "--port", str(self.port), "--store", self.store], "coordinator.log"
+        )
         line = self.coordinator.stdout.readline()
         if not line.strip():
             raise RuntimeError(f"the coordinator did not start: {(self.workdir / 'coordinator.log').read_text()}")
@@ -160,7 +169,7 @@ class Cluster:
     def client(self):
         from tessel.core.coordinator_client import CoordinatorClient
 
-        return CoordinatorClient(self.address, self.env["TESSEL_TOKEN"], timeout_s=5.0)
+        return CoordinatorClient(self.address, self.env["TESSEL_TOKEN"], timeout_s=5.0, grace_s=0.0)
 
     def wait_idle(self, timeout_s: float = 90.0) -> None:
         """Until every daemon of ours is registered and idle."""
@@ -186,7 +195,7 @@ class Cluster:
                 proc.kill()  # SIGSTOPped: a stopped process is dead to the cluster anyway
                 proc.wait()
         if self.coordinator.poll() is not None:
-            self._start_coordinator()  # same port: the daemons register again by themselves
+            self.start_coordinator()  # same port: the daemons register again by themselves
         for index, proc in enumerate(self.daemons):
             if proc.poll() is not None:
                 self._start_daemon(index)
@@ -241,6 +250,8 @@ def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: 
         segments = _mapped_segments([d.pid for d in cluster.daemons if d is not None])
         faulted = time.time()
         os.kill(victim, signal.SIGKILL if trial.signal == "kill" else signal.SIGSTOP)
+        if trial.target == "coordinator":
+            _bring_back(cluster, trial)
         trial.hang = not _wait_exit(launcher, TRIAL_DEADLINE_S)
         if trial.hang:
             _dump_stacks([launcher.pid, *_job_processes(job).values()])
@@ -258,6 +269,18 @@ def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: 
         "shm": len([s for s in segments if os.path.exists(s) and s not in _mapped_segments(_pids())]),
     }
     return trial
+
+
+def _bring_back(cluster: Cluster, trial: Trial) -> None:
+    """What an operator (or a supervisor such as systemd) does: start the killed coordinator again on its port and
+    store, or continue the stopped one."""
+    if trial.signal == "kill":
+        cluster.coordinator.wait(10)
+        time.sleep(RESTART_AFTER_S)
+        cluster.start_coordinator()
+    else:
+        time.sleep(PAUSE_S)
+        os.kill(cluster.coordinator.pid, signal.SIGCONT)
 
 
 def _dump_stacks(pids: list[int]) -> None:
@@ -302,7 +325,7 @@ def _wait_exit(proc: subprocess.Popen, timeout_s: float) -> bool:
 
 def _judge(cluster: Cluster, trial: Trial, job: str, directory: Path, ranks: int, faulted: float) -> None:
     """Detection time and culprit from the ranks' logs, the launcher's summary and the coordinator's verdict."""
-    expected = trial.rank if trial.target != "coordinator" else None
+    expected = trial.rank
     reporters = [r for r in range(ranks) if not (trial.target == "rank" and r == trial.rank)]
     failures, finished = {}, 0
     for rank in reporters:
@@ -314,17 +337,18 @@ def _judge(cluster: Cluster, trial: Trial, job: str, directory: Path, ranks: int
                 failures[rank] = found
     trial.reported = len(failures)
     trial.finished = finished == len(reporters) and not failures
+    if trial.target == "coordinator":  # the job must survive: nothing to detect, nobody to blame
+        trial.finished = trial.finished and "failed" not in (cluster.workdir / f"{job}.launcher").read_text()
+        trial.culprit_right = trial.clear_error = trial.finished
+        if not trial.finished:
+            texts = [f.group(0) for f in failures.values()]
+            trial.note += f"not finished: {texts[:2]}; "
+        return
     if failures:
         trial.detection_s = max(float(f.group(3)) for f in failures.values()) - faulted
     if len(failures) < len(reporters):
         trial.note += f"ranks {sorted(set(reporters) - set(failures))} did not report a failure; "
     summary = SUMMARY.search((cluster.workdir / f"{job}.launcher").read_text())
-    if expected is None:
-        trial.clear_error = len(failures) == len(reporters) and all(
-            "coordinator" in f.group(5) for f in failures.values()
-        )
-        trial.culprit_right = trial.clear_error
-        return
     verdict = -2
     if cluster.coordinator.poll() is None and _running(cluster.coordinator.pid):
         with contextlib.suppress(Exception), cluster.client() as client:
@@ -372,12 +396,14 @@ def table(trials: list[Trial]) -> str:
                 continue
             times = sorted(t.detection_s for t in group if t.detection_s is not None)
             detection = f"{times[0]:.2f} / {statistics.median(times):.2f} / {times[-1]:.2f}" if times else "-"
-            right = 100 * sum(t.culprit_right for t in group) / len(group)
-            column = "clear error" if target == "coordinator" else "culprit right"
+            right = f"{100 * sum(t.culprit_right for t in group) / len(group):.0f} %"
             left = [sum(t.leftovers.get(k, 0) for t in group) for k in ("processes", "sockets", "shm", "tmp")]
-            survived = "pending (recovery: another task)" if target == "coordinator" else "no (by design)"
+            survived = "no (by design)"
+            if target == "coordinator":  # restarted (kill) or continued (stop): nobody to detect or blame
+                detection, right = "- (restarted)" if sig == "kill" else "- (continued)", "n/a"
+                survived = f"{sum(t.finished for t in group)}/{len(group)} jobs finished"
             lines.append(
-                f"| {target} | {sig} | {len(group)} | {detection} | {right:.0f} % {column} | "
+                f"| {target} | {sig} | {len(group)} | {detection} | {right} | "
                 f"{sum(t.hang for t in group)} | {' / '.join(map(str, left))} | {survived} |"
             )
     return "\n".join(lines)
@@ -385,14 +411,18 @@ def table(trials: list[Trial]) -> str:
 
 def verdict(trials: list[Trial]) -> list[str]:
     ran = [t for t in trials if not t.note.startswith("the job")]
-    times = [t.detection_s for t in ran if t.detection_s is not None]
-    slow = [t for t in ran if t.detection_s is None or t.detection_s > DETECTION_TARGET_S]
+    blamed = [t for t in ran if t.target != "coordinator"]
+    restarts = [t for t in ran if t.target == "coordinator"]
+    times = [t.detection_s for t in blamed if t.detection_s is not None]
+    slow = [t for t in blamed if t.detection_s is None or t.detection_s > DETECTION_TARGET_S]
     return [
         f"hangs: {sum(t.hang for t in ran)} (target 0) — {'PASS' if not any(t.hang for t in ran) else 'FAIL'}",
-        f"culprit right (coordinator: clear error): {sum(t.culprit_right for t in ran)}/{len(ran)} (target all) — "
-        f"{'PASS' if all(t.culprit_right for t in ran) else 'FAIL'}",
-        f"detection <= {DETECTION_TARGET_S:g} s: {len(ran) - len(slow)}/{len(ran)} (max {max(times, default=0):.2f} s)"
-        f" — {'PASS' if not slow else 'FAIL'}",
+        f"culprit right: {sum(t.culprit_right for t in blamed)}/{len(blamed)} (target all) — "
+        f"{'PASS' if all(t.culprit_right for t in blamed) else 'FAIL'}",
+        f"detection <= {DETECTION_TARGET_S:g} s: {len(blamed) - len(slow)}/{len(blamed)} "
+        f"(max {max(times, default=0):.2f} s) — {'PASS' if not slow else 'FAIL'}",
+        f"coordinator faults survived (jobs that finished): {sum(t.finished for t in restarts)}/{len(restarts)} "
+        f"(target all) — {'PASS' if all(t.finished for t in restarts) else 'FAIL'}",
         f"leftovers: {sum(sum(t.leftovers.values()) for t in ran)} — "
         f"{'PASS' if not any(sum(t.leftovers.values()) for t in ran) else 'FAIL'}",
     ]
@@ -429,9 +459,12 @@ def main(argv: list[str] | None = None) -> int:
             earlier_temps = temps
             trials.append(trial)
             detection = f"{trial.detection_s:.2f} s" if trial.detection_s is not None else "-"
+            outcome = f"detected in {detection}, culprit {'right' if trial.culprit_right else 'WRONG'}"
+            if target == "coordinator":
+                how = "restarted" if sig == "kill" else "continued"
+                outcome = f"{how}, job {'finished' if trial.finished else 'FAILED'}"
             print(
-                f"trial {number:3d}: {sig:4s} {target:11s} {rank:2d} after {trial.delay_s:.2f} s: detected in "
-                f"{detection}, culprit {'right' if trial.culprit_right else 'WRONG'}, "
+                f"trial {number:3d}: {sig:4s} {target:11s} {rank:2d} after {trial.delay_s:.2f} s: {outcome}, "
                 f"{'HANG, ' if trial.hang else ''}leftovers {trial.leftovers} {trial.note}",
                 flush=True,
             )

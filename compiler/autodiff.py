@@ -1,12 +1,12 @@
 """Reverse-mode autodiff on the IR, generic over the op registry.
 
-`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph: it walks the
-nodes between `wrt` and `loss` in reverse, calls each op's gradient rule, sums the cotangents of values used more
-than once, sums broadcast dims away and casts back to each input's dtype, and returns d(loss)/d(wrt) (zeros for
-an unused input). Where forward nodes are marked for recomputation, the backward then reads copies of their
-outputs (compiler/recompute.py). `grad_graph` wraps it into a Graph: forward outputs first, then the gradients.
-`expand_gradients(graph)` replaces each GradientOf node (gradients a traced function asked for, deferred so that
-a parallel graph is differentiated after the parallel pass) by its backward pass.
+`gradients(builder, loss, wrt)` appends the backward pass to a builder that holds the forward graph (`vjp`: the same for
+several outputs at once, each with its cotangent): it walks the nodes between `wrt` and `loss` in reverse, calls each
+op's gradient rule, sums the cotangents of values used more than once, sums broadcast dims away and casts back to each
+input's dtype, and returns d(loss)/d(wrt) (zeros for an unused input). Where forward nodes are marked for recomputation,
+the backward then reads copies of their outputs (compiler/recompute.py). `grad_graph` wraps it into a Graph: forward
+outputs first, then the gradients. `expand_gradients(graph)` replaces each GradientOf node (gradients a traced function
+asked for, deferred so that a parallel graph is differentiated after the parallel pass) by its backward pass.
 
 A gradient rule sees a `GradContext`:
 
@@ -63,24 +63,41 @@ def gradients(builder: GraphBuilder, loss: Value, wrt: Sequence[Value], sens: Va
             raise GradientError(f"cannot differentiate with respect to {w!r}: only float tensors have gradients")
     if not loss.dtype.is_float:
         raise GradientError(f"the loss {loss!r} must be a float tensor to differentiate")
+    seed = sens if sens is not None else apply("OnesLike", SymbolicTensor(builder, loss)).value
+    return vjp(builder, [(loss, seed)], wrt)
+
+
+def vjp(builder: GraphBuilder, roots: Sequence[tuple[Value, Value]], wrt: Sequence[Value]) -> list[Value]:
+    """Append the vector-Jacobian product of several outputs to `builder`: with `roots` pairs (value, its
+    cotangent), the gradient of sum(value * cotangent) over the pairs with respect to each of `wrt` (zeros for an
+    input none of them depends on). `gradients` is the one-root case; a pipeline stage's backward has one root per
+    tensor it sent on, seeded by the gradient that came back."""
+    for w in wrt:
+        if not w.dtype.is_float:
+            raise GradientError(f"cannot differentiate with respect to {w!r}: only float tensors have gradients")
+    for value, _ in roots:
+        if not value.dtype.is_float:
+            raise GradientError(f"the output {value!r} must be a float tensor to differentiate")
     recompute, builder.recompute = builder.recompute, None  # the backward itself is never recomputed
     try:
         start = len(builder.nodes)
-        grads, tokens = _backward(builder, loss, wrt, sens)
+        grads, tokens = _backward(builder, roots, wrt)
         rematerialize(builder.nodes, start, tokens)
     finally:
         builder.recompute = recompute
     return grads
 
 
-def _backward(builder: GraphBuilder, loss: Value, wrt: Sequence[Value], sens: Value | None) -> tuple[list, list]:
+def _backward(builder: GraphBuilder, roots: Sequence[tuple[Value, Value]], wrt: Sequence[Value]) -> tuple[list, list]:
     """Append the backward pass. Returns the gradients and, for each forward node's backward, (index of its first
     node, the cotangent that starts it): they order recomputation (see compiler/recompute.py)."""
-    nodes = _between(builder.nodes, set(wrt), loss)
+    nodes = _between(builder.nodes, set(wrt), {value for value, _ in roots})
     active = set(wrt) | {o for n in nodes for o in n.outputs}
     wrap = lambda v: SymbolicTensor(builder, v)  # noqa: E731
-    seed = wrap(sens) if sens is not None else apply("OnesLike", wrap(loss))
-    cotangents: dict[Value, SymbolicTensor] = {loss: _fit(seed, loss, "the loss seed")}
+    cotangents: dict[Value, SymbolicTensor] = {}
+    for value, cotangent in roots:
+        g = _fit(wrap(cotangent), value, "the cotangent of an output")
+        cotangents[value] = cotangents[value] + g if value in cotangents else g
     tokens: list = []
 
     for node in reversed(nodes):
@@ -117,8 +134,8 @@ def _node_grads(node: Node, grads, needs, wrap) -> tuple:
     return result
 
 
-def _between(nodes: Sequence[Node], sources: set[Value], loss: Value) -> list[Node]:
-    """The nodes on some differentiable path from a source to the loss, in forward order."""
+def _between(nodes: Sequence[Node], sources: set[Value], targets: set[Value]) -> list[Node]:
+    """The nodes on some differentiable path from a source to a target, in forward order."""
     reached = set(sources)
     forward = []
     for node in nodes:
@@ -127,7 +144,7 @@ def _between(nodes: Sequence[Node], sources: set[Value], loss: Value) -> list[No
         if any(v in reached for v in node.inputs):
             forward.append(node)
             reached.update(node.outputs)
-    needed = {loss}
+    needed = set(targets)
     on_path = []
     for node in reversed(forward):
         if any(o in needed for o in node.outputs):

@@ -21,11 +21,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from tessel.compiler import registry
-from tessel.compiler.builder import apply, apply_all
+from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.optimizers import Optimizer
-from tessel.compiler.rank_rewrite import Rewriter
+from tessel.compiler.rank_rewrite import Rewriter, fold_value_free
 from tessel.compiler.shapes import is_static, numel
 from tessel.compiler.train_step import TrainProgram, build_train_step
 from tessel.core.errors import ConfigurationError
@@ -68,6 +68,16 @@ def _fusible(node: Node) -> bool:
         and node.attrs["fusion"] > 0
         and is_static(node.inputs[0].shape)
     )
+
+
+def weigh_gradients(forward: Graph, weight: float) -> Graph:
+    """`forward` with its loss (output 0) read through VirtualDiv(1 / weight): the same value, every gradient of it
+    times `weight`."""
+    if not weight > 0:
+        raise ConfigurationError(f"a gradient weight must be positive, got {weight!r}")
+    builder = GraphBuilder.extend(forward)
+    loss = apply("VirtualDiv", SymbolicTensor(builder, forward.outputs[0]), divisor=1.0 / weight)
+    return builder.build([loss.value, *forward.outputs[1:]], forward.name)
 
 
 def mirror_parameters(
@@ -173,10 +183,15 @@ def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list
 def bucket_allreduce(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Graph:
     """Fuse the gradient AllReduces of `graph` into buckets (see plan_buckets) and order the graph for overlap:
     each bucket's AllReduceBucket right after its last input is computed, and every node that reads a reduced
-    gradient after all nodes that do not."""
-    buckets = plan_buckets(graph, bucket_bytes)
-    if not buckets:
+    gradient after all nodes that do not.
+
+    Nodes that read only a shape (autodiff's OnesLike seed) are folded to constants first (as lowering would): a
+    reduction the loss flows into, such as a data-parallel plan's loss AllReduce, then shares the gradients'
+    bucket instead of appearing to be upstream of every gradient."""
+    if not any(_fusible(node) for node in graph.nodes):
         return graph
+    graph = fold_value_free(graph)
+    buckets = plan_buckets(graph, bucket_bytes)
     member = {node: bucket for bucket in buckets for node in bucket.reductions}
     producer = {out: node for node in graph.nodes for out in node.outputs}
     positions = {node: i for i, node in enumerate(graph.nodes)}
@@ -236,9 +251,17 @@ def data_parallel_train_step(
     mean: bool = True,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     no_weight_decay: frozenset[str] = frozenset(),
+    gradient_weight: float = 1.0,
 ) -> TrainProgram:
     """build_train_step with the gradients of `params` all-reduced over `group` (mean: divided by its size,
-    MindSpore's gradients_mean), bucketed and overlapped. Lower the result with lower_rank_program."""
+    MindSpore's gradients_mean), bucketed and overlapped. Lower the result with lower_rank_program.
+
+    `gradient_weight` multiplies this rank's gradients before the reduction (the loss it reports is unchanged): a
+    rank that computes its mean loss over `share` rows of a global batch of `B` split over `n` ranks unevenly
+    (speed-aware data parallelism) weighs n * share / B, so the mean over the ranks is the one device's gradient of
+    the mean loss over the global batch."""
+    if gradient_weight != 1.0:
+        forward = weigh_gradients(forward, gradient_weight)
     mirrored = mirror_parameters(forward, params, group, mean=mean)
     program = build_train_step(mirrored, params, optimizer, no_weight_decay)
     return dataclasses.replace(program, graph=bucket_allreduce(program.graph, bucket_bytes))

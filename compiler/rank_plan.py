@@ -14,6 +14,7 @@ a wait for one, close it. Three kinds of node are placed apart:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from tessel.compiler import registry
@@ -49,13 +50,20 @@ def is_point_to_point(node: Node) -> bool:
     return registry.get(node.op).collective.kind in (collective_pb2.SEND, collective_pb2.RECV)
 
 
-def plan_steps(graph: Graph, spmd: bool = False) -> list[Step]:
+def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | None = None) -> list[Step]:
     """The steps of `graph` (collectives expanded, effects aliased: see rank_rewrite) in run order. `spmd`: every
-    rank's graph is a copy of this one, so collectives may start in the order their inputs can exist (spmd_blocks)."""
+    rank's graph is a copy of this one, so collectives may start in the order their inputs can exist (spmd_blocks).
+    `phases`: the graph's order is the run order; a segment also ends where the phase changes (see
+    lower_rank_program)."""
     copied = _copyable_constants(graph)
     steps: list[Step] = []
     writes = [node for node in graph.nodes if node not in copied and is_write(node)]
     scheduled = [node for node in graph.nodes if node not in copied and not is_write(node)]
+    if phases is not None:
+        steps = _in_graph_order(scheduled, phases)
+        _place_writes(steps, writes)
+        _copy_constants(steps, copied)
+        return [s for s in steps if s.members]
     blocks = spmd_blocks(scheduled, is_collective, is_point_to_point) if spmd else None
     closed = True  # the next local node opens a new segment
     cost = _seconds(graph)
@@ -73,6 +81,25 @@ def plan_steps(graph: Graph, spmd: bool = False) -> list[Step]:
     _place_writes(steps, writes)
     _copy_constants(steps, copied)
     return [s for s in steps if s.members]
+
+
+def _in_graph_order(nodes: list[Node], phases: Mapping[Value, int]) -> list[Step]:
+    """Steps in the nodes' order: a collective is a step, local nodes fill a segment until the next collective or
+    the next phase (a node not in `phases`, made by a rewrite, has the phase of the node before it)."""
+    steps: list[Step] = []
+    phase, closed = None, True
+    for node in nodes:
+        if is_collective(node):
+            steps.append(Step(collective=node))
+            closed = True
+            continue
+        mine = phases.get(node.outputs[0], phase) if node.outputs else phase
+        if closed or mine != phase:
+            steps.append(Step())
+            closed = False
+        phase = mine
+        steps[-1].nodes.append(node)
+    return steps
 
 
 # Local work worth running while a collective is in flight: an asynchronous start, a wait and one more segment cost

@@ -84,6 +84,7 @@ def lower_rank_program(
     donate: Collection[str] = (),
     world_size: int | None = None,
     spmd: bool = False,
+    phases: Mapping[Value, int] | None = None,
 ) -> RankProgram:
     """Lower `graph` (which may hold collectives) to a RankProgram.
 
@@ -91,15 +92,20 @@ def lower_rank_program(
     writes is state too. `donate`: data inputs the program may free after the run (batches a NextBatch stores
     again each run). `world_size`: lets the world's group run as the daemon's world group (""). `spmd`: every
     rank runs a copy of this graph (a parallel plan's rank graph, data parallelism), so independent collectives
-    may start in the order their inputs can exist rather than the graph's (see rank_schedule).
+    may start in the order their inputs can exist rather than the graph's (see rank_schedule). `phases` (a
+    node's phase, keyed by its first output): the graph's order is the run order already (a pipeline stage's
+    schedule), kept as it is, with a new segment wherever the phase changes; each temporary is then freed right
+    after its last reader, so that a stage holds only what its micro-batches in flight need.
     """
     unknown = sorted(set(state) - {v.name for v in graph.inputs})
     if unknown:
         raise ConfigurationError(
             f"state {unknown} are not inputs of graph {graph.name!r}; its inputs: {[v.name for v in graph.inputs]}"
         )
-    prepared = fold_value_free(op_rewrites(alias_effects(expand_collectives(graph))))
-    steps = plan_steps(prepared, spmd)
+    prepared = alias_effects(expand_collectives(graph))
+    if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
+        prepared = fold_value_free(op_rewrites(prepared))
+    steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}
     _check_outputs(prepared, written)
@@ -113,7 +119,9 @@ def lower_rank_program(
     instructions, groups = _instructions(steps, segments, names, readers, world_size)
     kept = set(prepared.outputs) | set(prepared.inputs)
     temporary = sorted(n for v, n in names.assigned.items() if v not in kept) + sorted(set(donate))
-    if temporary:
+    if phases is not None:
+        instructions = _free_after_last_use(instructions, segments, temporary)
+    elif temporary:
         instructions.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=temporary)))
     return RankProgram(
         name=names.prefix,
@@ -239,6 +247,30 @@ def _instructions(steps, segments, names, readers, world_size):
     for handle in pending:
         instructions.append(daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=handle)))
     return instructions, dict(sorted(groups.items()))
+
+
+def _free_after_last_use(instructions: list, segments: Mapping[str, RankSegment], temporary: list[str]) -> list:
+    """`instructions` with each temporary freed right after the last instruction that reads it (an asynchronous
+    collective reads its inputs when it starts: the communicator keeps the array it was given)."""
+    last: dict[str, int] = {}
+    for index, ins in enumerate(instructions):
+        which = ins.WhichOneof("op")
+        if which == "run_segment":
+            reads = [v.name for v in segments[ins.run_segment.segment].graph.inputs]
+        elif which == "collective":
+            reads = list(ins.collective.inputs)
+        else:
+            continue
+        last.update((name, index) for name in reads)
+    frees: dict[int, list[str]] = {}
+    for name in temporary:
+        frees.setdefault(last.get(name, len(instructions) - 1), []).append(name)
+    out = []
+    for index, ins in enumerate(instructions):
+        out.append(ins)
+        if index in frees:
+            out.append(daemon_pb2.Instruction(free=daemon_pb2.FreeOp(names=sorted(frees[index]))))
+    return out
 
 
 def _describe(ins: daemon_pb2.Instruction, segments: Mapping[str, RankSegment]) -> str:

@@ -23,7 +23,7 @@ import numpy as np
 
 from tessel.compiler import registry
 from tessel.compiler.autodiff import gradients
-from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
+from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import ShapeInferenceError
 from tessel.compiler.ir import Graph, Value
@@ -39,7 +39,7 @@ from tessel.compiler.optimizer_parallel import (
     start_reductions_early,
 )
 from tessel.compiler.optimizers import Optimizer
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 LEARNING_RATE = "learning_rate"
 
@@ -70,11 +70,14 @@ def build_train_step(
     params: Sequence[str],
     optimizer: Optimizer,
     no_weight_decay: frozenset[str] = frozenset(),
+    deferred_gradients: bool = False,
     shards: Mapping[str, ParamShard] | None = None,
 ) -> TrainProgram:
     """Extend `forward` (loss = output 0) with gradients of `params` and the optimizer update.
 
     Inputs that `forward` assigns itself (BatchNorm moving statistics) become state too, kept but not trained.
+    With `deferred_gradients` the gradients are one GradientOf node, for a later pass to differentiate (a
+    pipeline stage differentiates each micro-batch on its own); it takes no `shards` and no MicroBatchEnd marks.
     `shards` (optimizer parallel, see compiler/optimizer_parallel.py) names the parameters whose gradient this
     rank reduce-scatters and whose block of the update (and optimizer state) it owns; level3 parameters are
     already blocks in `forward` (shard_forward).
@@ -92,7 +95,17 @@ def build_train_step(
     fold = optimizer.folds_learning_rate() and _full_precision(forward)
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
     reductions: set[Value] = set()
-    if shards or _micro_batch_ends(forward):
+    if deferred_gradients:
+        if shards or _micro_batch_ends(forward):
+            raise NotSupportedYetError(
+                "not supported yet: pipeline parallel with optimizer parallel (enable_parallel_optimizer) or "
+                "GradAccumulation, the pipeline stages do not shard their optimizer state or accumulate micro-batches "
+                "of their own yet; PipelineCell already sums its micro-batches' gradients"
+            )
+        seed = [] if sens is None else [sens]
+        wrt = [SymbolicTensor(builder, v) for v in values]
+        grads = [g.value for g in apply_all("GradientOf", loss, *wrt, *seed, seeded=bool(seed))]
+    elif shards or _micro_batch_ends(forward):
         seed = None if sens is None else sens.value
         grads = _reduced_gradients(builder, forward, params, loss.value, seed, shards, reductions)
     else:

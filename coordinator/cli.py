@@ -9,8 +9,9 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from tessel.coordinator.service import STALL_TIMEOUT_S, STALL_WARNING_S, serve
-from tessel.core import errors
+from tessel.coordinator.service import RECOVERY_GRACE_S, STALL_TIMEOUT_S, STALL_WARNING_S, serve
+from tessel.coordinator.store import open_store
+from tessel.core import errors, rpc
 from tessel.core.coordinator_client import DEFAULT_PORT
 from tessel.core.memory import limit_heaps
 
@@ -39,6 +40,18 @@ def _parser() -> argparse.ArgumentParser:
         help="fail a job whose ranks waited this long for a rank that never came, blaming it (0 = never; 300)",
     )
     parser.add_argument(
+        "--store",
+        default="auto",
+        help="where the cluster's state survives a restart: sqlite:PATH, etcd://HOST:PORT[/PREFIX] or memory "
+        "(default auto: sqlite:$TESSEL_HOME/coordinator-PORT.db, memory with --port 0, which cannot restart in place)",
+    )
+    parser.add_argument(
+        "--recovery-grace-s",
+        type=float,
+        default=RECOVERY_GRACE_S,
+        help="after a restart, how long restored daemons and ranks have to heartbeat again (default 10)",
+    )
+    parser.add_argument(
         "--tls",
         choices=["auto", "on", "off"],
         default=None,
@@ -46,6 +59,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     return parser
+
+
+def default_store(port: int) -> str:
+    """sqlite:$TESSEL_HOME/coordinator-PORT.db: one state per port, since a restarted coordinator must come back on
+    its port for its daemons to find it; `memory` for port 0 (any free port)."""
+    if port == 0:
+        return "memory"
+    return f"sqlite:{rpc.token_path().parent / f'coordinator-{port}.db'}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -60,6 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_heaps()  # many RPC threads, mostly waiting: few heaps keep the memory in one place
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        store = open_store(default_store(args.port) if args.store == "auto" else args.store)
         server = serve(
             args.host,
             args.port,
@@ -68,6 +90,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.heartbeat_timeout_ms,
             stall_warning_s=args.stall_warning_s,
             stall_timeout_s=args.stall_timeout_s,
+            store=store,
+            recovery_grace_s=args.recovery_grace_s,
         )
     except errors.ConfigurationError as exc:
         print(f"tessel coordinator: {exc}", file=sys.stderr)

@@ -1,6 +1,8 @@
 """A job's cost model, measured rather than assumed: what each rank's daemon measured at registration (matrix
 throughput, memory bandwidth, memory size, its shared-memory link) and what the coordinator probed between hosts
-(TCP latency and bandwidth, asked of two daemons of different hosts through the daemons' ProbeLink RPC).
+(TCP latency and bandwidth, asked of two daemons of different hosts through the daemons' ProbeLink RPC) and what a
+collective among the job's daemons costs (all of them asked at once through ProbeGroup: on a host with fewer cores
+than busy threads, waiting for every member to arrive costs far more than a link's latency).
 
     >>> model, message = job_cost_model(state, "train1", cluster)    # a CostModel and its ClusterModel message
     >>> cost_model_from_proto(message) == model
@@ -16,6 +18,7 @@ CostModel.default_cpu's value, and the message says which ones were measured.
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -34,6 +37,7 @@ PROBE_TIMEOUT_S = 20.0
 MAX_PROBED_PAIRS = 8  # host pairs probed for one job: a ring over its hosts, cut at this many
 KEEP_PROBES = 256  # probed pairs (and refreshed measurements) remembered
 RETRY_FAILED_PROBE_S = 60.0  # a failed probe is tried again after this long (until then: TCP's default figures)
+GROUP_PROBE_COLLECTIVES = 16  # small all_reduces timed by a group probe (about 1-2 ms each on a loaded 2-core host)
 
 
 def job_daemons(state, job_id: str) -> tuple[int, list[coordinator_pb2.DaemonInfo]]:
@@ -68,14 +72,15 @@ def job_cost_model(
         if cluster is None:
             raise errors.ConfigurationError("GetCostModel: this coordinator cannot call daemons to refresh them")
         cluster.refresh(daemons)
-    return cost_model_of(daemons, cluster)
+    return cost_model_of(daemons, cluster, refresh)
 
 
 def cost_model_of(
-    daemons: Sequence[coordinator_pb2.DaemonInfo], cluster: ClusterMeasurements | None = None
+    daemons: Sequence[coordinator_pb2.DaemonInfo], cluster: ClusterMeasurements | None = None, refresh: bool = False
 ) -> tuple[CostModel, coordinator_pb2.ClusterModel]:
     """The cost model of ranks on `daemons` (index = rank): their latest measurements (from `cluster`, else as
-    registered) and, with `cluster`, the TCP link probed between their hosts."""
+    registered) and, with `cluster`, the TCP link probed between their hosts and the latency of a collective among
+    them (probed once per set of daemons; again with `refresh`)."""
     from tessel.compiler.parallel.search import CostModel, DeviceMeasurement, Link
 
     default = CostModel.default_cpu()
@@ -101,7 +106,12 @@ def cost_model_of(
     tcp = cluster.tcp_link(daemons) if cluster is not None else None
     if tcp is not None:
         links["tcp"] = tcp
-    model = CostModel.from_measurements(devices, links)
+    options = {}
+    if cluster is not None and any(m.matmul_flops > 0 for m in found):  # TESSEL_MEASURE=0 everywhere: no probe
+        collective = cluster.collective_latency(daemons, refresh)
+        if collective is not None:
+            options["collective_latency"] = collective
+    model = CostModel.from_measurements(devices, links, **options)
     message = cost_model_to_proto(model, shared_memory_measured=bool(shm), tcp_measured=tcp is not None)
     for rank, (d, m, device) in enumerate(zip(daemons, found, devices)):
         message.devices.add(
@@ -145,6 +155,7 @@ def cost_model_to_proto(
         bucket_bytes=model.bucket_bytes,
         launch_overhead_s=model.launch_overhead,
         op_factors=dict(model.op_factors),
+        collective_latency_s=model.collective_latency,
     )
 
 
@@ -164,6 +175,7 @@ def cost_model_from_proto(message: coordinator_pb2.ClusterModel) -> CostModel:
         bucket_bytes=message.bucket_bytes,
         launch_overhead=message.launch_overhead_s,
         op_factors=tuple(message.op_factors.items()),
+        collective_latency=message.collective_latency_s,
     )
 
 
@@ -179,6 +191,7 @@ class ClusterMeasurements:
         self.token, self.timeout_s = token, timeout_s
         self._fresh: dict[tuple[str, str], common_pb2.DeviceMeasurement] = {}
         self._known: OrderedDict[tuple[str, str], tuple[Link | None, float]] = OrderedDict()
+        self._groups: OrderedDict[tuple, tuple[float | None, float]] = OrderedDict()  # daemons -> (latency, when)
         self._lock = threading.Lock()
         self._probing = threading.Lock()  # one probe at a time: probes measure bandwidth, two at once would halve it
 
@@ -218,6 +231,64 @@ class ClusterMeasurements:
                 self._fresh[(daemon.daemon_id, daemon.address)] = found
                 while len(self._fresh) > KEEP_PROBES:
                     self._fresh.pop(next(iter(self._fresh)))
+
+    def collective_latency(self, daemons: Sequence[coordinator_pb2.DaemonInfo], refresh: bool = False) -> float | None:
+        """Seconds one small collective takes among `daemons` (index = rank), probed by all of them at once
+        (Daemon.ProbeGroup: GROUP_PROBE_COLLECTIVES all_reduces of 4 bytes over a temporary group; the slowest
+        member's mean), once per set of daemons and again with `refresh`. None for fewer than two daemons, or when
+        the probe failed (logged; tried again after RETRY_FAILED_PROBE_S)."""
+        key = tuple((d.daemon_id, d.address) for d in daemons)
+        if len(set(key)) < 2 or len(set(key)) != len(key):
+            return None
+        with self._probing:
+            if key in self._groups and not refresh:
+                latency, when = self._groups[key]
+                if latency is not None or time.monotonic() - when < RETRY_FAILED_PROBE_S:
+                    self._groups.move_to_end(key)
+                    return latency
+            latency = self._probe_group(daemons)
+            self._groups[key] = (latency, time.monotonic())
+            self._groups.move_to_end(key)
+            while len(self._groups) > KEEP_PROBES:
+                self._groups.popitem(last=False)
+            return latency
+
+    def _probe_group(self, daemons: Sequence[coordinator_pb2.DaemonInfo]) -> float | None:
+        probe_id = secrets.token_hex(8)
+        members = [
+            common_pb2.Member(rank=rank, daemon_id=d.daemon_id, daemon_address=d.address, data_address=d.data_address,
+                              host_id=d.host_id or d.hostname, pid=d.pid, plugin=d.plugin, device_id=d.device_id)
+            for rank, d in enumerate(daemons)
+        ]  # fmt: skip
+        results: dict[int, object] = {}
+
+        def ask(rank: int, daemon: coordinator_pb2.DaemonInfo) -> None:
+            client = rpc.Client(daemon.address, daemon_pb2_grpc.DaemonStub, self.token, self.timeout_s)
+            request = daemon_pb2.ProbeGroupRequest(
+                probe_id=probe_id, rank=rank, members=members, collectives=GROUP_PROBE_COLLECTIVES
+            )
+            try:
+                results[rank] = client.ProbeGroup(request).collective_s
+            except (errors.TesselError, KeyError) as exc:
+                results[rank] = exc
+            finally:
+                client.close()
+
+        threads = [
+            threading.Thread(target=ask, args=(rank, d), name="tessel-probe-group") for rank, d in enumerate(daemons)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(self.timeout_s + 5)
+        failed = {rank: found for rank, found in results.items() if not isinstance(found, float)}
+        if failed or len(results) < len(daemons):
+            log.warning("probing a collective among %d daemons failed (%s); collectives keep the link latency",
+                        len(daemons), failed or "no answer")  # fmt: skip
+            return None
+        latency = max(results.values())
+        log.info("probed a collective among %d daemons: %.1f us", len(daemons), latency * 1e6)
+        return latency
 
     def tcp_link(self, daemons: Sequence[coordinator_pb2.DaemonInfo]) -> Link | None:
         """The slowest probed link among the hosts of `daemons` (a ring of host pairs), or None when they are all

@@ -24,6 +24,7 @@ class DaemonRecord:
     last_beat: float
     streams: set[Subscriber] = field(default_factory=set)
     died_at: float = 0.0  # when it was declared dead (it leaves the registry some time later)
+    restored: bool = False  # read back by a restarted coordinator and not heard from since: not given new work
 
     @property
     def daemon_id(self) -> str:
@@ -62,6 +63,7 @@ class Joiner:
     daemon_id: str  # the pinned daemon, "" = any
     hostname: str
     pid: int
+    restored: bool = False  # read back from the store by a restarted coordinator: its process may ask again
 
 
 @dataclass(eq=False)
@@ -110,6 +112,7 @@ class Job:
     beating: set[int] = field(default_factory=set)  # ranks that opened a heartbeat stream
     running_since: float = 0.0  # on the state's clock
     first_beats_checked: bool = False  # every rank was checked for a first heartbeat (liveness.py)
+    recovered: bool = False  # read back by a restarted coordinator: its ranks must heartbeat again
     suspect: tuple[int, str, float] | None = None  # (rank, cause, deadline): blamed by a peer, not yet proven
     next_free: int = 0  # every rank below this one has joined, except those in `freed`
     freed: set[int] = field(default_factory=set)  # ranks below next_free whose joiner withdrew
@@ -197,8 +200,15 @@ def daemon_order(daemon_id: str) -> tuple[int, str]:
     return (int(digits), daemon_id) if digits.isdigit() else (1 << 62, daemon_id)
 
 
+def _plugins(joiner: Joiner) -> list[str]:
+    """The plugins a rank accepts: JoinJobRequest.plugin is empty (any) or one name or several, comma-separated
+    (a job over mixed hardware: tessel run --plugin gpu,cpu)."""
+    return [name.strip() for name in joiner.plugin.split(",") if name.strip()]
+
+
 def _fits(record: DaemonRecord, joiner: Joiner) -> bool:
-    return record.state == IDLE and (not joiner.plugin or record.info.plugin == joiner.plugin)
+    wanted = _plugins(joiner)
+    return record.state == IDLE and not record.restored and (not wanted or record.info.plugin in wanted)
 
 
 def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken_by: int | None) -> str:
@@ -207,8 +217,10 @@ def _explain_pinned(job: Job, joiner: Joiner, record: DaemonRecord | None, taken
         return f"{who}, which is not registered"
     if taken_by is not None:
         return f"{who}, which rank {taken_by} is pinned to as well"
-    if joiner.plugin and record.info.plugin != joiner.plugin:
+    if _plugins(joiner) and record.info.plugin not in _plugins(joiner):
         return f"{who}, whose plugin is '{record.info.plugin}', not the required '{joiner.plugin}'"
+    if record.restored:
+        return f"{who}, which has not heartbeat since the coordinator restarted"
     busy = f" with job '{record.info.job_id}'" if record.state == BUSY else ""
     return f"{who}, which is {record.state}{busy}"
 
@@ -247,15 +259,17 @@ class _FreeDaemons:
         return found[at] if at < len(found) else None
 
     def pick(self, joiner: Joiner) -> DaemonRecord | None:
-        """The lowest-numbered free daemon with the joiner's plugin, on its host if there is one."""
-        keys = (
-            [("both", joiner.plugin, joiner.hostname), ("plugin", joiner.plugin)]
-            if joiner.plugin
-            else [("host", joiner.hostname), ("any",)]
+        """The lowest-numbered free daemon of one of the joiner's plugins, on its host if there is one."""
+        wanted = _plugins(joiner)
+        tiers = (
+            [[("both", p, joiner.hostname) for p in wanted], [("plugin", p) for p in wanted]]
+            if wanted
+            else [[("host", joiner.hostname)], [("any",)]]
         )
-        for key in keys:
-            record = self._first(key)
-            if record is not None:
+        for keys in tiers:
+            found = [r for r in (self._first(key) for key in keys) if r is not None]
+            if found:
+                record = min(found, key=lambda r: daemon_order(r.daemon_id))
                 self.taken.add(record.daemon_id)
                 return record
         return None
@@ -284,7 +298,9 @@ def assign_daemons(
             continue
         pinned_by[joiner.daemon_id] = rank
         chosen[rank] = record
-    free = _FreeDaemons([d for d in daemons.values() if d.state == IDLE and d.daemon_id not in pinned_by])
+    free = _FreeDaemons(
+        [d for d in daemons.values() if d.state == IDLE and not d.restored and d.daemon_id not in pinned_by]
+    )
     unpinned = sorted((j for j in job.joiners.values() if not j.daemon_id), key=lambda j: (not j.plugin, j.rank))
     for joiner in unpinned:
         pick = free.pick(joiner)

@@ -35,9 +35,14 @@ class LivenessMixin:
                 sub.daemon = self._daemon(request.daemon_id)
                 sub.daemon.streams.add(sub)
                 sub.daemon.last_beat = sub.last_beat
+                if sub.daemon.restored:  # back after the coordinator's restart: it may take new work again
+                    sub.daemon.restored = False
+                    self._start_waiting_jobs()
+                    self._cond.notify_all()
                 if sub.daemon.state == DEAD:
                     log.info("daemon %s is heartbeating again: idle", request.daemon_id)
                     sub.daemon.info.state = IDLE
+                    self._save_daemon(sub.daemon)
                     self._start_waiting_jobs()
                     self._cond.notify_all()
             elif request.WhichOneof("who") == "client":
@@ -104,6 +109,7 @@ class LivenessMixin:
                     for sub in list(record.streams):
                         self._close(sub)
                     del self._daemons[record.daemon_id]
+                    self._forget_daemon(record.daemon_id)
             for job in list(self._jobs.values()):
                 if job.state == jobs.WAITING and job.form_deadline is not None and now > job.form_deadline:
                     job.timed_out = True
@@ -125,7 +131,11 @@ class LivenessMixin:
         silent = [r for r in range(job.world_size) if r not in heard][:1]
         if silent:
             rank = silent[0]
-            self._fail(job, f"{job.describe_rank(rank)} never sent a heartbeat in {self.first_beat_s:g} s", rank)
+            if job.recovered:
+                why = f"did not heartbeat again within {self.recovery_grace_s:g} s of the coordinator's restart"
+            else:
+                why = f"never sent a heartbeat in {self.first_beat_s:g} s"
+            self._fail(job, f"{job.describe_rank(rank)} {why}", rank)
 
     def inspect(self, now: float | None = None) -> None:
         """Blame suspects whose grace ran out, announce new stalls, fail jobs stalled past the stall timeout."""
@@ -184,6 +194,7 @@ class LivenessMixin:
         if job is not None and not job.ended:
             self._fail(job, f"rank {record.info.rank} ({record.where()}) {why}", record.info.rank)
         record.info.job_id, record.info.rank = "", -1
+        self._save_daemon(record)
 
     def _client_died(self, sub: Subscriber, why: str) -> None:
         job = sub.job

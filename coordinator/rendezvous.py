@@ -50,6 +50,7 @@ class RendezvousMixin:
                     "(or destroy the group first)"
                 )
             group.arrived.add(rank)
+            self._save_group(job, group)
             self._cond.notify_all()
             if not self._wait(group.complete, deadline, job, is_active):
                 missing = [r for r in group.ranks if r not in group.arrived]
@@ -64,7 +65,8 @@ class RendezvousMixin:
         """Forget the group (idempotent): its name may be created again, with other ranks if wanted."""
         with self._cond:
             job = self._job(job_id)
-            job.groups.pop(name, None)
+            if job.groups.pop(name, None) is not None:
+                self._forget_group(job_id, name)
 
     # ------------------------------------------------------------------------------------------ barriers
 
@@ -110,6 +112,7 @@ class RendezvousMixin:
             )
             job.kv[key] = bytes(value)
             job.kv_bytes = size
+            self._save_kv(job_id, key, job.kv[key])
             self._cond.notify_all()
 
     def kv_get(self, job_id: str, key: str, timeout_s: float, is_active=None) -> bytes:
@@ -132,6 +135,7 @@ class RendezvousMixin:
             old = job.kv.pop(key, None)
             if old is not None:
                 job.kv_bytes -= len(key) + len(old)
+                self._save_kv(job_id, key, None)
 
     def _kv_job(self, job_id: str, key: str) -> Job:
         self.limits.check_id("the key-value store's key", key)

@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import grpc
 
+from tessel.coordinator.balance import BatchBalancer
 from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
+from tessel.coordinator.store import Store
 from tessel.core import errors, rpc, tls
 from tessel.core.limits import Limits
 from tessel.core.memory import release_free_memory
@@ -25,6 +27,8 @@ DEFAULT_WAIT_S = 60.0  # a blocking call that gives no timeout_s waits this long
 # the log, to the job's ranks and in `tessel status`; past the timeout the job fails, blaming a missing rank.
 STALL_WARNING_S = float(os.environ.get("TESSEL_STALL_WARNING", "2"))
 STALL_TIMEOUT_S = float(os.environ.get("TESSEL_STALL_TIMEOUT", "300"))
+# After a restart from a durable store, daemons and ranks have this long to heartbeat again (durable.py).
+RECOVERY_GRACE_S = float(os.environ.get("TESSEL_RECOVERY_GRACE", "10"))
 _POLL_S = 0.25  # how often an idle stream sender checks that its call is still alive
 
 
@@ -53,6 +57,7 @@ class CoordinatorServicer:
         self.state = state
         self.heartbeat_interval_ms, self.heartbeat_timeout_ms = heartbeat_interval_ms, heartbeat_timeout_ms
         self.planner = planner or StrategyPlanner(state)
+        self.balancer = BatchBalancer(state)
 
     def RegisterDaemon(self, request, context):
         daemon_id = self.state.register_daemon(request.info)
@@ -73,7 +78,13 @@ class CoordinatorServicer:
         return self.state.join(request, self._budget(request.timeout_s, context), context.is_active)
 
     def GetJob(self, request, context):
-        return self.state.job_info(request.job_id)
+        return self._with_split(self.state.job_info(request.job_id))
+
+    def _with_split(self, job: coordinator_pb2.JobInfo) -> coordinator_pb2.JobInfo:
+        split = self.balancer.latest(job.job_id)
+        if split is not None:
+            job.batch_split.CopyFrom(split)
+        return job
 
     def FinishRank(self, request, context):
         self.state.finish_rank(request.job_id, request.rank)
@@ -118,7 +129,10 @@ class CoordinatorServicer:
         return common_pb2.Empty()
 
     def ClusterStatus(self, request, context):
-        return self.state.cluster_status()
+        reply = self.state.cluster_status()
+        for job in reply.jobs:
+            self._with_split(job)
+        return reply
 
     def GetDaemon(self, request, context):
         return self.state.get_daemon(request.daemon_id)
@@ -133,6 +147,10 @@ class CoordinatorServicer:
 
     def GetCostModel(self, request, context):
         return self.planner.cost_model(request.job_id, request.refresh)
+
+    # Speed-aware data parallelism: coordinator/balance.py.
+    def BalanceBatch(self, request, context):
+        return self.balancer.balance(request, _wait_budget(request.timeout_s, context), context.is_active)
 
 
 class _HeartbeatStream:
@@ -206,6 +224,8 @@ class CoordinatorServer:
         limits: Limits | None = None,
         stall_warning_s: float = STALL_WARNING_S,
         stall_timeout_s: float = STALL_TIMEOUT_S,
+        store: Store | None = None,
+        recovery_grace_s: float = RECOVERY_GRACE_S,
     ):
         limits = limits or Limits.from_env()
         self.state = CoordinatorState(
@@ -213,7 +233,11 @@ class CoordinatorServer:
             limits=limits,
             stall_warning_s=stall_warning_s,
             stall_timeout_s=stall_timeout_s,
+            store=store,
+            recovery_grace_s=recovery_grace_s,
         )
+        if self.state.restored:
+            log.warning("coordinator %s", self.state.restored)
         self.planner = StrategyPlanner(self.state, token)
         servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms, self.planner)
         service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
@@ -230,7 +254,8 @@ class CoordinatorServer:
             f"heartbeat every {heartbeat_interval_ms / 1000:g} s, a member silent {heartbeat_timeout_ms / 1000:g} s "
             f"is dead; a dead daemon leaves the registry after {limits.forget_dead_daemon_s:g} s; stall warning after "
             f"{stall_warning_s:g} s, stall timeout {stall_timeout_s:g} s (0 = none); blocking calls wait "
-            f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most"
+            f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most; after a restart members have "
+            f"{recovery_grace_s:g} s to come back (state in {self.state.store.url})"
         )
         self.tls = tls.wanted(host)
         log.info("coordinator listening on %s (%s)", self.address, "TLS, cluster CA" if self.tls else "plaintext")
@@ -261,6 +286,7 @@ class CoordinatorServer:
         self.state.close_all()
         self._server.stop(grace_s).wait(grace_s + 5)
         self._reaper.join(timeout=5)
+        self.state.store.close()
         log.info("coordinator at %s stopped", self.address)
 
     def wait(self, timeout_s: float | None = None) -> bool:
@@ -284,6 +310,8 @@ def serve(
     limits: Limits | None = None,
     stall_warning_s: float = STALL_WARNING_S,
     stall_timeout_s: float = STALL_TIMEOUT_S,
+    store: Store | None = None,
+    recovery_grace_s: float = RECOVERY_GRACE_S,
 ) -> CoordinatorServer:
     """Start a coordinator in this process (port 0 = any free port); the token defaults to the cluster token.
 
@@ -307,4 +335,6 @@ def serve(
         limits=limits,
         stall_warning_s=stall_warning_s,
         stall_timeout_s=stall_timeout_s,
+        store=store,
+        recovery_grace_s=recovery_grace_s,
     )

@@ -13,10 +13,12 @@ import time
 from collections.abc import Callable
 
 from tessel.coordinator import jobs
+from tessel.coordinator.durable import DurableMixin
 from tessel.coordinator.jobs import BUSY, FAILED, FINISHED, IDLE, RUNNING, DaemonRecord, Job
 from tessel.coordinator.liveness import CLOSE, STALLED, LivenessMixin
 from tessel.coordinator.rendezvous import RendezvousMixin
 from tessel.coordinator.stalls import StallInspector
+from tessel.coordinator.store import MemoryStore, Store
 from tessel.core import errors
 from tessel.core.limits import Limits
 from tessel.v1 import coordinator_pb2
@@ -27,7 +29,7 @@ ACK = "ack"  # outbox item: answer a beat (so the member can tell the coordinato
 __all__ = ["ACK", "CLOSE", "STALLED", "CoordinatorState"]
 
 
-class CoordinatorState(LivenessMixin, RendezvousMixin):
+class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
     """Registry, jobs, groups, barriers, key-value store and liveness, guarded by one condition.
 
     Example:
@@ -42,6 +44,8 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
         limits: Limits | None = None,
         stall_warning_s: float = 2.0,
         stall_timeout_s: float = 300.0,
+        store: Store | None = None,
+        recovery_grace_s: float = 10.0,
     ):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.limits = limits or Limits.from_env()
@@ -55,6 +59,11 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
         self._jobs: dict[str, Job] = {}  # in creation order: the oldest waiting job starts first
         self._next_daemon = 0
         self.stalls = StallInspector(stall_warning_s, stall_timeout_s)
+        # Registrations, jobs, history, groups and keys are written through to the store (never heartbeats), and
+        # read back here: a restarted coordinator gives every member recovery_grace_s to come back (durable.py).
+        self.store = store or MemoryStore()
+        self.recovery_grace_s = recovery_grace_s
+        self.restored = self._restore()
 
     # ------------------------------------------------------------------------------------------ registry
 
@@ -72,6 +81,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
                 )
                 daemon_id = f"d{self._next_daemon}"
                 self._next_daemon += 1
+                self._save_next_daemon()
             else:
                 daemon_id = old.daemon_id
                 if old.state == BUSY:
@@ -83,6 +93,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             record.info.daemon_id, record.info.state, record.info.job_id, record.info.rank = daemon_id, IDLE, "", -1
             record.info.heartbeat_age_s = 0.0
             self._daemons[daemon_id] = record
+            self._save_daemon(record)
             log.info("daemon %s registered: %s %s at %s", daemon_id, info.plugin, info.device_kind, info.address)
             self._start_waiting_jobs()
             self._cond.notify_all()
@@ -96,6 +107,9 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
         for name in ("job_id", "plugin", "daemon_id", "hostname"):
             self.limits.check_id(f"JoinJob: {name}", getattr(request, name))
         with self._cond:
+            job = self._jobs.get(request.job_id)
+            if job is not None and job.state == RUNNING and self._rejoins(job, request):
+                return self._join_reply(job, request.rank)  # its first reply was lost with a restarted coordinator
             job = self._job_for_join(request)
             rank = self._take_rank(job, request)
             self._start_waiting_jobs()
@@ -110,17 +124,29 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
                 job.timed_out = True
                 self._fail(job, self._join_timeout_message(job, timeout_s), -1)
                 raise job.failure()
-            members = list(job.members)
-            local_rank, local_size = jobs.local_rank_and_size(members, rank)
-            return coordinator_pb2.JoinJobReply(
-                rank=rank,
-                world_size=job.world_size,
-                daemon=members[rank],
-                members=members,
-                local_rank=local_rank,
-                local_size=local_size,
-                job_nonce=job.nonce,
-            )
+            return self._join_reply(job, rank)
+
+    @staticmethod
+    def _rejoins(job: Job, request: coordinator_pb2.JoinJobRequest) -> bool:
+        """The same process asks again for the rank it holds (a retry after the coordinator restarted)."""
+        joiner = job.joiners.get(request.rank)
+        return (
+            joiner is not None and joiner.restored and (joiner.pid, joiner.hostname) == (request.pid, request.hostname)
+        )
+
+    @staticmethod
+    def _join_reply(job: Job, rank: int) -> coordinator_pb2.JoinJobReply:
+        members = list(job.members)
+        local_rank, local_size = jobs.local_rank_and_size(members, rank)
+        return coordinator_pb2.JoinJobReply(
+            rank=rank,
+            world_size=job.world_size,
+            daemon=members[rank],
+            members=members,
+            local_rank=local_rank,
+            local_size=local_size,
+            job_nonce=job.nonce,
+        )
 
     def expect_job(
         self, job_id: str, world_size: int, timeout_s: float, how_to_fix: str = "", once: bool = False
@@ -133,12 +159,15 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
         with self._cond:
             job = self._jobs.get(job_id)
             if job is None or job.ended:
+                if job is not None:
+                    self._forget_job(job_id)
                 job = Job(job_id=job_id, world_size=world_size, created_at=time.time())
                 self._jobs[job_id] = job
                 self._forget_old_jobs()
             job.form_deadline, job.form_timeout_s = self._clock() + timeout_s, timeout_s
             job.once = once
             job.how_to_fix = how_to_fix or job.how_to_fix
+            self._save_job(job)
 
     def job_info(self, job_id: str) -> coordinator_pb2.JobInfo:
         with self._cond:
@@ -156,6 +185,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
                 )
             self._check_rank(job, rank, "FinishRank")
             job.finished.add(rank)
+            self._save_rank(job, rank)
             if len(job.finished) == job.world_size:
                 job.state = FINISHED
                 log.info("job '%s' finished (%d ranks)", job_id, job.world_size)
@@ -177,6 +207,8 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             if rank >= 0:
                 self._check_rank(job, rank, "FailJob")
                 job.reported.add(rank)
+                if rank in job.joiners:
+                    self._save_rank(job, rank)
             who = job.describe_rank(rank) if rank >= 0 else "a client"
             if culprit is None:
                 self._fail(job, f"{who} reported: {cause}", rank)
@@ -194,7 +226,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             for record in sorted(self._daemons.values(), key=lambda d: jobs.daemon_order(d.daemon_id)):
                 info = reply.daemons.add()
                 info.CopyFrom(record.info)
-                info.heartbeat_age_s = now - record.last_beat
+                info.heartbeat_age_s = max(0.0, now - record.last_beat)
             reply.jobs.extend(job.info() for job in sorted(self._jobs.values(), key=lambda j: j.created_at))
             reply.stalls.extend(self.stalls.stalls(now))
             return reply
@@ -204,7 +236,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             record = self._daemon(daemon_id)
             info = coordinator_pb2.DaemonInfo()
             info.CopyFrom(record.info)
-            info.heartbeat_age_s = self._clock() - record.last_beat
+            info.heartbeat_age_s = max(0.0, self._clock() - record.last_beat)
             return info
 
     def report_stall(self, report: coordinator_pb2.StallReport) -> None:
@@ -276,8 +308,11 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             live = sum(1 for j in self._jobs.values() if not j.ended)
             self.limits.check_count("JoinJob: the number of waiting and running jobs", live + 1, "max_jobs")
             self._jobs.pop(job_id, None)  # a new job of an old id goes to the back of the queue
+            if job is not None:
+                self._forget_job(job_id)
             job = Job(job_id=job_id, world_size=world, created_at=time.time())
             self._jobs[job_id] = job
+            self._save_job(job)
             self._forget_old_jobs()
             return job
         if job.state == RUNNING:
@@ -304,12 +339,15 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             rank = free
         self._check_rank(job, rank, "JoinJob")
         other = job.joiners.get(rank)
+        if other is not None and self._rejoins(job, request):
+            return rank  # the same process, again: its first call was lost with a restarted coordinator
         if other is not None:
             raise errors.ConfigurationError(
                 f"JoinJob: rank {rank} of job '{job.job_id}' already joined (pid {other.pid} on host "
                 f"{other.hostname}); give each process its own rank, or pass -1 to let the coordinator pick"
             )
         job.take_rank(rank, jobs.Joiner(rank, request.plugin, request.daemon_id, request.hostname, request.pid))
+        self._save_rank(job, rank)
         return rank
 
     def _withdraw(self, job: Job, rank: int) -> None:
@@ -319,6 +357,9 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
         job.free_rank(rank)
         if not job.joiners and self._jobs.get(job.job_id) is job:
             del self._jobs[job.job_id]
+            self._forget_job(job.job_id)
+        else:
+            self._forget_rank(job, rank)
         self._cond.notify_all()
 
     def _join_timeout_message(self, job: Job, timeout_s: float) -> str:
@@ -336,16 +377,19 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
 
     def _start_waiting_jobs(self) -> None:
         """Start every waiting job whose world is complete and for which daemons are free, oldest first."""
-        for job in [j for j in self._jobs.values() if j.state == jobs.WAITING and j.complete]:
-            chosen, job.pending_reasons = jobs.assign_daemons(job, self._daemons)
-            if not chosen:
-                continue
-            job.members = [jobs.member_of(rank, chosen[rank]) for rank in range(job.world_size)]
-            job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
-            for rank, record in chosen.items():
-                record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
-            job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
-            log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
+        with self._batched():  # one store transaction
+            for job in [j for j in self._jobs.values() if j.state == jobs.WAITING and j.complete]:
+                chosen, job.pending_reasons = jobs.assign_daemons(job, self._daemons)
+                if not chosen:
+                    continue
+                job.members = [jobs.member_of(rank, chosen[rank]) for rank in range(job.world_size)]
+                job.daemon_ids = [chosen[rank].daemon_id for rank in range(job.world_size)]
+                for rank, record in chosen.items():
+                    record.info.state, record.info.job_id, record.info.rank = BUSY, job.job_id, rank
+                    self._save_daemon(record)
+                job.state, job.started_at, job.running_since = RUNNING, time.time(), self._clock()
+                self._save_job(job)
+                log.info("job '%s' started: ranks on daemons %s", job.job_id, job.daemon_ids)
 
     def _fail(self, job: Job, cause: str, culprit_rank: int) -> None:
         job.state, job.cause, job.culprit_rank = FAILED, self.limits.clip_text(cause), culprit_rank
@@ -365,17 +409,22 @@ class CoordinatorState(LivenessMixin, RendezvousMixin):
             sub.outbox.put(event)
 
     def _job_ended(self, job: Job) -> None:
-        self.stalls.forget_job(job.job_id)
-        for daemon_id in job.daemon_ids:
-            record = self._daemons.get(daemon_id)
-            if record is not None and record.state == BUSY and record.info.job_id == job.job_id:
-                record.info.state, record.info.job_id, record.info.rank = IDLE, "", -1
-        self._start_waiting_jobs()
-        self._cond.notify_all()
-        job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
-        self._forget_old_jobs()
+        with self._batched():  # one store transaction
+            self.stalls.forget_job(job.job_id)
+            for daemon_id in job.daemon_ids:
+                record = self._daemons.get(daemon_id)
+                if record is not None and record.state == BUSY and record.info.job_id == job.job_id:
+                    record.info.state, record.info.job_id, record.info.rank = IDLE, "", -1
+                    self._save_daemon(record)
+            self._start_waiting_jobs()
+            self._cond.notify_all()
+            job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
+            self._save_job(job)
+            self._forget_rendezvous(job.job_id)
+            self._forget_old_jobs()
 
     def _forget_old_jobs(self) -> None:
         ended = [j for j in self._jobs.values() if j.ended]  # creation order
         for job in ended[: max(0, len(ended) - self.limits.keep_ended_jobs)]:
             del self._jobs[job.job_id]
+            self._forget_job(job.job_id)

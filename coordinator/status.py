@@ -55,10 +55,22 @@ def format_status(reply: coordinator_pb2.ClusterStatusReply) -> str:
         lines += _table(["ID", "WORLD", "STATE", "FINISHED", "CAUSE"], [_job_row(j) for j in reply.jobs])
     else:
         lines.append("  none")
+    split = [j for j in reply.jobs if j.batch_split.shares]
+    if split:
+        lines += ["", "batch split (speed-aware data parallelism)"]
+        header = ["JOB", "EPOCH", "GLOBAL BATCH", "SHARES", "SPEEDS", "FROM"]
+        lines += _table(header, [_split_row(j.batch_split) for j in split])
     if reply.stalls:  # only while some collective is stalled
         lines += ["", f"stalls ({len(reply.stalls)})"]
         lines += [f"  {describe(stall)}" for stall in reply.stalls]
     return "\n".join(lines)
+
+
+def _split_row(split: coordinator_pb2.BatchSplit) -> list[str]:
+    unit = " samples/s" if split.source.startswith("step times") else ""
+    speeds = ":".join(f"{s:.3g}" for s in split.speeds) + unit if any(split.speeds) else "-"
+    shares = ":".join(str(s) for s in split.shares)
+    return [split.job_id, str(split.epoch), str(split.global_batch), shares, speeds, split.source]
 
 
 def status_main(argv: Sequence[str] | None = None) -> int:
@@ -71,7 +83,7 @@ def status_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     address = args.coordinator or default_address()
     try:
-        with CoordinatorClient(address, timeout_s=args.timeout) as client:
+        with CoordinatorClient(address, timeout_s=args.timeout, grace_s=0.0) as client:
             reply = client.cluster_status()
     except errors.ConfigurationError as exc:
         print(f"tessel status: {exc}", file=sys.stderr)

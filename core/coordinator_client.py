@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import grpc
 
-from tessel.core import rpc
+from tessel.core import errors, rpc
 from tessel.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 log = logging.getLogger("tessel.coordinator")
@@ -26,10 +26,32 @@ def default_address() -> str:
     return os.environ.get("TESSEL_COORDINATOR") or f"127.0.0.1:{DEFAULT_PORT}"
 
 
+def reconnect_grace_s() -> float:
+    """$TESSEL_COORDINATOR_GRACE (default 10): how long a member keeps trying to reach a coordinator it lost before
+    it counts as gone — long enough for a coordinator killed and restarted from its store to come back."""
+    try:
+        return max(0.0, float(os.environ.get("TESSEL_COORDINATOR_GRACE", "10")))
+    except ValueError:
+        return 10.0
+
+
+# Codes after which the coordinator is there but will not take this member back: no point in trying again.
+_FINAL_CODES = (
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+)
+
+
 class HeartbeatHandle:
     """A background heartbeat stream for one member; events arrive through `on_event` (on the handle's thread).
 
-    If the coordinator dies, hangs or ends the stream, the handle sets `lost` (with `lost_reason`) and calls
+    If the stream breaks, the handle opens it again (naming the same member) for up to `grace_s`, so a coordinator
+    restarted from its store takes its members back; a coordinator that stops answering on an open stream has
+    `timeout_s + grace_s` to answer again. If it does not come back in time, or answers that it does not know the
+    member, the handle sets `lost` (with `lost_reason`) and calls
     `on_event` once with a JobEvent whose state is COORDINATOR_LOST. `stop()` ends the stream; for a client rank
     that has not finished (FinishRank), that counts as its death and fails its job.
     """
@@ -41,48 +63,82 @@ class HeartbeatHandle:
         on_event: Callable[[coordinator_pb2.JobEvent], None],
         interval_s: float,
         timeout_s: float,
+        grace_s: float | None = None,
     ):
         self._client, self._first, self._on_event = client, first, on_event
         self.interval_s, self.timeout_s = interval_s, timeout_s
+        self.grace_s = reconnect_grace_s() if grace_s is None else grace_s
         self.job_id = first.client.job_id if first.WhichOneof("who") == "client" else ""
         self.lost = threading.Event()
         self.lost_reason = ""
+        self.reconnects = 0  # streams opened again after a break
         self._done = threading.Event()
         self._lock = threading.Lock()
         self._call = None
         self._last_reply = time.monotonic()
+        self._broken_since: float | None = None  # when the link last broke; None while the coordinator answers
         self._receiver = threading.Thread(target=self._receive, name="tessel-heartbeat", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="tessel-heartbeat-watchdog", daemon=True)
         self._receiver.start()
         self._watchdog.start()
 
-    def _beats(self) -> Iterator[coordinator_pb2.HeartbeatRequest]:
+    def _beats(self, ended: threading.Event) -> Iterator[coordinator_pb2.HeartbeatRequest]:
         yield self._first
-        while not self._done.wait(self.interval_s):
+        while not self._done.wait(self.interval_s) and not ended.is_set():
             yield coordinator_pb2.HeartbeatRequest()
 
     def _receive(self) -> None:
-        try:
-            call = self._client.stream("Heartbeat", self._beats())
-            with self._lock:
-                self._call = call
-                if self._done.is_set():
-                    call.cancel()
-            for reply in call:
-                self._last_reply = time.monotonic()
-                for event in reply.events:
-                    self._deliver(event)
-            self._lose(f"the coordinator at {self._client.address} ended the heartbeat stream (it stopped)")
-        except grpc.RpcError as exc:
-            self._lose(
-                f"lost the coordinator at {self._client.address}: its heartbeat stream broke "
-                f"({exc.code().name}: {exc.details()})"
-            )
+        while not self._done.is_set():
+            ended = threading.Event()
+            try:
+                call = self._client.stream("Heartbeat", self._beats(ended))
+                with self._lock:
+                    self._call = call
+                    if self._done.is_set():
+                        call.cancel()
+                for reply in call:
+                    if self._broken_since is not None:
+                        log.warning("the coordinator at %s answers again", self._client.address)
+                    self._last_reply, self._broken_since = time.monotonic(), None
+                    for event in reply.events:
+                        self._deliver(event)
+                reason = f"the coordinator at {self._client.address} ended the heartbeat stream (it stopped)"
+            except grpc.RpcError as exc:
+                reason = (
+                    f"lost the coordinator at {self._client.address}: its heartbeat stream broke "
+                    f"({exc.code().name}: {exc.details()})"
+                )
+                if exc.code() in _FINAL_CODES:
+                    self._lose(reason)
+                    return
+            finally:
+                ended.set()
+            if not self._broken(reason):
+                return
+            self._done.wait(min(0.2, self.interval_s))
+            self.reconnects += 1
+
+    def _broken(self, reason: str) -> bool:
+        """The link is down: True to try again, False once the grace ran out (the member is then lost)."""
+        now = time.monotonic()
+        with self._lock:
+            if self._broken_since is None:
+                self._broken_since = now
+                if self.grace_s > 0 and not self._done.is_set():
+                    log.warning("%s; trying again for %g s", reason, self.grace_s)
+            since = self._broken_since
+        if now - since >= self.grace_s:
+            self._lose(reason if self.grace_s <= 0 else f"{reason}; it did not come back within {self.grace_s:g} s")
+            return False
+        return True
 
     def _watch(self) -> None:
+        """A hung or stopped coordinator keeps the stream open but silent: it is lost once silent for the timeout
+        plus the grace. The stream is never cancelled before: a coordinator that resumes (SIGCONT, a pause of its
+        host) must find it open, since to the coordinator a rank's closed stream is that rank's death."""
         while not self._done.wait(self.interval_s):
             age = time.monotonic() - self._last_reply
-            if age > self.timeout_s:
+            if age > self.timeout_s + self.grace_s:
                 self._lose(f"no reply from the coordinator at {self._client.address} for {age:.1f} s")
 
     def _deliver(self, event: coordinator_pb2.JobEvent) -> None:
@@ -119,6 +175,33 @@ class HeartbeatHandle:
                 thread.join(timeout_s)
 
 
+class CoordinatorUnreachableError(errors.JobFailedError):
+    """The coordinator's port did not answer (it is down, or restarting)."""
+
+
+class _RetryingClient(rpc.Client):
+    """Unary calls that find the coordinator unreachable try again for up to `grace_s` (a restarted coordinator
+    takes them back: it kept its state); an aborted client stops at once."""
+
+    grace_s = 0.0
+
+    def call(self, method: str, request, timeout_s: float | None = None):
+        deadline = None
+        while True:
+            try:
+                return super().call(method, request, timeout_s)
+            except CoordinatorUnreachableError as exc:
+                now = time.monotonic()
+                deadline = deadline if deadline is not None else now + self.grace_s
+                if self._aborted is not None:
+                    raise self._aborted from None
+                if now >= deadline:
+                    raise CoordinatorUnreachableError(
+                        f"{exc} (tried again for {self.grace_s:g} s: $TESSEL_COORDINATOR_GRACE)"
+                    ) from None
+                time.sleep(min(0.2, deadline - now))
+
+
 class CoordinatorClient:
     """Typed calls to a coordinator; every call has a deadline and raises tessel exceptions.
 
@@ -128,17 +211,29 @@ class CoordinatorClient:
         print(reply.rank, reply.daemon.daemon_address)
     """
 
-    def __init__(self, address: str | None = None, token: str | None = None, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        address: str | None = None,
+        token: str | None = None,
+        timeout_s: float = 60.0,
+        grace_s: float | None = None,
+    ):
+        """`grace_s` (default $TESSEL_COORDINATOR_GRACE, 10): how long calls and heartbeats keep trying to reach a
+        coordinator that went away, so that one restarted from its store takes them back."""
         self.address = address or default_address()
         token = token or rpc.cluster_token()
-        self._rpc = rpc.Client(self.address, coordinator_pb2_grpc.CoordinatorStub, token, timeout_s)
+        self.grace_s = reconnect_grace_s() if grace_s is None else grace_s
+        stub = coordinator_pb2_grpc.CoordinatorStub
+        self._rpc = _RetryingClient(self.address, stub, token, timeout_s, unreachable=CoordinatorUnreachableError)
+        self._rpc.grace_s = self.grace_s
         self._handles: list[HeartbeatHandle] = []
 
     def _wait_call(self, method: str, request, timeout_s: float):
         return self._rpc.call(method, request, timeout_s=timeout_s + _DEADLINE_MARGIN_S)
 
     def register_daemon(self, info: coordinator_pb2.DaemonInfo) -> coordinator_pb2.RegisterDaemonReply:
-        return self._rpc.RegisterDaemon(coordinator_pb2.RegisterDaemonRequest(info=info))
+        # Not retried here: the daemon retries registration on its own schedule (--connect-timeout).
+        return rpc.Client.call(self._rpc, "RegisterDaemon", coordinator_pb2.RegisterDaemonRequest(info=info))
 
     def heartbeat(
         self,
@@ -153,7 +248,7 @@ class CoordinatorClient:
         else:
             first = coordinator_pb2.HeartbeatRequest(client=member)
         timeout_s = timeout_s if timeout_s is not None else max(3.0, 6 * interval_s)
-        handle = HeartbeatHandle(self._rpc, first, on_event, interval_s, timeout_s)
+        handle = HeartbeatHandle(self._rpc, first, on_event, interval_s, timeout_s, self.grace_s)
         self._handles = [h for h in self._handles if h.alive] + [handle]
         return handle
 
@@ -276,6 +371,31 @@ class CoordinatorClient:
         between hosts the first time takes a moment); `refresh`: the daemons measure again first (about a second)."""
         request = coordinator_pb2.GetCostModelRequest(job_id=job_id, refresh=refresh)
         return self._rpc.call("GetCostModel", request, timeout_s=90.0)
+
+    def balance_batch(
+        self,
+        job_id: str,
+        rank: int,
+        epoch: int,
+        global_batch: int,
+        weights: Sequence[float] = (),
+        busy_s: float = 0.0,
+        samples: int = 0,
+        timeout_s: float = 120.0,
+    ) -> coordinator_pb2.BatchSplit:
+        """The split of the global batch for `epoch`, the same for every rank of the job (a rendezvous: it returns once
+        all have asked); this rank's `busy_s` of own work on `samples` samples since it last asked refine the speeds."""
+        request = coordinator_pb2.BalanceRequest(
+            job_id=job_id,
+            rank=rank,
+            epoch=epoch,
+            global_batch=global_batch,
+            weights=list(weights),
+            busy_s=busy_s,
+            samples=samples,
+            timeout_s=timeout_s,
+        )
+        return self._wait_call("BalanceBatch", request, timeout_s)
 
     def close(self) -> None:
         """Stop this client's heartbeat streams and close its channel."""

@@ -52,6 +52,7 @@ class Peer:
     host_id: str  # equal host ids <=> shared memory reaches the peer
     data_address: str  # "host:port" of the peer daemon's TCP data plane
     pid: int  # the peer daemon's process id (liveness check on the same host)
+    plugin: str = ""  # the peer daemon's plugin: ranks of one host and one plugin form a hierarchical group's part
 
 
 def _never_aborted() -> str | None:
@@ -381,6 +382,14 @@ class Plugin(ABC):
     @abstractmethod
     def collective(self) -> CollectivePlugin: ...
 
+    @property
+    def host_transport(self) -> CollectivePlugin | None:
+        """The collectives that join this plugin's groups to other hosts and other plugins: shared memory within a
+        host, TCP between hosts (the cpu plugin's, which is its own collective). None (the default): this plugin's
+        collectives reach only devices of its own kind, and the daemon joins its groups to the others through the
+        cpu plugin's host transport. See daemon/hierarchy.py."""
+        return None
+
     def measure(self) -> Measurement | None:
         """Measure the device now (a fraction of a second; the daemon calls it once at start). None: this plugin
         measures nothing, and the coordinator keeps its default figures for its daemons."""
@@ -400,6 +409,10 @@ def _entry_points() -> dict:
 
 
 def plugin_class(name: str) -> type[Plugin]:
+    """The plugin class named `name` in the `tessel.plugins` entry-point group, or at `module:Class` (a plugin not
+    installed as a package, e.g. one a test defines: tessel daemon --plugin my_plugins:FastCpu)."""
+    if ":" in name:
+        return _plugin_at(name)
     found = _entry_points()
     if name not in found:
         raise ConfigurationError(
@@ -407,6 +420,25 @@ def plugin_class(name: str) -> type[Plugin]:
             f"A plugin registers itself in the {GROUP!r} entry-point group (pip install it, or pick one listed)."
         )
     return found[name].load()
+
+
+def _plugin_at(path: str) -> type[Plugin]:
+    import importlib
+
+    module_name, _, attribute = path.partition(":")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(
+            f"plugin {path!r}: cannot load {attribute!r} from module {module_name!r} ({exc}); a plugin given as "
+            "module:Class must be importable (on PYTHONPATH) and name a tessel.core.plugin.Plugin subclass"
+        ) from None
+    if not (isinstance(found, type) and issubclass(found, Plugin)) or not found.name:
+        raise ConfigurationError(
+            f"plugin {path!r} is {found!r}, not a tessel.core.plugin.Plugin subclass with a name; subclass Plugin "
+            "(or a plugin such as tessel.plugins.cpu.CpuPlugin) and set its `name`"
+        )
+    return found
 
 
 def available_plugins() -> dict[str, tuple[bool, str]]:

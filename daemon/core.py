@@ -21,8 +21,8 @@ import numpy as np
 
 from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
 from tessel.core.limits import Limits, clip
-from tessel.core.plugin import GroupContext, LinkMeasurement, Peer, Plugin
-from tessel.daemon import memtrace
+from tessel.core.plugin import CollectivePlugin, GroupContext, LinkMeasurement, Peer, Plugin
+from tessel.daemon import hierarchy, memtrace
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("tessel.daemon")
 
 BOUND_PROGRAMS = 64  # bound programs cached per session
+PROBE_GROUP_TIMEOUT_S = 10.0  # a member of a group probe that never comes fails the probe after this long
 TRIM_AFTER_BYTES = 8 << 20  # a put this large is followed by a malloc_trim
 
 
@@ -55,6 +56,7 @@ def release_freed_memory() -> None:
 
 
 _trim = None
+
 
 # How long a collective that failed because a peer left waits for the coordinator's verdict on the job (the
 # daemons of a job hear of its failure within a heartbeat of each other).
@@ -108,10 +110,13 @@ class DaemonCore:
         coordinator=None,
         daemon_id: str = "local",
         data_address: str = "",
+        host_transport: CollectivePlugin | None = None,
         limits: Limits | None = None,
         watch=None,
     ):
         self.plugin = plugin
+        # What joins this daemon's groups to other hosts and plugins (daemon/hierarchy.py).
+        self.host_transport = host_transport if host_transport is not None else plugin.host_transport
         self.coordinator = coordinator  # tessel.coordinator.CoordinatorClient or None (embedded, world of 1)
         self.daemon_id = daemon_id
         self.data_address = data_address
@@ -127,12 +132,20 @@ class DaemonCore:
 
     # ------------------------------------------------------------------------------------------ sessions
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "") -> str:
+    def open_session(
+        self, job_id: str, rank: int, world_size: int, members: Iterable, job_nonce: str = "", collectives: str = ""
+    ) -> str:
         """A session for `rank` of the job; `job_nonce` (the coordinator's JoinJobReply.job_nonce, the same on every
-        rank) keeps this job's shared-memory names apart from another job's of the same id."""
+        rank) keeps this job's shared-memory names apart from another job's of the same id; `collectives` ("auto"
+        or "", "flat") says how its groups that span hosts or plugins run (daemon/hierarchy.py)."""
         self.limits.check_id("OpenSession: the job id", job_id)
         self.limits.check_id("OpenSession: the job nonce", job_nonce)
         self.limits.check_count("OpenSession: the world size", world_size, "max_world_size")
+        if (collectives or "auto") not in hierarchy.MODES:
+            raise ConfigurationError(
+                f"job {job_id!r}: collectives={collectives!r} is not one of {list(hierarchy.MODES)} "
+                "(TESSEL_COLLECTIVES on the rank)"
+            )
         members = list(members)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ConfigurationError(f"rank {rank} is outside a world of {world_size}; ranks are 0..world_size-1")
@@ -147,7 +160,7 @@ class DaemonCore:
         if not job_nonce and world_size == 1:
             job_nonce = uuid.uuid4().hex[:16]  # nobody to agree with
         session_id = f"{job_id}/{rank}/{uuid.uuid4().hex[:8]}"
-        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce)
+        session = Session(session_id, job_id, rank, world_size, members, job_nonce=job_nonce, collectives=collectives)
         with self._lock:
             self.limits.check_count("OpenSession: the number of open sessions", len(self._sessions) + 1, "max_sessions")
             self._sessions[session.session_id] = session
@@ -301,7 +314,9 @@ class DaemonCore:
         return local * (self.plugin.device.cores + 1) <= _usable_cores()
 
     def _new_communicator(self, session: Session, name: str, ranks: list[int], members: list):
-        peers = tuple(Peer(r, members[r].host_id, members[r].data_address, members[r].pid) for r in ranks)
+        peers = tuple(
+            Peer(r, members[r].host_id, members[r].data_address, members[r].pid, members[r].plugin) for r in ranks
+        )
         context = GroupContext(
             job_id=session.job_id,
             job_nonce=session.job_nonce,
@@ -312,7 +327,7 @@ class DaemonCore:
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
         )
-        communicator = self.plugin.collective.new_group(context)
+        communicator = hierarchy.communicator(context, self.plugin.collective, self.host_transport, session.collectives)
         return communicator if self.watch is None else self.watch.wrap(communicator, session.job_id, session.rank)
 
     # ------------------------------------------------------------------------------------------ tensors
@@ -374,6 +389,7 @@ class DaemonCore:
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
+            began = time.perf_counter()
             try:
                 for repetition in range(max(1, repeat)):
                     session.check_alive()
@@ -403,6 +419,8 @@ class DaemonCore:
                         f"job {session.job_id!r} failed: {session.abort_cause}", session.culprit_rank
                     ) from exc
                 raise
+            finally:
+                session.run_s += time.perf_counter() - began
             fetched = {n: session.tensor(n) for n in fetch}
             if memtrace.trace() is not None:
                 memtrace.trace().write()
@@ -462,6 +480,42 @@ class DaemonCore:
             raise ConfigurationError(f"ProbeLink: the {self.plugin.name} plugin cannot probe links")
         return link
 
+    def probe_group(self, probe_id: str, rank: int, members: list, collectives: int) -> float:
+        """Seconds one small all_reduce takes over a temporary group of daemons (`members`, index = rank; this one
+        is `rank`), the mean over `collectives` of them after one that forms the group: what a collective among a
+        job's ranks costs where they are placed, waiting for every member to arrive included (the coordinator asks
+        every member at once). One probe at a time, like probe_link."""
+        if len(members) < 2 or not 0 <= rank < len(members) or not probe_id or not 1 <= collectives <= 1000:
+            raise ConfigurationError(
+                f"ProbeGroup: needs a probe id, 2 or more members, this daemon's rank among them and 1 to 1000 "
+                f"collectives; got id {probe_id!r}, rank {rank} of {len(members)}, {collectives} collectives"
+            )
+        if not self._probing.acquire(blocking=False):
+            raise ConfigurationError("ProbeGroup: this daemon is probing already; ask again when it is done")
+        try:
+            peers = tuple(Peer(i, m.host_id, m.data_address, m.pid) for i, m in enumerate(members))
+            context = GroupContext(
+                job_id=f"probe-{probe_id}",
+                name="probe",
+                ranks=tuple(range(len(members))),
+                rank=rank,
+                peers=peers,
+                timeout_s=PROBE_GROUP_TIMEOUT_S,
+                job_nonce=probe_id,
+            )
+            comm = self.plugin.collective.new_group(context)
+            try:
+                value = np.zeros(1, np.float32)
+                comm.all_reduce(value)
+                started = time.perf_counter()
+                for _ in range(collectives):
+                    comm.all_reduce(value)
+                return (time.perf_counter() - started) / collectives
+            finally:
+                comm.close()
+        finally:
+            self._probing.release()
+
     def close(self) -> None:
         for session in self.sessions():
             self.close_session(session.session_id)
@@ -475,9 +529,20 @@ def _usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _store_bytes(session: Session) -> int:
+    """What the session's store holds, in bytes (each buffer once, however many names it has)."""
+    seen: dict[int, int] = {}
+    for value in list(session.tensors.values()):
+        array = np.asarray(value)
+        base = array.base if isinstance(array.base, np.ndarray) else array
+        seen[id(base)] = max(seen.get(id(base), 0), int(array.nbytes))
+    return sum(seen.values())
+
+
 def _record(session: Session, steps: list, repetition: int, events: list, elapsed: list[float]) -> None:
-    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`). An
-    asynchronous collective's event gets its communicator's start and end once its wait has run."""
+    """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`) with what the
+    store holds after it (the live memory of the step). An asynchronous collective's event gets its
+    communicator's start and end once its wait has run."""
     clock = time.time_ns
     started: dict[str, daemon_pb2.TimelineEvent] = {}
     for index, step in enumerate(steps):
@@ -491,6 +556,7 @@ def _record(session: Session, steps: list, repetition: int, events: list, elapse
         )  # fmt: skip
         if step.nbytes is not None:
             event.bytes = step.nbytes()
+        event.store_bytes = _store_bytes(session)
         if step.kind not in ("wait", "run_segment", "next_batch", "free", "copy"):  # a collective
             if step.handle:
                 started[step.handle] = event

@@ -85,6 +85,20 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     raise ConfigurationError(f"unknown collective kind {kind} in a program instruction")
 
 
+def _blocking(session: Session, run: Step) -> Step:
+    """`run`, its time counted as blocked in collectives (Session.blocked_s)."""
+    clock = time.perf_counter
+
+    def timed() -> None:
+        start = clock()
+        try:
+            run()
+        finally:
+            session.blocked_s += clock() - start
+
+    return timed
+
+
 def _run_now(session: Session, handle: str, outputs: list[str], call: Callable) -> None:
     """Run an asynchronously started collective to completion now; its wait will find the result."""
     started = time.time_ns()
@@ -96,7 +110,7 @@ class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator;
     `may_overlap(session, comm)` says whether its collectives may run while segments compute (see DaemonCore):
     where not, a collective the program starts asynchronously runs to completion right there instead, and its
-    wait returns at once."""
+    wait returns at once. Sends and receives started asynchronously always run beside the program."""
 
     def __init__(
         self,
@@ -132,16 +146,19 @@ class Executor:
                 call, outputs = _collective_call(comm, session, op)
             label = collective_pb2.CollectiveKind.Name(op.kind).lower()
             sizes = _bytes_of(session, list(op.inputs))
-            if op.handle and self.may_overlap(session, comm):
+            # A send or receive always runs beside the program: it mostly waits for its peer, and a receive posted
+            # early and run at once would block this rank until the sender gets there (a pipeline would deadlock).
+            point_to_point = op.kind in (collective_pb2.SEND, collective_pb2.RECV)
+            if op.handle and (point_to_point or self.may_overlap(session, comm)):
                 start = lambda: session.handles.__setitem__(op.handle, (call(True), outputs))  # noqa: E731
                 return Bound(label, start, label, op.group, op.handle, sizes)
             if op.handle:
-                return Bound(
-                    label, lambda: _run_now(session, op.handle, outputs, call), label, op.group, op.handle, sizes
-                )
-            return Bound(label, lambda: _store(session, outputs, call(False)), label, op.group, "", sizes)
+                run_now = _blocking(session, lambda: _run_now(session, op.handle, outputs, call))
+                return Bound(label, run_now, label, op.group, op.handle, sizes)
+            run = _blocking(session, lambda: _store(session, outputs, call(False)))
+            return Bound(label, run, label, op.group, "", sizes)
         if which == "wait":
-            return Bound("wait", lambda: self._wait(session, op.handle), "wait", "", op.handle)
+            return Bound("wait", _blocking(session, lambda: self._wait(session, op.handle)), "wait", "", op.handle)
         if which == "free":
             return Bound("free", lambda: [session.tensors.pop(n, None) for n in op.names] and None, "free")
         if which == "copy":

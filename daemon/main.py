@@ -76,6 +76,21 @@ def _measure(plugin):
         return None
 
 
+def _host_transport(plugin, host: str, advertised: str):
+    """What joins the plugin's groups to other hosts and plugins (daemon/hierarchy.py): its own host transport, else
+    the cpu plugin's (shared memory and TCP), else None (groups beyond this plugin's devices then fail, saying so)."""
+    from tessel.core.plugin import plugin_class
+
+    if plugin.host_transport is not None:
+        return plugin.host_transport
+    try:
+        cpu = plugin_class("cpu")
+    except TesselError as missing:
+        log.warning("the %s plugin has no host transport and the cpu plugin is not installed: %s", plugin.name, missing)
+        return None
+    return cpu(device_id=0, threads=1, host=host, advertise_host=advertised).host_transport
+
+
 def _register(args, core: DaemonCore, address: str, coordinator, forever: bool = False, stop=None, measured=None):
     """Register (retrying until --connect-timeout, or for ever); returns the RegisterDaemonReply."""
     from tessel.v1 import coordinator_pb2
@@ -120,12 +135,13 @@ def _heartbeat_deadlines(reply) -> tuple[float, float]:
 def _deadlines(core: DaemonCore, interval_s: float, timeout_s: float) -> str:
     """Every deadline this daemon keeps, in one line (printed once at start-up)."""
     plugin = core.plugin.collective.deadlines()
+    grace = core.coordinator.grace_s if core.coordinator is not None else 0.0
     return (
         f"tessel daemon {core.daemon_id} deadlines: heartbeat every {interval_s:g} s, coordinator lost after "
-        f"{timeout_s:g} s of silence; collective timeout {core.collective_timeout_s:g} s "
-        f"(TESSEL_COLLECTIVE_TIMEOUT); stall report after {REPORT_AFTER_S:g} s in a collective; group rendezvous "
-        f"60 s; sessions whose job is not running here closed after {core.limits.orphan_session_s:g} s"
-        + (f"; {plugin}" if plugin else "")
+        f"{timeout_s + grace:g} s of silence or {grace:g} s unreachable (TESSEL_COORDINATOR_GRACE); collective "
+        f"timeout {core.collective_timeout_s:g} s (TESSEL_COLLECTIVE_TIMEOUT); stall report after "
+        f"{REPORT_AFTER_S:g} s in a collective; group rendezvous 60 s; sessions whose job is not running here "
+        f"closed after {core.limits.orphan_session_s:g} s" + (f"; {plugin}" if plugin else "")
     )
 
 
@@ -165,10 +181,13 @@ def main(argv: list[str] | None = None) -> int:
         )
         measured = _measure(plugin)
         coordinator = CoordinatorClient(args.coordinator, token)
-        data_address = getattr(plugin.collective, "data_address", "")
+        host_transport = _host_transport(plugin, args.host, advertised)
+        data_address = getattr(host_transport or plugin.collective, "data_address", "")
         watch = CollectiveWatch(lambda report: coordinator.report_stall(report, timeout_s=2.0))
         limits = Limits.from_env()
-        core = DaemonCore(plugin, coordinator, data_address=data_address, limits=limits, watch=watch)
+        core = DaemonCore(
+            plugin, coordinator, data_address=data_address, host_transport=host_transport, limits=limits, watch=watch
+        )
         max_bytes = args.max_request_mb << 20
         local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]

@@ -24,7 +24,7 @@ class DaemonServicer:
 
     def OpenSession(self, request, context):
         session_id = self.core.open_session(
-            request.job_id, request.rank, request.world_size, request.members, request.job_nonce
+            request.job_id, request.rank, request.world_size, request.members, request.job_nonce, request.collectives
         )
         return daemon_pb2.OpenSessionReply(
             session_id=session_id, local_socket=self.local_socket, host_id=self.core.host_id
@@ -135,6 +135,12 @@ class DaemonServicer:
                 for s in sessions
                 for name, comm in list(s.groups.items())
             ],
+            loads=[
+                daemon_pb2.SessionLoad(
+                    session_id=s.session_id, job_id=s.job_id, rank=s.rank, run_s=s.run_s, blocked_s=s.blocked_s
+                )
+                for s in sessions
+            ],
         )
 
     def Measure(self, request, context):
@@ -150,6 +156,10 @@ class DaemonServicer:
     def ProbeLink(self, request, context):
         link = self.core.probe_link(request.data_address)
         return daemon_pb2.ProbeLinkReply(latency_s=link.latency_s, bandwidth=link.bandwidth)
+
+    def ProbeGroup(self, request, context):
+        seconds = self.core.probe_group(request.probe_id, request.rank, list(request.members), request.collectives)
+        return daemon_pb2.ProbeGroupReply(collective_s=seconds)
 
 
 def _reply(result, collected: bool = True) -> daemon_pb2.ExecuteReply:

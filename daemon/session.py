@@ -22,6 +22,7 @@ class Session:
     world_size: int
     members: list  # common_pb2.Member, index = rank
     job_nonce: str = ""  # the coordinator's per-job random value (JoinJobReply.job_nonce)
+    collectives: str = ""  # groups spanning hosts or plugins: "" / "auto" hierarchical, "flat" (daemon/hierarchy.py)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     groups: dict[str, Communicator] = field(default_factory=dict)
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)
@@ -30,6 +31,10 @@ class Session:
     segments: dict[str, Any] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)
     bound: dict[bytes, list] = field(default_factory=dict)  # program bytes -> bound steps (DaemonCore._bound)
+    # Seconds spent running programs, and the part of them spent blocked in collectives (waiting for peers and
+    # moving data): what is left is this rank's own work, the measure of its speed (speed-aware data parallelism).
+    run_s: float = 0.0
+    blocked_s: float = 0.0
     abort_cause: str | None = None
     culprit_rank: int = -1
     orphan_since: float | None = None  # since when the coordinator has not had this session's job run here

@@ -18,7 +18,7 @@ import numpy as np
 from tessel.core.errors import ConfigurationError
 from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
 from tessel.dataset.ops import column_list
-from tessel.dataset.sampling import check_sampling_args, shard_rows, shard_size
+from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
 from tessel.dataset.transforms.base import RaggedRowsError, resolve_dtype, stack_rows
 
 
@@ -70,6 +70,7 @@ class GeneratorDataset(Dataset):
                     f"__len__); this source is only iterable — give it both methods or pass shuffle=False"
                 )
         self.shuffle_flag = self.random_access if shuffle is None else bool(shuffle)
+        self.shard_shares: ShardShares | None = None  # uneven shards (tessel.dataset.parallel.with_shares)
         self._iterable_rows: int | None = None
 
     def get_col_names(self) -> list[str]:
@@ -80,11 +81,12 @@ class GeneratorDataset(Dataset):
 
     def _signature(self) -> str:
         name = getattr(self.source, "__qualname__", type(self.source).__qualname__)
-        return f"{name},{self.shuffle_flag},{self.num_samples},{self.num_shards}/{self.shard_id}"
+        shares = f",{self.shard_shares.describe()}" if self.shard_shares is not None else ""
+        return f"{name},{self.shuffle_flag},{self.num_samples},{self.num_shards}/{self.shard_id}{shares}"
 
     def _num_rows(self) -> int:
         if self.random_access:
-            return shard_size(len(self.source), self.num_shards, self.num_samples)
+            return sharded_size(self, len(self.source))
         if self._iterable_rows is None:
             # Like MindSpore, an iterable's length is found by running it once.
             total = len(self.source) if hasattr(self.source, "__len__") else sum(1 for _ in self._items())
@@ -96,16 +98,7 @@ class GeneratorDataset(Dataset):
 
     def _rows(self, ctx: EpochContext) -> Iterator[tuple[np.ndarray, ...]]:
         if self.random_access:
-            order = shard_rows(
-                len(self.source),
-                self.num_shards,
-                self.shard_id,
-                self.shuffle_flag,
-                ctx.seed,
-                ctx.epoch,
-                self.num_samples,
-            )
-            for index in order:
+            for index in sharded_rows(self, len(self.source), ctx.seed, ctx.epoch):
                 yield self._as_row(self.source[int(index)])
             return
         for count, item in enumerate(self._items()):

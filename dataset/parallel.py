@@ -94,3 +94,95 @@ def shard_batch(
     if names is not None:
         return dict(zip(names, sliced))
     return type(batch)(sliced) if isinstance(batch, (tuple, list)) else sliced
+
+
+# Between a sharded source and the batch op, only row-wise operations keep every shard's batches whole rows of its
+# own windows; anything that counts or mixes rows (take, skip, repeat, zip, concat) would give shards different
+# numbers of batches.
+_ROW_WISE = ("MapDataset", "ProjectDataset", "RenameDataset", "ShuffleDataset")
+
+
+def with_shares(dataset: Any, shares: Sequence[int], rank: int) -> Any:
+    """Rank `rank`'s pipeline when the global batch is split unevenly by `shares` (rows per rank of each global
+    batch; speed-aware data parallelism, `set_auto_parallel_context(batch_split=...)`): a copy of `dataset` whose
+    sharded source reads this rank's rows of every global batch (`sampling.share_rows`) and whose batch op takes
+    shares[rank] of them. Equal shares return `dataset` itself (MindSpore's shard rule, unchanged).
+
+    The pipeline must read one source sharded over the ranks (num_shards = len(shares), shard_id = rank), batched
+    once with batch_size = sum(shares) / len(shares) (MindSpore's per-rank batch), with only map / project / rename
+    / shuffle in between; other pipelines raise "not supported yet", naming the part in the way.
+
+    >>> import numpy as np
+    >>> from tessel.dataset import NumpySlicesDataset
+    >>> data = NumpySlicesDataset({"x": np.arange(12)}, shuffle=False, num_shards=2, shard_id=1).batch(3)
+    >>> [b[0].tolist() for b in with_shares(data, (2, 4), 1).create_tuple_iterator(output_numpy=True)]
+    [[1, 2, 4, 5], [7, 8, 10, 11]]
+    """
+    import copy
+    import itertools
+
+    from tessel.dataset.ops import BatchDataset
+    from tessel.dataset.sampling import ShardShares
+
+    shares = tuple(int(s) for s in shares)
+    path = _path_to_source(dataset)
+    batches = [i for i, node in enumerate(path) if isinstance(node, BatchDataset)]
+    if len(batches) != 1:
+        raise _unsupported(f"a pipeline with {len(batches)} batch ops", "it needs exactly one, below any repeat")
+    batch, source = path[batches[0]], path[-1]
+    for node in path[batches[0] + 1 : -1]:
+        if type(node).__name__ not in _ROW_WISE:
+            raise _unsupported(
+                f"{type(node).__name__} between the source and batch()",
+                "only map, project, rename and shuffle keep every rank's batches whole there; move it after batch()",
+            )
+    world = len(shares)
+    if getattr(source, "num_shards", None) != world or getattr(source, "shard_id", None) != rank:
+        raise ConfigurationError(
+            f"batch_split: the dataset source {source._where()} must be sharded over the {world} ranks to follow the "
+            f"shares (it has num_shards={getattr(source, 'num_shards', None)}, shard_id="
+            f"{getattr(source, 'shard_id', None)}); pass num_shards=get_group_size(), shard_id=get_rank()"
+        )
+    if not hasattr(source, "shard_shares") or not getattr(source, "random_access", True):
+        kind = type(source).__name__
+        raise _unsupported(f"{kind} as the sharded source", "uneven shards need a random-access source")
+    if sum(shares) != batch.batch_size * world:
+        raise ConfigurationError(
+            f"batch_split: shares {list(shares)} add up to {sum(shares)}, not the global batch "
+            f"{batch.batch_size} x {world} ranks = {batch.batch_size * world}"
+        )
+    if len(set(shares)) == 1:
+        return dataset
+    copies = [copy.copy(node) for node in path]
+    for node, child in itertools.pairwise(copies):
+        node.children = (child, *node.children[1:])
+    for node in copies:
+        node._probe, node._salt_value = None, None
+    copies[batches[0]].batch_size = shares[rank]
+    copies[-1].shard_shares = ShardShares(shares, batch.drop_remainder)
+    return copies[0]
+
+
+def per_rank_batch(dataset: Any) -> int:
+    """The batch size of the one batch op of a pipeline `with_shares` can split (MindSpore's per-rank batch)."""
+    from tessel.dataset.ops import BatchDataset
+
+    batches = [node for node in _path_to_source(dataset) if isinstance(node, BatchDataset)]
+    if len(batches) != 1:
+        raise _unsupported(f"a pipeline with {len(batches)} batch ops", "it needs exactly one, below any repeat")
+    return batches[0].batch_size
+
+
+def _path_to_source(dataset: Any) -> list[Any]:
+    path = [dataset]
+    while path[-1].children:
+        if len(path[-1].children) != 1:
+            raise _unsupported(f"{type(path[-1]).__name__} of several pipelines", "uneven shards need one source")
+        path.append(path[-1].children[0])
+    return path
+
+
+def _unsupported(what: str, why: str) -> Exception:
+    from tessel.core.errors import NotSupportedYetError
+
+    return NotSupportedYetError(f"not supported yet: batch_split with {what}, {why}")

@@ -7,11 +7,22 @@ every rank, exactly as MindSpore's DistributedSampler shuffles its full index li
 
 >>> shard_rows(10, num_shards=3, shard_id=1, shuffle=False, seed=0, epoch=0).tolist()
 [1, 4, 7, 0]
+
+Uneven shards (speed-aware data parallelism: set_auto_parallel_context(batch_split=...)) split every global batch
+of B = sum(shares) consecutive positions by `shares`: shard k takes shares[k] of them, interleaved by
+`window_owners` (equal shares give exactly the rule above), so the shards' step-j batches together are the one
+device's step-j batch. Every shard has the same number of batches: the epoch's ceil(N * ceil(n/N) / B) windows
+(floor with drop_remainder), the last one wrapping round to the first positions like the rule above.
+
+>>> share_rows(12, ShardShares((2, 4)), shard_id=0, shuffle=False, seed=0, epoch=0).tolist()
+[0, 3, 6, 9]
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
@@ -83,3 +94,79 @@ def check_sampling_args(
             f"ranks 0..num_shards-1 (use shard_id=get_rank(), num_shards=get_group_size())"
         )
     return num_shards, shard_id
+
+
+@dataclass(frozen=True)
+class ShardShares:
+    """Rows of every global batch that each shard takes (uneven shards); `drop_remainder` as the batch op's."""
+
+    shares: tuple[int, ...]
+    drop_remainder: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.shares or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in self.shares):
+            raise ConfigurationError(f"shard shares must be ints >= 1, one per shard; got {self.shares!r}")
+
+    @property
+    def global_batch(self) -> int:
+        return sum(self.shares)
+
+    def describe(self) -> str:
+        return f"shares={':'.join(map(str, self.shares))}{',drop' if self.drop_remainder else ''}"
+
+
+def window_owners(shares: tuple[int, ...]) -> np.ndarray:
+    """The shard of each of the sum(shares) positions of a global batch: shard k's i-th position ranks at i/shares[k]
+    (ties: lower shard first), so every shard's rows spread over the batch and equal shares give position p to
+    shard p mod N, MindSpore's rule.
+
+    >>> window_owners((1, 2)).tolist(), window_owners((2, 2)).tolist()
+    ([0, 1, 1], [0, 1, 0, 1])
+    """
+    slots = sorted((Fraction(i, share), shard) for shard, share in enumerate(shares) for i in range(share))
+    return np.array([shard for _, shard in slots], dtype=np.int64)
+
+
+def share_windows(num_rows: int, shares: ShardShares, num_samples: int | None = None) -> int:
+    """Global batches per epoch under uneven shards (the even rule's N shards of ceil(n/N) rows, in batches)."""
+    covered = len(shares.shares) * shard_size(num_rows, len(shares.shares), num_samples)
+    return covered // shares.global_batch if shares.drop_remainder else -(-covered // shares.global_batch)
+
+
+def share_rows(
+    num_rows: int,
+    shares: ShardShares,
+    shard_id: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    num_samples: int | None = None,
+) -> np.ndarray:
+    """Row indices uneven shard `shard_id` reads in `epoch`, in reading order: its positions of every global batch."""
+    if not 0 <= shard_id < len(shares.shares):
+        raise ConfigurationError(f"shard_id {shard_id} is not one of the {len(shares.shares)} shards of {shares}")
+    offsets = np.flatnonzero(window_owners(shares.shares) == shard_id)
+    windows = np.arange(share_windows(num_rows, shares, num_samples), dtype=np.int64) * shares.global_batch
+    positions = (windows[:, None] + offsets[None, :]).reshape(-1) % num_rows
+    if shuffle:
+        return epoch_permutation(num_rows, seed, epoch)[positions]
+    return positions
+
+
+def sharded_rows(source, num_rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The rows a random-access source (its num_shards, shard_id, shard_shares, shuffle_flag, num_samples) reads in
+    `epoch`: its shard, even (MindSpore's rule) or uneven."""
+    if source.shard_shares is not None:
+        shard = source.shard_id or 0
+        return share_rows(num_rows, source.shard_shares, shard, source.shuffle_flag, seed, epoch, source.num_samples)
+    return shard_rows(
+        num_rows, source.num_shards, source.shard_id, source.shuffle_flag, seed, epoch, source.num_samples
+    )
+
+
+def sharded_size(source, num_rows: int) -> int:
+    """How many rows `sharded_rows` gives per epoch."""
+    if source.shard_shares is not None:
+        windows = share_windows(num_rows, source.shard_shares, source.num_samples)
+        return windows * source.shard_shares.shares[source.shard_id or 0]
+    return shard_size(num_rows, source.num_shards, source.num_samples)

@@ -30,7 +30,7 @@ from tessel.dataset.formats import (
     read_cifar10_batch,
     read_idx,
 )
-from tessel.dataset.sampling import check_sampling_args, shard_rows, shard_size
+from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
 from tessel.dataset.storage import ColumnTable, cache_key, cached_table, to_record_batch
 
 USAGES = ("train", "test", "all")
@@ -63,6 +63,7 @@ class MappableSource(Dataset):
         self.num_shards, self.shard_id = check_sampling_args(where, num_samples, num_shards, shard_id)
         self.num_samples = num_samples or None
         self.shuffle_flag = True if shuffle is None else shuffle
+        self.shard_shares: ShardShares | None = None  # uneven shards (tessel.dataset.parallel.with_shares)
         self.where = where
         self._table: ColumnTable | None = None
 
@@ -82,22 +83,24 @@ class MappableSource(Dataset):
         return list(self.table().column_names)
 
     def _num_rows(self) -> int:
-        return shard_size(self.table().num_rows, self.num_shards, self.num_samples)
+        return sharded_size(self, self.table().num_rows)
 
     def _rows_are_batches(self) -> bool:
         return False
 
     def _sampling_signature(self) -> str:
-        return f"shuffle={self.shuffle_flag},num_samples={self.num_samples},shards={self.num_shards}/{self.shard_id}"
+        shares = f",{self.shard_shares.describe()}" if self.shard_shares is not None else ""
+        return (
+            f"shuffle={self.shuffle_flag},num_samples={self.num_samples},shards={self.num_shards}/{self.shard_id}"
+            f"{shares}"
+        )
 
     def _where(self) -> str:
         return self.where
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
         table = self.table()
-        rows = shard_rows(
-            table.num_rows, self.num_shards, self.shard_id, self.shuffle_flag, ctx.seed, ctx.epoch, self.num_samples
-        )
+        rows = sharded_rows(self, table.num_rows, ctx.seed, ctx.epoch)
         step = block_rows(table.row_bytes, ctx.row_multiple)
         for start in range(0, len(rows), step):
             yield table.gather(rows[start : start + step])

@@ -27,6 +27,7 @@ from tessel.dataset import ops
 from tessel.dataset.core import Dataset
 from tessel.dataset.files import ArrowDataset, ParquetDataset
 from tessel.dataset.generator import GeneratorDataset
+from tessel.dataset.sampling import ShardShares
 from tessel.dataset.sources import Cifar10Dataset, MappableSource, MnistDataset, NumpySlicesDataset
 from tessel.dataset.storage import record_batch_columns
 from tessel.dataset.transforms.base import is_registered, transform_from_params
@@ -107,12 +108,21 @@ def _value(param: pb.ParamValue) -> Any:
 
 
 def _sampling(source: MappableSource | Any) -> pb.Sampling:
+    shares = source.shard_shares
     return pb.Sampling(
         shuffle=source.shuffle_flag,
         num_samples=source.num_samples or 0,
         num_shards=source.num_shards or 0,
         shard_id=source.shard_id or 0,
+        shares=shares.shares if shares is not None else (),
+        shares_drop_remainder=shares is not None and shares.drop_remainder,
     )
+
+
+def _with_shares(source: Dataset, sampling: pb.Sampling) -> Dataset:
+    if sampling.shares:
+        source.shard_shares = ShardShares(tuple(sampling.shares), sampling.shares_drop_remainder)
+    return source
 
 
 def _sampling_kwargs(sampling: pb.Sampling) -> dict[str, Any]:
@@ -183,7 +193,7 @@ def _node(dataset: Dataset) -> pb.DatasetNode:
 def _read_inline(m: pb.InlineSource, children: list[Dataset]) -> Dataset:
     table = ipc.open_stream(pa.BufferReader(m.arrow_ipc_stream)).read_all().combine_chunks()
     columns = record_batch_columns(table.to_batches()[0])
-    return NumpySlicesDataset(columns, **_sampling_kwargs(m.sampling))
+    return _with_shares(NumpySlicesDataset(columns, **_sampling_kwargs(m.sampling)), m.sampling)
 
 
 def _read_files(m: pb.FileSource, children: list[Dataset]) -> Dataset:
@@ -191,7 +201,8 @@ def _read_files(m: pb.FileSource, children: list[Dataset]) -> Dataset:
     if m.format not in kinds:
         raise ConfigurationError(f"from_spec: unknown file format {m.format!r}; expected one of {sorted(kinds)}")
     columns = list(m.columns) or None
-    return kinds[m.format]([Path(p) for p in m.paths], columns_list=columns, **_sampling_kwargs(m.sampling))
+    made = kinds[m.format]([Path(p) for p in m.paths], columns_list=columns, **_sampling_kwargs(m.sampling))
+    return _with_shares(made, m.sampling)
 
 
 def _read_map(m: pb.MapOp, children: list[Dataset]) -> Dataset:
@@ -200,8 +211,12 @@ def _read_map(m: pb.MapOp, children: list[Dataset]) -> Dataset:
 
 
 _READERS: dict[str, Callable[[Any, list[Dataset]], Dataset]] = {
-    "mnist": lambda m, c: MnistDataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)),
-    "cifar10": lambda m, c: Cifar10Dataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)),
+    "mnist": lambda m, c: _with_shares(
+        MnistDataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)), m.sampling
+    ),
+    "cifar10": lambda m, c: _with_shares(
+        Cifar10Dataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)), m.sampling
+    ),
     "inline": _read_inline,
     "files": _read_files,
     "map": _read_map,

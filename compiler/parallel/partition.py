@@ -98,7 +98,7 @@ class ParallelPlan:
     redistributions: Mapping[Key, Redistribution]
     output_layouts: tuple[Layout, ...]
     loss_repeated_mean: bool = True  # False: no VirtualDiv on values several ranks compute alike (MindSpore's flag)
-    _rank_graphs: dict[int, Graph] = field(default_factory=dict, repr=False)
+    _rank_graphs: dict[tuple[int, bool], tuple[Graph, dict]] = field(default_factory=dict, repr=False)
 
     def input_layout(self, name: str) -> Layout:
         return self.layouts[self.graph.input(name)]
@@ -117,13 +117,24 @@ class ParallelPlan:
         """Every named full value sliced for `rank`."""
         return {name: self.local_value(name, full, rank) for name, full in feeds.items()}
 
-    def rank_graph(self, rank: int) -> Graph:
-        """Rank `rank`'s forward graph (built once, then cached)."""
+    def rank_graph(self, rank: int, expand_gradients: bool = True) -> Graph:
+        """Rank `rank`'s forward graph (built once, then cached). With `expand_gradients=False` a GradientOf
+        stays a GradientOf node on the rank's values (its loss divided by its replicas, its wrt the local
+        parameters, read through their Mirrors), for a later pass to differentiate (pipeline stages do)."""
+        return self._built(rank, expand_gradients)[0]
+
+    def rank_origins(self, rank: int, expand_gradients: bool = True) -> dict[Node, Node]:
+        """Each node of rank_graph(rank, expand_gradients) -> the node of `graph` it implements (nodes that
+        implement none, such as the redistribution of an output, are absent)."""
+        return self._built(rank, expand_gradients)[1]
+
+    def _built(self, rank: int, expand_gradients: bool) -> tuple[Graph, dict[Node, Node]]:
         if not 0 <= rank < self.device_num:
             raise ConfigurationError(f"rank {rank} is outside the world of {self.device_num} devices")
-        if rank not in self._rank_graphs:
-            self._rank_graphs[rank] = _RankBuilder(self, rank).build()
-        return self._rank_graphs[rank]
+        key = (rank, expand_gradients)
+        if key not in self._rank_graphs:
+            self._rank_graphs[key] = _RankBuilder(self, rank, expand_gradients).build()
+        return self._rank_graphs[key]
 
 
 # --- stage 1: decisions for the whole world -------------------------------------------------------------------------
@@ -387,14 +398,15 @@ def _route(graph, placements, layouts, steps, wanted=None) -> tuple[dict[Key, Re
 class _RankBuilder:
     """Writes one rank's graph from a plan."""
 
-    def __init__(self, plan: ParallelPlan, rank: int):
-        self.plan, self.rank = plan, rank
+    def __init__(self, plan: ParallelPlan, rank: int, expand_gradients: bool = True):
+        self.plan, self.rank, self.expand_gradients = plan, rank, expand_gradients
         self.builder = GraphBuilder(f"{plan.graph.name}_rank{rank}")
         self.env: dict[Value, Value] = {}
         self.mirrored: dict[Value, Value] = {}
         self.layout_of: dict[Value, Layout] = {}
         self.params = {plan.graph.input(name) for name in plan.parameters}
         self.source_of: dict[Node, str | None] = {}  # rank node -> the user's line of the logical node it serves
+        self.origin_of: dict[Node, Node] = {}  # rank node -> the logical node it implements
 
     def emit(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
         (out,) = self.builder.emit(op, inputs, attrs)
@@ -402,7 +414,7 @@ class _RankBuilder:
             self.layout_of[out] = layout
         return out
 
-    def build(self) -> Graph:
+    def build(self) -> tuple[Graph, dict[Node, Node]]:
         plan = self.plan
         for v in plan.graph.inputs:
             layout = plan.layouts[v]
@@ -417,17 +429,32 @@ class _RankBuilder:
             finally:
                 self.builder.recompute = None
             self.source_of.update((n, node.source) for n in self.builder.nodes[first:])
+            self.origin_of.update((n, node) for n in self.builder.nodes[first:])
         outputs = []
         producers = plan.graph.producers
         for k, (v, layout) in enumerate(zip(plan.graph.outputs, plan.output_layouts)):
             first = len(self.builder.nodes)
-            x = self.route(("output", k), self.env[v])
+            move = plan.redistributions.get(("output", k))
+            if v.dtype.is_float and sums_partials(move, layout):
+                x = redistribution.emit_steps(move, self.env[v], self.rank, self._emit_uniform)
+            else:
+                x = self.route(("output", k), self.env[v])
             if v.dtype.is_float and layout.replicas > 1 and plan.loss_repeated_mean:
                 x = self.emit("VirtualDiv", (x,), {"divisor": layout.replicas}, layout)
             source = producers[v].source if v in producers else None
             self.source_of.update((n, source) for n in self.builder.nodes[first:])
             outputs.append(x)
-        return _with_layouts(self.builder.build(outputs), self.layout_of, self.source_of)
+        return _with_layouts(self.builder.build(outputs), self.layout_of, self.source_of, self.origin_of)
+
+    def _emit_uniform(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
+        """emit, marking an AllReduce's cotangent uniform: a replicated graph output is seeded alike on every rank
+        holding it (the VirtualDiv after it assumes as much), so the AllReduce summing its partial results needs
+        no transpose collective. Nothing in the step reads it but the output, so it is also marked fusible: in a
+        train step bucket_allreduce carries it in the gradient bucket of its group (a data-parallel loss: one
+        collective a step, as under DATA_PARALLEL, not a second one that every rank waits for mid-step)."""
+        if "uniform_cotangent" in registry.get(op).attrs:  # the collective that sums the partial results
+            attrs = {**attrs, "uniform_cotangent": 1, "fusion": 1}
+        return self.emit(op, inputs, attrs, layout)
 
     def route(self, key: Key, value: Value) -> Value:
         move = self.plan.redistributions.get(key)
@@ -455,13 +482,24 @@ class _RankBuilder:
         replicated loss counts) with respect to the local inputs, through the Mirrors and collectives."""
         placement = self.plan.placements[node]
         seeded = node.attrs["seeded"]
-        loss = self.route((node, 0), self.env[node.inputs[0]])
         layout = placement.inputs[0]
+        move = self.plan.redistributions.get((node, 0))
+        if self.plan.loss_repeated_mean and sums_partials(move, layout):
+            # A loss of partial sums: every rank's copy of the all-reduced loss counts each rank's partial once, so
+            # d(sum of the copies / their replicas)/d(partial) = seed / (the partial's own replicas). Differentiating
+            # the partial itself gives that without the AllReduce's transpose, a second collective of the seed
+            # (identical on every rank) each step; the loss the step returns is all-reduced on its own route.
+            loss, layout = self.env[node.inputs[0]], move.source
+        else:
+            loss = self.route((node, 0), self.env[node.inputs[0]])
         if layout.replicas > 1 and self.plan.loss_repeated_mean:
             loss = self.emit("VirtualDiv", (loss,), {"divisor": layout.replicas}, layout)
         wrt = [self.env[v] for v in node.inputs[1 : len(node.inputs) - seeded]]
         seed = self.route((node, len(node.inputs) - 1), self.env[node.inputs[-1]]) if seeded else None
-        grads = gradients(self.builder, loss, wrt, seed)
+        if self.expand_gradients:
+            grads = gradients(self.builder, loss, wrt, seed)
+        else:
+            grads = list(self.builder.emit(node.op, (loss, *wrt, *([seed] if seeded else [])), node.attrs))
         for out, grad, out_layout in zip(node.outputs, grads, placement.outputs):
             self.layout_of[grad] = out_layout
             self.env[out] = grad
@@ -491,11 +529,13 @@ class _RankBuilder:
             self.env[out] = self.route((node, "out", j), value)
 
 
-def _with_layouts(graph: Graph, layout_of: Mapping[Value, Layout], source_of: Mapping[Node, str | None]) -> Graph:
+def _with_layouts(
+    graph: Graph, layout_of: Mapping[Value, Layout], source_of: Mapping[Node, str | None], origin_of: Mapping
+) -> tuple[Graph, dict[Node, Node]]:
     """The same graph with each node output's `layout` slot filled (Values are immutable: they are replaced) and
-    each node pointing at the user's line of the node it implements."""
+    each node pointing at the user's line of the node it implements; and each new node's logical node."""
     renamed: dict[Value, Value] = {v: v for v in graph.inputs}
-    nodes = []
+    nodes, origins = [], {}
     for node in graph.nodes:
         outs = []
         for out in node.outputs:
@@ -505,4 +545,13 @@ def _with_layouts(graph: Graph, layout_of: Mapping[Value, Layout], source_of: Ma
         source = source_of.get(node, node.source)
         inputs = tuple(renamed[v] for v in node.inputs)
         nodes.append(dataclasses.replace(node, inputs=inputs, outputs=tuple(outs), source=source))
-    return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name)
+        if node in origin_of:
+            origins[nodes[-1]] = origin_of[node]
+    return Graph(graph.inputs, tuple(nodes), tuple(renamed[v] for v in graph.outputs), graph.name), origins
+
+
+def sums_partials(move: Redistribution | None, target: Layout) -> bool:
+    """Whether `move` only sums partial results into `target` (an AllReduce over the partial axes, nothing else)."""
+    if move is None or not move.source.is_partial or move.source.partial_op != "sum":
+        return False
+    return move.source.without_partial() == target and move.target == target

@@ -109,6 +109,11 @@ class CpuPlugin(Plugin):
     def collective(self) -> CpuCollective:
         return self._collective
 
+    @property
+    def host_transport(self) -> CpuCollective:
+        """The cpu plugin is the host transport itself: shared memory within a host, TCP between hosts."""
+        return self._collective
+
     def measure(self) -> Measurement:
         """GEMM throughput with this daemon's threads, copy bandwidth and the shared-memory link
         (plugins/cpu/measure.py); about a quarter of a second."""

@@ -34,6 +34,7 @@ class Sample:
     world: int = 8
     falls: bool = True  # the tutorial trains: losses fall from the first printed to the last
     slices: dict[str, tuple[int, ...]] = field(default_factory=dict)  # parameter -> rank 0's local shape
+    held: dict[int, dict[str, bool]] = field(default_factory=dict)  # rank -> parameter -> held (pipeline stages)
     prints: tuple[str, ...] = ()  # lines the tutorial shows
     env: dict[str, str] = field(default_factory=dict)
     pending: str = ""  # not supported yet: the message it must stop with
@@ -75,10 +76,30 @@ SAMPLE_TABLE = {
     ),
     "sharding_propagation": Sample("sharding_propagation", ("train.py",), slices={"dense1.weight": (784, 16)}),
     "sapp": Sample("sapp", ("train.py",)),
+    # 2 stages of 4 data-parallel ranks; the sample's ops.Print prints on stage 0 only
     "distributed_pipeline_parallel": Sample(
         "distributed_pipeline_parallel",
         ("distributed_pipeline_parallel.py",),
-        pending="not supported yet: pipeline_stages=2",
+        slices={"layer1.param": (784, 512), "layer2.weight": (512, 512)},
+        held={
+            0: {"layer1.param": True, "layer2.weight": True, "layer3.weight": False, "layer3.bias": False},
+            7: {"layer1.param": False, "layer2.weight": False, "layer3.weight": True, "layer3.bias": True},
+        },
+        prints=("out is:", "epoch: 9, step: 0, loss is"),
+    ),
+    # 4 stages of 1 rank, forwards only; the embedding table is read on stage 0 and (through .value()) by the head on
+    # stage 3: both hold it, and sync_pipeline_shared_parameters keeps them equal
+    "distributed_pipeline_parallel_inference": Sample(
+        "distributed_pipeline_parallel",
+        ("distributed_pipeline_parallel_inference.py",),
+        world=4,
+        falls=False,
+        held={
+            0: {"network.word_embedding.embedding_table": True, "network.layer1.weight": False},
+            1: {"network.word_embedding.embedding_table": False, "network.layer1.weight": True},
+            3: {"network.word_embedding.embedding_table": True, "network.layer2.weight": False},
+        },
+        prints=("[[",),
     ),
     "distributed_optimizer_parallel": Sample("distributed_optimizer_parallel", ("distributed_optimizer_parallel.py",)),
     "dataset_slice": Sample("dataset_slice", ("pytest", "-s", "train.py")),
@@ -182,6 +203,9 @@ def test_mindspore_sample(name, digits, tmp_path):
         report = json.loads((tmp_path / "params" / "rank_0.json").read_text())
         for parameter, local in sample.slices.items():
             assert tuple(report[parameter]["local"]) == local, (parameter, report[parameter])
+    for rank, held in sample.held.items():
+        report = json.loads((tmp_path / "params" / f"rank_{rank}.json").read_text())
+        assert {name: report[name]["held"] for name in held} == held, (rank, report)
 
 
 def test_mindspore_sample_disaster_recover_dynamic_networking(digits, tmp_path):

@@ -462,7 +462,8 @@ def test_port_in_use_is_a_clear_error_with_exit_code_2(coordinator, tmp_path):
 def test_heartbeat_reports_a_dead_coordinator(tmp_path):
     coord = Coordinator(tmp_path, *HEARTBEAT)
     try:
-        with CoordinatorClient(coord.address, token=TOKEN, timeout_s=10) as c:
+        # It keeps trying for its grace (a coordinator restarted from its store would take it back), then reports.
+        with CoordinatorClient(coord.address, token=TOKEN, timeout_s=10, grace_s=1.0) as c:
             info = coordinator_pb2.DaemonInfo(address="127.0.0.1:1-orphan", plugin="cpu")
             daemon_id = c.register_daemon(info).daemon_id
             events = queue.SimpleQueue()
@@ -472,6 +473,7 @@ def test_heartbeat_reports_a_dead_coordinator(tmp_path):
             coord.proc.kill()
             event = events.get(timeout=LEARN_WITHIN_S)
             assert event.state == COORDINATOR_LOST and coord.address in event.cause
+            assert "did not come back within 1 s" in event.cause
             assert handle.lost.is_set() and not handle.alive
             handle.stop()
             with pytest.raises(errors.TesselError):

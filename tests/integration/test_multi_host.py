@@ -36,28 +36,40 @@ def test_collectives_across_two_hosts_over_tcp(testbed, make_testbed_cluster):
     reports = _reports(cluster.run_ranks([SCRIPT, "collectives"]))
     sent, received = (after - first for after, first in zip(testbed.link_bytes(testbed.hosts[0]), before))
     for report in reports:
-        assert report["failures"] == [] and report["checks"] == 8, report
+        assert report["failures"] == [] and report["checks"] == 9, report
         assert report["transports"] == {"world": "tcp"}, report
     # The large cases crossed host 0's link both ways (not some loopback): at least one payload each way.
     assert sent > LARGE_BYTES and received > LARGE_BYTES, (sent, received)
 
 
-@pytest.mark.timeout(240)
-def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp(testbed, make_testbed_cluster):
+@pytest.mark.timeout(300)
+def test_ranks_of_one_host_share_memory_and_hosts_talk_tcp_hierarchically(testbed, make_testbed_cluster):
+    """2 hosts x 2 ranks: groups within a host take shared memory, groups of one rank per host TCP, and groups
+    with several ranks on each host are hierarchical (shared memory inside each host, TCP across; hierarchy.py):
+    exact on exactly summable data, within float32 rounding of float64 on random floats, like the flat ring."""
     cluster = make_testbed_cluster(testbed, daemons_per_host=2)
     hosts = [d.host.name for d in cluster.daemons]
     assert hosts == ["h0", "h0", "h1", "h1"], hosts  # ranks 0, 1 on host 0; ranks 2, 3 on host 1
-    groups = {"local0": [0, 1], "local1": [2, 3], "cross0": [0, 2], "cross1": [3, 1]}
-    reports = _reports(cluster.run_ranks([SCRIPT, "collectives", json.dumps(groups)], timeout_s=180))
+    groups = {"local0": [0, 1], "local1": [2, 3], "cross0": [0, 2], "cross1": [3, 1], "interleaved": [0, 2, 3, 1]}
+    hierarchical = "hierarchical(shm+tcp)"
     expected = {
-        0: {"world": "tcp", "local0": "shm", "cross0": "tcp"},
-        1: {"world": "tcp", "local0": "shm", "cross1": "tcp"},
-        2: {"world": "tcp", "local1": "shm", "cross0": "tcp"},
-        3: {"world": "tcp", "local1": "shm", "cross1": "tcp"},
+        0: {"world": hierarchical, "interleaved": hierarchical, "local0": "shm", "cross0": "tcp"},
+        1: {"world": hierarchical, "interleaved": hierarchical, "local0": "shm", "cross1": "tcp"},
+        2: {"world": hierarchical, "interleaved": hierarchical, "local1": "shm", "cross0": "tcp"},
+        3: {"world": hierarchical, "interleaved": hierarchical, "local1": "shm", "cross1": "tcp"},
     }
-    for rank, report in enumerate(reports):
-        assert report["failures"] == [] and report["checks"] == 24, report
-        assert report["transports"] == expected[rank], report
+    for mode in ("auto", "flat"):
+        env = {"TESSEL_COLLECTIVES": mode}
+        reports = _reports(cluster.run_ranks([SCRIPT, "collectives", json.dumps(groups)], env=env, timeout_s=180))
+        for rank, report in enumerate(reports):
+            assert report["failures"] == [] and report["checks"] == 33, (mode, report)
+            want = (
+                expected[rank]
+                if mode == "auto"
+                else {g: "tcp" if t == hierarchical else t for g, t in expected[rank].items()}
+            )
+            assert report["transports"] == want, (mode, report)
+            assert report["rounding"] <= 1.0, (mode, report)
 
 
 @pytest.mark.timeout(120)

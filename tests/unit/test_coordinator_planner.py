@@ -228,6 +228,9 @@ def test_a_job_keeps_its_first_plan_when_the_cost_model_changes_meanwhile(state,
         def tcp_link(self, daemons):
             return None
 
+        def collective_latency(self, daemons, refresh=False):
+            return None
+
     planner.cluster = Refreshed()
     start_job(state, "j", 2)
     first = planner.plan(request(mlp()), 30)

@@ -154,6 +154,15 @@ def test_pinned_ranks_get_their_daemons_and_plugins_are_respected(state):
     assert [m.plugin for m in reply.members] == ["cpu", "cpu", "gpu"]
 
 
+def test_a_job_may_span_plugins_named_in_a_list(state):
+    for port, plugin in enumerate(["gpu", "cpu", "npu", "cpu"]):
+        state.register_daemon(daemon_info(port, plugin=plugin))  # d0 gpu, d1 cpu, d2 npu, d3 cpu
+    calls = [Call(state.join, join_request("mixed", 3, r, plugin="cpu,gpu"), TIMEOUT_S) for r in range(3)]
+    reply = calls[0].result()
+    [c.result() for c in calls]
+    assert [(m.daemon_id, m.plugin) for m in reply.members] == [("d0", "gpu"), ("d1", "cpu"), ("d3", "cpu")]
+
+
 def test_join_deadline_names_the_missing_ranks_and_frees_the_job_id(state):
     state.register_daemon(daemon_info(1))
     calls = [Call(state.join, join_request("j1", 4, r), 0.3) for r in (0, 2)]

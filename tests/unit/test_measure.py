@@ -98,3 +98,37 @@ def test_the_daemon_reports_the_plugin_s_figures_and_a_factor_per_reference_op(m
     assert all(FACTOR_RANGE[0] <= f <= FACTOR_RANGE[1] for f in found.op_factors.values())
     monkeypatch.setenv("TESSEL_MEASURE", "0")
     assert measure_device(plugin) is None
+
+
+def test_two_daemons_time_a_collective_among_themselves_and_refuse_bad_requests():
+    """Daemon.ProbeGroup: every member asked at once forms a temporary group and times small all_reduces over it
+    (what the coordinator's cost model takes as a collective's latency among a job's ranks)."""
+    import os
+    import threading
+
+    from tessel.daemon.core import host_id
+    from tessel.v1 import common_pb2
+
+    cores = [DaemonCore(CpuPlugin(threads=1)) for _ in range(2)]
+    try:
+        members = [
+            common_pb2.Member(rank=r, data_address=c.plugin.collective.data_address, host_id=host_id(), pid=os.getpid())
+            for r, c in enumerate(cores)
+        ]
+        found: dict[int, float] = {}
+        threads = [
+            threading.Thread(target=lambda r=r: found.__setitem__(r, cores[r].probe_group("p1", r, members, 8)))
+            for r in range(2)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert set(found) == {0, 1} and all(0 < s < 5 for s in found.values()), found
+        with pytest.raises(ConfigurationError, match="2 or more members"):
+            cores[0].probe_group("p2", 0, members[:1], 8)
+        with pytest.raises(ConfigurationError, match="collectives"):
+            cores[0].probe_group("p3", 0, members, 0)
+    finally:
+        for core in cores:
+            core.close()

@@ -67,6 +67,8 @@ _PARALLEL_NAMES = {
     "rank_list_for_convert",
     "convert_checkpoint_by_rank",
     "convert_checkpoints",
+    "merge_pipeline_strategys",
+    "sync_pipeline_shared_parameters",
 }
 _NAMES = {
     "Tensor": "tessel.common.tensor",
@@ -97,7 +99,7 @@ _NAMES = {
     "export": "tessel.train.serialization",
     **dict.fromkeys(_DTYPES, "tessel.common.dtype"),
     # mindspore.parallel's names MindSpore re-exports at the top level (its __init__.py imports them and extends
-    # __all__ with parallel.__all__); the pipeline-parallel ones are not here yet
+    # __all__ with parallel.__all__)
     **dict.fromkeys(_PARALLEL_NAMES, "tessel.parallel"),
     "reshard": "tessel.parallel.function",
 }

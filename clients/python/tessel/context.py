@@ -264,18 +264,20 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
+    "batch_split": "even",
     "pipeline_config": None,
     "auto_pipeline": False,
+    # every stage returns the last stage's result in either case (tessel sends it to every stage): True is what
+    # MindSpore's broadcast gives; with False MindSpore's other stages return no meaningful value
+    "pipeline_result_broadcast": False,
 }
 _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()
 # As _NOT_SUPPORTED, for set_auto_parallel_context.
 _PARALLEL_NOT_SUPPORTED: dict[str, str] = {
-    "pipeline_stages": "pipeline parallelism (stages over devices) is not implemented",
     "all_reduce_fusion_config": "gradients are fused by size: comm_fusion={'allreduce': {'mode': 'size', "
     "'config': MB}}",
-    "pipeline_config": "pipeline parallelism (stages over devices) is not implemented",
-    "auto_pipeline": "pipeline parallelism (stages over devices) is not implemented",
+    "auto_pipeline": "the network's cells are not split into stages automatically: set Cell.pipeline_stage",
 }
 _COMM_FUSION_KINDS = ("openstate", "allreduce", "allgather", "reducescatter")
 
@@ -311,6 +313,10 @@ def _validate_parallel(key: str, value: Any) -> Any:
         raise ConfigurationError(f"all_reduce_fusion_config must be a list of int indices, got {value!r}")
     elif key == "comm_fusion" and value is not None:
         _comm_fusion(value)
+    elif key == "pipeline_config" and value is not None:
+        value = _pipeline_config(value)
+    elif key == "batch_split":
+        value = _batch_split(value)
     elif key == "parallel_optimizer_config" and value is not None:
         value = _parallel_optimizer_config(value)
     elif isinstance(_PARALLEL_DEFAULTS.get(key), bool) and not isinstance(value, bool):
@@ -337,6 +343,56 @@ def _comm_fusion(value: Any) -> None:
             f"comm_fusion 'allreduce'={allreduce!r}",
             "gradients are fused by size only: {'mode': 'size', 'config': MB} or {'mode': 'auto'}",
         )
+
+
+PIPELINE_SCHEDULERS = ("1f1b", "gpipe", "zero_bubble_h1")
+_MINDSPORE_ONLY_SCHEDULERS = ("seqpipe", "seqvpp", "seqsmartvpp", "zero_bubble_v")
+
+
+def _pipeline_config(value: Any) -> dict:
+    """pipeline_config={"pipeline_interleave": bool, "pipeline_scheduler": "1f1b" | "gpipe" | "zero_bubble_h1"}
+    (either key may be left out: False, "1f1b"); MindSpore's other schedulers are not supported yet."""
+    if not isinstance(value, dict):
+        raise ConfigurationError(
+            f"pipeline_config must be a dict such as {{'pipeline_interleave': False, 'pipeline_scheduler': '1f1b'}}, "
+            f"got {value!r}"
+        )
+    unknown = sorted(set(value) - {"pipeline_interleave", "pipeline_scheduler"})
+    if unknown:
+        raise ConfigurationError(
+            f"pipeline_config: unknown key(s) {unknown}; the keys are 'pipeline_interleave' and 'pipeline_scheduler'"
+        )
+    interleave = value.get("pipeline_interleave", False)
+    if not isinstance(interleave, bool):
+        raise ConfigurationError(f"pipeline_config: pipeline_interleave must be a bool, got {interleave!r}")
+    scheduler = value.get("pipeline_scheduler", "1f1b")
+    if scheduler in _MINDSPORE_ONLY_SCHEDULERS:
+        raise _not_supported(
+            f"pipeline_scheduler={scheduler!r}",
+            f"tessel's schedules are {list(PIPELINE_SCHEDULERS)} ('zero_bubble_h1' is its zero-bubble schedule)",
+        )
+    if scheduler not in PIPELINE_SCHEDULERS:
+        raise ConfigurationError(
+            f"pipeline_config: pipeline_scheduler must be one of {list(PIPELINE_SCHEDULERS)}, got {scheduler!r}"
+        )
+    return dict(value)
+
+
+def _batch_split(value: Any) -> Any:
+    """batch_split: "even" (MindSpore's: every rank the same share), "speed" (shares in proportion to the ranks'
+    measured speeds, refined epoch by epoch) or fixed weights, one positive number per rank."""
+    import math
+
+    if isinstance(value, str) and value in ("even", "speed"):
+        return value
+    numbers = isinstance(value, (tuple, list)) and len(value) > 0
+    numbers = numbers and all(not isinstance(w, bool) and isinstance(w, (int, float)) for w in value)
+    if not numbers or not all(math.isfinite(w) and w > 0 for w in value):
+        raise ConfigurationError(
+            "batch_split must be 'even', 'speed' or one positive weight per rank, e.g. (1, 2) for a rank twice as "
+            f"fast as the other; got {value!r}"
+        )
+    return tuple(float(w) for w in value)
 
 
 _OPTIMIZER_CONFIG_KEYS = (

@@ -33,11 +33,30 @@ _MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it c
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
 
 
+def _plugin_specs(value: str) -> list[str]:
+    specs = [spec.strip() for spec in value.split(",") if spec.strip()]
+    if not specs:
+        raise SystemExit(f"tessel run: --plugin {value!r} names no plugin; e.g. --plugin cpu or --plugin gpu,cpu")
+    return specs
+
+
+def _plugin_names(value: str) -> list[str]:
+    """The names the daemons of `--plugin` register (an entry point's name, or a module:Class plugin's `name`)."""
+    from tessel.core.plugin import plugin_class
+
+    return [plugin_class(spec).name if ":" in spec else spec for spec in _plugin_specs(value)]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tessel run", description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", "--nproc", type=int, required=True, help="number of ranks")
     parser.add_argument("--coordinator", default=None, help="host:port of a running coordinator (default: embed one)")
-    parser.add_argument("--plugin", default="cpu", help="plugin of the local daemons / required of assigned ones")
+    parser.add_argument(
+        "--plugin",
+        default="cpu",
+        help="plugin of the local daemons / required of assigned ones; several, comma-separated, make a job over "
+        "mixed hardware (local daemons take them in turn; assigned ones may be any of them)",
+    )
     parser.add_argument("--log-dir", default="log_output", help="per-rank logs go to LOG_DIR/<job>/rank.<r>/")
     parser.add_argument(
         "--job-id",
@@ -175,11 +194,11 @@ class Launch:
         cores = os.cpu_count() or 1
         total = self.args.threads or cores
         threads = max(1, total // self.args.nproc)
+        plugins = _plugin_specs(self.args.plugin)
         for device in range(self.args.nproc):
+            plugin = plugins[device % len(plugins)]
             self.daemons.append(
-                local_daemons.spawn_daemon(
-                    self.coordinator, self.token, plugin=self.args.plugin, device=device, threads=threads
-                )
+                local_daemons.spawn_daemon(self.coordinator, self.token, plugin=plugin, device=device, threads=threads)
             )
         for device, proc in enumerate(self.daemons):
             self.daemon_ids.append(local_daemons.read_started(proc, f"daemon {device}")[0])
@@ -208,7 +227,7 @@ class Launch:
                 TESSEL_JOB_ID=job_id,
                 TESSEL_RANK=str(rank),
                 TESSEL_WORLD_SIZE=str(n),
-                TESSEL_PLUGIN=self.args.plugin,
+                TESSEL_PLUGIN=",".join(_plugin_names(self.args.plugin)),
                 TESSEL_JOIN_TIMEOUT=str(self.args.join_timeout),
                 RANK_ID=str(rank),
                 RANK_SIZE=str(n),
@@ -279,7 +298,7 @@ class Launch:
         from tessel.core.coordinator_client import CoordinatorClient
 
         deadline = time.monotonic() + wait_s
-        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0) as client:
+        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0, grace_s=0.0) as client:
             if code not in (0, None):
                 with contextlib.suppress(TesselError, KeyError):
                     client.fail_job(job_id, rank, f"exited with status {code}", rank)

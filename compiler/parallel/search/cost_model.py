@@ -25,7 +25,10 @@ tcp_algorithms.py, tcp_agree.py), per member, n = group size, b = the member's i
     broadcast       pipelined chain, n-1 steps, b                     2 rounds, b
 
 plus, on TCP, the agreement step every collective starts with (ceil(log2 n) rounds). A collective whose group spans
-hosts runs at TCP's α and β (the slowest link of a ring paces it); one inside a host at shared memory's.
+hosts runs at TCP's α and β (the slowest link of a ring paces it); one inside a host at shared memory's. Its first
+round, which waits for every member to arrive, costs at least `collective_latency`: one small collective over the
+job's ranks as the coordinator probed it among their daemons (the same figure for every group of the job: an upper
+bound for a group of fewer ranks).
 """
 
 from __future__ import annotations
@@ -85,7 +88,12 @@ class CostModel:
     - `launch_overhead`: seconds one segment launch costs (a runtime call): a step launches one segment, plus one
       more after every collective;
     - `op_factors`: (op, factor) pairs measured on the devices: an op's real forward + backward time over what the
-      flop/byte model prices (a convolution's backward runs far below the GEMM rate; 1 = as priced, the default).
+      flop/byte model prices (a convolution's backward runs far below the GEMM rate; 1 = as priced, the default);
+    - `collective_latency`: seconds one small collective takes over the job's ranks, probed among their daemons
+      (0: not measured). A link's latency is a ping-pong between two threads that are both running; a collective
+      also waits for every member to arrive, and where a host runs more busy threads than it has cores (4 ranks on
+      2 cores, other work) members are descheduled and each collective waits for the last of them: measured here at
+      1-7 ms against a 5-30 µs link latency. It replaces the first round's latency of every collective when larger.
     """
 
     flops_per_second: float
@@ -99,13 +107,15 @@ class CostModel:
     bucket_bytes: int = 25 << 20
     launch_overhead: float = 0.0
     op_factors: tuple[tuple[str, float], ...] = ()
+    collective_latency: float = 0.0
 
     def __post_init__(self):
         if self.flops_per_second <= 0 or self.memory_bandwidth <= 0 or self.memory_bytes <= 0:
             raise ConfigurationError(f"a cost model needs positive throughput, bandwidth and memory, got {self}")
         factors = tuple(sorted((str(op), float(f)) for op, f in dict(self.op_factors).items()))
-        if any(f <= 0 for _, f in factors) or self.launch_overhead < 0 or self.op_overhead < 0:
-            raise ConfigurationError(f"op factors must be > 0 and overheads >= 0, got {self}")
+        overheads = (self.launch_overhead, self.op_overhead, self.collective_latency)
+        if any(f <= 0 for _, f in factors) or min(overheads) < 0:
+            raise ConfigurationError(f"op factors must be > 0 and overheads and latencies >= 0, got {self}")
         object.__setattr__(self, "op_factors", factors)
         object.__setattr__(self, "_factor", dict(factors))
 
@@ -124,7 +134,8 @@ class CostModel:
     ) -> CostModel:
         """The model of a job's ranks: `devices[r]` is rank r's daemon; `links` holds "shared_memory" and "tcp"
         as probed (either may be missing when no two ranks share a host, or no two are apart: it then keeps the
-        default). Extra keyword options set the other fields (op_overhead, parameter_bytes_factor, bucket_bytes)."""
+        default). Extra keyword options set the other fields (op_overhead, parameter_bytes_factor, bucket_bytes,
+        collective_latency)."""
         if not devices:
             raise ConfigurationError("from_measurements needs at least one device")
         unknown = set(links) - {"shared_memory", "tcp"}
@@ -189,7 +200,8 @@ class CostModel:
         else:
             rounds, sent = _shared_memory(kind, n, nbytes)
             link = self.shared_memory
-        return rounds * link.latency, sent / link.bandwidth
+        first = max(link.latency, self.collective_latency)  # the round every member must arrive for
+        return first + (rounds - 1) * link.latency, sent / link.bandwidth
 
     def collective_time(self, kind: str, ranks: Sequence[int], nbytes: float) -> float:
         """Seconds a collective of `kind` over `ranks` takes when each member holds `nbytes` of input."""

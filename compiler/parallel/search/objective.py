@@ -28,14 +28,15 @@ Memory per device: every node output kept for the backward, each parameter's loc
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from functools import lru_cache
 
 from tessel.compiler import registry
-from tessel.compiler.ir import Node, Value
+from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.parallel.cost import local_cost
 from tessel.compiler.parallel.layout import Layout
-from tessel.compiler.parallel.partition import ParallelPlan
+from tessel.compiler.parallel.partition import ParallelPlan, sums_partials
 from tessel.compiler.parallel.search import cost_model
 from tessel.compiler.parallel.search.cost_model import CostModel
 from tessel.compiler.parallel.strategy import Placement
@@ -68,11 +69,22 @@ def node_memory(node: Node, placement: Placement) -> int:
     return sum(local_bytes(v, layout) for v, layout in zip(node.outputs, produced(placement)))
 
 
-def move_time(model: CostModel, have: Layout, want: Layout, value: Value) -> float:
-    """A redistribution of `value` from `have` to `want`, forward and backward (with the segment launch after each
-    collective it takes)."""
+def move_time(model: CostModel, have: Layout, want: Layout, value: Value, backward: bool = True) -> float:
+    """A redistribution of `value` from `have` to `want`, forward and, where `value` has a gradient (`backward`),
+    backward (with the segment launch after each collective it takes)."""
     seconds = model.redistribution_time(have, want, tuple(value.shape), itemsize(value))
-    return MOVE_BOTH_WAYS * (seconds + model.launch_overhead) if seconds else 0.0
+    ways = MOVE_BOTH_WAYS if backward else 1.0
+    return ways * (seconds + model.launch_overhead) if seconds else 0.0
+
+
+def differentiable(graph: Graph, parameters: Collection[str]) -> set[Value]:
+    """The values of `graph` that depend on a parameter: only their redistributions have a transpose in the
+    backward pass (autodiff differentiates towards the parameters; a data input's gather happens once)."""
+    found = {v for v in graph.inputs if v.name in parameters}
+    for node in graph.nodes:
+        if any(v in found for v in node.inputs):
+            found.update(node.outputs)
+    return found
 
 
 def itemsize(value: Value) -> int:
@@ -87,9 +99,25 @@ def itemsize(value: Value) -> int:
 _ITEMSIZE: dict[int, int] = {}  # id(DType member) -> bytes: members are singletons, and enums hash slowly
 
 
+def reduction_time(model: CostModel, layout: Layout, value: Value, backward: bool = True) -> float:
+    """The least it costs to resolve a partial layout (no op takes partial sums as its input): an AllReduce to the
+    same layout without them, or a ReduceScatter of the partial axes onto a dim they divide."""
+    if not layout.is_partial:
+        return 0.0
+    best = move_time(model, layout, layout.without_partial(), value, backward)
+    for d in range(layout.ndim):
+        dims = [list(axes) for axes in layout.dim_axes]
+        dims[d].extend(layout.partial_axes)
+        target = Layout.from_axes(layout.device_matrix, dims)
+        if value.shape[d] % target.splits[d] == 0:
+            best = min(best, move_time(model, layout, target, value, backward))
+    return best
+
+
 def output_time(model: CostModel, value: Value, layout: Layout) -> float:
-    """A graph output leaves the pass without partial results (partition._route): the AllReduce that takes."""
-    return move_time(model, layout, layout.without_partial(), value) if layout.is_partial else 0.0
+    """A graph output leaves the pass without partial results (partition._route): the AllReduce that takes, forward
+    only (nothing differentiates an output but the loss, and the loss's gradient starts from its partial sums)."""
+    return move_time(model, layout, layout.without_partial(), value, backward=False) if layout.is_partial else 0.0
 
 
 def parameter_cost(model: CostModel, value: Value, layout: Layout) -> tuple[float, float]:
@@ -166,11 +194,15 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         placement = plan.placements[node]
         compute += TRAIN_COMPUTE * model.compute_time(local_cost(node, plan.specs[node], placement), node.op)
         memory += node_memory(node, placement)
+    grads = differentiable(graph, plan.parameters)
     for key, move in plan.redistributions.items():
         if key[0] in writes:
             continue
         value = _moved_value(graph, key)
-        redistribution += move_time(model, move.source, move.target, value)
+        # An out_strategy move is priced as its node's (node_time); an output's, or a loss's summed into the
+        # gradient, has no transpose (partition._RankBuilder.gradient differentiates the partial sums).
+        backward = (value in grads or key[1] == "out") and not _one_way(key, move)
+        redistribution += move_time(model, move.source, move.target, value, backward)
     params = set(plan.parameters)
     for v in graph.inputs:
         layout = plan.layouts[v]
@@ -182,6 +214,12 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         update += (model.parameter_bytes_factor + 1) * nbytes / model.memory_bandwidth
         memory += nbytes * model.parameter_bytes_factor
     return StepTime(compute, redistribution, gradients, update, memory, step_launch_time(model))
+
+
+def _one_way(key, move) -> bool:
+    if key[0] == "output":
+        return True
+    return registry.get(key[0].op).differentiates and key[1] == 0 and sums_partials(move, move.target)
 
 
 def _moved_value(graph, key) -> Value:

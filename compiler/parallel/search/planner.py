@@ -35,6 +35,7 @@ from tessel.compiler.parallel.search.elimination import solve
 from tessel.compiler.parallel.search.problem import INFEASIBLE, Problem
 from tessel.compiler.parallel.search.propagation import propagate
 from tessel.compiler.parallel.search.recursive import recursive_programming
+from tessel.compiler.parallel.search.refine import refine
 from tessel.core.errors import ConfigurationError
 
 log = logging.getLogger("tessel.parallel")
@@ -123,7 +124,7 @@ def search(
     if mode == "sharding_propagation":
         assignment = propagate(problem, decided)
     elif mode == "recursive_programming":
-        assignment = recursive_programming(problem, decided)
+        assignment = refine(problem, recursive_programming(problem, decided), budget)
     else:
         assignment = _dynamic_programming(problem, budget)
     seconds, memory = problem.evaluate(assignment)

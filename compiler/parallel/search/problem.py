@@ -40,13 +40,15 @@ INFEASIBLE = math.inf
 @dataclass(frozen=True, eq=False)
 class Option:
     """One choice for a variable: a node's placement (with its label cuts) or a shared parameter's layout, and
-    the seconds and bytes it costs on its own."""
+    the seconds and bytes it costs on its own. `communication`: the part of `time` spent communicating (moves from
+    the dataset, the gradient reduction of parameters it decides, partial outputs made whole, its out_strategy)."""
 
     time: float
     memory: float
     placement: Placement | None = None
     cuts: tuple[tuple[str, int], ...] = ()
     layout: Layout | None = None
+    communication: float = 0.0
 
 
 @dataclass(eq=False)
@@ -110,6 +112,7 @@ class Problem:
         self.parameters = tuple(v for v in graph.inputs if v.name in names)
         data = [v for v in graph.inputs if v.name not in names]
         self.dataset: dict[Value, Layout] = dict(zip(data, dataset_layouts(data, device_num, dataset)))
+        self.differentiable = objective.differentiable(graph, names)
         self.index = {node: i for i, node in enumerate(graph.nodes)}
         self.specs = {n: registry.get(n.op).sharding_spec(n) for n in graph.nodes if registry.written(n) is None}
         self.variables: list[Variable] = []
@@ -118,6 +121,7 @@ class Problem:
         self.param_var: dict[Value, int] = {}
         self.constant_time = self.constant_memory = 0.0
         self._edge_cache: dict[tuple[int, int, int], float] = {}
+        self._edge_backward: list[bool] = []  # per edge: whether its value has a gradient (a move back)
         # Keyed by the identity of layouts the options hold (alive as long as the problem): hashing layouts and
         # the model on every lookup would cost more than the search itself on large graphs.
         self._moves: dict[tuple, float] = {}
@@ -138,16 +142,16 @@ class Problem:
                 seconds = 0.0 if same else INFEASIBLE
             else:
                 have = objective.produced(source.options[a].placement)[edge.output]
-                seconds = self.move(have, want, edge.value)
+                seconds = self.move(have, want, edge.value, self._edge_backward[edge_index])
             self._edge_cache[key] = seconds
         return seconds
 
-    def move(self, have: Layout, want: Layout, value: Value) -> float:
-        """objective.move_time, remembered per (layout, layout, shape)."""
-        key = (id(have), id(want), value.shape, objective.itemsize(value))
+    def move(self, have: Layout, want: Layout, value: Value, backward: bool = True) -> float:
+        """objective.move_time, remembered per (layout, layout, shape, backward)."""
+        key = (id(have), id(want), value.shape, objective.itemsize(value), backward)
         seconds = self._moves.get(key)
         if seconds is None:
-            seconds = self._moves[key] = objective.move_time(self.model, have, want, value)
+            seconds = self._moves[key] = objective.move_time(self.model, have, want, value, backward)
         return seconds
 
     def parameter_cost(self, value: Value, layout: Layout) -> tuple[float, float]:
@@ -157,6 +161,18 @@ class Problem:
         if cost is None:
             cost = self._parameter_costs[key] = objective.parameter_cost(self.model, value, layout)
         return cost
+
+    def reduction(self, layout: Layout, value: Value) -> float:
+        """objective.reduction_time of a node's output, forward only, remembered per (layout, shape)."""
+        key = ("reduce", id(layout), value.shape, objective.itemsize(value))
+        seconds = self._moves.get(key)
+        if seconds is None:
+            seconds = self._moves[key] = objective.reduction_time(self.model, layout, value, backward=False)
+        return seconds
+
+    def gradient_time(self, value: Value, layout: Layout) -> float:
+        """The gradient reduction of parameter `value` held in `layout` (part of `parameter_cost`)."""
+        return objective.gradient_time(self.model, layout, objective.local_bytes(value, layout))
 
     def evaluate(self, assignment: Sequence[int]) -> tuple[float, float]:
         """(seconds per training step, bytes per device) of one option per variable."""
@@ -261,7 +277,8 @@ class _Builder:
         else:
             # Nodes of one signature whose inputs come from the same kinds of places share their options (the rows
             # of a signature live in self.base as long as the problem, so their id() names them).
-            context = (id(rows), tuple(_source(p, v, single) for v in node.inputs), tuple(j for j, _ in outputs))
+            sources = tuple(_source(p, v, single) for v in node.inputs)
+            context = (id(rows), sources, tuple((j, v in p.differentiable) for j, v in outputs))
             options = self.options.get(context)
             if options is None:
                 options = self.options[context] = [self._option(node, row, single, outputs) for row in rows]
@@ -271,19 +288,28 @@ class _Builder:
         """A candidate's own cost: its compute, moves from the dataset, parameters only it uses, partial outputs."""
         p = self.p
         cuts, placement, seconds, memory = row
+        communication = 0.0
+        if placement.out_targets is not None:
+            for v, have, want in zip(node.outputs, placement.outputs, placement.out_targets):
+                communication += p.move(have, want, v)
         for i, v in enumerate(node.inputs):
             want = placement.inputs[i]
             if want is None:
                 continue
             if v in p.dataset:
-                seconds += p.move(p.dataset[v], want, v)
+                move = p.move(p.dataset[v], want, v, backward=False)  # data has no gradient
+                seconds += move
+                communication += move
             elif v in single:
                 extra_time, extra_memory = p.parameter_cost(v, want)
                 seconds += extra_time
                 memory += extra_memory
+                communication += p.gradient_time(v, want)
         for j, v in outputs:
-            seconds += objective.output_time(p.model, v, objective.produced(placement)[j])
-        return Option(seconds, memory, placement, cuts)
+            move = objective.output_time(p.model, v, objective.produced(placement)[j])
+            seconds += move
+            communication += move
+        return Option(seconds, memory, placement, cuts, communication=communication)
 
     def _parameter_variable(self, value: Value, users: list[tuple[Node, int]]) -> Variable:
         """The layouts a shared parameter may take: the one its fixed users agree on, else any a user may ask."""
@@ -307,7 +333,7 @@ class _Builder:
         options = []
         for layout in layouts.values():
             time, memory = p.parameter_cost(value, layout)
-            options.append(Option(time, memory, layout=layout))
+            options.append(Option(time, memory, layout=layout, communication=p.gradient_time(value, layout)))
         return Variable(len(p.variables), f"parameter {value.name!r}", options, parameter=value, fixed=bool(first))
 
     def _restrict_users(self, value: Value, users, first: tuple[Node, Layout]) -> None:
@@ -344,6 +370,7 @@ class _Builder:
         p = self.p
         k = len(p.edges)
         p.edges.append(edge)
+        p._edge_backward.append(edge.value in p.differentiable)
         p.variables[edge.source].edges.append(k)
         if edge.target != edge.source:
             p.variables[edge.target].edges.append(k)

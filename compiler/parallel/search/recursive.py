@@ -6,10 +6,12 @@ descending weight (their cost on the shapes they have so far) and cuts each one 
 least, symbolically, in bytes of the op's current local tensors (plus, per collective a cut implies, the bytes the
 slower link could move while waiting out its latency: α·β):
 - an input the cut does not split must stay whole on both halves: a parameter's gradient is then all-reduced
-  (2× its bytes; bucketed, so no latency of its own), an activation gathered (1× and one latency);
+  (2× its bytes; bucketed, so no latency of its own), an activation gathered (1× and one latency, and a second
+  for its gradient's reduce-scatter where it has one);
 - a contracted label leaves partial sums to all-reduce (2× the output's bytes and latency);
 - a neighbour already cut in this round (or fixed by the user, or the dataset) along another dim of the tensor
-  they share needs a redistribution (2×: forward and backward).
+  they share needs a redistribution (2×: forward and backward; 1× for data and what has no gradient). An
+  element-wise op between two heavy ones is looked through: its producer's cut counts.
 On a tie, a label that leaves no partial sums wins.
 A parameter several ops use is cut alike by all of them: its first user in a round decides, the others follow
 (an op only takes a cut its co-users can follow). Cost and work are linear in the graph per round.
@@ -79,7 +81,7 @@ class _Recursive:
         links = (
             (problem.model.shared_memory, problem.model.tcp) if problem.model.hosts else (problem.model.shared_memory,)
         )
-        self.latency = max(link.latency * link.bandwidth for link in links)
+        self.latency = max(max(link.latency, problem.model.collective_latency) * link.bandwidth for link in links)
         self.sizes, self.contracted = {}, {}
         for var in self.modeled:
             node = problem.variables[var].node
@@ -212,12 +214,12 @@ class _Recursive:
             if labels is None:
                 continue
             nbytes = _local_bytes(v, labels, cuts)
-            if label not in labels:  # a parameter's gradient reduction is bucketed: no latency of its own
-                cost += nbytes * PARAMETER_COEF if v in params else nbytes * ACTIVATION_COEF + self.latency
-            if v in self.data_dims:
+            if v in self.data_dims:  # data: moved once (no gradient), where the dataset cuts it otherwise
                 theirs = self.data_dims[v][r]
                 if theirs != UNKNOWN and theirs != self._dim(var, "in", i, label):
-                    cost += REDISTRIBUTION_COEF * (nbytes + self.latency)
+                    cost += nbytes + self.latency
+            elif label not in labels:  # a parameter's gradient reduction is bucketed: no latency of its own
+                cost += nbytes * PARAMETER_COEF if v in params else self._gathered(v, nbytes)
         for j, v in enumerate(node.outputs):
             if label in self.contracted[var][j]:
                 cost += PARTIAL_COEF * (_local_bytes(v, spec.outputs[j], cuts) + self.latency)
@@ -233,14 +235,38 @@ class _Recursive:
                 continue
             if theirs != self._dim(var, mine_side, mine_index, label):
                 labels = spec.outputs[mine_index] if mine_side == "out" else spec.inputs[mine_index]
-                cost += REDISTRIBUTION_COEF * (_local_bytes(edge.value, labels, cuts) + self.latency)
+                ways = REDISTRIBUTION_COEF if edge.value in self.p.differentiable else 1.0
+                cost += ways * (_local_bytes(edge.value, labels, cuts) + self.latency)
         return cost
 
-    def _their_dim(self, var: int, side: str, index: int, r: int):
+    def _gathered(self, value, nbytes: float) -> float:
+        """An activation kept whole on both halves: gathered forward and, where it has a gradient, its gradient
+        reduce-scattered backward (a collective each way)."""
+        return nbytes * ACTIVATION_COEF + (2 if value in self.p.differentiable else 1) * self.latency
+
+    def _their_dim(self, var: int, side: str, index: int, r: int, depth: int = 8):
         if (var, index, side) in self.fixed_dims:
             return self.fixed_dims[var, index, side][r]
         if var in self.done:
             return self._dim(var, side, index, self.choice[var][r])
+        if side == "out" and depth > 0:
+            return self._through(var, r, depth - 1)
+        return UNKNOWN
+
+    def _through(self, var: int, r: int, depth: int):
+        """The dim an undecided op will give its output this round when it passes its one input's dims through
+        (ReLU, BiasAdd with its bias, a cast): the dim its input's producer gives, looked up through such ops. A
+        light element-wise op between two heavy ones is visited after both (descending weight), so without this
+        a MatMul could not see that the MatMul before it already cut their tensor (MindSpore's rec_core removes
+        such ops from its graph before partitioning, for the same reason)."""
+        spec = self.p.specs[self.p.variables[var].node]
+        carried = [i for i, labels in enumerate(spec.inputs) if labels == spec.outputs[0]]
+        if len(spec.outputs) != 1 or len(carried) != 1:
+            return UNKNOWN
+        for k in self.p.variables[var].edges:
+            edge = self.p.edges[k]
+            if edge.target == var and edge.input == carried[0] and edge.output >= 0:
+                return self._their_dim(edge.source, "out", edge.output, r, depth)
         return UNKNOWN
 
     # --- the outcome --------------------------------------------------------------------------------------------------

@@ -143,7 +143,7 @@ class GetJobRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
 class JobInfo(_message.Message):
-    __slots__ = ("job_id", "world_size", "state", "cause", "members", "finished_ranks", "started_at", "culprit_rank")
+    __slots__ = ("job_id", "world_size", "state", "cause", "members", "finished_ranks", "started_at", "culprit_rank", "batch_split")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class JobInfo(_message.Message):
     FINISHED_RANKS_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     CULPRIT_RANK_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SPLIT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     world_size: int
     state: str
@@ -160,7 +161,8 @@ class JobInfo(_message.Message):
     finished_ranks: _containers.RepeatedScalarFieldContainer[int]
     started_at: float
     culprit_rank: int
-    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., cause: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., finished_ranks: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ..., culprit_rank: _Optional[int] = ...) -> None: ...
+    batch_split: BatchSplit
+    def __init__(self, job_id: _Optional[str] = ..., world_size: _Optional[int] = ..., state: _Optional[str] = ..., cause: _Optional[str] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., finished_ranks: _Optional[_Iterable[int]] = ..., started_at: _Optional[float] = ..., culprit_rank: _Optional[int] = ..., batch_split: _Optional[_Union[BatchSplit, _Mapping]] = ...) -> None: ...
 
 class FinishRankRequest(_message.Message):
     __slots__ = ("job_id", "rank")
@@ -391,7 +393,7 @@ class DeviceModel(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., daemon_id: _Optional[str] = ..., host_id: _Optional[str] = ..., matmul_flops: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., measured: _Optional[bool] = ...) -> None: ...
 
 class ClusterModel(_message.Message):
-    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors")
+    __slots__ = ("flops_per_second", "memory_bandwidth", "memory_bytes", "shared_memory", "tcp", "hosts", "op_overhead_s", "parameter_bytes_factor", "bucket_bytes", "devices", "launch_overhead_s", "op_factors", "collective_latency_s")
     class OpFactorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +413,7 @@ class ClusterModel(_message.Message):
     DEVICES_FIELD_NUMBER: _ClassVar[int]
     LAUNCH_OVERHEAD_S_FIELD_NUMBER: _ClassVar[int]
     OP_FACTORS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_LATENCY_S_FIELD_NUMBER: _ClassVar[int]
     flops_per_second: float
     memory_bandwidth: float
     memory_bytes: int
@@ -423,4 +426,41 @@ class ClusterModel(_message.Message):
     devices: _containers.RepeatedCompositeFieldContainer[DeviceModel]
     launch_overhead_s: float
     op_factors: _containers.ScalarMap[str, float]
-    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    collective_latency_s: float
+    def __init__(self, flops_per_second: _Optional[float] = ..., memory_bandwidth: _Optional[float] = ..., memory_bytes: _Optional[int] = ..., shared_memory: _Optional[_Union[LinkModel, _Mapping]] = ..., tcp: _Optional[_Union[LinkModel, _Mapping]] = ..., hosts: _Optional[_Iterable[int]] = ..., op_overhead_s: _Optional[float] = ..., parameter_bytes_factor: _Optional[float] = ..., bucket_bytes: _Optional[int] = ..., devices: _Optional[_Iterable[_Union[DeviceModel, _Mapping]]] = ..., launch_overhead_s: _Optional[float] = ..., op_factors: _Optional[_Mapping[str, float]] = ..., collective_latency_s: _Optional[float] = ...) -> None: ...
+
+class BalanceRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "epoch", "global_batch", "weights", "busy_s", "samples", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    WEIGHTS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    epoch: int
+    global_batch: int
+    weights: _containers.RepeatedScalarFieldContainer[float]
+    busy_s: float
+    samples: int
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., epoch: _Optional[int] = ..., global_batch: _Optional[int] = ..., weights: _Optional[_Iterable[float]] = ..., busy_s: _Optional[float] = ..., samples: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class BatchSplit(_message.Message):
+    __slots__ = ("job_id", "epoch", "global_batch", "shares", "speeds", "source")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    SPEEDS_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    epoch: int
+    global_batch: int
+    shares: _containers.RepeatedScalarFieldContainer[int]
+    speeds: _containers.RepeatedScalarFieldContainer[float]
+    source: str
+    def __init__(self, job_id: _Optional[str] = ..., epoch: _Optional[int] = ..., global_batch: _Optional[int] = ..., shares: _Optional[_Iterable[int]] = ..., speeds: _Optional[_Iterable[float]] = ..., source: _Optional[str] = ...) -> None: ...

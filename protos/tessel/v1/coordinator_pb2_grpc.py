@@ -121,6 +121,11 @@ class CoordinatorStub:
                 request_serializer=tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_coordinator__pb2.ClusterModel.FromString,
                 _registered_method=True)
+        self.BalanceBatch = channel.unary_unary(
+                '/tessel.v1.Coordinator/BalanceBatch',
+                request_serializer=tessel_dot_v1_dot_coordinator__pb2.BalanceRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_coordinator__pb2.BatchSplit.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -239,6 +244,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BalanceBatch(self, request, context):
+        """Speed-aware data parallelism: every rank asks before each epoch (a rendezvous: it returns once all ranks of
+        the job have asked for that epoch, or fails at the deadline naming the missing ranks) and all get the same
+        split of the global batch, by fixed weights or by the ranks' measured speeds (coordinator/balance.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -326,6 +340,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.GetCostModel,
                     request_deserializer=tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_coordinator__pb2.ClusterModel.SerializeToString,
+            ),
+            'BalanceBatch': grpc.unary_unary_rpc_method_handler(
+                    servicer.BalanceBatch,
+                    request_deserializer=tessel_dot_v1_dot_coordinator__pb2.BalanceRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_coordinator__pb2.BatchSplit.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -787,6 +806,33 @@ class Coordinator:
             '/tessel.v1.Coordinator/GetCostModel',
             tessel_dot_v1_dot_coordinator__pb2.GetCostModelRequest.SerializeToString,
             tessel_dot_v1_dot_coordinator__pb2.ClusterModel.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BalanceBatch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Coordinator/BalanceBatch',
+            tessel_dot_v1_dot_coordinator__pb2.BalanceRequest.SerializeToString,
+            tessel_dot_v1_dot_coordinator__pb2.BatchSplit.FromString,
             options,
             channel_credentials,
             insecure,

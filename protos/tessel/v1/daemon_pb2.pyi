@@ -17,18 +17,20 @@ class SessionRef(_message.Message):
     def __init__(self, session_id: _Optional[str] = ...) -> None: ...
 
 class OpenSessionRequest(_message.Message):
-    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce")
+    __slots__ = ("job_id", "rank", "world_size", "members", "job_nonce", "collectives")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     JOB_NONCE_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     rank: int
     world_size: int
     members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
     job_nonce: str
-    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ...) -> None: ...
+    collectives: str
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., job_nonce: _Optional[str] = ..., collectives: _Optional[str] = ...) -> None: ...
 
 class OpenSessionReply(_message.Message):
     __slots__ = ("session_id", "local_socket", "host_id")
@@ -253,7 +255,7 @@ class InstructionTiming(_message.Message):
     def __init__(self, index: _Optional[int] = ..., kind: _Optional[str] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class TimelineEvent(_message.Message):
-    __slots__ = ("index", "repetition", "kind", "name", "start_ns", "end_ns", "comm_start_ns", "comm_end_ns", "bytes", "handle")
+    __slots__ = ("index", "repetition", "kind", "name", "start_ns", "end_ns", "comm_start_ns", "comm_end_ns", "bytes", "handle", "store_bytes")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     REPETITION_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -264,6 +266,7 @@ class TimelineEvent(_message.Message):
     COMM_END_NS_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     HANDLE_FIELD_NUMBER: _ClassVar[int]
+    STORE_BYTES_FIELD_NUMBER: _ClassVar[int]
     index: int
     repetition: int
     kind: str
@@ -274,7 +277,8 @@ class TimelineEvent(_message.Message):
     comm_end_ns: int
     bytes: int
     handle: str
-    def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ...) -> None: ...
+    store_bytes: int
+    def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ..., store_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteProgress(_message.Message):
     __slots__ = ("repetition", "collected", "done")
@@ -299,18 +303,34 @@ class ExecuteReply(_message.Message):
     def __init__(self, fetched: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timings: _Optional[_Iterable[_Union[InstructionTiming, _Mapping]]] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., timeline: _Optional[_Iterable[_Union[TimelineEvent, _Mapping]]] = ...) -> None: ...
 
 class DaemonStatusReply(_message.Message):
-    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups")
+    __slots__ = ("daemon_id", "plugin", "sessions", "tensor_bytes", "groups", "loads")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     PLUGIN_FIELD_NUMBER: _ClassVar[int]
     SESSIONS_FIELD_NUMBER: _ClassVar[int]
     TENSOR_BYTES_FIELD_NUMBER: _ClassVar[int]
     GROUPS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     plugin: str
     sessions: _containers.RepeatedScalarFieldContainer[str]
     tensor_bytes: int
     groups: _containers.RepeatedCompositeFieldContainer[GroupStatus]
-    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ...) -> None: ...
+    loads: _containers.RepeatedCompositeFieldContainer[SessionLoad]
+    def __init__(self, daemon_id: _Optional[str] = ..., plugin: _Optional[str] = ..., sessions: _Optional[_Iterable[str]] = ..., tensor_bytes: _Optional[int] = ..., groups: _Optional[_Iterable[_Union[GroupStatus, _Mapping]]] = ..., loads: _Optional[_Iterable[_Union[SessionLoad, _Mapping]]] = ...) -> None: ...
+
+class SessionLoad(_message.Message):
+    __slots__ = ("session_id", "job_id", "rank", "run_s", "blocked_s")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RUN_S_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_S_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    job_id: str
+    rank: int
+    run_s: float
+    blocked_s: float
+    def __init__(self, session_id: _Optional[str] = ..., job_id: _Optional[str] = ..., rank: _Optional[int] = ..., run_s: _Optional[float] = ..., blocked_s: _Optional[float] = ...) -> None: ...
 
 class GroupStatus(_message.Message):
     __slots__ = ("session_id", "name", "ranks", "transport")
@@ -329,6 +349,24 @@ class ProbeLinkRequest(_message.Message):
     DATA_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     data_address: str
     def __init__(self, data_address: _Optional[str] = ...) -> None: ...
+
+class ProbeGroupRequest(_message.Message):
+    __slots__ = ("probe_id", "rank", "members", "collectives")
+    PROBE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVES_FIELD_NUMBER: _ClassVar[int]
+    probe_id: str
+    rank: int
+    members: _containers.RepeatedCompositeFieldContainer[_common_pb2.Member]
+    collectives: int
+    def __init__(self, probe_id: _Optional[str] = ..., rank: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_common_pb2.Member, _Mapping]]] = ..., collectives: _Optional[int] = ...) -> None: ...
+
+class ProbeGroupReply(_message.Message):
+    __slots__ = ("collective_s",)
+    COLLECTIVE_S_FIELD_NUMBER: _ClassVar[int]
+    collective_s: float
+    def __init__(self, collective_s: _Optional[float] = ...) -> None: ...
 
 class ProbeLinkReply(_message.Message):
     __slots__ = ("latency_s", "bandwidth")

@@ -106,6 +106,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
                 _registered_method=True)
+        self.ProbeGroup = channel.unary_unary(
+                '/tessel.v1.Daemon/ProbeGroup',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeGroupRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeGroupReply.FromString,
+                _registered_method=True)
 
 
 class DaemonServicer:
@@ -200,6 +205,14 @@ class DaemonServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ProbeGroup(self, request, context):
+        """Time small collectives over a temporary group of daemons (the coordinator asks every member at once, to price
+        what a collective among a job's ranks costs: waiting for every member to arrive included).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DaemonServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -272,6 +285,11 @@ def add_DaemonServicer_to_server(servicer, server):
                     servicer.Measure,
                     request_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=tessel_dot_v1_dot_common__pb2.DeviceMeasurement.SerializeToString,
+            ),
+            'ProbeGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeGroup,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.ProbeGroupRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_daemon__pb2.ProbeGroupReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -652,6 +670,33 @@ class Daemon:
             '/tessel.v1.Daemon/Measure',
             tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             tessel_dot_v1_dot_common__pb2.DeviceMeasurement.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/ProbeGroup',
+            tessel_dot_v1_dot_daemon__pb2.ProbeGroupRequest.SerializeToString,
+            tessel_dot_v1_dot_daemon__pb2.ProbeGroupReply.FromString,
             options,
             channel_credentials,
             insecure,

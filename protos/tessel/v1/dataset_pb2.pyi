@@ -54,16 +54,20 @@ class DatasetNode(_message.Message):
     def __init__(self, mnist: _Optional[_Union[MnistSource, _Mapping]] = ..., cifar10: _Optional[_Union[Cifar10Source, _Mapping]] = ..., files: _Optional[_Union[FileSource, _Mapping]] = ..., inline: _Optional[_Union[InlineSource, _Mapping]] = ..., map: _Optional[_Union[MapOp, _Mapping]] = ..., batch: _Optional[_Union[BatchOp, _Mapping]] = ..., shuffle: _Optional[_Union[ShuffleOp, _Mapping]] = ..., repeat: _Optional[_Union[RepeatOp, _Mapping]] = ..., take: _Optional[_Union[TakeOp, _Mapping]] = ..., skip: _Optional[_Union[SkipOp, _Mapping]] = ..., project: _Optional[_Union[ProjectOp, _Mapping]] = ..., rename: _Optional[_Union[RenameOp, _Mapping]] = ..., zip: _Optional[_Union[ZipOp, _Mapping]] = ..., concat: _Optional[_Union[ConcatOp, _Mapping]] = ..., children: _Optional[_Iterable[_Union[DatasetNode, _Mapping]]] = ...) -> None: ...
 
 class Sampling(_message.Message):
-    __slots__ = ("shuffle", "num_samples", "num_shards", "shard_id")
+    __slots__ = ("shuffle", "num_samples", "num_shards", "shard_id", "shares", "shares_drop_remainder")
     SHUFFLE_FIELD_NUMBER: _ClassVar[int]
     NUM_SAMPLES_FIELD_NUMBER: _ClassVar[int]
     NUM_SHARDS_FIELD_NUMBER: _ClassVar[int]
     SHARD_ID_FIELD_NUMBER: _ClassVar[int]
+    SHARES_FIELD_NUMBER: _ClassVar[int]
+    SHARES_DROP_REMAINDER_FIELD_NUMBER: _ClassVar[int]
     shuffle: bool
     num_samples: int
     num_shards: int
     shard_id: int
-    def __init__(self, shuffle: _Optional[bool] = ..., num_samples: _Optional[int] = ..., num_shards: _Optional[int] = ..., shard_id: _Optional[int] = ...) -> None: ...
+    shares: _containers.RepeatedScalarFieldContainer[int]
+    shares_drop_remainder: bool
+    def __init__(self, shuffle: _Optional[bool] = ..., num_samples: _Optional[int] = ..., num_shards: _Optional[int] = ..., shard_id: _Optional[int] = ..., shares: _Optional[_Iterable[int]] = ..., shares_drop_remainder: _Optional[bool] = ...) -> None: ...
 
 class MnistSource(_message.Message):
     __slots__ = ("dataset_dir", "usage", "sampling")

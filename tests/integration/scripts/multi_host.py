@@ -3,7 +3,8 @@
 multi_host.py collectives '{"local0": [0, 1], "cross0": [0, 2]}'
     all_reduce / all_gather / broadcast / reduce_scatter on the world and on every group this rank is in, small
     and large (the TCP ring), each checked against numpy; then asks its daemon (TESSEL_DAEMON_ADDRESS) which
-    transport each group took. Prints {"rank", "checks", "failures", "transports": {group: transport}}.
+    transport each group took; last, a float all_reduce on the world against float64 within float32 rounding.
+    Prints {"rank", "checks", "failures", "transports": {group: transport}, "rounding": worst error / bound}.
 multi_host.py unreachable
     one all_reduce; prints {"rank", "error", "message", "culprit", "seconds"} for the error it raises, then
     raises it again, as a script that does not catch it would (which fails the job for the other ranks).
@@ -60,11 +61,22 @@ def collectives(groups: dict[str, list[int]]) -> dict:
             index = ranks.index(rank)
             want = sum(inputs.values())[index * count : (index + 1) * count]
             check(f"{name} reduce_scatter {count}", chunk, want)
+    # Random floats, of a size no group divides: within float32 rounding of the float64 sum, whatever the order
+    # (|error| <= (n - 1) * eps * sum |x_i| per element, the bound of any summation order).
+    count = (1 << 20) + 3
+    inputs = {r: np.random.default_rng([r, 7]).standard_normal(count).astype(np.float32) for r in range(size)}
+    exact = np.sum([inputs[r].astype(np.float64) for r in range(size)], axis=0)
+    bound = (size - 1) * np.finfo(np.float32).eps * np.sum([np.abs(inputs[r]) for r in range(size)], axis=0)
+    error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
+    worst = float(np.max(error / np.maximum(bound, 1e-30)))
+    checks += 1
+    if worst > 1.0:
+        failures.append(f"world all_reduce of floats: error {worst:.2f}x the float32 rounding bound")
     daemon = rpc.Client(os.environ["TESSEL_DAEMON_ADDRESS"], daemon_pb2_grpc.DaemonStub, rpc.cluster_token())
     status = daemon.Status(common_pb2.Empty())
     daemon.close()
     transports = {g.name: g.transport for g in status.groups}
-    return {"rank": rank, "checks": checks, "failures": failures, "transports": transports}
+    return {"rank": rank, "checks": checks, "failures": failures, "transports": transports, "rounding": worst}
 
 
 def unreachable() -> dict:

@@ -120,3 +120,19 @@ def test_fixed_layouts_are_checked():
         parallelize(graph, {}, 2, ["w"], fixed={"v": Layout.replicated(2, 2)})
     with pytest.raises(ConfigurationError, match="cannot be split"):
         parallelize(graph, {}, 2, ["w"], fixed={"w": Layout.from_strategy((1, 2), 2)})
+
+
+def test_a_loss_of_partial_sums_is_all_reduced_once():
+    """Data parallel: the loss is a partial sum on every rank; its AllReduce runs forward only (the gradient starts
+    from the partial sums, so no collective carries the seed back), and the step still equals one device."""
+    graph, feeds = _graph(), _feeds()
+    plan = parallelize(graph, {}, 4, parameters=["w1", "w2"])
+    want, single = _single(graph, feeds)
+    stores, programs = _parallel(plan, feeds)
+    for name in ("w1", "w2"):
+        np.testing.assert_allclose(stores[0][name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(stores[0][programs[0].outputs[0]], want[single.outputs[0]], rtol=1e-5)
+    expanded = expand_gradients(plan.rank_graph(0))
+    scalars = [n for n in expanded.nodes if n.op == "AllReduce" and n.inputs[0].shape == ()]
+    assert len(scalars) == 1, scalars  # the loss, forward; before: a second one, the seed's, backward
+    assert collective_counts(expanded)["AllReduce"] == 3  # plus w1's and w2's gradient

@@ -68,10 +68,39 @@ def test_megatron_train_steps_equal_one_device(devices, dp, mp):
         close(store[programs[0].outputs[0]], loss, what="loss of step 3")
     # forward: x's rows gathered over mp (the dataset cuts them over every rank), the partial logits
     # reduce-scattered into the cross-entropy's data-parallel rows, the loss mean all-reduced; backward: the
-    # adjoints of the last two (AllReduce, AllGather), and one bucket for both parameters' gradients, all-reduced
-    # over the dp ranks that hold the same pieces
-    expected = Counter({"ALL_GATHER": 2, "REDUCE_SCATTER": 1, "ALL_REDUCE": 3})
+    # adjoint of the ReduceScatter (AllGather; the loss's AllReduce has none: its cotangent is the same on every
+    # rank), and one bucket for both parameters' gradients, all-reduced over the dp ranks that hold the same pieces
+    expected = Counter({"ALL_GATHER": 2, "REDUCE_SCATTER": 1, "ALL_REDUCE": 2})
     assert all(p.collective_counts() == expected for p in programs)
     last = [i.collective for i in programs[0].program.instructions if i.WhichOneof("op") == "collective"][-1]
     w1 = plan.input_layout("w1")
     assert programs[0].groups[last.group] == w1.mesh.group(0, w1.replicated_axes) == tuple(range(0, devices, mp))
+
+
+def test_a_data_parallel_plan_reduces_the_loss_in_the_gradient_bucket():
+    """No strategy, the batch cut over 4 ranks: the loss (partial sums) is all-reduced in the same bucket as the
+    gradients, one collective a step as under DATA_PARALLEL, and the step still equals one device."""
+    g = graph()
+    plan = parallelize(g, {}, 4, parameters=PARAMS)
+    feeds = {
+        "x": rng.standard_normal((BATCH, HIDDEN)).astype(np.float32),
+        "y": rng.integers(0, CLASSES, BATCH).astype(np.int32),
+        "w1": rng.standard_normal((HIDDEN, FFN)).astype(np.float32),
+        "w2": rng.standard_normal((FFN, CLASSES)).astype(np.float32),
+    }
+    programs = []
+    for rank in range(4):
+        train = build_train_step(plan.rank_graph(rank), PARAMS, SGD(0.5))
+        programs.append(
+            lower_rank_program(bucket_allreduce(train.graph), state=[s.name for s in train.state], world_size=4)
+        )
+    rank_feeds = [plan.local_feeds(feeds, r) | {"learning_rate": np.float32(0.5)} for r in range(4)]
+    stores = simulate(programs, rank_feeds, compute(), runs=3)
+    step = TrainStep(build_train_step(g, PARAMS, SGD(0.5)), compute(), {p: feeds[p] for p in PARAMS})
+    for _ in range(3):
+        loss = step(x=feeds["x"], y=feeds["y"])
+    for name in PARAMS:
+        close(stores[0][name], step.state[name], what=f"{name} after 3 steps")
+    for store in stores:
+        close(store[programs[0].outputs[0]], loss, what="loss of step 3")
+    assert all(p.collective_counts() == Counter({"ALL_REDUCE": 1}) for p in programs)

@@ -290,18 +290,40 @@ def test_print_prints_each_argument_on_its_own_line_in_pynative(capsys):
     assert capsys.readouterr().out == "p:\nTensor(shape=[2], dtype=Float32, value= [0., 0.])\n3\n"
 
 
-def test_print_inside_a_compiled_graph_is_not_supported_yet():
+def test_print_inside_a_compiled_graph_prints_after_each_run(capsys):
     class Printing(nn.Cell):
         def __init__(self):
             super().__init__()
             self.print = ops.Print()
 
         def construct(self, x):
-            self.print("out is:", x)
+            self.print("out is:", x * 3)
             return x * 2
 
-    with pytest.raises(NotSupportedYetError, match=r"ops\.Print inside a compiled graph.*PYNATIVE_MODE"):
-        Printing()(ms.Tensor(np.ones(2, np.float32)))
+    net = Printing()
+    for step in range(2):
+        got = net(ms.Tensor(np.full(2, step + 1, np.float32)))
+        np.testing.assert_array_equal(got.asnumpy(), [2.0 * (step + 1)] * 2)
+        shown = f"{3 * (step + 1)}."
+        assert capsys.readouterr().out == f"out is:\nTensor(shape=[2], dtype=Float32, value= [{shown}, {shown}])\n"
+
+
+def test_print_in_a_value_and_grad_step_prints_the_value_it_was_given(capsys):
+    class Printing(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), "w")
+            self.print = ops.Print()
+
+        def construct(self, x):
+            y = x * self.w
+            self.print("y", y)
+            return y.sum()
+
+    net = Printing()
+    loss, grads = ms.value_and_grad(net, None, net.trainable_params())(ms.Tensor(np.array([1.0, 2.0], np.float32)))
+    assert float(loss.asnumpy()) == 3.0 and grads[0].asnumpy().tolist() == [1.0, 2.0]
+    assert capsys.readouterr().out == "y\nTensor(shape=[2], dtype=Float32, value= [1., 2.])\n"
 
 
 # --- losses -----------------------------------------------------------------------------------------------------------

@@ -56,6 +56,7 @@ OTHER_VALUE = {
     "device_num": 4,
     "global_rank": 1,
     "pipeline_stages": 2,
+    "pipeline_result_broadcast": True,
     "gradient_fp32_sync": False,
     "loss_repeated_mean": False,
     "parameter_broadcast": True,
@@ -67,6 +68,7 @@ OTHER_VALUE = {
     "all_reduce_fusion_config": [20, 35],
     "grad_accumulation_step": 4,
     "comm_fusion": {"allreduce": {"mode": "size", "config": 32}},
+    "batch_split": "speed",
     "pipeline_config": {"pipeline_scheduler": "1f1b"},
     "auto_pipeline": True,
 }
@@ -152,6 +154,14 @@ def test_the_unsupported_parts_of_comm_fusion_are_refused():
         with pytest.raises(error, match=re.escape(message)):
             ms.set_auto_parallel_context(comm_fusion=fusion)
     ms.set_auto_parallel_context(comm_fusion={"openstate": True, "allreduce": {"mode": "auto"}})
+
+
+def test_batch_split_takes_even_speed_or_one_weight_per_rank():
+    ms.set_auto_parallel_context(batch_split=[1, 2.5])
+    assert ms.get_auto_parallel_context("batch_split") == (1.0, 2.5)
+    for bad in ("fast", (1, 0), (), (1, True), (1, float("nan"))):
+        with pytest.raises(ConfigurationError, match="batch_split must be 'even', 'speed' or one positive weight"):
+            ms.set_auto_parallel_context(batch_split=bad)
 
 
 def test_a_device_target_no_daemon_provides_is_an_error_naming_their_plugins():

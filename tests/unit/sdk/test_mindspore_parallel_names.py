@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tessel as ms
-from tessel.core.errors import NotSupportedYetError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 # Copied from MindSpore 2.7.0's sources: mindspore/parallel/__init__.py (__all__) and mindspore/__init__.py (the
 # names it imports from mindspore.parallel and mindspore.parallel.function, then `__all__.extend(parallel.__all__)`).
@@ -32,8 +32,6 @@ TOP_LEVEL_IMPORTS = [
     "load_distributed_checkpoint", "merge_sliced_parameter", "restore_group_info_list", "build_searched_strategy",
     "reshard",
 ]  # fmt: skip
-# Pipeline parallelism is built on its own branch ("pipeline"); its names are left to it.
-PIPELINE = {"merge_pipeline_strategys", "sync_pipeline_shared_parameters"}
 TOP_LEVEL = sorted(set(PARALLEL_ALL) | set(TOP_LEVEL_IMPORTS))
 NOT_SUPPORTED = {
     "unified_safetensors": ("src", "strategy.json", "dst"),
@@ -43,8 +41,7 @@ NOT_SUPPORTED = {
 
 
 def test_every_name_resolves_on_a_fresh_import_without_importing_tessel_parallel_first():
-    names = [n for n in TOP_LEVEL if n not in PIPELINE]
-    parallel = [n for n in PARALLEL_ALL if n not in PIPELINE]
+    names, parallel = TOP_LEVEL, PARALLEL_ALL
     code = (
         "import json, sys, tessel as ms\n"
         "assert 'tessel.parallel' not in sys.modules\n"
@@ -60,9 +57,47 @@ def test_every_name_resolves_on_a_fresh_import_without_importing_tessel_parallel
     assert set(top) == set(names) and set(par) == set(parallel)
 
 
-@pytest.mark.parametrize("name", sorted(PIPELINE))
-def test_pipeline_names_are_left_to_the_pipeline_branch(name):
-    pytest.skip(f"{name} belongs to pipeline parallelism, built on branch 'pipeline' (MindSpore {MINDSPORE_VERSION})")
+def _strategy_file(path, parameters: dict, graphs: dict | None = None) -> None:
+    from tessel.parallel.planning import FORMAT
+
+    path.write_text(json.dumps({"format": FORMAT, "parameters": parameters, "graphs": graphs or {}}))
+
+
+def test_merge_pipeline_strategys_merges_the_stages_files_and_refuses_what_does_not_fit(tmp_path):
+    stage0 = {"w0": {"shape": [4, 6], "device_matrix": [2], "tensor_map": [-1, 0]}}
+    stage1 = {"w1": {"shape": [6, 2], "device_matrix": [2], "tensor_map": [0, -1]}}
+    src = tmp_path / "strategies"
+    src.mkdir()
+    _strategy_file(src / "strategy_stage0.json", stage0, {"net": {"ops": [1]}})
+    _strategy_file(src / "strategy_stage1.json", stage1, {"net": {"ops": [1]}})
+    dst = tmp_path / "merged" / "strategy.json"
+    ms.merge_pipeline_strategys(str(src), str(dst))
+    merged = json.loads(dst.read_text())
+    assert merged["parameters"] == stage0 | stage1 and merged["graphs"] == {"net": {"ops": [1]}}
+    assert ms.parallel.merge_pipeline_strategys is ms.merge_pipeline_strategys
+    with pytest.raises(NotADirectoryError, match="is not a directory"):
+        ms.merge_pipeline_strategys(str(dst), str(tmp_path / "out.json"))
+    with pytest.raises(TypeError, match="'src_strategy_dirs' should be str"):
+        ms.merge_pipeline_strategys(3, str(dst))
+    _strategy_file(src / "strategy_stage2.json", {"w1": {"shape": [6, 2], "device_matrix": [2], "tensor_map": [-1, 0]}})
+    with pytest.raises(ConfigurationError, match=r"parameter 'w1' is recorded differently in .*stage1.* and .*stage2"):
+        ms.merge_pipeline_strategys(str(src), str(dst))
+    (src / "strategy_stage2.json").write_text("not json")
+    with pytest.raises(ConfigurationError, match=r"is not a strategy file tessel wrote.*Fix"):
+        ms.merge_pipeline_strategys(str(src), str(dst))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigurationError, match="holds no strategy files"):
+        ms.merge_pipeline_strategys(str(empty), str(dst))
+
+
+def test_sync_pipeline_shared_parameters_takes_a_cell_and_without_stages_has_nothing_to_sync():
+    net = ms.nn.Dense(3, 2)
+    before = net.weight.asnumpy().copy()
+    assert ms.sync_pipeline_shared_parameters(net) is None  # one rank, no stages: nothing is shared
+    np.testing.assert_array_equal(net.weight.asnumpy(), before)
+    with pytest.raises(TypeError, match="'net' should be a Cell"):
+        ms.parallel.sync_pipeline_shared_parameters(lambda x: x)
 
 
 @pytest.mark.parametrize("name", sorted(NOT_SUPPORTED))

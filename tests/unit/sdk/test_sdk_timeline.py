@@ -110,12 +110,32 @@ class _FakeDaemon:
     def execute(self, session, program, **kwargs):
         assert kwargs.pop("timeline") is True
         events = [
-            _event(0, "run_segment", 100, 110, name="train@1a2b3c4d/s0"),
-            _event(1, "all_reduce", 110, 111, handle="h1", bytes=4 << 20, comm_start_ns=111 * MS, comm_end_ns=125 * MS),
-            _event(2, "run_segment", 111, 121, name="train@1a2b3c4d/s2"),
-            _event(3, "wait", 121, 125, handle="h1"),
-            _event(4, "all_reduce", 125, 129, bytes=1024, comm_start_ns=125 * MS, comm_end_ns=129 * MS, name="g_0_1"),
-            _event(5, "run_segment", 129, 130, name="train@1a2b3c4d/s5"),
+            _event(0, "run_segment", 100, 110, name="train@1a2b3c4d/s0", store_bytes=1000),
+            _event(
+                1,
+                "all_reduce",
+                110,
+                111,
+                handle="h1",
+                bytes=4 << 20,
+                comm_start_ns=111 * MS,
+                comm_end_ns=125 * MS,
+                store_bytes=1000,
+            ),
+            _event(2, "run_segment", 111, 121, name="train@1a2b3c4d/s2", store_bytes=5000),
+            _event(3, "wait", 121, 125, handle="h1", store_bytes=7000),
+            _event(
+                4,
+                "all_reduce",
+                125,
+                129,
+                bytes=1024,
+                comm_start_ns=125 * MS,
+                comm_end_ns=129 * MS,
+                name="g_0_1",
+                store_bytes=3000,
+            ),
+            _event(5, "run_segment", 129, 130, name="train@1a2b3c4d/s5", store_bytes=1000),
         ]
         return Result({"loss": np.float32(1.0)}, {}, [], events)
 
@@ -139,6 +159,10 @@ def test_recorder_names_collectives_by_kind_group_and_bytes_and_the_summary_meas
     assert summary.breakdown_us["compute"] == pytest.approx(21_000)  # 10 + 10 + 1 ms of segments
     assert summary.breakdown_us["communication"] == pytest.approx(8_000)  # 121-125 and 125-129: exposed
     assert summary.steps == 1
+    assert summary.idle_share == pytest.approx(1 - 21 / 30)  # of the step's 30 ms, 21 computed
+    assert summary.peak_growth_bytes == 6000  # the store went from 1000 up to 7000 bytes within the step
+    memory = [e for e in trace["traceEvents"] if e["ph"] == "C"]
+    assert [e["args"]["bytes"] for e in memory] == [1000, 1000, 5000, 7000, 3000, 1000]
 
 
 def test_interval_arithmetic():

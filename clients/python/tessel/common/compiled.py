@@ -163,7 +163,7 @@ def trace_call(
             for leaf, spec, input_name in zip(call.leaves, specs, call.names)
         ]
         args, kwargs = call.tree.unflatten(leaves)
-        graph, out_tree = tr.build(fn(*args, **kwargs))
+        graph, out_tree = tr.build(fn(*args, **kwargs), with_prints=True)
     return graph, out_tree, tr
 
 
@@ -191,6 +191,9 @@ class Entry:
     device_layouts: list = field(default_factory=list)  # SEMI_AUTO/AUTO: the layout of each device output
     batch_outputs: bool = False  # some output's shape follows the batch size
     modes: tuple = ()  # (cell, Cell.graph_modes()) at trace time; the entry serves calls in the same modes
+    print_names: list[str] = field(default_factory=list)  # outputs holding the tensors ops.Print printed
+    prints: list = field(default_factory=list)  # each Print call's items: ("text", str) | ("tensor", index)
+    absent_prints: set[int] = field(default_factory=set)  # printed tensors this rank does not compute (pipeline)
     programs: dict = field(default_factory=dict)
     engine_id: int = 0
     staged_at: int = -1
@@ -219,15 +222,24 @@ class Entry:
             self.staged_at = P.host_writes()
         for name, feeder in self.feeders.items():
             feed[name] = feeder()
-        fetched = eng.execute(prog, feed, self.host_names, self.device_names)
+        fetched = eng.execute(prog, feed, [*self.host_names, *self.print_names], self.device_names)
         P.updated_on_device(self.assigned)
         for hook in self.after_run:
             hook()
+        self.print_fetched(fetched)
         values = [Tensor._wrap(fetched[n]) for n in self.host_names]
         layouts = self.device_layouts or [None] * len(self.device_names)
         for name, (shape, dtype), layout in zip(self.device_names, self.device_types, layouts):
             values.append(eng.handle(name, tuple(batch if d == BATCH else d for d in shape), dtype, layout))
         return self.out_tree.unflatten(values)
+
+    def print_fetched(self, fetched: dict) -> None:
+        """What the run's ops.Print calls printed (after the run, in call order)."""
+        for items in self.prints:
+            if any(kind == "tensor" and ref in self.absent_prints for kind, ref in items):
+                continue  # another pipeline stage computes it
+            for kind, ref in items:
+                print(Tensor.__repr__(Tensor._wrap(fetched[self.print_names[ref]])) if kind == "tensor" else ref)
 
 
 def graph_out_names(graph: Graph) -> list[str]:
@@ -246,14 +258,16 @@ def make_entry(
     """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
     graph = _gather_stored_blocks(expand_gradients(graph), (*tr.parameters(), *extra_params))
     seg = f"{name}:{graph.hash[:12]}"
-    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
+    n_prints = len(tr.print_values)
+    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs) - n_prints
     host_names = [f"{seg}/out{i}" for i in range(n_host)]
-    device_names = [f"{seg}/dev{i}" for i in range(len(graph.outputs) - n_host)]
+    device_names = [f"{seg}/dev{i}" for i in range(len(graph.outputs) - n_host - n_prints)]
+    print_names = [f"{seg}/print{i}" for i in range(n_prints)]
     state = assigned_inputs(graph)
     by_key = {p.key: p for p in (*tr.parameters(), *extra_params)}
     input_names = {v.name for v in graph.inputs}
     return Entry(
-        segment=(seg, name_outputs(graph, host_names + device_names), state),
+        segment=(seg, name_outputs(graph, host_names + device_names + print_names), state),
         data=[(n, i) for i, n in enumerate(call.names) if n in input_names and not call.resident[i]],
         params=[p for key, p in by_key.items() if key in input_names],
         assigned=[by_key[s] for s in state if s in by_key],
@@ -261,10 +275,12 @@ def make_entry(
         after_run=list(tr.after_run),
         host_names=host_names,
         device_names=device_names,
-        device_types=[(v.shape, v.dtype) for v in graph.outputs[n_host:]],
+        device_types=[(v.shape, v.dtype) for v in graph.outputs[n_host : len(graph.outputs) - n_prints]],
         out_tree=out_tree,
         batch_outputs=any(BATCH in v.shape for v in graph.outputs),
         modes=tr.modes(),
+        print_names=print_names,
+        prints=list(tr.prints),
     )
 
 

@@ -27,7 +27,7 @@ import numpy as np
 from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
-from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, pipeline, registry
 from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.v1 import daemon_pb2
@@ -83,8 +83,14 @@ class Engine:
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            lowered = lower_rank_program(named, state=list(state), world_size=self.world_size, spmd=_spmd())
-            lowered = free_early(mark_program_inplace(lowered))  # tensors die with their last use (compiler.memory)
+            phases = pipeline.phases_of(graph)  # a pipeline stage's graph runs in its schedule's order
+            lowered = lower_rank_program(
+                named, state=list(state), world_size=self.world_size, spmd=_spmd() and phases is None, phases=phases
+            )
+            if phases is not None:  # its lowering frees temporaries after their last reader already
+                pipeline.check_lowered(lowered, graph, self.world_size)
+            else:
+                lowered = free_early(mark_program_inplace(lowered))  # tensors die with their last use (compiler.memory)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
             for segment in lowered.segments.values():

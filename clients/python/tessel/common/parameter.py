@@ -65,6 +65,7 @@ class Parameter(Tensor):
         self._layout = None  # under SEMI_AUTO/AUTO: the compiler Layout of its slices, once a plan placed it
         self._layout_engine: int | None = None  # the engine (job) that layout belongs to
         self._local = False  # self._array holds this rank's slice, not the whole value
+        self._pipeline: tuple[int, bool] | None = None  # pipeline parallel: (engine id, this rank's stage holds it)
         self._comm_fusion = 1
         _every.add(self)
         mark_host_write()
@@ -110,7 +111,7 @@ class Parameter(Tensor):
         if self._layout is not None:
             from tessel.common.engine import engine
 
-            slices = self._layout.local_slices(self.shape, engine().runtime.rank)
+            slices = self._layout.local_slices(self.shape, layout_rank(engine()))
             self._array, self._local = self._deferred.piece(slices), True
         else:
             self._array, self._local = self._deferred.full(), False
@@ -166,9 +167,35 @@ class Parameter(Tensor):
         return self
 
     def value(self) -> Tensor:
+        """The parameter's value: a copy when run eagerly; inside a traced (graph-mode) function the parameter
+        itself, read where the value is used (as MindSpore's Load), so an op on another pipeline stage that reads
+        it makes the parameter shared by both stages, and gradients reach it."""
+        from tessel.common.tracing import current
+
+        trace = current()
+        if trace is not None:
+            return Tensor._wrap_symbolic(trace.to_symbolic(self))
         return Tensor._wrap(np.array(self.asnumpy()))
 
+    @property
+    def held(self) -> bool:
+        """False when pipeline parallel put this parameter on other stages than this rank's (it is not updated
+        here, and reading it is an error); True otherwise."""
+        if self._pipeline is None:
+            return True
+        from tessel.common.engine import engine
+
+        return self._pipeline[0] != engine().id or self._pipeline[1]
+
     def asnumpy(self) -> np.ndarray:
+        if not self.held:
+            from tessel.communication import get_rank
+
+            raise ConfigurationError(
+                f"parameter {self.name!r} belongs to another pipeline stage: rank {get_rank()} does not hold or "
+                "update it (pipeline parallel keeps each parameter on the stages whose cells use it). Read it on a "
+                "rank of that stage (checkpoints saved there hold it)"
+            )
         if self.has_init:
             self._draw()
         if self._host_stale:
@@ -272,8 +299,9 @@ _host_writes = 0
 
 
 def report_layouts(path: str) -> None:
-    """Write, as JSON, how this rank holds every parameter: its full shape, its local shape and layout (a debugging
-    view of a plan: `TESSEL_PARAMETER_REPORT=DIR` rewrites DIR/rank_<r>.json after each plan of the rank)."""
+    """Write, as JSON, how this rank holds every parameter: its full shape, its local shape and layout, and whether
+    it holds it at all ("held": False, "local": None for a parameter pipeline parallel keeps on another stage) (a
+    debugging view of a plan: `TESSEL_PARAMETER_REPORT=DIR` rewrites DIR/rank_<r>.json after each plan)."""
     import json
 
     report = {}
@@ -285,9 +313,18 @@ def report_layouts(path: str) -> None:
             if layout is None
             else {"device_matrix": list(layout.device_matrix), "tensor_map": str(layout.tensor_map)}
         )
-        report[p.name] = {"shape": list(p.shape), "local": local, "layout": described}
+        held = p.held  # False: pipeline parallel keeps it on another stage
+        report[p.name] = {"shape": list(p.shape), "local": local if held else None, "layout": described, "held": held}
     with open(path, "w") as out:
         json.dump(report, out, indent=1)
+
+
+def layout_rank(engine) -> int:
+    """This rank's place in the mesh parameter layouts are over: its rank, or under pipeline parallel its place
+    among the ranks of its stage (each stage's ranks plan the network among themselves)."""
+    from tessel.parallel.pipeline import mesh
+
+    return mesh(engine.world_size, engine.runtime.rank).index
 
 
 def mark_host_write() -> None:
@@ -305,7 +342,7 @@ def stage(engine, params, feed: dict[str, np.ndarray]) -> None:
         if p._device != engine.id:
             if p._host_stale:
                 p.asnumpy()  # raises: the value only existed on a closed session
-            feed[p.key] = p._staged_value(engine.runtime.rank)
+            feed[p.key] = p._staged_value(layout_rank(engine))
             p._device = engine.id
 
 

@@ -38,10 +38,10 @@ def active() -> bool:
 def global_specs(call: Any) -> list[tuple | None]:
     """(shape, dtype) per leaf of `call` at the global shape: data tensors as the dataset convention makes them
     (this rank's share times the world), handles held on the daemon at their own (global) shape."""
-    from tessel.common.engine import engine
+    from tessel.parallel import pipeline
     from tessel.parallel.semi_auto import dataset_setting, global_shape
 
-    world, dataset = engine().world_size, dataset_setting()
+    world, dataset = pipeline.current_mesh().devices, dataset_setting()
     specs, column = [], 0
     for spec, resident in zip(call.specs(False), call.resident):
         if spec is None or resident:
@@ -58,11 +58,13 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     from tessel.common.compiled import make_entry as make_local_entry
     from tessel.common.engine import engine
     from tessel.compiler.parallel import Layout, parallelize, save_graphs
-    from tessel.parallel import planning
+    from tessel.parallel import pipeline, planning
     from tessel.parallel.semi_auto import _dataset_arg, dataset_setting
 
     eng = engine()
-    world, rank, dataset = eng.world_size, eng.runtime.rank, dataset_setting()
+    # Under pipeline parallel the plan is for the ranks of one stage, and this rank's place among them.
+    where = pipeline.mesh(eng.world_size, eng.runtime.rank)
+    world, rank, dataset = where.devices, where.index, dataset_setting()
     inputs = {v.name for v in graph.inputs}
     params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
     fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
@@ -79,7 +81,8 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     for value in graph.inputs:  # values fed at every run (a learning rate) are no dataset column: whole everywhere
         if value.name in trace.feeders:
             fixed[value.name] = Layout.replicated(value.ndim, world)
-    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs)
+    n_prints = len(trace.print_values)  # ops.Print's tensors: the last outputs, each rank printing its own share
+    n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs) - n_prints
     returned = [_returned_layout(v.shape, world, dataset) for v in graph.outputs[:n_host]]
 
     def plan_with(fixed_layouts: dict):
@@ -106,21 +109,45 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             "their own, so fusion indices group nothing there; Model.train / TrainOneStepCell's step buckets "
             "gradients by fusion index",
         )
+    if (
+        where.pipelined
+        and context.optimizer_shard_config() is not None
+        and any(n.op == "GradientOf" for n in graph.nodes)
+    ):
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            f"enable_parallel_optimizer=True with pipeline_stages={where.stages}",
+            "pipeline stages do not shard their optimizer state yet (each rank holds only its stage's parameters "
+            "and state already). Fix: set_auto_parallel_context(enable_parallel_optimizer=False) under pipeline "
+            "parallel",
+        )
     plan = plan_with(fixed)
     blocks = _state_blocks(plan, params, fixed, rank)
     if blocks:  # optimizer parallel: the optimizer's state takes its blocks, and the plan follows
         plan = plan_with({**fixed, **blocks})
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
-    planning.record(plan, list(params.values()), rank)
+    if where.pipelined:
+        data = [n for n, resident in zip(call.names, call.resident) if n in inputs and not resident]
+        data = [n for n in data if n not in params and n not in trace.feeders]
+        prints = range(len(graph.outputs) - n_prints, len(graph.outputs))
+        piped = pipeline.stage_graph(plan, graph, trace, where, data, list(params), local_outputs=prints)
+        pipeline.mark_parameters(params, piped, eng.id)
+        local = piped.graph
+    else:
+        local = plan.rank_graph(rank)
+    planning.record(plan, list(params.values()), eng.runtime.rank)
     if context.get_context("save_graphs"):
-        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
+        directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
         save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
-    local = plan.rank_graph(rank)
     _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
-    entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:]]
-    entry.device_layouts = list(plan.output_layouts[n_host:])
+    end = len(graph.outputs) - n_prints
+    entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:end]]
+    entry.device_layouts = list(plan.output_layouts[n_host:end])
+    if where.pipelined:
+        entry.absent_prints = {i - end for i in piped.absent_outputs if i >= end}
     return entry
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import warnings
@@ -23,13 +24,26 @@ import numpy as np
 from tessel import context, profiler
 from tessel.common.support import log_once
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step, mirror_parameters
-from tessel.compiler.buckets import set_fusion, sync_in_fp32
+from tessel.compiler.buckets import set_fusion, sync_in_fp32, weigh_gradients
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
 _PARALLEL = context.ParallelMode
 _MEAN_MODES = (_PARALLEL.DATA_PARALLEL, _PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL)
 _datasets = itertools.count()
+# This rank's gradient weight while Model.train runs an uneven split of the global batch (batch_split): n * share /
+# B, so the mean over the ranks equals one device's gradient (compiler.buckets.data_parallel_train_step).
+_gradient_weight = 1.0
+
+
+def gradient_weight() -> float:
+    return _gradient_weight
+
+
+def set_gradient_weight(weight: float) -> None:
+    """Model.train sets it for each epoch of an uneven split (1.0: the even split); part of the train step's key."""
+    global _gradient_weight
+    _gradient_weight = float(weight)
 
 
 def world_size() -> int:
@@ -96,6 +110,8 @@ def parallel_train_program(
     config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
+        if _gradient_weight != 1.0:  # an uneven batch split (batch_split): see gradient_weight
+            graph = weigh_gradients(graph, _gradient_weight)
         forward = set_fusion(mirror_parameters(graph, keys, tuple(range(world)), mean=mean), fusion or {})
         program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
@@ -108,8 +124,25 @@ def parallel_train_program(
                 "use DATA_PARALLEL or manual parallelism (HYBRID_PARALLEL)"
             ) from None
         from tessel.communication import get_rank
+        from tessel.parallel import pipeline
 
-        part = partition_for_rank(graph, trace, list(keys), None, get_rank(), world, fixed())
+        where = pipeline.mesh(world, get_rank())  # under pipeline parallel: plan for the ranks of one stage
+        part = partition_for_rank(graph, trace, list(keys), None, where.index, where.devices, fixed())
+        if where.pipelined:
+            if config is not None:
+                from tessel.common.support import not_supported_yet
+
+                raise not_supported_yet(
+                    f"enable_parallel_optimizer=True with pipeline_stages={where.stages}",
+                    "pipeline stages do not shard their optimizer state yet (each rank holds only its stage's "
+                    "parameters and state already). Fix: set_auto_parallel_context(enable_parallel_optimizer=False) "
+                    "under pipeline parallel",
+                )
+            program = build_train_step(part.graph, keys, rule, no_decay, deferred_gradients=True)
+            piped = pipeline.train_stage(program.graph, graph, part, trace, keys, where)
+            held = set(piped.parameters)
+            program = dataclasses.replace(program, state=tuple(s for s in program.state if s.name in held))
+            return _with_graph(program, bucket_allreduce(piped.graph, bucket_bytes())), part, {}
         forward = sync_in_fp32(part.graph) if context.get_auto_parallel_context("gradient_fp32_sync") else part.graph
         forward = set_fusion(forward, fusion or {})
         program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
@@ -144,7 +177,10 @@ def global_inputs(inputs: Sequence[Any]) -> tuple | None:
     mode, world = parallel_mode(), world_size()
     if world == 1 or mode not in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         return None
+    from tessel.parallel import pipeline
     from tessel.parallel.semi_auto import dataset_setting, global_shape
+
+    world = pipeline.current_mesh().devices  # the ranks of one pipeline stage share the batch
 
     dataset = dataset_setting()
     if dataset == "full_batch":
@@ -272,7 +308,18 @@ class SinkRunner:
         )
         first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self.entry, self.call = step.prepare(*first)
+        if self.entry.prints:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "ops.Print in a network Model.train runs in sink mode",
+                "sink mode runs many steps per call and returns only their losses; use dataset_sink_mode=False",
+            )
         names = [name for name, _ in sorted(self.entry.data, key=lambda item: item[1])]
+        from tessel.parallel import pipeline
+
+        if pipeline.current_mesh().pipelined:  # a stage reads only some columns (the labels: the last stage)
+            names = [n for n, leaf in zip(self.call.names, self.call.leaves) if hasattr(leaf, "shape")]
         if len(names) != len(self.columns):
             raise ConfigurationError(
                 f"sink mode: the network takes {len(names)} data inputs {names} but the dataset has columns "

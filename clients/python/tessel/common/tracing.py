@@ -62,6 +62,15 @@ class SdkTrace:
         self.primitive_of: dict[Any, Any] = {}
         self.data_parallel: set[Any] = set()
         self.cell_stack: list[Any] = []
+        # For pipeline parallel (tessel.parallel.pipeline): the physical stage of the innermost cell with a
+        # pipeline_stage, the micro-batch PipelineCell is running and that cell, per node's first output.
+        self.pipeline_tags: dict[Any, tuple[int | None, int | None, Any]] = {}
+        self.micro: int | None = None
+        self.cell_paths: dict[int, str] = {}
+        # ops.Print inside the trace: each call's items (text, or the index of a printed tensor in print_values);
+        # the values become extra outputs of the compiled graph, printed after each run (see compiled.Entry).
+        self.prints: list[list[tuple[str, Any]]] = []
+        self.print_values: list[SymbolicTensor] = []
 
     def __enter__(self) -> SdkTrace:
         self.trace.__enter__()
@@ -156,6 +165,19 @@ class SdkTrace:
             self.primitive_of[key] = PrimitiveCall(primitive, call, op)
         if any(getattr(cell, "_shard", None) == "data_parallel" for cell in self.cell_stack):
             self.data_parallel.add(key)
+        staged = next((c for c in reversed(self.cell_stack) if getattr(c, "_pipeline_stage", -1) >= 0), None)
+        if staged is not None or self.micro is not None:
+            cell = staged if staged is not None else (self.cell_stack[-1] if self.cell_stack else None)
+            self.pipeline_tags[key] = (None if staged is None else staged._pipeline_stage, self.micro, cell)
+
+    @contextlib.contextmanager
+    def micro_batch(self, index: int) -> Iterator[None]:
+        """Ops traced inside belong to micro-batch `index` (PipelineCell)."""
+        before, self.micro = self.micro, index
+        try:
+            yield
+        finally:
+            self.micro = before
 
     def modes(self) -> tuple:
         """(cell, its graph modes) of every cell traced through: what the graph depends on besides inputs (train or
@@ -199,9 +221,25 @@ class SdkTrace:
             return np.asarray(x, dtype=default_dtype_of(x))
         return x
 
-    def build(self, outputs: Any) -> tuple[Graph, OutputTree]:
-        """The graph of `outputs` (nested tuples/lists/dicts of Tensors or numbers) and their nesting."""
+    def print_call(self, args: tuple) -> None:
+        """Record ops.Print(*args): strings and numbers as text, Tensors as values printed after each run."""
+        from tessel.common.tensor import Tensor
+
+        items: list[tuple[str, Any]] = []
+        for arg in args:
+            if isinstance(arg, Tensor) and arg._sym is not None:
+                items.append(("tensor", len(self.print_values)))
+                self.print_values.append(self.to_symbolic(arg))
+            else:
+                items.append(("text", Tensor.__repr__(arg) if isinstance(arg, Tensor) else str(arg)))
+        self.prints.append(items)
+
+    def build(self, outputs: Any, with_prints: bool = False) -> tuple[Graph, OutputTree]:
+        """The graph of `outputs` (nested tuples/lists/dicts of Tensors or numbers) and their nesting; with
+        `with_prints`, the values ops.Print printed follow as extra graph outputs (not in the tree)."""
         leaves, tree = flatten(outputs)
+        if with_prints:
+            leaves = [*leaves, *(_tensor_of(v) for v in self.print_values)]
         values = []
         for leaf in leaves:
             sym = self.to_symbolic(leaf)
@@ -212,6 +250,12 @@ class SdkTrace:
             else:
                 raise TraceError(f"a traced function returned {type(leaf).__name__}; return tensors or numbers")
         return self.builder.build(values), tree
+
+
+def _tensor_of(symbolic: SymbolicTensor) -> Any:
+    from tessel.common.tensor import Tensor
+
+    return Tensor._wrap_symbolic(symbolic)
 
 
 class PrimitiveCall(NamedTuple):

@@ -21,7 +21,7 @@ import numpy as np
 
 from tessel.compiler.rank_program import RankProgram
 from tessel.core import rpc
-from tessel.core.errors import DaemonUnreachableError
+from tessel.core.errors import ConfigurationError, DaemonUnreachableError
 from tessel.core.wire import from_proto, to_proto
 from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
@@ -156,6 +156,10 @@ class DaemonHandle(ABC):
         has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened."""
 
     @abstractmethod
+    def load(self, session_id: str) -> tuple[float, float]:
+        """(seconds the session has run programs, the part of them blocked in collectives) so far."""
+
+    @abstractmethod
     def close(self) -> None: ...
 
     def abort(self, error: Exception) -> None:  # noqa: B027 - only a remote daemon has calls to end
@@ -195,8 +199,16 @@ class LocalDaemon(DaemonHandle):
         super().__init__()
         self.core = core
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = (), job_nonce: str = "") -> str:
-        return self.core.open_session(job_id, rank, world_size, members, job_nonce)
+    def open_session(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        members: Sequence = (),
+        job_nonce: str = "",
+        collectives: str = "",
+    ) -> str:
+        return self.core.open_session(job_id, rank, world_size, members, job_nonce, collectives)
 
     def close_session(self, session_id: str) -> None:
         self.core.close_session(session_id)
@@ -265,6 +277,10 @@ class LocalDaemon(DaemonHandle):
                 raise event
             yield event
 
+    def load(self, session_id: str) -> tuple[float, float]:
+        session = self.core.session(session_id)
+        return session.run_s, session.blocked_s
+
     def close(self) -> None:
         self.core.close()
 
@@ -281,9 +297,22 @@ class RemoteDaemon(DaemonHandle):
         self.token, self.timeout_s = token, timeout_s
         self.local: LocalExecuteClient | None = None  # Execute over the daemon's Unix socket, when on this host
 
-    def open_session(self, job_id: str, rank: int, world_size: int, members: Sequence = (), job_nonce: str = "") -> str:
+    def open_session(
+        self,
+        job_id: str,
+        rank: int,
+        world_size: int,
+        members: Sequence = (),
+        job_nonce: str = "",
+        collectives: str = "",
+    ) -> str:
         request = daemon_pb2.OpenSessionRequest(
-            job_id=job_id, rank=rank, world_size=world_size, members=members, job_nonce=job_nonce
+            job_id=job_id,
+            rank=rank,
+            world_size=world_size,
+            members=members,
+            job_nonce=job_nonce,
+            collectives=collectives,
         )
         reply = self.client.OpenSession(request, 60.0)
         self.rank = rank
@@ -379,6 +408,15 @@ class RemoteDaemon(DaemonHandle):
         for progress in self.client.replies("ExecuteStream", request):
             if not progress.HasField("done"):
                 yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
+
+    def load(self, session_id: str) -> tuple[float, float]:
+        for load in self.client.Status(common_pb2.Empty(), 60.0).loads:
+            if load.session_id == session_id:
+                return load.run_s, load.blocked_s
+        raise ConfigurationError(
+            f"daemon at {self.client.address} reports no session {session_id!r}; it may have been closed after its "
+            "job ended or failed"
+        )
 
     def _unreachable(self, message: str) -> DaemonUnreachableError:
         return DaemonUnreachableError(f"{message} (the daemon of rank {self.rank})", self.rank)

@@ -72,9 +72,16 @@ class LaunchEnv:
     scheduler: object | None = None  # dynamic_cluster.DynamicCluster of an MS_SCHED process: it serves, never joins
     what: str = ""  # how the launcher named this process, for errors ("dynamic networking worker (...)")
 
+    @property
+    def own_plugin(self) -> str:
+        """The plugin of a daemon this rank starts itself: the first it accepts, else cpu."""
+        return next((p.strip() for p in self.plugin.split(",") if p.strip()), "cpu")
+
     @classmethod
     def from_environ(cls) -> LaunchEnv:
-        plugin = os.environ.get("TESSEL_PLUGIN", "cpu")
+        # The plugin(s) a rank accepts when it joins a running cluster (comma-separated: a job over mixed hardware;
+        # unset: any), and the one it starts when it starts its own daemon (cpu unless set).
+        plugin = os.environ.get("TESSEL_PLUGIN", "")
         if not os.environ.get("TESSEL_RANK"):  # `tessel run` names its ranks itself; MS_* may be left in a shell
             from tessel.communication.dynamic_cluster import SCHEDULER, DynamicCluster
 
@@ -185,7 +192,7 @@ def _embedded(env: LaunchEnv) -> Runtime:
     if device is None:
         device = int(os.environ["DEVICE_ID"]) if os.environ.get("DEVICE_ID", "").isdigit() else 0
     threads = int(os.environ.get("TESSEL_THREADS", "0")) or (os.cpu_count() or 1)
-    plugin = load_plugin(env.plugin, device_id=device, threads=threads)
+    plugin = load_plugin(env.own_plugin, device_id=device, threads=threads)
     daemon = LocalDaemon(DaemonCore(plugin))
     session = daemon.open_session(env.job_id, 0, 1)
     runtime = Runtime(env.job_id, 0, 1, 0, 1, daemon, session)
@@ -202,7 +209,7 @@ def _simulated(level_rank_world: tuple[int, int, int]) -> Runtime:
     from tessel.plugins import load_plugin
 
     _, rank, world = level_rank_world
-    plugin = load_plugin(os.environ.get("TESSEL_PLUGIN", "cpu"), threads=os.cpu_count() or 1)
+    plugin = load_plugin(os.environ.get("TESSEL_PLUGIN", "cpu").split(",")[0] or "cpu", threads=os.cpu_count() or 1)
     daemon = SimulatedDaemon(DaemonCore(plugin), rank, world)
     session = daemon.open_session("simulation", 0, 1)
     context._bind_daemon([plugin.name], plugin.name, plugin.device.device_id, world)
@@ -219,7 +226,7 @@ def _distributed(env: LaunchEnv) -> Runtime:
     device = context._requested_device()
     if device is not None:
         env.bootstrap.device = device
-    started = env.bootstrap.start(env.plugin)
+    started = env.bootstrap.start(env.own_plugin)
     try:
         return _join(env, started.coordinator, started.token, started.daemon_id, started)
     except BaseException:
@@ -260,7 +267,14 @@ def _join(env: LaunchEnv, address: str, token: str, daemon_id: str, started: Sta
         node = os.environ.get("MS_NODE_ID") or str(os.getpid())
         log.warning("This node %s rank id: %d", node, reply.rank)
     daemon = RemoteDaemon(reply.daemon.daemon_address, token)
-    session = daemon.open_session(env.job_id, reply.rank, reply.world_size, list(reply.members), reply.job_nonce)
+    session = daemon.open_session(
+        env.job_id,
+        reply.rank,
+        reply.world_size,
+        list(reply.members),
+        reply.job_nonce,
+        collectives=os.environ.get("TESSEL_COLLECTIVES", ""),
+    )
     runtime = Runtime(
         env.job_id, reply.rank, reply.world_size, reply.local_rank, reply.local_size, daemon, session, coordinator
     )

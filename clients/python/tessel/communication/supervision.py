@@ -87,8 +87,9 @@ def deadlines(runtime) -> str:
     daemon = f"{daemon_s:g} s" if daemon_s else "none (in this process)"
     return (
         f"tessel rank {runtime.rank} of job {runtime.job_id!r} deadlines: heartbeat every {beat.interval_s:g} s, "
-        f"coordinator lost after {beat.timeout_s:g} s of silence; calls to the daemon {daemon} (ended at once "
-        "when the job fails); collectives time out on the daemon (its log lists its deadlines)"
+        f"coordinator lost after {beat.timeout_s + beat.grace_s:g} s of silence or {beat.grace_s:g} s unreachable; "
+        f"calls to the daemon {daemon} (ended at once when the job fails); collectives time out on the daemon "
+        "(its log lists its deadlines)"
     )
 
 

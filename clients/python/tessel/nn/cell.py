@@ -41,7 +41,7 @@ class Cell:
         object.__setattr__(self, "requires_grad", False)
         object.__setattr__(self, "_float_dtype", None)
         object.__setattr__(self, "_compiled", None)
-        object.__setattr__(self, "pipeline_stage", 0)
+        object.__setattr__(self, "_pipeline_stage", -1)
         object.__setattr__(self, "_shard", None)
 
     # --- attributes: parameters and child cells are registered, MindSpore style -------------------------------------
@@ -287,6 +287,45 @@ class Cell:
 
         check_place(f"{self.cls_name}.place", role, rank_id)
         return self
+
+    # --- pipeline parallel ----------------------------------------------------------------------------------------
+    @property
+    def pipeline_stage(self) -> int:
+        """The pipeline stage this cell's operators run on (set_auto_parallel_context(pipeline_stages=S): 0 .. S-1);
+        -1 (the default) when not set: they run where the data flow puts them. The innermost cell with a stage
+        decides; with pipeline_config {"pipeline_interleave": True} a stage number that comes round again in the
+        network's order starts its next chunk.
+
+            >>> net.layer1.pipeline_stage = 0
+            >>> net.layer2.pipeline_stage = 1
+        """
+        return self.__dict__["_pipeline_stage"]
+
+    @pipeline_stage.setter
+    def pipeline_stage(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"For 'Cell', the property 'pipeline_stage' must be int type, but got type : {type(value)}")
+        if value < 0:
+            raise ValueError(f"For 'Cell', the property 'pipeline_stage' can not be less than 0, but got {value}")
+        object.__setattr__(self, "_pipeline_stage", value)
+
+    @property
+    def pipeline_segment(self) -> int:
+        """MindSpore's segment of a cell for the zero_bubble_v scheduler; tessel's zero-bubble schedule
+        (zero_bubble_h1) needs none, so only 0 is accepted."""
+        return 0
+
+    @pipeline_segment.setter
+    def pipeline_segment(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"For 'Cell', the property 'pipeline_segment' must be an int >= 0, got {value!r}")
+        if value:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                f"{self.cls_name}.pipeline_segment={value}",
+                "segments belong to the zero_bubble_v scheduler; use pipeline_scheduler 'zero_bubble_h1'",
+            )
 
     # --- declared inputs (dynamic shapes) -------------------------------------------------------------------------
     def set_inputs(self, *inputs: Any, **kwargs: Any) -> None:

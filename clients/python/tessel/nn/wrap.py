@@ -1,7 +1,8 @@
 """Training wrappers: WithLossCell, WithEvalCell, TrainOneStepCell (a fused step), DistributedGradReducer,
 MicroBatchInterleaved and GradAccumulation (MindSpore's semantics: the sum of the copies' or micro-batches'
 losses; a train step over GradAccumulation scales the gradients by 1/micro_size, as MindSpore's
-_TrainGradAccuStepCell does)."""
+_TrainGradAccuStepCell does), and the pipeline wrappers PipelineCell (the sum of the micro-batches' losses) and
+PipelineGradReducer."""
 
 from __future__ import annotations
 
@@ -179,8 +180,10 @@ class FusedTrainStep:
 
         planning.record(plan, list(opt.parameters), eng.runtime.rank)
         values: dict = {}
-        P.stage(eng, (*opt.parameters, *opt.slot_parameters()), values)
         renamed = opt.rename_map()
+        # What the step keeps on the daemon: under pipeline parallel, this stage's parameters and slots only.
+        kept = {renamed.get(spec.name, spec.name) for spec in self._partition_state}
+        P.stage(eng, [q for q in (*opt.parameters, *opt.slot_parameters()) if q.key in kept], values)
         for spec in self._partition_state:
             name = renamed.get(spec.name, spec.name)
             if name not in values and spec.init is not None:
@@ -222,6 +225,7 @@ def _step_settings() -> tuple:
         repr(ctx("parallel_optimizer_config")),
         ctx("gradient_fp32_sync"),
         ctx("loss_repeated_mean"),
+        rank_step.gradient_weight(),  # an uneven batch split's weight of this rank's gradients
     )
 
 
@@ -246,10 +250,11 @@ def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
     for name, feeder in entry.feeders.items():
         feed[name] = feeder()
     step.before_run(feed)
-    fetched = eng.execute(prog, feed, entry.host_names)
+    fetched = eng.execute(prog, feed, [*entry.host_names, *entry.print_names])
     P.updated_on_device(entry.assigned)
     for hook in entry.after_run:
         hook()
+    entry.print_fetched(fetched)
     return entry.out_tree.unflatten([Tensor._wrap(fetched[n]) for n in entry.host_names])
 
 
@@ -491,6 +496,145 @@ def _describe_output(out: Any) -> str:
         shapes = ", ".join(str(tuple(o.shape)) if isinstance(o, Tensor) else type(o).__name__ for o in out)
         return f"a {type(out).__name__} of {len(out)} ({shapes})"
     return f"a {type(out).__name__}"
+
+
+class PipelineCell(Cell):
+    """Micro-batches for pipeline parallel (MindSpore's `nn.PipelineCell`; `mindspore.parallel.nn.Pipeline` is the
+    same with its newer name): every input is split on dim 0 into `micro_size` micro-batches, the network runs on
+    each, and the result is the **sum** of their outputs (MindSpore's `PipelineCell.construct` adds them), so the
+    gradients are summed over the micro-batches too. Under `pipeline_stages` > 1 the micro-batches flow through
+    the stages as the pipeline schedule says (see tessel.parallel.pipeline); on one stage it computes the same sum.
+
+    Micro-batch i takes rows i, i + micro_size, ... (as MicroBatchInterleaved's copies: any data-parallel cut of
+    the batch then cuts every micro-batch in place); for a loss that averages over rows the sum equals that of
+    MindSpore's contiguous split. `stage_config` sets `pipeline_stage` on cells by their names in `network`.
+
+        >>> net_with_loss = nn.PipelineCell(nn.WithLossCell(net, nn.CrossEntropyLoss()), 4)
+        >>> net_with_loss = nn.PipelineCell(loss_net, 4, stage_config={"_backbone.layer1": 0, "_backbone.layer2": 1})
+    """
+
+    def __init__(self, network: Cell, micro_size: int, stage_config: dict | None = None, segment_config=None):
+        super().__init__(auto_prefix=False)
+        kind = type(self).__name__
+        if not isinstance(network, Cell):
+            raise TypeError(
+                f"For '{kind}', the argument 'network' must cell type, but got the type : {type(network).__name__}."
+            )
+        if isinstance(micro_size, bool) or not isinstance(micro_size, int):
+            raise TypeError(
+                f"For '{kind}', the argument 'micro_size' must be integer, but got the type : "
+                f"{type(micro_size).__name__}."
+            )
+        if micro_size <= 0:
+            raise ValueError(f"For '{kind}', the argument 'micro_size' must be large than 0, but got {micro_size}.")
+        self.network, self.micro_size = network, micro_size
+        if stage_config:
+            _apply_stage_config(kind, network, stage_config)
+        if segment_config and any(segment_config.values()):
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                f"{kind}(segment_config=...)",
+                "segments belong to the zero_bubble_v scheduler; use pipeline_scheduler 'zero_bubble_h1'",
+            )
+        names = arg_names_of(network.construct)
+        if names:  # the graph's inputs keep the network's argument names (explain, save_graphs, errors)
+            object.__setattr__(self, "construct", _named(self._micro_batches, names))
+
+    def construct(self, *inputs):
+        return self._micro_batches(*inputs)
+
+    def _micro_batches(self, *inputs):
+        k, trace = self.micro_size, current()
+        cuts = [_import_cut(x) for x in inputs]
+        for index, (x, cut) in enumerate(zip(inputs, cuts)):
+            self._check_split(index, x, cut)
+        if trace is not None:
+            for path, cell in self.network.cells_and_names():
+                trace.cell_paths.setdefault(id(cell), path or self.network.cls_name)
+        total = None
+        for i in range(k):
+            if trace is None:
+                out = self.network(*(_copy(x, i, k, cut) for x, cut in zip(inputs, cuts)))
+            else:
+                with trace.micro_batch(i):
+                    out = self.network(*(_copy(x, i, k, cut) for x, cut in zip(inputs, cuts)))
+            if not isinstance(out, Tensor):
+                raise ConfigurationError(
+                    f"{type(self).__name__}({self.network.cls_name}): the network returns {_describe_output(out)}, "
+                    "not a single Tensor; the micro-batches' outputs are summed, so wrap the backbone with its loss: "
+                    f"nn.{type(self).__name__}(nn.WithLossCell(net, loss_fn), micro_size)"
+                )
+            total = out if total is None else total + out
+        return total
+
+    def _check_split(self, index: int, x: Any, cut: tuple | None) -> None:
+        if not isinstance(x, Tensor) or x.ndim == 0:
+            return
+        rows, k = x.shape[0], self.micro_size
+        if not isinstance(rows, int):
+            raise ConfigurationError(f"{type(self).__name__}: needs the batch size to split the batch")
+        parts = k * (cut[0] if cut else 1)
+        if rows % parts == 0:
+            return
+        lower, upper = rows // parts * parts, -(-rows // parts) * parts
+        where = f" on each of the {cut[0]} slices the dataset_strategy gives the ranks" if parts != k else ""
+        raise ConfigurationError(
+            f"{type(self).__name__}({self.network.cls_name}): input {index} has shape {tuple(x.shape)}; its batch "
+            f"dim {rows} does not split into micro_size={k} equal micro-batches{where}. Fix: a batch size divisible "
+            f"by {parts} (e.g. {f'{lower} or ' if lower else ''}{upper}), and dataset.batch(..., "
+            "drop_remainder=True) so that the last batch is not smaller"
+        )
+
+    def shard(self, in_strategy=None, out_strategy=None, parameter_plan=None, device="Ascend", level=0):
+        raise ValueError(f"For '{type(self).__name__}', no 'shard' on '{type(self).__name__}' is allowed.")
+
+
+def _apply_stage_config(kind: str, network: Cell, stage_config: dict) -> None:
+    """Set pipeline_stage on the cells stage_config names (paths in `network`, as cells_and_names gives them)."""
+    left = dict(stage_config)
+    for path, cell in network.cells_and_names():
+        if path in left:
+            cell.pipeline_stage = left.pop(path)
+    if str(network) in left:
+        network.pipeline_stage = left.pop(str(network))
+    if left:
+        names = [path for path, _ in network.cells_and_names() if path]
+        raise KeyError(
+            f"For '{kind}', the argument 'stage_config' : {left} is not found in 'network'; its cells are {names}"
+        )
+
+
+class PipelineGradReducer(Cell):
+    """The gradients of a pipeline-parallel step, ready for the optimizer (MindSpore's `PipelineGradReducer`):
+    tessel's pipeline step already sums every micro-batch's gradients and reduces them over the stage's data-
+    parallel ranks (and over the stages sharing a parameter), so this divides them by `scale_sense` (loss scaling)
+    and is the identity otherwise.
+
+        >>> pp_grad_reducer = nn.PipelineGradReducer(optimizer.parameters)
+        >>> grads = pp_grad_reducer(grads)
+    """
+
+    def __init__(self, parameters: Any, scale_sense: float = 1.0, opt_shard: bool | None = None):
+        super().__init__(auto_prefix=False)
+        if opt_shard:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "PipelineGradReducer(opt_shard=True)", "pipeline stages do not shard their optimizer state yet"
+            )
+        object.__setattr__(self, "_parameters", tuple(parameters))
+        self.scale_sense = float(scale_sense)
+
+    def construct(self, grads):
+        if self.scale_sense == 1.0:
+            return tuple(grads)
+        return tuple(g * (1.0 / self.scale_sense) for g in grads)
+
+    def __call__(self, grads: Any) -> Any:
+        if current() is None and self.scale_sense == 1.0:
+            return tuple(grads)  # eagerly, on gradients held by the daemon: nothing to do
+        return super().__call__(grads)
 
 
 class GradAccumulation(Cell):

@@ -507,8 +507,10 @@ class Print(Primitive):
     """Print the inputs (strings, numbers, Tensors; one line each, Tensors as their repr) and return None.
 
     In PYNATIVE_MODE and outside compiled functions it prints at the call. Inside a compiled graph (a GRAPH_MODE
-    cell, `jit`, `value_and_grad`, `Model.train`) it raises NotSupportedYetError: tessel's compiled graphs cannot
-    print while they run yet. Return the tensor from `construct` and print it after the call, or run in PYNATIVE_MODE.
+    cell, `jit`, `value_and_grad`, a TrainOneStepCell) the printed tensors become outputs of the graph, and the rank
+    prints them (in call order) once each run returns: a rank prints what it computed (its slice of a sliced
+    tensor; under pipeline parallel, only on the stage that runs the op). Model.train's sink mode, which runs many
+    steps per call, refuses it (NotSupportedYetError); use dataset_sink_mode=False.
 
         >>> ops.Print()("out is:", ms.Tensor([1.0, 2.0]))
         out is:
@@ -520,14 +522,10 @@ class Print(Primitive):
         self.attrs["side_effect_io"] = True
 
     def __call__(self, *args: Any) -> None:
-        if current() is not None:
-            from tessel.common.support import not_supported_yet
-
-            raise not_supported_yet(
-                "ops.Print inside a compiled graph (a GRAPH_MODE cell, jit, value_and_grad or Model.train)",
-                "a compiled graph cannot print while it runs yet; return the tensor from construct and print it "
-                "after the call, or set_context(mode=PYNATIVE_MODE)",
-            )
+        trace = current()
+        if trace is not None:
+            trace.print_call(args)
+            return None
         from tessel.common.tensor import Tensor
 
         for arg in args:

@@ -40,6 +40,7 @@ from tessel.parallel.checkpoint_tools import (
     unified_safetensors,
 )
 from tessel.parallel.layout import Layout
+from tessel.parallel.pipeline_tools import merge_pipeline_strategys, sync_pipeline_shared_parameters
 from tessel.parallel.semi_auto import RankPartition, global_shape, partition_for_rank, plan_for, strategies_of
 from tessel.parallel.shard import shard
 
@@ -56,6 +57,7 @@ __all__ = [
     "global_shape",
     "load_distributed_checkpoint",
     "load_segmented_checkpoints",
+    "merge_pipeline_strategys",
     "merge_sliced_parameter",
     "nn",
     "parameter_broadcast",
@@ -70,6 +72,7 @@ __all__ = [
     "set_op_strategy_config",
     "shard",
     "strategies_of",
+    "sync_pipeline_shared_parameters",
     "trace_network",
     "transform_checkpoint_by_rank",
     "transform_checkpoints",

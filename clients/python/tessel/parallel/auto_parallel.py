@@ -47,6 +47,8 @@ class AutoParallel(Cell):
         self._gradients_mean = False
         self._comm_fusion_config: dict = {}
         self._pipeline_stages = 1
+        self._pipeline_broadcast = False
+        self._pipeline_config: dict[str, Any] = {"pipeline_interleave": False, "pipeline_scheduler": "1f1b"}
         self._strategy_files: dict[str, Any] = {}
         self._optimizer_parallel: dict[str, Any] | None = None  # hsdp()'s parallel_optimizer_config
         self._sync_options: dict[str, bool] = {}  # gradient_fp32_sync / loss_repeated_mean when disabled
@@ -70,6 +72,9 @@ class AutoParallel(Cell):
             settings["search_mode"] = search
         if self._strategy_files:
             settings["strategy_ckpt_config"] = dict(self._strategy_files)
+        settings["pipeline_stages"] = self._pipeline_stages
+        settings["pipeline_config"] = dict(self._pipeline_config)
+        settings["pipeline_result_broadcast"] = self._pipeline_broadcast
         if self._optimizer_parallel is not None:
             settings["enable_parallel_optimizer"] = True
             settings["parallel_optimizer_config"] = dict(self._optimizer_parallel)
@@ -116,12 +121,39 @@ class AutoParallel(Cell):
         return self._pipeline_stages
 
     def pipeline(self, stages: int = 1, output_broadcast: bool = False, interleave: bool = False, scheduler="1f1b"):
-        """Pipeline parallel over `stages` stages."""
-        if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-            raise ValueError(f"AutoParallel.pipeline: stages must be an int >= 1, got {stages!r}")
-        if stages > 1 or output_broadcast or interleave:
-            raise not_supported_yet("AutoParallel.pipeline with stages > 1", "pipeline parallel is not implemented yet")
-        self._pipeline_stages = stages
+        """Pipeline parallel over `stages` stages (the cells' pipeline_stage say which runs where), as
+        set_auto_parallel_context(pipeline_stages=stages, pipeline_config={"pipeline_interleave": interleave,
+        "pipeline_scheduler": scheduler}) does: see tessel.parallel.pipeline. Every stage returns the step's
+        results (the last stage sends them to the others), whatever `output_broadcast` says.
+
+            >>> parallel_net = AutoParallel(train_one_step, parallel_mode="semi_auto")
+            >>> parallel_net.pipeline(stages=2, scheduler="zero_bubble_h1")
+        """
+        if isinstance(stages, bool) or not isinstance(stages, int):
+            raise TypeError(
+                f"For 'AutoParallel.pipeline', the argument 'stages' must be int type, but got the type : "
+                f"{type(stages)}."
+            )
+        if stages <= 0:
+            raise ValueError(
+                f"For 'AutoParallel.pipeline', the argument 'stages' must be larger than zero, but got value: {stages}."
+            )
+        for name, value in (("output_broadcast", output_broadcast), ("interleave", interleave)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"For 'AutoParallel.pipeline', the argument '{name}' must be bool type, but got the type : "
+                    f"{type(value)}."
+                )
+        if not isinstance(scheduler, str):
+            raise TypeError(
+                f"For 'AutoParallel.pipeline', the argument 'scheduler' must be str type, but got the type : "
+                f"{type(scheduler)}."
+            )
+        config = {"pipeline_interleave": interleave, "pipeline_scheduler": scheduler}
+        context.set_auto_parallel_context(pipeline_stages=stages, pipeline_config=config)  # validates, says why not
+        self._pipeline_stages, self._pipeline_config = stages, config
+        self._pipeline_broadcast = output_broadcast  # pipeline_result_broadcast: every stage gets the result anyway
+        self._apply()
 
     def hsdp(self, shard_size: int = -1, threshold: int = 64, optimizer_level: str = "level1") -> None:
         """Optimizer parallel (MindSpore's hsdp): each parameter replicated over some ranks has dim 0 cut over them

@@ -99,21 +99,34 @@ def rendezvous(what: str) -> None:
 
 
 def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
-    """name -> full value; each sliced parameter all-gathered from every rank and assembled (a collective)."""
+    """name -> full value; each sliced parameter all-gathered from every rank and assembled (a collective). Under
+    pipeline parallel a parameter's slices come from the ranks of a stage that holds it (the others send zeros)."""
     from tessel.common.parameter import Parameter
     from tessel.communication import comm_func
     from tessel.compiler.parallel import assemble
     from tessel.train.serialization import contiguous
 
     world, out = _world(), {}
+    sliced_ = [v for _, v in named if isinstance(v, Parameter) and v.layout is not None and world > 1]
+    holders = None
+    if any(v._pipeline is not None for v in sliced_):  # which ranks hold which parameter
+        mine = np.array([v.held for v in sliced_], np.int32)
+        holders = np.asarray(comm_func.all_gather_into_tensor(mine)).reshape(world, len(sliced_))
+    index = 0
     for name, value in named:
         if not (isinstance(value, Parameter) and value.layout is not None and world > 1):
             out[name] = contiguous(value.asnumpy() if hasattr(value, "asnumpy") else value)
             continue
-        local = np.ascontiguousarray(value.asnumpy())
+        shape = value.layout.local_shape(tuple(value.shape))
+        local = np.ascontiguousarray(value.asnumpy() if value.held else np.zeros(shape, value.dtype.numpy))
         everyone = np.asarray(comm_func.all_gather_into_tensor(local.reshape(-1)))
         pieces = [piece.reshape(local.shape) for piece in np.split(everyone, world)]
+        if holders is not None:  # the pieces of the first stage holding it (stages hold layout.mesh.size ranks)
+            devices = value.layout.mesh.size
+            first = int(np.flatnonzero(holders[:, index])[0]) // devices * devices
+            pieces = pieces[first : first + devices]
         out[name] = assemble(pieces, value.layout, tuple(value.shape))
+        index += 1
     return out
 
 

@@ -4,7 +4,8 @@ Every Execute while recording asks the daemon for its timeline (ExecuteRequest.t
 wall-clock span, and for each collective when its communicator moved the data. Added here: the script's side
 (the batch it loaded, the Execute call around the daemon's work: host-to-daemon and daemon-to-host transfers).
 Tracks ("threads" in the trace) per rank ("process"): steps, script, daemon (segments, issues, waits, batches),
-and one per communication group (its communicator's thread).
+and one per communication group (its communicator's thread); a counter, "store", follows the bytes the daemon's
+tensor store holds after each instruction (what a step keeps alive: activations waiting for their backward).
 
     recorder = Recorder("timeline_dir", rank=0)
     result = recorder.execute(daemon, session, program, feed=feed, fetch=names)   # instead of daemon.execute
@@ -125,6 +126,9 @@ class Recorder:
 
     def _daemon_event(self, e: Any, issued: dict[str, tuple[str, str]]) -> None:
         where = {"instruction": e.index}
+        if e.store_bytes and self.enabled and len(self.events) < self.limit:  # a counter track: the store's bytes
+            self.events.append({"name": "store", "cat": "memory", "ph": "C", "ts": e.end_ns / 1e3, "pid": self.rank,
+                                "args": {"bytes": e.store_bytes}})  # fmt: skip
         if e.kind == "run_segment":
             name, details = self.labels.get(e.name, ("", {}))
             short = re.sub(r"@[0-9a-f]{6,}|:[0-9a-f]{8,}", "", e.name).replace("/", " ")

@@ -3,7 +3,9 @@
 - communication hidden: the share of the time the communicators moved data while a segment computed
   (|communication ∩ compute| / |communication|);
 - the step-time breakdown: the recorded span, each instant counted once under the first of compute, communication
-  (only what no segment hides), data loading, host transfers, other (script, dispatch, gaps), divided by the steps.
+  (only what no segment hides), data loading, host transfers, other (script, dispatch, gaps), divided by the steps;
+- idle: the share of the steps' time no segment computed (a pipeline stage's bubble), and the most the daemon's
+  tensor store grew within a step (the activations a step holds).
 
     tessel timeline /tmp/tl
     summaries = summarize("/tmp/tl")          # one RankSummary per timeline_rank<r>.json
@@ -35,6 +37,19 @@ class RankSummary:
     breakdown_us: dict[str, float]  # CATEGORIES -> time over the whole span (sums to span_us)
     communication_us: float  # time any communicator moved data
     hidden_us: float  # ... while a segment computed
+    compute_us: float = 0.0  # time a segment computed
+    step_spans_us: tuple[float, ...] = ()  # each step's span (first instruction to last)
+    step_compute_us: tuple[float, ...] = ()  # ... and the time segments computed in it
+    peak_growth_bytes: int = 0  # the most the daemon's store grew above its low point within one step
+
+    @property
+    def idle_share(self) -> float | None:
+        """The share of its steps' time this rank computed nothing (waiting for transfers or other ranks, issuing
+        and waiting for collectives): for a pipeline stage, its bubble. Steps after the first only (the first
+        compiles and warms up)."""
+        spans = self.step_spans_us[1:] or self.step_spans_us
+        computed = self.step_compute_us[1:] or self.step_compute_us
+        return 1.0 - sum(computed) / sum(spans) if spans and sum(spans) > 0 else None
 
     @property
     def step_us(self) -> float:
@@ -113,9 +128,26 @@ def summarize_trace(trace: dict) -> RankSummary:
         breakdown[category] = length(own)
         taken += own
     breakdown["other"] = length(subtract(whole, merge(taken)))
-    steps = sum(1 for e in events if e.get("cat") == "step")
+    steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")
     hidden = length(intersect(communication, merged["compute"]))
-    return RankSummary(rank, steps, length(whole), breakdown, length(communication), hidden)
+    spans = tuple(b - a for a, b in steps)
+    computed = tuple(length(intersect(merged["compute"], [step])) for step in steps)
+    growth = _store_growth(trace.get("traceEvents", []), steps)
+    return RankSummary(
+        rank, len(steps), length(whole), breakdown, length(communication), hidden, length(merged["compute"]), spans,
+        computed, growth,
+    )  # fmt: skip
+
+
+def _store_growth(events: list[dict], steps: list[Interval]) -> int:
+    """The most the store's bytes (the "store" counter) rose above their lowest point within one step."""
+    counter = sorted((e["ts"], e["args"]["bytes"]) for e in events if e.get("ph") == "C" and e.get("name") == "store")
+    growth = 0
+    for start, end in steps:
+        inside = [b for ts, b in counter if start <= ts <= end]
+        if inside:
+            growth = max(growth, max(inside) - min(inside))
+    return int(growth)
 
 
 def summarize(directory: str | Path) -> list[RankSummary]:
@@ -127,18 +159,21 @@ def summarize(directory: str | Path) -> list[RankSummary]:
 def table(summaries: Sequence[RankSummary]) -> str:
     """The text `tessel timeline` prints: per rank, ms per step in each category and the hidden share."""
     head = f"{'rank':>4} {'steps':>6} {'step ms':>9} | " + " ".join(f"{c:>14}" for c in CATEGORIES)
-    head += f" | {'comm ms':>9} {'hidden':>7}"
+    head += f" | {'comm ms':>9} {'hidden':>7} | {'idle':>5} {'store+ MiB':>10}"
     lines = [head, "-" * len(head)]
     for s in summaries:
         per = max(1, s.steps) * 1e3  # microseconds over the span -> milliseconds per step
         cells = " ".join(f"{s.breakdown_us[c] / per:14.3f}" for c in CATEGORIES)
         hidden = "-" if s.hidden_share is None else f"{s.hidden_share:.0%}"
+        idle = "-" if s.idle_share is None else f"{s.idle_share:.0%}"
         lines.append(f"{s.rank:>4} {s.steps:>6} {s.span_us / per:9.3f} | {cells} | {s.communication_us / per:9.3f} "
-                     f"{hidden:>7}")  # fmt: skip
+                     f"{hidden:>7} | {idle:>5} {s.peak_growth_bytes / 2**20:10.2f}")  # fmt: skip
     lines.append(
         "ms per step; each instant is counted once, under the first of: compute, communication no segment hides, "
         "data loading, host transfers, other. comm ms: time the communicators moved data; hidden: the share of it "
-        "during which a segment computed."
+        "during which a segment computed. idle: the share of the steps (after the first) in which no segment "
+        "computed (a pipeline stage's bubble); store+: the most the daemon's tensor store grew within a step (the "
+        "activations a step keeps alive)."
     )
     return "\n".join(lines)
 
@@ -161,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                 "breakdown_ms_per_step": {c: s.breakdown_us[c] / max(1, s.steps) / 1e3 for c in CATEGORIES},
                 "communication_ms_per_step": s.communication_us / max(1, s.steps) / 1e3,
                 "hidden_share": s.hidden_share,
+                "idle_share": s.idle_share,
+                "peak_growth_bytes": s.peak_growth_bytes,
             }
             for s in summaries
         ]

@@ -35,6 +35,7 @@ from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
+from tessel.train import batch_split
 from tessel.train.callback import CallbackParam, RunContext, as_callbacks
 from tessel.train.metrics import Loss, get_metrics
 from tessel.train.progress import terminal_progress
@@ -140,13 +141,30 @@ class Model:
         )
         net.set_train(True)
         numbers = range(initial_epoch + 1, epoch + 1)
-        if runner is not None:  # the daemon runs each epoch; its per-step losses feed the step callbacks
+        split = batch_split.splitter(train_dataset, sink_size)
+        if split is not None:  # uneven shares (speed-aware data parallelism): a pipeline per split, asked per epoch
+            sink = runner is not None
+            epochs = (self._split_epoch(split, step, n - 1, sink, steps) for n in numbers)
+        elif runner is not None:  # the daemon runs each epoch; its per-step losses feed the step callbacks
             epochs = (_sunk_steps(runner, steps) for _ in numbers)
         else:
             batches = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
             epochs = (_fed_steps(step, batches) for _ in numbers)
-        with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks:
-            _run_epochs(epochs, numbers, cb, run_callbacks)
+        try:
+            with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks:
+                _run_epochs(epochs, numbers, cb, run_callbacks)
+        finally:
+            if split is not None:
+                rank_step.set_gradient_weight(1.0)
+                train_dataset.resume_at_epoch(numbers[-1])
+
+    def _split_epoch(self, split: batch_split.BatchSplitter, step, index: int, sink: bool, steps: int) -> Iterator:
+        """Epoch `index` (0-based) of an uneven split: asks for the split as the epoch starts."""
+        pipeline = split.epoch(index)
+        if sink:
+            yield from split.counted(_sunk_steps(self._sink_runner(step, pipeline), steps))
+        else:
+            yield from split.counted(_fed_steps(step, _epochs(pipeline)))
 
     def _sink_runner(self, step: FusedTrainStep, dataset: Any) -> rank_step.SinkRunner:
         """The runner whose daemon-side reader has `dataset` open, kept across train() calls: opening it again

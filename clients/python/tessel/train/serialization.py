@@ -162,7 +162,8 @@ def save_checkpoint(
             tensors = OrderedDict(checkpoint.gather(items))
             if not checkpoint.first_writer(path):
                 return
-        else:
+        else:  # this rank's slices (under pipeline parallel: of its stage's parameters)
+            items = [(name, v) for name, v in items if getattr(v, "held", True)]
             tensors, metadata = _arrays(items), checkpoint.slice_metadata(items)
     else:
         tensors = _arrays(items)

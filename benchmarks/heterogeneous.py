@@ -1,0 +1,239 @@
+"""Heterogeneous clusters, side by side in one run: speed-aware data parallelism and hierarchical AllReduce.
+
+Usage: python benchmarks/heterogeneous.py [--widths 512,2048] [--epochs 8] [--rates 1gbit,10gbit]
+                                          [--sizes 4M,16M] [--skip-hierarchy] [--quick]
+
+Part 1, data parallelism on a cluster whose two devices differ 2:1 in speed. This machine has one kind of CPU
+and 2 cores shared with other work, so both devices are EMULATED, and labelled so in the output: the rank daemons
+are `tessel run -n 2 --plugin emulated:EmulatedFast,emulated:EmulatedSlow --threads 2` (1 thread each); their
+plugins (benchmarks/plugins/emulated.py) compute what the CPU plugin computes, then sleep so that each program
+takes 4x (emu-fast) or 8x (emu-slow) its CPU time: mostly sleep, so the shared CPU is not what limits the job.
+Model: Flatten + Dense 784-W-W-10 with ReLU (W=512 is the seeds' MLP), SGD, CrossEntropyLoss, global batch
+2 x 64, Model.train in sink mode (benchmarks/_hetero_tessel.py):
+- tessel, batch_split='even' (MindSpore's: every rank 64 rows);
+- tessel, batch_split='speed' (the coordinator splits each global batch by the ranks' measured speeds);
+- PyTorch DDP (gloo) on two processes with 1 thread each, emulated the same way (each step's compute, then a
+  sleep: 4x / 8x; benchmarks/_dp_torch.py --slowdown), the even split (DDP has no other).
+samples/s = global batch x steps / (median over epochs 2..E of the epoch's wall time). Target: speed-aware >=
+1.3x the even split.
+
+Part 2, AllReduce across two test-bed hosts (tests/integration/testbed.py: network namespaces on a switch, links
+limited by tc tbf; needs root) with 2 daemons per host (4 ranks): hierarchical (shared memory inside each host,
+TCP across, daemon/hierarchy.py) vs flat (TESSEL_COLLECTIVES=flat: the ring over TCP between all 4), at each link
+rate and buffer size (benchmarks/_multi_host_rank.py). Target: hierarchical >= 1.5x flat at >= 4 MiB.
+
+The machine is usually shared: compare figures of one run; expect +-10-30 % between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from _dp_launch import BenchmarkError, _die_with_parent, _free_port, _records, _stop, _tessel  # noqa: E402
+
+PLUGINS = "emulated:EmulatedFast,emulated:EmulatedSlow"
+SLOWDOWNS = (4, 8)  # the emulated devices: CPU time x 4 (fast) and x 8 (slow)
+SPEEDUP_TARGET = 1.3
+HIERARCHY_TARGET = 1.5
+BATCH = 64
+DEADLINE_S = 600.0
+
+
+def _env() -> dict[str, str]:
+    paths = [str(HERE / "plugins"), os.environ.get("PYTHONPATH", "")]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p))
+
+
+def run_tessel(width: int, split: str, steps: int, epochs: int) -> tuple[list[dict], str]:
+    """Two ranks on an `emu-fast` and an `emu-slow` daemon; (the ranks' records, rank 0's log)."""
+    with tempfile.TemporaryDirectory(prefix="tessel-hetero-") as tmp:
+        out, logs = Path(tmp) / "out", Path(tmp) / "logs"
+        cmd = _tessel("run", "-n", "2", "--plugin", PLUGINS, "--threads", "2", "--quiet")
+        cmd += ["--log-dir", str(logs), str(HERE / "_hetero_tessel.py"), "--width", str(width), "--split", split]
+        cmd += ["--batch", str(BATCH), "--steps", str(steps), "--epochs", str(epochs), "--out", str(out)]
+        try:
+            done = subprocess.run(
+                cmd, env=_env(), capture_output=True, text=True, timeout=DEADLINE_S, preexec_fn=_die_with_parent
+            )
+        except subprocess.TimeoutExpired:
+            raise BenchmarkError(f"tessel {split} W={width}: no result within {DEADLINE_S:.0f} s") from None
+        if done.returncode != 0:
+            raise BenchmarkError(f"tessel {split} W={width}: exit code {done.returncode}\n{done.stderr[-3000:]}")
+        log = "".join(p.read_text() for p in logs.glob("*/rank.0/stderr"))
+        return _records(out, 2, f"tessel {split}"), log
+
+
+def run_ddp(width: int, steps: int, epochs: int) -> list[dict]:
+    """Two DDP ranks (gloo, 1 thread each), emulated like the tessel side: each step's compute stretched 4x / 8x."""
+    with tempfile.TemporaryDirectory(prefix="ddp-hetero-") as tmp:
+        out, port = Path(tmp) / "out", _free_port()
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        procs = []
+        try:
+            for rank in range(2):
+                cmd = [sys.executable, str(HERE / "_dp_torch.py"), "--rank", str(rank), "--world", "2"]
+                cmd += ["--port", str(port), "--batch", str(BATCH), "--steps", str(steps), "--epochs", str(epochs)]
+                cmd += ["--threads", "1", "--width", str(width), "--slowdown", str(SLOWDOWNS[rank])]
+                cmd += ["--out", str(out)]
+                procs.append(
+                    subprocess.Popen(
+                        cmd,
+                        env=env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                        preexec_fn=_die_with_parent,
+                    )
+                )
+            deadline = time.monotonic() + DEADLINE_S
+            for proc in procs:
+                proc.wait(max(1.0, deadline - time.monotonic()))
+            failed = [p for p in procs if p.returncode != 0]
+            if failed:
+                raise BenchmarkError(f"DDP W={width}: a rank failed\n{failed[0].stdout.read()[-2000:]}")
+            return _records(out, 2, "DDP")
+        except subprocess.TimeoutExpired:
+            raise BenchmarkError(f"DDP W={width}: no result within {DEADLINE_S:.0f} s") from None
+        finally:
+            _stop(procs)
+
+
+def _epochs(record: dict) -> list[float]:
+    return record["epoch_seconds"] if "epoch_seconds" in record else record["modes"]["ddp"]["epoch_seconds"]
+
+
+def samples_per_s(records: list[dict]) -> float:
+    """Global batch x steps over the median of epochs 2..E (each the slowest rank's)."""
+    seconds = [max(_epochs(r)[e] for r in records) for e in range(1, len(_epochs(records[0])))]
+    return 2 * BATCH * records[0]["steps"] / statistics.median(seconds)
+
+
+def _check(records: list[dict], what: str) -> None:
+    sums = [r["checksums"] for r in records]
+    for a, b in zip(sums[0], sums[1]):
+        if abs(a - b) > 1e-6 * max(1.0, abs(a)):
+            raise BenchmarkError(f"{what}: the ranks ended with different parameters ({a} vs {b})")
+    losses = records[0]["losses"] if "losses" in records[0] else records[0]["modes"]["ddp"]["losses"]
+    if not all(abs(v) < 1e30 for v in losses):
+        raise BenchmarkError(f"{what}: a loss is not finite")
+
+
+def part1(widths: list[int], steps: int, epochs: int) -> list[tuple[int, float]]:
+    print(
+        "Part 1: data parallel, 2 ranks whose devices differ 2:1 in speed -- both EMULATED (emu-fast / emu-slow: "
+        "the CPU plugin's compute, then a sleep, taking 4x / 8x the CPU time; DDP's ranks likewise); global batch "
+        f"{2 * BATCH}, {steps} steps/epoch (a fifth of that above width 512), median of epochs 2..{epochs}"
+    )
+    print(f"{'model':>16} {'side':>22} {'rows/step':>10} {'samples/s':>10} {'vs even':>8}")
+    ratios = []
+    for width in widths:
+        name = f"MLP 784-{width}-{width}"
+        steps = steps if width <= 512 else max(4, steps // 5)  # a wider MLP's step takes ~10x as long
+        even, _ = run_tessel(width, "even", steps, epochs)
+        _check(even, "tessel even")
+        speed, log = run_tessel(width, "speed", steps, epochs)
+        _check(speed, "tessel speed")
+        ddp = run_ddp(width, steps, epochs)
+        _check(ddp, "DDP")
+        base = samples_per_s(even)
+        rows = lambda records: ":".join(str(r["rows"][-1]) for r in records)  # noqa: E731
+        for side, records, shown in (
+            ("tessel even", even, rows(even)),
+            ("tessel speed-aware", speed, rows(speed)),
+            ("PyTorch DDP (even)", ddp, f"{BATCH}:{BATCH}"),
+        ):
+            value = samples_per_s(records)
+            print(f"{name:>16} {side:>22} {shown:>10} {value:>10.0f} {value / base:>7.2f}x", flush=True)
+        ratios.append((width, samples_per_s(speed) / base))
+        for line in re.findall(r"^batch split for epoch .*$", log, re.M):
+            print(f"{'':>16}   log: {line}")
+    return ratios
+
+
+def part2(rates: list[str], sizes: list[int]) -> list[tuple[str, int, float]]:
+    from testbed import Testbed, TestbedUnavailable
+    from testbed_cluster import TestbedCluster, describe
+
+    print("\nPart 2: AllReduce across 2 test-bed hosts x 2 daemons (4 ranks), float32 on the daemons")
+    print(f"{'link':>8} {'size':>6} {'flat':>10} {'hierarchical':>13} {'speedup':>8}")
+    rank = str(HERE / "_multi_host_rank.py")
+    found = []
+    for rate in rates:
+        per_mode: dict[str, dict[int, float]] = {}
+        try:
+            with (
+                Testbed(2, rate) as bed,
+                tempfile.TemporaryDirectory() as workdir,
+                TestbedCluster(bed, Path(workdir), daemons_per_host=2, heartbeat_timeout_ms=10_000) as cluster,
+            ):
+                for mode in ("flat", "auto"):
+                    results = cluster.run_ranks(
+                        [rank, ",".join(map(str, sizes)), "2"], env={"TESSEL_COLLECTIVES": mode}, timeout_s=400
+                    )
+                    if any(r.returncode != 0 for r in results):
+                        raise BenchmarkError(describe(results))
+                    rows = [json.loads(x) for x in results[0].output.splitlines() if x.startswith("{")]
+                    per_mode[mode] = {row["size"]: row["seconds"] for row in rows}
+        except TestbedUnavailable as exc:
+            print(f"  cannot build the test bed: {exc}")
+            return found
+        for size in sizes:
+            flat, hier = per_mode["flat"][size], per_mode["auto"][size]
+            print(
+                f"{rate:>8} {size >> 20:>4}Mi {flat * 1e3:>8.1f}ms {hier * 1e3:>11.1f}ms {flat / hier:>7.2f}x",
+                flush=True,
+            )
+            found.append((rate, size, flat / hier))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--widths", default="512,2048", help="hidden widths of the MLP (512: the seeds' MLP)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--rates", default="1gbit,10gbit")
+    parser.add_argument("--sizes", default="4M,16M")
+    parser.add_argument("--skip-hierarchy", action="store_true", help="part 1 only (part 2 needs root)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: width 512, 3 epochs of 6 steps, 4M at 1gbit")
+    args = parser.parse_args(argv)
+    from multi_host import parse_size
+
+    widths = [512] if args.quick else [int(w) for w in args.widths.split(",")]
+    steps, epochs = (6, 3) if args.quick else (args.steps, args.epochs)
+    rates = ["1gbit"] if args.quick else args.rates.split(",")
+    sizes = [4 << 20] if args.quick else [parse_size(s) for s in args.sizes.split(",")]
+    try:
+        ratios = part1(widths, steps, epochs)
+        hierarchy = [] if args.skip_hierarchy else part2(rates, sizes)
+    except BenchmarkError as exc:
+        print(f"benchmark failed: {exc}", file=sys.stderr)
+        return 1
+    print("\nTargets")
+    for width, ratio in ratios:
+        verdict = "PASS" if ratio >= SPEEDUP_TARGET else "FAIL"
+        print(f"  speed-aware / even, MLP width {width}: {ratio:.2f}x (target >= {SPEEDUP_TARGET}x) {verdict}")
+    for rate, size, ratio in hierarchy:
+        verdict = "PASS" if ratio >= HIERARCHY_TARGET else "FAIL"
+        print(
+            f"  hierarchical / flat, {rate}, {size >> 20} MiB: {ratio:.2f}x (target >= {HIERARCHY_TARGET}x) {verdict}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

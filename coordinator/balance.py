@@ -1,0 +1,235 @@
+"""Speed-aware data parallelism on the coordinator: how the global batch is split over a job's ranks, epoch by epoch.
+
+Before each epoch every rank asks (BalanceBatch, a rendezvous with a deadline) and all get one answer, decided once
+when the last rank arrives:
+
+- fixed weights (set_auto_parallel_context(batch_split=(w0, w1, ...))): shares proportional to them;
+- otherwise by speed: for the first epoch, the flop/s each rank's daemon measured when it started
+  (DaemonInfo.measurement, `plugins/cpu/measure.py`); from then on the job's own step times, samples per second of
+  each rank's own work (the daemon's program time less the time it sat blocked in collectives, so a fast rank's
+  waiting for the slow one does not count against it), over the epochs so far with each older epoch weighing
+  DECAY times less (one epoch's figure on a shared machine is noisy).
+
+Shares are proportional to the speeds, rounded to whole rows (largest remainder, at least one row each) and sum to
+the global batch. Speeds within EQUAL_WITHIN of each other count as equal: the even split, which is MindSpore's
+shard rule exactly. A new split replaces the last one only if it shortens the predicted step (the slowest rank's
+share over its speed) by KEEP_WITHIN: measured speeds wobble, and a new split costs a recompile and new shards.
+
+    balancer = BatchBalancer(state)
+    split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from tessel.coordinator.cluster_model import job_daemons
+from tessel.core import errors
+from tessel.v1 import coordinator_pb2
+
+log = logging.getLogger("tessel.coordinator")
+
+EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
+KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
+DECAY = 0.5  # an epoch's step times weigh this much less with each later epoch
+KEEP_JOBS = 256  # jobs whose splits are remembered (for status), oldest forgotten first
+_POLL_S = 0.25  # how often a waiting rank checks its job, its call and the deadline
+
+
+@dataclass
+class _Round:
+    """One epoch's rendezvous: what each rank reported, and the split once decided."""
+
+    global_batch: int
+    weights: tuple[float, ...]
+    reports: dict[int, tuple[float, int]] = field(default_factory=dict)  # rank -> (busy_s, samples)
+    split: coordinator_pb2.BatchSplit | None = None
+
+
+@dataclass
+class _Job:
+    world: int
+    rounds: dict[int, _Round] = field(default_factory=dict)
+    latest: coordinator_pb2.BatchSplit | None = None
+    work: list[tuple[float, float]] = field(default_factory=list)  # per rank: decayed (busy seconds, samples)
+    slow: frozenset[int] = frozenset()  # ranks the last measured epoch found slower than the fastest
+
+
+def proportional(weights: Sequence[float], total: int) -> tuple[int, ...]:
+    """`total` whole rows split in proportion to `weights` (largest remainder, ties to the lower rank), at least one
+    row each (so `total` must be at least len(weights)).
+
+    >>> proportional([1, 2], 64), proportional([1, 1, 3], 60), proportional([5, 1, 1], 3)
+    ((21, 43), (12, 12, 36), (1, 1, 1))
+    """
+    count = len(weights)
+    if total < count:
+        raise errors.ConfigurationError(f"a global batch of {total} rows cannot give each of {count} ranks a row")
+    scale = total / sum(weights)
+    exact = [w * scale for w in weights]
+    shares = [max(1, int(x)) for x in exact]
+    while sum(shares) > total:  # the minimum of one row took rows from others: give back where least is owed
+        rank = max((r for r in range(count) if shares[r] > 1), key=lambda r: (shares[r] - exact[r], -r))
+        shares[rank] -= 1
+    while sum(shares) < total:
+        rank = max(range(count), key=lambda r: (exact[r] - shares[r], -r))
+        shares[rank] += 1
+    return tuple(shares)
+
+
+def predicted_step(shares: Sequence[int], speeds: Sequence[float]) -> float:
+    """The step's time in units of 1 / speed: the slowest rank's share over its speed."""
+    return max(share / speed for share, speed in zip(shares, speeds))
+
+
+def even(global_batch: int, world: int) -> tuple[int, ...]:
+    return tuple(global_batch // world + (1 if r < global_batch % world else 0) for r in range(world))
+
+
+class BatchBalancer:
+    """The splits of every job's global batch (see the module docstring). Thread-safe; waits are bounded."""
+
+    def __init__(self, state):
+        self.state = state
+        self._cond = threading.Condition()
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+
+    def latest(self, job_id: str) -> coordinator_pb2.BatchSplit | None:
+        """The job's latest split (ClusterStatus shows it), or None."""
+        with self._cond:
+            job = self._jobs.get(job_id)
+            return job.latest if job is not None else None
+
+    def balance(
+        self, request: coordinator_pb2.BalanceRequest, budget_s: float, is_active: Callable[[], bool] = lambda: True
+    ) -> coordinator_pb2.BatchSplit:
+        world, daemons = job_daemons(self.state, request.job_id)
+        _check(request, world)
+        weights = tuple(float(w) for w in request.weights)
+        with self._cond:
+            job = self._job(request.job_id, world)
+            now = job.rounds.setdefault(request.epoch, _Round(request.global_batch, weights))
+            if (now.global_batch, now.weights) != (request.global_batch, weights):
+                raise errors.ConfigurationError(
+                    f"BalanceBatch of job '{request.job_id}', epoch {request.epoch}: rank {request.rank} asks for a "
+                    f"global batch of {request.global_batch} with weights {list(weights)}, another rank for "
+                    f"{now.global_batch} with {list(now.weights)}; every rank must use the same batch and batch_split"
+                )
+            now.reports[request.rank] = (max(0.0, request.busy_s), max(0, request.samples))
+            if len(now.reports) == world and now.split is None:
+                now.split = self._decide(request, job, now, daemons)
+                job.latest = now.split
+                for old in [e for e in job.rounds if e < request.epoch - 1]:
+                    del job.rounds[old]
+                self._cond.notify_all()
+            deadline = time.monotonic() + budget_s
+            while now.split is None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    missing = sorted(set(range(world)) - set(now.reports))
+                    raise errors.RendezvousTimeoutError(
+                        f"BalanceBatch of job '{request.job_id}', epoch {request.epoch}: ranks {missing} did not ask "
+                        f"within {budget_s:.0f} s; every rank asks before each epoch of Model.train"
+                    )
+                if not is_active():
+                    raise errors.TesselError(f"BalanceBatch of job '{request.job_id}': the caller went away")
+                self._cond.release()
+                try:
+                    info = self.state.job_info(request.job_id)
+                finally:
+                    self._cond.acquire()
+                if info.state in ("failed", "finished"):
+                    raise errors.JobFailedError(
+                        f"job '{request.job_id}' {info.state} while its ranks agreed on the batch split: {info.cause}",
+                        info.culprit_rank,
+                    )
+                self._cond.wait(min(_POLL_S, remaining))
+            return now.split
+
+    def _job(self, job_id: str, world: int) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None or job.world != world:
+            job = self._jobs[job_id] = _Job(world)
+        self._jobs.move_to_end(job_id)
+        while len(self._jobs) > KEEP_JOBS:
+            self._jobs.popitem(last=False)
+        return job
+
+    def _decide(self, request, job: _Job, now: _Round, daemons) -> coordinator_pb2.BatchSplit:
+        world, total = job.world, now.global_batch
+        split = coordinator_pb2.BatchSplit(job_id=request.job_id, epoch=request.epoch, global_batch=total)
+        if now.weights:
+            split.shares.extend(proportional(now.weights, total))
+            split.speeds.extend(now.weights)
+            split.source = "weights"
+            return split
+        reports = [now.reports[r] for r in range(world)]
+        if all(busy > 0 and samples > 0 for busy, samples in reports):
+            old = job.work or [(0.0, 0.0)] * world
+            job.work = [(DECAY * b + busy, DECAY * n + samples) for (b, n), (busy, samples) in zip(old, reports)]
+            speeds = [samples / busy for busy, samples in job.work]
+            _stragglers(request.job_id, request.epoch - 1, job, speeds)
+            source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
+        elif job.latest is not None and all(s > 0 for s in job.latest.speeds):
+            speeds, source = list(job.latest.speeds), f"speeds of epoch {job.latest.epoch}"
+        else:
+            speeds = [d.measurement.matmul_flops for d in daemons]
+            source = "device measurements"
+        if min(speeds) <= 0 or max(speeds) <= min(speeds) * (1 + EQUAL_WITHIN):
+            shares = even(total, world)
+            source += " (equal: even split)" if min(speeds) > 0 else " (unmeasured: even split)"
+        else:
+            shares = proportional(speeds, total)
+        last = job.latest
+        if (
+            last is not None
+            and last.global_batch == total
+            and min(speeds) > 0
+            and tuple(last.shares) != shares
+            and predicted_step(shares, speeds) > (1 - KEEP_WITHIN) * predicted_step(last.shares, speeds)
+        ):
+            source = f"kept from epoch {last.epoch} ({source}: gain under {KEEP_WITHIN:.0%})"
+            shares = tuple(last.shares)
+        split.shares.extend(shares)
+        split.speeds.extend(speeds)
+        split.source = source
+        return split
+
+
+def _stragglers(job_id: str, epoch: int, job: _Job, speeds: list[float]) -> None:
+    """Name the ranks slower than the fastest (beyond EQUAL_WITHIN) in two measured epochs running, with their
+    speeds: a sustained straggler (a slow device, a loaded host), not one noisy epoch."""
+    fastest = max(speeds)
+    slow = frozenset(r for r, speed in enumerate(speeds) if speed * (1 + EQUAL_WITHIN) < fastest)
+    for rank in sorted(slow & job.slow):
+        log.warning(
+            "job %s: rank %d is slower than the others through epoch %d: %.3g samples/s of its own work, the fastest "
+            "rank %.3g (speed-aware data parallelism gives it a smaller share)",
+            job_id,
+            rank,
+            epoch,
+            speeds[rank],
+            fastest,
+        )
+    job.slow = slow
+
+
+def _check(request: coordinator_pb2.BalanceRequest, world: int) -> None:
+    where = f"BalanceBatch of job '{request.job_id}'"
+    if not 0 <= request.rank < world:
+        raise errors.ConfigurationError(f"{where}: rank {request.rank} is outside the world of {world}")
+    if request.epoch < 0:
+        raise errors.ConfigurationError(f"{where}: epoch {request.epoch} is negative")
+    if request.global_batch < world:
+        raise errors.ConfigurationError(
+            f"{where}: a global batch of {request.global_batch} rows cannot give each of {world} ranks a row"
+        )
+    if request.weights and (len(request.weights) != world or min(request.weights) <= 0):
+        raise errors.ConfigurationError(
+            f"{where}: batch_split weights {list(request.weights)} must be {world} positive numbers, one per rank"
+        )

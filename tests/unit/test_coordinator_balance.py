@@ -1,0 +1,111 @@
+"""The coordinator's batch balancer (coordinator/balance.py): one split per epoch for all ranks, proportional to
+fixed weights, device measurements or the job's step times; equal speeds give the even split; bounded waits."""
+
+from __future__ import annotations
+
+import pytest
+from test_coordinator_planner import GFLOPS, measured
+from test_coordinator_state import Call, start_job
+
+from tessel.coordinator.balance import BatchBalancer, even, proportional
+from tessel.coordinator.state import CoordinatorState
+from tessel.core import errors
+from tessel.v1 import coordinator_pb2
+
+
+def _state(*flops: float) -> CoordinatorState:
+    state = CoordinatorState(heartbeat_timeout_s=30.0)
+    for port, f in enumerate(flops, start=1):
+        state.register_daemon(measured(port, flops=f))
+    start_job(state, "j", len(flops))
+    return state
+
+
+def _ask(balancer, world, epoch, batch=60, weights=(), reports=None, budget=10.0):
+    reports = reports or [(0.0, 0)] * world
+    calls = [
+        Call(
+            balancer.balance,
+            coordinator_pb2.BalanceRequest(
+                job_id="j",
+                rank=r,
+                epoch=epoch,
+                global_batch=batch,
+                weights=weights,
+                busy_s=reports[r][0],
+                samples=reports[r][1],
+            ),
+            budget,
+        )
+        for r in range(world)
+    ]
+    splits = [c.result() for c in calls]
+    assert all(s == splits[0] for s in splits)  # every rank the same answer
+    return splits[0]
+
+
+def test_proportional_rounds_to_whole_rows_summing_to_the_batch():
+    assert proportional([1, 2], 64) == (21, 43)
+    assert proportional([1, 1, 3], 60) == (12, 12, 36)
+    assert proportional([100, 1], 4) == (3, 1)
+    assert even(10, 3) == (4, 3, 3)
+    with pytest.raises(errors.ConfigurationError, match="cannot give each of 3 ranks a row"):
+        proportional([1, 1, 1], 2)
+
+
+def test_weights_device_measurements_then_step_times():
+    assert list(_ask(BatchBalancer(_state(40 * GFLOPS, 80 * GFLOPS)), 2, 0, weights=(1, 3)).shares) == [15, 45]
+    balancer = BatchBalancer(_state(40 * GFLOPS, 80 * GFLOPS))
+    first = _ask(balancer, 2, 0)  # nothing run yet: the flop/s the daemons measured at registration
+    assert (list(first.shares), first.source) == ([20, 40], "device measurements")
+    later = _ask(balancer, 2, 1, reports=[(3.0, 30), (1.0, 30)])  # then the job's step times: rank 1 3x as fast
+    assert (list(later.shares), later.source) == ([15, 45], "step times of epoch 0")
+    assert list(later.speeds) == [10.0, 30.0] and balancer.latest("j") == later
+
+
+def test_equal_speeds_give_the_even_split_and_small_gains_keep_the_last_split():
+    balancer = BatchBalancer(_state(50 * GFLOPS, 52 * GFLOPS, 49 * GFLOPS))
+    split = _ask(balancer, 3, 0, batch=61)
+    assert list(split.shares) == list(even(61, 3)) and "even split" in split.source
+    assert list(_ask(balancer, 3, 1, batch=60, reports=[(1.0, 10), (1.0, 10), (1.0, 30)]).shares) == [12, 12, 36]
+    kept = _ask(balancer, 3, 2, batch=60, reports=[(1.0, 10), (1.0, 10), (1.0, 33)])
+    assert list(kept.shares) == [12, 12, 36] and kept.source.startswith("kept from epoch 1")
+
+
+def test_a_missing_rank_times_out_naming_it_and_mismatched_requests_are_refused():
+    balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
+    request = coordinator_pb2.BalanceRequest(job_id="j", rank=0, epoch=0, global_batch=8)
+    with pytest.raises(errors.RendezvousTimeoutError, match=r"ranks \[1\] did not ask within"):
+        balancer.balance(request, 0.3)
+    other = coordinator_pb2.BalanceRequest(job_id="j", rank=1, epoch=0, global_batch=16)
+    with pytest.raises(errors.ConfigurationError, match="every rank must use the same batch and batch_split"):
+        balancer.balance(other, 0.3)
+    bad = coordinator_pb2.BalanceRequest(job_id="j", rank=0, epoch=1, global_batch=8, weights=[1, 0])
+    with pytest.raises(errors.ConfigurationError, match="must be 2 positive numbers, one per rank"):
+        balancer.balance(bad, 0.3)
+
+
+def test_status_shows_the_latest_split():
+    from tessel.coordinator.status import format_status
+
+    balancer = BatchBalancer(_state(40 * GFLOPS, 80 * GFLOPS))
+    _ask(balancer, 2, 0)
+    _ask(balancer, 2, 1, reports=[(3.0, 30), (1.0, 30)])
+    reply = balancer.state.cluster_status()
+    reply.jobs[0].batch_split.CopyFrom(balancer.latest("j"))
+    text = format_status(reply)
+    assert "batch split (speed-aware data parallelism)" in text
+    assert "15:45" in text and "10:30 samples/s" in text and "step times of epoch 0" in text
+
+
+def test_a_rank_slower_in_two_measured_epochs_running_is_named_with_its_speed(caplog):
+    balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
+    _ask(balancer, 2, 0)
+    with caplog.at_level("WARNING", logger="tessel.coordinator"):
+        _ask(balancer, 2, 1, reports=[(1.0, 30), (1.0, 10)])  # one epoch: not yet sustained
+        assert not caplog.records
+        _ask(balancer, 2, 2, reports=[(1.0, 30), (1.0, 10)])
+    assert [r.getMessage() for r in caplog.records] == [
+        "job j: rank 1 is slower than the others through epoch 1: 10 samples/s of its own work, the fastest rank 30 "
+        "(speed-aware data parallelism gives it a smaller share)"
+    ]
