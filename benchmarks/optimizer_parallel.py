@@ -10,7 +10,14 @@ and N daemons, each with max(1, cores // N) threads) runs one job, so each daemo
   (level3: the block plus one gathered layer), gradients (level0/1: every whole local gradient, the bucket the
   backward writes into; level2/3: the blocks plus one whole layer gradient), optimizer state (blocks once sharded),
   plus the communication buffers (the shared-memory arena the daemon touched, RssShmem at exit);
-- peak RSS of the daemons (max over ranks) and the target: 1.5 x held + 200 MB.
+- peak RSS of the daemons (max over ranks) and the target: 1.5 x held + 200 MB;
+- where the peak goes (measured, not estimated: the daemons run with TESSEL_MEMORY_TRACE, daemon/memtrace.py, which
+  resets the kernel's high-water mark before each instruction and reads it after): the instruction during which
+  the daemon peaked, and its peak split into the idle daemon's resident memory (Python, gRPC, ONNX Runtime
+  loaded), the private tensors of its store, shared memory (the communication arena: gradient buckets, collective
+  outputs), spare state buffers, "other" (resident after the instruction but held by no tensor of the store:
+  collective results not yet waited for, runtime allocations, freed heap) and "in-op" (the instruction's own
+  temporaries: its peak above the resident memory after it). --no-trace runs without it.
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--no-trace", dest="trace", action="store_false", help="skip the per-instruction breakdown")
     return parser.parse_args(argv)
 
 
@@ -85,7 +93,16 @@ class Sampler:
 
 def run_cell(args: argparse.Namespace, world: int, level: str) -> dict:
     threads = max(1, args.cores // world)
-    with ResidentCluster(world, threads) as cluster, tempfile.TemporaryDirectory(prefix="tessel-mem-") as tmp:
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="tessel-mem-"))
+        trace = Path(tmp) / "trace"
+        trace.mkdir()
+        if args.trace:
+            os.environ["TESSEL_MEMORY_TRACE"] = str(trace)  # the daemons measure per instruction (daemon/memtrace.py)
+        try:
+            cluster = stack.enter_context(ResidentCluster(world, threads))
+        finally:
+            os.environ.pop("TESSEL_MEMORY_TRACE", None)
         daemons = cluster.procs[1:]
         idle = [_status(p.pid) for p in daemons]
         cmd = [sys.executable, "-m", "tessel.cli", "run", "-n", str(world), "--coordinator", cluster.address]
@@ -101,6 +118,11 @@ def run_cell(args: argparse.Namespace, world: int, level: str) -> dict:
         if done.returncode != 0:
             raise BenchmarkError(f"{world} ranks {level}: exit {done.returncode}\n{done.stderr[-3000:]}")
         after = [_status(p.pid) | peaks for p, peaks in zip(daemons, sampler.peaks)]
+        for p, status in zip(daemons, after):
+            traced = trace / f"memory_{p.pid}.json"
+            if traced.exists():
+                status["trace"] = json.loads(traced.read_text())
+                status["VmHWM"] = status["trace"]["peak"]  # the trace resets the kernel's mark per instruction
         records = [json.loads((Path(tmp) / "out" / f"rank{r}.json").read_text()) for r in range(world)]
     return {
         "world": world,
@@ -133,6 +155,27 @@ def table(cells: list[dict]) -> list[str]:
     return lines
 
 
+def where(cells: list[dict]) -> list[str]:
+    """Per cell, the daemon at its peak (TESSEL_MEMORY_TRACE, daemon/memtrace.py): idle process, the store's private
+    tensors, its tensors in shared memory, spare state buffers, the rest resident after the instruction (freed
+    heap, runtime caches) and the instruction's own temporaries (its peak above the resident memory after it)."""
+    head = f"{'N':>2} {'level':>6} | {'peak':>6} = {'idle':>5} {'store':>6} {'shm':>5} {'spare':>6} {'other':>6} "
+    head += f"{'in-op':>6} | during"
+    lines = ["where the peak goes (MiB, the daemon with the highest peak):", head, "-" * len(head)]
+    for cell in cells:
+        daemon = max(cell["daemons"], key=lambda d: d["VmHWM"])
+        t = daemon.get("trace")
+        if not t or "store_private" not in t["at"]:
+            continue
+        at, idle = t["at"], t["idle"]["VmRSS"]
+        known = idle + at["store_private"] + at["state_spare"] + at["RssShmem"]
+        parts = (idle, at["store_private"], at["RssShmem"], at["state_spare"], at["VmRSS"] - known,
+                 t["peak"] - at["VmRSS"])  # fmt: skip
+        figures = " ".join(f"{v / MIB:{w}.0f}" for v, w in zip(parts, (5, 6, 5, 6, 6, 6)))
+        lines.append(f"{cell['world']:>2} {cell['level']:>6} | {t['peak'] / MIB:6.0f} = {figures} | {at['label']}")
+    return lines
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     load = os.getloadavg()[0]
@@ -151,6 +194,7 @@ def main(argv=None) -> int:
     print(f"Adam, {args.mib} MiB of weights (Dense {args.width}x{args.width}), batch {args.batch} per rank; "
           "MiB per rank (held = what the daemon must hold; peak = the daemon's VmHWM)")  # fmt: skip
     print("\n".join(table(cells)))
+    print("\n".join(where(cells)))
     for failure in failures:
         print(f"FAILED {failure}")
     print(f"1-min load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end ({args.cores} cores)")

@@ -22,7 +22,7 @@ import numpy as np
 from tessel.core.errors import ConfigurationError, JobFailedError, PeerFailedError, TesselError
 from tessel.core.limits import Limits, clip
 from tessel.core.plugin import CollectivePlugin, GroupContext, LinkMeasurement, Peer, Plugin
-from tessel.daemon import hierarchy
+from tessel.daemon import hierarchy, memtrace
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
@@ -128,6 +128,7 @@ class DaemonCore:
         self._lock = threading.Lock()
         self._probing = threading.Lock()
         self._executor = Executor(self._group, self._may_overlap)
+        memtrace.trace()  # with TESSEL_MEMORY_TRACE set, the idle baseline is taken now
 
     # ------------------------------------------------------------------------------------------ sessions
 
@@ -402,6 +403,9 @@ class DaemonCore:
                             start = clock()
                             step.run()
                             elapsed[i] += clock() - start
+                    elif memtrace.trace() is not None:
+                        for step in steps:
+                            memtrace.trace().run(session, step)
                     else:
                         for step in steps:
                             step.run()
@@ -418,6 +422,8 @@ class DaemonCore:
             finally:
                 session.run_s += time.perf_counter() - began
             fetched = {n: session.tensor(n) for n in fetch}
+            if memtrace.trace() is not None:
+                memtrace.trace().write()
         collected = {n: np.stack(v) for n, v in history.items()}
         spent = [(step.label, elapsed[i]) for i, step in enumerate(steps)] if timings else []
         return Result(fetched, collected, spent, events)

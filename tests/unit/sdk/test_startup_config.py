@@ -176,3 +176,17 @@ def test_rank_zeros_address_file_is_private_and_a_dead_publishers_is_ignored(tmp
     (tmp_path / "rendezvous").chmod(0o777)
     with pytest.raises(ConfigurationError, match="is not this user's own"):
         FileExchange("job-3", tmp_path / "rendezvous").publish({"address": "x", "token": "t"})
+
+
+def test_a_mindspore_compiler_only_variable_is_named_in_a_warning_not_read_silently(monkeypatch, caplog):
+    from tessel import communication
+
+    monkeypatch.setattr(communication, "_warned_env", set())
+    monkeypatch.setenv("MS_COMM_COMPILER_OPT", "3")
+    with caplog.at_level("WARNING", logger="tessel"):
+        assert communication._warn_compiler_only_env() == ["MS_COMM_COMPILER_OPT"]
+        assert communication._warn_compiler_only_env() == []  # once per process
+    assert "MS_COMM_COMPILER_OPT=3 is not supported yet and has no effect" in caplog.text
+    monkeypatch.delenv("MS_COMM_COMPILER_OPT")
+    monkeypatch.setattr(communication, "_warned_env", set())
+    assert communication._warn_compiler_only_env() == []

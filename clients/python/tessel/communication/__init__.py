@@ -7,6 +7,8 @@ print(get_rank(), get_group_size())
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import Sequence
 
 from tessel.communication import runtime as _rt
@@ -27,9 +29,35 @@ MCCL_WORLD_COMM_GROUP = "mccl_world_group"
 _WORLD_ALIASES = {HCCL_WORLD_COMM_GROUP, NCCL_WORLD_COMM_GROUP, MCCL_WORLD_COMM_GROUP, "world", None}
 
 
+# MindSpore environment variables that only tune how MindSpore's own graph compiler works, with no counterpart in
+# tessel; results are the same without them. Each is named in a warning when set, never read silently.
+COMPILER_ONLY_ENV = {
+    "MS_COMM_COMPILER_OPT": "MindSpore's reuse of communication subgraphs to shorten its graph compilation "
+    "(tessel compiles each distinct communication once anyway)",
+}
+
+
+def _warn_compiler_only_env() -> list[str]:
+    """Warn once per process about each set variable of COMPILER_ONLY_ENV; returns the names warned about."""
+    named = [name for name in COMPILER_ONLY_ENV if os.environ.get(name) and name not in _warned_env]
+    for name in named:
+        _warned_env.add(name)
+        logging.getLogger("tessel").warning(
+            "%s=%s is not supported yet and has no effect: %s; training gives the same results without it",
+            name,
+            os.environ[name],
+            COMPILER_ONLY_ENV[name],
+        )
+    return named
+
+
+_warned_env: set[str] = set()
+
+
 def init(backend_name: str | None = None) -> None:
     """Join the job (or start a world of 1). `backend_name` ("hccl", "nccl", "mccl", …) is accepted and ignored:
     each daemon's plugin picks its native collectives."""
+    _warn_compiler_only_env()
     _rt.init()
     GlobalComm.INITED = True
 
