@@ -14,7 +14,7 @@ of each part talking to the i-th members of the others (k cross groups of one me
     all_reduce        reduce_scatter in the part (member i holds the part's sum of chunk i), all_reduce of chunk i
                       in cross group i, all_gather in the part; pipelined in segments (the cross step of one
                       segment runs while the part reduces the next) where the link is the slow step:
-                      the first two large all_reduces run whole, the second timing both steps; the members agree on
+                      the first three large all_reduces run whole, the last two timing both steps; the members agree on
                       the slowest figures, and later ones pipeline only if the cross step took over PIPELINE_RATIO x
                       the part's (on a fast link the segments' extra synchronisation costs more than the overlap saves);
                       small buffers: all_reduce in the part, then in the cross group (two latency-bound steps
@@ -59,6 +59,7 @@ SEGMENT_BYTES = 512 << 10
 # segments run 16 MiB in 145 ms against 180-230 ms whole, and 0.6-0.8 at 10 Gbit/s, where segments ran it in ~107 ms
 # against ~65 ms whole (each segment adds three synchronised collectives, and on busy cores each costs switches).
 PIPELINE_RATIO = 1.25
+TIMED_RUNS = 2  # large all_reduces timed (summed) for that choice, after one untimed
 MODES = ("auto", "flat")
 
 log = logging.getLogger(__name__)
@@ -136,8 +137,9 @@ class HierarchicalCommunicator(Communicator):
         inner = self.intra.transport if self.intra is not None else "-"
         self.transport = f"hierarchical({inner}+{self.flat.transport})"
         self.compute_bound = bool(getattr(self.intra, "compute_bound", False))
-        self.pipeline: bool | None = None  # decided by the second large all_reduce (see _all_reduce)
-        self._warmed = False  # the first one's cross step may include opening connections: not timed
+        self.pipeline: bool | None = None  # decided by large all_reduce 1 + TIMED_RUNS (see _all_reduce)
+        self._whole_runs = 0  # large all_reduces run whole so far; the first may open connections: not timed
+        self._timings = np.zeros(2)  # [cross step, -part steps] seconds, summed over the timed runs
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -182,9 +184,9 @@ class HierarchicalCommunicator(Communicator):
         return out.reshape(x.shape)
 
     def _timed_whole(self, flat: np.ndarray, op: str, k: int) -> np.ndarray:
-        """The first two large all_reduces: in one piece; the second times the part's steps and the cross step, then
-        every member takes the agreed figures (below) (two small all_reduces, once per communicator), so all of
-        them decide alike whether later large all_reduces pipeline."""
+        """The first 1 + TIMED_RUNS large all_reduces: in one piece; all but the first time the part's steps and the
+        cross step; after the last, every member takes the agreed figures (below; two small all_reduces, once per
+        communicator), so all of them decide alike whether later large all_reduces pipeline."""
         piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
         started = time.perf_counter()
         reduced = self.intra.reduce_scatter(piece, op)
@@ -193,16 +195,18 @@ class HierarchicalCommunicator(Communicator):
         gathering = time.perf_counter()
         out = self.intra.all_gather(across)[: flat.size]
         local_s = (crossing - started) + (time.perf_counter() - gathering)
-        if not self._warmed:
-            self._warmed = True
+        self._whole_runs += 1
+        if self._whole_runs == 1:
+            return out
+        self._timings += [gathering - crossing, -local_s]
+        if self._whole_runs <= TIMED_RUNS:
             return out
         # The slowest cross step, and the quickest member's part steps: a member's part steps include waiting for
         # the other members (to arrive, to finish their cross step), the quickest one's least.
-        figures = np.array([gathering - crossing, -local_s], np.float64)
-        figures = self.cross.all_reduce(self.intra.all_reduce(figures, "max"), "max") * [1.0, -1.0]
+        figures = self.cross.all_reduce(self.intra.all_reduce(self._timings, "max"), "max") * [1.0, -1.0]
         self.pipeline = bool(figures[0] > PIPELINE_RATIO * figures[1])
-        log.info("group %r: the cross step took %.1f ms, the part's %.1f ms (%d bytes): large all_reduces %s",
-                 self.context.name, figures[0] * 1e3, figures[1] * 1e3, flat.nbytes,
+        log.info("group %r: cross step %.1f ms, part's steps %.1f ms (%d bytes, %d runs): large all_reduces %s",
+                 self.context.name, figures[0] * 1e3, figures[1] * 1e3, flat.nbytes, TIMED_RUNS,
                  f"pipeline in {SEGMENT_BYTES >> 10} KiB segments" if self.pipeline else "run whole")  # fmt: skip
         return out
 
