@@ -57,7 +57,7 @@ SEGMENT_BYTES = 512 << 10
 # Pipeline only where the cross step took over this many times as long as the steps inside the part. Measured on
 # the two-host test bed (2 x 2 ranks, 2 shared cores, load 4-6): the ratio is 1.8-2.3 at 1 Gbit/s, where 512 KiB
 # segments run 16 MiB in 145 ms against 180-230 ms whole, and 0.6-0.8 at 10 Gbit/s, where segments ran it in ~107 ms
-# against ~65 ms whole (each segment adds three synchronised collectives, and on busy cores each costs switches).
+# against ~71 ms whole (each segment adds three synchronised collectives, and on busy cores each costs switches).
 PIPELINE_RATIO = 1.25
 TIMED_RUNS = 2  # large all_reduces timed (summed) for that choice, after one untimed
 MODES = ("auto", "flat")
