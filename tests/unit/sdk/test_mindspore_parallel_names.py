@@ -163,6 +163,31 @@ def test_the_checkpoint_names_work(tmp_path):
         ms.load_segmented_checkpoints(str(tmp_path / "missing"))
 
 
+def test_slices_of_pipeline_stages_merge_from_the_ranks_of_the_stage_that_holds_each(tmp_path):
+    """Under pipeline parallel each rank's file holds its stage's parameters only, each layout over the stage's
+    ranks (its "ranks"): every parameter is assembled from those ranks' files, whichever stage."""
+    from tessel.train.serialization import write_checkpoint
+
+    a, b = np.arange(24, dtype=np.float32).reshape(4, 6), np.arange(5, dtype=np.float32)
+    cut = {"shape": [4, 6], "device_matrix": [2], "tensor_map": [-1, 0]}  # dim 1 cut over the stage's 2 ranks
+    whole_b = {"shape": [5], "device_matrix": [2], "tensor_map": [-1]}
+    files = []
+    for rank in range(4):
+        stage0 = rank < 2
+        record = dict(cut if stage0 else whole_b, ranks=[0, 1] if stage0 else [2, 3])
+        tensors = {"a": np.ascontiguousarray(a[:, 3 * rank : 3 * rank + 3])} if stage0 else {"b": b}
+        name = "a" if stage0 else "b"
+        metadata = {"layouts": json.dumps({name: record}), "rank": str(rank), "world": "4"}
+        files.append(str(tmp_path / f"rank_{rank}.ckpt"))
+        write_checkpoint({**tensors, "step": np.array([3.0], np.float32)}, files[-1], metadata)
+    loaded = ms.load_distributed_checkpoint(None, files[::-1], return_param_dict=True)
+    assert sorted(loaded) == ["a", "b", "step"]
+    np.testing.assert_array_equal(loaded["a"].asnumpy(), a)
+    np.testing.assert_array_equal(loaded["b"].asnumpy(), b)
+    with pytest.raises(ConfigurationError, match=r"'b' is cut over ranks \[2, 3\].*ranks \[3\]"):
+        ms.load_distributed_checkpoint(None, files[:3], return_param_dict=True)
+
+
 def test_reshard_and_parameter_broadcast_on_one_device():
     x = ms.Tensor(np.ones((4, 4), np.float32))
     layout = ms.Layout((2, 2), ("dp", "mp"))

@@ -11,7 +11,7 @@ from sdk_testkit import log_softmax, rand
 import tessel as ms
 import tessel.dataset as ds
 from tessel import nn, train
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 DATA = rand(40, 6)
 LABELS = (DATA[:, 0] > 0).astype(np.int32) + (DATA[:, 1] > 0).astype(np.int32)
@@ -126,6 +126,13 @@ def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
         np.testing.assert_array_equal(saved[p.name].asnumpy(), p.asnumpy())
     assert "moments.0.weight" in saved  # the optimizer's state is in the train network's checkpoint
     assert checkpoint.latest_ckpt_file_name.endswith("net-2_10.ckpt")
+
+
+def test_checkpoint_config_hands_integrated_save_on_and_refuses_async_save():
+    assert train.CheckpointConfig(integrated_save=False).integrated_save is False
+    assert train.CheckpointConfig().integrated_save is True
+    with pytest.raises(NotSupportedYetError, match=r"async_save=True.*async_save=False"):
+        train.CheckpointConfig(async_save=True)
 
 
 def test_sink_size_makes_epochs_of_that_many_steps():

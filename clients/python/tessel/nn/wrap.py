@@ -176,6 +176,9 @@ class FusedTrainStep:
 
         opt, plan = self.optimizer, self._partition.plan
         self._place_shards(eng, {key: plan.input_layout(key) for key in plan.parameters})
+        for p, *slots in zip(opt.parameters, *opt._slots.values()):
+            for q in slots:  # under pipeline parallel a slot lives on its parameter's stages (checkpoints read it)
+                q._pipeline = p._pipeline if p._pipeline is not None else q._pipeline
         from tessel.parallel import planning
 
         planning.record(plan, list(opt.parameters), eng.runtime.rank)

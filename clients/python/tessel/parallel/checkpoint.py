@@ -145,10 +145,15 @@ def slice_metadata(named: Sequence[tuple[str, Any]]) -> dict[str, str]:
     from tessel.common.parameter import Parameter
     from tessel.communication.runtime import current
 
-    layouts = {
-        name: layout_record(v.layout, v.shape) for name, v in named if isinstance(v, Parameter) and v.layout is not None
-    }
     rt = current()
+    layouts = {}
+    for name, v in named:
+        if isinstance(v, Parameter) and v.layout is not None:
+            layouts[name] = layout_record(v.layout, v.shape)
+            if v._pipeline is not None:  # cut over the ranks of this rank's stage (as gather assembles them)
+                devices = v.layout.mesh.size
+                first = rt.rank // devices * devices
+                layouts[name]["ranks"] = list(range(first, first + devices))
     return {"layouts": json.dumps(layouts), "rank": str(rt.rank), "world": str(rt.world_size)}
 
 
@@ -204,21 +209,26 @@ def merged(paths: Sequence[str], strategies: Mapping[str, dict] | None = None) -
     if len(files) == 1 and files[0][2] is None:
         return files[0][0]
     by_rank = {rank if rank is not None else i: (tensors, layouts) for i, (tensors, layouts, rank) in enumerate(files)}
-    first_tensors, first_layouts = by_rank[min(by_rank)]
+    holding: dict[str, list[int]] = {}  # name -> the ranks whose file has it (under pipeline: one stage's ranks)
+    for rank in sorted(by_rank):
+        for name in by_rank[rank][0]:
+            holding.setdefault(name, []).append(rank)
     out = {}
-    for name, value in first_tensors.items():
-        record = first_layouts.get(name) or (strategies or {}).get(name)
+    for name, holders in holding.items():
+        tensors, layouts = by_rank[holders[0]]
+        record = layouts.get(name) or (strategies or {}).get(name)
         if record is None:
-            out[name] = value
+            out[name] = tensors[name]
             continue
         layout = layout_of(record)
-        missing = [r for r in range(layout.device_num) if r not in by_rank]
+        ranks = record.get("ranks") or list(range(layout.device_num))
+        missing = [r for r in ranks if r not in by_rank or name not in by_rank[r][0]]
         if missing:
             raise ConfigurationError(
-                f"{name!r} is cut over {layout.device_num} ranks but no checkpoint was given for ranks {missing}; "
+                f"{name!r} is cut over ranks {ranks} but no checkpoint holding it was given for ranks {missing}; "
                 "pass every rank's file"
             )
-        pieces = [by_rank[r][0][name] for r in range(layout.device_num)]
+        pieces = [by_rank[r][0][name] for r in ranks]
         out[name] = assemble(pieces, layout, tuple(record["shape"]))
     return out
 

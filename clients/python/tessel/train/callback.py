@@ -219,6 +219,13 @@ class CheckpointConfig:
         self.save_checkpoint_steps, self.save_checkpoint_seconds = save_checkpoint_steps, save_checkpoint_seconds
         self.keep_checkpoint_max, self.saved_network = keep_checkpoint_max, saved_network
         self.append_info = append_info
+        if async_save:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "CheckpointConfig(async_save=True)", "use async_save=False (each save is done before the step ends)"
+            )
+        self.integrated_save = bool(integrated_save)  # False: each rank writes its slices and their layouts
 
 
 class ModelCheckpoint(Callback):
@@ -251,7 +258,8 @@ class ModelCheckpoint(Callback):
 
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
         path = os.path.join(self.directory, f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.ckpt")
-        save_checkpoint(self.config.saved_network or cb.train_network, path, append_dict=self.config.append_info)
+        network = self.config.saved_network or cb.train_network
+        save_checkpoint(network, path, self.config.integrated_save, append_dict=self.config.append_info)
         self._last_step, self._last_time, self.latest_ckpt_file_name = cb.cur_step_num, time.monotonic(), path
         if path in self._saved:
             self._saved.remove(path)
