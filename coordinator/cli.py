@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
+from tessel.coordinator.pace import PaceSettings
 from tessel.coordinator.service import RECOVERY_GRACE_S, STALL_TIMEOUT_S, STALL_WARNING_S, serve
 from tessel.coordinator.store import open_store
 from tessel.core import errors, rpc
@@ -38,6 +40,26 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         default=STALL_TIMEOUT_S,
         help="fail a job whose ranks waited this long for a rank that never came, blaming it (0 = never; 300)",
+    )
+    parser.add_argument(
+        "--straggler-ratio",
+        type=float,
+        default=None,
+        help="name a rank whose own work per step is this many times the median of the other ranks' "
+        f"($TESSEL_STRAGGLER_RATIO, default {PaceSettings.ratio:g})",
+    )
+    parser.add_argument(
+        "--straggler-windows",
+        type=int,
+        default=None,
+        help=f"... for this many windows running ($TESSEL_STRAGGLER_WINDOWS, default {PaceSettings.windows})",
+    )
+    parser.add_argument(
+        "--straggler-window-s",
+        type=float,
+        default=None,
+        help="the shortest window over which ranks' work counters are compared, in seconds "
+        f"($TESSEL_STRAGGLER_WINDOW_S, default {PaceSettings.window_s:g})",
     )
     parser.add_argument(
         "--store",
@@ -81,6 +103,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     limit_heaps()  # many RPC threads, mostly waiting: few heaps keep the memory in one place
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
+        pace = PaceSettings.from_env()
+        chosen = {"ratio": args.straggler_ratio, "windows": args.straggler_windows, "window_s": args.straggler_window_s}
+        pace = dataclasses.replace(pace, **{k: v for k, v in chosen.items() if v is not None})
         store = open_store(default_store(args.port) if args.store == "auto" else args.store)
         server = serve(
             args.host,
@@ -92,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stall_timeout_s=args.stall_timeout_s,
             store=store,
             recovery_grace_s=args.recovery_grace_s,
+            pace=pace,
         )
     except errors.ConfigurationError as exc:
         print(f"tessel coordinator: {exc}", file=sys.stderr)

@@ -25,6 +25,7 @@ class DaemonRecord:
     streams: set[Subscriber] = field(default_factory=set)
     died_at: float = 0.0  # when it was declared dead (it leaves the registry some time later)
     restored: bool = False  # read back by a restarted coordinator and not heard from since: not given new work
+    loads: list = field(default_factory=list)  # its ranks' work counters (RankLoad) from its latest beat carrying them
 
     @property
     def daemon_id(self) -> str:

@@ -18,6 +18,7 @@ from tessel.v1 import coordinator_pb2
 log = logging.getLogger("tessel.coordinator")
 
 CLOSE = "close"  # outbox item: end the stream
+MAX_LOADS = 64  # ranks' work counters one daemon's beat may carry (more are ignored)
 STALLED = "stalled"  # JobEvent.state of a stall warning sent to the job's ranks (the job goes on)
 
 
@@ -63,12 +64,15 @@ class LivenessMixin:
                 )
             return sub
 
-    def beat(self, sub: Subscriber) -> None:
-        # Without the lock: a beat is one float stored, and must be recorded even while a long request holds it.
+    def beat(self, sub: Subscriber, request: coordinator_pb2.HeartbeatRequest | None = None) -> None:
+        # Without the lock: a beat is a float and a list reference stored (each one assignment), and must be
+        # recorded even while a long request holds the lock.
         now = self._clock()
         sub.last_beat = now
         if sub.daemon is not None:
             sub.daemon.last_beat = now
+            if request is not None and request.loads:
+                sub.daemon.loads = list(request.loads[:MAX_LOADS])  # its ranks' work counters
 
     def stream_closed(self, sub: Subscriber, why: str = "closed its heartbeat stream") -> None:
         """A member's stream ended: that member is dead (unless it already finished its part)."""
@@ -145,6 +149,7 @@ class LivenessMixin:
                 if job.suspect is not None and not job.ended and now >= job.suspect[2]:
                     rank, cause, _ = job.suspect
                     self._fail(job, cause, rank)
+            self._judge_paces(now)
             for stall in self.stalls.new_warnings(now):
                 job = self._jobs.get(stall.job_id)
                 if job is None or job.ended:
@@ -166,6 +171,20 @@ class LivenessMixin:
                     f"{stall.waited_s:.1f} s (the coordinator's stall timeout is {self.stalls.fail_after_s:g} s)",
                     culprit,
                 )
+
+    def _judge_paces(self, now: float) -> None:
+        """Stragglers of running jobs from the work counters their daemons' beats carry (coordinator/pace.py)."""
+        loads: dict[str, dict[int, coordinator_pb2.RankLoad]] = {}
+        for record in self._daemons.values():
+            for load in record.loads:
+                loads.setdefault(load.job_id, {})[load.rank] = load
+        for job_id, by_rank in loads.items():
+            job = self._jobs.get(job_id)
+            if job is None or job.state != RUNNING:
+                continue
+            by_rank = {r: load for r, load in by_rank.items() if 0 <= r < job.world_size}
+            for line in self.pace.judge(job_id, job.world_size, by_rank, now):
+                log.warning("%s", line)
 
     def close_all(self) -> None:
         """End every heartbeat stream (the coordinator is shutting down)."""

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from tessel.coordinator.balance import BatchBalancer
+from tessel.coordinator.pace import PaceSettings
 from tessel.coordinator.planner import DEFAULT_PLAN_TIMEOUT_S, StrategyPlanner
 from tessel.coordinator.state import ACK, CLOSE, CoordinatorState
 from tessel.coordinator.store import Store
@@ -173,7 +174,7 @@ class _HeartbeatStream:
                     sub = self.state.subscribe(request, self.outbox)
                     self.identified = True
                 else:
-                    self.state.beat(sub)
+                    self.state.beat(sub, request)
                 self.outbox.put(ACK)
         except grpc.RpcError:
             pass  # cancelled: the member's connection broke
@@ -226,6 +227,7 @@ class CoordinatorServer:
         stall_timeout_s: float = STALL_TIMEOUT_S,
         store: Store | None = None,
         recovery_grace_s: float = RECOVERY_GRACE_S,
+        pace: PaceSettings | None = None,
     ):
         limits = limits or Limits.from_env()
         self.state = CoordinatorState(
@@ -235,6 +237,7 @@ class CoordinatorServer:
             stall_timeout_s=stall_timeout_s,
             store=store,
             recovery_grace_s=recovery_grace_s,
+            pace=pace,
         )
         if self.state.restored:
             log.warning("coordinator %s", self.state.restored)
@@ -255,7 +258,9 @@ class CoordinatorServer:
             f"is dead; a dead daemon leaves the registry after {limits.forget_dead_daemon_s:g} s; stall warning after "
             f"{stall_warning_s:g} s, stall timeout {stall_timeout_s:g} s (0 = none); blocking calls wait "
             f"{DEFAULT_WAIT_S:g} s by default, {limits.max_wait_s:g} s at most; after a restart members have "
-            f"{recovery_grace_s:g} s to come back (state in {self.state.store.url})"
+            f"{recovery_grace_s:g} s to come back (state in {self.state.store.url}); a straggler is a rank whose own "
+            f"work per step is {self.state.pace.settings.ratio:g}x the others' median for "
+            f"{self.state.pace.settings.windows} windows of {self.state.pace.settings.window_s:g} s"
         )
         self.tls = tls.wanted(host)
         log.info("coordinator listening on %s (%s)", self.address, "TLS, cluster CA" if self.tls else "plaintext")
@@ -312,6 +317,7 @@ def serve(
     stall_timeout_s: float = STALL_TIMEOUT_S,
     store: Store | None = None,
     recovery_grace_s: float = RECOVERY_GRACE_S,
+    pace: PaceSettings | None = None,
 ) -> CoordinatorServer:
     """Start a coordinator in this process (port 0 = any free port); the token defaults to the cluster token.
 
@@ -337,4 +343,5 @@ def serve(
         stall_timeout_s=stall_timeout_s,
         store=store,
         recovery_grace_s=recovery_grace_s,
+        pace=pace,
     )

@@ -16,6 +16,7 @@ from tessel.coordinator import jobs
 from tessel.coordinator.durable import DurableMixin
 from tessel.coordinator.jobs import BUSY, FAILED, FINISHED, IDLE, RUNNING, DaemonRecord, Job
 from tessel.coordinator.liveness import CLOSE, STALLED, LivenessMixin
+from tessel.coordinator.pace import PaceJudge, PaceSettings
 from tessel.coordinator.rendezvous import RendezvousMixin
 from tessel.coordinator.stalls import StallInspector
 from tessel.coordinator.store import MemoryStore, Store
@@ -46,6 +47,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         stall_timeout_s: float = 300.0,
         store: Store | None = None,
         recovery_grace_s: float = 10.0,
+        pace: PaceSettings | None = None,
     ):
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.limits = limits or Limits.from_env()
@@ -59,6 +61,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         self._jobs: dict[str, Job] = {}  # in creation order: the oldest waiting job starts first
         self._next_daemon = 0
         self.stalls = StallInspector(stall_warning_s, stall_timeout_s)
+        self.pace = PaceJudge(pace or PaceSettings.from_env())  # stragglers by their own work per step (pace.py)
         # Registrations, jobs, history, groups and keys are written through to the store (never heartbeats), and
         # read back here: a restarted coordinator gives every member recovery_grace_s to come back (durable.py).
         self.store = store or MemoryStore()
@@ -229,6 +232,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 info.heartbeat_age_s = max(0.0, now - record.last_beat)
             reply.jobs.extend(job.info() for job in sorted(self._jobs.values(), key=lambda j: j.created_at))
             reply.stalls.extend(self.stalls.stalls(now))
+            reply.paces.extend(p for p in self.pace.paces() if self._jobs.get(p.job_id) is not None)
             return reply
 
     def get_daemon(self, daemon_id: str) -> coordinator_pb2.DaemonInfo:
@@ -411,6 +415,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
     def _job_ended(self, job: Job) -> None:
         with self._batched():  # one store transaction
             self.stalls.forget_job(job.job_id)
+            self.pace.forget_job(job.job_id)
             for daemon_id in job.daemon_ids:
                 record = self._daemons.get(daemon_id)
                 if record is not None and record.state == BUSY and record.info.job_id == job.job_id:

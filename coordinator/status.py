@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from tessel.coordinator.pace import steps_per_s
 from tessel.coordinator.stalls import describe
 from tessel.core import errors
 from tessel.core.coordinator_client import CoordinatorClient, default_address
@@ -60,10 +61,28 @@ def format_status(reply: coordinator_pb2.ClusterStatusReply) -> str:
         lines += ["", "batch split (speed-aware data parallelism)"]
         header = ["JOB", "EPOCH", "GLOBAL BATCH", "SHARES", "SPEEDS", "FROM"]
         lines += _table(header, [_split_row(j.batch_split) for j in split])
+    if reply.paces:  # running jobs whose ranks' daemons report their work (coordinator/pace.py)
+        lines += ["", "rank pace (own work per step, last window; a straggler's others wait for it)"]
+        header = ["JOB", "RANK", "OWN/STEP", "STEPS/S", "BLOCKED/STEP", "VS OTHERS", "STRAGGLER"]
+        lines += _table(header, [_pace_row(p) for p in reply.paces])
     if reply.stalls:  # only while some collective is stalled
         lines += ["", f"stalls ({len(reply.stalls)})"]
         lines += [f"  {describe(stall)}" for stall in reply.stalls]
     return "\n".join(lines)
+
+
+def _pace_row(pace: coordinator_pb2.RankPace) -> list[str]:
+    rate = steps_per_s(pace.own_s_per_step) if pace.own_s_per_step > 0 else "-"
+    verdict = "yes" if pace.straggler else (f"slow {pace.slow_windows} window(s)" if pace.slow_windows else "-")
+    return [
+        pace.job_id,
+        str(pace.rank),
+        f"{pace.own_s_per_step * 1e3:.3g} ms",
+        rate,
+        f"{pace.blocked_s_per_step * 1e3:.3g} ms",
+        f"{pace.ratio:.2f}x",
+        verdict,
+    ]
 
 
 def _split_row(split: coordinator_pb2.BatchSplit) -> list[str]:

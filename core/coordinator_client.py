@@ -64,8 +64,10 @@ class HeartbeatHandle:
         interval_s: float,
         timeout_s: float,
         grace_s: float | None = None,
+        payload: Callable[[], coordinator_pb2.HeartbeatRequest] | None = None,
     ):
         self._client, self._first, self._on_event = client, first, on_event
+        self._payload = payload  # what each beat after the first carries (a daemon's ranks' work counters)
         self.interval_s, self.timeout_s = interval_s, timeout_s
         self.grace_s = reconnect_grace_s() if grace_s is None else grace_s
         self.job_id = first.client.job_id if first.WhichOneof("who") == "client" else ""
@@ -85,7 +87,15 @@ class HeartbeatHandle:
     def _beats(self, ended: threading.Event) -> Iterator[coordinator_pb2.HeartbeatRequest]:
         yield self._first
         while not self._done.wait(self.interval_s) and not ended.is_set():
-            yield coordinator_pb2.HeartbeatRequest()
+            yield self._beat()
+
+    def _beat(self) -> coordinator_pb2.HeartbeatRequest:
+        if self._payload is not None:
+            try:
+                return self._payload()
+            except Exception:  # advice only: a beat must go out whatever its payload does
+                log.exception("heartbeat payload failed")
+        return coordinator_pb2.HeartbeatRequest()
 
     def _receive(self) -> None:
         while not self._done.is_set():
@@ -241,14 +251,16 @@ class CoordinatorClient:
         on_event: Callable[[coordinator_pb2.JobEvent], None],
         interval_s: float = 0.5,
         timeout_s: float | None = None,
+        payload: Callable[[], coordinator_pb2.HeartbeatRequest] | None = None,
     ) -> HeartbeatHandle:
-        """Start beating for a daemon (its id) or a client rank (ClientRef); timeout_s defaults to 6 intervals."""
+        """Start beating for a daemon (its id) or a client rank (ClientRef); timeout_s defaults to 6 intervals.
+        `payload()`, if given, makes each beat after the first (e.g. carrying the daemon's ranks' work counters)."""
         if isinstance(member, str):
             first = coordinator_pb2.HeartbeatRequest(daemon_id=member)
         else:
             first = coordinator_pb2.HeartbeatRequest(client=member)
         timeout_s = timeout_s if timeout_s is not None else max(3.0, 6 * interval_s)
-        handle = HeartbeatHandle(self._rpc, first, on_event, interval_s, timeout_s, self.grace_s)
+        handle = HeartbeatHandle(self._rpc, first, on_event, interval_s, timeout_s, self.grace_s, payload)
         self._handles = [h for h in self._handles if h.alive] + [handle]
         return handle
 

@@ -26,7 +26,7 @@ from tessel.daemon import hierarchy, memtrace
 from tessel.daemon.executor import Executor
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
-from tessel.v1 import common_pb2, daemon_pb2
+from tessel.v1 import common_pb2, coordinator_pb2, daemon_pb2
 
 if TYPE_CHECKING:
     from tessel.dataset.reader import ShardReader
@@ -128,6 +128,7 @@ class DaemonCore:
         self._lock = threading.Lock()
         self._probing = threading.Lock()
         self._executor = Executor(self._group, self._may_overlap)
+        self._beat_loads: tuple = ()  # the work counters the last heartbeat carried (heartbeat())
         memtrace.trace()  # with TESSEL_MEMORY_TRACE set, the idle baseline is taken now
 
     # ------------------------------------------------------------------------------------------ sessions
@@ -199,6 +200,19 @@ class DaemonCore:
     def sessions(self) -> list[Session]:
         with self._lock:
             return list(self._sessions.values())
+
+    def heartbeat(self) -> coordinator_pb2.HeartbeatRequest:
+        """A heartbeat carrying its ranks' work counters if any moved since the last one (coordinator/pace.py
+        judges stragglers from them); a bare beat otherwise."""
+        loads = [
+            coordinator_pb2.RankLoad(job_id=s.job_id, rank=s.rank, run_s=s.run_s, blocked_s=s.blocked_s, steps=s.steps)
+            for s in self.sessions()
+        ]
+        key = tuple((load.job_id, load.rank, load.steps) for load in loads)
+        if key == self._beat_loads:
+            return coordinator_pb2.HeartbeatRequest()
+        self._beat_loads = key
+        return coordinator_pb2.HeartbeatRequest(loads=loads)
 
     def on_job_event(self, job_id: str, state: str, cause: str, culprit_rank: int = -1) -> None:
         """The coordinator says a job ended: abort its waits now, free its sessions once they are idle."""
@@ -389,7 +403,7 @@ class DaemonCore:
             steps = self._bound(session, program)
             elapsed = [0.0] * len(steps)
             history: dict[str, list[np.ndarray]] = {n: [] for n in collect}
-            began = time.perf_counter()
+            began, repetitions = time.perf_counter(), 0
             try:
                 for repetition in range(max(1, repeat)):
                     session.check_alive()
@@ -409,6 +423,7 @@ class DaemonCore:
                     else:
                         for step in steps:
                             step.run()
+                    repetitions += 1
                     for name in collect:
                         history[name].append(np.array(session.tensor(name)))
                     if progress is not None:
@@ -421,6 +436,7 @@ class DaemonCore:
                 raise
             finally:
                 session.run_s += time.perf_counter() - began
+                session.steps += repetitions  # with run_s: the counters a heartbeat carries move together
             fetched = {n: session.tensor(n) for n in fetch}
             if memtrace.trace() is not None:
                 memtrace.trace().write()

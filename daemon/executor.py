@@ -5,6 +5,7 @@ Binding happens once per Execute, so a program repeated many times pays no per-i
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -17,6 +18,19 @@ from tessel.core.wire import REDUCE_OP_NAMES, numpy_dtype
 from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import collective_pb2, daemon_pb2
+
+
+def _test_slowdown_s() -> float:
+    value = os.environ.get("TESSEL_TEST_SLOWDOWN_S", "")
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        raise ConfigurationError(f"TESSEL_TEST_SLOWDOWN_S={value!r}: give seconds, e.g. 0.05") from None
+
+
+# FOR TESTS ONLY: seconds this daemon sleeps after every segment it runs, a rank made slow honestly (the sleep is its
+# own work, not time blocked in collectives) for the straggler tests (tests/integration/test_stragglers.py).
+TEST_SLOWDOWN_S = _test_slowdown_s()
 
 Step = Callable[[], None]
 
@@ -185,6 +199,8 @@ class Executor:
         if op.segment not in session.segments:
             raise ConfigurationError(f"segment {op.segment!r} is not compiled in {session.describe()}")
         session.segments[op.segment].run(session.tensors, op.inputs, op.outputs)
+        if TEST_SLOWDOWN_S > 0:
+            time.sleep(TEST_SLOWDOWN_S)
 
     def _next_batch(self, session: Session, op: daemon_pb2.NextBatch) -> None:
         if op.dataset not in session.datasets:

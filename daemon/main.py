@@ -25,7 +25,7 @@ from tessel.core import rpc
 from tessel.core.errors import TesselError
 from tessel.core.limits import Limits
 from tessel.core.memory import limit_heaps, release_free_memory
-from tessel.daemon import service
+from tessel.daemon import executor, service
 from tessel.daemon.core import DaemonCore
 from tessel.daemon.stall import REPORT_AFTER_S, CollectiveWatch
 
@@ -218,7 +218,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: (stop.set(), lost.set()))
     interval_s, timeout_s = _heartbeat_deadlines(registration)
     print(_deadlines(core, interval_s, timeout_s), file=sys.stderr, flush=True)
-    beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
+    if executor.TEST_SLOWDOWN_S > 0:
+        log.warning(
+            "TESSEL_TEST_SLOWDOWN_S (a test knob): every segment sleeps %g s after it runs", executor.TEST_SLOWDOWN_S
+        )
+    beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s, core.heartbeat)
     while not stop.is_set():
         lost.wait()
         if stop.is_set():
@@ -231,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         except TesselError:
             break
         log.warning("re-registered with the coordinator at %s as %s", args.coordinator, core.daemon_id)
-        beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s)
+        beat = coordinator.heartbeat(core.daemon_id, on_event, interval_s, timeout_s, core.heartbeat)
     beat.stop()
     watch.stop()
     server.stop(grace=1.0).wait(2.0)

@@ -35,6 +35,7 @@ class Session:
     # moving data): what is left is this rank's own work, the measure of its speed (speed-aware data parallelism).
     run_s: float = 0.0
     blocked_s: float = 0.0
+    steps: int = 0  # program repetitions completed: with run_s and blocked_s, this rank's pace (coordinator/pace.py)
     abort_cause: str | None = None
     culprit_rank: int = -1
     orphan_since: float | None = None  # since when the coordinator has not had this session's job run here

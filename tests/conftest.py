@@ -64,7 +64,10 @@ class Cluster:
         self.procs.append(proc)
         return proc
 
-    def start_daemons(self, n: int, threads: int = 1, extra: tuple[str, ...] = ()) -> list[str]:
+    def start_daemons(
+        self, n: int, threads: int = 1, extra: tuple[str, ...] = (), env: dict[str, str] | None = None
+    ) -> list[str]:
+        """Start `n` daemons (device ids 0..n-1), `env` added to their environment."""
         started = [
             self.spawn(
                 [
@@ -78,7 +81,8 @@ class Cluster:
                     "--threads",
                     str(threads),
                     *extra,
-                ]
+                ],
+                env=dict(self.env, **(env or {})),
             )
             for i in range(n)
         ]

@@ -63,12 +63,28 @@ class RegisterDaemonReply(_message.Message):
     def __init__(self, daemon_id: _Optional[str] = ..., heartbeat_interval_ms: _Optional[int] = ..., heartbeat_timeout_ms: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("daemon_id", "client")
+    __slots__ = ("daemon_id", "client", "loads")
     DAEMON_ID_FIELD_NUMBER: _ClassVar[int]
     CLIENT_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
     daemon_id: str
     client: ClientRef
-    def __init__(self, daemon_id: _Optional[str] = ..., client: _Optional[_Union[ClientRef, _Mapping]] = ...) -> None: ...
+    loads: _containers.RepeatedCompositeFieldContainer[RankLoad]
+    def __init__(self, daemon_id: _Optional[str] = ..., client: _Optional[_Union[ClientRef, _Mapping]] = ..., loads: _Optional[_Iterable[_Union[RankLoad, _Mapping]]] = ...) -> None: ...
+
+class RankLoad(_message.Message):
+    __slots__ = ("job_id", "rank", "run_s", "blocked_s", "steps")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    RUN_S_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    run_s: float
+    blocked_s: float
+    steps: int
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., run_s: _Optional[float] = ..., blocked_s: _Optional[float] = ..., steps: _Optional[int] = ...) -> None: ...
 
 class ClientRef(_message.Message):
     __slots__ = ("job_id", "rank", "pid")
@@ -263,14 +279,34 @@ class KeyValueDeleteRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
 
 class ClusterStatusReply(_message.Message):
-    __slots__ = ("daemons", "jobs", "stalls")
+    __slots__ = ("daemons", "jobs", "stalls", "paces")
     DAEMONS_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     STALLS_FIELD_NUMBER: _ClassVar[int]
+    PACES_FIELD_NUMBER: _ClassVar[int]
     daemons: _containers.RepeatedCompositeFieldContainer[DaemonInfo]
     jobs: _containers.RepeatedCompositeFieldContainer[JobInfo]
     stalls: _containers.RepeatedCompositeFieldContainer[Stall]
-    def __init__(self, daemons: _Optional[_Iterable[_Union[DaemonInfo, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., stalls: _Optional[_Iterable[_Union[Stall, _Mapping]]] = ...) -> None: ...
+    paces: _containers.RepeatedCompositeFieldContainer[RankPace]
+    def __init__(self, daemons: _Optional[_Iterable[_Union[DaemonInfo, _Mapping]]] = ..., jobs: _Optional[_Iterable[_Union[JobInfo, _Mapping]]] = ..., stalls: _Optional[_Iterable[_Union[Stall, _Mapping]]] = ..., paces: _Optional[_Iterable[_Union[RankPace, _Mapping]]] = ...) -> None: ...
+
+class RankPace(_message.Message):
+    __slots__ = ("job_id", "rank", "own_s_per_step", "blocked_s_per_step", "ratio", "slow_windows", "straggler")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OWN_S_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    BLOCKED_S_PER_STEP_FIELD_NUMBER: _ClassVar[int]
+    RATIO_FIELD_NUMBER: _ClassVar[int]
+    SLOW_WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    STRAGGLER_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    own_s_per_step: float
+    blocked_s_per_step: float
+    ratio: float
+    slow_windows: int
+    straggler: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., own_s_per_step: _Optional[float] = ..., blocked_s_per_step: _Optional[float] = ..., ratio: _Optional[float] = ..., slow_windows: _Optional[int] = ..., straggler: _Optional[bool] = ...) -> None: ...
 
 class GetDaemonRequest(_message.Message):
     __slots__ = ("daemon_id",)
