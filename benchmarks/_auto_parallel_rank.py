@@ -15,8 +15,11 @@ weights) with its own train step:
   trick": the convolutions data parallel, the fully connected head Megatron's; expert_twin is a second copy of
   it (how far two identical plans' times drift apart on a shared machine);
 - sharding_propagation, recursive_programming, dynamic_programming: AUTO_PARALLEL with that search_mode, nothing
-  configured, the batch imported data parallel (MindSpore's default); the coordinator plans with the job's measured
-  cost model.
+  configured, the batch imported data parallel (full_batch=False, MindSpore's default); the coordinator plans with
+  the job's measured cost model;
+- the same three with the suffix "+full_batch" ("sharding_propagation+full_batch", ...): AUTO_PARALLEL with
+  full_batch=True, every rank reading the whole batch as the expert does (the data inputs arrive replicated, and
+  the planner takes whatever slice of them its ops want at the price of a local copy: no all-gather).
 The parallel mode is read when a step compiles and when it is called, so it is set before every call.
 
 Timed rounds: rank 0 first has the daemons measure again (GetCostModel refresh=True, as predict_step.py does: the
@@ -47,6 +50,12 @@ from tessel.communication import get_group_size, get_rank, init
 from tessel.communication.comm_func import barrier
 
 EXPERTS = ("expert", "expert_twin")
+FULL_BATCH = "+full_batch"
+
+
+def whole_batch(variant: str) -> bool:
+    """True where every rank reads the whole batch (full_batch=True): the expert and the +full_batch searches."""
+    return variant in EXPERTS or variant.endswith(FULL_BATCH)
 
 
 def _weight(rng, shape, name: str) -> ms.Parameter:
@@ -127,12 +136,15 @@ def set_mode(variant: str) -> None:
     elif variant in EXPERTS:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, full_batch=True)
     else:
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=variant, full_batch=False)
+        search = variant.removesuffix(FULL_BATCH)
+        ms.set_auto_parallel_context(
+            parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=search, full_batch=whole_batch(variant)
+        )
 
 
 class Variant:
-    """One plan of the net: its train step and what it feeds (the whole batch under the expert plan, this rank's
-    rows otherwise)."""
+    """One plan of the net: its train step and what it feeds (the whole batch under full_batch, this rank's rows
+    otherwise)."""
 
     def __init__(self, name: str, net_name: str, x: np.ndarray, y: np.ndarray, rank: int, world: int):
         make, _, _, _ = NETS[net_name]
@@ -142,7 +154,7 @@ class Variant:
         self.loss = nn.WithLossCell(self.net, nn.MSELoss())
         self.step = nn.TrainOneStepCell(self.loss, nn.SGD(self.net.trainable_params(), 1e-3))
         rows = len(x) // world
-        part = slice(None) if name in EXPERTS else slice(rank * rows, (rank + 1) * rows)
+        part = slice(None) if whole_batch(name) else slice(rank * rows, (rank + 1) * rows)
         self.x, self.y = ms.Tensor(np.ascontiguousarray(x[part])), ms.Tensor(np.ascontiguousarray(y[part]))
         self.global_x, self.global_y = x, y
 
@@ -175,8 +187,8 @@ def describe(plan) -> list[str]:
 
 def dataset_moves(plan, model) -> float:
     """Predicted seconds a step spends moving the data inputs from the layout the dataset gives them (cut by the
-    batch, MindSpore's default under AUTO_PARALLEL) to the layout the plan's ops read (the expert reads the whole
-    batch on every rank: none). A data input has no gradient: forward only."""
+    batch, MindSpore's default under AUTO_PARALLEL; whole under full_batch, where a move is a local slice) to the
+    layout the plan's ops read. A data input has no gradient: forward only."""
     from tessel.compiler.parallel.search import objective
 
     data = {v for v in plan.graph.inputs if v.name not in set(plan.parameters)}

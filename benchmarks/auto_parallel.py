@@ -7,7 +7,9 @@ Usage: python benchmarks/auto_parallel.py [--nets wide,narrow,conv] [--rounds 12
 Plan quality. One `tessel run -n 4` job per net (4 CPU daemons with 1 compute thread each; the nets and variants are
 described in _auto_parallel_rank.py): data parallel, the expert plan (SEMI_AUTO_PARALLEL with Megatron's shard()
 strategies; on the conv net data-parallel convolutions and a Megatron head) and AUTO_PARALLEL under each search mode,
-all trained in the same job, one round at a time (every variant `steps` steps per round, the order rotating). A
+each twice: with full_batch=False (the batch imported data parallel, MindSpore's default) and with full_batch=True
+(suffix "+full_batch": every rank reads the whole batch, as the expert does; a plan then slices it locally), all
+trained in the same job, one round at a time (every variant `steps` steps per round, the order rotating). A
 round's step time of a variant is the slowest rank's; "x best" is the median over rounds of the round's step time
 over the better of the expert's and data parallel's in that round: load from other processes on a shared machine
 falls on every variant of a round alike and cancels out of the ratio far better than out of a ratio of medians.
@@ -45,7 +47,10 @@ from auto_parallel_planner import print_rows  # noqa: E402
 from model_parallel import _cause, _run_job  # noqa: E402
 
 RANK = HERE / "_auto_parallel_rank.py"
-SEARCHES = ("sharding_propagation", "recursive_programming", "dynamic_programming")
+MODES = ("sharding_propagation", "recursive_programming", "dynamic_programming")
+# each search mode twice: the batch imported data parallel (full_batch=False, MindSpore's default) and whole on every
+# rank (full_batch=True, as the expert reads it)
+SEARCHES = (*MODES, *(f"{mode}+full_batch" for mode in MODES))
 VARIANTS = ("data_parallel", "expert", "expert_twin", *SEARCHES)
 TARGET = 1.10
 NET_NAMES = {
@@ -100,7 +105,7 @@ def report(net: str, summary: dict) -> list[tuple[str, bool]]:
     cells = summary["cells"]
     load = summary["load"]
     print(f"\n{NET_NAMES[net]}  (load average {load[0]:.1f} -> {load[1]:.1f}, {summary['rounds']} rounds)")
-    head = f"{'plan':<22} {'step ms':>8} {'x best':>7} {'(IQR)':>13} {'predicted':>10} {'pred/meas':>9}"
+    head = f"{'plan':<32} {'step ms':>8} {'x best':>7} {'(IQR)':>13} {'predicted':>10} {'pred/meas':>9}"
     head += f" {'data mv':>8}  ops"
     print(head)
     print("-" * len(head))
@@ -109,7 +114,7 @@ def report(net: str, summary: dict) -> list[tuple[str, bool]]:
             continue
         c = cells[v]
         q = c["x_best_quartiles"]
-        print(f"{v:<22} {c['step_ms']:8.1f} {c['x_best']:6.2f}x {f'{q[0]:.2f}-{q[1]:.2f}':>13} "
+        print(f"{v:<32} {c['step_ms']:8.1f} {c['x_best']:6.2f}x {f'{q[0]:.2f}-{q[1]:.2f}':>13} "
               f"{c['predicted_ms']:8.1f}ms {c['predicted_x_measured']:8.2f}x {c['data_moves_ms']:6.2f}ms  "
               f"{'; '.join(c['plan'])}")  # fmt: skip
     print(f"expert x2 (its twin over it, the table's resolution): {summary['twin']:.2f}x")
@@ -117,8 +122,11 @@ def report(net: str, summary: dict) -> list[tuple[str, bool]]:
         c = cells[v]
         if c["x_best"] > TARGET:
             same = " (the expert's strategies)" if c["plan"] == cells["expert"]["plan"] else ""
-            print(f"  {v} over target{same}: it reads the batch as the dataset cuts it (data parallel) and moves "
-                  f"it at {c['data_moves_ms']:.2f} ms predicted a step, where the expert reads the whole batch; "
+            if v.endswith("+full_batch"):
+                why = "it reads the whole batch as the expert does"
+            else:
+                why = "it reads the batch as the dataset cuts it (data parallel), the expert the whole batch"
+            print(f"  {v} over target{same}: {why}; its data moves {c['data_moves_ms']:.2f} ms predicted a step; "
                   f"identical plans differ by {summary['twin']:.2f}x here")  # fmt: skip
     verdicts = []
     for v in SEARCHES:

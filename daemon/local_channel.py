@@ -39,6 +39,7 @@ from tessel.core.errors import (
     RendezvousTimeoutError,
     TesselError,
 )
+from tessel.core.process import pid_alive
 from tessel.v1 import daemon_pb2
 
 log = logging.getLogger("tessel.daemon")
@@ -50,16 +51,6 @@ TOKEN_TIMEOUT_S = 5.0  # a connection must send the token this soon
 DIRECTORY_PREFIX = "tessel-daemon-"
 SOCKET_NAME = "execute.sock"
 _STARTING_S = 60.0  # a directory younger than this whose socket does not answer may belong to a daemon starting
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _answers(path: str) -> bool:
@@ -95,7 +86,7 @@ def remove_stale_directories(root: str | None = None) -> list[str]:
             continue
         pid_text = entry.name[len(DIRECTORY_PREFIX) :].split("-", 1)[0]
         pid = int(pid_text) if pid_text.isdigit() else None
-        if pid is not None and not _pid_alive(pid):
+        if pid is not None and not pid_alive(pid):
             dead = True
         else:  # alive (maybe a reused pid) or unknown: dead only if its socket has long stopped answering
             dead = time.time() - stat.st_mtime > _STARTING_S and not _answers(os.path.join(entry.path, SOCKET_NAME))

@@ -1,6 +1,7 @@
 """AUTO_PARALLEL on real daemons: each of MindSpore's three search modes plans every op of an MLP, a conv net and a
 net whose weight is used by two ops (nothing configured by the user), and 2, 4 (and 8, for the MLP) ranks reproduce
-the standalone losses over 20 steps to 1e-5 relative (scripts/auto_modes.py checks on every rank)."""
+the standalone losses over 20 steps to 1e-5 relative (scripts/auto_modes.py checks on every rank); the MLP also with
+full_batch=True (every rank feeds the whole batch, the planner slices it)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def references(tmp_path_factory):
 
 CASES = [(net, mode, n) for net in ("mlp", "conv", "tied") for mode in MODES for n in (2, 4)]
 CASES.append(("mlp", "recursive_programming", 8))
+CASES += [("mlp", f"{mode}+full_batch", 4) for mode in MODES]
 
 
 @pytest.mark.parametrize(("net", "mode", "n"), CASES)
@@ -38,7 +40,7 @@ def test_every_search_mode_trains_like_one_device(references, tmp_path, net, mod
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(n):
         out = rank_log(tmp_path, rank).read_text()
-        found = re.search(rf"auto {net} {mode} ok on rank {rank} of {n}: loss error (\S+)", out)
+        found = re.search(rf"auto {net} {re.escape(mode)} ok on rank {rank} of {n}: loss error (\S+)", out)
         assert found and float(found.group(1)) <= 1e-5, out
 
 

@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tessel.core.process import pid_alive
+
 PREFIX = "tessel-tb"
 _NAME = re.compile(rf"^{PREFIX}-(\d+)-([0-9a-f]+)-(\w+)$")
 REPO = Path(__file__).resolve().parents[2]
@@ -103,22 +105,12 @@ def _pids_in(namespace: str) -> list[int]:
     return [int(p) for p in listing.split() if p.isdigit()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def remove_stale() -> list[str]:
     """Delete test-bed namespaces whose creator is gone and that hold no process; returns their names."""
     removed = []
     for namespace in _namespaces():
         match = _NAME.match(namespace)
-        if match is None or _alive(int(match.group(1))) or _pids_in(namespace):
+        if match is None or pid_alive(int(match.group(1))) or _pids_in(namespace):
             continue
         if _ip(f"ip netns delete {namespace}", check=False).returncode == 0:
             removed.append(namespace)

@@ -314,6 +314,21 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
     return seconds
 
 
+def is_local_slice(source: Layout, target: Layout) -> bool:
+    """True when going from `source` to `target` only slices what every rank already holds (each device axis that
+    changes is replicated in `source`): a local StridedSlice, no collective. Its price (`copy_time`) is compute,
+    not communication; its transpose is not (the gradient of a sliced value must be gathered back)."""
+    if source.same_as(target):
+        return True
+    a, b = source.refined, target.refined
+    if a.device_matrix != b.device_matrix:
+        return all(isinstance(have, Replicate) for have in a.placements)
+    for axis, (have, want) in enumerate(zip(a.placements, b.placements)):
+        if (have != want or _reordered(a, b, axis)) and not isinstance(have, Replicate):
+            return False
+    return True
+
+
 def clear_caches() -> None:
     """Forget the remembered groups and redistribution prices."""
     _groups.cache_clear()

@@ -29,7 +29,7 @@ from tessel.compiler.parallel.cost import candidates
 from tessel.compiler.parallel.layout import Layout
 from tessel.compiler.parallel.partition import by_node, check_static, dataset_layouts
 from tessel.compiler.parallel.search import objective
-from tessel.compiler.parallel.search.cost_model import CostModel
+from tessel.compiler.parallel.search.cost_model import CostModel, is_local_slice
 from tessel.compiler.parallel.strategy import DATA_PARALLEL, Placement, StrategyError, place, resolve
 from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
@@ -299,7 +299,8 @@ class _Builder:
             if v in p.dataset:
                 move = p.move(p.dataset[v], want, v, backward=False)  # data has no gradient
                 seconds += move
-                communication += move
+                if not is_local_slice(p.dataset[v], want):  # a whole (full_batch) input is sliced in place
+                    communication += move
             elif v in single:
                 extra_time, extra_memory = p.parameter_cost(v, want)
                 seconds += extra_time

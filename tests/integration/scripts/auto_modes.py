@@ -4,6 +4,9 @@ by two ops, 20 steps, nothing configured by the user (the planner decides every 
     python auto_modes.py NET MODE reference.json            # standalone: writes the losses
     tessel run -n 4 auto_modes.py NET MODE reference.json   # every rank compares (relative error <= 1e-5)
     ... NET MODE reference.json SAVE.json [LOAD.json]       # and writes the strategy file (loading another first)
+
+MODE may end in "+full_batch" ("dynamic_programming+full_batch"): full_batch=True, every rank feeds the whole batch
+(the planner slices it where its ops want); otherwise each rank feeds its own rows (full_batch=False).
 """
 
 from __future__ import annotations
@@ -62,8 +65,11 @@ def main() -> None:
     ms.set_seed(4)
     init()
     world, rank = get_group_size(), get_rank()
+    search, full_batch = mode.removesuffix("+full_batch"), mode.endswith("+full_batch")
     if world > 1:
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=mode)
+        ms.set_auto_parallel_context(
+            parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=search, full_batch=full_batch
+        )
         files = dict(zip(("save_file", "load_file"), sys.argv[4:6]))
         if files:
             ms.set_auto_parallel_context(strategy_ckpt_config=files)
@@ -77,7 +83,7 @@ def main() -> None:
     for _ in range(STEPS):
         x = rng.standard_normal((BATCH, *shape)).astype(np.float32)
         y = rng.standard_normal((BATCH, out)).astype(np.float32)
-        part = slice(rank * share, (rank + 1) * share)
+        part = slice(None) if full_batch else slice(rank * share, (rank + 1) * share)
         losses.append(float(step(ms.Tensor(x[part]), ms.Tensor(y[part])).asnumpy()))
     if world == 1:
         with open(reference, "w") as f:

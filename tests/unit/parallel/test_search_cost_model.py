@@ -106,3 +106,30 @@ def test_step_time_prediction_counts_gradients_of_replicated_parameters_and_the_
     matmul = graph.nodes[0]
     split = predict_step_time(parallelize(graph, {matmul: ((1, 1), (1, 4))}, 4, params), model)
     assert split.gradients < data_parallel.gradients  # w1 is cut, not replicated: no all-reduce of its gradient
+
+
+def test_slicing_a_replicated_tensor_is_a_local_copy_not_communication():
+    """A whole (full_batch) input read in any cut: a StridedSlice on each rank, priced as a copy; the search counts
+    it as compute, not communication (sharding_propagation ranks candidates by communication first)."""
+    from search_testkit import stacked_layers
+
+    from tessel.compiler.parallel.search.cost_model import is_local_slice
+
+    model = CostModel.default_cpu(4)
+    whole, rows = Layout.from_axes((4,), ((), ())), Layout.from_axes((4,), ((0,), ()))
+    for strategy in [(4, 1), (1, 4), (2, 2)]:
+        want = Layout.from_strategy(strategy, 4)
+        assert is_local_slice(whole, want), strategy
+        assert is_local_slice(rows, want) == (strategy == (4, 1)), strategy
+        copy = model.copy_time(16 * 2048 * 4 / math.prod(strategy))
+        assert model.redistribution_time(whole, want, (16, 2048), 4) == pytest.approx(copy), strategy
+    graph, params = stacked_layers(1, 16, 2048)
+    row = {}
+    for dataset in ("full_batch", "data_parallel"):
+        problem = Problem(graph, 4, {}, params, dataset, model)
+        first = problem.variables[problem.node_var[graph.nodes[0]]]
+        row[dataset] = next(o for o in first.options if o.placement.strategy == ((4, 1), (1, 1)))
+    # the same cut of the batch: sliced in place from the whole batch, taken as it comes from the data-parallel one
+    assert row["full_batch"].communication == pytest.approx(row["data_parallel"].communication)
+    assert row["full_batch"].communication > 0  # the replicated weight's gradient all-reduce
+    assert row["full_batch"].time > row["data_parallel"].time  # the slice's copy

@@ -55,3 +55,27 @@ def test_plans_around_a_configured_column_split_equal_one_device(net, devices):
         _, _, full = parallel_grads(plan, feeds, params)
         for name in params:
             close(full[name], grads[name], what=f"{net} on {devices} ranks, {mode}: gradient of {name}")
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("net", sorted(NETS))
+def test_every_modes_plan_from_a_full_batch_equals_one_device(net, model):
+    """full_batch=True: every rank holds the whole batch and each plan slices it where its ops want (the cheap-links
+    model steers the search to other cuts of the data than the batch dim); loss and gradients stay those of one
+    device."""
+    graph, params = NETS[net]()
+    feeds = feeds_for(graph, seed=2)
+    loss, grads = reference_grads(graph, feeds, params)
+    for mode in MODES:
+        strategies = plan_strategies(
+            graph, mode=mode, device_num=4, parameters=params, dataset="full_batch", cost_model=MODELS[model](4)
+        )
+        plan = parallelize(graph, strategies, 4, params, "full_batch")
+        what = f"{net}, {mode}, {model} model, full_batch"
+        data = [v for v in graph.inputs if v.name not in params]
+        assert all(plan.input_layout(v.name).replicas == 4 for v in data), what  # every rank the whole batch
+        losses, _, full = parallel_grads(plan, feeds, params)
+        for rank_loss in losses:
+            close(rank_loss, loss, what=f"{what}: loss on a rank")
+        for name in params:
+            close(full[name], grads[name], what=f"{what}: gradient of {name}")

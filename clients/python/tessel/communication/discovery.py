@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from tessel.core.errors import ConfigurationError, RendezvousTimeoutError
+from tessel.core.process import pid_alive
 
 _POLL_S = 0.05
 
@@ -31,16 +32,6 @@ def default_directory() -> Path:
     if shared:
         return Path(shared)
     return Path(tempfile.gettempdir()) / f"tessel-{os.getuid()}" / "rendezvous"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FileExchange:
@@ -90,7 +81,7 @@ class FileExchange:
         except (OSError, ValueError):
             return None  # not there yet (or being replaced)
         self._check_directory()
-        stale = self.same_host and payload.get("host") == socket.gethostname() and not _alive(payload.get("pid", 0))
+        stale = self.same_host and payload.get("host") == socket.gethostname() and not pid_alive(payload.get("pid", 0))
         return None if stale else payload
 
     def remove(self) -> None:

@@ -30,6 +30,7 @@ import numpy as np
 from tessel.common.parameter import Parameter, fetch_all
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.core.process import pid_alive
 
 FORMAT = "tessel-checkpoint-1"
 
@@ -99,19 +100,9 @@ def _remove_stale_temps(path: str) -> None:
         return
     for name in names:
         pid = name[len(prefix) :].split(".", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(folder, name))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def atomic_write(path: str, data: bytes) -> None:
