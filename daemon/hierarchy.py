@@ -12,9 +12,13 @@ Parts of equal size k (the usual: as many ranks on every host) use every member 
 of each part talking to the i-th members of the others (k cross groups of one member per part):
 
     all_reduce        reduce_scatter in the part (member i holds the part's sum of chunk i), all_reduce of chunk i
-                      in cross group i, all_gather in the part, pipelined in segments (the cross step of one
-                      segment runs while the part reduces the next); small buffers: all_reduce in the part, then
-                      in the cross group (two latency-bound steps instead of three)
+                      in cross group i, all_gather in the part; pipelined in segments (the cross step of one
+                      segment runs while the part reduces the next) where the link is the slow step:
+                      the first three large all_reduces run whole, the last two timing both steps; the members agree on
+                      the slowest figures, and later ones pipeline only if the cross step took over PIPELINE_RATIO x
+                      the part's (on a fast link the segments' extra synchronisation costs more than the overlap saves);
+                      small buffers: all_reduce in the part, then in the cross group (two latency-bound steps
+                      instead of three)
     reduce_scatter    reduce_scatter in the part (member i gets the part's sums of the blocks of every part's i-th
                       member), then reduce_scatter in cross group i
     all_gather        all_gather in cross group i, then in the part (blocks put back in group-rank order)
@@ -33,6 +37,8 @@ taken inside each part first. Mean composes (a mean of equal parts' means), the 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -48,7 +54,15 @@ SMALL_BYTES = 64 << 10
 # inside a host hide behind the link. Big enough that a segment's fixed costs (an agreement round trip) are small
 # against its transfer even at 10 Gbit/s, small enough that the pipeline fills quickly.
 SEGMENT_BYTES = 512 << 10
+# Pipeline only where the cross step took over this many times as long as the steps inside the part. Measured on
+# the two-host test bed (2 x 2 ranks, 2 shared cores, load 4-6): the ratio is 1.8-2.3 at 1 Gbit/s, where 512 KiB
+# segments run 16 MiB in 145 ms against 180-230 ms whole, and 0.6-0.8 at 10 Gbit/s, where segments ran it in ~107 ms
+# against ~71 ms whole (each segment adds three synchronised collectives, and on busy cores each costs switches).
+PIPELINE_RATIO = 1.25
+TIMED_RUNS = 2  # large all_reduces timed (summed) for that choice, after one untimed
 MODES = ("auto", "flat")
+
+log = logging.getLogger(__name__)
 
 
 def parts_of(peers: Sequence[Peer]) -> list[list[int]]:
@@ -123,6 +137,9 @@ class HierarchicalCommunicator(Communicator):
         inner = self.intra.transport if self.intra is not None else "-"
         self.transport = f"hierarchical({inner}+{self.flat.transport})"
         self.compute_bound = bool(getattr(self.intra, "compute_bound", False))
+        self.pipeline: bool | None = None  # decided by large all_reduce 1 + TIMED_RUNS (see _all_reduce)
+        self._whole_runs = 0  # large all_reduces run whole so far; the first may open connections: not timed
+        self._timings = np.zeros(2)  # [cross step, -part steps] seconds, summed over the timed runs
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -146,8 +163,11 @@ class HierarchicalCommunicator(Communicator):
         if x.nbytes <= SMALL_BYTES or x.size < k:
             return self.cross.all_reduce(self.intra.all_reduce(x, op), op)
         flat = np.ascontiguousarray(x).reshape(x.size)
+        if self.pipeline is None:
+            return self._timed_whole(flat, op, k).reshape(x.shape)
         out = np.empty_like(flat)
-        step = k * max(1, SEGMENT_BYTES // x.itemsize)  # elements per segment, a multiple of k
+        segment = SEGMENT_BYTES if self.pipeline else flat.nbytes
+        step = k * max(1, segment // x.itemsize)  # elements per segment, a multiple of k
         bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]
         crossing: list[tuple[int, int, object]] = []
         # The part's collectives run here in one fixed order on every member (reduce segment s, then gather
@@ -162,6 +182,33 @@ class HierarchicalCommunicator(Communicator):
         for lo, hi, handle in crossing:
             self._gather_into(out, lo, hi, handle)
         return out.reshape(x.shape)
+
+    def _timed_whole(self, flat: np.ndarray, op: str, k: int) -> np.ndarray:
+        """The first 1 + TIMED_RUNS large all_reduces: in one piece; all but the first time the part's steps and the
+        cross step; after the last, every member takes the agreed figures (below; two small all_reduces, once per
+        communicator), so all of them decide alike whether later large all_reduces pipeline."""
+        piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
+        started = time.perf_counter()
+        reduced = self.intra.reduce_scatter(piece, op)
+        crossing = time.perf_counter()
+        across = self.cross.all_reduce(reduced, op)
+        gathering = time.perf_counter()
+        out = self.intra.all_gather(across)[: flat.size]
+        local_s = (crossing - started) + (time.perf_counter() - gathering)
+        self._whole_runs += 1
+        if self._whole_runs == 1:
+            return out
+        self._timings += [gathering - crossing, -local_s]
+        if self._whole_runs <= TIMED_RUNS:
+            return out
+        # The slowest cross step, and the quickest member's part steps: a member's part steps include waiting for
+        # the other members (to arrive, to finish their cross step), the quickest one's least.
+        figures = self.cross.all_reduce(self.intra.all_reduce(self._timings, "max"), "max") * [1.0, -1.0]
+        self.pipeline = bool(figures[0] > PIPELINE_RATIO * figures[1])
+        log.info("group %r: cross step %.1f ms, part's steps %.1f ms (%d bytes, %d runs): large all_reduces %s",
+                 self.context.name, figures[0] * 1e3, figures[1] * 1e3, flat.nbytes, TIMED_RUNS,
+                 f"pipeline in {SEGMENT_BYTES >> 10} KiB segments" if self.pipeline else "run whole")  # fmt: skip
+        return out
 
     def _gather_into(self, out: np.ndarray, lo: int, hi: int, handle) -> None:
         out[lo:hi] = self.intra.all_gather(handle.wait())[: hi - lo]

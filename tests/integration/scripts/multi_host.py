@@ -67,8 +67,12 @@ def collectives(groups: dict[str, list[int]]) -> dict:
     inputs = {r: np.random.default_rng([r, 7]).standard_normal(count).astype(np.float32) for r in range(size)}
     exact = np.sum([inputs[r].astype(np.float64) for r in range(size)], axis=0)
     bound = (size - 1) * np.finfo(np.float32).eps * np.sum([np.abs(inputs[r]) for r in range(size)], axis=0)
-    error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
-    worst = float(np.max(error / np.maximum(bound, 1e-30)))
+    # Four times: a hierarchical group runs its first three large all_reduces whole, then chooses whether to
+    # pipeline the later ones in segments (hierarchy.py), so the fourth takes the chosen path.
+    worst = 0.0
+    for _ in range(4):
+        error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
+        worst = max(worst, float(np.max(error / np.maximum(bound, 1e-30))))
     checks += 1
     if worst > 1.0:
         failures.append(f"world all_reduce of floats: error {worst:.2f}x the float32 rounding bound")
