@@ -490,6 +490,11 @@ class DaemonCore:
             raise ConfigurationError("ProbeLink: this daemon is probing a link already; ask again when it is done")
         try:
             link = self.plugin.collective.probe_link(data_address)
+        except OSError as exc:  # a host name that does not resolve, a route that does not exist
+            raise ConfigurationError(
+                f"ProbeLink: cannot reach the data plane at {data_address!r} ({exc}); give the address a daemon "
+                "advertises (host:port from `tessel status`)"
+            ) from exc
         finally:
             self._probing.release()
         if link is None:
