@@ -83,7 +83,7 @@ def test_the_daemon_probes_through_its_plugin_and_refuses_bad_addresses():
         assert core.probe_link(other.collective.data_address).bandwidth > 0
         with pytest.raises(ConfigurationError, match="not a data-plane address"):
             core.probe_link("nowhere")
-        with pytest.raises(ConfigurationError, match="cannot reach the data plane at 'no-such-host.invalid:1'"):
+        with pytest.raises(ConfigurationError, match="cannot reach the data plane at 'no-such-host"):
             core.probe_link("no-such-host.invalid:1")  # the name does not resolve: an error naming it, not INTERNAL
         assert core.probe_link(other.collective.data_address).bandwidth > 0  # the probe lock was given back
     finally:

@@ -6,7 +6,9 @@ by two ops, 20 steps, nothing configured by the user (the planner decides every 
     ... NET MODE reference.json SAVE.json [LOAD.json]       # and writes the strategy file (loading another first)
 
 MODE may end in "+full_batch" ("dynamic_programming+full_batch"): full_batch=True, every rank feeds the whole batch
-(the planner slices it where its ops want); otherwise each rank feeds its own rows (full_batch=False).
+(the planner slices it where its ops want); otherwise each rank feeds its own rows (full_batch=False). MODE may be a
+comma-separated list: one job then trains a fresh network under each mode in turn (the plans are keyed by search
+mode, so each is searched anew), which saves a job start per mode.
 """
 
 from __future__ import annotations
@@ -60,17 +62,23 @@ NETS = {"mlp": (Mlp, (32,), 16), "conv": (ConvNet, (2, 6, 6), 16), "tied": (Tied
 
 
 def main() -> None:
-    net_name, mode, reference = sys.argv[1:4]
+    net_name, modes, reference = sys.argv[1:4]
     ms.set_context(mode=ms.GRAPH_MODE)
-    ms.set_seed(4)
     init()
+    for mode in modes.split(","):
+        train(net_name, mode, reference, sys.argv[4:6])
+
+
+def train(net_name: str, mode: str, reference: str, strategy_files: list[str]) -> None:
+    ms.set_seed(4)
     world, rank = get_group_size(), get_rank()
     search, full_batch = mode.removesuffix("+full_batch"), mode.endswith("+full_batch")
     if world > 1:
+        ms.reset_auto_parallel_context()
         ms.set_auto_parallel_context(
             parallel_mode=ms.ParallelMode.AUTO_PARALLEL, search_mode=search, full_batch=full_batch
         )
-        files = dict(zip(("save_file", "load_file"), sys.argv[4:6]))
+        files = dict(zip(("save_file", "load_file"), strategy_files))
         if files:
             ms.set_auto_parallel_context(strategy_ckpt_config=files)
     make, shape, out = NETS[net_name]
@@ -93,7 +101,7 @@ def main() -> None:
     with open(reference) as f:
         want = json.load(f)
     error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, want))
-    print(f"auto {net_name} {mode} ok on rank {rank} of {world}: loss error {error:.3g}")
+    print(f"auto {net_name} {mode} ok on rank {rank} of {world}: loss error {error:.3g}", flush=True)
 
 
 if __name__ == "__main__":
