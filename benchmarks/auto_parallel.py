@@ -41,7 +41,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-
+from _verdicts import finish  # noqa: E402
 from auto_parallel_planner import measure as measure_planner  # noqa: E402
 from auto_parallel_planner import print_rows  # noqa: E402
 from model_parallel import _cause, _run_job  # noqa: E402
@@ -169,12 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print_rows(rows)
         verdicts += [(f"planner: {name} {value} (target {target})", ok) for name, value, target, ok in rows]
         figures["planner"] = rows
-    print()
-    for line, passed in verdicts:
-        print(f"{'PASS' if passed else 'FAIL'}  {line}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
-    return 0
+    return finish(verdicts, figures, args.json)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
-
+sys.path.insert(0, str(Path(__file__).parent))
+from _verdicts import finish  # noqa: E402
 from testbed import Testbed, TestbedUnavailable  # noqa: E402
 from testbed_cluster import TestbedCluster, describe  # noqa: E402
 
@@ -155,12 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     except TestbedUnavailable as exc:
         print(f"cannot build the test bed: {exc}", file=sys.stderr)
         return 2
-    print()
-    for line, passed in verdicts:
-        print(f"{'PASS' if passed else 'FAIL'}  {line}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1))
-    return 0
+    return finish(verdicts, figures, args.json)
 
 
 if __name__ == "__main__":
