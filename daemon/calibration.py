@@ -20,9 +20,10 @@ machinery is generic over the op registry (tracing, autodiff, lowering, the cost
     {'MatMul': 0.95, 'Conv2D': 2.4, 'ReLU': 4.3}
 
 The factors are ratios of CPU times, which neither the load nor the moment change: a daemon's start takes them from
-this host's store ($TESSEL_HOME/calibration) when a daemon with the same plugin, device and threads calibrated them
-within a day (the eight daemons of an 8-rank job calibrate once, not eight times); a Measure request calibrates anew.
-The plugin's own figures (throughput, bandwidth, the shared-memory link) are measured at every start.
+this host's store ($TESSEL_CALIBRATION_DIR, else $TESSEL_HOME/calibration) when a daemon with the same plugin,
+device and threads calibrated them within a day (the eight daemons of an 8-rank job calibrate once, not eight
+times); a Measure request calibrates anew. The plugin's own figures (throughput, bandwidth, the shared-memory link)
+are measured at every start.
 
 `TESSEL_MEASURE=0` skips all of it (the coordinator then keeps its default figures for the daemon).
 """
@@ -131,10 +132,10 @@ def measure_device(
 
 
 def factors_path(plugin) -> Path:
-    """Where this host keeps the per-op factors of `plugin`'s device at its thread count: $TESSEL_HOME/calibration
-    (default ~/.tessel), one file per plugin, device (unless the plugin's devices are interchangeable) and thread
-    count, its name carrying a digest of what the factors depend on besides: the references, this module, the CPU
-    and the compute runtime's version. Anything else changed calibrates anew."""
+    """Where this host keeps the per-op factors of `plugin`'s device at its thread count: $TESSEL_CALIBRATION_DIR, else
+    $TESSEL_HOME/calibration (default ~/.tessel), one file per plugin, device (unless the plugin's devices are
+    interchangeable) and thread count, its name carrying a digest of what the factors depend on besides: the
+    references, this module, the CPU and the compute runtime's version. Anything else changed calibrates anew."""
     device = plugin.device
     runtime = sys.modules.get("onnxruntime")
     what = repr(
@@ -151,8 +152,10 @@ def factors_path(plugin) -> Path:
     )
     which = "any" if plugin.interchangeable_devices else str(device.device_id)
     name = f"{plugin.name}-{device.kind}-{which}-{device.cores}t-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
-    home = Path(os.environ.get("TESSEL_HOME", Path.home() / ".tessel"))
-    return home / "calibration" / name
+    store = os.environ.get("TESSEL_CALIBRATION_DIR")
+    return (
+        Path(store) if store else Path(os.environ.get("TESSEL_HOME", Path.home() / ".tessel")) / "calibration"
+    ) / name
 
 
 def _cpu_model() -> str:
