@@ -52,6 +52,7 @@ log = logging.getLogger("tessel.daemon")
 FACTOR_RANGE = (0.2, 50.0)  # a factor outside it is a measurement gone wrong (a stall), clamped
 GEMM = (256, 512, 256)  # the product timed alongside each reference: (m, k, n), ~67 Mflop
 FACTORS_MAX_AGE_S = 24 * 3600.0  # stored per-op factors older than this are calibrated again at a daemon's start
+STORE_LOCK_WAIT_S = 30.0  # longest a starting daemon waits for another to finish calibrating the same device
 _measuring = threading.Lock()
 
 
@@ -177,7 +178,7 @@ def _op_factors(plugin, measurement, reuse: bool) -> dict[str, float]:
         log.info("calibration store unavailable (%s); calibrating", exc)
         return calibrate(plugin.compute, measurement)
     with lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+        _lock_within(lock, STORE_LOCK_WAIT_S)  # past it (a holder stopped mid-calibration) calibrate all the same
         stored = _read_factors(path) if reuse else None
         if stored is not None:
             log.info("per-op factors from %s", path)
@@ -185,6 +186,20 @@ def _op_factors(plugin, measurement, reuse: bool) -> dict[str, float]:
         factors = calibrate(plugin.compute, measurement)
         _write_factors(path, factors)
         return factors
+
+
+def _lock_within(lock, timeout_s: float) -> bool:
+    """Take the store's lock (released with the file), waiting at most `timeout_s`; False when it stayed taken."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                log.warning("the calibration store's lock %s stayed taken for %g s; calibrating", lock.name, timeout_s)
+                return False
+            time.sleep(0.02)
 
 
 def _read_factors(path: Path) -> dict[str, float] | None:
