@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(tmp: Path, n: int, script: str, *args: str) -> list[str]:
-    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 600)
+    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / script), *args], tmp, 540)  # within the tests' 600 s
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return [rank_log(tmp, r).read_text() for r in range(n)]
 

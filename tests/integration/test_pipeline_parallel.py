@@ -54,7 +54,7 @@ def pipeline_jobs(tmp_path_factory):
             cases = [[flow, scheduler, str(s), *options] for flow, scheduler, s, n, options in CASES
                      if (n, s) == (ranks, stages)]  # fmt: skip
             words = [word for case in cases for word in ["+", *case]][1:]
-            result = run_tessel(["run", "-n", str(ranks), "--threads", "1", str(SCRIPT), *words], tmp, 240 * len(cases))
+            result = run_tessel(["run", "-n", str(ranks), "--threads", "1", str(SCRIPT), *words], tmp, 540)
             failed = result.returncode != 0
             done[(ranks, stages)] = (result.stdout[-3000:] + result.stderr[-3000:]) if failed else tmp
         return done[(ranks, stages)]
