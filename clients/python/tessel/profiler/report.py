@@ -150,6 +150,70 @@ def _store_growth(events: list[dict], steps: list[Interval]) -> int:
     return int(growth)
 
 
+@dataclass(frozen=True)
+class PipelineBubble:
+    """A pipeline's bubble measured across its ranks' timelines, defined as the theory's (S-1)/(M+S-1) is.
+
+    Per step, the pipeline's window runs from the first schedule action (F, B or W segment) any rank starts to the
+    last one any rank ends (the same clock on one machine); a rank's work is the time its action segments ran in
+    it. bubble = 1 - (work summed over ranks) / (ranks x window): the idle share of the window, as the theory's
+    unit-cost stage idles (S-1)(F+B) out of (M+S-1)(F+B). What a step does outside its actions (the optimizer
+    update, the prologue, sending the loss, dispatch at the ends) is no bubble: `outside_us` is the step's span
+    beyond the window. `waiting_us` is the part of the idle time ranks spent in waits for transfers; the rest of
+    the idle time is dispatch between segments (and, where ranks outnumber cores, waiting for a core outside a
+    segment). Means over the steps after the first (the first warms up), as RankSummary.idle_share."""
+
+    ranks: int
+    steps: int
+    window_us: float
+    work_us: float  # summed over ranks
+    waiting_us: float  # summed over ranks
+    step_us: float  # mean over ranks of a step's span
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - self.work_us / (self.ranks * self.window_us) if self.window_us > 0 else 0.0
+
+    @property
+    def waiting_share(self) -> float:
+        return self.waiting_us / (self.ranks * self.window_us) if self.window_us > 0 else 0.0
+
+    @property
+    def outside_us(self) -> float:
+        return max(0.0, self.step_us - self.window_us)
+
+
+def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
+    """The bubble of the pipeline whose ranks' timelines are in `directory` (see PipelineBubble); None if its
+    segments carry no schedule action (not a pipeline)."""
+    traces = [json.loads(f.read_text()) for f in sorted(Path(directory).glob("timeline_rank*.json"))]
+    per_rank = []
+    for trace in traces:
+        events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+        steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")
+        actions = merge((e["ts"], e["ts"] + e["dur"]) for e in events
+                        if e.get("cat") == "compute" and str(e.get("args", {}).get("action", ""))[:1] in "FBW"
+                        and e.get("args", {}).get("action"))  # fmt: skip
+        waits = merge((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "wait")
+        per_rank.append((steps, actions, waits))
+    count = min((len(steps) for steps, _, _ in per_rank), default=0)
+    if not per_rank or count == 0 or not any(actions for _, actions, _ in per_rank):
+        return None
+    chosen = range(1, count) if count > 1 else range(count)
+    window = work = waiting = span = 0.0
+    for k in chosen:
+        mine = [(steps[k], intersect(actions, [steps[k]]), waits) for steps, actions, waits in per_rank]
+        started = [a[0][0] for _, a, _ in mine if a]
+        ended = [a[-1][1] for _, a, _ in mine if a]
+        whole = [(min(started), max(ended))]
+        window += whole[0][1] - whole[0][0]
+        work += sum(length(intersect(a, whole)) for _, a, _ in mine)
+        waiting += sum(length(intersect(w, whole)) for _, _, w in mine)
+        span += sum(step[1] - step[0] for step, _, _ in mine) / len(mine)
+    n = len(chosen)
+    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n)
+
+
 def summarize(directory: str | Path) -> list[RankSummary]:
     """A RankSummary per timeline_rank<r>.json in `directory`, by rank."""
     files = sorted(Path(directory).glob("timeline_rank*.json"))
