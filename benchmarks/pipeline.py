@@ -52,7 +52,7 @@ from testbed import Testbed, TestbedUnavailable  # noqa: E402
 from testbed_cluster import TestbedCluster, describe  # noqa: E402
 
 from tessel.compiler.pipeline import generate  # noqa: E402
-from tessel.compiler.pipeline.check import shared_cores_bubble  # noqa: E402
+from tessel.compiler.pipeline.check import shared_cores_bubble, simulate_schedule  # noqa: E402
 from tessel.profiler.report import pipeline_bubble, summarize  # noqa: E402
 
 RANK = str(Path(__file__).with_name("_pipeline_rank.py"))
@@ -108,6 +108,9 @@ def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, w
             cell["theory"] = schedule.theory_bubble()
             cell["bound"] = shared_cores_bubble(schedule, min(cores, stages))
             cell["cores"] = cores
+            if figures:  # the schedule replayed with this run's measured action times, transfers and dispatch free
+                cell["replayed"] = statistics.median(simulate_schedule(schedule, timed=b.action_us).bubble
+                                                     for b in figures)  # fmt: skip
         cells[name] = cell
     dp = cells["data_parallel"]["samples_per_s"]
     for cell in cells.values():
@@ -118,7 +121,7 @@ def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, w
 def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, bool]]:
     print(f"\n{name}")
     head = (f"{'schedule':>15} {'step ms':>8} {'samples/s':>10} {'x DP':>6} | {'bubble':>7} {'theory':>7} "
-            f"{'bound':>7} | {'waits':>6} {'outside ms':>10} {'step idle':>9} | {'peak act MiB':>12} | "
+            f"{'bound':>7} {'replay':>7} | {'waits':>6} {'outside ms':>10} {'step idle':>9} | {'peak act MiB':>12} | "
             f"{'held MiB/rank':>13}")  # fmt: skip
     print(head)
     print("-" * len(head))
@@ -129,7 +132,8 @@ def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, 
     for schedule, c in cells.items():
         outside = "-" if c.get("outside_ms") is None else f"{c['outside_ms']:10.1f}"
         print(f"{schedule:>15} {c['step_ms']:8.1f} {c['samples_per_s']:10.0f} {c['x_dp']:5.2f}x | "
-              f"{share(c.get('bubble')):>7} {share(c.get('theory')):>7} {share(c.get('bound')):>7} | "
+              f"{share(c.get('bubble')):>7} {share(c.get('theory')):>7} {share(c.get('bound')):>7} "
+              f"{share(c.get('replayed')):>7} | "
               f"{share(c.get('waiting')):>6} {outside:>10} {share(c.get('step_idle')):>9} | "
               f"{c['peak_activation'] / MiB:12.2f} | {c['held'] / MiB:13.2f}")  # fmt: skip
     cores = cells["1f1b"]["cores"]
@@ -141,7 +145,8 @@ def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, 
         "prologue, the loss sent back, dispatch), no bubble. step idle: the old figure, 1 - compute / step span "
         f"per rank (overheads included). bound: the bubble a perfect runtime gets on {min(cores, stages)} core(s) "
         f"shared equally by the {stages} stages (free transfers and dispatch, unit costs; = theory with a core "
-        "per stage)."
+        "per stage). replay: the schedule replayed with this run's measured action times (transfers and dispatch "
+        "free): what the schedule itself leaves idle with these costs; bubble - replay is the runtime's share."
     )
     total = cells["1f1b"]["total"]
     print(f"whole model: {total / MiB:.2f} MiB of parameters and Adam state; budget {budget / MiB:.2f} MiB per rank")

@@ -44,14 +44,20 @@ def check(schedule: Schedule, transfers: Transfers | None = None) -> Timing:
 
 
 def simulate_schedule(
-    schedule: Schedule, costs: dict[str, float] | None = None, transfers: Transfers | None = None
+    schedule: Schedule,
+    costs: dict[str, float] | None = None,
+    transfers: Transfers | None = None,
+    timed: dict[str, float] | None = None,
 ) -> Timing:
     """Run `schedule` dry in the rank simulator; `costs` gives the units of "F", "B" and "W" (default 1 each, 2
-    for a backward that is not split)."""
+    for a backward that is not split); `timed` instead gives each action's own time, by its name ("B(v=1,m=3)": a
+    timeline's measured durations; an action it lacks takes none, as a first stage's empty input gradient)."""
     transfers = transfers if transfers is not None else Transfers.chain(schedule.virtual_stages)
     unit = {"F": 1.0, "B": 1.0 if schedule.split_backward else 2.0, "W": 1.0, **(costs or {})}
     programs = [skeleton(schedule, s, transfers) for s in range(schedule.stages)]
     seconds = {name: unit.get(name[0], 0.0) for program in programs for name in program.segments}
+    if timed is not None:
+        seconds = {name: timed.get(name, 0.0) if name[:2] in ("F(", "B(", "W(") else 0.0 for name in seconds}
     world = World(programs, None, seconds)
     try:
         world.run([{} for _ in programs])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 Interval = tuple[float, float]
@@ -169,6 +169,7 @@ class PipelineBubble:
     work_us: float  # summed over ranks
     waiting_us: float  # summed over ranks
     step_us: float  # mean over ranks of a step's span
+    action_us: dict[str, float] = field(default_factory=dict)  # each action's segments' time ("F(v=0,m=1)")
 
     @property
     def bubble(self) -> float:
@@ -187,15 +188,15 @@ def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
     """The bubble of the pipeline whose ranks' timelines are in `directory` (see PipelineBubble); None if its
     segments carry no schedule action (not a pipeline)."""
     traces = [json.loads(f.read_text()) for f in sorted(Path(directory).glob("timeline_rank*.json"))]
-    per_rank = []
+    per_rank, all_named = [], []
     for trace in traces:
         events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
         steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")
-        actions = merge((e["ts"], e["ts"] + e["dur"]) for e in events
-                        if e.get("cat") == "compute" and str(e.get("args", {}).get("action", ""))[:1] in "FBW"
-                        and e.get("args", {}).get("action"))  # fmt: skip
+        named = [e for e in events if e.get("cat") == "compute" and e.get("args", {}).get("action")]
+        actions = merge((e["ts"], e["ts"] + e["dur"]) for e in named)
         waits = merge((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "wait")
         per_rank.append((steps, actions, waits))
+        all_named.append(named)
     count = min((len(steps) for steps, _, _ in per_rank), default=0)
     if not per_rank or count == 0 or not any(actions for _, actions, _ in per_rank):
         return None
@@ -211,7 +212,12 @@ def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
         waiting += sum(length(intersect(w, whole)) for _, _, w in mine)
         span += sum(step[1] - step[0] for step, _, _ in mine) / len(mine)
     n = len(chosen)
-    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n)
+    timed: dict[str, float] = {}
+    for named, (steps, _, _) in zip(all_named, per_rank):
+        for e in named:
+            if any(steps[k][0] <= e["ts"] <= steps[k][1] for k in chosen):
+                timed[e["args"]["action"]] = timed.get(e["args"]["action"], 0.0) + e["dur"] / n
+    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n, timed)
 
 
 def summarize(directory: str | Path) -> list[RankSummary]:
