@@ -158,10 +158,11 @@ class PipelineBubble:
     last one any rank ends (the same clock on one machine); a rank's work is the time its action segments ran in
     it. bubble = 1 - (work summed over ranks) / (ranks x window): the idle share of the window, as the theory's
     unit-cost stage idles (S-1)(F+B) out of (M+S-1)(F+B). What a step does outside its actions (the optimizer
-    update, the prologue, sending the loss, dispatch at the ends) is no bubble: `outside_us` is the step's span
-    beyond the window. `waiting_us` is the part of the idle time ranks spent in waits for transfers; the rest of
-    the idle time is dispatch between segments (and, where ranks outnumber cores, waiting for a core outside a
-    segment). Means over the steps after the first (the first warms up), as RankSummary.idle_share."""
+    update, the prologue, sending the loss, dispatch at the ends) is no bubble: `outside_us` is the part of a
+    rank's step span outside the window (mean over ranks). `waiting_us` is the part of the idle time ranks spent in
+    waits for transfers; the rest of the idle time is dispatch between segments (and, where ranks outnumber cores,
+    waiting for a core outside a segment). Means over the steps after the first (the first warms up), as
+    RankSummary.idle_share."""
 
     ranks: int
     steps: int
@@ -169,6 +170,7 @@ class PipelineBubble:
     work_us: float  # summed over ranks
     waiting_us: float  # summed over ranks
     step_us: float  # mean over ranks of a step's span
+    outside_us: float = 0.0  # mean over ranks of the part of a step's span outside the window
     action_us: dict[str, float] = field(default_factory=dict)  # each action's segments' time ("F(v=0,m=1)")
 
     @property
@@ -178,10 +180,6 @@ class PipelineBubble:
     @property
     def waiting_share(self) -> float:
         return self.waiting_us / (self.ranks * self.window_us) if self.window_us > 0 else 0.0
-
-    @property
-    def outside_us(self) -> float:
-        return max(0.0, self.step_us - self.window_us)
 
 
 def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
@@ -201,7 +199,7 @@ def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
     if not per_rank or count == 0 or not any(actions for _, actions, _ in per_rank):
         return None
     chosen = range(1, count) if count > 1 else range(count)
-    window = work = waiting = span = 0.0
+    window = work = waiting = span = outside = 0.0
     for k in chosen:
         mine = [(steps[k], intersect(actions, [steps[k]]), waits) for steps, actions, waits in per_rank]
         started = [a[0][0] for _, a, _ in mine if a]
@@ -211,13 +209,14 @@ def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
         work += sum(length(intersect(a, whole)) for _, a, _ in mine)
         waiting += sum(length(intersect(w, whole)) for _, _, w in mine)
         span += sum(step[1] - step[0] for step, _, _ in mine) / len(mine)
+        outside += sum(step[1] - step[0] - length(intersect([step], whole)) for step, _, _ in mine) / len(mine)
     n = len(chosen)
     timed: dict[str, float] = {}
     for named, (steps, _, _) in zip(all_named, per_rank):
         for e in named:
             if any(steps[k][0] <= e["ts"] <= steps[k][1] for k in chosen):
                 timed[e["args"]["action"]] = timed.get(e["args"]["action"], 0.0) + e["dur"] / n
-    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n, timed)
+    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n, outside / n, timed)
 
 
 def summarize(directory: str | Path) -> list[RankSummary]:
