@@ -140,13 +140,14 @@ def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, 
     print(
         "bubble: per step, the window from the first schedule action (F/B/W segment) any stage starts to the last "
         "one any stage ends; bubble = 1 - (time the stages ran actions in it) / (stages x window), the idle share "
-        "the theory's (S-1)/(M+S-1) counts. waits: the part of it spent waiting for transfers (the rest: dispatch "
-        "between segments, waiting for a core). outside ms: a step's span beyond the window (optimizer update, "
-        "prologue, the loss sent back, dispatch), no bubble. step idle: the old figure, 1 - compute / step span "
-        f"per rank (overheads included). bound: the bubble a perfect runtime gets on {min(cores, stages)} core(s) "
-        f"shared equally by the {stages} stages (free transfers and dispatch, unit costs; = theory with a core "
-        "per stage). replay: the schedule replayed with this run's measured action times (transfers and dispatch "
-        "free): what the schedule itself leaves idle with these costs; bubble - replay is the runtime's share."
+        "the theory's (S-1)/(M+S-1) counts. waits: the part of it spent waiting for transfers (the rest: a stage's "
+        "update or prologue falling in the window, dispatch between segments, starting sends). outside ms: the "
+        "part of a rank's step span outside the window (optimizer update, prologue, the loss sent back, dispatch), "
+        "no bubble. step idle: the old figure, 1 - compute / step span per rank (overheads included). bound: the "
+        f"bubble a perfect runtime gets on {min(cores, stages)} core(s) shared equally by the {stages} stages (free "
+        "transfers and dispatch, unit costs; = theory with a core per stage). replay: the schedule replayed with "
+        "this run's measured action times (transfers and dispatch free): what the schedule itself leaves idle with "
+        "these costs; bubble - replay is the runtime's share."
     )
     total = cells["1f1b"]["total"]
     print(f"whole model: {total / MiB:.2f} MiB of parameters and Adam state; budget {budget / MiB:.2f} MiB per rank")

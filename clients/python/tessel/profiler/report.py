@@ -160,9 +160,10 @@ class PipelineBubble:
     unit-cost stage idles (S-1)(F+B) out of (M+S-1)(F+B). What a step does outside its actions (the optimizer
     update, the prologue, sending the loss, dispatch at the ends) is no bubble: `outside_us` is the part of a
     rank's step span outside the window (mean over ranks). `waiting_us` is the part of the idle time ranks spent in
-    waits for transfers; the rest of the idle time is dispatch between segments (and, where ranks outnumber cores,
-    waiting for a core outside a segment). Means over the steps after the first (the first warms up), as
-    RankSummary.idle_share."""
+    waits for transfers; the rest is a rank's own work that is no action but falls in the window (its optimizer
+    update while another stage still runs its last backward, its prologue), dispatch between segments and starting
+    sends (where ranks outnumber cores, also waiting for a core there). Means over the steps after the first (the
+    first warms up), as RankSummary.idle_share."""
 
     ranks: int
     steps: int
