@@ -2,7 +2,9 @@
 
     python benchmarks/_multi_host_rank.py SIZES_BYTES SECONDS    (started by the test bed inside its host)
 
-For each size: the buffer is put on the daemon once, one checked call, then one Execute that repeats the
+For each size: the buffer is put on the daemon once, one checked call, then hierarchy.TUNING_CALLS untimed (a
+hierarchical group measures the ways it may run an all_reduce of a size on its first ones of that size and keeps
+the quickest: a training job's thousands of all_reduces run the chosen way), then one Execute that repeats the
 AllReduce `calls` times (sized to take about SECONDS on the slowest link), so the time is the data plane's, not
 the client's gRPC transfers. Prints {"size": bytes, "calls": n, "seconds": per call} per size, one line each.
 """
@@ -15,6 +17,7 @@ import numpy as np
 
 from tessel.communication import comm_func, get_group_size, get_rank, init
 from tessel.communication.runtime import current
+from tessel.daemon import hierarchy
 from tessel.v1 import collective_pb2, daemon_pb2
 
 init()
@@ -35,6 +38,7 @@ for nbytes in sizes:
     first = time.perf_counter() - started
     if not np.all(total == size * (size + 1) / 2):
         sys.exit(f"rank {rank}: wrong AllReduce result at {nbytes} bytes: {total[:4]}")
+    runtime.daemon.execute(runtime.session_id, program, repeat=hierarchy.TUNING_CALLS)
     calls = max(3, min(50, int(budget_s / max(first, 1e-4))))  # the same on every rank: rank 0 decides
     calls = int(comm_func.broadcast(np.array([calls], np.int64), src=0)[0])
     comm_func.barrier()
