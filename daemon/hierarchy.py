@@ -258,9 +258,11 @@ class HierarchicalCommunicator(Communicator):
         """A large all_reduce of the 1-d `flat`, one of the WAYS."""
         if way == "flat":
             return self.flat.all_reduce(flat, op)
+        if way == "whole":  # the part's all_gather makes the output: no copy into another fresh buffer
+            piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
+            return self.intra.all_gather(self.cross.all_reduce(self.intra.reduce_scatter(piece, op), op))[: flat.size]
         out = np.empty_like(flat)
-        segment = SEGMENT_BYTES if way == "segments" else flat.nbytes
-        step = k * max(1, segment // flat.itemsize)  # elements per segment, a multiple of k
+        step = k * max(1, SEGMENT_BYTES // flat.itemsize)  # elements per segment, a multiple of k
         bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]
         crossing: list[tuple[int, int, object]] = []
         # The part's collectives run here in one fixed order on every member (reduce segment s, then gather
