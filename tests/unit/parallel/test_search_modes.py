@@ -252,3 +252,24 @@ def test_refine_moves_an_op_with_the_element_wise_ops_that_follow_it():
     _single_moves(problem, single, movable, float("inf"))
     chained = refine(problem, start)
     assert problem.evaluate(chained)[0] < problem.evaluate(single)[0]  # the chain move is what got it there
+
+
+def test_propagation_from_a_whole_batch_tries_its_layouts_as_the_dataset_strategy(caplog):
+    """full_batch, nothing configured: every layout of the batch is a free local slice, so ranking communication
+    first would leave the first MatMul whichever cut communicates nothing (here its weight's columns, then an
+    all-to-all to the data-parallel rest). Propagation tries the batch's layouts as dataset strategies and keeps the
+    cheapest plan: on small weights and a large batch, data parallelism, dynamic_programming's optimum."""
+    from search_testkit import stacked_layers
+
+    from tessel.compiler.parallel.search.cost_model import Link
+
+    graph, params = stacked_layers(4, 2048, 256)
+    model = CostModel(3e10, 2.5e10, 8 << 30, Link(20e-6, 1.2e10), Link(20e-6, 3e9), ())
+    best = search(graph, mode="dynamic_programming", device_num=4, parameters=params, dataset="full_batch",
+                  cost_model=model)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="tessel.parallel"):
+        found = search(graph, mode="sharding_propagation", device_num=4, parameters=params, dataset="full_batch",
+                       cost_model=model)  # fmt: skip
+    assert "layouts of it tried as the dataset strategy" in caplog.text
+    assert found.step_time <= best.step_time * (1 + 1e-9), (found.step_time, best.step_time)
+    assert all(found.strategies[n] == ((4, 1), (1, 1)) for n in by_op(graph, "MatMul"))
