@@ -97,7 +97,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             weights=list(handles),
             output_layouts=returned + [None] * (len(graph.outputs) - n_host),
             loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
-            slice_whole_inputs=not where.pipelined,
+            slice_whole_inputs=dataset == "full_batch" and not where.pipelined,
         )
 
     fused = sorted(p.name for p in params.values() if p.comm_fusion != 1)

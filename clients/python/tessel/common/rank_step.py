@@ -128,8 +128,9 @@ def parallel_train_program(
 
         where = pipeline.mesh(world, get_rank())  # under pipeline parallel: plan for the ranks of one stage
         # Outside pipeline stages a full_batch input the plan only reads in slices is sent as this rank's slice.
+        slicing = dataset_whole() and not where.pipelined
         part = partition_for_rank(
-            graph, trace, list(keys), None, where.index, where.devices, fixed(), slice_whole_inputs=not where.pipelined
+            graph, trace, list(keys), None, where.index, where.devices, fixed(), slice_whole_inputs=slicing
         )
         if where.pipelined:
             if config is not None:
