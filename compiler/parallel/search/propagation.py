@@ -116,7 +116,9 @@ def _propagate(problem: Problem, decided: Mapping[int, int], mode: str, quiet: b
             "propagates from its VirtualDataset op, configured with the dataset strategy)",
             mode,
         )
-    queue.extend(search.data_consumers())
+    # Readers of a whole batch are constrained by nothing: from a seeded layout they are reached by the search (a
+    # reader of the labels then follows the op before it, not a tie among its free cuts).
+    queue.extend(var for var in search.data_consumers() if not (decided and var in search.free_readers))
     search.run(queue)
     while search.undecided():
         start = max(search.undecided(), key=search.weight)
