@@ -188,6 +188,7 @@ class _Recursive:
         where a whole input may already be whole)."""
         contracted = set().union(*self.contracted[var])
         best, best_key = None, (math.inf, True)
+        self.nbytes: dict[tuple[int, int], float] = {}  # the var's local tensor bytes: its cuts hold while it chooses
         for label in self._labels(var, r):
             if not self._consistent(var, label, r):
                 continue
@@ -233,7 +234,7 @@ class _Recursive:
         for i, (v, labels) in enumerate(zip(node.inputs, spec.inputs)):
             if labels is None:
                 continue
-            nbytes = _local_bytes(v, labels, cuts)
+            nbytes = self._bytes(v, labels, cuts)
             if v in self.data_dims:  # data: moved once (no gradient), where the dataset cuts it otherwise
                 theirs = self.data_dims[v][r]
                 if theirs != UNKNOWN and theirs != self._dim(var, "in", i, label):
@@ -242,7 +243,7 @@ class _Recursive:
                 cost += nbytes * PARAMETER_COEF if v in params else self._gathered(v, nbytes)
         for j, v in enumerate(node.outputs):
             if label in self.contracted[var][j]:
-                cost += PARTIAL_COEF * (_local_bytes(v, spec.outputs[j], cuts) + self.latency)
+                cost += PARTIAL_COEF * (self._bytes(v, spec.outputs[j], cuts) + self.latency)
         for k in self.p.variables[var].edges:
             edge = self.p.edges[k]
             if edge.output < 0:
@@ -256,8 +257,16 @@ class _Recursive:
             if theirs != self._dim(var, mine_side, mine_index, label):
                 labels = spec.outputs[mine_index] if mine_side == "out" else spec.inputs[mine_index]
                 ways = REDISTRIBUTION_COEF if edge.value in self.p.differentiable else 1.0
-                cost += ways * (_local_bytes(edge.value, labels, cuts) + self.latency)
+                cost += ways * (self._bytes(edge.value, labels, cuts) + self.latency)
         return cost
+
+    def _bytes(self, value, labels, cuts: Mapping[str, int]) -> float:
+        """_local_bytes, remembered while one var chooses its label (its cuts do not change meanwhile)."""
+        key = (id(value), id(labels))
+        found = self.nbytes.get(key)
+        if found is None:
+            found = self.nbytes[key] = _local_bytes(value, labels, cuts)
+        return found
 
     def _gathered(self, value, nbytes: float) -> float:
         """An activation kept whole on both halves: gathered forward and, where it has a gradient, its gradient

@@ -73,6 +73,8 @@ def _single_moves(problem: Problem, out: list[int], movable: list[int], budget: 
 def _cost(problem: Problem, assignment: list[int], var: int, a: int, near: list, bound: float) -> float:
     """Option a's own cost plus its edges to the neighbours' current options (stops once past `bound`)."""
     cost = problem.variables[var].options[a].time
+    if cost >= bound:
+        return INFEASIBLE
     for k, other, outgoing in near:
         cost += problem.edge_time(k, a, assignment[other]) if outgoing else problem.edge_time(k, assignment[other], a)
         if cost >= bound:
@@ -135,8 +137,9 @@ class _Chains:
             group = [var, *chain]
             current = self._cost(out, group, {}, INFEASIBLE)
             best, best_cost = None, current - IMPROVEMENT
-            for a in range(len(p.variables[var].options)):
-                if a == out[var]:
+            options = p.variables[var].options
+            for a in range(len(options)):
+                if a == out[var] or options[a].time >= best_cost:  # its own time alone already costs more
                     continue
                 tried = self._carried(out, var, a, chain)
                 if tried is None:
