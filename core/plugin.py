@@ -359,6 +359,9 @@ class Plugin(ABC):
     """One hardware plugin, found through the `tessel.plugins` entry-point group."""
 
     name: str = ""
+    # Whether every device index of this plugin on one host is the same hardware (the cpu plugin's "devices" share
+    # the host's cores), so that what one daemon calibrated holds for another with the same thread count.
+    interchangeable_devices: bool = False
 
     @classmethod
     @abstractmethod

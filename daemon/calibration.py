@@ -19,17 +19,29 @@ machinery is generic over the op registry (tracing, autodiff, lowering, the cost
     >>> measure_device(plugin).op_factors
     {'MatMul': 0.95, 'Conv2D': 2.4, 'ReLU': 4.3}
 
+The factors are ratios of CPU times, which neither the load nor the moment change: a daemon's start takes them from
+this host's store ($TESSEL_CALIBRATION_DIR, else $TESSEL_HOME/calibration) when a daemon with the same plugin,
+device and threads calibrated them within a day (the eight daemons of an 8-rank job calibrate once, not eight
+times); a Measure request calibrates anew. The plugin's own figures (throughput, bandwidth, the shared-memory link)
+are measured at every start.
+
 `TESSEL_MEASURE=0` skips all of it (the coordinator then keeps its default figures for the daemon).
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import logging
 import os
+import platform
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -39,6 +51,8 @@ log = logging.getLogger("tessel.daemon")
 
 FACTOR_RANGE = (0.2, 50.0)  # a factor outside it is a measurement gone wrong (a stall), clamped
 GEMM = (256, 512, 256)  # the product timed alongside each reference: (m, k, n), ~67 Mflop
+FACTORS_MAX_AGE_S = 24 * 3600.0  # stored per-op factors older than this are calibrated again at a daemon's start
+STORE_LOCK_WAIT_S = 30.0  # longest a starting daemon waits for another to finish calibrating the same device
 _measuring = threading.Lock()
 
 
@@ -71,10 +85,15 @@ class _Held:
         self.lock.release()
 
 
-def measure_device(plugin, calibrate_ops: bool = True, wait: bool = True) -> common_pb2.DeviceMeasurement | None:
+def measure_device(
+    plugin, calibrate_ops: bool = True, wait: bool = True, reuse_factors: bool = False
+) -> common_pb2.DeviceMeasurement | None:
     """The plugin's measurement and the per-op factors, now; None when the plugin measures nothing or
     TESSEL_MEASURE=0. One measurement at a time per process: a second caller waits for the first, or with
-    `wait=False` (a Measure request) is refused at once, so requests never pile up behind one another."""
+    `wait=False` (a Measure request) is refused at once, so requests never pile up behind one another.
+    `reuse_factors` (a daemon's start): per-op factors this host calibrated for the same device and threads within
+    FACTORS_MAX_AGE_S are taken from its store (`factors_path`) instead of calibrating again; the plugin's own
+    figures are measured now all the same. Every calibration is stored for the next start."""
     if os.environ.get("TESSEL_MEASURE", "1") == "0":
         return None
     if not _measuring.acquire(blocking=wait):
@@ -97,7 +116,7 @@ def measure_device(plugin, calibrate_ops: bool = True, wait: bool = True) -> com
         )
         if calibrate_ops:
             try:
-                message.op_factors.update(calibrate(plugin.compute, message))
+                message.op_factors.update(_op_factors(plugin, message, reuse_factors))
             except Exception:  # the figures above still hold
                 log.exception("calibrating ops on the %s device failed; reporting no op factors", plugin.name)
         message.seconds = time.perf_counter() - started
@@ -111,6 +130,97 @@ def measure_device(plugin, calibrate_ops: bool = True, wait: bool = True) -> com
         dict(message.op_factors),
     )
     return message
+
+
+def factors_path(plugin) -> Path:
+    """Where this host keeps the per-op factors of `plugin`'s device at its thread count: $TESSEL_CALIBRATION_DIR, else
+    $TESSEL_HOME/calibration (default ~/.tessel), one file per plugin, device (unless the plugin's devices are
+    interchangeable) and thread count, its name carrying a digest of what the factors depend on besides: the
+    references, this module, the CPU and the compute runtime's version. Anything else changed calibrates anew."""
+    device = plugin.device
+    runtime = sys.modules.get("onnxruntime")
+    what = repr(
+        (
+            REFERENCES,
+            GEMM,
+            FACTOR_RANGE,
+            hashlib.sha256(Path(__file__).read_bytes()).hexdigest(),
+            platform.machine(),
+            _cpu_model(),
+            type(plugin.compute).__module__,
+            getattr(runtime, "__version__", ""),
+        )
+    )
+    which = "any" if plugin.interchangeable_devices else str(device.device_id)
+    name = f"{plugin.name}-{device.kind}-{which}-{device.cores}t-{hashlib.sha256(what.encode()).hexdigest()[:16]}.json"
+    store = os.environ.get("TESSEL_CALIBRATION_DIR")
+    return (
+        Path(store) if store else Path(os.environ.get("TESSEL_HOME", Path.home() / ".tessel")) / "calibration"
+    ) / name
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "")
+    except OSError:
+        return platform.processor()
+
+
+def _op_factors(plugin, measurement, reuse: bool) -> dict[str, float]:
+    """Calibrated factors, or with `reuse` the stored ones when fresh. Daemons starting together on one host take
+    turns at the store's lock: the first calibrates, the others read what it stored."""
+    try:
+        path = factors_path(plugin)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a")  # noqa: SIM115 - closed below
+    except OSError as exc:  # no writable home: calibrate, keep nothing
+        log.info("calibration store unavailable (%s); calibrating", exc)
+        return calibrate(plugin.compute, measurement)
+    with lock:
+        _lock_within(lock, STORE_LOCK_WAIT_S)  # past it (a holder stopped mid-calibration) calibrate all the same
+        stored = _read_factors(path) if reuse else None
+        if stored is not None:
+            log.info("per-op factors from %s", path)
+            return stored
+        factors = calibrate(plugin.compute, measurement)
+        _write_factors(path, factors)
+        return factors
+
+
+def _lock_within(lock, timeout_s: float) -> bool:
+    """Take the store's lock (released with the file), waiting at most `timeout_s`; False when it stayed taken."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                log.warning("the calibration store's lock %s stayed taken for %g s; calibrating", lock.name, timeout_s)
+                return False
+            time.sleep(0.02)
+
+
+def _read_factors(path: Path) -> dict[str, float] | None:
+    try:
+        stored = json.loads(path.read_text())
+        age = time.time() - float(stored["calibrated_at"])
+        factors = {str(op): float(v) for op, v in stored["factors"].items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+    if not 0 <= age <= FACTORS_MAX_AGE_S or set(factors) != {r.op for r in REFERENCES}:
+        return None
+    return factors
+
+
+def _write_factors(path: Path, factors: dict[str, float]) -> None:
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        temp.write_text(json.dumps({"calibrated_at": time.time(), "factors": factors}))
+        os.replace(temp, path)
+    except OSError as exc:
+        log.info("could not store the per-op factors in %s: %s", path, exc)
 
 
 def calibrate(compute, measurement, budget_s: float = 0.2, references=REFERENCES) -> dict[str, float]:

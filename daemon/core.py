@@ -9,13 +9,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +22,7 @@ from tessel.core.limits import Limits, clip
 from tessel.core.plugin import CollectivePlugin, GroupContext, LinkMeasurement, Peer, Plugin
 from tessel.daemon import hierarchy, memtrace
 from tessel.daemon.executor import Executor
+from tessel.daemon.results import Result, host_id
 from tessel.daemon.segments import Segment
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import common_pb2, coordinator_pb2, daemon_pb2
@@ -63,35 +62,8 @@ _trim = None
 VERDICT_WAIT_S = 1.0
 
 
-class Result(NamedTuple):
-    """What an Execute returns: fetched tensors, per-repetition collected values, per-instruction timings and
-    (asked for with `timeline`) one daemon_pb2.TimelineEvent per instruction and repetition."""
-
-    fetched: dict[str, np.ndarray]
-    collected: dict[str, np.ndarray]
-    timings: list[tuple[str, float]]
-    timeline: list | tuple = ()
-
-
 # Longest a collective waits for a live peer that never arrives; dead peers are detected much sooner.
 DEFAULT_COLLECTIVE_TIMEOUT_S = float(os.environ.get("TESSEL_COLLECTIVE_TIMEOUT", "300"))
-
-
-def host_id() -> str:
-    """Equal on two processes exactly when they are on one host: hostname, this boot's id and the network namespace.
-
-    Processes in two network namespaces could still share /dev/shm, but they are two hosts to the network (each its
-    own addresses and links, as the multi-host test bed builds them), so their daemons talk TCP.
-    """
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = "unknown-boot"
-    try:
-        network = f"/net{os.stat('/proc/self/ns/net').st_ino}"
-    except OSError:  # no /proc (not Linux): the hostname and boot decide
-        network = ""
-    return f"{socket.gethostname()}/{boot}{network}"
 
 
 class DaemonCore:

@@ -70,7 +70,7 @@ def _measure(plugin):
     from tessel.daemon.calibration import measure_device
 
     try:
-        return measure_device(plugin)
+        return measure_device(plugin, reuse_factors=True)
     except Exception:  # a broken measurement must not keep the device from serving
         log.exception("measuring the %s device failed; registering without measurements", plugin.name)
         return None

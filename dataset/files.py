@@ -21,7 +21,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
-import pyarrow.parquet as pq
 
 from tessel.core.errors import ConfigurationError
 from tessel.dataset.ops import column_list
@@ -124,6 +123,8 @@ class ParquetDataset(_FileSource):
 
     def _file_table(self, path: Path) -> pa.Table:
         try:
+            import pyarrow.parquet as pq  # loaded for a Parquet file only: every process would pay its import
+
             parquet = pq.ParquetFile(path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise ConfigurationError(f"{self.where}: cannot read Parquet file {path}: {exc}") from exc

@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from tessel.core.errors import ConfigurationError
@@ -65,6 +64,8 @@ def _uniform_lists_to_numpy(name: str, array: pa.Array, place: str) -> np.ndarra
     # Parquet has no fixed-size lists, so tensors often arrive as lists that all have the same length.
     rows, shape = len(array), []
     while pa.types.is_list(array.type) or pa.types.is_large_list(array.type):
+        import pyarrow.compute as pc  # loaded on first use: its import costs every process a tenth of a second
+
         lengths = np.unique(pc.list_value_length(array).to_numpy(zero_copy_only=False))
         if len(lengths) > 1:
             raise ConfigurationError(

@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -14,6 +16,24 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config):
+    """One calibration store for the run: every test's daemons (each test has its own TESSEL_HOME) reuse the per-op
+    factors the first daemon of the same threads calibrated on this machine (daemon/calibration.py), instead of
+    each of the suite's hundreds of daemons calibrating again. Tests of the calibration itself call it directly."""
+    if "TESSEL_CALIBRATION_DIR" not in os.environ:
+        config._tessel_calibration = tempfile.mkdtemp(prefix="tessel-calibration-")
+        os.environ["TESSEL_CALIBRATION_DIR"] = config._tessel_calibration
+
+
+def pytest_unconfigure(config):
+    made = getattr(config, "_tessel_calibration", None)
+    if made:
+        shutil.rmtree(made, ignore_errors=True)
+        os.environ.pop("TESSEL_CALIBRATION_DIR", None)
+
+
 ADDRESS = re.compile(r"(\d+\.\d+\.\d+\.\d+:\d+)")
 
 

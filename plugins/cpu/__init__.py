@@ -83,6 +83,7 @@ class CpuCollective(CollectivePlugin):
 
 class CpuPlugin(Plugin):
     name = "cpu"
+    interchangeable_devices = True  # device indices are shares of one host's cores
 
     @classmethod
     def available(cls) -> tuple[bool, str]:

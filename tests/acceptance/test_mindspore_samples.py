@@ -157,6 +157,10 @@ def run(sample: Sample, digits: Path, tmp: Path) -> tuple[subprocess.CompletedPr
     logs = tmp / "logs"
     env = dict(os.environ, DATA_PATH=str(digits), TESSEL_PARAMETER_REPORT=str(tmp / "params"), **sample.env)
     env.pop("TESSEL_COORDINATOR", None)
+    if sample.task[0] == "pytest":
+        # Each of the 8 workers starts its own pytest: only the plugin this repository's pytest settings use
+        # (pytest-timeout), not every installed one (hypothesis and others cost each worker about a CPU second).
+        env.update(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1", PYTEST_PLUGINS="pytest_timeout")
     if sample.world == 1:
         command = [sys.executable, *sample.task]
     else:

@@ -2,8 +2,9 @@
 and model parallelism inside the stages, under every schedule and through every way to train (Model.train, a
 TrainOneStepCell, a jit step, AutoParallel.pipeline), reproduces ONE device training the same network on the same
 micro-batches to 1e-5 relative over 20 steps (every rank checks its losses and the parameters it holds against
-float64 numpy). Errors name the cell and the fix on every rank; a rank that dies fails the job everywhere within
-seconds; across two test-bed hosts the stages' transfers go over TCP while the stages compute."""
+float64 numpy; the cases of one world and stage count train in turn in one job). Errors name the cell and the fix
+on every rank; a rank that dies fails the job everywhere within seconds; across two test-bed hosts the stages'
+transfers go over TCP while the stages compute."""
 
 from __future__ import annotations
 
@@ -27,26 +28,47 @@ def _ok(tmp_path, ranks: int, flow: str, scheduler: str) -> None:
         assert re.search(rf"pipeline {flow} {scheduler} ok on rank {rank} of {ranks}", out), out[-2000:]
 
 
-@pytest.mark.parametrize(
-    ("flow", "scheduler", "stages", "ranks", "options"),
-    [
-        ("model", "gpipe", 2, 2, []),
-        ("step", "1f1b", 2, 2, []),
-        ("jit", "zero_bubble_h1", 2, 2, []),
-        ("auto", "1f1b", 2, 2, ["interleave"]),  # 2 chunks per stage
-        ("model", "1f1b", 4, 4, []),
-        ("jit", "gpipe", 4, 4, []),
-        ("step", "zero_bubble_h1", 4, 4, []),
-        ("model", "zero_bubble_h1", 2, 4, []),  # 2 data-parallel ranks per stage
-        ("jit", "1f1b", 2, 4, ["mp"]),  # ... and the first layer cut by columns over them
-        ("step", "gpipe", 2, 4, ["tied", "sync"]),  # a parameter on both stages, synchronized after a change
-    ],
-)
-def test_stages_train_like_one_device_on_the_same_micro_batches(tmp_path, flow, scheduler, stages, ranks, options):
-    args = ["run", "-n", str(ranks), "--threads", "1", str(SCRIPT), flow, scheduler, str(stages), *options]
-    result = run_tessel(args, tmp_path, 240)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    _ok(tmp_path, ranks, flow, scheduler)
+CASES = [
+    ("model", "gpipe", 2, 2, []),
+    ("step", "1f1b", 2, 2, []),
+    ("jit", "zero_bubble_h1", 2, 2, []),
+    ("auto", "1f1b", 2, 2, ["interleave"]),  # 2 chunks per stage
+    ("model", "1f1b", 4, 4, []),
+    ("jit", "gpipe", 4, 4, []),
+    ("step", "zero_bubble_h1", 4, 4, []),
+    ("model", "zero_bubble_h1", 2, 4, []),  # 2 data-parallel ranks per stage
+    ("jit", "1f1b", 2, 4, ["mp"]),  # ... and the first layer cut by columns over them
+    ("step", "gpipe", 2, 4, ["tied", "sync"]),  # a parameter on both stages, synchronized after a change
+]
+
+
+@pytest.fixture(scope="module")
+def pipeline_jobs(tmp_path_factory):
+    """One job per (ranks, stages) trains each of its CASES in turn (a job start per case saved); each test checks
+    its case's line on every rank. A failed job fails each of its cases' tests with its output."""
+    done: dict[tuple[int, int], object] = {}
+
+    def job(ranks: int, stages: int):
+        if (ranks, stages) not in done:
+            tmp = tmp_path_factory.mktemp(f"pipeline-{ranks}-{stages}")
+            cases = [[flow, scheduler, str(s), *options] for flow, scheduler, s, n, options in CASES
+                     if (n, s) == (ranks, stages)]  # fmt: skip
+            words = [word for case in cases for word in ["+", *case]][1:]
+            result = run_tessel(["run", "-n", str(ranks), "--threads", "1", str(SCRIPT), *words], tmp, 540)
+            failed = result.returncode != 0
+            done[(ranks, stages)] = (result.stdout[-3000:] + result.stderr[-3000:]) if failed else tmp
+        return done[(ranks, stages)]
+
+    return job
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize(("flow", "scheduler", "stages", "ranks", "options"), CASES)
+def test_stages_train_like_one_device_on_the_same_micro_batches(pipeline_jobs, flow, scheduler, stages, ranks, options):
+    found = pipeline_jobs(ranks, stages)
+    if isinstance(found, str):
+        pytest.fail(f"the job of the {ranks}-rank {stages}-stage cases failed (checking {flow} {scheduler}):\n{found}")
+    _ok(found, ranks, flow, scheduler)
 
 
 def test_after_training_the_network_runs_through_the_stages_and_a_checkpoint_holds_every_parameter(tmp_path):

@@ -103,6 +103,34 @@ def test_the_daemon_reports_the_plugin_s_figures_and_a_factor_per_reference_op(m
     assert measure_device(plugin) is None
 
 
+def test_a_daemon_s_start_reuses_the_hosts_fresh_per_op_factors_and_a_refresh_calibrates_anew(monkeypatch, tmp_path):
+    import json
+
+    from tessel.daemon import calibration
+
+    monkeypatch.setenv("TESSEL_CALIBRATION_DIR", str(tmp_path))
+    calls = []
+    real = calibration.calibrate
+    monkeypatch.setattr(calibration, "calibrate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    plugin, other_device, more_threads = CpuPlugin(threads=1), CpuPlugin(device_id=3, threads=1), CpuPlugin(threads=2)
+    first = calibration.measure_device(plugin, reuse_factors=True)
+    again = calibration.measure_device(other_device, reuse_factors=True)  # cpu devices share the host's cores
+    assert len(calls) == 1 and dict(again.op_factors) == dict(first.op_factors)
+    calibration.measure_device(more_threads, reuse_factors=True)  # another thread count: its own factors
+    assert len(calls) == 2
+    calibration.measure_device(plugin)  # a Measure request (refresh): calibrates and stores anew
+    assert len(calls) == 3
+    path = calibration.factors_path(plugin)
+    stored = json.loads(path.read_text())
+    stale = stored["calibrated_at"] - calibration.FACTORS_MAX_AGE_S - 1
+    path.write_text(json.dumps({**stored, "calibrated_at": stale}))
+    calibration.measure_device(plugin, reuse_factors=True)  # older than a day: calibrated again
+    assert len(calls) == 4
+    path.write_text("not json")
+    assert set(calibration.measure_device(plugin, reuse_factors=True).op_factors) == {"MatMul", "Conv2D", "ReLU"}
+    assert len(calls) == 5
+
+
 def test_two_daemons_time_a_collective_among_themselves_and_refuse_bad_requests():
     """Daemon.ProbeGroup: every member asked at once forms a temporary group and times small all_reduces over it
     (what the coordinator's cost model takes as a collective's latency among a job's ranks)."""

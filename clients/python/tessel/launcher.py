@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 
 from tessel import local_daemons
-from tessel.core import rpc
+from tessel.core import token as tokens
 from tessel.core.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
@@ -41,10 +41,15 @@ def _plugin_specs(value: str) -> list[str]:
 
 
 def _plugin_names(value: str) -> list[str]:
-    """The names the daemons of `--plugin` register (an entry point's name, or a module:Class plugin's `name`)."""
+    """The names the daemons of `--plugin` register (an entry point's name, or a module:Class plugin's `name`).
+    Only a module:Class plugin is loaded to learn its name: `tessel run` starts its ranks before loading anything
+    heavy (plugins import numpy and gRPC)."""
+    specs = _plugin_specs(value)
+    if not any(":" in spec for spec in specs):
+        return specs
     from tessel.core.plugin import plugin_class
 
-    return [plugin_class(spec).name if ":" in spec else spec for spec in _plugin_specs(value)]
+    return [plugin_class(spec).name if ":" in spec else spec for spec in specs]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -85,12 +90,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def _cluster_token(coordinator: str | None) -> str:
     """The token of the cluster this launch runs on, from the one source every server and client uses
-    ($TESSEL_TOKEN, else the token file: `rpc.cluster_token`). A running coordinator was started with it, so
+    ($TESSEL_TOKEN, else the token file: `tokens.cluster_token`). A running coordinator was started with it, so
     without one it is an error; an embedded cluster is this launch's own, so a fresh token serves there."""
     if coordinator is not None:
-        return rpc.cluster_token()
+        return tokens.cluster_token()
     try:
-        return rpc.cluster_token()
+        return tokens.cluster_token()
     except ConfigurationError:
         return secrets.token_hex(16)
 
@@ -221,13 +226,14 @@ class Launch:
 
     def start_ranks(self, job_id: str, log_root: Path) -> None:
         n = self.args.nproc
+        plugin_names = ",".join(_plugin_names(self.args.plugin))
         for rank in range(n):
             env = self._base_env()
             env.update(
                 TESSEL_JOB_ID=job_id,
                 TESSEL_RANK=str(rank),
                 TESSEL_WORLD_SIZE=str(n),
-                TESSEL_PLUGIN=",".join(_plugin_names(self.args.plugin)),
+                TESSEL_PLUGIN=plugin_names,
                 TESSEL_JOIN_TIMEOUT=str(self.args.join_timeout),
                 RANK_ID=str(rank),
                 RANK_SIZE=str(n),

@@ -26,7 +26,7 @@ from collections import deque
 from pathlib import Path
 
 from tessel import local_daemons
-from tessel.core import rpc
+from tessel.core import token as tokens
 from tessel.core.errors import ConfigurationError
 
 _LEARN_S = 10.0  # after a process failed, how long the others get to exit with the cause before being stopped
@@ -256,7 +256,7 @@ class Msrun:
         self.processes.append((name, log, proc))
 
     def start(self) -> None:
-        self.token = os.environ.get("TESSEL_TOKEN") or rpc.cluster_token(create=True)
+        self.token = os.environ.get("TESSEL_TOKEN") or tokens.cluster_token(create=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         if self.is_master:
             log = self.log_dir / "scheduler.log"

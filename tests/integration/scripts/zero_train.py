@@ -1,7 +1,7 @@
-"""Run under `tessel run -n N zero_train.py MODE`: optimizer parallel (levels 1-3 and off) through Model.train, for
-SGD, Momentum and Adam, checked on every rank against a float64 numpy reference of 1-rank training on the global
-batch: 20 steps' losses to 1e-5, the parameters gathered whole (tessel.parallel.checkpoint.gather, as
-save_checkpoint does) and the optimizer state saved whole by save_checkpoint.
+"""Run under `tessel run -n N zero_train.py MODE[,MODE...]`: optimizer parallel (levels 1-3 and off) through
+Model.train, for SGD, Momentum and Adam, checked on every rank against a float64 numpy reference of 1-rank
+training on the global batch: 20 steps' losses to 1e-5, the parameters gathered whole
+(tessel.parallel.checkpoint.gather, as save_checkpoint does) and the optimizer state saved whole by save_checkpoint.
 
 MODE: dp (DATA_PARALLEL, set_auto_parallel_context(enable_parallel_optimizer=True, parallel_optimizer_config=...)),
 semi (SEMI_AUTO_PARALLEL through AutoParallel(...).hsdp(...): a Megatron MLP cut over 2 model-parallel ranks when
@@ -9,6 +9,7 @@ N = 4, data parallel when N = 2), auto (AUTO_PARALLEL, the planner decides), acc
 GradAccumulation(net, 2) at level2, and grad_accumulation_step=2 at level1: one update per step on the whole
 batch, the logged loss the sum of the micro-batches', MindSpore's semantics), semi_loop (value_and_grad +
 optimizer(grads) in one AutoParallel step with hsdp: the optimizer state in blocks).
+MODE may be a comma-separated list: one job then checks each mode in turn, each on fresh networks.
 Prints `zero <mode> <optimizer> <level> ok on rank r of n: loss error E, parameter error P` per configuration.
 """
 
@@ -27,7 +28,8 @@ from tessel.parallel.checkpoint import gather
 from tessel.parallel.nn import GradAccumulation
 from tessel.train import Callback
 
-MODE = sys.argv[1]
+MODES = sys.argv[1].split(",")  # one job checks each mode in turn (a job start per mode saved)
+MODE = MODES[0]
 IN, HIDDEN, OUT, STEPS = 12, 16, 8, 20
 RATES = {"sgd": 0.2, "momentum": 0.1, "adam": 0.02}
 
@@ -231,18 +233,22 @@ def check_switch():
     print(f"zero {MODE} switch ok on rank {rank} of {world}: parameter error {error:.1e}", flush=True)
 
 
-if MODE == "semi_loop":
-    for optimizer_name in ("momentum", "adam"):
-        for level in ("off", "level1"):
-            check_loop(optimizer_name, level)
-elif MODE == "accumulate":
-    check("adam", "level2", accumulate=2)
-    check("momentum", "level1", accumulate=2, by_context=True)
-    check("sgd", "off", accumulate=2)
-else:
+def run_mode():
+    """Every check of MODE."""
+    print(f"zero {MODE} begins on rank {rank} of {world}", flush=True)  # a failure's log shows the mode it hit
+    if MODE == "semi_loop":
+        for optimizer_name in ("momentum", "adam"):
+            for level in ("off", "level1"):
+                check_loop(optimizer_name, level)
+        return
+    if MODE == "accumulate":
+        check("adam", "level2", accumulate=2)
+        check("momentum", "level1", accumulate=2, by_context=True)
+        check("sgd", "off", accumulate=2)
+        return
     for optimizer_name in ("sgd", "momentum", "adam"):
         for level in ("off", "level1", "level2", "level3"):
-            params = check(optimizer_name, level)
+            check(optimizer_name, level)
     # A whole checkpoint of a level3 network: saved gathered, loaded back into a fresh network.
     net = Net()
     network = configure("level3", nn.WithLossCell(net, nn.CrossEntropyLoss()))
@@ -264,3 +270,7 @@ else:
         assert np.abs(logits - want_logits).max() <= 1e-4 * np.abs(want_logits).max(), "predict after level3"
         print(f"zero {MODE} predict ok on rank {rank} of {world}", flush=True)
         check_switch()
+
+
+for MODE in MODES:  # noqa: B007 - the functions above read the mode being checked from this global
+    run_mode()

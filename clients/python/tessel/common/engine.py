@@ -18,6 +18,7 @@ import hashlib
 import itertools
 import os
 import re
+import sys
 import weakref
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -27,7 +28,7 @@ import numpy as np
 from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
-from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, pipeline, registry
+from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
 from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.v1 import daemon_pb2
@@ -83,7 +84,8 @@ class Engine:
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            phases = pipeline.phases_of(graph)  # a pipeline stage's graph runs in its schedule's order
+            pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
+            phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
             lowered = lower_rank_program(
                 named, state=list(state), world_size=self.world_size, spmd=_spmd() and phases is None, phases=phases
             )

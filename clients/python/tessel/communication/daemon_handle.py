@@ -15,7 +15,7 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,9 +23,12 @@ from tessel.compiler.rank_program import RankProgram
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError, DaemonUnreachableError
 from tessel.core.wire import from_proto, to_proto
-from tessel.daemon.core import DaemonCore, Result, host_id
 from tessel.daemon.local_channel import LocalExecuteClient
+from tessel.daemon.results import Result, host_id
 from tessel.v1 import common_pb2, daemon_pb2, daemon_pb2_grpc, dataset_pb2
+
+if TYPE_CHECKING:  # a client of a remote daemon never loads the daemon's executor
+    from tessel.daemon.core import DaemonCore
 
 # Largest request the client builds at once. Serializing a request holds the GIL; a 256 MiB one held it long enough
 # on a loaded machine for this rank's heartbeat to lapse, and the coordinator failed the job. Bounded requests let
