@@ -407,6 +407,7 @@ class DaemonCore:
                     ) from exc
                 raise
             finally:
+                session.deferred.clear()  # what a failed run deferred never runs (executor.Deferred)
                 session.run_s += time.perf_counter() - began
                 session.steps += repetitions  # with run_s: the counters a heartbeat carries move together
             fetched = {n: session.tensor(n) for n in fetch}

@@ -131,16 +131,87 @@ def _blocking(session: Session, run: Step) -> Step:
 
 def _run_now(session: Session, handle: str, outputs: list[str], call: Callable) -> None:
     """Run an asynchronously started collective to completion now; its wait will find the result."""
+    run_deferred(session)
     started = time.time_ns()
     value = call(False)
     session.handles[handle] = (Done(value, started, time.time_ns()), outputs)
 
 
+def _then(first: Step, second: Step) -> Step:
+    def both() -> None:
+        first()
+        second()
+
+    return both
+
+
+def _started(session: Session, handle: str, outputs: list[str], call: Callable) -> None:
+    run_deferred(session)
+    session.handles[handle] = (call(True), outputs)
+
+
+def _call_after_deferred(session: Session, call: Callable) -> Any:
+    run_deferred(session)
+    return call(False)
+
+
+class Deferred:
+    """An all-reduce the program started asynchronously where it cannot overlap the segments (the thread budget,
+    DaemonCore._may_overlap): it runs on the program's thread when its result is first waited for, when the
+    program reaches any other collective, or at the program's end, whichever comes first, together with every
+    all-reduce deferred before and after it (`run_deferred`), in the order the program started them. Run at once,
+    each would make the rank wait for its slowest peer, k times per layer with k copies (MicroBatchInterleaved);
+    deferred, the all-reduces a program starts between two waits run back to back, and only the first of them
+    waits for the peers to arrive. The collectives a rank takes part in keep the program's order (any other
+    collective runs after the deferred ones), so a peer that runs them at once or on its communicator's thread
+    pairs with them alike; each keeps its own size (no fusion that a peer deciding otherwise would not match)."""
+
+    def __init__(self, session: Session, comm: Any, op: str, arrays: list[np.ndarray], bucket: FlatBucket | None):
+        self.session, self.comm, self.op, self.arrays, self.bucket = session, comm, op, arrays, bucket
+        self.value: Any = None
+        self.started = self.finished = 0
+        self.ran = False
+
+    def wait(self, timeout: float | None = None) -> Any:
+        if not self.ran:
+            run_deferred(self.session)
+        return self.value
+
+    def done(self) -> bool:
+        return self.ran
+
+    def run(self) -> None:
+        started = time.time_ns()
+        if self.bucket is not None:
+            self.value = self.bucket(self.arrays, self.op, False)
+        else:
+            self.value = self.comm.all_reduce(self.arrays[0], self.op)
+        self.started, self.finished, self.ran = started, time.time_ns(), True
+
+
+def _defer(
+    session: Session, comm: Any, op: str, names: list[str], outputs: list[str], handle: str, bucket: FlatBucket | None
+) -> None:
+    entry = Deferred(session, comm, op, [session.tensor(n) for n in names], bucket)
+    session.deferred.append(entry)
+    session.handles[handle] = (entry, outputs)
+
+
+def run_deferred(session: Session) -> None:
+    """Run the session's deferred all-reduces, in the order the program started them."""
+    pending = session.deferred
+    if pending:
+        session.deferred = []
+        for entry in pending:
+            entry.run()
+
+
 class Executor:
     """Binds instructions to a session. `group_of(session, name)` returns (creating if needed) a communicator;
     `may_overlap(session, comm)` says whether its collectives may run while segments compute (see DaemonCore):
-    where not, a collective the program starts asynchronously runs to completion right there instead, and its
-    wait returns at once. Sends and receives started asynchronously always run beside the program."""
+    where not, an all-reduce the program starts asynchronously is deferred (see Deferred: run on the program's
+    thread where first needed, back to back with the others started since), any other collective runs right there,
+    and its wait returns at once. Sends and receives started asynchronously always run beside the program."""
 
     def __init__(
         self,
@@ -154,6 +225,8 @@ class Executor:
         steps = [self._bind_one(session, i, ins, buckets) for i, ins in enumerate(program.instructions)]
         if buckets:
             _place_buckets(session, program, buckets)
+        if steps:  # all-reduces still deferred when the program ends run then (see Deferred)
+            steps[-1] = steps[-1]._replace(run=_then(steps[-1].run, _blocking(session, lambda: run_deferred(session))))
         return steps
 
     def _bind_one(
@@ -180,12 +253,16 @@ class Executor:
             # early and run at once would block this rank until the sender gets there (a pipeline would deadlock).
             point_to_point = op.kind in (collective_pb2.SEND, collective_pb2.RECV)
             if op.handle and (point_to_point or self.may_overlap(session, comm)):
-                start = lambda: session.handles.__setitem__(op.handle, (call(True), outputs))  # noqa: E731
+                start = lambda: _started(session, op.handle, outputs, call)  # noqa: E731
                 return Bound(label, start, label, op.group, op.handle, sizes)
+            if op.handle and op.kind == collective_pb2.ALL_REDUCE:
+                names, reduce_op, bucket = list(op.inputs), REDUCE_OP_NAMES[op.op], buckets.get(index)
+                defer = lambda: _defer(session, comm, reduce_op, names, outputs, op.handle, bucket)  # noqa: E731
+                return Bound(label, defer, label, op.group, op.handle, sizes)
             if op.handle:
                 run_now = _blocking(session, lambda: _run_now(session, op.handle, outputs, call))
                 return Bound(label, run_now, label, op.group, op.handle, sizes)
-            run = _blocking(session, lambda: _store(session, outputs, call(False)))
+            run = _blocking(session, lambda: _store(session, outputs, _call_after_deferred(session, call)))
             return Bound(label, run, label, op.group, "", sizes)
         if which == "wait":
             return Bound("wait", _blocking(session, lambda: self._wait(session, op.handle)), "wait", "", op.handle)

@@ -200,10 +200,10 @@ def test_large_requests_are_split_so_the_heartbeat_keeps_running():
     assert sum(len(g) for g in groups) == 6
 
 
-def test_thread_budget_runs_a_compute_bound_collective_at_once_where_no_core_is_free(core, monkeypatch):
-    """A started collective whose communicator keeps a core busy (shared memory) runs to completion in its start
-    instruction when the host has no core left for it beside the compute threads; its wait returns the result and
-    the timeline shows it inside the start. Where a core is free it runs on the communicator's thread."""
+def test_thread_budget_runs_a_compute_bound_collective_in_the_program_where_no_core_is_free(core, monkeypatch):
+    """A started all-reduce whose communicator keeps a core busy (shared memory) runs on the program's own thread
+    when the host has no core left for it beside the compute threads: deferred to its wait, which the timeline
+    shows it inside. Where a core is free it runs on the communicator's thread."""
     import tessel.daemon.core as daemon_core
 
     sid = core.open_session("budget", rank=0, world_size=1, members=[])
@@ -222,8 +222,49 @@ def test_thread_budget_runs_a_compute_bound_collective_at_once_where_no_core_is_
         result = core.execute(sid, program, fetch=["y"], timeline=True)
         np.testing.assert_array_equal(result.fetched["y"], np.arange(4, dtype=np.float32))
         assert (threads[-1] is not threading.current_thread()) == overlapped
-        issued = result.timeline[0]
+        issued, waited = result.timeline[0], result.timeline[1]
         assert issued.start_ns <= issued.comm_start_ns <= issued.comm_end_ns, issued
         if not overlapped:
-            assert issued.comm_end_ns <= issued.end_ns, issued
+            assert waited.start_ns <= issued.comm_start_ns <= issued.comm_end_ns <= waited.end_ns, (issued, waited)
+    core.close_session(sid)
+
+
+def test_deferred_all_reduces_run_back_to_back_in_program_order_where_no_core_is_free(core, monkeypatch):
+    """All-reduces started where none may overlap the segments run when one's result is first needed: all those
+    started since, back to back in the order started, each at its own size; any other collective runs only after
+    them, and the program's end runs what no wait asked for."""
+    import tessel.daemon.core as daemon_core
+
+    sid = core.open_session("fuse", rank=0, world_size=1, members=[])
+    values = {"a": np.arange(4, dtype=np.float32), "b": np.ones((2, 3), np.float32), "c": np.arange(3.0),
+              "d": np.full(5, 2, np.float32), "e": np.ones(7, np.float32)}  # fmt: skip
+    core.put(sid, values)
+    comm = core._group(core.session(sid), "world")
+    monkeypatch.setattr(type(comm), "compute_bound", True, raising=False)
+    monkeypatch.setattr(daemon_core, "_usable_cores", lambda: 1)
+    sizes = []
+    reduce = comm._all_reduce
+    monkeypatch.setattr(comm, "_all_reduce", lambda x, op: sizes.append(x.size) or reduce(x, op))
+
+    def start(name, handle=""):
+        op = daemon_pb2.CollectiveOp(
+            kind=collective_pb2.ALL_REDUCE, inputs=[name], outputs=[name + "/r"], handle=handle
+        )
+        return {"collective": op}
+
+    def wait(handle):
+        return {"wait": daemon_pb2.WaitOp(handle=handle)}
+
+    program = _program(start("a", "ha"), start("b", "hb"), start("c", "hc"), start("d", "hd"), wait("hb"),
+                       start("e"), wait("ha"), wait("hc"), wait("hd"))  # fmt: skip
+    result = core.execute(sid, program, fetch=[n + "/r" for n in values])
+    assert sizes == [4, 6, 3, 5, 7]  # at the wait for b: a, b, c, d; then the blocking e
+    for name, value in values.items():
+        np.testing.assert_array_equal(result.fetched[name + "/r"], value)
+        assert result.fetched[name + "/r"].dtype == value.dtype
+    sizes.clear()
+    core.execute(sid, _program(start("a", "ha"), start("d", "hd")))  # never waited: run at the program's end
+    assert sizes == [4, 5] and not core.session(sid).deferred
+    core.execute(sid, _program(wait("hd"), wait("ha")), fetch=["d/r"])
+    assert sizes == [4, 5]
     core.close_session(sid)
