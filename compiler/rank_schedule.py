@@ -3,7 +3,7 @@
 A list scheduler: it keeps the set of nodes whose inputs exist and emits, at every point,
 1. a collective whose inputs exist and whose turn it is (see below): it starts asynchronously on the daemon
    (unless the local work that could run meanwhile is too little to hide anything: that runs first; and a large
-   gather waits while another one is in flight, `GATHER_BYTES`);
+   gather of the graph's inputs waits while another one is in flight, `GATHER_BYTES`);
 2. else a local node whose inputs exist, preferring one that leads to the earliest collective still to start (so
    that it starts sooner), then the graph's own order;
 3. else it waits for the oldest collective in flight: only now do the readers of its result become ready.
@@ -62,11 +62,12 @@ def schedule(
     return _Scheduler(nodes, is_collective, blocks, cost, min_overlap).run()
 
 
-# A collective whose result is this much larger than what it reads (an all-gather of a level3 weight) starts only
-# when no other such collective is in flight: its result is held from its start to its wait, and with every
-# weight's gather ready from the first instruction on, a level3 step started them all at once and held every
-# gathered weight (measured: 16 x 16 MiB beside 48 MiB of weight blocks on each of 4 ranks). One in flight still
-# overlaps each gather with the layer before it.
+# A collective that reads only the graph's inputs and whose result is this much larger than what it reads (the
+# all-gather of a level3 weight block) starts only when no other such collective is in flight: its result is held
+# from its start to its wait, and with every block ready from the first instruction on, a level3 step started all
+# its gathers at once and held every gathered weight (measured: 16 x 16 MiB beside 48 MiB of weight blocks on each
+# of 4 ranks). One in flight still overlaps each gather with the layer before it. Gathers of computed values (level1's
+# updated blocks) keep their schedule: capping them too cost level1 at 4 ranks ~250 MiB more (measured).
 GATHER_BYTES = 1 << 20
 
 
@@ -118,7 +119,7 @@ class _Scheduler:
         if blocks is None:
             blocks = {c: i for i, c in enumerate(collectives)}
         self.turn = {c: (blocks[c], self.position[c]) for c in collectives}
-        self.gathers = {c for c in collectives if _growth_bytes(c) >= GATHER_BYTES}
+        self.gathers = {c for c in collectives if not self.deps[c] and _growth_bytes(c) >= GATHER_BYTES}
         self.unstarted = sorted(self.turn.values())  # turns of the collectives not started yet
         self.urgency = _urgency(nodes, self.users, self.turn)
         self.ready: list[tuple[tuple, int, Node]] = []  # local nodes whose inputs exist: (urgency, position, node)
