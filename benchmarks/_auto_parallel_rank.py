@@ -18,8 +18,9 @@ weights) with its own train step:
   configured, the batch imported data parallel (full_batch=False, MindSpore's default); the coordinator plans with
   the job's measured cost model;
 - the same three with the suffix "+full_batch" ("sharding_propagation+full_batch", ...): AUTO_PARALLEL with
-  full_batch=True, every rank reading the whole batch as the expert does (the data inputs arrive replicated, and
-  the planner takes whatever slice of them its ops want at the price of a local copy: no all-gather).
+  full_batch=True, every rank reading the whole batch as the expert does (the planner takes whatever slice of the
+  data inputs its ops want, no all-gather; an input the plan reads only in slices is cut on the host and each rank
+  is sent only its slice).
 The parallel mode is read when a step compiles and when it is called, so it is set before every call.
 
 Timed rounds: rank 0 first has the daemons measure again (GetCostModel refresh=True, as predict_step.py does: the

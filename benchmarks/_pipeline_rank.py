@@ -9,10 +9,10 @@ nn.PipelineCell(.., micro) over `stages` stages (layer i on stage i * stages // 
 into 2 chunks per stage, 1F1B with pipeline_interleave), the ranks of a stage sharing the batch. Each schedule (and data
 parallel: the same network, DATA_PARALLEL over every rank, no stages) gets its own copy of the network (created under
 no_init_parameters: a rank draws only what it holds) and its own TrainOneStepCell. Their steps are timed interleaved,
-one of each per round, so that load from elsewhere on a shared machine falls on all alike; then `recorded` steps of each
-run with the timeline on (ms.Profiler into timeline/<name>). Each rank prints one JSON line: {"rank", "times": {name:
-[step ms]}, "held_bytes": {name: bytes of the parameters and optimizer state it holds}, "total_bytes"}; a non-finite
-loss exits non-zero.
+one of each per round, so that load from elsewhere on a shared machine falls on all alike; then `recorded` rounds of
+one step of each with the timeline on (ms.Profiler into timeline/<name>/step<k>). Each rank prints one JSON line:
+{"rank", "times": {name: [step ms]}, "held_bytes": {name: bytes of the parameters and optimizer state it holds},
+"total_bytes"}; a non-finite loss exits non-zero.
 """
 
 import json
@@ -114,12 +114,12 @@ def main() -> None:
             times[name].append((time.perf_counter() - start) * 1e3)
             if not math.isfinite(loss):
                 sys.exit(f"rank {rank} of {world}: {name}: loss {loss}")
-    for name in names:
-        context(name, config)
-        profiler = ms.Profiler(output_path=str(Path(config["timeline"]) / name))
-        for _ in range(config["recorded"]):
+    for k in range(config["recorded"]):  # interleaved too: a burst of load from elsewhere hits one step of each
+        for name in names:
+            context(name, config)
+            profiler = ms.Profiler(output_path=str(Path(config["timeline"]) / name / f"step{k}"))
             steps[name](*feeds[name])
-        profiler.analyse()
+            profiler.analyse()
     total = 3 * sum(int(np.prod(p.shape)) * 4 for p in nets[names[0]].trainable_params())
     held = {name: held_bytes(net) for name, net in nets.items()}
     print(json.dumps({"rank": rank, "times": times, "held_bytes": held, "total_bytes": total}), flush=True)

@@ -8,7 +8,8 @@ Plan quality. One `tessel run -n 4` job per net (4 CPU daemons with 1 compute th
 described in _auto_parallel_rank.py): data parallel, the expert plan (SEMI_AUTO_PARALLEL with Megatron's shard()
 strategies; on the conv net data-parallel convolutions and a Megatron head) and AUTO_PARALLEL under each search mode,
 each twice: with full_batch=False (the batch imported data parallel, MindSpore's default) and with full_batch=True
-(suffix "+full_batch": every rank reads the whole batch, as the expert does; a plan then slices it locally), all
+(suffix "+full_batch": every rank reads the whole batch, as the expert does; an input the plan reads only in slices
+is sent to each rank as its slice, cut on the host), all
 trained in the same job, one round at a time (every variant `steps` steps per round, the order rotating). A
 round's step time of a variant is the slowest rank's; "x best" is the median over rounds of the round's step time
 over the better of the expert's and data parallel's in that round: load from other processes on a shared machine

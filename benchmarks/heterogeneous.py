@@ -1,7 +1,8 @@
 """Heterogeneous clusters, side by side in one run: speed-aware data parallelism and hierarchical AllReduce.
 
 Usage: python benchmarks/heterogeneous.py [--widths 512,2048] [--epochs 8] [--rates 1gbit,10gbit]
-                                          [--sizes 4M,16M] [--skip-hierarchy] [--quick]
+                                          [--sizes 4M,16M] [--rounds 3] [--skip-hierarchy]
+                                          [--skip-data-parallel] [--quick]
 
 Part 1, data parallelism on a cluster whose two devices differ 2:1 in speed. This machine has one kind of CPU
 and 2 cores shared with other work, so both devices are EMULATED, and labelled so in the output: the rank daemons
@@ -19,8 +20,12 @@ samples/s = global batch x steps / (median over epochs 2..E of the epoch's wall 
 
 Part 2, AllReduce across two test-bed hosts (tests/integration/testbed.py: network namespaces on a switch, links
 limited by tc tbf; needs root) with 2 daemons per host (4 ranks): hierarchical (shared memory inside each host,
-TCP across, daemon/hierarchy.py) vs flat (TESSEL_COLLECTIVES=flat: the ring over TCP between all 4), at each link
-rate and buffer size (benchmarks/_multi_host_rank.py). Target: hierarchical >= 1.5x flat at >= 4 MiB.
+TCP across, daemon/hierarchy.py, which measures per size whether to run whole, in segments or as the flat ring)
+vs flat (TESSEL_COLLECTIVES=flat: the ring over TCP between all 4), alternating over --rounds rounds at each link
+rate and buffer size (benchmarks/_multi_host_rank.py). Target: hierarchical >= 1.5x flat at >= 4 MiB. Next to
+each figure, the bound of each algorithm on this machine (benchmarks/_hier_bound.py): the link alone allows the
+hierarchy at most 1.5x (S bytes each way per host against the ring's 1.5 S), the CPU work of all ranks (TCP's
+kernel copies above all: 2 S of TCP against the ring's 6 S) about 2.2x; which of the two limits is printed.
 
 The machine is usually shared: compare figures of one run; expect +-10-30 % between runs.
 """
@@ -164,37 +169,69 @@ def part1(widths: list[int], steps: int, epochs: int) -> list[tuple[int, float]]
     return ratios
 
 
-def part2(rates: list[str], sizes: list[int]) -> list[tuple[str, int, float]]:
+def part2(rates: list[str], sizes: list[int], rounds: int = 3, with_bound: bool = True) -> list[tuple[str, int, float]]:
+    from _hier_bound import bound, describe, measure, rate_bits
     from testbed import Testbed, TestbedUnavailable
-    from testbed_cluster import TestbedCluster, describe
+    from testbed_cluster import TestbedCluster
+    from testbed_cluster import describe as describe_results
 
-    print("\nPart 2: AllReduce across 2 test-bed hosts x 2 daemons (4 ranks), float32 on the daemons")
-    print(f"{'link':>8} {'size':>6} {'flat':>10} {'hierarchical':>13} {'speedup':>8}")
+    print(
+        "\nPart 2: AllReduce across 2 test-bed hosts x 2 daemons (4 ranks), float32 on the daemons; flat and "
+        f"hierarchical alternate, {rounds} rounds, median of the rounds (each round: the median of 5 batches' "
+        "means, up to 50 calls); "
+        "bound: max(link bytes / rate, CPU seconds / cores) from this machine's measured per-byte costs "
+        "(benchmarks/_hier_bound.py)"
+    )
     rank = str(HERE / "_multi_host_rank.py")
     found = []
     for rate in rates:
-        per_mode: dict[str, dict[int, float]] = {}
+        per_mode: dict[str, dict[int, list[float]]] = {"flat": {}, "auto": {}}
+        loads = [os.getloadavg()[0]]
         try:
-            with (
-                Testbed(2, rate) as bed,
-                tempfile.TemporaryDirectory() as workdir,
-                TestbedCluster(bed, Path(workdir), daemons_per_host=2, heartbeat_timeout_ms=10_000) as cluster,
-            ):
-                for mode in ("flat", "auto"):
-                    results = cluster.run_ranks(
-                        [rank, ",".join(map(str, sizes)), "2"], env={"TESSEL_COLLECTIVES": mode}, timeout_s=400
-                    )
-                    if any(r.returncode != 0 for r in results):
-                        raise BenchmarkError(describe(results))
-                    rows = [json.loads(x) for x in results[0].output.splitlines() if x.startswith("{")]
-                    per_mode[mode] = {row["size"]: row["seconds"] for row in rows}
+            with Testbed(2, rate) as bed:
+                costs = measure(bed) if with_bound else None
+                if costs is not None:
+                    print(f"  {rate}: {describe(costs)}")
+                with (
+                    tempfile.TemporaryDirectory() as workdir,
+                    TestbedCluster(
+                        bed, Path(workdir), daemons_per_host=2, heartbeat_timeout_ms=10_000, env={"TESSEL_LOG": "INFO"}
+                    ) as cluster,
+                ):
+                    for round_ in range(rounds):
+                        for mode in ("flat", "auto") if round_ % 2 == 0 else ("auto", "flat"):
+                            results = cluster.run_ranks(
+                                [rank, ",".join(map(str, sizes)), "2"], env={"TESSEL_COLLECTIVES": mode}, timeout_s=400
+                            )
+                            if any(r.returncode != 0 for r in results):
+                                raise BenchmarkError(describe_results(results))
+                            rows = [json.loads(x) for x in results[0].output.splitlines() if x.startswith("{")]
+                            for row in rows:
+                                per_mode[mode].setdefault(row["size"], []).append(row["seconds"])
+                            loads.append(os.getloadavg()[0])
+                    log = cluster.log(cluster.daemons[0])
+                    for line in re.findall(r"large all_reduces of .*$", log, re.M)[-len(sizes) :]:
+                        print(f"  {rate}: last choice: {line}")
         except TestbedUnavailable as exc:
             print(f"  cannot build the test bed: {exc}")
             return found
+        print(
+            f"{'link':>8} {'size':>6} {'flat':>9} {'hier.':>9} {'speedup':>8} {'rounds':>11} "
+            f"{'bound flat':>21} {'bound hier.':>21} {'bound x':>8} {'load':>9}"
+        )
         for size in sizes:
-            flat, hier = per_mode["flat"][size], per_mode["auto"][size]
+            flat, hier = (statistics.median(per_mode[m][size]) for m in ("flat", "auto"))
+            each = [f / h for f, h in zip(per_mode["flat"][size], per_mode["auto"][size])]
+            ideal = bound(costs, rate_bits(rate), size) if costs is not None else {}
+            shown = dict.fromkeys(("flat", "hierarchical"), "-")
+            for name, figures in ideal.items():
+                limit = "link" if figures["link_s"] >= figures["cores_s"] else "cores"
+                shown[name] = f"{figures['bound_s'] * 1e3:5.1f}ms ({limit})"
+            best = ideal["flat"]["bound_s"] / ideal["hierarchical"]["bound_s"] if ideal else float("nan")
             print(
-                f"{rate:>8} {size >> 20:>4}Mi {flat * 1e3:>8.1f}ms {hier * 1e3:>11.1f}ms {flat / hier:>7.2f}x",
+                f"{rate:>8} {size >> 20:>4}Mi {flat * 1e3:>7.1f}ms {hier * 1e3:>7.1f}ms {flat / hier:>7.2f}x "
+                f"{min(each):>5.2f}-{max(each):.2f}x {shown['flat']:>21} {shown['hierarchical']:>21} {best:>7.2f}x "
+                f"{min(loads):>4.1f}-{max(loads):<4.1f}",
                 flush=True,
             )
             found.append((rate, size, flat / hier))
@@ -209,6 +246,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="1gbit,10gbit")
     parser.add_argument("--sizes", default="4M,16M")
     parser.add_argument("--skip-hierarchy", action="store_true", help="part 1 only (part 2 needs root)")
+    parser.add_argument("--skip-data-parallel", action="store_true", help="part 2 only")
+    parser.add_argument("--rounds", type=int, default=3, help="part 2: rounds of flat and hierarchical, alternating")
     parser.add_argument("--quick", action="store_true", help="smoke run: width 512, 3 epochs of 6 steps, 4M at 1gbit")
     args = parser.parse_args(argv)
     from multi_host import parse_size
@@ -218,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     rates = ["1gbit"] if args.quick else args.rates.split(",")
     sizes = [4 << 20] if args.quick else [parse_size(s) for s in args.sizes.split(",")]
     try:
-        ratios = part1(widths, steps, epochs)
-        hierarchy = [] if args.skip_hierarchy else part2(rates, sizes)
+        ratios = [] if args.skip_data_parallel else part1(widths, steps, epochs)
+        hierarchy = [] if args.skip_hierarchy else part2(rates, sizes, 1 if args.quick else args.rounds)
     except BenchmarkError as exc:
         print(f"benchmark failed: {exc}", file=sys.stderr)
         return 1

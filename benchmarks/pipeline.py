@@ -8,31 +8,37 @@ parameters come with twice their size of optimizer state), nn.PipelineCell(.., m
 each; "interleaved": 1F1B with pipeline_interleave and 2 chunks per stage); data parallel is
 the same network, DATA_PARALLEL over every rank, no stages, the same global batch. One job per layout trains them
 all on the same daemons, their steps interleaved round by round (load from other processes falls on all alike);
-then `recorded` steps of each with the timeline on. Layouts (the network-namespace test bed; root and iproute2
-needed), daemons with 1 compute thread:
+then `recorded` rounds of one step of each with the timeline on (interleaved too). Layouts (the network-namespace
+test bed; root and iproute2 needed), daemons with 1 compute thread:
 - one host, 4 ranks (shared memory between the stages);
 - two hosts of 2 ranks, links limited by tc tbf to --rate (stages 1 -> 2 and 3 -> 0's results cross over TCP);
 - one host, 2 ranks and 2 stages (4 layers each): each stage has a core of this 2-core machine to itself.
 
-Printed per schedule: the step time (median of the rounds) and throughput against data parallel; the bubble, the
-share of its steps a stage computed nothing, measured from the timelines (the average over ranks of
-tessel.profiler.report's idle share) next to theory ((S-1)/(M+S-1) for GPipe and 1F1B, (S-1)/(V*M+S-1) for
-interleaved 1F1B, the schedule's own unit-cost simulation for zero bubble); the peak activation memory (the most a
-rank's tensor store grew within a step, from the timeline's memory counter, the largest over ranks); and the
-bytes of parameters and optimizer state the rank holding most holds, against the whole model and the memory
-budget (--budget: that share of the whole model's parameters and optimizer state per rank).
+Printed per schedule: the step time (median of the rounds) and throughput against data parallel; the bubble
+measured from the timelines (tessel.profiler.report.pipeline_bubble, the median over the recorded steps): per
+step, the window from the first schedule action (F/B/W segment) any stage starts to the last one any stage ends,
+bubble = 1 - (time the stages ran actions in it) / (stages x window), the idle share the theory counts, next to
+theory ((S-1)/(M+S-1) for GPipe and 1F1B, (S-1)/(V*M+S-1) for interleaved 1F1B, the schedule's own unit-cost
+simulation for zero bubble) and to the bound a perfect runtime gets when the layout's ranks share this machine's
+cores (compiler/pipeline/check.shared_cores_bubble; = theory with a core per stage); the part of the bubble spent
+waiting for transfers; the fixed per-step time outside the window (optimizer update, prologue, the loss sent back:
+no bubble, reported apart); the old per-rank idle share of the whole step (overheads included); the peak activation
+memory (the most a rank's tensor store grew within a step, from the timeline's memory counter, the largest over
+ranks); and the bytes of parameters and optimizer state the rank holding most holds, against the whole model and
+the memory budget (--budget: that share of the whole model's parameters and optimizer state per rank).
 
 Targets (PASS/FAIL): the 1F1B bubble within 5 points of theory; the zero-bubble schedule's bubble below 1F1B's;
 1F1B's peak activation memory below GPipe's; every rank holding about 1/S of the parameters and optimizer state
 (at most 1.05/S) and within the budget, which data parallel (every rank holds all of it) exceeds. Throughput
-against data parallel is reported, not targeted. The machine is shared (2 cores): compare ratios of one run; with
-4 ranks on 2 cores the stages also share cores, which the bubble measured as wall time absorbs.
+against data parallel is reported, not targeted. The machine is shared (2 cores): compare ratios of one run (the load
+average is printed); with 4 ranks on 2 cores the stages also share cores (see the bound).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -46,12 +52,20 @@ from testbed import Testbed, TestbedUnavailable  # noqa: E402
 from testbed_cluster import TestbedCluster, describe  # noqa: E402
 
 from tessel.compiler.pipeline import generate  # noqa: E402
-from tessel.profiler.report import summarize  # noqa: E402
+from tessel.compiler.pipeline.check import shared_cores_bubble, simulate_schedule  # noqa: E402
+from tessel.profiler.report import pipeline_bubble, summarize  # noqa: E402
 
 RANK = str(Path(__file__).with_name("_pipeline_rank.py"))
 SCHEDULES = ("gpipe", "1f1b", "zero_bubble_h1", "interleaved")
 BUBBLE_POINTS = 0.05  # 1F1B's measured bubble within this of theory
 MiB = 2**20
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, workdir: Path) -> dict:
@@ -67,22 +81,36 @@ def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, w
         raise RuntimeError(describe(results))
     ranks = [json.loads(next(x for x in r.output.splitlines() if x.startswith("{"))) for r in results]
     cells = {}
+    cores = min(_usable_cores(), hosts * per_host)  # every rank of every layout runs on this one machine
     for name in (*SCHEDULES, "data_parallel"):
-        summaries = summarize(timeline / name)
+        recorded = sorted((timeline / name).glob("step*"))  # one recorded step each
+        summaries = [s for d in recorded for s in summarize(d)]
         idle = [s.idle_share for s in summaries if s.idle_share is not None]
         step_ms = statistics.median(ranks[0]["times"][name])
         cell = {
             "step_ms": step_ms,
             "samples_per_s": args.batch / (step_ms / 1e3),
-            "bubble": statistics.mean(idle) if idle else None,
+            "bubble": None,
+            "step_idle": statistics.mean(idle) if idle else None,
             "peak_activation": max(s.peak_growth_bytes for s in summaries),
             "held": max(r["held_bytes"][name] for r in ranks),
             "total": ranks[0]["total_bytes"],
         }
+        figures = [b for b in map(pipeline_bubble, recorded) if b is not None]
+        if figures:  # each figure the median over the recorded steps
+            cell.update(bubble=statistics.median(b.bubble for b in figures),
+                        waiting=statistics.median(b.waiting_share for b in figures),
+                        window_ms=statistics.median(b.window_us for b in figures) / 1e3,
+                        outside_ms=statistics.median(b.outside_us for b in figures) / 1e3)  # fmt: skip
         if name != "data_parallel":
             virtual = 2 if name == "interleaved" else 1
             schedule = generate("1f1b" if name == "interleaved" else name, stages, args.micro, virtual)
             cell["theory"] = schedule.theory_bubble()
+            cell["bound"] = shared_cores_bubble(schedule, min(cores, stages))
+            cell["cores"] = cores
+            if figures:  # the schedule replayed with this run's measured action times, transfers and dispatch free
+                cell["replayed"] = statistics.median(simulate_schedule(schedule, timed=b.action_us).bubble
+                                                     for b in figures)  # fmt: skip
         cells[name] = cell
     dp = cells["data_parallel"]["samples_per_s"]
     for cell in cells.values():
@@ -92,15 +120,35 @@ def run_layout(args, hosts: int, per_host: int, stages: int, rate: str | None, w
 
 def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, bool]]:
     print(f"\n{name}")
-    head = (f"{'schedule':>15} {'step ms':>8} {'samples/s':>10} {'x DP':>6} | {'bubble':>7} {'theory':>7} | "
-            f"{'peak act MiB':>12} | {'held MiB/rank':>13}")  # fmt: skip
+    head = (f"{'schedule':>15} {'step ms':>8} {'samples/s':>10} {'x DP':>6} | {'bubble':>7} {'theory':>7} "
+            f"{'bound':>7} {'replay':>7} | {'waits':>6} {'outside ms':>10} {'step idle':>9} | {'peak act MiB':>12} | "
+            f"{'held MiB/rank':>13}")  # fmt: skip
     print(head)
     print("-" * len(head))
+
+    def share(value) -> str:
+        return "-" if value is None else f"{value:6.1%}"
+
     for schedule, c in cells.items():
-        bubble = "-" if c.get("bubble") is None else f"{c['bubble']:6.1%}"
-        theory = f"{c['theory']:6.1%}" if "theory" in c else "-"
-        print(f"{schedule:>15} {c['step_ms']:8.1f} {c['samples_per_s']:10.0f} {c['x_dp']:5.2f}x | {bubble:>7} "
-              f"{theory:>7} | {c['peak_activation'] / MiB:12.2f} | {c['held'] / MiB:13.2f}")  # fmt: skip
+        outside = "-" if c.get("outside_ms") is None else f"{c['outside_ms']:10.1f}"
+        print(f"{schedule:>15} {c['step_ms']:8.1f} {c['samples_per_s']:10.0f} {c['x_dp']:5.2f}x | "
+              f"{share(c.get('bubble')):>7} {share(c.get('theory')):>7} {share(c.get('bound')):>7} "
+              f"{share(c.get('replayed')):>7} | "
+              f"{share(c.get('waiting')):>6} {outside:>10} {share(c.get('step_idle')):>9} | "
+              f"{c['peak_activation'] / MiB:12.2f} | {c['held'] / MiB:13.2f}")  # fmt: skip
+    cores = cells["1f1b"]["cores"]
+    print(
+        "bubble: per step, the window from the first schedule action (F/B/W segment) any stage starts to the last "
+        "one any stage ends; bubble = 1 - (time the stages ran actions in it) / (stages x window), the idle share "
+        "the theory's (S-1)/(M+S-1) counts. waits: the part of it spent waiting for transfers (the rest: a stage's "
+        "update or prologue falling in the window, dispatch between segments, starting sends). outside ms: the "
+        "part of a rank's step span outside the window (optimizer update, prologue, the loss sent back, dispatch), "
+        "no bubble. step idle: the old figure, 1 - compute / step span per rank (overheads included). bound: the "
+        f"bubble a perfect runtime gets on {min(cores, stages)} core(s) shared equally by the {stages} stages (free "
+        "transfers and dispatch, unit costs; = theory with a core per stage). replay: the schedule replayed with "
+        "this run's measured action times (transfers and dispatch free): what the schedule itself leaves idle with "
+        "these costs; bubble - replay is the runtime's share."
+    )
     total = cells["1f1b"]["total"]
     print(f"whole model: {total / MiB:.2f} MiB of parameters and Adam state; budget {budget / MiB:.2f} MiB per rank")
     one, gpipe, zero = cells["1f1b"], cells["gpipe"], cells["zero_bubble_h1"]
@@ -149,9 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             for name, hosts, per_host, stages, rate in layouts:
                 print(f"[{name}] running ...", file=sys.stderr, flush=True)
+                before = os.getloadavg()[0]
                 cells = run_layout(args, hosts, per_host, stages, rate, Path(tmp) / f"{hosts}x{per_host}")
+                load = (before, os.getloadavg()[0])
+                cells["1f1b"]["load"] = load
                 total = cells["1f1b"]["total"]
-                verdicts += report(name, cells, stages, int(args.budget * total))
+                verdicts += report(f"{name} (load average {load[0]:.1f} -> {load[1]:.1f})", cells, stages,
+                                   int(args.budget * total))  # fmt: skip
                 figures[name] = cells
     except TestbedUnavailable as exc:
         print(f"cannot build the test bed: {exc}", file=sys.stderr)

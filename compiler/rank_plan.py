@@ -29,6 +29,7 @@ class Step:
 
     nodes: list[Node] = field(default_factory=list)
     collective: Node | None = None
+    phase: int | None = None  # a pipeline stage's: the phase of the schedule the segment runs in
 
     @property
     def members(self) -> list[Node]:
@@ -95,7 +96,7 @@ def _in_graph_order(nodes: list[Node], phases: Mapping[Value, int]) -> list[Step
             continue
         mine = phases.get(node.outputs[0], phase) if node.outputs else phase
         if closed or mine != phase:
-            steps.append(Step())
+            steps.append(Step(phase=mine))
             closed = False
         phase = mine
         steps[-1].nodes.append(node)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
@@ -60,6 +60,7 @@ class RankProgram:
     data_inputs: tuple[str, ...]
     state_inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    segment_phases: Mapping[str, int] = field(default_factory=dict)  # a pipeline stage's: segment -> its phase
 
     def collective_counts(self) -> Counter:
         """How many collectives of each kind one run issues, e.g. Counter({'ALL_REDUCE': 2})."""
@@ -111,11 +112,14 @@ def lower_rank_program(
     _check_outputs(prepared, written)
     state_names = tuple(v.name for v in graph.inputs if v.name in {*state, *written})
     segments: dict[str, RankSegment] = {}
+    segment_phases: dict[str, int] = {}
     readers = _readers(steps, prepared)
     for index, step in enumerate(steps):
         if step.collective is None:
             segment = _segment(steps, index, f"{names.prefix}/s{index}", prepared, names, readers)
             segments[segment.name] = segment
+            if step.phase is not None:
+                segment_phases[segment.name] = step.phase
     instructions, groups = _instructions(steps, segments, names, readers, world_size)
     kept = set(prepared.outputs) | set(prepared.inputs)
     temporary = sorted(n for v, n in names.assigned.items() if v not in kept) + sorted(set(donate))
@@ -131,6 +135,7 @@ def lower_rank_program(
         data_inputs=tuple(v.name for v in graph.inputs if v.name not in state_names),
         state_inputs=state_names,
         outputs=tuple(names(v) for v in prepared.outputs),
+        segment_phases=segment_phases,
     )
 
 

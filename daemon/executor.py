@@ -54,6 +54,22 @@ def _outputs(op: Any, default: list[str]) -> list[str]:
     return list(op.outputs) or default
 
 
+def _batch_slice(value: np.ndarray, cut: daemon_pb2.BatchSlice, name: str) -> np.ndarray:
+    """The block `cut` of a batch column (all of it when `cut` has no dims)."""
+    if not cut.start:
+        return value
+    if len(cut.start) != value.ndim or len(cut.stop) != value.ndim:
+        raise ConfigurationError(
+            f"next_batch output {name!r}: a slice of {len(cut.start)} dims for a batch column of shape {value.shape}"
+        )
+    if any(not 0 <= a < b <= n for a, b, n in zip(cut.start, cut.stop, value.shape)):
+        raise ConfigurationError(
+            f"next_batch output {name!r}: the slice {list(cut.start)}:{list(cut.stop)} is outside the batch column "
+            f"of shape {value.shape}; the dataset's batch must have the shape the step was compiled for"
+        )
+    return np.ascontiguousarray(value[tuple(slice(a, b) for a, b in zip(cut.start, cut.stop))])
+
+
 def _store(session: Session, names: list[str], values: Any) -> None:
     if isinstance(values, np.ndarray):
         values = [values]
@@ -211,6 +227,8 @@ class Executor:
             raise ConfigurationError(
                 f"next_batch of {op.dataset!r}: {len(op.outputs)} output names for columns {cursor.columns}"
             )
+        if op.slices:
+            row = [_batch_slice(value, cut, name) for value, cut, name in zip(row, op.slices, op.outputs, strict=True)]
         _store(session, list(op.outputs), row)
 
 

@@ -12,13 +12,13 @@ Parts of equal size k (the usual: as many ranks on every host) use every member 
 of each part talking to the i-th members of the others (k cross groups of one member per part):
 
     all_reduce        reduce_scatter in the part (member i holds the part's sum of chunk i), all_reduce of chunk i
-                      in cross group i, all_gather in the part; pipelined in segments (the cross step of one
-                      segment runs while the part reduces the next) where the link is the slow step:
-                      the first three large all_reduces run whole, the last two timing both steps; the members agree on
-                      the slowest figures, and later ones pipeline only if the cross step took over PIPELINE_RATIO x
-                      the part's (on a fast link the segments' extra synchronisation costs more than the overlap saves);
-                      small buffers: all_reduce in the part, then in the cross group (two latency-bound steps
-                      instead of three)
+                      in cross group i, all_gather in the part, either whole or pipelined in segments (the cross
+                      step of one segment runs while the part reduces the next); or the flat ring over all members.
+                      Which of the three (WAYS) is measured, per size class (power of two of the bytes), on the
+                      class's first large all_reduces, and the members agree on it (`WayTuner`): on a slow link the
+                      segments win, where the cores and not the link are the limit (10 Gbit/s between hosts that
+                      share 2 cores) whole or flat may; small buffers: all_reduce in the part, then in the cross
+                      group (two latency-bound steps instead of three)
     reduce_scatter    reduce_scatter in the part (member i gets the part's sums of the blocks of every part's i-th
                       member), then reduce_scatter in cross group i
     all_gather        all_gather in cross group i, then in the part (blocks put back in group-rank order)
@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -49,17 +49,28 @@ from tessel.core.plugin import CollectivePlugin, Communicator, GroupContext, Pee
 
 # all_reduce up to this size per rank takes two all_reduce steps (part, cross) instead of three: latency dominates.
 SMALL_BYTES = 64 << 10
-# Larger ones run as a pipeline of segments of this many bytes per member of a part: while segment s crosses the
+# Larger ones may run as a pipeline of segments of this many bytes per member of a part: while segment s crosses the
 # hosts (on the cross group's thread), the part reduces segment s + 1 and gathers segment s - 1, so the steps
 # inside a host hide behind the link. Big enough that a segment's fixed costs (an agreement round trip) are small
 # against its transfer even at 10 Gbit/s, small enough that the pipeline fills quickly.
 SEGMENT_BYTES = 512 << 10
-# Pipeline only where the cross step took over this many times as long as the steps inside the part. Measured on
-# the two-host test bed (2 x 2 ranks, 2 shared cores, load 4-6): the ratio is 1.8-2.3 at 1 Gbit/s, where 512 KiB
-# segments run 16 MiB in 145 ms against 180-230 ms whole, and 0.6-0.8 at 10 Gbit/s, where segments ran it in ~107 ms
-# against ~71 ms whole (each segment adds three synchronised collectives, and on busy cores each costs switches).
-PIPELINE_RATIO = 1.25
-TIMED_RUNS = 2  # large all_reduces timed (summed) for that choice, after one untimed
+# How a large all_reduce of an even hierarchy may run: "whole" (reduce_scatter in the part, all_reduce across,
+# all_gather in the part, each of the whole buffer), "segments" (that, pipelined in SEGMENT_BYTES segments) or
+# "flat" (the flat group's TCP ring over all members). Measured on the two-host test bed (2 x 2 ranks, 16 MiB,
+# the 2 cores shared with other work): at 1 Gbit/s segments ~150 ms, whole ~200 ms, flat ~220-250 ms (the link
+# is the limit); at 10 Gbit/s segments ~107 ms, whole ~40-250 ms, flat ~40-120 ms (the cores are, and their load
+# decides). No figure known before the job (a probed link speed) tells which, so each size class measures them.
+WAYS = ("whole", "segments", "flat")
+# Per size class: each way once untimed (connections open, pages fault in), then TUNING_ROUNDS timed rounds of
+# every way, each round in another order. A way's figure is its quickest round on a member (load only ever adds
+# time, so the minimum is the least noisy estimate of what the way costs), then the slowest member's (every
+# member takes the agreed figures, so all choose alike). "whole" is kept unless another way's figure is under
+# PREFER x its own; TUNING_EVERY large all_reduces of a class after its choice, the class measures again (timed
+# rounds only), so a choice made under a burst of load does not stay for the whole job.
+TUNING_ROUNDS = 3
+PREFER = 0.9
+TUNING_EVERY = 2000
+TUNING_CALLS = len(WAYS) * (1 + TUNING_ROUNDS)  # large all_reduces of one size class before the first choice
 MODES = ("auto", "flat")
 
 log = logging.getLogger(__name__)
@@ -71,6 +82,77 @@ def parts_of(peers: Sequence[Peer]) -> list[list[int]]:
     for position, peer in enumerate(peers):
         parts.setdefault((peer.host_id, peer.plugin), []).append(position)
     return list(parts.values())
+
+
+def tuning_way(index: int, warm_up: bool = True) -> tuple[str, bool] | None:
+    """(way, timed) of the index-th large all_reduce of a size class while it measures, None once it is done:
+    with `warm_up` each way once untimed first; then TUNING_ROUNDS rounds of every way, round r rotated by r."""
+    count = len(WAYS)
+    if warm_up:
+        if index < count:
+            return WAYS[index], False
+        index -= count
+    if index >= count * TUNING_ROUNDS:
+        return None
+    round_, position = divmod(index, count)
+    return WAYS[(position + round_) % count], True
+
+
+def choose(seconds: Sequence[float], prefer: float = PREFER) -> str:
+    """The way to keep, from each way's agreed figure (seconds, in WAYS order): "whole" unless another is quicker
+    than `prefer` x its figure."""
+    best = int(np.argmin(seconds))
+    whole = seconds[WAYS.index("whole")]
+    return WAYS[best] if seconds[best] < prefer * whole else "whole"
+
+
+class WayTuner:
+    """Which way (WAYS) each large all_reduce runs, per size class, the same on every member: every member sees
+    the same sequence of large all_reduces (a collective's size is the same on all), so the schedule of
+    `tuning_way` is the same everywhere, and the choice is made from figures `agree` makes equal on all members
+    (the slowest member's: an elementwise max over the group)."""
+
+    def __init__(self, agree: Callable[[np.ndarray], np.ndarray]):
+        self._agree = agree
+        self._classes: dict[int, dict] = {}
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        return int(nbytes).bit_length()
+
+    def way(self, nbytes: int) -> tuple[str, bool]:
+        """(way, timed) for the next large all_reduce of `nbytes`; timed ones must be `record`ed."""
+        state = self._classes.setdefault(
+            self.size_class(nbytes), {"calls": 0, "warm_up": True, "best": np.full(len(WAYS), np.inf), "choice": None}
+        )
+        if state["choice"] is not None:
+            state["calls"] += 1
+            if state["calls"] <= TUNING_EVERY:
+                return state["choice"], False
+            state.update(calls=0, warm_up=False, choice=None, best=np.full(len(WAYS), np.inf))
+        planned = tuning_way(state["calls"], state["warm_up"])
+        if planned is None:  # the last timed one raised before `record` (the group failed): measure again
+            state.update(calls=0, warm_up=False, best=np.full(len(WAYS), np.inf))
+            planned = tuning_way(0, warm_up=False)
+        state["calls"] += 1
+        return planned
+
+    def record(self, nbytes: int, way: str, seconds: float) -> str | None:
+        """Note a timed large all_reduce; after a class's last, agree and choose (returns the choice)."""
+        state = self._classes[self.size_class(nbytes)]
+        index = WAYS.index(way)
+        state["best"][index] = min(state["best"][index], seconds)
+        if tuning_way(state["calls"], state["warm_up"]) is not None:
+            return None
+        figures = self._agree(state["best"])
+        state.update(calls=0, choice=choose(figures))
+        log.info("large all_reduces of ~%d bytes: whole %.1f ms, segments %.1f ms, flat %.1f ms (slowest member's "
+                 "best of %d): they run %s", nbytes, *(figures * 1e3), TUNING_ROUNDS, state["choice"])  # fmt: skip
+        return state["choice"]
+
+    def choice(self, nbytes: int) -> str | None:
+        state = self._classes.get(self.size_class(nbytes))
+        return None if state is None else state["choice"]
 
 
 def communicator(
@@ -137,9 +219,7 @@ class HierarchicalCommunicator(Communicator):
         inner = self.intra.transport if self.intra is not None else "-"
         self.transport = f"hierarchical({inner}+{self.flat.transport})"
         self.compute_bound = bool(getattr(self.intra, "compute_bound", False))
-        self.pipeline: bool | None = None  # decided by large all_reduce 1 + TIMED_RUNS (see _all_reduce)
-        self._whole_runs = 0  # large all_reduces run whole so far; the first may open connections: not timed
-        self._timings = np.zeros(2)  # [cross step, -part steps] seconds, summed over the timed runs
+        self.tuner = WayTuner(self._agree_max)
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -163,11 +243,26 @@ class HierarchicalCommunicator(Communicator):
         if x.nbytes <= SMALL_BYTES or x.size < k:
             return self.cross.all_reduce(self.intra.all_reduce(x, op), op)
         flat = np.ascontiguousarray(x).reshape(x.size)
-        if self.pipeline is None:
-            return self._timed_whole(flat, op, k).reshape(x.shape)
+        way, timed = self.tuner.way(flat.nbytes)
+        started = time.perf_counter()
+        out = self._run(way, flat, op, k)
+        if timed:
+            self.tuner.record(flat.nbytes, way, time.perf_counter() - started)
+        return out.reshape(x.shape)
+
+    def _agree_max(self, figures: np.ndarray) -> np.ndarray:
+        """The elementwise max of `figures` over the group (two small all_reduces), the same on every member."""
+        return self.cross.all_reduce(self.intra.all_reduce(np.asarray(figures, np.float64), "max"), "max")
+
+    def _run(self, way: str, flat: np.ndarray, op: str, k: int) -> np.ndarray:
+        """A large all_reduce of the 1-d `flat`, one of the WAYS."""
+        if way == "flat":
+            return self.flat.all_reduce(flat, op)
+        if way == "whole":  # the part's all_gather makes the output: no copy into another fresh buffer
+            piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
+            return self.intra.all_gather(self.cross.all_reduce(self.intra.reduce_scatter(piece, op), op))[: flat.size]
         out = np.empty_like(flat)
-        segment = SEGMENT_BYTES if self.pipeline else flat.nbytes
-        step = k * max(1, segment // x.itemsize)  # elements per segment, a multiple of k
+        step = k * max(1, SEGMENT_BYTES // flat.itemsize)  # elements per segment, a multiple of k
         bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]
         crossing: list[tuple[int, int, object]] = []
         # The part's collectives run here in one fixed order on every member (reduce segment s, then gather
@@ -181,33 +276,6 @@ class HierarchicalCommunicator(Communicator):
                 self._gather_into(out, *crossing.pop(0))
         for lo, hi, handle in crossing:
             self._gather_into(out, lo, hi, handle)
-        return out.reshape(x.shape)
-
-    def _timed_whole(self, flat: np.ndarray, op: str, k: int) -> np.ndarray:
-        """The first 1 + TIMED_RUNS large all_reduces: in one piece; all but the first time the part's steps and the
-        cross step; after the last, every member takes the agreed figures (below; two small all_reduces, once per
-        communicator), so all of them decide alike whether later large all_reduces pipeline."""
-        piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
-        started = time.perf_counter()
-        reduced = self.intra.reduce_scatter(piece, op)
-        crossing = time.perf_counter()
-        across = self.cross.all_reduce(reduced, op)
-        gathering = time.perf_counter()
-        out = self.intra.all_gather(across)[: flat.size]
-        local_s = (crossing - started) + (time.perf_counter() - gathering)
-        self._whole_runs += 1
-        if self._whole_runs == 1:
-            return out
-        self._timings += [gathering - crossing, -local_s]
-        if self._whole_runs <= TIMED_RUNS:
-            return out
-        # The slowest cross step, and the quickest member's part steps: a member's part steps include waiting for
-        # the other members (to arrive, to finish their cross step), the quickest one's least.
-        figures = self.cross.all_reduce(self.intra.all_reduce(self._timings, "max"), "max") * [1.0, -1.0]
-        self.pipeline = bool(figures[0] > PIPELINE_RATIO * figures[1])
-        log.info("group %r: cross step %.1f ms, part's steps %.1f ms (%d bytes, %d runs): large all_reduces %s",
-                 self.context.name, figures[0] * 1e3, figures[1] * 1e3, flat.nbytes, TIMED_RUNS,
-                 f"pipeline in {SEGMENT_BYTES >> 10} KiB segments" if self.pipeline else "run whole")  # fmt: skip
         return out
 
     def _gather_into(self, out: np.ndarray, lo: int, hi: int, handle) -> None:

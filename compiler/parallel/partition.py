@@ -151,6 +151,7 @@ def parallelize(
     weights: Collection[str] = (),
     output_layouts: Sequence[Layout | None] | None = None,
     loss_repeated_mean: bool = True,
+    slice_whole_inputs: bool = False,
 ) -> ParallelPlan:
     """Plan `graph` on `device_num` devices. `strategies` maps nodes (or their index in graph.nodes) to a
     strategy (a tuple of cuts per input, a Strategy, a Primitive after .shard(), or "data_parallel"); unlisted
@@ -159,7 +160,10 @@ def parallelize(
     non-parameter inputs on the weight side (gradients held from an earlier call); `output_layouts` asks for the
     layout of some outputs (None: as computed, partial sums combined). `loss_repeated_mean=False` leaves out the
     VirtualDiv of outputs (and losses) that several ranks compute alike, so their gradients are not averaged over
-    those ranks (MindSpore's loss_repeated_mean)."""
+    those ranks (MindSpore's loss_repeated_mean). `slice_whole_inputs=True`: a data input that arrives whole on every
+    rank (full_batch) and that every consumer reads in one layout cut from it (a local slice, no collective) arrives
+    in that layout instead: whoever feeds the rank graph sends each rank only its slice (`local_value` cuts it), not
+    the whole batch for the rank to slice (see `slice_whole_inputs`)."""
     if device_num < 1:
         raise ConfigurationError(f"device_num must be >= 1, got {device_num}")
     check_static(graph)
@@ -175,6 +179,9 @@ def parallelize(
     layouts = _input_layouts(graph, param_values, fixed, device_num, dataset)
     placements = _place(graph, specs, given, layouts, param_values, weight_side(graph, params, weights), device_num)
     redistributions, finals = _route(graph, placements, layouts, steps, output_layouts)
+    if slice_whole_inputs:
+        data = [v for v in graph.inputs if v not in param_values and v.name not in fixed]
+        _slice_whole_inputs(graph, data, layouts, redistributions)
     return ParallelPlan(
         graph,
         device_num,
@@ -186,6 +193,30 @@ def parallelize(
         finals,
         loss_repeated_mean,
     )
+
+
+def _slice_whole_inputs(graph: Graph, data: list[Value], layouts: dict, routes: dict) -> None:
+    """Each data input held whole on every rank whose consumers all read it through a local slice to one layout:
+    that layout becomes the one it arrives in and the slices go (see parallelize's slice_whole_inputs)."""
+    readers: dict[Value, list[Key]] = {v: [] for v in data}
+    for node in graph.nodes:
+        for i, v in enumerate(node.inputs):
+            if v in readers:
+                readers[v].append((node, i))
+    outputs = set(graph.outputs)
+    for v, keys in readers.items():
+        have = layouts[v]
+        if not keys or v in outputs or have.partial or have.replicas != have.device_num:
+            continue
+        moves = [routes.get(key) for key in keys]
+        if any(move is None or move.collectives for move in moves):
+            continue  # a consumer reads it whole, or the move is more than a slice
+        target = moves[0].target
+        if target.partial or not all(move.target.same_as(target) for move in moves):
+            continue
+        layouts[v] = target
+        for key in keys:
+            del routes[key]
 
 
 def weight_side(graph: Graph, params: set[str], weights: Collection[str]) -> set[Value]:

@@ -3,7 +3,7 @@ rank's graph into its stage in schedule order (stages.py, split.py), and what th
 (registry.py)."""
 
 from tessel.compiler.pipeline.check import Timing, check, simulate_schedule, skeleton
-from tessel.compiler.pipeline.registry import check_lowered, phases_of
+from tessel.compiler.pipeline.registry import actions_of, check_lowered, phases_of
 from tessel.compiler.pipeline.schedule import SCHEDULERS, Action, Link, Message, Op, Schedule, Transfers, generate
 from tessel.compiler.pipeline.split import PipelinedGraph, pipeline_rank_graph
 from tessel.compiler.pipeline.stages import Tag
@@ -19,6 +19,7 @@ __all__ = [
     "Tag",
     "Timing",
     "Transfers",
+    "actions_of",
     "check",
     "check_lowered",
     "generate",

@@ -44,14 +44,20 @@ def check(schedule: Schedule, transfers: Transfers | None = None) -> Timing:
 
 
 def simulate_schedule(
-    schedule: Schedule, costs: dict[str, float] | None = None, transfers: Transfers | None = None
+    schedule: Schedule,
+    costs: dict[str, float] | None = None,
+    transfers: Transfers | None = None,
+    timed: dict[str, float] | None = None,
 ) -> Timing:
     """Run `schedule` dry in the rank simulator; `costs` gives the units of "F", "B" and "W" (default 1 each, 2
-    for a backward that is not split)."""
+    for a backward that is not split); `timed` instead gives each action's own time, by its name ("B(v=1,m=3)": a
+    timeline's measured durations; an action it lacks takes none, as a first stage's empty input gradient)."""
     transfers = transfers if transfers is not None else Transfers.chain(schedule.virtual_stages)
     unit = {"F": 1.0, "B": 1.0 if schedule.split_backward else 2.0, "W": 1.0, **(costs or {})}
     programs = [skeleton(schedule, s, transfers) for s in range(schedule.stages)]
     seconds = {name: unit.get(name[0], 0.0) for program in programs for name in program.segments}
+    if timed is not None:
+        seconds = {name: timed.get(name, 0.0) if name[:2] in ("F(", "B(", "W(") else 0.0 for name in seconds}
     world = World(programs, None, seconds)
     try:
         world.run([{} for _ in programs])
@@ -162,3 +168,56 @@ def _transfer(physical: int, op: Op, groups, sends) -> list:
         )
     collective.handle = handle
     return [daemon_pb2.Instruction(collective=collective)]
+
+
+def shared_cores_bubble(schedule: Schedule, cores: int, costs: dict[str, float] | None = None) -> float:
+    """The bubble `schedule` gets from a perfect runtime (free transfers and dispatch, unit costs as
+    `simulate_schedule`) when its stages share `cores` cores equally: while n stages compute, each runs at
+    min(1, cores / n) of a core. Measured as the benchmark measures it: 1 - (wall time the stages spend in their
+    actions) / (stages x the window from the first action to the last). With a core per stage it is the unit-cost
+    bubble; with fewer cores an action that waits for a core still counts as computing, as it does on a timeline."""
+    if cores < 1:
+        raise ConfigurationError(f"shared_cores_bubble: cores must be >= 1, got {cores!r}")
+    unit = {"F": 1.0, "B": 1.0 if schedule.split_backward else 2.0, "W": 1.0, **(costs or {})}
+    stages = schedule.stages
+    orders = [list(order) for order in schedule.orders]
+    placement = {v: schedule.placement(v) for v in range(schedule.virtual_stages)}
+    last = schedule.virtual_stages - 1
+    done: set[Action] = set()
+    position = [0] * stages
+    running: list[tuple[Action, float] | None] = [None] * stages  # (action, work left)
+    busy = [0.0] * stages
+    clock = 0.0
+
+    def ready(action: Action) -> bool:
+        v, m = action.stage, action.micro
+        if action.kind == "F":
+            return v == 0 or Action("F", v - 1, m) in done
+        if action.kind == "B":
+            return Action("F", v, m) in done and (v == last or Action("B", v + 1, m) in done)
+        return Action("B", v, m) in done
+
+    while True:
+        for s in range(stages):
+            if running[s] is None and position[s] < len(orders[s]) and ready(orders[s][position[s]]):
+                action = orders[s][position[s]]
+                running[s] = (action, unit[action.kind])
+                position[s] += 1
+        active = [s for s in range(stages) if running[s] is not None]
+        if not active:
+            if any(position[s] < len(orders[s]) for s in range(stages)):  # pragma: no cover - check() catches it
+                raise ConfigurationError(f"pipeline schedule {schedule.name!r} deadlocks in shared_cores_bubble")
+            break
+        rate = min(1.0, cores / len(active))
+        step = min(running[s][1] for s in active) / rate
+        clock += step
+        for s in active:
+            action, left = running[s]
+            busy[placement[action.stage]] += step
+            left -= step * rate
+            if left <= 1e-12:
+                done.add(action)
+                running[s] = None
+            else:
+                running[s] = (action, left)
+    return 1.0 - sum(busy) / (stages * clock)

@@ -1,7 +1,8 @@
 """What the pipeline pass knows about the nodes it emitted, for the lowering that comes later (by then the graph
 has been renamed and extended, but its Values are the pass's): each node's phase, so the lowering keeps the
 schedule's order (`phases_of`), and the order of the transfers the schedule check ran, so the rank program that
-runs is checked to move tensors in that very order (`check_lowered`)."""
+runs is checked to move tensors in that very order (`check_lowered`); and the schedule's action behind each phase
+(`actions_of`), so that the timeline names each segment by the action it runs ("F(v=1,m=3)", "W(v=0,m=2)")."""
 
 from __future__ import annotations
 
@@ -18,11 +19,16 @@ _POINT_TO_POINT = (collective_pb2.SEND, collective_pb2.RECV)
 
 _PHASES: weakref.WeakKeyDictionary[Value, int] = weakref.WeakKeyDictionary()
 _TRANSFERS: weakref.WeakKeyDictionary[Value, tuple[str, tuple[int, ...]]] = weakref.WeakKeyDictionary()
+_ACTIONS: weakref.WeakKeyDictionary[Value, str] = weakref.WeakKeyDictionary()
 
 
-def record(phases: Mapping[Value, int], nodes: list[Node]) -> None:
-    """Remember the phases of a pipelined graph's nodes and its transfers (Send/Receive nodes, in order)."""
+def record(phases: Mapping[Value, int], nodes: list[Node], actions: Mapping[int, str] | None = None) -> None:
+    """Remember the phases of a pipelined graph's nodes, its transfers (Send/Receive nodes, in order) and, from
+    `actions` (phase -> the action's name), the action each node belongs to."""
     _PHASES.update(phases)
+    for value, phase in (actions is not None and phases.items()) or ():
+        if phase in actions:
+            _ACTIONS[value] = actions[phase]
     for node in nodes:
         collective = registry.get(node.op).collective
         if collective is not None and collective.kind in _POINT_TO_POINT:
@@ -36,6 +42,11 @@ def phases_of(graph: Graph) -> dict[Value, int] | None:
     """The phases the pipeline pass gave `graph`'s nodes (keyed by first output), or None: not a pipeline's."""
     found = {n.outputs[0]: _PHASES[n.outputs[0]] for n in graph.nodes if n.outputs and n.outputs[0] in _PHASES}
     return found or None
+
+
+def actions_of(graph: Graph) -> dict[int, str]:
+    """Phase -> the schedule action it runs ("F(v=0,m=1)", ...) for `graph`'s nodes (empty: not a pipeline's)."""
+    return {_PHASES[v]: _ACTIONS[v] for n in graph.nodes if n.outputs for v in n.outputs[:1] if v in _ACTIONS}
 
 
 def check_lowered(program: RankProgram, graph: Graph, world_size: int) -> None:

@@ -216,7 +216,8 @@ class _Builder:
         inputs = tuple(v for v in self.b.inputs if v in read or v in outputs)
         out_graph = Graph(inputs, tuple(order), tuple(outputs), self.b.name)
         phases = {n.outputs[0]: int(self.phase[n]) for n in order if n.outputs}
-        registry.record(phases, order)
+        actions = {k + 1: repr(op.action) for k, op in enumerate(self.ops) if op.kind == "compute"}
+        registry.record(phases, order, actions)
         names = tuple(v.name for v in inputs)
         return PipelinedGraph(out_graph, phases, transfers, self.ops, names, tuple(self.absent))
 

@@ -1,7 +1,8 @@
 """AUTO_PARALLEL on real daemons: each of MindSpore's three search modes plans every op of an MLP, a conv net and a
 net whose weight is used by two ops (nothing configured by the user), and 2, 4 (and 8, for the MLP) ranks reproduce
-the standalone losses over 20 steps to 1e-5 relative (scripts/auto_modes.py checks on every rank); the MLP also with
-full_batch=True (every rank feeds the whole batch, the planner slices it)."""
+the standalone losses over 20 steps to 1e-5 relative (scripts/auto_modes.py checks on every rank); the MLP and a net
+of small weights and a large batch also with full_batch=True (every rank feeds the whole batch, the plan slices it:
+the host sends each rank only the slices its plan reads, checked in bytes)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     folder = tmp_path_factory.mktemp("auto")
-    for net in ("mlp", "conv", "tied"):
+    for net in ("mlp", "conv", "tied", "rows"):
         command = [sys.executable, str(SCRIPT), net, "none", str(folder / f"{net}.json")]
         alone = subprocess.run(command, cwd=folder, capture_output=True, text=True, timeout=120)
         assert alone.returncode == 0, alone.stdout[-2000:] + alone.stderr[-3000:]
@@ -31,7 +32,9 @@ def references(tmp_path_factory):
 # one job per (net, world) trains under every mode in turn (a job start per mode saved)
 CASES = [(net, ",".join(MODES), n) for net in ("mlp", "conv", "tied") for n in (2, 4)]
 CASES.append(("mlp", "recursive_programming", 8))
-CASES.append(("mlp", ",".join(f"{mode}+full_batch" for mode in MODES), 4))
+FULL_BATCH = ",".join(f"{mode}+full_batch" for mode in MODES)
+CASES.append(("mlp", FULL_BATCH, 4))
+CASES.append(("rows", FULL_BATCH, 4))  # every mode cuts the batch: each rank is sent only its rows
 
 
 @pytest.mark.parametrize(("net", "modes", "n"), CASES)
@@ -44,6 +47,11 @@ def test_every_search_mode_trains_like_one_device(references, tmp_path, net, mod
         for mode in modes.split(","):
             found = re.search(rf"auto {net} {re.escape(mode)} ok on rank {rank} of {n}: loss error (\S+)", out)
             assert found and float(found.group(1)) <= 1e-5, (mode, out)
+        if net == "rows":  # every plan reads some input in slices: less than the whole batch is sent
+            fed = [(int(a), int(b)) for a, b in re.findall(r"fed (\d+) bytes of the whole batch's (\d+)", out)]
+            assert len(fed) == len(MODES) and all(a < b for a, b in fed), (fed, out)
+            # dynamic_programming's optimum is the data-parallel plan: each rank is sent its quarter of the rows
+            assert fed[MODES.index("dynamic_programming")][0] <= fed[0][1] // n + 64, (fed, out)
 
 
 def test_a_strategy_file_reproduces_the_plan(references, tmp_path):

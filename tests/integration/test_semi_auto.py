@@ -18,11 +18,20 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("n", [2, 4])
 @pytest.mark.parametrize("data_import", ["full_batch", "data_parallel"])
 def test_megatron_mlp_trains_like_one_rank_with_either_data_import(tmp_path, n, data_import):
-    """full_batch: every rank reads the global batch; data_parallel (full_batch=False, the default): each rank's
-    dataset is sharded with num_shards/shard_id and the engine traces the step at the global shape."""
+    """full_batch: every rank reads the global batch (the labels, which the loss reads data parallel, are sent as
+    each rank's rows); data_parallel (full_batch=False, the default): each rank's dataset is sharded with
+    num_shards/shard_id and the engine traces the step at the global shape."""
     result = run_tessel(["run", "-n", str(n), str(SCRIPT), data_import], tmp_path, 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     check_ranks(tmp_path, n, rf"semi {data_import} ok on rank {{rank}} of {{n}}: loss error (\S+)")
+
+
+def test_full_batch_in_sink_mode_keeps_only_the_rows_the_plan_reads(tmp_path):
+    """full_batch with dataset_sink_mode=True: the daemon reads the whole global batch and stores of the labels only
+    this rank's rows (the NextBatch slices; scripts/semi_train.py checks them), training as one rank does."""
+    result = run_tessel(["run", "-n", "2", str(SCRIPT), "full_batch_sink"], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    check_ranks(tmp_path, 2, r"semi full_batch_sink ok on rank {rank} of {n}: loss error (\S+)")
 
 
 def check_ranks(tmp_path, n: int, pattern: str) -> None:

@@ -4,6 +4,7 @@ choices, and the errors. The collectives themselves run in real jobs: tests/inte
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tessel.core.errors import ConfigurationError
@@ -71,3 +72,83 @@ def test_a_plugin_is_found_by_entry_point_or_at_module_colon_class_and_an_unavai
     assert not ok and why
     with pytest.raises(MissingRuntimeError, match=r"plugin 'gpu' cannot run here: .+"):
         load_plugin("gpu")
+
+
+def test_the_ways_of_a_large_all_reduce_are_each_warmed_up_then_timed_in_rotating_rounds():
+    ways = len(hierarchy.WAYS)
+    plan = [hierarchy.tuning_way(i) for i in range(hierarchy.TUNING_CALLS + 1)]
+    assert plan[:ways] == [(w, False) for w in hierarchy.WAYS]
+    timed = plan[ways:-1]
+    assert all(t for _, t in timed) and len(timed) == ways * hierarchy.TUNING_ROUNDS
+    assert sorted(w for w, _ in timed) == sorted(hierarchy.WAYS * hierarchy.TUNING_ROUNDS)
+    assert [w for w, _ in timed[:ways]] != [w for w, _ in timed[ways : 2 * ways]]  # each round another order
+    assert plan[-1] is None
+    assert hierarchy.tuning_way(0, warm_up=False) == (hierarchy.WAYS[0], True)
+
+
+def test_whole_is_kept_unless_another_way_is_clearly_quicker():
+    whole, segments, flat = (hierarchy.WAYS.index(w) for w in ("whole", "segments", "flat"))
+
+    def figures(**ms):
+        out = [0.0] * 3
+        for way, value in ms.items():
+            out[hierarchy.WAYS.index(way)] = value / 1e3
+        return out
+
+    assert whole == 0 and hierarchy.choose(figures(whole=100, segments=95, flat=92)) == "whole"  # within PREFER
+    assert hierarchy.choose(figures(whole=200, segments=150, flat=250)) == "segments"  # a slow link
+    assert hierarchy.choose(figures(whole=120, segments=160, flat=60)) == "flat"  # busy cores, fast link
+    assert (segments, flat) == (1, 2)
+
+
+def test_members_with_different_timings_choose_the_same_way_from_the_agreed_figures():
+    """Two members of one group, on threads, each timing its own noisy runs; they agree through a stand-in for
+    _agree_max's all_reduce (elementwise max over both), so they choose alike and see through the noise."""
+    import threading
+
+    cost = {"whole": 0.100, "segments": 0.140, "flat": 0.060}
+    meeting, posted = threading.Barrier(2, timeout=10), {}
+
+    def agree(member: int, best: np.ndarray) -> np.ndarray:
+        posted[member] = best.copy()
+        meeting.wait()
+        out = np.maximum(posted[0], posted[1])
+        meeting.wait()
+        return out
+
+    nbytes, results = 16 << 20, {}
+
+    def member(index: int) -> None:
+        rng = np.random.default_rng(index)
+        tuner = hierarchy.WayTuner(lambda best: agree(index, best))
+        plan = []
+        for _ in range(hierarchy.TUNING_CALLS):
+            way, timed = tuner.way(nbytes)
+            plan.append(way)
+            if timed:
+                tuner.record(nbytes, way, cost[way] * rng.uniform(1.0, 1.6))  # load only adds time
+        results[index] = (plan, tuner.choice(nbytes), tuner.way(nbytes), tuner.choice(1 << 20))
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert results[0] == results[1]  # the same schedule, the same choice
+    _, choice, after, other_class = results[0]
+    assert choice == "flat" and after == ("flat", False)
+    assert other_class is None  # another size class measures for itself
+
+
+def test_a_size_class_measures_again_after_tuning_every_calls():
+    tuner = hierarchy.WayTuner(lambda best: best)
+    nbytes = 4 << 20
+    for _ in range(hierarchy.TUNING_CALLS):
+        way, timed = tuner.way(nbytes)
+        if timed:
+            tuner.record(nbytes, way, {"whole": 1.0, "segments": 0.5, "flat": 2.0}[way])
+    assert tuner.choice(nbytes) == "segments"
+    for _ in range(hierarchy.TUNING_EVERY):
+        assert tuner.way(nbytes) == ("segments", False)
+    assert tuner.way(nbytes) == (hierarchy.WAYS[0], True)  # timed rounds again, no warm-up
+    assert tuner.choice(nbytes) is None

@@ -20,13 +20,26 @@ full_batch or dataset_strategy) and, under sharding_propagation, adds it to the 
 that is configured sharding strategy" (graph_costmodel.cc, StrategyPropagate), and ops the BFS never reaches get a
 default strategy. Here the data inputs play the VirtualDataset; a part of the graph that neither reaches starts
 from its heaviest op's cheapest strategy, and the log says so.
+
+A whole batch (full_batch) constrains nothing: every rank holds all of it, so any layout an op reads it in is a
+local slice (priced as compute, not communication), and MindSpore's VirtualDataset strategy (all ones under
+full_batch) says nothing about how to cut it. Ranked communication first, an op reading it would take a strategy that
+communicates nothing (possibly one that cuts nothing, every rank computing the whole network) however much compute
+another cut saves. So when no op is configured: the ops that read a whole data input choose by their whole cost
+(compute, the slice and communication alike); and the largest whole input is tried as a dataset strategy in each
+layout its readers can take it in (each a local slice of it, free): its readers take their cheapest option reading it
+that way, the rest propagates from them communication first, as above, and the plan the cost model prices lowest is
+kept (the plain propagation among them: never worse than it). With configured ops MindSpore's rule stands
+unchanged: strategies flow from them.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Mapping
+from typing import Any
 
 from tessel.compiler.parallel.search import objective
 from tessel.compiler.parallel.search.problem import INFEASIBLE, Problem, layout_key
@@ -38,21 +51,78 @@ log = logging.getLogger("tessel.parallel")
 def propagate(problem: Problem, decided: Mapping[int, int], mode: str = "sharding_propagation") -> list[int]:
     """An option for every variable: `decided` (variable -> option) kept, the rest propagated from them and from
     the dataset. `mode` names the caller in the log."""
-    search = _Propagation(problem, dict(decided))
+    plain = _propagate(problem, decided, mode)
+    seeds = _whole_input_seeds(problem) if not decided and problem.device_num > 1 else []
+    if not seeds:
+        return plain
+    best, best_time, kept = plain, problem.evaluate(plain)[0], "as propagated"
+    for layout, seed in seeds:
+        found = _propagate(problem, seed, mode, quiet=True)
+        seconds = problem.evaluate(found)[0]
+        if seconds < best_time:
+            best, best_time, kept = found, seconds, layout.describe()
+    log.info(
+        "%s: the whole batch is free to cut (full_batch, nothing configured): %d layouts of it tried as the dataset "
+        "strategy, kept %s (predicted step %.3g ms)",
+        mode,
+        len(seeds) + 1,
+        kept,
+        best_time * 1e3,
+    )
+    return best
+
+
+SEED_LAYOUTS = 8  # at most this many layouts of a whole batch tried (the cheapest for its readers)
+
+
+def _whole_input_seeds(problem: Problem) -> list[tuple[Any, dict[int, int]]]:
+    """For the largest data input every rank holds whole, per layout its readers can read it in (the cheapest
+    SEED_LAYOUTS of them): that layout and {reader: its cheapest option reading the input so}."""
+    whole = [v for v, layout in problem.dataset.items() if not layout.partial and layout.replicas == layout.device_num]
+    if not whole:
+        return []
+    value = max(whole, key=lambda v: (math.prod(v.shape), -problem.graph.inputs.index(v)))
+    readers = [(var, [i for i, v in enumerate(node.inputs) if v is value]) for node, var in problem.node_var.items()]
+    readers = [(var, inputs) for var, inputs in readers if inputs and not problem.variables[var].fixed]
+    by_layout: dict[tuple, tuple[Any, dict[int, int], float]] = {}
+    for var, inputs in readers:
+        options = problem.variables[var].options
+        for a, option in enumerate(options):
+            wants = {layout_key(option.placement.inputs[i]) for i in inputs}
+            if len(wants) != 1:
+                continue
+            (key,) = wants
+            layout = option.placement.inputs[inputs[0]]
+            _, seed, _ = by_layout.setdefault(key, (layout, {}, 0.0))
+            if var not in seed or option.time < options[seed[var]].time:
+                seed[var] = a
+    complete = []
+    for layout, seed, _ in by_layout.values():
+        if len(seed) == len(readers):
+            cost = sum(problem.variables[var].options[a].time for var, a in seed.items())
+            complete.append((cost, len(complete), layout, seed))
+    complete.sort(key=lambda item: item[:2])
+    return [(layout, seed) for _, _, layout, seed in complete[:SEED_LAYOUTS]]
+
+
+def _propagate(problem: Problem, decided: Mapping[int, int], mode: str, quiet: bool = False) -> list[int]:
+    search = _Propagation(problem, dict(decided), seeded=bool(decided) and quiet)
     queue: deque[int] = deque()
     for var in decided:
         queue.extend(other for _, other in problem.neighbours(var))
-    if not decided:
+    if not decided and not quiet:
         log.info(
             "%s: no operator has a configured strategy; propagating from the dataset's layout (as MindSpore "
             "propagates from its VirtualDataset op, configured with the dataset strategy)",
             mode,
         )
-    queue.extend(search.data_consumers())
+    # Readers of a whole batch are constrained by nothing: from a seeded layout they are reached by the search (a
+    # reader of the labels then follows the op before it, not a tie among its free cuts).
+    queue.extend(var for var in search.data_consumers() if not (decided and var in search.free_readers))
     search.run(queue)
     while search.undecided():
         start = max(search.undecided(), key=search.weight)
-        log.info(
+        (log.debug if quiet else log.info)(
             "%s: %s is reached neither from a configured op nor from the dataset; starting from it with its "
             "cheapest strategy",
             mode,
@@ -63,11 +133,18 @@ def propagate(problem: Problem, decided: Mapping[int, int], mode: str = "shardin
 
 
 class _Propagation:
-    def __init__(self, problem: Problem, decided: dict[int, int]):
+    def __init__(self, problem: Problem, decided: dict[int, int], seeded: bool = False):
         self.p = problem
         self.assignment = [-1] * len(problem.variables)
         for var, option in decided.items():
             self.assignment[var] = option
+        # Nothing configured: the readers of a whole data input choose by their whole cost (module docstring).
+        whole = {
+            v for v, layout in problem.dataset.items() if not layout.partial and layout.replicas == layout.device_num
+        }
+        self.free_readers: set[int] = set()
+        if (seeded or not decided) and problem.device_num > 1:
+            self.free_readers = {var for node, var in problem.node_var.items() if any(v in whole for v in node.inputs)}
         # Per node: its outputs that are not graph outputs (whose partial sums a consumer must reduce), with the
         # consumers; the edges from the shared parameters it uses.
         outputs = {id(v) for v in problem.graph.outputs}
@@ -150,6 +227,8 @@ class _Propagation:
             if open_outputs:
                 pending += self._pending_reductions(var, a, open_outputs)
             key = (moves + option.communication + pending, option.time)
+            if var in self.free_readers:
+                key = (moves + option.time + pending, option.time)
             if key < best_key:
                 best, best_key = a, key
         if best < 0:

@@ -72,6 +72,13 @@ class _Recursive:
         self.decided = dict(decided)
         self.primes = prime_factors(problem.device_num)
         self.index = [{o.cuts: a for a, o in enumerate(v.options)} for v in problem.variables]
+        # Vars with the same option cuts (every MatMul of one shape) share one table of them and one memo of which
+        # cuts they can reach: an op's labels are asked for by it and by each co-user of its parameters, each round.
+        tables: dict[tuple, int] = {}
+        self.table = [tables.setdefault(tuple(index), len(tables)) for index in self.index]
+        self.option_cuts = {t: [dict(cuts) for cuts in key] for key, t in tables.items()}
+        self.reachable: dict[tuple[int, tuple], bool] = {}
+        self.labels: dict[tuple[int, int], list[str]] = {}
         self.cuts: dict[int, dict[str, int]] = {}
         self.choice: dict[int, list[str | None]] = {}
         self.params = {var for var in problem.param_var.values()}
@@ -133,6 +140,13 @@ class _Recursive:
         return self.p.variables[var].options[a].time if a is not None else 0.0
 
     def _labels(self, var: int, r: int) -> list[str]:
+        """The labels the var can cut in round r (asked only before the var's own cut of the round: cached)."""
+        found = self.labels.get((var, r))
+        if found is None:
+            found = self.labels[var, r] = self._find_labels(var, r)
+        return found
+
+    def _find_labels(self, var: int, r: int) -> list[str]:
         node = self.p.variables[var].node
         spec = self.p.specs[node]
         blocked = spec.fixed | uncombinable(spec)
@@ -151,7 +165,13 @@ class _Recursive:
     def _reachable(self, var: int, cuts: dict[str, int]) -> bool:
         """Some option of the var cuts each label a multiple of `cuts` (a sharding rule may not offer every cut, a
         periodic slice for one; a shared parameter's users only the cuts it takes)."""
-        return any(all(dict(option).get(label, 1) % n == 0 for label, n in cuts.items()) for option in self.index[var])
+        key = (self.table[var], tuple(sorted(cuts.items())))
+        found = self.reachable.get(key)
+        if found is None:
+            options = self.option_cuts[self.table[var]]
+            found = any(all(option.get(label, 1) % n == 0 for label, n in cuts.items()) for option in options)
+            self.reachable[key] = found
+        return found
 
     def _option_of(self, var: int) -> int:
         """The option of the cuts the rounds gave the var, else the fastest option that extends them."""
@@ -168,6 +188,7 @@ class _Recursive:
         where a whole input may already be whole)."""
         contracted = set().union(*self.contracted[var])
         best, best_key = None, (math.inf, True)
+        self.nbytes: dict[tuple[int, int], float] = {}  # the var's local tensor bytes: its cuts hold while it chooses
         for label in self._labels(var, r):
             if not self._consistent(var, label, r):
                 continue
@@ -213,7 +234,7 @@ class _Recursive:
         for i, (v, labels) in enumerate(zip(node.inputs, spec.inputs)):
             if labels is None:
                 continue
-            nbytes = _local_bytes(v, labels, cuts)
+            nbytes = self._bytes(v, labels, cuts)
             if v in self.data_dims:  # data: moved once (no gradient), where the dataset cuts it otherwise
                 theirs = self.data_dims[v][r]
                 if theirs != UNKNOWN and theirs != self._dim(var, "in", i, label):
@@ -222,7 +243,7 @@ class _Recursive:
                 cost += nbytes * PARAMETER_COEF if v in params else self._gathered(v, nbytes)
         for j, v in enumerate(node.outputs):
             if label in self.contracted[var][j]:
-                cost += PARTIAL_COEF * (_local_bytes(v, spec.outputs[j], cuts) + self.latency)
+                cost += PARTIAL_COEF * (self._bytes(v, spec.outputs[j], cuts) + self.latency)
         for k in self.p.variables[var].edges:
             edge = self.p.edges[k]
             if edge.output < 0:
@@ -236,8 +257,16 @@ class _Recursive:
             if theirs != self._dim(var, mine_side, mine_index, label):
                 labels = spec.outputs[mine_index] if mine_side == "out" else spec.inputs[mine_index]
                 ways = REDISTRIBUTION_COEF if edge.value in self.p.differentiable else 1.0
-                cost += ways * (_local_bytes(edge.value, labels, cuts) + self.latency)
+                cost += ways * (self._bytes(edge.value, labels, cuts) + self.latency)
         return cost
+
+    def _bytes(self, value, labels, cuts: Mapping[str, int]) -> float:
+        """_local_bytes, remembered while one var chooses its label (its cuts do not change meanwhile)."""
+        key = (id(value), id(labels))
+        found = self.nbytes.get(key)
+        if found is None:
+            found = self.nbytes[key] = _local_bytes(value, labels, cuts)
+        return found
 
     def _gathered(self, value, nbytes: float) -> float:
         """An activation kept whole on both halves: gathered forward and, where it has a gradient, its gradient

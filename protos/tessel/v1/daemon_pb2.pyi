@@ -143,12 +143,22 @@ class Instruction(_message.Message):
     def __init__(self, run_segment: _Optional[_Union[RunSegment, _Mapping]] = ..., collective: _Optional[_Union[CollectiveOp, _Mapping]] = ..., wait: _Optional[_Union[WaitOp, _Mapping]] = ..., free: _Optional[_Union[FreeOp, _Mapping]] = ..., copy: _Optional[_Union[CopyOp, _Mapping]] = ..., next_batch: _Optional[_Union[NextBatch, _Mapping]] = ...) -> None: ...
 
 class NextBatch(_message.Message):
-    __slots__ = ("dataset", "outputs")
+    __slots__ = ("dataset", "outputs", "slices")
     DATASET_FIELD_NUMBER: _ClassVar[int]
     OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    SLICES_FIELD_NUMBER: _ClassVar[int]
     dataset: str
     outputs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, dataset: _Optional[str] = ..., outputs: _Optional[_Iterable[str]] = ...) -> None: ...
+    slices: _containers.RepeatedCompositeFieldContainer[BatchSlice]
+    def __init__(self, dataset: _Optional[str] = ..., outputs: _Optional[_Iterable[str]] = ..., slices: _Optional[_Iterable[_Union[BatchSlice, _Mapping]]] = ...) -> None: ...
+
+class BatchSlice(_message.Message):
+    __slots__ = ("start", "stop")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    start: _containers.RepeatedScalarFieldContainer[int]
+    stop: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, start: _Optional[_Iterable[int]] = ..., stop: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RunSegment(_message.Message):
     __slots__ = ("segment", "inputs", "outputs")

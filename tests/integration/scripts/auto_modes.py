@@ -6,7 +6,11 @@ by two ops, 20 steps, nothing configured by the user (the planner decides every 
     ... NET MODE reference.json SAVE.json [LOAD.json]       # and writes the strategy file (loading another first)
 
 MODE may end in "+full_batch" ("dynamic_programming+full_batch"): full_batch=True, every rank feeds the whole batch
-(the planner slices it where its ops want); otherwise each rank feeds its own rows (full_batch=False). MODE may be a
+(the planner slices it where its ops want); otherwise each rank feeds its own rows (full_batch=False). Under
+full_batch one more step is recorded with the profiler: the bytes the host sends the daemon must be the slices the
+rank's plan reads (an input the plan reads only in slices is cut on the host, not sent whole), printed as "fed N
+bytes of the whole batch's W, the plan's slices S"; and a plan reading some input in slices must send less than the
+whole batch. MODE may be a
 comma-separated list: one job then trains a fresh network under each mode in turn (the plans are keyed by search
 mode, so each is searched anew), which saves a job start per mode.
 """
@@ -14,6 +18,7 @@ mode, so each is searched anew), which saves a job start per mode.
 from __future__ import annotations
 
 import json
+import math
 import sys
 
 import numpy as np
@@ -58,7 +63,24 @@ class Tied(nn.Cell):
         return self.decode(self.relu(self.encode(x, self.w)), self.w)
 
 
-NETS = {"mlp": (Mlp, (32,), 16), "conv": (ConvNet, (2, 6, 6), 16), "tied": (Tied, (16,), 16)}
+class Rows(nn.Cell):
+    """Small weights, a large batch: every search mode cuts the batch (the data-parallel plan)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2, self.relu = nn.Dense(64, 64), nn.Dense(64, 16), nn.ReLU()
+
+    def construct(self, x):
+        return self.fc2(self.relu(self.fc1(x)))
+
+
+# name: (make, input shape, output width, batch)
+NETS = {
+    "mlp": (Mlp, (32,), 16, BATCH),
+    "conv": (ConvNet, (2, 6, 6), 16, BATCH),
+    "tied": (Tied, (16,), 16, BATCH),
+    "rows": (Rows, (64,), 16, 2048),
+}
 
 
 def main() -> None:
@@ -81,18 +103,20 @@ def train(net_name: str, mode: str, reference: str, strategy_files: list[str]) -
         files = dict(zip(("save_file", "load_file"), strategy_files))
         if files:
             ms.set_auto_parallel_context(strategy_ckpt_config=files)
-    make, shape, out = NETS[net_name]
+    make, shape, out, batch = NETS[net_name]
     net = make()
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.02, momentum=0.9)
     step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer)
     rng = np.random.default_rng(7)
-    share = BATCH // world
+    share = batch // world
     losses = []
     for _ in range(STEPS):
-        x = rng.standard_normal((BATCH, *shape)).astype(np.float32)
-        y = rng.standard_normal((BATCH, out)).astype(np.float32)
+        x = rng.standard_normal((batch, *shape)).astype(np.float32)
+        y = rng.standard_normal((batch, out)).astype(np.float32)
         part = slice(None) if full_batch else slice(rank * share, (rank + 1) * share)
         losses.append(float(step(ms.Tensor(x[part]), ms.Tensor(y[part])).asnumpy()))
+    if full_batch and world > 1:
+        check_fed_bytes(step, x, y)
     if world == 1:
         with open(reference, "w") as f:
             json.dump(losses, f)
@@ -102,6 +126,27 @@ def train(net_name: str, mode: str, reference: str, strategy_files: list[str]) -
         want = json.load(f)
     error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, want))
     print(f"auto {net_name} {mode} ok on rank {rank} of {world}: loss error {error:.3g}", flush=True)
+
+
+def check_fed_bytes(step, x: np.ndarray, y: np.ndarray) -> None:
+    """One more step with the whole batch, recorded: the host sends each data input as the slice the plan reads."""
+    import tempfile
+
+    from tessel import profiler
+
+    plan = step._fused._partition.plan
+    data = [v for v in plan.graph.inputs if v.name not in plan.parameters]
+    slices = sum(math.prod(plan.input_layout(v.name).local_shape(v.shape)) * v.dtype.itemsize for v in data)
+    with tempfile.TemporaryDirectory() as folder:
+        recorder = profiler.start(folder)
+        step(ms.Tensor(x), ms.Tensor(y))
+        fed = sum(e["args"]["bytes"] for e in recorder.events if e["name"].startswith("host→daemon"))
+        profiler.stop()
+    whole = x.nbytes + y.nbytes
+    print(f"fed {fed} bytes of the whole batch's {whole}, the plan's slices {slices}", flush=True)
+    extra = fed - slices  # the learning rate and the step count: scalars
+    if not 0 <= extra <= 64:
+        sys.exit(f"rank {get_rank()}: the host fed {fed} bytes for data slices of {slices} bytes (whole: {whole})")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import numpy as np
 from tessel.communication import comm_func, create_group, get_group_size, get_rank, init
 from tessel.core import rpc
 from tessel.core.errors import TesselError
+from tessel.daemon import hierarchy
 from tessel.v1 import common_pb2, daemon_pb2_grpc
 
 SIZES = (7, 1 << 20)  # elements: the small path and the ring
@@ -67,10 +68,10 @@ def collectives(groups: dict[str, list[int]]) -> dict:
     inputs = {r: np.random.default_rng([r, 7]).standard_normal(count).astype(np.float32) for r in range(size)}
     exact = np.sum([inputs[r].astype(np.float64) for r in range(size)], axis=0)
     bound = (size - 1) * np.finfo(np.float32).eps * np.sum([np.abs(inputs[r]) for r in range(size)], axis=0)
-    # Four times: a hierarchical group runs its first three large all_reduces whole, then chooses whether to
-    # pipeline the later ones in segments (hierarchy.py), so the fourth takes the chosen path.
+    # A hierarchical group's first large all_reduces of a size measure each way it may run them (whole, in
+    # segments, flat; hierarchy.WayTuner), the ones after take the way its members chose: every one is checked.
     worst = 0.0
-    for _ in range(4):
+    for _ in range(hierarchy.TUNING_CALLS + 2):
         error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
         worst = max(worst, float(np.max(error / np.maximum(bound, 1e-30))))
     checks += 1

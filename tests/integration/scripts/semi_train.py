@@ -2,8 +2,10 @@
 (matmul1.shard(((1, 1), (1, N))), matmul2.shard(((1, N), (N, 1)))) through Model.train, checked on every rank
 against a float64 numpy reference of 1-rank training on the global batch.
 
-IMPORT: data_parallel (full_batch=False: each rank's dataset shard is its slice of the batch) or full_batch
-(every rank reads the whole global batch). Prints `semi <import> ok on rank r of n: loss error E`.
+IMPORT: data_parallel (full_batch=False: each rank's dataset shard is its slice of the batch), full_batch
+(every rank reads the whole global batch) or full_batch_sink (the same in dataset sink mode: the daemon reads the
+batches and keeps of the labels, which the loss reads data parallel, only its rows). Prints `semi <import> ok on
+rank r of n: loss error E`.
 """
 
 import sys
@@ -17,13 +19,13 @@ from tessel.communication import get_group_size, get_rank, init
 from tessel.train import LossMonitor
 
 IMPORT = sys.argv[1]
+SINK = IMPORT == "full_batch_sink"
+WHOLE = IMPORT in ("full_batch", "full_batch_sink")
 IN, HIDDEN, OUT, GLOBAL_BATCH, STEPS, LR = 8, 16, 4, 8, 6, 0.5
 
 init()
 rank, world = get_rank(), get_group_size()
-ms.set_auto_parallel_context(
-    parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, gradients_mean=True, full_batch=IMPORT == "full_batch"
-)
+ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, gradients_mean=True, full_batch=WHOLE)
 
 
 def initial():
@@ -72,7 +74,7 @@ def reference():
 
 def dataset():
     x, y = data()
-    if IMPORT == "full_batch":
+    if WHOLE:
         return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(GLOBAL_BATCH)
     source = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank)
     return source.batch(GLOBAL_BATCH // world)
@@ -88,7 +90,12 @@ class Record(LossMonitor):
 
 
 model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.SGD(net.trainable_params(), LR))
-model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=False)
+model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=SINK)
+if SINK:  # the labels arrive sliced: the daemon stores only this rank's rows of each batch it reads
+    (*_, runner), *_ = model._sink_runners.values()
+    cut = {name: (list(c.start), list(c.stop)) for name, c in zip(runner.inputs, runner.slices) if c.start}
+    rows = GLOBAL_BATCH // world
+    assert list(cut.values()) == [([rank * rows], [(rank + 1) * rows])], cut
 want = reference()
 assert len(losses) == STEPS, losses
 worst = max(abs(a - b) / abs(b) for a, b in zip(losses, want))

@@ -7,8 +7,10 @@ holds only its slice of each parameter.
 
 WAY: jit (value_and_grad + optimizer in one @ms.jit step), loop (value_and_grad, then optimizer(grads)),
 onestep (nn.TrainOneStepCell), cell (a custom Cell whose construct takes the gradients and updates), model
-(Model.train on a sharded dataset). After training, `net(x)` on the trained slices must give each rank its share of
-the standalone network's output (inference after parallel training).
+(Model.train on a sharded dataset), jit_full_batch (jit with full_batch=True: every rank is given the whole
+batch; the host sends the daemon only the slices the plan reads, checked in bytes on the last step). After
+training, `net(x)` on the trained slices must give each rank its share of the standalone network's output (inference
+after parallel training; under full_batch the whole output).
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ def train(way: str, world: int, rank: int) -> tuple[list[float], Net]:
     optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.05, momentum=0.9)
     share = BATCH // world
     data = [(x[rank * share : (rank + 1) * share], y[rank * share : (rank + 1) * share]) for x, y in batches()]
+    if way == "jit_full_batch":
+        data = batches()
 
     def forward(x, y):
         return loss_fn(net(x), y)
 
     grad_fn = ms.value_and_grad(forward, None, optimizer.parameters)
     losses: list[float] = []
-    if way == "jit":
+    if way in ("jit", "jit_full_batch"):
 
         @ms.jit
         def step(x, y):
@@ -71,7 +75,8 @@ def train(way: str, world: int, rank: int) -> tuple[list[float], Net]:
             optimizer(grads)
             return loss
 
-        losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in data]
+        losses = [float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for x, y in data[:-1]]
+        losses.append(fed_bytes(lambda: float(step(ms.Tensor(data[-1][0]), ms.Tensor(data[-1][1])).asnumpy())))
     elif way == "loop":
         for x, y in data:
             loss, grads = grad_fn(ms.Tensor(x), ms.Tensor(y))
@@ -111,17 +116,34 @@ def train(way: str, world: int, rank: int) -> tuple[list[float], Net]:
     return losses, net
 
 
+def fed_bytes(run):
+    """run(), its Execute's bytes sent to the daemon recorded by the profiler and printed; run()'s result."""
+    import tempfile
+
+    from tessel import profiler
+
+    with tempfile.TemporaryDirectory() as folder:
+        recorder = profiler.start(folder)
+        out = run()
+        fed = sum(e["args"]["bytes"] for e in recorder.events if e["name"].startswith("host→daemon"))
+        profiler.stop()
+    print(f"fed {fed} bytes in the last step", flush=True)
+    return out
+
+
 def main() -> None:
     way, reference = sys.argv[1], sys.argv[2]
     ms.set_context(mode=ms.GRAPH_MODE)
     init()
     world, rank = get_group_size(), get_rank()
+    whole = way == "jit_full_batch"
     if world > 1:
-        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, full_batch=whole)
     losses, net = train(way, world, rank)
     probe = np.random.default_rng(5).standard_normal((BATCH, IN)).astype(np.float32)
-    share = BATCH // world
-    predicted = net(ms.Tensor(probe[rank * share : (rank + 1) * share])).asnumpy()
+    share = BATCH if whole else BATCH // world
+    first = 0 if whole else rank * share
+    predicted = net(ms.Tensor(probe[first : first + share])).asnumpy()
     if world == 1:
         with open(reference, "w") as f:
             json.dump({"losses": losses, "predicted": predicted.tolist()}, f)
@@ -132,7 +154,7 @@ def main() -> None:
     want = reference["losses"]
     error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, want))
     assert len(losses) == len(want) == STEPS, (losses, want)
-    expected = np.array(reference["predicted"], np.float32)[rank * share : (rank + 1) * share]
+    expected = np.array(reference["predicted"], np.float32)[first : first + share]
     np.testing.assert_allclose(predicted, expected, rtol=1e-4, atol=1e-5)
     w1, w2 = net.w1.asnumpy(), net.w2.asnumpy()
     assert w1.shape == (IN, HIDDEN // 2) and w2.shape == (HIDDEN // 2, OUT), (w1.shape, w2.shape)

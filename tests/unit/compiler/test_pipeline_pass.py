@@ -14,7 +14,7 @@ from compiler_testkit import compute
 
 from tessel.compiler.autodiff import expand_gradients
 from tessel.compiler.builder import apply, apply_all
-from tessel.compiler.pipeline import check, generate
+from tessel.compiler.pipeline import actions_of, check, generate
 from tessel.compiler.pipeline.split import pipeline_rank_graph
 from tessel.compiler.pipeline.stages import Tag
 from tessel.compiler.rank_program import lower_rank_program
@@ -213,3 +213,20 @@ def test_a_loss_whose_gradient_needs_every_micro_batch_fails_for_1f1b_naming_the
     reference, _ = one_device(graph, feeds, steps=2)
     losses, _, _, _ = pipelined(graph, tags, lambda r: feeds, 2, "gpipe", 2, 2)
     assert [row[1] for row in losses] == pytest.approx(reference, rel=1e-5)
+
+
+def test_each_lowered_segment_runs_one_action_and_zero_bubbles_b_computes_no_weight_gradient():
+    graph, tags = mlp_step([0, 1, 2, 3], batch=8, micro=4)
+    schedule = generate("zero_bubble_h1", 4, 4)
+    piped = pipeline_rank_graph(graph, tags, {"x", "y"}, schedule, 1)
+    program = lower_rank_program(piped.graph, state=list(piped.parameters), phases=piped.phases, world_size=4)
+    actions = actions_of(piped.graph)
+    by_action: dict[str, list] = {}
+    for name, segment in program.segments.items():
+        action = actions.get(program.segment_phases.get(name, -1))
+        if action is not None:
+            by_action.setdefault(action, []).append(segment)
+    assert set(by_action) == {repr(a) for a in schedule.orders[1]}  # every F, B and W of stage 1 is its own segment
+    for action, segments in by_action.items():
+        weight_grads = [n for s in segments for n in s.graph.nodes if n.op == "MatMul" and n.attrs["transpose_a"]]
+        assert bool(weight_grads) == action.startswith("W"), (action, [n.op for s in segments for n in s.graph.nodes])

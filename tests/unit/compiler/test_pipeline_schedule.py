@@ -9,7 +9,8 @@ import itertools
 
 import pytest
 
-from tessel.compiler.pipeline import Action, Link, Transfers, check, generate, skeleton
+from tessel.compiler.pipeline import Action, Link, Transfers, check, generate, simulate_schedule, skeleton
+from tessel.compiler.pipeline.check import shared_cores_bubble
 from tessel.compiler.pipeline.schedule import Schedule
 from tessel.compiler.rank_simulator import World
 from tessel.core.errors import ConfigurationError
@@ -136,3 +137,25 @@ def test_ranks_that_disagree_on_what_crosses_fail_in_the_simulator_naming_the_te
 def test_invalid_combinations_are_errors_with_a_fix(args, message):
     with pytest.raises(ConfigurationError, match=message):
         generate(*args)
+
+
+@pytest.mark.parametrize(("name", "stages", "virtual"), [("gpipe", 4, 1), ("1f1b", 2, 1), ("1f1b", 4, 1),
+                                                         ("zero_bubble_h1", 4, 1), ("1f1b", 2, 2)])  # fmt: skip
+def test_the_shared_cores_bound_is_the_theory_with_a_core_per_stage_and_lower_with_fewer(name, stages, virtual):
+    schedule = generate(name, stages, 8, virtual)
+    alone = shared_cores_bubble(schedule, stages)
+    assert alone == pytest.approx(simulate_schedule(schedule).bubble)
+    assert shared_cores_bubble(schedule, stages + 4) == pytest.approx(alone)
+    # Fewer cores: the stages that compute run slower while others wait, so less of the window is idle.
+    assert 0 < shared_cores_bubble(schedule, 1) <= shared_cores_bubble(schedule, max(1, stages // 2)) <= alone
+    with pytest.raises(ConfigurationError, match="cores"):
+        shared_cores_bubble(schedule, 0)
+
+
+def test_the_shared_cores_bound_by_hand():
+    # 1F1B, 2 stages, 2 micro-batches on 1 core (F = 1, B = 2): 0-1 stage 0 F0 alone; 1-3 F1 | F0 at half speed;
+    # 3-5 stage 1 B0 alone; 5-7 B0 (half done) | F1; 7-9 B0 done | B1 half; 9-10 B1 alone; 10-12 stage 0 B1 alone.
+    # The stages spend 9 + 9 of the 2 x 12 in actions: 25 % idle (with a core each: 1/3).
+    schedule = generate("1f1b", 2, 2)
+    assert shared_cores_bubble(schedule, 1) == pytest.approx(1 - 18 / 24)
+    assert shared_cores_bubble(schedule, 2) == pytest.approx(1 / 3)

@@ -164,3 +164,25 @@ def test_scalar_inputs_may_be_left_out_of_a_strategy_and_one_device_changes_noth
     assert [n.op for n in plan.rank_graph(0).nodes] == [n.op for n in graph.nodes]
     with pytest.raises(ConfigurationError, match="rank 1 is outside the world of 1 devices"):
         plan.rank_graph(1)
+
+
+def test_a_whole_input_read_only_in_slices_arrives_sliced_with_slice_whole_inputs():
+    """full_batch with slice_whole_inputs=True: x, which the data-parallel MatMul reads in rows, arrives as each
+    rank's rows (no slice left in the rank graph), and the outputs equal the whole-input plan's and one device's;
+    an input some consumer reads whole stays whole."""
+    graph = traced(lambda x, w, z: apply("Add", apply("MatMul", x, w), apply("MatMul", z, w)), (8, 4), (4, 6), (8, 4))
+    first, second = by_op(graph, "MatMul")
+    strategies = {first: ((4, 1), (1, 1)), second: ((1, 1), (1, 1))}
+    feeds = {"x": rng.standard_normal((8, 4)), "w": rng.standard_normal((4, 6)), "z": rng.standard_normal((8, 4))}
+    feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
+    whole = parallelize(graph, strategies, 4, parameters=["w"], dataset="full_batch")
+    sliced = parallelize(graph, strategies, 4, parameters=["w"], dataset="full_batch", slice_whole_inputs=True)
+    assert whole.input_layout("x").local_shape((8, 4)) == (8, 4)
+    assert sliced.input_layout("x").local_shape((8, 4)) == (2, 4)  # each rank is sent its rows
+    assert sliced.input_layout("z").local_shape((8, 4)) == (8, 4)  # read whole by the second MatMul
+    assert not any(key[0] != "output" and key[1] == 0 and key[0] is first for key in sliced.redistributions)
+    assert tuple(sliced.rank_graph(1).input("x").shape) == (2, 4)
+    np.testing.assert_array_equal(sliced.local_value("x", feeds["x"], 1), feeds["x"][2:4])
+    want = single_device(graph, feeds)[0]
+    close(parallel_forward(sliced, feeds)[0], want, what="sliced")
+    close(parallel_forward(whole, feeds)[0], want, what="whole")

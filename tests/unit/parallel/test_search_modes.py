@@ -228,3 +228,48 @@ def test_a_full_batch_input_is_sliced_where_the_plan_wants_it_without_communicat
     assert data_seconds["data_parallel"] > 0  # the data-parallel import gathers the batch for the column split
     assert data_seconds["full_batch"] < data_seconds["data_parallel"] / 2, data_seconds
     assert predicted["full_batch"] <= predicted["data_parallel"] * (1 + 1e-9), predicted
+
+
+def test_refine_moves_an_op_with_the_element_wise_ops_that_follow_it():
+    """recursive_programming on 6 small layers over 16 devices (two hosts) cuts some MatMuls by k, m and n; a
+    MatMul whose BiasAdd and ReLU follow its cut cannot leave that cut alone (each single move costs a
+    redistribution to the followers). The chain move takes the three along: the plan then ends within 10 % of
+    dynamic_programming's optimum (it was 1.146x with single moves only)."""
+    from search_testkit import stacked_layers
+
+    from tessel.compiler.parallel.search.recursive import recursive_programming
+    from tessel.compiler.parallel.search.refine import _single_moves, refine
+
+    graph, params = stacked_layers(6, 64, 256)
+    model = CostModel.default_cpu(16, devices_per_host=8)
+    best = search(graph, mode="dynamic_programming", device_num=16, parameters=params, cost_model=model)
+    found = search(graph, mode="recursive_programming", device_num=16, parameters=params, cost_model=model)
+    assert found.step_time <= 1.10 * best.step_time, (found.step_time, best.step_time)
+    problem = Problem(graph, 16, None, params, "data_parallel", model)
+    start = recursive_programming(problem, {})
+    single = list(start)
+    movable = [v for v, var in enumerate(problem.variables) if not var.fixed and len(var.options) > 1]
+    _single_moves(problem, single, movable, float("inf"))
+    chained = refine(problem, start)
+    assert problem.evaluate(chained)[0] < problem.evaluate(single)[0]  # the chain move is what got it there
+
+
+def test_propagation_from_a_whole_batch_tries_its_layouts_as_the_dataset_strategy(caplog):
+    """full_batch, nothing configured: every layout of the batch is a free local slice, so ranking communication
+    first would leave the first MatMul whichever cut communicates nothing (here its weight's columns, then an
+    all-to-all to the data-parallel rest). Propagation tries the batch's layouts as dataset strategies and keeps the
+    cheapest plan: on small weights and a large batch, data parallelism, dynamic_programming's optimum."""
+    from search_testkit import stacked_layers
+
+    from tessel.compiler.parallel.search.cost_model import Link
+
+    graph, params = stacked_layers(4, 2048, 256)
+    model = CostModel(3e10, 2.5e10, 8 << 30, Link(20e-6, 1.2e10), Link(20e-6, 3e9), ())
+    best = search(graph, mode="dynamic_programming", device_num=4, parameters=params, dataset="full_batch",
+                  cost_model=model)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="tessel.parallel"):
+        found = search(graph, mode="sharding_propagation", device_num=4, parameters=params, dataset="full_batch",
+                       cost_model=model)  # fmt: skip
+    assert "layouts of it tried as the dataset strategy" in caplog.text
+    assert found.step_time <= best.step_time * (1 + 1e-9), (found.step_time, best.step_time)
+    assert all(found.strategies[n] == ((4, 1), (1, 1)) for n in by_op(graph, "MatMul"))

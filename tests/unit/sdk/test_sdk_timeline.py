@@ -16,7 +16,7 @@ from tessel.daemon.core import Result
 from tessel.dataset import NumpySlicesDataset
 from tessel.profiler.recorder import Recorder
 from tessel.profiler.report import main as timeline_main
-from tessel.profiler.report import merge, subtract, summarize, summarize_trace
+from tessel.profiler.report import merge, pipeline_bubble, subtract, summarize, summarize_trace
 from tessel.v1 import daemon_pb2
 
 MS = 1_000_000  # ns
@@ -168,3 +168,39 @@ def test_recorder_names_collectives_by_kind_group_and_bytes_and_the_summary_meas
 def test_interval_arithmetic():
     assert merge([(3, 4), (0, 2), (1, 3), (6, 6)]) == [(0, 4)]
     assert subtract([(0, 10)], [(2, 3), (5, 12)]) == [(0, 2), (3, 5)]
+
+
+def _stage_trace(rank: int, step: tuple[float, float], actions: list[tuple[float, float, str | None]], waits=()):
+    """A rank's trace (milliseconds): one step, segments (with their schedule action or None) and waits."""
+    us = 1000.0
+    events = [{"name": "step 0", "cat": "step", "ph": "X", "ts": step[0] * us, "dur": (step[1] - step[0]) * us}]
+    for start, end, action in actions:
+        args = {"action": action} if action else {}
+        events.append({"name": "s", "cat": "compute", "ph": "X", "ts": start * us, "dur": (end - start) * us,
+                       "args": args})  # fmt: skip
+    for start, end in waits:
+        events.append({"name": "wait", "cat": "wait", "ph": "X", "ts": start * us, "dur": (end - start) * us})
+    return {"traceEvents": events, "otherData": {"rank": rank}}
+
+
+def test_pipeline_bubble_is_the_idle_share_of_the_window_of_the_actions_with_overheads_apart(tmp_path):
+    # Two stages, 2 micro-batches, F = 1 ms and B = 2 ms: stage 0 F F . . B B (waits 2-4), stage 1 . F B F B; both
+    # run a 5 ms update after their last action (no bubble) and start with a 1 ms prologue.
+    zero = _stage_trace(0, (0, 16), [(0, 1, None), (1, 2, "F(v=0,m=0)"), (2, 3, "F(v=0,m=1)"),
+                                     (5, 7, "B(v=0,m=0)"), (8, 10, "B(v=0,m=1)"), (10, 15, None)],
+                        waits=[(3, 5), (7, 8)])  # fmt: skip
+    one = _stage_trace(1, (0, 14), [(0, 1, None), (2, 3, "F(v=1,m=0)"), (3, 5, "B(v=1,m=0)"),
+                                    (5, 6, "F(v=1,m=1)"), (6, 8, "B(v=1,m=1)"), (8, 13, None)],
+                       waits=[(1, 2)])  # fmt: skip
+    for trace in (zero, one):
+        (tmp_path / f"timeline_rank{trace['otherData']['rank']}.json").write_text(json.dumps(trace))
+    figure = pipeline_bubble(tmp_path)
+    assert figure.window_us == pytest.approx(9000)  # 1 .. 10 ms
+    assert figure.work_us == pytest.approx(12000)  # 6 ms of actions on each stage
+    assert figure.bubble == pytest.approx(1 - 12 / 18)  # (S-1)(F+B) / ((M+S-1)(F+B)) = 3/9: the theory's figure
+    assert figure.waiting_us == pytest.approx(3000 + 1000)  # 3-5 and 7-8 on stage 0, 1-2 on stage 1 from 1 ms on
+    assert figure.outside_us == pytest.approx(15000 - 9000)  # the update and prologue: reported apart
+    (tmp_path / "other").mkdir()
+    plain = _stage_trace(0, (0, 5), [(0, 5, None)])
+    (tmp_path / "other" / "timeline_rank0.json").write_text(json.dumps(plain))
+    assert pipeline_bubble(tmp_path / "other") is None  # no schedule actions: not a pipeline

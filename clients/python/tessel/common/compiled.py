@@ -194,6 +194,7 @@ class Entry:
     print_names: list[str] = field(default_factory=list)  # outputs holding the tensors ops.Print printed
     prints: list = field(default_factory=list)  # each Print call's items: ("text", str) | ("tensor", index)
     absent_prints: set[int] = field(default_factory=set)  # printed tensors this rank does not compute (pipeline)
+    input_slices: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)  # full_batch: cut here
     programs: dict = field(default_factory=dict)
     engine_id: int = 0
     staged_at: int = -1
@@ -217,6 +218,8 @@ class Entry:
         batch = call.batch_size()
         prog = self.program(eng, batch)
         feed = {name: host_array(call.leaves[i]) for name, i in self.data}
+        for name, cut in self.input_slices.items():  # a whole (full_batch) input the rank reads a slice of
+            feed[name] = cut(feed[name])
         if self.staged_at != P.host_writes():
             P.stage(eng, self.params, feed)
             self.staged_at = P.host_writes()

@@ -93,8 +93,10 @@ class Engine:
                 lowered = free_early(mark_program_inplace(lowered))  # tensors die with their last use (compiler.memory)
             self.daemon.install(lowered, self.session)
             self._rank_programs[name] = lowered.program
+            actions = pipeline.actions_of(graph) if phases is not None else {}
             for segment in lowered.segments.values():
-                profiler.name_segment(segment.name, segment.graph)
+                action = actions.get(lowered.segment_phases.get(segment.name, -1))
+                profiler.name_segment(segment.name, segment.graph, action)
         else:
             onnx = mark_inplace(model_bytes(op_rewrites(graph)), list(state))
             self.daemon.compile_segment(self.session, name, onnx, list(state))

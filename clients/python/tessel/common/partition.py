@@ -7,7 +7,8 @@ training loop partitions exactly as `Model.train` does:
 - parameters are sliced: the first plan that uses one decides its layout (`Parameter.place`), later plans keep it
   (a consumer that wants another layout gets a redistribution); the daemon holds this rank's slice;
 - data inputs are this rank's share of the global batch, as the dataset gives it (`dataset_strategy`): traced at
-  the global shape, fed as they come;
+  the global shape, fed as they come; under full_batch an input the plan reads only in slices is cut on the host
+  and only this rank's slice is sent;
 - gradients (GradientOf) are differentiated on the rank's graph, reduced over the parameter's replicas; handles
   returned on the daemon (gradients) keep their layout, so `optimizer(grads)` updates the slices where they are;
 - values returned to the host are this rank's share in the dataset's convention (dim 0 split under
@@ -96,6 +97,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             weights=list(handles),
             output_layouts=returned + [None] * (len(graph.outputs) - n_host),
             loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
+            slice_whole_inputs=dataset == "full_batch" and not where.pipelined,
         )
 
     fused = sorted(p.name for p in params.values() if p.comm_fusion != 1)
@@ -141,8 +143,9 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     if context.get_context("save_graphs"):
         directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
         save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
-    _check_data(plan, call, graph, dataset)
+    sliced = _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
+    entry.input_slices = {n: _slicer(plan, n, rank) for n in sliced}
     end = len(graph.outputs) - n_prints
     entry.device_types = [(v.shape, v.dtype) for v in graph.outputs[n_host:end]]
     entry.device_layouts = list(plan.output_layouts[n_host:end])
@@ -193,19 +196,28 @@ def _returned_layout(shape: tuple, world: int, dataset: Any):
     return Layout.replicated(len(shape), world)
 
 
-def _check_data(plan, call, graph, dataset) -> None:
-    """Each data tensor the call gives must be this rank's share of the traced global input."""
+def _slicer(plan, name: str, rank: int):
+    return lambda full: plan.local_value(name, full, rank)
+
+
+def _check_data(plan, call, graph, dataset) -> list[str]:
+    """Each data tensor the call gives must be this rank's share of the traced global input; the names of those
+    the call gives whole (full_batch) that the plan reads in slices: the host cuts them before they are sent."""
     from tessel.common.compiled import is_tensor
     from tessel.compiler.shapes import format_shape
 
     names = {v.name for v in graph.inputs}
+    sliced = []
     for leaf, name, resident in zip(call.leaves, call.names, call.resident):
         if resident or not is_tensor(leaf) or name not in names:
             continue
         full = tuple(plan.graph.input(name).shape)
         local = plan.input_layout(name).local_shape(full)
-        if tuple(leaf.shape) != tuple(local):
+        if dataset == "full_batch" and tuple(leaf.shape) == full != tuple(local):
+            sliced.append(name)
+        elif tuple(leaf.shape) != tuple(local):
             raise ConfigurationError(
                 f"input {name!r}: this rank gave shape {format_shape(tuple(leaf.shape))}, but under "
                 f"dataset_strategy {dataset!r} its share of the global {format_shape(full)} is {format_shape(local)}"
             )
+    return sliced

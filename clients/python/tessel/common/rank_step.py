@@ -127,7 +127,11 @@ def parallel_train_program(
         from tessel.parallel import pipeline
 
         where = pipeline.mesh(world, get_rank())  # under pipeline parallel: plan for the ranks of one stage
-        part = partition_for_rank(graph, trace, list(keys), None, where.index, where.devices, fixed())
+        # Outside pipeline stages a full_batch input the plan only reads in slices is sent as this rank's slice.
+        slicing = dataset_whole() and not where.pipelined
+        part = partition_for_rank(
+            graph, trace, list(keys), None, where.index, where.devices, fixed(), slice_whole_inputs=slicing
+        )
         if where.pipelined:
             if config is not None:
                 from tessel.common.support import not_supported_yet
@@ -326,6 +330,7 @@ class SinkRunner:
                 f"{self.columns}; map the dataset to exactly the network's inputs"
             )
         self.inputs = names
+        self.slices = _batch_slices(getattr(step, "_partition", None), names)
 
     def run(self, steps: int) -> Iterator[float]:
         """Run `steps` train steps in one Execute, yielding each step's loss as the daemon reports it (so step
@@ -341,7 +346,9 @@ class SinkRunner:
             feed[name] = feeder()
         self.step.before_run(feed)
         loss = entry.host_names[-1]  # the unscaled loss: a scaled step returns (scaled loss, loss)
-        batch = daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs))
+        batch = daemon_pb2.Instruction(
+            next_batch=daemon_pb2.NextBatch(dataset=self.name, outputs=self.inputs, slices=self.slices)
+        )
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()
         if profiler.active() is not None:
@@ -364,3 +371,29 @@ class SinkRunner:
             for _ in range(steps - ran):
                 for hook in entry.after_run:
                     hook()
+
+
+def _batch_slices(partition: Any, names: Sequence[str]) -> list[daemon_pb2.BatchSlice]:
+    """Per sunk column, the block of the batch this rank's program reads: a full_batch column the plan reads only in
+    slices arrives sliced (the daemon keeps its block of each batch it reads); empty when every column is whole."""
+    if partition is None:
+        return []
+    plan, cuts = partition.plan, []
+    inputs = {v.name: v for v in plan.graph.inputs}
+    for name in names:
+        value = inputs.get(name)
+        if value is None or name in plan.parameters:
+            cuts.append(daemon_pb2.BatchSlice())
+            continue
+        layout, full = plan.input_layout(name), tuple(value.shape)
+        if dataset_whole() and layout.local_shape(full) != full:
+            block = layout.local_slices(full, partition.rank)
+            cuts.append(daemon_pb2.BatchSlice(start=[s.start for s in block], stop=[s.stop for s in block]))
+        else:
+            cuts.append(daemon_pb2.BatchSlice())
+    return cuts if any(cut.start for cut in cuts) else []
+
+
+def dataset_whole() -> bool:
+    """Every rank's dataset yields the whole global batch (full_batch=True)."""
+    return context.get_auto_parallel_context("dataset_strategy") == "full_batch"

@@ -15,7 +15,8 @@ computes the same plan independently (it is deterministic), and caches it per gr
 
 Data import (the seed's "full import" / "data parallel import" / "model parallel import"):
 - full_batch=True (dataset_strategy="full_batch"): every rank's dataset yields the whole global batch; each rank
-  keeps what its layout needs (the slicing happens here);
+  keeps what its layout needs (the slicing happens here, on the host: an input the plan only reads in slices is
+  sent to the daemon as this rank's slice, with `slice_whole_inputs`);
 - full_batch=False (dataset_strategy="data_parallel"): each rank's dataset yields its own slice of the batch
   (dim 0 cut device_num ways); it is checked and passed through;
 - dataset_strategy=((a, b), (c,), ...): one strategy per data input, in graph input order; as the seed says, the
@@ -95,9 +96,11 @@ def plan_for(
     device_num: int,
     dataset: str | tuple | None = None,
     fixed: Mapping[str, Any] | None = None,
+    slice_whole_inputs: bool = False,
 ) -> ParallelPlan:
     """The parallel plan of `graph` (cached per graph, strategies, world size, data import and the layouts of
-    parameters an earlier plan sliced, `fixed`)."""
+    parameters an earlier plan sliced, `fixed`). `slice_whole_inputs`: a full_batch input that the plan only reads
+    in slices arrives sliced (compiler.parallel.parallelize; the feeds are cut on the host, `slice_feeds`)."""
     from tessel.parallel import planning
 
     dataset = dataset_setting() if dataset is None else dataset
@@ -108,12 +111,20 @@ def plan_for(
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))
     repeated_mean = bool(context.get_auto_parallel_context("loss_repeated_mean"))
-    key = (shown, device_num, dataset, parameters, tuple(sorted(fixed.items(), key=lambda kv: kv[0])), repeated_mean)
+    fixed_key = tuple(sorted(fixed.items(), key=lambda kv: kv[0]))
+    key = (shown, device_num, dataset, parameters, fixed_key, repeated_mean, slice_whole_inputs)
     cache = _PLANS.setdefault(graph, {})
     if key not in cache:
         dataset_arg = _dataset_arg(dataset)
         cache[key] = parallelize(
-            graph, strategies, device_num, parameters, dataset_arg, fixed=fixed, loss_repeated_mean=repeated_mean
+            graph,
+            strategies,
+            device_num,
+            parameters,
+            dataset_arg,
+            fixed=fixed,
+            loss_repeated_mean=repeated_mean,
+            slice_whole_inputs=slice_whole_inputs,
         )
     return cache[key]
 
@@ -156,14 +167,15 @@ def partition_for_rank(
     rank: int,
     device_num: int,
     fixed: Mapping[str, Any] | None = None,
+    slice_whole_inputs: bool = False,
 ) -> RankPartition:
     """Rank `rank`'s forward graph, parameter slices (of `full_values`, when given) and feed slicer (see the
     module docstring); `fixed` holds the layouts of parameters an earlier plan sliced. Invalid strategies fail
     here, before any step runs, with a StrategyError naming the op, input, dim and a fix. With
     set_context(save_graphs=True) the graph before and after the pass is written to
-    <save_graphs_path>/rank_<rank>/step_parallel_{begin,end}_*.ir."""
+    <save_graphs_path>/rank_<rank>/step_parallel_{begin,end}_*.ir. `slice_whole_inputs`: see plan_for."""
     dataset = dataset_setting()
-    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset, fixed)
+    plan = plan_for(graph, sdk_trace, param_names, device_num, dataset, fixed, slice_whole_inputs)
     rank_graph = plan.rank_graph(rank)
     params = {}
     for name in param_names if full_values is not None else ():

@@ -33,9 +33,13 @@ _recorder: Recorder | None = None
 _from_environment = False  # TESSEL_TIMELINE has been looked at
 
 
-def name_segment(segment: str, graph: Any) -> None:
-    """Remember what a compiled segment computes (its main ops, the source lines), for the timeline's names."""
-    SEGMENT_NAMES[segment] = describe_graph(graph)
+def name_segment(segment: str, graph: Any, action: str | None = None) -> None:
+    """Remember what a compiled segment computes (its main ops, the source lines, and for a pipeline stage the
+    schedule's action it runs, e.g. "B(v=1,m=3)"), for the timeline's names."""
+    name, details = describe_graph(graph)
+    if action is not None:
+        name, details = f"{action} {name}", {**details, "action": action}
+    SEGMENT_NAMES[segment] = (name, details)
 
 
 def execute(daemon: Any, session: str, program: Any, **kwargs: Any) -> Any:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 Interval = tuple[float, float]
@@ -148,6 +148,76 @@ def _store_growth(events: list[dict], steps: list[Interval]) -> int:
         if inside:
             growth = max(growth, max(inside) - min(inside))
     return int(growth)
+
+
+@dataclass(frozen=True)
+class PipelineBubble:
+    """A pipeline's bubble measured across its ranks' timelines, defined as the theory's (S-1)/(M+S-1) is.
+
+    Per step, the pipeline's window runs from the first schedule action (F, B or W segment) any rank starts to the
+    last one any rank ends (the same clock on one machine); a rank's work is the time its action segments ran in
+    it. bubble = 1 - (work summed over ranks) / (ranks x window): the idle share of the window, as the theory's
+    unit-cost stage idles (S-1)(F+B) out of (M+S-1)(F+B). What a step does outside its actions (the optimizer
+    update, the prologue, sending the loss, dispatch at the ends) is no bubble: `outside_us` is the part of a
+    rank's step span outside the window (mean over ranks). `waiting_us` is the part of the idle time ranks spent in
+    waits for transfers; the rest is a rank's own work that is no action but falls in the window (its optimizer
+    update while another stage still runs its last backward, its prologue), dispatch between segments and starting
+    sends (where ranks outnumber cores, also waiting for a core there). Means over the steps after the first (the
+    first warms up), as RankSummary.idle_share."""
+
+    ranks: int
+    steps: int
+    window_us: float
+    work_us: float  # summed over ranks
+    waiting_us: float  # summed over ranks
+    step_us: float  # mean over ranks of a step's span
+    outside_us: float = 0.0  # mean over ranks of the part of a step's span outside the window
+    action_us: dict[str, float] = field(default_factory=dict)  # each action's segments' time ("F(v=0,m=1)")
+
+    @property
+    def bubble(self) -> float:
+        return 1.0 - self.work_us / (self.ranks * self.window_us) if self.window_us > 0 else 0.0
+
+    @property
+    def waiting_share(self) -> float:
+        return self.waiting_us / (self.ranks * self.window_us) if self.window_us > 0 else 0.0
+
+
+def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
+    """The bubble of the pipeline whose ranks' timelines are in `directory` (see PipelineBubble); None if its
+    segments carry no schedule action (not a pipeline)."""
+    traces = [json.loads(f.read_text()) for f in sorted(Path(directory).glob("timeline_rank*.json"))]
+    per_rank, all_named = [], []
+    for trace in traces:
+        events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+        steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "step")
+        named = [e for e in events if e.get("cat") == "compute" and e.get("args", {}).get("action")]
+        actions = merge((e["ts"], e["ts"] + e["dur"]) for e in named)
+        waits = merge((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "wait")
+        per_rank.append((steps, actions, waits))
+        all_named.append(named)
+    count = min((len(steps) for steps, _, _ in per_rank), default=0)
+    if not per_rank or count == 0 or not any(actions for _, actions, _ in per_rank):
+        return None
+    chosen = range(1, count) if count > 1 else range(count)
+    window = work = waiting = span = outside = 0.0
+    for k in chosen:
+        mine = [(steps[k], intersect(actions, [steps[k]]), waits) for steps, actions, waits in per_rank]
+        started = [a[0][0] for _, a, _ in mine if a]
+        ended = [a[-1][1] for _, a, _ in mine if a]
+        whole = [(min(started), max(ended))]
+        window += whole[0][1] - whole[0][0]
+        work += sum(length(intersect(a, whole)) for _, a, _ in mine)
+        waiting += sum(length(intersect(w, whole)) for _, _, w in mine)
+        span += sum(step[1] - step[0] for step, _, _ in mine) / len(mine)
+        outside += sum(step[1] - step[0] - length(intersect([step], whole)) for step, _, _ in mine) / len(mine)
+    n = len(chosen)
+    timed: dict[str, float] = {}
+    for named, (steps, _, _) in zip(all_named, per_rank):
+        for e in named:
+            if any(steps[k][0] <= e["ts"] <= steps[k][1] for k in chosen):
+                timed[e["args"]["action"]] = timed.get(e["args"]["action"], 0.0) + e["dur"] / n
+    return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n, outside / n, timed)
 
 
 def summarize(directory: str | Path) -> list[RankSummary]:
