@@ -15,9 +15,10 @@ and N daemons, each with max(1, cores // N) threads) runs one job, so each daemo
   resets the kernel's high-water mark before each instruction and reads it after): the instruction during which
   the daemon peaked, and its peak split into the idle daemon's resident memory (Python, gRPC, ONNX Runtime
   loaded), the private tensors of its store, shared memory (the communication arena: gradient buckets, collective
-  outputs), spare state buffers, "other" (resident after the instruction but held by no tensor of the store:
-  collective results not yet waited for, runtime allocations, freed heap) and "in-op" (the instruction's own
-  temporaries: its peak above the resident memory after it). --no-trace runs without it.
+  outputs), spare state buffers, "pending" (private results of collectives that ran but were not waited for yet:
+  a weight gathered ahead of its layer), "other" (resident after the instruction but held by none of those:
+  runtime allocations, ONNX Runtime's sessions, freed heap) and "in-op" (the instruction's own temporaries: its
+  peak above the resident memory after it). --no-trace runs without it.
 """
 
 from __future__ import annotations
@@ -159,8 +160,8 @@ def where(cells: list[dict]) -> list[str]:
     """Per cell, the daemon at its peak (TESSEL_MEMORY_TRACE, daemon/memtrace.py): idle process, the store's private
     tensors, its tensors in shared memory, spare state buffers, the rest resident after the instruction (freed
     heap, runtime caches) and the instruction's own temporaries (its peak above the resident memory after it)."""
-    head = f"{'N':>2} {'level':>6} | {'peak':>6} = {'idle':>5} {'store':>6} {'shm':>5} {'spare':>6} {'other':>6} "
-    head += f"{'in-op':>6} | during"
+    head = f"{'N':>2} {'level':>6} | {'peak':>6} = {'idle':>5} {'store':>6} {'shm':>5} {'spare':>6} {'pending':>7} "
+    head += f"{'other':>6} {'in-op':>6} | during"
     lines = ["where the peak goes (MiB, the daemon with the highest peak):", head, "-" * len(head)]
     for cell in cells:
         daemon = max(cell["daemons"], key=lambda d: d["VmHWM"])
@@ -168,10 +169,11 @@ def where(cells: list[dict]) -> list[str]:
         if not t or "store_private" not in t["at"]:
             continue
         at, idle = t["at"], t["idle"]["VmRSS"]
-        known = idle + at["store_private"] + at["state_spare"] + at["RssShmem"]
-        parts = (idle, at["store_private"], at["RssShmem"], at["state_spare"], at["VmRSS"] - known,
+        pending = at.get("pending_private", 0)
+        known = idle + at["store_private"] + at["state_spare"] + at["RssShmem"] + pending
+        parts = (idle, at["store_private"], at["RssShmem"], at["state_spare"], pending, at["VmRSS"] - known,
                  t["peak"] - at["VmRSS"])  # fmt: skip
-        figures = " ".join(f"{v / MIB:{w}.0f}" for v, w in zip(parts, (5, 6, 5, 6, 6, 6)))
+        figures = " ".join(f"{v / MIB:{w}.0f}" for v, w in zip(parts, (5, 6, 5, 6, 7, 6, 6)))
         lines.append(f"{cell['world']:>2} {cell['level']:>6} | {t['peak'] / MIB:6.0f} = {figures} | {at['label']}")
     return lines
 

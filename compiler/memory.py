@@ -12,8 +12,8 @@ little more than the tensors a step needs:
   every reader is an element-wise op that runs before (or is) the element-wise op computing its new value can be
   written over in place: the model then carries its name in the metadata entry "tessel.inplace", and the daemon
   binds the input and the new value to one buffer. Readers that are not element-wise (a MatMul of the forward pass
-  in a fused train step) keep the double buffer, as do state tensors a collective of the program reads (an
-  asynchronous collective may still be reading the old value).
+  in a fused train step) keep the double buffer, as do state tensors an asynchronous collective may still be
+  reading when the update runs (`read_in_flight`).
 
     program = free_early(mark_program_inplace(lower_rank_program(graph, state=names, world_size=4)))
 """
@@ -134,18 +134,39 @@ def inplace_names(metadata: dict[str, str]) -> set[str]:
 
 
 def mark_program_inplace(program: RankProgram) -> RankProgram:
-    """Every segment of `program` with its in-place state marked (state no collective of the program reads)."""
-    read_by_collectives = {
-        name
-        for ins in program.program.instructions
-        if ins.WhichOneof("op") == "collective"
-        for name in ins.collective.inputs
-    }
+    """Every segment of `program` with its in-place state marked (state no collective may be reading while a
+    segment writes it, `read_in_flight`)."""
+    forbidden = read_in_flight(program)
     segments = {}
     for name, segment in program.segments.items():
-        marked = mark_inplace(segment.onnx, segment.state, read_by_collectives)
+        marked = mark_inplace(segment.onnx, segment.state, forbidden)
         segments[name] = segment if marked is segment.onnx else dataclasses.replace(segment, onnx=marked)
     return dataclasses.replace(program, segments=segments)
+
+
+def read_in_flight(program: RankProgram) -> set[str]:
+    """State that a collective may still be reading when a segment writes its new value: the inputs of an
+    asynchronous collective that a segment run between its start and its wait updates, or that is not waited for
+    within the program. A synchronous collective is done before the next instruction, and one waited for before
+    the update has read its input (a level3 weight block all-gathered for the forward and backward passes, then
+    updated: in place, instead of a second buffer per block)."""
+    instructions = list(program.program.instructions)
+    waits = {ins.wait.handle: i for i, ins in enumerate(instructions) if ins.WhichOneof("op") == "wait"}
+    forbidden: set[str] = set()
+    for index, ins in enumerate(instructions):
+        if ins.WhichOneof("op") != "collective" or not set(ins.collective.inputs) - forbidden:
+            continue
+        end = waits.get(ins.collective.handle) if ins.collective.handle else index + 1
+        if end is None or end < index:
+            forbidden.update(ins.collective.inputs)
+            continue
+        written: set[str] = set()
+        for between in instructions[index + 1 : end]:
+            if between.WhichOneof("op") == "run_segment":
+                segment = program.segments.get(between.run_segment.segment)
+                written.update(segment.state if segment is not None else ())
+        forbidden.update(name for name in ins.collective.inputs if name in written)
+    return forbidden
 
 
 def _reads(ins: daemon_pb2.Instruction, program: RankProgram) -> list[str]:

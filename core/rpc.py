@@ -92,6 +92,9 @@ class _Method:
 
     def __init__(self, impl: Callable, request_cls: type, token: str, max_request_bytes: int):
         self.impl, self.request_cls, self.token, self.max_bytes = impl, request_cls, token, max_request_bytes
+        # A method marked `raw_request` parses the request itself (the daemon's Execute: it lets go of the parsed
+        # message, and the tensors it feeds, before running the program).
+        self.raw = bool(getattr(impl, "raw_request", False))
 
     def _authenticate(self, context: grpc.ServicerContext) -> None:
         sent = dict(context.invocation_metadata()).get(TOKEN_HEADER, "")
@@ -108,6 +111,8 @@ class _Method:
                 f"request of {len(raw)} bytes exceeds this server's limit of {self.max_bytes} bytes; "
                 "send large tensors in several calls or start the server with a larger --max-request-mb",
             )
+        if self.raw:
+            return raw
         try:
             return self.request_cls.FromString(raw)
         except DecodeError as exc:

@@ -128,7 +128,9 @@ def _recv_exactly(sock: socket.socket, size: int) -> bytearray:
 
 
 class LocalExecuteServer:
-    """Serves `execute(ExecuteRequest) -> ExecuteReply` on a Unix socket, one thread per connection."""
+    """Serves `execute(frame) -> ExecuteReply` on a Unix socket, one thread per connection. `frame` is the
+    serialized ExecuteRequest, a bytearray that `execute` parses and may empty (`frame.clear()`): nothing else here
+    keeps the request, so a large feed is freed as soon as it is decoded (daemon/service.py `_unpack`)."""
 
     def __init__(self, execute: Callable[[Any], Any], token: str, max_request_bytes: int):
         self.execute, self.token, self.max_bytes = execute, token, max_request_bytes
@@ -185,7 +187,7 @@ class LocalExecuteServer:
 
     def _answer(self, payload: bytearray) -> tuple[int, bytes]:
         try:
-            reply = self.execute(daemon_pb2.ExecuteRequest.FromString(payload))
+            reply = self.execute(payload)
             return REPLY, reply.SerializeToString()
         except Exception as exc:  # the same mapping as the gRPC path (rpc._abort_with)
             kind, message, culprit = rpc.error_fields(exc)

@@ -3,8 +3,9 @@
 With the variable set, the daemon measures every instruction it runs: the peak resident memory during it (the
 kernel's high-water mark, reset before the instruction through /proc/self/clear_refs), the resident memory after
 it (anonymous, shared, file-backed), and what the session holds after it: the distinct buffers of its tensor
-store (private, or in shared memory: the communication arena), and the state buffers a segment keeps beside the
-store (the other half of a double-buffered parameter or optimizer slot). After each Execute it writes
+store (private, or in shared memory: the communication arena), the state buffers a segment keeps beside the
+store (the other half of a double-buffered parameter or optimizer slot), and the private results of asynchronous
+collectives that ran but were not waited for yet (a weight gathered ahead of its layer). After each Execute it writes
 DIR/memory_<pid>.json: the process's overall peak (VmHWM as if never reset), the instruction during which it
 was reached, and that instruction's breakdown. Linux only; resetting the high-water mark makes the process's
 VmHWM meaningless, so read the overall peak from the file (`peak`).
@@ -54,7 +55,8 @@ def _union(spans: list[tuple[int, int]]) -> int:
 
 def held(session: Any) -> dict[str, int]:
     """Bytes of the memory the session's tensors span (overlapping views counted once): in the store, private
-    or in shared memory (the communicator's arena), and the segments' spare state buffers (not in the store)."""
+    or in shared memory (the communicator's arena), the segments' spare state buffers (not in the store), and the
+    private results of collectives not waited for yet."""
     private, shared = [], []
     for value in list(session.tensors.values()):
         if not isinstance(value, np.ndarray) or value.nbytes == 0:
@@ -69,13 +71,28 @@ def held(session: Any) -> dict[str, int]:
                 address = b.__array_interface__["data"][0]
                 if not any(lo <= address < hi for lo, hi in spans):
                     spare.append((address, address + b.nbytes))
-    known = spans + spare
+    pending = []  # results of collectives that ran but were not waited for yet (a prefetched level3 weight)
+    for handle, _ in list(session.handles.values()):
+        done = getattr(handle, "done", None)
+        if done is None or not done():
+            continue
+        try:
+            values = handle.wait(0)
+        except Exception:
+            continue
+        for v in values if isinstance(values, (list, tuple)) else [values]:
+            if isinstance(v, np.ndarray) and v.nbytes:
+                address = v.__array_interface__["data"][0]
+                if isinstance(_root(v), np.ndarray) and not any(lo <= address < hi for lo, hi in spans + spare):
+                    pending.append((address, address + v.nbytes))
+    known = spans + spare + pending
     largest = sorted(((v.nbytes, n) for n, v in list(session.tensors.items()) if isinstance(v, np.ndarray)),
                      reverse=True)[:40]  # fmt: skip
     return {
         "store_private": _union(private),
         "store_shared": _union(shared),
         "state_spare": _union(spare),
+        "pending_private": _union(pending),
         "largest": [(n, b) for b, n in largest],
         "unclaimed": _unclaimed(known),
         **({"who": _who(known)} if os.environ.get("TESSEL_MEMORY_TRACE_WHO") else {}),

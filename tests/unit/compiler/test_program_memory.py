@@ -101,3 +101,28 @@ def test_temporaries_are_freed_after_their_last_reader():
             assert not reads & seen_free
         elif kind == "collective":
             assert not set(ins.collective.inputs) & seen_free
+
+
+def test_state_a_collective_reads_is_updated_in_place_once_the_collective_was_waited_for():
+    from tessel.compiler.memory import read_in_flight
+    from tessel.compiler.rank_program import RankProgram, RankSegment
+    from tessel.v1 import collective_pb2, daemon_pb2
+
+    def collective(handle=""):
+        op = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_GATHER, inputs=["w"], outputs=["g"], handle=handle)
+        return daemon_pb2.Instruction(collective=op)
+
+    def wait(handle):
+        return daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=handle))
+
+    update = daemon_pb2.Instruction(run_segment=daemon_pb2.RunSegment(segment="update"))
+    segments = {"update": RankSegment("update", None, b"", ("w",), ())}
+
+    def forbidden(*instructions):
+        program = daemon_pb2.Program(instructions=list(instructions))
+        return read_in_flight(RankProgram("p", segments, program, {}, (), ("w",), ()))
+
+    assert forbidden(collective("h"), wait("h"), update) == set()  # a level3 block: gathered, then updated
+    assert forbidden(collective(), update) == set()  # synchronous: done before the update
+    assert forbidden(collective("h"), update, wait("h")) == {"w"}  # may still be reading during the update
+    assert forbidden(collective("h"), update) == {"w"}  # never waited for in the program
