@@ -46,7 +46,8 @@ def test_a_collective_is_in_flight_while_the_next_segment_runs(tmp_path, transpo
     """The daemon's timeline of a program with two independent copies: each AllReduce issued before a segment
     and waited for after it, both in flight at once, results unchanged (scripts/overlap_program.py checks).
     Shared-memory collectives keep a core busy: they overlap only where the host has a core for each rank's
-    collective thread beside its compute threads (tessel run gives the ranks all the cores, so they run at once)."""
+    collective thread beside its compute threads (tessel run gives the ranks all the cores, so they are deferred to
+    the first wait and run back to back there)."""
     script = ROOT / "tests" / "integration" / "scripts" / "overlap_program.py"
     cores = len(os.sched_getaffinity(0))
     threads = max(1, cores // 2)  # what tessel run -n 2 gives each daemon
