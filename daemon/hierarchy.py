@@ -218,7 +218,10 @@ class HierarchicalCommunicator(Communicator):
             raise
         inner = self.intra.transport if self.intra is not None else "-"
         self.transport = f"hierarchical({inner}+{self.flat.transport})"
-        self.compute_bound = bool(getattr(self.intra, "compute_bound", False))
+        # Its steps inside a part keep a core busy, but the step across parts waits on the link, and that wait is
+        # what a collective in flight hides (the thread budget, DaemonCore._may_overlap): compute-bound only where
+        # the cross step is too.
+        self.compute_bound = bool(getattr(self.flat, "compute_bound", False))
         self.tuner = WayTuner(self._agree_max)
 
     @property
