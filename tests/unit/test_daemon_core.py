@@ -268,3 +268,18 @@ def test_deferred_all_reduces_run_back_to_back_in_program_order_where_no_core_is
     core.execute(sid, _program(wait("hd"), wait("ha")), fetch=["d/r"])
     assert sizes == [4, 5]
     core.close_session(sid)
+
+
+def test_execute_given_bytes_that_are_not_an_execute_request_says_so_and_keeps_the_daemon_serving(core):
+    """Execute parses its request itself (daemon/service.py _unpack, so that it can let go of it before the program
+    runs): bytes that do not parse are a clear error naming the message and its size, and the next call works."""
+    from tessel.daemon.service import DaemonServicer
+
+    servicer = DaemonServicer(core)
+    frame = bytearray(b"\xff\xff\xff\xff")
+    with pytest.raises(ConfigurationError, match=r"malformed ExecuteRequest \(4 bytes\)"):
+        servicer.Execute(frame, None)
+    with pytest.raises(ConfigurationError, match=r"malformed ExecuteRequest"):
+        servicer.Execute(b"\x0a\xff", None)
+    sid = core.open_session("malformed-after", 0, 1, [])
+    assert core.session(sid) is not None
