@@ -89,6 +89,24 @@ def test_the_unix_socket_gives_what_grpc_gives_results_and_errors(core, daemon):
     assert culprits == [1, 1]
 
 
+def test_execute_steps_over_grpc_reports_every_repetition_in_order_in_few_messages(core, daemon, monkeypatch):
+    """ExecuteStream sends a message at most every PROGRESS_INTERVAL_S, with every repetition that ended since the
+    last (a message per step cost a sink-mode step a third of its time); the client hands out one value per
+    repetition, in order, equal to what one Execute collects."""
+    remote = daemon(unix_socket=False)
+    session = remote.open_session("job-stream", 0, 1)
+    sent = []
+    progress = service._progress
+    monkeypatch.setattr(service, "_progress", lambda pending: sent.append(len(pending)) or progress(pending))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    repeat = 300
+    reports = list(remote.execute_steps(session, SUM_TWICE, repeat, feed={"x": x}, collect=["y"]))
+    want = remote.execute(session, SUM_TWICE, repeat=repeat, feed={"x": x}, collect=["y"]).collected["y"]
+    assert len(reports) == repeat and sum(sent) == repeat
+    np.testing.assert_array_equal(np.stack([r["y"] for r in reports]), want)
+    assert len(sent) < repeat // 10, sent
+
+
 def test_the_socket_lives_in_a_private_directory_and_wants_the_token(core):
     server = service.serve_local(core, TOKEN)
     try:

@@ -291,14 +291,16 @@ class TimelineEvent(_message.Message):
     def __init__(self, index: _Optional[int] = ..., repetition: _Optional[int] = ..., kind: _Optional[str] = ..., name: _Optional[str] = ..., start_ns: _Optional[int] = ..., end_ns: _Optional[int] = ..., comm_start_ns: _Optional[int] = ..., comm_end_ns: _Optional[int] = ..., bytes: _Optional[int] = ..., handle: _Optional[str] = ..., store_bytes: _Optional[int] = ...) -> None: ...
 
 class ExecuteProgress(_message.Message):
-    __slots__ = ("repetition", "collected", "done")
+    __slots__ = ("repetition", "count", "collected", "done")
     REPETITION_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
     COLLECTED_FIELD_NUMBER: _ClassVar[int]
     DONE_FIELD_NUMBER: _ClassVar[int]
     repetition: int
+    count: int
     collected: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
     done: ExecuteReply
-    def __init__(self, repetition: _Optional[int] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., done: _Optional[_Union[ExecuteReply, _Mapping]] = ...) -> None: ...
+    def __init__(self, repetition: _Optional[int] = ..., count: _Optional[int] = ..., collected: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., done: _Optional[_Union[ExecuteReply, _Mapping]] = ...) -> None: ...
 
 class ExecuteReply(_message.Message):
     __slots__ = ("fetched", "timings", "collected", "timeline")

@@ -409,8 +409,10 @@ class RemoteDaemon(DaemonHandle):
             collect=list(collect),
         )
         for progress in self.client.replies("ExecuteStream", request):
-            if not progress.HasField("done"):
-                yield {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
+            if not progress.HasField("done"):  # `count` repetitions, each name's values stacked on dim 0
+                stacked = {t.name: from_proto(t.tensor, t.name) for t in progress.collected}
+                for i in range(progress.count):
+                    yield {name: values[i] for name, values in stacked.items()}
 
     def load(self, session_id: str) -> tuple[float, float]:
         for load in self.client.Status(common_pb2.Empty(), 60.0).loads:
