@@ -23,7 +23,10 @@ that wants another layout gets a redistribution.
 
 Gradients: a GradientOf node (what `value_and_grad` records) is differentiated on each rank's graph, after the
 pass: the rank's loss is divided by its replicas (VirtualDiv) and autodiff runs through the Mirrors and the
-collectives, so each rank gets the exact gradient of its own slice of every parameter, in the parameter's layout.
+collectives, so each rank gets the exact gradient of its own slice of every parameter, in the parameter's layout. An
+AllReduce that sums partial results whose result reaches the loss only through values held alike on the ranks of
+its group (a row-parallel MatMul before a replicated loss) gets the same cotangent on each of them, so its transpose
+needs no collective: the pass proves it on the dataflow (ParallelPlan.uniform_cotangent) and marks it.
 Ops without a strategy that compute on the weight side (parameters, gradients, scalars and what is computed from
 them only: an optimizer's update) take the layout of their inputs, so an update runs where its slices are; ops on
 the data side run data parallel, as MindSpore's do.
