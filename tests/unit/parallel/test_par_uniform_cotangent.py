@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from par_testkit import by_op, compute, on_ranks
+from par_testkit import by_op, compute, on_ranks, parallel_grads
 
 from tessel.compiler import TensorSpec, apply, expand_gradients, lower_rank_program, simulate, trace
+from tessel.compiler.autodiff import grad_graph
 from tessel.compiler.builder import apply_all
 from tessel.compiler.parallel import assemble, parallelize
 
@@ -34,6 +35,12 @@ def megatron_then_cut(x, y, w1, w2):
     loss = (d * d).mean()
     g1, g2 = apply_all("GradientOf", loss, w1, w2)
     return loss, g1, g2
+
+
+def megatron_forward(x, y, w1, w2):
+    """The forward alone: the SDK's train step differentiates the rank graph from its loss output."""
+    d = apply("MatMul", apply("ReLU", apply("MatMul", x, w1)), w2) - y
+    return (d * d).mean()
 
 
 def _plan(fn, devices: int, cut: bool):
@@ -106,3 +113,20 @@ def test_a_downstream_cut_per_rank_keeps_the_backward_all_reduce():
     assert [n.inputs[0].shape for n in backward] == [(8, 4)], backward
     feeds = _feeds()
     _check_gradients(graph, plan, feeds, _reference(feeds, cut=True))
+
+
+def test_a_rank_graph_differentiated_from_its_replicated_loss_output_needs_no_backward_all_reduce():
+    """build_train_step's way (the SDK's): autodiff of the rank forward graph from output 0, seeded alike on every
+    rank of a replicated loss."""
+    _, plan = _plan(megatron_forward, 2, cut=False)
+    (forward,) = [n for n in plan.rank_graph(0).nodes if n.op == "AllReduce"]
+    assert forward.attrs["uniform_cotangent"] == 1
+    train = grad_graph(plan.rank_graph(0), ["w1", "w2"])
+    assert len([n for n in train.nodes if n.op == "AllReduce"]) == 1  # the forward one only
+    feeds = _feeds()
+    want = _reference(feeds, cut=False)
+    losses, _, full = parallel_grads(plan, feeds, ["w1", "w2"])
+    for loss in losses:
+        np.testing.assert_allclose(loss, want[0], rtol=1e-5)
+    np.testing.assert_allclose(full["w1"], want[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(full["w2"], want[2], rtol=1e-5, atol=1e-6)
