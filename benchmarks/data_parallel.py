@@ -54,6 +54,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever the working directory
 
 from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
+from _dp_phases import measure_phases, phases_table
 from single_device import DIMS
 
 SPEEDUP_TARGET = 1.0  # tessel sink / DDP, every cell
@@ -81,6 +82,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores shared out among the ranks")
     parser.add_argument("--launches", type=int, help="timed one-step jobs (default 3; quick 1)")
     parser.add_argument("--quick", action="store_true", help="smoke run: ranks 1,2, batch 32, 4 epochs, 1 launch")
+    parser.add_argument(
+        "--no-phases", action="store_true", help="skip the per-phase table (one timeline-recorded job per cell)"
+    )
     parser.add_argument("--json", type=Path, help="also write every epoch time (per rank) to this file")
     args = parser.parse_args(argv)
     if args.quick:
@@ -215,6 +219,28 @@ def gemm_bounds(args: argparse.Namespace, seconds: float = 0.6) -> dict[tuple[in
     return {key: min(values) for key, values in times.items()}
 
 
+def phases(args: argparse.Namespace) -> dict[tuple[int, int], dict[str, float]]:
+    """{(B, N): phase -> ms per step} of the sink series; a cell whose job fails is left out (and said so)."""
+    cells = {}
+    for batch in args.batches:
+        for world in args.ranks:
+            try:
+                cells[(batch, world)] = measure_phases(world, args.cores, batch, steps_for(batch), DEADLINE_S)
+            except (BenchmarkError, RuntimeError) as exc:
+                print(f"phases, {world} ranks, batch {batch}: FAILED ({str(exc).splitlines()[0]})", file=sys.stderr)
+    return cells
+
+
+def _gemm_walls(args: argparse.Namespace, bounds: dict) -> dict[tuple[int, int], float]:
+    """{(B, N): the matrix products' wall time per step with each rank's threads; ranks beyond the cores share
+    them (N / C times the time)."""
+    walls = {}
+    for batch in args.batches:
+        for world in args.ranks:
+            walls[(batch, world)] = bounds[(max(1, args.cores // world), batch)] * max(1.0, world / args.cores)
+    return walls
+
+
 def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[str]:
     """Per (B, N): the matrix products' wall time per step (the bound), the samples/s a step costing only that
     would reach, and each tessel series' samples/s as a share of it (target: BOUND_TARGETS, on the sink series)."""
@@ -224,8 +250,7 @@ def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[st
     lines = [head, "-" * (len(head) + 12)]
     for batch in args.batches:
         for world in args.ranks:
-            threads = max(1, args.cores // world)
-            wall = bounds[(threads, batch)] * max(1.0, world / args.cores)  # ranks beyond the cores share them
+            wall = _gemm_walls(args, bounds)[(batch, world)]
             bound = world * batch / (wall / 1e3)
             shares = {s: rates[(s, world, batch)] / bound if rates.get((s, world, batch)) else None for s in shown}
             target = BOUND_TARGETS.get(batch)
@@ -294,6 +319,13 @@ def main(argv: list[str] | None = None) -> int:
         "it"
     )
     print("\n".join(bounds_table(args, rates, bounds)))
+    if not args.no_phases:
+        print(
+            "where the sink step's time goes (ms per step, the slowest rank, from a timeline-recorded job per cell; "
+            "see benchmarks/_dp_phases.py): segments with matrix products (forward, backward), other segments "
+            "(the update), collectives no segment overlapped, reading the batch, and the rest (dispatch, transfers)"
+        )
+        print("\n".join(phases_table(phases(args), _gemm_walls(args, bounds))))
     for (side, world, batch), error in sorted(errors.items()):
         print(f"{side} {world} ranks batch {batch}: FAILED ({error})")
     if launches:
