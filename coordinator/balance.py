@@ -10,18 +10,18 @@ when the last rank arrives:
   waiting for the slow one does not count against it), over the epochs so far with each older epoch weighing
   DECAY times less (one epoch's figure on a shared machine is noisy).
 
-A step has a part that does not depend on the rows (the optimizer's update, the gradients' weighing and reduction
-buffers: measured ~20 % of the wide MLP's step) besides the part per row, so shares proportional to speeds leave
-the rank with the larger share the slower one. Once a rank's own work has been measured at two shares at least
-SPAN apart, the balancer fits its step time t_r(b) = fixed_r + b * per_row_r (weighted least squares over the
-shares measured so far, each epoch's figure weighing DECAY times less with each later epoch) and gives the shares
-that make the predicted step times equal (whole rows, at least one each, the slowest rank's time as small as it
-can be). Until then, and for a fit that is not physical (a negative cost), the model is a rate through the origin:
-shares proportional to the speeds (largest remainder, at least one row each), whose repetition also converges on
-equal step times. Predicted step times at the even split within EQUAL_WITHIN of each other count as equal: the
-even split, which is MindSpore's shard rule exactly. A new split replaces the last one only if it shortens the
-predicted step (the slowest rank's) by KEEP_WITHIN: measured speeds wobble, and a new split costs a recompile and
-new shards. Every decision is a function of the reports alone: every rank gets the same split.
+A step has a part that does not depend on the rows (the optimizer's update and other work on whole parameters:
+measured ~20 % of the wide MLP's step on the emulated fast device) besides the part per row, so shares proportional
+to speeds measured at one share do not make the ranks' steps equal. Once a rank's own work has been measured at two
+shares at least SPAN apart, the balancer fits its step time t_r(b) = fixed_r + b * per_row_r (weighted least squares
+over the shares measured so far, each epoch's figure weighing DECAY times less with each later epoch) and gives the
+shares that make the predicted step times equal (whole rows, at least one each, the slowest rank's time as small as
+it can be). Until then, and for a fit that is not physical (a negative cost), the model is a rate through the
+origin: shares proportional to the speeds (largest remainder, at least one row each), whose repetition also
+converges on equal step times. Predicted step times at the even split within EQUAL_WITHIN of each other count as
+equal: the even split, which is MindSpore's shard rule exactly. A new split replaces the last one only if it
+shortens the predicted step (the slowest rank's) by KEEP_WITHIN: measured speeds wobble, and a new split costs a
+recompile and new shards. Every decision is a function of the reports alone: every rank gets the same split.
 
     balancer = BatchBalancer(state)
     split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
