@@ -39,16 +39,17 @@ def parse_args() -> argparse.Namespace:
 
 
 def _compute_seconds(model, loss_fn, x, y) -> float:
-    """One step's forward and backward alone (the local model, no all-reduce), median of 5: what an emulated slower
-    device stretches (benchmarks/heterogeneous.py; stretching the measured step would stretch the waits for the
-    other rank too)."""
+    """One step's forward and backward alone (the local model, no all-reduce), its CPU time, median of 5: what an
+    emulated slower device stretches (benchmarks/heterogeneous.py; stretching the measured step would stretch the
+    waits for the other rank too; the CPU time, as the emulated tessel plugins stretch it, since the wall time of a
+    machine shared with other work includes waiting for a core)."""
     times = []
     for _ in range(2):  # warm-up
         loss_fn(model(x), y).backward()
     for _ in range(5):
-        started = time.perf_counter()
+        started = time.process_time()
         loss_fn(model(x), y).backward()
-        times.append(time.perf_counter() - started)
+        times.append(time.process_time() - started)
     model.zero_grad(set_to_none=True)
     return sorted(times)[2]
 

@@ -10,10 +10,18 @@ when the last rank arrives:
   waiting for the slow one does not count against it), over the epochs so far with each older epoch weighing
   DECAY times less (one epoch's figure on a shared machine is noisy).
 
-Shares are proportional to the speeds, rounded to whole rows (largest remainder, at least one row each) and sum to
-the global batch. Speeds within EQUAL_WITHIN of each other count as equal: the even split, which is MindSpore's
-shard rule exactly. A new split replaces the last one only if it shortens the predicted step (the slowest rank's
-share over its speed) by KEEP_WITHIN: measured speeds wobble, and a new split costs a recompile and new shards.
+A step has a part that does not depend on the rows (the optimizer's update and other work on whole parameters:
+measured ~20 % of the wide MLP's step on the emulated fast device) besides the part per row, so shares proportional
+to speeds measured at one share do not make the ranks' steps equal. Once a rank's own work has been measured at two
+shares at least SPAN apart, the balancer fits its step time t_r(b) = fixed_r + b * per_row_r (weighted least squares
+over the shares measured so far, each epoch's figure weighing DECAY times less with each later epoch) and gives the
+shares that make the predicted step times equal (whole rows, at least one each, the slowest rank's time as small as
+it can be). Until then, and for a fit that is not physical (a negative cost), the model is a rate through the
+origin: shares proportional to the speeds (largest remainder, at least one row each), whose repetition also
+converges on equal step times. Predicted step times at the even split within EQUAL_WITHIN of each other count as
+equal: the even split, which is MindSpore's shard rule exactly. A new split replaces the last one only if it
+shortens the predicted step (the slowest rank's) by KEEP_WITHIN: measured speeds wobble, and a new split costs a
+recompile and new shards. Every decision is a function of the reports alone: every rank gets the same split.
 
     balancer = BatchBalancer(state)
     split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
@@ -36,6 +44,7 @@ log = logging.getLogger("tessel.coordinator")
 
 EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
 KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
+SPAN = 0.10  # a rank's measured shares must differ this much (relative to the largest) to fit fixed + per-row costs
 DECAY = 0.5  # an epoch's step times weigh this much less with each later epoch
 KEEP_JOBS = 256  # jobs whose splits are remembered (for status), oldest forgotten first
 _POLL_S = 0.25  # how often a waiting rank checks its job, its call and the deadline
@@ -58,6 +67,69 @@ class _Job:
     latest: coordinator_pb2.BatchSplit | None = None
     work: list[tuple[float, float]] = field(default_factory=list)  # per rank: decayed (busy seconds, samples)
     slow: frozenset[int] = frozenset()  # ranks the last measured epoch found slower than the fastest
+    # per rank: share -> decayed (busy seconds, steps) measured at that share (the step-time model's points)
+    points: list[dict[int, tuple[float, float]]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """One rank's step time in seconds at a share of b rows: fixed + b * per_row."""
+
+    fixed: float
+    per_row: float
+
+    def at(self, rows: float) -> float:
+        return self.fixed + rows * self.per_row
+
+
+def fit(points: dict[int, tuple[float, float]]) -> StepModel:
+    """The step-time model of one rank from {share: (busy seconds, steps)}: an affine fit (weighted by steps) where
+    the shares span SPAN and the fit is physical (both costs non-negative, the per-row one positive), else a rate
+    through the origin (fixed = 0).
+
+    >>> model = fit({60: (3.0, 10.0), 90: (4.2, 10.0)})   # 0.30 s and 0.42 s per step
+    >>> round(model.fixed, 6), round(model.per_row, 6)     # 60 ms fixed, 4 ms per row
+    (0.06, 0.004)
+    >>> fit({60: (3.0, 10.0)})
+    StepModel(fixed=0.0, per_row=0.005)
+    """
+    rows = [(b, busy / steps, steps) for b, (busy, steps) in sorted(points.items()) if steps > 0 and busy > 0]
+    weight = sum(w for _, _, w in rows)
+    rate = StepModel(0.0, sum(t * w for _, t, w in rows) / sum(b * w for b, _, w in rows))
+    if len(rows) < 2 or rows[-1][0] - rows[0][0] < SPAN * rows[-1][0]:
+        return rate
+    mean_b = sum(b * w for b, _, w in rows) / weight
+    mean_t = sum(t * w for _, t, w in rows) / weight
+    spread = sum(w * (b - mean_b) ** 2 for b, _, w in rows)
+    per_row = sum(w * (b - mean_b) * (t - mean_t) for b, t, w in rows) / spread
+    fixed = mean_t - per_row * mean_b
+    if per_row <= 0 or fixed < 0:
+        return rate
+    return StepModel(fixed, per_row)
+
+
+def equalizing(models: Sequence[StepModel], total: int) -> tuple[int, ...]:
+    """`total` whole rows, at least one per rank, that make the predicted step times t_r(b_r) as equal as whole rows
+    allow: the slowest rank's time as small as it can be (ties to the lower rank). With no fixed costs, this is
+    `proportional` to the speeds 1 / per_row.
+
+    >>> equalizing([StepModel(0.03, 0.0014), StepModel(0.056, 0.00286)], 128)
+    (92, 36)
+    """
+    count = len(models)
+    if total < count:
+        raise errors.ConfigurationError(f"a global batch of {total} rows cannot give each of {count} ranks a row")
+    if all(m.fixed == 0 for m in models):
+        return proportional([1 / m.per_row for m in models], total)
+    level = (total + sum(m.fixed / m.per_row for m in models)) / sum(1 / m.per_row for m in models)
+    shares = [max(1, int((level - m.fixed) / m.per_row)) for m in models]
+    while sum(shares) > total:  # a rank held at one row took rows from others: take back from the slowest
+        rank = max((r for r in range(count) if shares[r] > 1), key=lambda r: (models[r].at(shares[r]), -r))
+        shares[rank] -= 1
+    while sum(shares) < total:  # the rest, one row at a time, to the rank that stays fastest with it
+        rank = min(range(count), key=lambda r: (models[r].at(shares[r] + 1), r))
+        shares[rank] += 1
+    return tuple(shares)
 
 
 def proportional(weights: Sequence[float], total: int) -> tuple[int, ...]:
@@ -82,9 +154,9 @@ def proportional(weights: Sequence[float], total: int) -> tuple[int, ...]:
     return tuple(shares)
 
 
-def predicted_step(shares: Sequence[int], speeds: Sequence[float]) -> float:
-    """The step's time in units of 1 / speed: the slowest rank's share over its speed."""
-    return max(share / speed for share, speed in zip(shares, speeds))
+def predicted_step(shares: Sequence[int], models: Sequence[StepModel]) -> float:
+    """The step's predicted time: the slowest rank's."""
+    return max(model.at(share) for share, model in zip(shares, models))
 
 
 def even(global_batch: int, world: int) -> tuple[int, ...]:
@@ -169,29 +241,39 @@ class BatchBalancer:
             split.source = "weights"
             return split
         reports = [now.reports[r] for r in range(world)]
+        last = job.latest
+        models = None
         if all(busy > 0 and samples > 0 for busy, samples in reports):
             old = job.work or [(0.0, 0.0)] * world
             job.work = [(DECAY * b + busy, DECAY * n + samples) for (b, n), (busy, samples) in zip(old, reports)]
             speeds = [samples / busy for busy, samples in job.work]
             _stragglers(request.job_id, request.epoch - 1, job, speeds)
             source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
-        elif job.latest is not None and all(s > 0 for s in job.latest.speeds):
-            speeds, source = list(job.latest.speeds), f"speeds of epoch {job.latest.epoch}"
+            if last is not None and len(last.shares) == world:  # the epoch measured ran with the last split
+                job.points = _decayed(job.points or [{} for _ in range(world)], reports, last.shares)
+                models = [fit(p) for p in job.points]
+                if any(m.fixed > 0 for m in models):
+                    source += "; ms/step " + " : ".join(f"{m.fixed * 1e3:.3g}+{m.per_row * 1e3:.3g}b" for m in models)
+        elif last is not None and all(s > 0 for s in last.speeds):
+            speeds, source = list(last.speeds), f"speeds of epoch {last.epoch}"
+            models = [fit(p) for p in job.points] if job.points else None
         else:
             speeds = [d.measurement.matmul_flops for d in daemons]
             source = "device measurements"
-        if min(speeds) <= 0 or max(speeds) <= min(speeds) * (1 + EQUAL_WITHIN):
+        if models is None and min(speeds) > 0:
+            models = [StepModel(0.0, 1.0 / s) for s in speeds]
+        times = [m.at(total / world) for m in models] if models else [0.0]  # each rank's step at the same rows
+        if min(times) <= 0 or max(times) <= min(times) * (1 + EQUAL_WITHIN):
             shares = even(total, world)
-            source += " (equal: even split)" if min(speeds) > 0 else " (unmeasured: even split)"
+            source += " (equal: even split)" if min(times) > 0 else " (unmeasured: even split)"
         else:
-            shares = proportional(speeds, total)
-        last = job.latest
+            shares = equalizing(models, total)
         if (
             last is not None
             and last.global_batch == total
-            and min(speeds) > 0
+            and models
             and tuple(last.shares) != shares
-            and predicted_step(shares, speeds) > (1 - KEEP_WITHIN) * predicted_step(last.shares, speeds)
+            and predicted_step(shares, models) > (1 - KEEP_WITHIN) * predicted_step(last.shares, models)
         ):
             source = f"kept from epoch {last.epoch} ({source}: gain under {KEEP_WITHIN:.0%})"
             shares = tuple(last.shares)
@@ -199,6 +281,19 @@ class BatchBalancer:
         split.speeds.extend(speeds)
         split.source = source
         return split
+
+
+def _decayed(points, reports, shares) -> list[dict[int, tuple[float, float]]]:
+    """Each rank's model points, older epochs weighing DECAY times less, with the epoch just measured added at the
+    share it ran with (steps = samples / share)."""
+    out = []
+    for rank, (busy, samples) in enumerate(reports):
+        aged = {b: (DECAY * s, DECAY * n) for b, (s, n) in points[rank].items()}
+        share = shares[rank]
+        s, n = aged.get(share, (0.0, 0.0))
+        aged[share] = (s + busy, n + samples / share)
+        out.append(aged)
+    return out
 
 
 def _stragglers(job_id: str, epoch: int, job: _Job, speeds: list[float]) -> None:

@@ -1,9 +1,10 @@
 """EMULATED devices of two speeds for benchmarks/heterogeneous.py: the CPU plugin registered as plugins `emu-fast`
-and `emu-slow`, whose compute, after every program it runs, sleeps so that the program takes SLOWDOWN times as
-long as on the CPU: 4x (fast) and 8x (slow), devices that differ 2:1 in speed. They compute exactly what the CPU
-plugin computes (the same ONNX Runtime sessions); only their time stretches. The stretch is a sleep, not work, so
-on a machine whose 2 cores are shared with other work the CPU is not what limits the job: the benchmark measures
-how tessel copes with a rank 2x slower than the other, not what real devices are. The registration measurement
+and `emu-slow`, whose compute, after every program it runs, sleeps so that the program takes SLOWDOWN times the CPU
+time it used: 4x (fast) and 8x (slow), devices that differ 2:1 in speed whatever else runs on the machine (a
+stretch of the wall time would stretch the time spent waiting for a shared core too). They compute exactly what
+the CPU plugin computes (the same ONNX Runtime sessions); only their time stretches. The stretch is a sleep, not
+work, so on a machine whose 2 cores are shared with other work the CPU is not what limits the job: the benchmark
+measures how tessel copes with a rank 2x slower than the other, not what real devices are. The registration measurement
 (`measure`) runs through the same compute, so the coordinator sees the emulated speeds too.
 
     tessel daemon --plugin emulated:EmulatedSlow      (with benchmarks/plugins on PYTHONPATH)
@@ -34,9 +35,15 @@ class _Binding:
 
 
 def _stretched(slowdown: float, run, *args):
-    started = time.perf_counter()
+    """run(*args), then a sleep until the call has taken `slowdown` times the CPU time the daemon spent in it. The
+    CPU time, not the wall time: on a shared machine the wall time includes waiting for a core (other processes,
+    the other rank's compute), and stretching that too would make the emulated device's speed follow the machine's
+    load rather than its rated slowdown (measured: a 35-row step of the wide MLP on emu-slow took as long as a
+    64-row one while the fast rank computed beside it)."""
+    started, cpu = time.perf_counter(), time.process_time()
     result = run(*args)
-    time.sleep((slowdown - 1.0) * (time.perf_counter() - started))
+    spent = time.process_time() - cpu
+    time.sleep(max(0.0, slowdown * spent - (time.perf_counter() - started)))
     return result
 
 

@@ -1,5 +1,6 @@
 """The coordinator's batch balancer (coordinator/balance.py): one split per epoch for all ranks, proportional to
-fixed weights, device measurements or the job's step times; equal speeds give the even split; bounded waits."""
+fixed weights, device measurements or the job's step times (a fixed + per-row model of each rank's step once two
+shares are measured); equal speeds give the even split; bounded waits."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import pytest
 from test_coordinator_planner import GFLOPS, measured
 from test_coordinator_state import Call, start_job
 
-from tessel.coordinator.balance import BatchBalancer, even, proportional
+from tessel.coordinator.balance import BatchBalancer, StepModel, equalizing, even, fit, predicted_step, proportional
 from tessel.coordinator.state import CoordinatorState
 from tessel.core import errors
 from tessel.v1 import coordinator_pb2
@@ -109,3 +110,52 @@ def test_a_rank_slower_in_two_measured_epochs_running_is_named_with_its_speed(ca
         "job j: rank 1 is slower than the others through epoch 1: 10 samples/s of its own work, the fastest rank 30 "
         "(speed-aware data parallelism gives it a smaller share)"
     ]
+
+
+def _best(models, total):
+    """The smallest predicted step over every split of `total` rows (brute force, 2 or 3 ranks)."""
+    if len(models) == 2:
+        splits = [(a, total - a) for a in range(1, total)]
+    else:
+        splits = [(a, b, total - a - b) for a in range(1, total) for b in range(1, total - a)]
+    return min(predicted_step(s, models) for s in splits)
+
+
+def test_the_step_model_fits_fixed_and_per_row_costs_only_from_shares_far_enough_apart():
+    model = fit({60: (3.0, 10.0), 90: (4.2, 10.0)})  # 0.30 s and 0.42 s per step
+    assert model.fixed == pytest.approx(0.06) and model.per_row == pytest.approx(0.004)
+    assert fit({60: (3.0, 10.0), 62: (3.2, 10.0)}) == StepModel(0.0, 6.2 / (60 * 10 + 62 * 10))  # too close: a rate
+    assert fit({60: (3.0, 10.0), 90: (2.0, 10.0)}).fixed == 0.0  # fewer rows, more time: noise, not a model
+    assert fit({60: (3.0, 10.0)}) == StepModel(0.0, 0.005)
+
+
+def test_equalizing_shares_are_proportional_without_fixed_costs_and_minimize_the_step_with_them():
+    rates = lambda *speeds: [StepModel(0.0, 1.0 / s) for s in speeds]  # noqa: E731
+    assert equalizing(rates(1, 2), 64) == proportional([1, 2], 64) == (21, 43)
+    assert equalizing(rates(1, 1, 3), 60) == (12, 12, 36)
+    assert equalizing(rates(1, 1), 61) == even(61, 2)
+    for models, total in (
+        ([StepModel(0.26, 0.003), StepModel(0.52, 0.006)], 128),  # a 2:1 device whose fixed cost is slowed too
+        ([StepModel(0.0, 0.01), StepModel(0.4, 0.02)], 60),
+        ([StepModel(0.1, 0.01), StepModel(0.1, 0.01), StepModel(0.5, 0.004)], 50),
+        ([StepModel(0.0, 0.01), StepModel(5.0, 0.01)], 20),  # the slow rank keeps its one row
+    ):
+        shares = equalizing(models, total)
+        assert sum(shares) == total and min(shares) >= 1
+        assert predicted_step(shares, models) == pytest.approx(_best(models, total))
+    assert equalizing([StepModel(0.26, 0.003), StepModel(0.52, 0.006)], 128)[0] > proportional([2, 1], 128)[0]
+
+
+def test_a_rank_measured_at_two_shares_gets_the_split_that_equalizes_its_fixed_and_per_row_costs():
+    true = [StepModel(0.0, 0.01), StepModel(0.4, 0.02)]  # rank 1: twice the time per row and a large fixed cost
+    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
+    balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
+    first = _ask(balancer, 2, 0)
+    assert list(first.shares) == [30, 30]  # equal devices: MindSpore's even split
+    rated = _ask(balancer, 2, 1, reports=epoch(first.shares))  # one share measured: proportional to the rates
+    assert list(rated.shares) == list(proportional([30 / 0.3, 30 / 1.0], 60)) == [46, 14]
+    warm = _ask(balancer, 2, 2)  # the epoch with new shares compiled: not measured, the split kept
+    assert list(warm.shares) == [46, 14] and warm.source == "speeds of epoch 1"
+    fitted = _ask(balancer, 2, 3, reports=epoch(warm.shares))
+    assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 60)) == pytest.approx(0.54)
+    assert "ms/step 0+10b : 400+20b" in fitted.source

@@ -9,8 +9,9 @@ its gradients weigh n * shares[r] / B before the mean over the ranks (`rank_step
 equals one device's step on the global batch (the loss must be a mean over the batch, MindSpore's default
 reduction='mean'). Equal shares are MindSpore's even split exactly. Each rank reports, with its next ask, the
 seconds its daemon spent on its own work in the epoch (program time less the time blocked in collectives) and
-the samples it processed; not after the first epoch with new shares, whose step compiles and warms up (the
-coordinator then keeps the speeds it had).
+the samples it processed, also after the first epoch with new shares: their step compiles in its own call
+(CompileSegment), outside the program time (measured: that epoch's own work within the noise of the next one's), so
+each epoch gives the coordinator a point of the rank's step time at its share (two shares: a fixed + per-row fit).
 
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, batch_split="speed")
     model.train(3, dataset)    # log: "batch split for epoch 2: shares 21:43 of 64 (step times of epoch 1: ...)"
@@ -54,7 +55,6 @@ class BatchSplitter:
         self.pipelines: dict[tuple[int, ...], Any] = {}
         self.samples, self.last = 0, self._load()
         self.split = None
-        self.warming = False  # the last epoch was the first with its shares: compiling, warming up, not measured
 
     def _load(self) -> tuple[float, float]:
         return self.engine.daemon.load(self.engine.session)
@@ -65,7 +65,7 @@ class BatchSplitter:
         ran, blocked = run_s - self.last[0], blocked_s - self.last[1]
         busy = max(0.0, ran - blocked)
         self.last = (run_s, blocked_s)
-        samples, self.samples = (0 if self.warming else self.samples), 0
+        samples, self.samples = self.samples, 0
         log.debug("batch split: rank %d ran %.3f s (%.3f s blocked), %d samples", self.rank, ran, blocked, samples)
         runtime = self.engine.runtime
         split = runtime.coordinator.balance_batch(
@@ -83,7 +83,6 @@ class BatchSplitter:
                 speeds,
             )
         pipeline = self.pipelines.get(shares)
-        self.warming = pipeline is None
         if pipeline is None:
             pipeline = self.pipelines[shares] = with_shares(self.dataset, shares, self.rank)
         pipeline.resume_at_epoch(index)
