@@ -138,8 +138,9 @@ def _infer_all_reduce(types, attrs):
 def _all_reduce_grad(c):
     reduce, group = c.attrs["reduce_op"], c.attrs["group"]
     if c.attrs["uniform_cotangent"] and reduce in ("sum", "mean"):
-        # Every rank of the group gets the same cotangent (a replicated output's, seeded alike everywhere): their
-        # sum is the group size times it, computed here without a collective.
+        # Every rank of the group gets the same cotangent (a replicated output's, seeded alike everywhere, or one
+        # the parallel pass proved alike on the dataflow: ParallelPlan.uniform_cotangent): their sum is the group
+        # size times it, computed here without a collective.
         return (c.g * float(len(group)) if reduce == "sum" else c.g,)
     if reduce == "prod":
         return (op("AllReduce", c.g * c.out, reduce_op="sum", group=group) / c.x,)
@@ -164,8 +165,10 @@ _register(
     num_inputs=1,
     doc="AllReduce(x, reduce_op='sum'|'max'|'min'|'prod', group=ranks): every rank gets the reduction over the group. "
     "`fusion` > 0 marks gradient reductions that bucket_allreduce may fuse (MindSpore's fusion attribute). "
-    "`uniform_cotangent` = 1 (the parallel pass, on a graph output it sums): the cotangent is the same on every rank "
-    "of the group, so the gradient (sum or mean) is computed locally, without a second collective.",
+    "`uniform_cotangent` = 1 (the parallel pass: on a graph output it sums, and where every value between the result "
+    "and the loss is held alike on the group's ranks, as after a row-parallel MatMul before a replicated loss): the "
+    "cotangent is the same on every rank of the group, so the gradient (sum or mean) is computed locally, without a "
+    "second collective.",
 )
 
 

@@ -23,7 +23,10 @@ that wants another layout gets a redistribution.
 
 Gradients: a GradientOf node (what `value_and_grad` records) is differentiated on each rank's graph, after the
 pass: the rank's loss is divided by its replicas (VirtualDiv) and autodiff runs through the Mirrors and the
-collectives, so each rank gets the exact gradient of its own slice of every parameter, in the parameter's layout.
+collectives, so each rank gets the exact gradient of its own slice of every parameter, in the parameter's layout. An
+AllReduce that sums partial results whose result reaches the loss only through values held alike on the ranks of
+its group (a row-parallel MatMul before a replicated loss) gets the same cotangent on each of them, so its transpose
+needs no collective: the pass proves it on the dataflow (ParallelPlan.uniform_cotangent) and marks it.
 Ops without a strategy that compute on the weight side (parameters, gradients, scalars and what is computed from
 them only: an optimizer's update) take the layout of their inputs, so an update runs where its slices are; ops on
 the data side run data parallel, as MindSpore's do.
@@ -99,6 +102,7 @@ class ParallelPlan:
     output_layouts: tuple[Layout, ...]
     loss_repeated_mean: bool = True  # False: no VirtualDiv on values several ranks compute alike (MindSpore's flag)
     _rank_graphs: dict[tuple[int, bool], tuple[Graph, dict]] = field(default_factory=dict, repr=False)
+    _uniform: dict[Key, bool] = field(default_factory=dict, repr=False)
 
     def input_layout(self, name: str) -> Layout:
         return self.layouts[self.graph.input(name)]
@@ -127,6 +131,14 @@ class ParallelPlan:
         """Each node of rank_graph(rank, expand_gradients) -> the node of `graph` it implements (nodes that
         implement none, such as the redistribution of an output, are absent)."""
         return self._built(rank, expand_gradients)[1]
+
+    def uniform_cotangent(self, key: Key) -> bool:
+        """Whether the AllReduce that sums partial results on route `key` (a redistribution that does only that) gets
+        the same cotangent on every rank of its group, proven on the dataflow (see `_uniform_cotangent`); decided
+        once for the whole world, as every rank of the group must lower it alike."""
+        if key not in self._uniform:
+            self._uniform[key] = _uniform_cotangent(self, key)
+        return self._uniform[key]
 
     def _built(self, rank: int, expand_gradients: bool) -> tuple[Graph, dict[Node, Node]]:
         if not 0 <= rank < self.device_num:
@@ -467,7 +479,7 @@ class _RankBuilder:
             first = len(self.builder.nodes)
             move = plan.redistributions.get(("output", k))
             if v.dtype.is_float and sums_partials(move, layout):
-                x = redistribution.emit_steps(move, self.env[v], self.rank, self._emit_uniform)
+                x = redistribution.emit_steps(move, self.env[v], self.rank, self._emit_output_sum)
             else:
                 x = self.route(("output", k), self.env[v])
             if v.dtype.is_float and layout.replicas > 1 and plan.loss_repeated_mean:
@@ -477,7 +489,7 @@ class _RankBuilder:
             outputs.append(x)
         return _with_layouts(self.builder.build(outputs), self.layout_of, self.source_of, self.origin_of)
 
-    def _emit_uniform(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
+    def _emit_output_sum(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
         """emit, marking an AllReduce's cotangent uniform: a replicated graph output is seeded alike on every rank
         holding it (the VirtualDiv after it assumes as much), so the AllReduce summing its partial results needs
         no transpose collective. Nothing in the step reads it but the output, so it is also marked fusible: in a
@@ -487,9 +499,21 @@ class _RankBuilder:
             attrs = {**attrs, "uniform_cotangent": 1, "fusion": 1}
         return self.emit(op, inputs, attrs, layout)
 
+    def _emit_uniform(self, op: str, inputs: tuple, attrs: dict, layout: Layout | None) -> Value:
+        """emit, marking an AllReduce's cotangent uniform (ParallelPlan.uniform_cotangent proved it): its transpose
+        is computed locally. Not fusible: the step reads its result (a bucket would hold it until the gradients)."""
+        if "uniform_cotangent" in registry.get(op).attrs:
+            attrs = {**attrs, "uniform_cotangent": 1}
+        return self.emit(op, inputs, attrs, layout)
+
     def route(self, key: Key, value: Value) -> Value:
         move = self.plan.redistributions.get(key)
-        return value if move is None else redistribution.emit_steps(move, value, self.rank, self.emit)
+        if move is None:
+            return value
+        emit = self.emit
+        if value.dtype.is_float and sums_partials(move, move.target) and self.plan.uniform_cotangent(key):
+            emit = self._emit_uniform
+        return redistribution.emit_steps(move, value, self.rank, emit)
 
     def read(self, node: Node, i: int) -> Value:
         v = node.inputs[i]
@@ -586,3 +610,147 @@ def sums_partials(move: Redistribution | None, target: Layout) -> bool:
     if move is None or not move.source.is_partial or move.source.partial_op != "sum":
         return False
     return move.source.without_partial() == target and move.target == target
+
+
+# --- which AllReduce gets the same cotangent on every rank of its group ---------------------------------------------
+
+
+def _uniform_cotangent(plan: ParallelPlan, key: Key) -> bool:
+    """Whether the AllReduce summing partial results on route `key` gets the same cotangent on every rank of its
+    group, so that its transpose (an AllReduce of the cotangents) is the group size times the rank's own cotangent,
+    computed without a collective (compiler/ops/collective.py, `uniform_cotangent`).
+
+    Each rank computes the cotangent of a value from the values between it and the loss: the inputs and outputs of
+    every node on a path from the value to the loss, and the loss's seed. When every one of them is the same on every
+    rank of the group (its layout gives every rank of the group the same piece and no rank a different partial sum)
+    and every route on those paths is a local slice whose every state is so too, every rank of the group runs the
+    same computation on the same values: the cotangent is the same. The paths are followed on the logical graph,
+    forward from the AllReduce's result through every consumer; the answer is False as soon as one of them meets
+    what this cannot vouch for: a collective on the way (its transpose mixes ranks), a value held differently across
+    the group (a slice of it per rank, a partial sum), a write, a GradientOf reached other than by its loss, a
+    gradient that is differentiated again, or a graph output not held alike (a replicated graph output is seeded
+    alike on every rank: the VirtualDiv after it assumes as much). The AllReduce then keeps its transpose."""
+    move = plan.redistributions[key]
+    source = move.source
+    n = plan.device_num
+    if source.device_num != n or key[0] == "output":
+        return False
+    groups = [source.mesh.group(r, source.partial_axes) for r in range(n)]
+    seen_layouts: dict[Layout, bool] = {}
+
+    def alike(layout: Layout) -> bool:
+        if layout not in seen_layouts:
+            seen_layouts[layout] = layout.device_num == n and all(
+                _piece_of(layout, member) == _piece_of(layout, r) for r in range(n) for member in groups[r]
+            )
+        return seen_layouts[layout]
+
+    def local_route(route_key: Key, layout: Layout) -> bool:
+        """The value arrives alike through route `route_key` (none: as `layout`), by local steps only."""
+        move = plan.redistributions.get(route_key)
+        if move is None:
+            return alike(layout)
+        states = [s for segment in move.segments for s in segment.layouts]
+        return not move.collectives and all(alike(s) for s in states) and alike(move.target)
+
+    consumers: dict[Value, list[tuple[Node, int]]] = {}
+    for node in plan.graph.nodes:
+        for i, v in enumerate(node.inputs):
+            consumers.setdefault(v, []).append((node, i))
+    output_index: dict[Value, list[int]] = {}
+    for k, v in enumerate(plan.graph.outputs):
+        output_index.setdefault(v, []).append(k)
+
+    node, index = key[0], key[1]
+    if registry.get(node.op).differentiates or not alike(move.target):
+        return False
+    edges: list[tuple[Node, int]] = []
+    values: list[Value] = []
+    start = None  # the AllReduce's own route: its result (move.target, checked above) is that input
+    if index == "out":
+        values.append(node.outputs[key[2]])
+    else:
+        start = (node, index)
+        edges.append(start)
+    losses: list[Node] = []
+    done_nodes: set[Node] = set()
+    done_values: set[Value] = set()
+    while edges or values:
+        while values:
+            v = values.pop()
+            if v in done_values:
+                continue
+            done_values.add(v)
+            for k in output_index.get(v, ()):
+                if not local_route(("output", k), plan.output_layouts[k]):
+                    return False
+            edges.extend(consumers.get(v, ()))
+        if not edges:
+            break
+        m, i = edges.pop()
+        if (m, i) != start and not local_route((m, i), _read_layout(plan, m, i)):
+            return False
+        op = registry.get(m.op)
+        if op.differentiates:
+            if i != 0 or not _loss_alike(plan, m, alike, local_route):
+                return False
+            losses.append(m)
+            continue
+        if op.writes is not None:
+            return False
+        if m in done_nodes:
+            continue
+        done_nodes.add(m)
+        placement = plan.placements[m]
+        if not all(alike(_read_layout(plan, m, j)) for j in range(len(m.inputs))):
+            return False
+        for j, out in enumerate(m.outputs):
+            if not alike(placement.outputs[j]):
+                return False
+            if placement.out_targets is not None and not local_route((m, "out", j), placement.out_targets[j]):
+                return False
+            values.append(out)
+    return not any(_differentiated_again(plan, loss, consumers) for loss in losses)
+
+
+def _piece_of(layout: Layout, rank: int) -> tuple:
+    """Which data `rank` holds under `layout`: its block along every dim and its partial sum's index."""
+    mesh = layout.mesh
+    return tuple(mesh.block(rank, axes) for axes in layout.dim_axes), mesh.block(rank, layout.partial_axes)
+
+
+def _read_layout(plan: ParallelPlan, node: Node, i: int) -> Layout:
+    """The layout in which `node` reads its input `i` (after its route)."""
+    want = plan.placements[node].inputs[i]
+    return want if want is not None else plan.layouts[node.inputs[i]]
+
+
+def _loss_alike(plan: ParallelPlan, gradient: Node, alike, local_route) -> bool:
+    """A GradientOf's loss and seed are the same on every rank of the group, as its rank graph differentiates them
+    (a loss of partial sums is differentiated before its AllReduce: see _RankBuilder.gradient)."""
+    placement = plan.placements[gradient]
+    move = plan.redistributions.get((gradient, 0))
+    if plan.loss_repeated_mean and sums_partials(move, placement.inputs[0]):
+        loss_ok = alike(move.source)
+    else:
+        loss_ok = local_route((gradient, 0), placement.inputs[0])
+    if gradient.attrs["seeded"]:
+        last = len(gradient.inputs) - 1
+        loss_ok = loss_ok and local_route((gradient, last), placement.inputs[last])
+    return loss_ok
+
+
+def _differentiated_again(plan: ParallelPlan, gradient: Node, consumers) -> bool:
+    """Whether a gradient of `gradient` reaches another GradientOf (a derivative of a derivative, whose cotangents
+    this analysis has not followed)."""
+    todo, seen = list(gradient.outputs), set()
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        for node, _ in consumers.get(v, ()):
+            if registry.get(node.op).differentiates:
+                return True
+            todo.extend(node.outputs)
+    return False
