@@ -107,6 +107,32 @@ def test_execute_steps_over_grpc_reports_every_repetition_in_order_in_few_messag
     assert len(sent) < repeat // 10, sent
 
 
+def test_execute_steps_over_grpc_hands_out_the_steps_before_a_failure_then_the_failure(core, daemon, monkeypatch):
+    """A job that fails while an epoch streams: the client still gets every step that ended before (flushed ahead
+    of the error, not lost with the messages not yet sent), then the job's failure, with its culprit rank."""
+    remote = daemon(unix_socket=False)
+    session = remote.open_session("job-stream-fails", 0, 1)
+    execute = core.execute
+
+    def failing_after_five(*args, progress=None, **kwargs):
+        def report(repetition, values):
+            progress(repetition, values)
+            if repetition == 4:
+                core.on_job_event("job-stream-fails", "failed", "rank 1 died", 1)
+
+        return execute(*args, progress=report, **kwargs)
+
+    monkeypatch.setattr(core, "execute", failing_after_five)
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    seen = []
+    with pytest.raises(JobFailedError, match="rank 1 died") as raised:
+        for report in remote.execute_steps(session, SUM_TWICE, 50, feed={"x": x}, collect=["y"]):
+            seen.append(report["y"])
+    assert raised.value.culprit_rank == 1
+    assert len(seen) == 5
+    np.testing.assert_array_equal(seen[-1], x)  # a world of one: every step's sum is x itself
+
+
 def test_the_socket_lives_in_a_private_directory_and_wants_the_token(core):
     server = service.serve_local(core, TOKEN)
     try:
