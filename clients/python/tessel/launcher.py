@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from tessel import local_daemons
@@ -188,6 +189,12 @@ class Launch:
         self.daemon_ids: list[str] = []
         self.token = _cluster_token(args.coordinator)
         self.coordinator = args.coordinator
+        # Set by SIGINT / SIGTERM (`signals_stop`). Once `signals_deferred`, a signal only sets it and the wait loop
+        # ends itself on it, at a point of its own: a KeyboardInterrupt raised wherever a signal lands could land
+        # inside Popen.poll right after it took the process's wait lock, and the shutdown's Popen.wait then blocked
+        # for ever on that lock (seen once in CI: `tessel run` still running 30 s after Ctrl-C).
+        self.stopping = threading.Event()
+        self.signals_deferred = False
 
     # ------------------------------------------------------------------------------------------ cluster
 
@@ -269,7 +276,10 @@ class Launch:
     def wait_ranks(self, job_id: str) -> tuple[int, int, str]:
         """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank, cause)."""
         pending = set(range(len(self.ranks)))
+        self.signals_deferred = True  # from now on a signal only sets `stopping` (see __init__)
         while pending:
+            if self.stopping.is_set():
+                raise KeyboardInterrupt
             failed = None
             for rank in sorted(pending):
                 code = self.ranks[rank].poll()
@@ -281,7 +291,7 @@ class Launch:
             dead_daemon = next((d for d, proc in enumerate(self.daemons) if proc.poll() is not None), None)
             if failed is None and pending and dead_daemon is not None:
                 # The ranks learn of a dead daemon from the coordinator within seconds and fail with the cause.
-                self._await_exit(self.ranks, 10.0)
+                self._await_exit(self.ranks, 10.0, self.stopping)
                 failed = next((r for r, p in enumerate(self.ranks) if p.returncode not in (0, None)), dead_daemon)
             if failed is not None:
                 # The status reaches the coordinator even if the rank could not say it (`raise SystemExit(3)`, a
@@ -290,12 +300,12 @@ class Launch:
                 # The coordinator failed the job (or went away: the ranks hear that too), so the other ranks learn
                 # of it within moments and exit saying why; stopping them at once raced that, and their logs stayed
                 # empty.
-                self._await_exit(self.ranks, RANKS_LEARN_S)
+                self._await_exit(self.ranks, RANKS_LEARN_S, self.stopping)
                 self._stop(self.ranks)
                 rank = culprit if culprit >= 0 else failed
                 code = self.ranks[rank].returncode if rank >= 0 else 1
                 return (code or 1), rank, cause
-            time.sleep(0.02)
+            self.stopping.wait(0.02)
         return 0, -1, ""
 
     def _culprit(self, job_id: str, rank: int = -1, code: int | None = None, wait_s: float = 2.0) -> tuple[int, str]:
@@ -319,10 +329,14 @@ class Launch:
         return -1, ""
 
     @staticmethod
-    def _await_exit(procs: list[subprocess.Popen], timeout_s: float) -> None:
+    def _await_exit(procs: list[subprocess.Popen], timeout_s: float, stop: threading.Event | None = None) -> None:
+        """Until every process exited, `timeout_s` passed or `stop` is set."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.05)
+            if stop is None:
+                time.sleep(0.05)
+            elif stop.wait(0.05):
+                return
 
     def _stop(self, procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
         for proc in procs:
@@ -341,6 +355,26 @@ class Launch:
         self._stop(self.daemons)
         for tee in self.tees:
             tee.finish()
+
+
+@contextlib.contextmanager
+def signals_stop(launch: Launch) -> Iterator[None]:
+    """While in the block, SIGINT (Ctrl-C) and SIGTERM stop `launch`: they set `launch.stopping`, and raise
+    KeyboardInterrupt at once only until `launch.signals_deferred` (starting daemons blocks in reads that a flag
+    would not end); from then on the launch ends itself on the flag (see Launch.__init__). The previous handlers
+    are put back on exit."""
+
+    def on_signal(_signum, _frame):
+        launch.stopping.set()
+        if not launch.signals_deferred:
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -388,29 +422,24 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:  # e.g. no cluster token for --coordinator
         _say(f"tessel run: {exc}")
         return 2
-    interrupted = False
-
-    def on_signal(signum, _frame):
-        nonlocal interrupted
-        interrupted = True
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        log_root.mkdir(parents=True, exist_ok=True)
-        if args.coordinator is None:
-            launch.start_cluster(log_root)
-        launch.start_ranks(job_id, log_root)
-        code, failed, cause = launch.wait_ranks(job_id)
-    except KeyboardInterrupt:
-        _say("tessel run: interrupted; stopping all ranks and daemons")
-        return 130
-    except (TesselError, ConfigurationError) as exc:
-        _say(f"tessel run: {exc}")
-        return 2
-    finally:
-        # Whatever ended the wait: an embedded coordinator left running would keep this process alive.
-        launch.shutdown()
+    with signals_stop(launch):
+        try:
+            log_root.mkdir(parents=True, exist_ok=True)
+            if args.coordinator is None:
+                launch.start_cluster(log_root)
+            launch.start_ranks(job_id, log_root)
+            code, failed, cause = launch.wait_ranks(job_id)
+        except KeyboardInterrupt:
+            _say("tessel run: interrupted; stopping all ranks and daemons")
+            return 130
+        except (TesselError, ConfigurationError) as exc:
+            _say(f"tessel run: {exc}")
+            return 2
+        finally:
+            # Whatever ended the wait: an embedded coordinator left running would keep this process alive. A second
+            # Ctrl-C meanwhile only sets the flag: the shutdown is not cut half-way.
+            launch.signals_deferred = True
+            launch.shutdown()
     if code != 0:
         because = f" ({cause})" if cause else ""
         if failed < 0:  # no rank to show (the coordinator had no verdict and no rank process failed)
@@ -420,4 +449,4 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:")
         _say(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"))
         return code if code > 0 else 1
-    return 130 if interrupted else 0
+    return 130 if launch.stopping.is_set() else 0
