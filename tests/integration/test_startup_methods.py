@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -241,6 +242,29 @@ def test_msrun_on_one_node_writes_msruns_logs_and_exits_with_the_jobs_status(tmp
     )
     assert by_pytest.returncode == 0, by_pytest.stdout + by_pytest.stderr
     assert "rank 1: all_reduce=2" in (tmp_path / "pytest_log" / "worker_1.log").read_text()
+
+
+def test_ctrl_c_on_msrun_stops_the_scheduler_and_workers_and_exits_130(tmp_path):
+    """Ctrl-C on a joined msrun: it stops what it started and exits 130, promptly (the wait loop ends on the
+    signal's flag: a KeyboardInterrupt raised inside Popen.poll could have left stopping blocked for ever)."""
+    script = tmp_path / "sleepy.py"
+    script.write_text("from tessel.communication import init\nimport time\ninit()\nprint('up', flush=True)\n"
+                      "time.sleep(300)\n")  # fmt: skip
+    cmd = [sys.executable, "-m", "tessel.cli", "msrun", "--worker_num=2", "--local_worker_num=2",
+           f"--master_port={free_port()}", "--log_dir=msrun_log", "--join=True", str(script)]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        log = tmp_path / "msrun_log" / "worker_1.log"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (log.exists() and "up" in log.read_text(errors="replace")):
+            time.sleep(0.1)
+        assert log.exists() and "up" in log.read_text(errors="replace"), "worker 1 did not start within 60 s"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 130
+        assert b"interrupted; stopping the scheduler and workers" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def test_msrun_on_two_nodes_joins_node_rank_1_to_the_scheduler_of_node_rank_0(tmp_path):

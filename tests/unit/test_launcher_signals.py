@@ -17,7 +17,7 @@ import threading
 
 import pytest
 
-from tessel import launcher
+from tessel import launcher, local_daemons
 
 
 class _SignalOnAcquire:
@@ -53,7 +53,7 @@ def test_a_signal_inside_popen_poll_ends_the_wait_and_the_shutdown_completes(mon
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     finished = threading.Event()
     try:
-        with launcher.signals_stop(launch):
+        with local_daemons.signals_stop(launch):
             with pytest.raises(KeyboardInterrupt):
                 launch.wait_ranks("job")
             assert launch.ranks[1]._waitpid_lock.fired and launch.stopping.is_set()

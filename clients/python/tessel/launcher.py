@@ -13,13 +13,11 @@ import argparse
 import contextlib
 import os
 import secrets
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
 
 from tessel import local_daemons
@@ -189,10 +187,10 @@ class Launch:
         self.daemon_ids: list[str] = []
         self.token = _cluster_token(args.coordinator)
         self.coordinator = args.coordinator
-        # Set by SIGINT / SIGTERM (`signals_stop`). Once `signals_deferred`, a signal only sets it and the wait loop
-        # ends itself on it, at a point of its own: a KeyboardInterrupt raised wherever a signal lands could land
-        # inside Popen.poll right after it took the process's wait lock, and the shutdown's Popen.wait then blocked
-        # for ever on that lock (seen once in CI: `tessel run` still running 30 s after Ctrl-C).
+        # Set by SIGINT / SIGTERM (`local_daemons.signals_stop`). Once `signals_deferred`, a signal only sets it and
+        # the wait loop ends itself on it, at a point of its own (a KeyboardInterrupt raised inside Popen.poll could
+        # leave the process's wait lock held, and the shutdown blocked for ever: seen once in CI, `tessel run` still
+        # running 30 s after Ctrl-C).
         self.stopping = threading.Event()
         self.signals_deferred = False
 
@@ -357,26 +355,6 @@ class Launch:
             tee.finish()
 
 
-@contextlib.contextmanager
-def signals_stop(launch: Launch) -> Iterator[None]:
-    """While in the block, SIGINT (Ctrl-C) and SIGTERM stop `launch`: they set `launch.stopping`, and raise
-    KeyboardInterrupt at once only until `launch.signals_deferred` (starting daemons blocks in reads that a flag
-    would not end); from then on the launch ends itself on the flag (see Launch.__init__). The previous handlers
-    are put back on exit."""
-
-    def on_signal(_signum, _frame):
-        launch.stopping.set()
-        if not launch.signals_deferred:
-            raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
         with open(path, "rb") as f:
@@ -422,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as exc:  # e.g. no cluster token for --coordinator
         _say(f"tessel run: {exc}")
         return 2
-    with signals_stop(launch):
+    with local_daemons.signals_stop(launch):
         try:
             log_root.mkdir(parents=True, exist_ok=True)
             if args.coordinator is None:

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from tessel.core.errors import TesselError
 
@@ -101,3 +103,25 @@ def stop(procs: list[subprocess.Popen], grace_s: float = 3.0) -> None:
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+@contextlib.contextmanager
+def signals_stop(launch: Any) -> Iterator[None]:
+    """While in the block, SIGINT (Ctrl-C) and SIGTERM stop `launch` (tessel run's Launch, msrun's Msrun): they set
+    `launch.stopping` (a threading.Event), and raise KeyboardInterrupt at once only while
+    `launch.signals_deferred` is false; once it is true, the launch's own wait loop ends on the flag at a point of
+    its choosing. A KeyboardInterrupt raised wherever a signal lands could land inside Popen.poll right after it took
+    the process's wait lock and before its `try`: the lock stayed held and stopping the processes then blocked for
+    ever in Popen.wait. The previous handlers are put back on exit."""
+
+    def on_signal(_signum, _frame):
+        launch.stopping.set()
+        if not launch.signals_deferred:
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

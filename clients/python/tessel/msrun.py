@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -117,6 +116,8 @@ class Msrun:
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
+        # Ctrl-C / SIGTERM while the job runs only set `stopping`, which `wait` ends on (local_daemons.signals_stop).
+        self.stopping, self.signals_deferred = threading.Event(), True
         self.master = self._resolve(args.master_addr)
         one_node = args.local_worker_num == args.worker_num
         if args.master_port == 0:  # tessel's addition: a free port, for a job that runs on this node alone
@@ -294,6 +295,8 @@ class Msrun:
         Returns the processes that failed."""
         failed_at = None
         while True:
+            if self.stopping.is_set():
+                raise KeyboardInterrupt
             codes = [proc.poll() for _, _, proc in self.processes]
             if all(code is not None for code in codes):
                 break
@@ -302,7 +305,7 @@ class Msrun:
             if failed_at is not None and time.monotonic() - failed_at > _LEARN_S:
                 self.stop()
                 break
-            time.sleep(0.05)
+            self.stopping.wait(0.05)
         return [(name, log, proc) for name, log, proc in self.processes if proc.returncode not in self.success]
 
     @property
@@ -382,17 +385,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tessel msrun: the job runs in the background; its logs are in {launch.log_dir}/")
         return 0
 
-    def on_signal(signum, _frame):
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_signal)
     followers = launch.tail()
-    try:
-        failures = launch.wait()
-    except KeyboardInterrupt:
-        print("tessel msrun: interrupted; stopping the scheduler and workers", file=sys.stderr)
-        launch.stop()
-        return 130
+    with local_daemons.signals_stop(launch):
+        try:
+            failures = launch.wait()
+        except KeyboardInterrupt:
+            print("tessel msrun: interrupted; stopping the scheduler and workers", file=sys.stderr)
+            launch.stop()
+            return 130
     for follower in followers:
         follower.join(5.0)
     for name, log, proc in failures:
