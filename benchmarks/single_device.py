@@ -68,8 +68,10 @@ def hand_fused_model() -> bytes:
         nodes.append(helper.make_node("ReduceSum", [f"g{i}", "axis0"], [f"db{i}"], keepdims=0))
         if i > 0:
             nodes.append(helper.make_node("MatMul", [f"g{i}", f"w{i}"], [f"da{i}"]))
+            # ReLU's backward as a multiply by the mask: ONNX Runtime's Where is ~8x slower than Cast + Mul.
             nodes.append(helper.make_node("Greater", [acts[i], "zero"], [f"mask{i}"]))
-            nodes.append(helper.make_node("Where", [f"mask{i}", f"da{i}", "zero"], [f"g{i - 1}"]))
+            nodes.append(helper.make_node("Cast", [f"mask{i}"], [f"keep{i}"], to=TensorProto.FLOAT))
+            nodes.append(helper.make_node("Mul", [f"da{i}", f"keep{i}"], [f"g{i - 1}"]))
         for p in ("w", "b"):
             nodes.append(helper.make_node("Mul", ["lr", f"d{p}{i}"], [f"step_{p}{i}"]))
             nodes.append(helper.make_node("Sub", [f"{p}{i}", f"step_{p}{i}"], [f"{p}{i}_new"]))
