@@ -63,14 +63,24 @@ def _stop(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             proc.wait()
 
 
-def run_tessel(world: int, threads: int, rank_args: list[str], deadline_s: float) -> list[dict]:
-    """`tessel run -n world --threads threads _dp_tessel.py rank_args --out TMP`; the ranks' records."""
+def run_tessel(
+    world: int, threads: int, rank_args: list[str], deadline_s: float, env: dict[str, str] | None = None
+) -> list[dict]:
+    """`tessel run -n world --threads threads _dp_tessel.py rank_args --out TMP`; the ranks' records. `env`: more
+    environment variables for the job (e.g. TESSEL_TIMELINE)."""
     with tempfile.TemporaryDirectory(prefix="tessel-dp-") as tmp:
         out = Path(tmp) / "out"
         cmd = _tessel("run", "-n", str(world), "--threads", str(threads), "--quiet", "--log-dir", f"{tmp}/logs")
         cmd += [str(TESSEL_RANK), *rank_args, "--out", str(out)]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline_s, preexec_fn=_die_with_parent)
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=deadline_s,
+                preexec_fn=_die_with_parent,
+                env=None if env is None else {**os.environ, **env},
+            )
         except subprocess.TimeoutExpired:
             raise BenchmarkError(f"tessel {world} ranks: no result within {deadline_s:.0f} s") from None
         if done.returncode != 0:

@@ -13,7 +13,6 @@ The timeline costs a few microseconds per instruction, so these steps run slight
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from pathlib import Path
 
@@ -43,9 +42,8 @@ def _phases_of_rank(events: list[dict], skip_steps: int) -> dict[str, float] | N
             lo, hi = event["ts"], min(end, event["ts"] + event["dur"])
             if event.get("cat") == "compute":
                 ops = event.get("args", {}).get("ops", {})
-                totals[
-                    "matmul segments" if any("MatMul" in op or "Gemm" in op for op in ops) else "other segments"
-                ] += hi - lo
+                products = any("MatMul" in op or "Gemm" in op for op in ops)
+                totals["matmul segments" if products else "other segments"] += hi - lo
                 computing.append((lo, hi))
             elif event.get("cat") == "communication":
                 collectives.append((lo, hi))
@@ -74,18 +72,8 @@ def _uncovered(span: tuple[float, float], covers: list[tuple[float, float]]) -> 
 def measure_phases(world: int, threads: int, batch: int, steps: int, deadline_s: float) -> dict[str, float]:
     """The slowest rank's phases (ms per step) of a 3-epoch sink-mode job recorded with TESSEL_TIMELINE."""
     with tempfile.TemporaryDirectory(prefix="tessel-dp-phases-") as folder:
-        previous = os.environ.get("TESSEL_TIMELINE")
-        os.environ["TESSEL_TIMELINE"] = folder
-        try:
-            run_tessel(
-                world, threads, ["--batch", str(batch), "--steps", str(steps), "--epochs", "3", "--modes", "sink"],
-                deadline_s,
-            )  # fmt: skip
-        finally:
-            if previous is None:
-                del os.environ["TESSEL_TIMELINE"]
-            else:
-                os.environ["TESSEL_TIMELINE"] = previous
+        rank_args = ["--batch", str(batch), "--steps", str(steps), "--epochs", "3", "--modes", "sink"]
+        run_tessel(world, threads, rank_args, deadline_s, env={"TESSEL_TIMELINE": folder})
         ranks = []
         for path in sorted(Path(folder).glob("timeline_rank*.json")):
             trace = json.loads(path.read_text())

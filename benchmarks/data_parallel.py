@@ -248,9 +248,10 @@ def bounds_table(args: argparse.Namespace, rates: dict, bounds: dict) -> list[st
     head = f"{'batch':>5} {'N':>2} | {'GEMMs alone':>11} | {'bound/s':>8} | "
     head += " ".join(f"{s.split()[-1]:>7}" for s in shown) + " | target"
     lines = [head, "-" * (len(head) + 12)]
+    walls = _gemm_walls(args, bounds)
     for batch in args.batches:
         for world in args.ranks:
-            wall = _gemm_walls(args, bounds)[(batch, world)]
+            wall = walls[(batch, world)]
             bound = world * batch / (wall / 1e3)
             shares = {s: rates[(s, world, batch)] / bound if rates.get((s, world, batch)) else None for s in shown}
             target = BOUND_TARGETS.get(batch)
