@@ -35,6 +35,7 @@ the data side run data parallel, as MindSpore's do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -742,8 +743,7 @@ def uniform_into_last_op(
 def alike_on(source: Layout):
     """layout -> whether it gives every rank of each group of `source`'s partial axes the same piece (the `alike` of
     _uniform_cotangent, O(ranks) per layout)."""
-    n, mesh = source.device_num, source.mesh
-    group_of = [min(mesh.group(r, source.partial_axes)) for r in range(n)]
+    n, group_of = source.device_num, partial_group_ids(source)
 
     def alike(layout: Layout) -> bool:
         if layout.device_num != n:
@@ -756,6 +756,13 @@ def alike_on(source: Layout):
         return True
 
     return alike
+
+
+@functools.lru_cache(maxsize=1024)
+def partial_group_ids(source: Layout) -> tuple[int, ...]:
+    """Each rank's group over `source`'s partial axes, named by its least member."""
+    mesh = source.mesh
+    return tuple(min(mesh.group(r, source.partial_axes)) for r in range(source.device_num))
 
 
 def _piece_of(layout: Layout, rank: int) -> tuple:

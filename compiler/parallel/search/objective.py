@@ -44,7 +44,13 @@ from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.parallel.cost import local_cost
 from tessel.compiler.parallel.layout import Layout
-from tessel.compiler.parallel.partition import ParallelPlan, sums_into, sums_partials, uniform_into_last_op
+from tessel.compiler.parallel.partition import (
+    ParallelPlan,
+    partial_group_ids,
+    sums_into,
+    sums_partials,
+    uniform_into_last_op,
+)
 from tessel.compiler.parallel.search import cost_model
 from tessel.compiler.parallel.search.cost_model import CostModel
 from tessel.compiler.parallel.strategy import Placement
@@ -174,6 +180,7 @@ def clear_caches() -> None:
     """Forget every remembered price (collective groups, redistributions, parameters): a cold start, as the first
     plan of a process sees it (benchmarks time searches from here)."""
     _parameter_cost.cache_clear()
+    partial_group_ids.cache_clear()
     cost_model.clear_caches()
 
 
