@@ -35,6 +35,7 @@ the data side run data parallel, as MindSpore's do.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -607,9 +608,12 @@ def _with_layouts(
 
 def sums_partials(move: Redistribution | None, target: Layout) -> bool:
     """Whether `move` only sums partial results into `target` (an AllReduce over the partial axes, nothing else)."""
-    if move is None or not move.source.is_partial or move.source.partial_op != "sum":
-        return False
-    return move.source.without_partial() == target and move.target == target
+    return move is not None and move.target == target and sums_into(move.source, target)
+
+
+def sums_into(source: Layout, target: Layout) -> bool:
+    """Whether the move from `source` to `target` only sums partial results (sums_partials, before it is planned)."""
+    return source.is_partial and source.partial_op == "sum" and source.without_partial() == target
 
 
 # --- which AllReduce gets the same cotangent on every rank of its group ---------------------------------------------
@@ -711,6 +715,54 @@ def _uniform_cotangent(plan: ParallelPlan, key: Key) -> bool:
                 return False
             values.append(out)
     return not any(_differentiated_again(plan, loss, consumers) for loss in losses)
+
+
+def uniform_into_last_op(
+    node: Node, placement: Placement, source: Layout, finals: Sequence[Sequence[Layout]], device_num: int
+) -> bool:
+    """_uniform_cotangent for an AllReduce summing partial results `source` into an input of `node`, an op whose
+    outputs no node reads: only graph outputs, output j leaving the graph in each layout of `finals[j]`. What the proof
+    walks is then the op alone (its placement) and its graph outputs, so the answer depends on `node`'s placement and
+    `source` only: the strategy search prices it per edge (search/objective.py). Sound, never wider than the proof: an
+    input the op takes as it comes, an out_strategy, or an output that leaves in another layout than the op gives, is
+    answered False here (the proof may still find the cotangent uniform)."""
+    op = registry.get(node.op)
+    if source.device_num != device_num or op.differentiates or op.writes is not None:
+        return False
+    if placement.out_targets is not None or any(want is None for want in placement.inputs):
+        return False
+    alike = alike_on(source)
+    if not all(alike(want) for want in placement.inputs):
+        return False
+    for layout, leaves in zip(placement.outputs, finals):
+        if not alike(layout) or not all(layout.same_as(final) and alike(final) for final in leaves):
+            return False
+    return True
+
+
+def alike_on(source: Layout):
+    """layout -> whether it gives every rank of each group of `source`'s partial axes the same piece (the `alike` of
+    _uniform_cotangent, O(ranks) per layout)."""
+    n, group_of = source.device_num, partial_group_ids(source)
+
+    def alike(layout: Layout) -> bool:
+        if layout.device_num != n:
+            return False
+        first: dict[int, tuple] = {}
+        for r in range(n):
+            piece = _piece_of(layout, r)
+            if first.setdefault(group_of[r], piece) != piece:
+                return False
+        return True
+
+    return alike
+
+
+@functools.lru_cache(maxsize=1024)
+def partial_group_ids(source: Layout) -> tuple[int, ...]:
+    """Each rank's group over `source`'s partial axes, named by its least member."""
+    mesh = source.mesh
+    return tuple(min(mesh.group(r, source.partial_axes)) for r in range(source.device_num))
 
 
 def _piece_of(layout: Layout, rank: int) -> tuple:

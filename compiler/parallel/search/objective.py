@@ -5,14 +5,22 @@ the plan it finds minimises exactly what `predict_step_time` predicts for it.
 A training step is modelled as
 - compute: forward + backward ≈ 3× the forward (the backward of an op costs about twice its forward), each op on
   the local shapes its placement gives, bound by flops or by memory traffic (CostModel.compute_time);
-- redistribution: every move the parallel pass inserts, priced forward and again backward (the gradient of a
-  collective is a collective of the same size: AllGather' = ReduceScatter, AllReduce' = AllReduce);
+- redistribution: every move the parallel pass inserts, priced forward and, where the moved value has a gradient,
+  again backward (the gradient of a collective is a collective of the same size: AllGather' = ReduceScatter,
+  AllReduce' = AllReduce). Forward only, as the pass lowers them: a graph output's move, a loss's partial sums (its
+  gradient starts from them), and an AllReduce summing partial results into a last op (one whose outputs only leave
+  the graph: the mean after a Megatron MLP's row-parallel MatMul) whose cotangent is the same on every rank of its
+  group (one_way_sum, a case of ParallelPlan.uniform_cotangent): its transpose is local. That case depends on the
+  op's placement and the sum's layout only, so the search prices it per edge, exactly. The pass proves sums further
+  from the loss uniform too (through a Sub and a Mul to a replicated loss); whether one is depends on the placement
+  of every op down to the loss, which no edge of the search sees, so the model prices those both ways: there the
+  prediction is an upper bound;
 - gradient reduction: each parameter replicated over some device-matrix axes has its gradient all-reduced over
   exactly them; gradients travel in buckets, so a parameter pays the bandwidth of its bytes and the latency share
   of the bucket it fills (its bytes / bucket bytes, at most one whole latency);
 - update: the optimizer reads and writes each parameter's local slice (and its gradient and state);
 - launches: the runtime call of every segment; a step runs one segment, and one more after each collective (a
-  redistribution forward and backward, a gradient bucket: its share of the bucket).
+  redistribution forward and, where priced so, backward; a gradient bucket: its share of the bucket).
 Each op's compute is multiplied by its measured factor (CostModel.op_factors: how much slower the runtime runs its
 forward + backward than the flop/byte model prices). Communication is not assumed to overlap compute: the
 prediction is an upper bound of a well-overlapped step.
@@ -36,7 +44,13 @@ from tessel.compiler import registry
 from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.parallel.cost import local_cost
 from tessel.compiler.parallel.layout import Layout
-from tessel.compiler.parallel.partition import ParallelPlan, sums_partials
+from tessel.compiler.parallel.partition import (
+    ParallelPlan,
+    partial_group_ids,
+    sums_into,
+    sums_partials,
+    uniform_into_last_op,
+)
 from tessel.compiler.parallel.search import cost_model
 from tessel.compiler.parallel.search.cost_model import CostModel
 from tessel.compiler.parallel.strategy import Placement
@@ -75,6 +89,21 @@ def move_time(model: CostModel, have: Layout, want: Layout, value: Value, backwa
     seconds = model.redistribution_time(have, want, tuple(value.shape), itemsize(value))
     ways = MOVE_BOTH_WAYS if backward else 1.0
     return ways * (seconds + model.launch_overhead) if seconds else 0.0
+
+
+def last_ops(graph: Graph) -> set[Node]:
+    """The nodes whose outputs no node reads (only graph outputs, or nothing): where a partial sum is summed into one
+    of them, whether its AllReduce needs a backward collective depends on that op's placement alone (one_way_sum)."""
+    read = {v for node in graph.nodes for v in node.inputs}
+    return {node for node in graph.nodes if not any(v in read for v in node.outputs)}
+
+
+def one_way_sum(node: Node, placement: Placement, have: Layout, want: Layout, finals, device_num: int) -> bool:
+    """Whether the move of a float value from `have` into `node`, a last op (last_ops) placed as `placement` that
+    reads it as `want`, is an AllReduce of partial sums whose cotangent is the same on every rank of its group
+    (partition.uniform_into_last_op, a case of ParallelPlan.uniform_cotangent): its transpose is then local and the
+    move is priced forward only. `finals[j]`: the layouts output j of the node leaves the graph in."""
+    return sums_into(have, want) and uniform_into_last_op(node, placement, have, finals, device_num)
 
 
 def differentiable(graph: Graph, parameters: Collection[str]) -> set[Value]:
@@ -151,6 +180,7 @@ def clear_caches() -> None:
     """Forget every remembered price (collective groups, redistributions, parameters): a cold start, as the first
     plan of a process sees it (benchmarks time searches from here)."""
     _parameter_cost.cache_clear()
+    partial_group_ids.cache_clear()
     cost_model.clear_caches()
 
 
@@ -195,13 +225,17 @@ def predict_step_time(plan: ParallelPlan, model: CostModel) -> StepTime:
         compute += TRAIN_COMPUTE * model.compute_time(local_cost(node, plan.specs[node], placement), node.op)
         memory += node_memory(node, placement)
     grads = differentiable(graph, plan.parameters)
+    last = last_ops(graph)
     for key, move in plan.redistributions.items():
         if key[0] in writes:
             continue
         value = _moved_value(graph, key)
         # An out_strategy move is priced as its node's (node_time); an output's, or a loss's summed into the
-        # gradient, has no transpose (partition._RankBuilder.gradient differentiates the partial sums).
+        # gradient, has no transpose (partition._RankBuilder.gradient differentiates the partial sums); nor has a
+        # sum of partials into a last op whose cotangent is uniform (one_way_sum).
         backward = (value in grads or key[1] == "out") and not _one_way(key, move)
+        if backward and key[0] != "output" and key[1] != "out" and key[0] in last:
+            backward = not _uniform_sum(plan, key, move, value)
         redistribution += move_time(model, move.source, move.target, value, backward)
     params = set(plan.parameters)
     for v in graph.inputs:
@@ -220,6 +254,16 @@ def _one_way(key, move) -> bool:
     if key[0] == "output":
         return True
     return registry.get(key[0].op).differentiates and key[1] == 0 and sums_partials(move, move.target)
+
+
+def _uniform_sum(plan: ParallelPlan, key, move, value: Value) -> bool:
+    """one_way_sum for route `key` of `plan`, and the pass lowers it so (ParallelPlan.uniform_cotangent)."""
+    node = key[0]
+    finals = [[plan.output_layouts[k] for k, v in enumerate(plan.graph.outputs) if v is out] for out in node.outputs]
+    placement = plan.placements[node]
+    if not value.dtype.is_float or not one_way_sum(node, placement, move.source, move.target, finals, plan.device_num):
+        return False
+    return sums_partials(move, move.target) and plan.uniform_cotangent(key)
 
 
 def _moved_value(graph, key) -> Value:

@@ -10,7 +10,9 @@ choices.
 - A parameter used by several ops is a variable of its own: its options are the layouts its users may ask for,
   and an edge to each user allows only the same layout (a parameter has one layout; partition._input_layouts).
 - An edge from a producer's output to a consumer's input costs the redistribution between the layout the one
-  gives and the one the other wants, forward and backward.
+  gives and the one the other wants, forward and, where the value has a gradient, backward; but an AllReduce of
+  partial sums into a last op whose cotangent is uniform on the sum's group, forward only (objective.one_way_sum:
+  it depends on the pair of options alone).
 
 `evaluate(assignment)` adds these up; it equals `predict_step_time(parallelize(graph, strategies(assignment)))`
 (objective.py), which the tests check, so every mode searches the same objective the predictor reports.
@@ -122,6 +124,11 @@ class Problem:
         self.constant_time = self.constant_memory = 0.0
         self._edge_cache: dict[tuple[int, int, int], float] = {}
         self._edge_backward: list[bool] = []  # per edge: whether its value has a gradient (a move back)
+        # per edge into a last op (objective.last_ops) whose move back may be local: how many times each output of
+        # that op is a graph output (objective.one_way_sum); None elsewhere
+        self._edge_last: list[tuple[int, ...] | None] = []
+        self._last = objective.last_ops(graph)
+        self._one_way: dict[tuple, bool] = {}
         # Keyed by the identity of layouts the options hold (alive as long as the problem): hashing layouts and
         # the model on every lookup would cost more than the search itself on large graphs.
         self._moves: dict[tuple, float] = {}
@@ -142,7 +149,11 @@ class Problem:
                 seconds = 0.0 if same else INFEASIBLE
             else:
                 have = objective.produced(source.options[a].placement)[edge.output]
-                seconds = self.move(have, want, edge.value, self._edge_backward[edge_index])
+                backward = self._edge_backward[edge_index]
+                counts = self._edge_last[edge_index]
+                if counts is not None:
+                    backward = not self.one_way_sum(target.node, target.options[b].placement, have, want, counts)
+                seconds = self.move(have, want, edge.value, backward)
             self._edge_cache[key] = seconds
         return seconds
 
@@ -153,6 +164,19 @@ class Problem:
         if seconds is None:
             seconds = self._moves[key] = objective.move_time(self.model, have, want, value, backward)
         return seconds
+
+    def one_way_sum(self, node: Node, placement: Placement, have: Layout, want: Layout, counts: tuple) -> bool:
+        """objective.one_way_sum of a move into last op `node`, whose output j is `counts[j]` graph outputs (each
+        leaving as the op gives it, partial sums combined: partition._route); remembered per (layouts, placement,
+        counts)."""
+        key = (id(have), id(want), id(placement), counts)
+        found = self._one_way.get(key)
+        if found is None:
+            gives = objective.produced(placement)
+            finals = [[layout.without_partial()] * count for layout, count in zip(gives, counts)]
+            found = objective.one_way_sum(node, placement, have, want, finals, self.device_num)
+            self._one_way[key] = found
+        return found
 
     def parameter_cost(self, value: Value, layout: Layout) -> tuple[float, float]:
         """objective.parameter_cost, remembered per (layout, shape)."""
@@ -372,6 +396,10 @@ class _Builder:
         k = len(p.edges)
         p.edges.append(edge)
         p._edge_backward.append(edge.value in p.differentiable)
+        node = p.variables[edge.target].node
+        last = edge.output >= 0 and node in p._last and edge.value.dtype.is_float and p._edge_backward[-1]
+        counts = tuple(sum(w is v for w in p.graph.outputs) for v in node.outputs) if last else None
+        p._edge_last.append(counts)
         p.variables[edge.source].edges.append(k)
         if edge.target != edge.source:
             p.variables[edge.target].edges.append(k)

@@ -240,7 +240,7 @@ class _Propagation:
         (`open_outputs`), forward only: no op takes partial sums, so leaving them costs at least an AllReduce or a
         ReduceScatter later (without this, a cut of the contracted dim looks free wherever its input arrives cut
         that way, and the collective it implies lands on the next op). Once a consumer is decided, its edge prices
-        the whole move, both ways."""
+        the whole move, both ways where the pass lowers it so."""
         option = self.p.variables[var].options[a]
         partial = self._partial.get(id(option))
         if partial is None:  # options are shared by nodes of one signature: price each once
