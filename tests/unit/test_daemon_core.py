@@ -283,3 +283,23 @@ def test_execute_given_bytes_that_are_not_an_execute_request_says_so_and_keeps_t
         servicer.Execute(b"\x0a\xff", None)
     sid = core.open_session("malformed-after", 0, 1, [])
     assert core.session(sid) is not None
+
+
+def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(core):
+    """The timeline's memory counter: after every instruction, the bytes the store holds, each buffer once however
+    many names or views it has; starting an asynchronous collective leaves it as it was, and its wait adds the
+    result."""
+    from tessel.daemon.core import _store_bytes
+
+    sid = core.open_session("store", rank=0, world_size=1, members=[])
+    flat = np.zeros(100, np.float32)
+    core.put(sid, {"x": np.ones(10, np.float32), "v1": flat[:40], "v2": flat[40:], "s": np.float32(2.0)})
+    assert _store_bytes(core.session(sid)) == 40 + 240 + 4  # the two views of one buffer: its largest, once
+    start = {"collective": daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, inputs=["x"], outputs=["y"],
+                                                   handle="h")}  # fmt: skip
+    program = _program(start, {"wait": daemon_pb2.WaitOp(handle="h")}, {"free": daemon_pb2.FreeOp(names=["v2"])})
+    issued, waited, freed = core.execute(sid, program, fetch=["y"], timeline=True).timeline
+    assert issued.store_bytes == 284
+    assert waited.store_bytes == 284 + 40
+    assert freed.store_bytes == 40 + 160 + 4 + 40
+    core.close_session(sid)
