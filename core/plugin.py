@@ -164,6 +164,7 @@ class Communicator(ABC):
         self.context = context
         self._async_lock = threading.Lock()
         self._async_worker: Any = None
+        self._in_flight = 0  # asynchronous calls submitted and not finished (their results may still be unread)
 
     @property
     def size(self) -> int:
@@ -182,10 +183,24 @@ class Communicator(ABC):
                     1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
                 )
             times = [0, 0]
-            handle = Handle(self._async_worker.submit(_timed, fn, times, args, kwargs), times)
+            self._in_flight += 1
+            future = self._async_worker.submit(_timed, fn, times, args, kwargs)
+            handle = Handle(future, times)
             if fn not in (self._send, self._recv):
                 self._last_group_call = handle
-            return handle
+        # Outside the lock: a call already finished runs its callback right here, and the callback takes the lock.
+        future.add_done_callback(self._finished_async)
+        return handle
+
+    def _finished_async(self, _: Future) -> None:
+        with self._async_lock:
+            self._in_flight -= 1
+
+    def idle(self) -> bool:
+        """Whether no asynchronous call of this communicator is queued or running: one made now on the calling
+        thread keeps the issue order."""
+        with self._async_lock:
+            return self._in_flight == 0
 
     def _dispatch(self, async_op: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """Run now, or queue on the worker. A synchronous group collective first waits for the asynchronous ones

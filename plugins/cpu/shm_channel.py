@@ -127,6 +127,10 @@ class Engine:
 
     # ---------------------------------------------------------------------------------------------- rounds
 
+    def waiting(self, channel: Channel, member: int) -> bool:
+        """Whether `member` already arrived at this rank's next barrier on `channel` (it waits there for us)."""
+        return not self.sync.late(channel.index, (member,), channel.round + 1)
+
     def barrier(self, channel: Channel, what: str | Callable[[], str]) -> None:
         channel.round += 1
         self.sync.arrive(channel.index, channel.members, channel.round)

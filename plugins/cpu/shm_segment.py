@@ -150,7 +150,16 @@ def default_layout(size: int) -> Layout:
             f"TESSEL_SHM_CHUNK_KIB={chunk_kib} / TESSEL_SHM_ARENA_MIB={arena_mib} are invalid; "
             "the chunk needs at least 4 KiB and the arena cannot be negative"
         )
-    return Layout(size, chunk_kib * 1024, 128 * 1024, arena_mib * 1024 * 1024)
+    return Layout(size, chunk_kib * 1024, pair_half_bytes(size), arena_mib * 1024 * 1024)
+
+
+def pair_half_bytes(size: int) -> int:
+    """Bytes per half of a send/recv channel in a group of `size`: a send of up to this many bytes takes one
+    round, a single meeting of sender and receiver. Each meeting wakes the other process's thread, which then waits
+    for its interpreter lock, so a pipeline stage's activation (hundreds of KiB) sent in 128 KiB rounds cost 3-4x
+    the copies' time on a loaded host: 1 MiB in small groups. The segment maps 2 x size^2 halves (backed only as
+    used, Engine._reserve), so large groups get smaller ones, down to 128 KiB."""
+    return max(128, min(1024, 16384 // max(1, size))) * 1024
 
 
 class Segment:

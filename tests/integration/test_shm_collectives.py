@@ -7,6 +7,7 @@ import gc
 import json
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -379,3 +380,73 @@ def test_a_stale_segment_is_never_joined_and_is_replaced():
         assert not os.path.exists(segment_path(context))
     finally:
         stale.close()
+
+
+def _pair(name: str) -> dict[int, ShmCommunicator]:
+    made: dict[int, ShmCommunicator] = {}
+    threads = [
+        threading.Thread(target=lambda r=r: made.__setitem__(r, ShmCommunicator(_context(name, size=2, rank=r))))
+        for r in (0, 1)
+    ]
+    [t.start() for t in threads]
+    [t.join(timeout=20) for t in threads]
+    assert set(made) == {0, 1}
+    return made
+
+
+def test_an_asynchronous_send_runs_on_the_calling_thread_only_when_its_receiver_already_waits():
+    """A started send whose receiver is already at the meeting costs only its copy, on the caller's thread (the
+    handle is done at once); one that would have to wait for its receiver goes to the communicator's thread and the
+    caller goes on. Either way the bytes arrive in order."""
+    comms = _pair("inline")
+    sender, receiver = comms[0], comms[1]
+    engine = sender._engine
+    try:
+        got: list[np.ndarray] = []
+        first = threading.Thread(target=lambda: got.append(receiver.recv((1000,), np.float32, 0)))
+        first.start()
+        deadline = time.monotonic() + 10
+        while not engine.waiting(engine.pair(0, 1), 1) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        handle = sender.send(np.arange(1000, dtype=np.float32), 1, async_op=True)
+        assert handle.done() and sender._async_worker is None  # ran here: the communicator's thread not even made
+        handle.wait()
+        first.join(timeout=10)
+        np.testing.assert_array_equal(got[0], np.arange(1000, dtype=np.float32))
+
+        queued = sender.send(np.full(5, 7.0, np.float32), 1, async_op=True)  # nobody receives yet
+        after = sender.send(np.full(3, 8.0, np.float32), 1, async_op=True)  # behind it, never ahead
+        assert not queued.done() and not sender.idle()
+        np.testing.assert_array_equal(receiver.recv((5,), np.float32, 0), np.full(5, 7.0, np.float32))
+        np.testing.assert_array_equal(receiver.recv((3,), np.float32, 0), np.full(3, 8.0, np.float32))
+        queued.wait(10), after.wait(10)
+        deadline = time.monotonic() + 10
+        while not sender.idle() and time.monotonic() < deadline:  # its thread's callback runs just after the result
+            time.sleep(0.001)
+        assert sender.idle()
+    finally:
+        [c.close() for c in comms.values()]
+
+
+def test_an_asynchronous_call_that_finished_before_its_handle_was_made_leaves_the_communicator_idle():
+    """The in-flight count's callback runs at once for a call already done; it must not wait for the lock the
+    call was submitted under (that deadlocked the caller)."""
+    from concurrent.futures import Future
+
+    class AtOnce:  # an executor whose calls are done when submit returns
+        def submit(self, fn, *args):
+            future = Future()
+            future.set_result(fn(*args))
+            return future
+
+    comm = ShmCommunicator(_context("at-once"))
+    try:
+        comm._async_worker = AtOnce()
+        done = threading.Event()
+        submit = lambda: (comm.all_reduce(np.ones(3), async_op=True).wait(), done.set())  # noqa: E731
+        threading.Thread(target=submit, daemon=True).start()
+        assert done.wait(10), "submitting an asynchronous call that finished at once deadlocked"
+        assert comm.idle()
+    finally:
+        comm._async_worker = None
+        comm.close()
