@@ -223,6 +223,10 @@ class HierarchicalCommunicator(Communicator):
         # the cross step is too.
         self.compute_bound = bool(getattr(self.flat, "compute_bound", False))
         self.tuner = WayTuner(self._agree_max)
+        # Whether the transports can write an all_reduce's result where the part's all_gather reads it (the cpu
+        # plugin's can): the same on every member, whose parts and cross groups run the same plugins.
+        needed = ((self.intra, "output"), (self.intra, "all_gather_into"), (self.cross, "all_reduce_into"))
+        self.in_place = self.even and all(hasattr(comm, method) for comm, method in needed)
 
     @property
     def sizes(self) -> tuple[int, int]:
@@ -261,9 +265,17 @@ class HierarchicalCommunicator(Communicator):
         """A large all_reduce of the 1-d `flat`, one of the WAYS."""
         if way == "flat":
             return self.flat.all_reduce(flat, op)
-        if way == "whole":  # the part's all_gather makes the output: no copy into another fresh buffer
+        if way == "whole":
             piece = flat if flat.size % k == 0 else np.concatenate([flat, np.zeros(k - flat.size % k, flat.dtype)])
-            return self.intra.all_gather(self.cross.all_reduce(self.intra.reduce_scatter(piece, op), op))[: flat.size]
+            partial = self.intra.reduce_scatter(piece, op)
+            if not self.in_place:  # the part's all_gather makes the output: no copy into another fresh buffer
+                return self.intra.all_gather(self.cross.all_reduce(partial, op))[: flat.size]
+            # The cross step writes this member's chunk where the part's all_gather output keeps it, so the
+            # all_gather only pushes it to the other members: a copy of the chunk fewer, per member and call.
+            out = self.intra.output(piece.size, piece.dtype)
+            mine = out[self.local * partial.size : (self.local + 1) * partial.size]
+            self.cross.all_reduce_into(partial, mine, op)
+            return self.intra.all_gather_into(mine, out)[: flat.size]
         out = np.empty_like(flat)
         step = k * max(1, SEGMENT_BYTES // flat.itemsize)  # elements per segment, a multiple of k
         bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]

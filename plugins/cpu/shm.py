@@ -229,7 +229,28 @@ class ShmCommunicator(Communicator):
 
     # ---------------------------------------------------------------------------------------------- the others
 
-    def _all_gather(self, x: np.ndarray) -> np.ndarray:
+    def output(self, shape: Sequence[int] | int, dtype: np.dtype | str = np.float32) -> np.ndarray:
+        """An uninitialised array in this rank's arena where there is room (else from numpy): an output for
+        all_gather_into, which the peers then fill in place."""
+        shape = (int(shape),) if isinstance(shape, (int, np.integer)) else tuple(int(d) for d in shape)
+        self._engine.usable()
+        return self._output(shape, np.dtype(dtype), shared=True)[0]
+
+    def all_gather_into(self, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """all_gather(x) written into `out` (this rank's output, C-contiguous, size x x's rows; best made by
+        `output()`, so the peers push their blocks straight into it). Where `x` already is this rank's block of
+        `out` (a view of it), it is not copied again; synchronous, the same collective as all_gather to the
+        other members."""
+        x = np.asarray(x)
+        want = (self.size * x.shape[0], *x.shape[1:]) if x.ndim else None
+        if want is None or out.shape != want or out.dtype != x.dtype or not out.flags.c_contiguous:
+            raise ConfigurationError(
+                f"all_gather_into on group {self.context.name!r}: the output must be C-contiguous of shape {want} "
+                f"and dtype {x.dtype}, got {out.shape} {out.dtype}"
+            )
+        return self._dispatch(False, self._all_gather, x, out)
+
+    def _all_gather(self, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(x)
         problem = self._problem(x.dtype) or ("all_gather needs a tensor with at least one dim" if x.ndim == 0 else "")
         described = Descriptor(0, "all_gather", x.dtype.str, x.shape, error=problem)
@@ -237,10 +258,14 @@ class ShmCommunicator(Communicator):
             self._raise_everywhere(described)
         data, total, step = _bytes_of(x), x.nbytes, self._engine.layout.group_half
         large = self.size * total >= self.gather_bytes
-        out, described.output = self._output((self.size * x.shape[0], *x.shape[1:]), x.dtype, shared=large)
+        if out is None:
+            out, described.output = self._output((self.size * x.shape[0], *x.shape[1:]), x.dtype, shared=large)
+        else:
+            described.output = self._zero_copy_offset(out) if large else -1
         gathered = out.reshape(out.size).view(_BYTE).reshape(self.size, total)
         if large:
-            shm_pipelines.all_gather(self._engine, data, gathered, described)
+            placed = total > 0 and _address(x) == _address(out) + self.group_rank * total
+            shm_pipelines.all_gather(self._engine, data, gathered, described, own_placed=placed)
             return out
 
         def write(index: int, parity: int) -> None:
@@ -493,6 +518,10 @@ class ShmCommunicator(Communicator):
 
     def _barrier(self) -> None:
         self._engine.run(self._engine.group, Descriptor(0, "barrier"), 1)
+
+
+def _address(array: np.ndarray) -> int:
+    return array.__array_interface__["data"][0]
 
 
 def _ran_here(fn, *args) -> Handle:

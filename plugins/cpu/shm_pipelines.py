@@ -125,9 +125,12 @@ class _AllReduce:
         return self.segment.array(self.layout.half(0, member, parity) + relative * dtype.itemsize, hi - lo, dtype)
 
 
-def all_gather(engine: Engine, data: np.ndarray, gathered: np.ndarray, described: Descriptor) -> None:
-    """gathered[m] = member m's data (bytes; gathered is size x data.size, this rank's output)."""
-    pipeline = _AllGather(engine, data, gathered)
+def all_gather(
+    engine: Engine, data: np.ndarray, gathered: np.ndarray, described: Descriptor, own_placed: bool = False
+) -> None:
+    """gathered[m] = member m's data (bytes; gathered is size x data.size, this rank's output); `own_placed`: data
+    already is gathered[me] (it is then pushed only to the peers)."""
+    pipeline = _AllGather(engine, data, gathered, own_placed)
     reserve = min(data.size, engine.layout.group_half)
     engine.run(engine.group, described, pipeline.rounds, pipeline.write, pipeline.read, reserve=reserve)
 
@@ -135,8 +138,8 @@ def all_gather(engine: Engine, data: np.ndarray, gathered: np.ndarray, described
 class _AllGather:
     """Push: one round after the agreement, then the final barrier. Fallback: round i + 1 moves piece i."""
 
-    def __init__(self, engine: Engine, data: np.ndarray, gathered: np.ndarray):
-        self.engine, self.data, self.gathered = engine, data, gathered
+    def __init__(self, engine: Engine, data: np.ndarray, gathered: np.ndarray, own_placed: bool = False):
+        self.engine, self.data, self.gathered, self.own_placed = engine, data, gathered, own_placed
         self.segment, self.layout, self.me = engine.segment, engine.layout, engine.me
         self.step = self.layout.group_half
         self.outputs: list[int] = []  # each member's output offset, agreed in round 0
@@ -166,7 +169,8 @@ class _AllGather:
     def push_everywhere(self) -> None:
         """Copy this rank's data into its block of every output, a cache-sized piece at a time."""
         size, total, data, raw = len(self.outputs), self.data.size, self.data, self.segment.bytes
-        blocks = [self.outputs[(self.me + step) % size] + self.me * total for step in range(size)]
+        first = 1 if self.own_placed else 0  # this rank's own block of its output already holds its data
+        blocks = [self.outputs[(self.me + step) % size] + self.me * total for step in range(first, size)]
         for lo in range(0, total, PUSH_PIECE):
             piece = data[lo : lo + PUSH_PIECE]
             for block in blocks:

@@ -30,16 +30,24 @@ def even_bounds(length: int, parts: int) -> list[int]:
 
 
 def ring_reduce_scatter(
-    clock: Clock, me: int, size: int, link_to: LinkTo, x: np.ndarray, bounds: Sequence[int], op: str
+    clock: Clock,
+    me: int,
+    size: int,
+    link_to: LinkTo,
+    x: np.ndarray,
+    bounds: Sequence[int],
+    op: str,
+    out: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Reduce flat `x` over the group; returns a flat buffer whose chunk [bounds[me], bounds[me+1]) is the result.
+    """Reduce flat `x` over the group; returns a flat buffer (`out` if given: flat, x's size and dtype, not
+    overlapping x) whose chunk [bounds[me], bounds[me+1]) is the result.
 
     Step s sends chunk me-s-1 to the next member while the previous member's chunk me-s-2 arrives; the arrival
     lands in the output buffer, our own values are folded into it (every op is commutative, bit for bit) and it
     is forwarded at the next step, so after n-1 steps chunk `me` has passed every member. The first chunk sent
     comes straight from `x`, so the input is never copied.
     """
-    out = np.empty_like(x)
+    out = np.empty_like(x) if out is None else out
     if size == 1:
         out[...] = x
         return out
@@ -64,10 +72,14 @@ def ring_all_gather(clock: Clock, me: int, size: int, link_to: LinkTo, chunks: S
         exchange(clock, [(after, [outgoing])], [(before, reading(incoming))])
 
 
-def ring_all_reduce(clock: Clock, me: int, size: int, link_to: LinkTo, x: np.ndarray, op: str) -> np.ndarray:
-    """A reduced copy of `x` (same shape): ring reduce-scatter, then ring all-gather of the reduced chunks."""
+def ring_all_reduce(
+    clock: Clock, me: int, size: int, link_to: LinkTo, x: np.ndarray, op: str, out: np.ndarray | None = None
+) -> np.ndarray:
+    """A reduced copy of `x` (same shape), in `out` if given: ring reduce-scatter, then ring all-gather of the
+    reduced chunks."""
     bounds = even_bounds(x.size, size)
-    work = ring_reduce_scatter(clock, me, size, link_to, x.reshape(-1), bounds, op)
+    flat_out = None if out is None else out.reshape(-1)
+    work = ring_reduce_scatter(clock, me, size, link_to, x.reshape(-1), bounds, op, flat_out)
     ring_all_gather(clock, me, size, link_to, [as_bytes(work[bounds[i] : bounds[i + 1]]) for i in range(size)])
     return work.reshape(x.shape)
 

@@ -172,7 +172,7 @@ class TcpCommunicator(Communicator):
         collectives.finish(out, op, self.size)
         return out
 
-    def _all_reduce(self, x: np.ndarray, op: str) -> np.ndarray:
+    def _all_reduce(self, x: np.ndarray, op: str, out: np.ndarray | None = None) -> np.ndarray:
         x = np.asarray(x, order="C")
         self._check_op("all_reduce", op)
         with self._call("all_reduce") as (clock, link):
@@ -180,10 +180,26 @@ class TcpCommunicator(Communicator):
             blocks = self._agree(clock, link, self._describe("all_reduce", x, op=op), as_bytes(x) if small else None)
             collectives.check(x.dtype, op)
             if small:
-                return self._reduce_blocks(blocks, x, op, ...)
-            out = algorithms.ring_all_reduce(clock, self.group_rank, self.size, link, x, op)
+                reduced = self._reduce_blocks(blocks, x, op, ...)
+                if out is None:
+                    return reduced
+                out[...] = reduced
+                return out
+            reduced = algorithms.ring_all_reduce(clock, self.group_rank, self.size, link, x, op, out)
+            out = reduced if out is None else out  # the ring's result is a view of a given output
             collectives.finish(out, op, self.size)
             return out
+
+    def all_reduce_into(self, x: np.ndarray, out: np.ndarray, op: str = "sum") -> np.ndarray:
+        """all_reduce(x, op) written into `out` (C-contiguous, x's shape and dtype, not overlapping x), e.g. where
+        a later collective reads it in place (daemon/hierarchy.py: the part's all-gather output); synchronous, and
+        the same collective as all_reduce to the other members."""
+        if out.shape != np.shape(x) or out.dtype != np.asarray(x).dtype or not out.flags.c_contiguous:
+            raise ConfigurationError(
+                f"all_reduce_into on group {self.context.name!r}: the output must be C-contiguous with the input's "
+                f"shape and dtype {np.shape(x)} {np.asarray(x).dtype}, got {out.shape} {out.dtype}"
+            )
+        return self._dispatch(False, self._all_reduce, x, op, out)
 
     def _reduce_scatter(self, x: np.ndarray, op: str) -> np.ndarray:
         x = np.asarray(x, order="C")

@@ -450,3 +450,38 @@ def test_an_asynchronous_call_that_finished_before_its_handle_was_made_leaves_th
     finally:
         comm._async_worker = None
         comm.close()
+
+
+@pytest.mark.parametrize("where", ["arena", "numpy"])
+def test_all_gather_into_fills_the_given_output_around_this_ranks_own_block(where):
+    """all_gather_into is all_gather to the other members, its result in the output given: one made by output()
+    (in the arena: the peers push into it) or a numpy array (through the halves); where the input is this rank's
+    own block of that output it stays as it is and only the peers' blocks arrive."""
+    comms = _pair(f"into-{where}")
+    results: dict[int, tuple] = {}
+
+    def run(rank: int) -> None:
+        comm = comms[rank]
+        rows = 70_000  # 280 KiB a block: the large all_gather
+        out = comm.output((2 * rows,), np.float32) if where == "arena" else np.empty(2 * rows, np.float32)
+        mine = out[rank * rows : (rank + 1) * rows]
+        mine[:] = np.arange(rows, dtype=np.float32) + 1000 * rank
+        returned = comm.all_gather_into(mine, out)
+        copied = np.empty(2 * rows, np.float32)
+        comm.all_gather_into(np.arange(rows, dtype=np.float32) + 1000 * rank, copied)  # an input elsewhere
+        results[rank] = (returned is out, out.copy(), copied, comm._zero_copy_offset(out) >= 0)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+    try:
+        [t.start() for t in threads]
+        [t.join(timeout=20) for t in threads]
+        expected = np.concatenate([np.arange(70_000, dtype=np.float32) + 1000 * r for r in (0, 1)])
+        for rank in (0, 1):
+            same, into, copied, in_arena = results[rank]
+            assert same and in_arena == (where == "arena")
+            np.testing.assert_array_equal(into, expected)
+            np.testing.assert_array_equal(copied, expected)
+        with pytest.raises(ConfigurationError, match="must be C-contiguous of shape"):
+            comms[0].all_gather_into(np.ones(3, np.float32), np.ones(5, np.float32))
+    finally:
+        [c.close() for c in comms.values()]

@@ -325,3 +325,27 @@ def test_closing_a_group_ends_its_call_in_flight():
 
     elapsed, _ = _threads(2, body, timeout_s=20)
     assert elapsed < 2.0, elapsed
+
+
+def test_all_reduce_into_writes_the_result_where_it_is_asked_and_matches_all_reduce():
+    """all_reduce_into is all_reduce to the other members, its result written into the given array (the ring's
+    large path and the small one that rides with the agreement); an output of another shape is refused."""
+
+    def body(comm, rank):
+        found = []
+        for size in (10, 100_000):  # small: with the descriptors; large: the ring
+            x = np.arange(size, dtype=np.float32) * (rank + 1)
+            out = np.full(size, np.nan, np.float32)
+            returned = comm.all_reduce_into(x, out, "sum")
+            found.append((returned is out, out.copy(), comm.all_reduce(x, "sum")))
+        with pytest.raises(ConfigurationError, match="C-contiguous with the input's shape"):
+            comm.all_reduce_into(np.ones(4, np.float32), np.ones(5, np.float32))
+        return found
+
+    results = _threads(3, body)
+    for rank in range(3):
+        assert not isinstance(results[rank], Exception), results[rank]
+        for same, into, plain in results[rank]:
+            assert same
+            np.testing.assert_array_equal(into, plain)
+            np.testing.assert_array_equal(into, np.arange(into.size, dtype=np.float32) * 6)
