@@ -14,7 +14,7 @@ import pytest
 from collective_harness import leaked_segments, make_input, run_collectives
 
 from tessel.core import collectives
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError
 from tessel.core.plugin import GroupContext, Peer
 from tessel.plugins.cpu.shm import ShmCommunicator
 from tessel.plugins.cpu.shm_segment import Layout, Segment, segment_path
@@ -483,5 +483,40 @@ def test_all_gather_into_fills_the_given_output_around_this_ranks_own_block(wher
             np.testing.assert_array_equal(copied, expected)
         with pytest.raises(ConfigurationError, match="must be C-contiguous of shape"):
             comms[0].all_gather_into(np.ones(3, np.float32), np.ones(5, np.float32))
+    finally:
+        [c.close() for c in comms.values()]
+
+
+def test_a_send_run_on_the_calling_thread_reports_a_mismatch_through_its_handle_and_on_the_receiver():
+    """The inline send keeps an asynchronous send's contract: its error comes from wait(), and the receiver gets
+    the same verdict; the pair stays usable."""
+    comms = _pair("inline-mismatch")
+    sender, receiver = comms[0], comms[1]
+    engine = sender._engine
+    try:
+        errors: list[BaseException] = []
+
+        def receive(shape):
+            try:
+                return receiver.recv(shape, np.float32, 0)
+            except CollectiveMismatchError as error:
+                errors.append(error)
+
+        waiting = threading.Thread(target=receive, args=((5,),))
+        waiting.start()
+        deadline = time.monotonic() + 10
+        while not engine.waiting(engine.pair(0, 1), 1) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        handle = sender.send(np.ones(4, np.float32), 1, async_op=True)
+        assert handle.done() and sender._async_worker is None  # it ran here
+        with pytest.raises(CollectiveMismatchError, match=r"sends shape \(4,\) but rank 1 expects \(5,\)"):
+            handle.wait()
+        waiting.join(timeout=10)
+        assert len(errors) == 1 and "expects (5,)" in str(errors[0])
+        after = threading.Thread(target=lambda: errors.append(receiver.recv((3,), np.float32, 0)))
+        after.start()
+        sender.send(np.full(3, 2.0, np.float32), 1)
+        after.join(timeout=10)
+        np.testing.assert_array_equal(errors[-1], np.full(3, 2.0, np.float32))
     finally:
         [c.close() for c in comms.values()]
