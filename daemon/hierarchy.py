@@ -12,8 +12,10 @@ Parts of equal size k (the usual: as many ranks on every host) use every member 
 of each part talking to the i-th members of the others (k cross groups of one member per part):
 
     all_reduce        reduce_scatter in the part (member i holds the part's sum of chunk i), all_reduce of chunk i
-                      in cross group i, all_gather in the part, either whole or pipelined in segments (the cross
-                      step of one segment runs while the part reduces the next); or the flat ring over all members.
+                      in cross group i, all_gather in the part, either whole (where the transports can, the cross
+                      step writes chunk i straight into the all_gather's output, which copies it to the peers only)
+                      or pipelined in segments (the cross step of one segment runs while the part reduces the
+                      next); or the flat ring over all members.
                       Which of the three (WAYS) is measured, per size class (power of two of the bytes), on the
                       class's first large all_reduces, and the members agree on it (`WayTuner`): on a slow link the
                       segments win, where the cores and not the link are the limit (10 Gbit/s between hosts that
