@@ -24,25 +24,28 @@ from tessel.plugins.cpu.compute import CpuCompute
 
 
 class _Binding:
-    def __init__(self, binding: Any, slowdown: float):
-        self._binding, self._slowdown = binding, slowdown
+    def __init__(self, binding: Any, slowdown: float, clock):
+        self._binding, self._slowdown, self._clock = binding, slowdown, clock
 
     def run(self) -> Any:
-        return _stretched(self._slowdown, self._binding.run)
+        return _stretched(self._slowdown, self._clock, self._binding.run)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._binding, name)
 
 
-def _stretched(slowdown: float, run, *args):
+def _stretched(slowdown: float, clock, run, *args):
     """run(*args), then a sleep until the call has taken `slowdown` times the CPU time the daemon spent in it. The
     CPU time, not the wall time: on a shared machine the wall time includes waiting for a core (other processes,
     the other rank's compute), and stretching that too would make the emulated device's speed follow the machine's
     load rather than its rated slowdown (measured: a 35-row step of the wide MLP on emu-slow took as long as a
-    64-row one while the fast rank computed beside it)."""
-    started, cpu = time.perf_counter(), time.process_time()
+    64-row one while the fast rank computed beside it). `clock`: the calling thread's CPU time where ONNX Runtime
+    computes on that thread alone (1 thread), else the process's (which counts the daemon's other threads too:
+    its RPC threads, a collective's; stretched 8x, they made emu-slow measure 2.4-3.1x slower than emu-fast at
+    registration instead of 2x)."""
+    started, cpu = time.perf_counter(), clock()
     result = run(*args)
-    spent = time.process_time() - cpu
+    spent = clock() - cpu
     time.sleep(max(0.0, slowdown * spent - (time.perf_counter() - started)))
     return result
 
@@ -51,12 +54,13 @@ class EmulatedCompute(CpuCompute):
     def __init__(self, threads: int, slowdown: float):
         super().__init__(threads)
         self.slowdown = slowdown
+        self.clock = time.thread_time if threads == 1 else time.process_time
 
     def run(self, executable: Any, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        return _stretched(self.slowdown, super().run, executable, inputs)
+        return _stretched(self.slowdown, self.clock, super().run, executable, inputs)
 
     def bind(self, executable: Any) -> Any:
-        return _Binding(super().bind(executable), self.slowdown)
+        return _Binding(super().bind(executable), self.slowdown, self.clock)
 
 
 class _Emulated(CpuPlugin):
