@@ -218,7 +218,7 @@ class ShmCommunicator(Communicator):
     def _zero_copy_offset(self, x: np.ndarray) -> int:
         if not x.flags.c_contiguous:
             return -1
-        offset = x.__array_interface__["data"][0] - self._engine.segment.address
+        offset = _address(x) - self._engine.segment.address
         return offset if self._arena.contains(offset, x.nbytes) else -1
 
     def _all_reduce_large(self, x: np.ndarray, op: str, described: Descriptor) -> np.ndarray:
