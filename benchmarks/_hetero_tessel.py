@@ -37,7 +37,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=64, help="per-rank batch (the even split's)")
     parser.add_argument("--steps", type=int, default=20, help="steps per epoch")
     parser.add_argument("--epochs", type=int, default=6, help="epochs (the first is warm-up)")
-    parser.add_argument("--split", default="even", help="batch_split: even or speed")
+    parser.add_argument("--split", default="even", help="batch_split: even, speed or fixed weights (e.g. 89,39)")
     parser.add_argument("--out", type=Path, required=True, help="folder for rank<r>.json")
     return parser.parse_args()
 
@@ -60,12 +60,17 @@ class EpochClock(Callback):
         self.rows.append(round(rank_step.gradient_weight() * self.batch))  # weight = share / per-rank batch
 
 
+def _split(text: str):
+    """batch_split's value: 'even', 'speed' or fixed weights written as comma-separated numbers."""
+    return text if text in ("even", "speed") else tuple(float(w) for w in text.split(","))
+
+
 def main() -> None:
     args = parse_args()
     logging.basicConfig(level=logging.DEBUG if os.environ.get("HETERO_DEBUG") else logging.INFO, format="%(message)s")
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_auto_parallel_context(
-        parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, batch_split=args.split
+        parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, batch_split=_split(args.split)
     )
     init()
     ms.set_seed(1)
