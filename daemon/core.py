@@ -341,9 +341,12 @@ class DaemonCore:
     def open_dataset(self, session_id: str, name: str, spec, columns: Iterable[str] = ()) -> ShardReader:
         """Sink mode: read this rank's shard of the pipeline `spec` here; NextBatch instructions step it."""
         from tessel.dataset.reader import ShardReader  # pyarrow loads with the first sink-mode dataset, not before
+        from tessel.dataset.spec import InlineCache
 
         session = self.session(session_id)
-        session.datasets[name] = ShardReader(name, spec, list(columns))
+        if session.inline is None:
+            session.inline = InlineCache()
+        session.datasets[name] = ShardReader(name, spec, list(columns), session.inline)
         return session.datasets[name]
 
     # ------------------------------------------------------------------------------------------ programs

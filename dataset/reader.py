@@ -12,15 +12,15 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.dataset.spec import from_spec
+from tessel.dataset.spec import InlineCache, from_spec
 
 
 class ShardReader:
     """Endless iteration over epochs of a pipeline, starting at the spec's epoch."""
 
-    def __init__(self, name: str, spec, columns: Sequence[str] = ()):
+    def __init__(self, name: str, spec, columns: Sequence[str] = (), inline: InlineCache | None = None):
         self.name = name
-        self.dataset = from_spec(spec)
+        self.dataset = from_spec(spec, inline)
         names = self.dataset.get_col_names()
         self.columns = list(columns) or names
         missing = [c for c in self.columns if c not in names]

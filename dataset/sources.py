@@ -288,8 +288,20 @@ class NumpySlicesDataset(MappableSource):
 
     def arrow_ipc_stream(self) -> bytes:
         """The data as Arrow IPC stream bytes (how a DatasetSpec carries it)."""
-        batch = to_record_batch(self.columns)
-        sink = io.BytesIO()
-        with ipc.new_stream(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        return sink.getvalue()
+        return self.inline_stream()[0]
+
+    def inline_stream(self) -> tuple[bytes, bytes]:
+        """(the data as Arrow IPC stream bytes, their 16-byte blake2b digest), made on the first call and kept with
+        the source's table, which the copies a pipeline makes of this node share (a new batch split copies the
+        source with other shares: its data is not serialized again). Like the first spec sent to a daemon, they are
+        a snapshot of the arrays as they were then."""
+        table = self.table()
+        kept = table.inline_stream
+        if kept is None:
+            batch = to_record_batch(self.columns)
+            sink = io.BytesIO()
+            with ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            stream = sink.getvalue()
+            kept = table.inline_stream = (stream, hashlib.blake2b(stream, digest_size=16).digest())
+        return kept

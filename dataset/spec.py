@@ -14,6 +14,8 @@ feed mode (`Dataset.iter_record_batches`).
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,8 +51,10 @@ def unserializable_reason(dataset: Dataset) -> str | None:
     return next((r for r in map(unserializable_reason, dataset.children) if r), None)
 
 
-def to_spec(dataset: Dataset) -> pb.DatasetSpec:
-    """The DatasetSpec of a declarative pipeline; ConfigurationError (feed mode) if it calls Python code."""
+def to_spec(dataset: Dataset, held: InlineCache | None = None) -> pb.DatasetSpec:
+    """The DatasetSpec of a declarative pipeline; ConfigurationError (feed mode) if it calls Python code. `held`:
+    the bookkeeping of the daemon session it goes to (InlineCache): in-memory data the session holds is written as
+    its digest alone, and every inline source is noted as opened."""
     reason = unserializable_reason(dataset)
     if reason:
         raise ConfigurationError(
@@ -58,16 +62,18 @@ def to_spec(dataset: Dataset) -> pb.DatasetSpec:
             f"Dataset.iter_record_batches(), or build it from declarative parts (MnistDataset, Cifar10Dataset, "
             f"NumpySlicesDataset, ArrowDataset, ParquetDataset and the transforms of ds.vision / ds.transforms)"
         )
+    omit = _held_sources(dataset, held) if held is not None else set()
     return pb.DatasetSpec(
         version=DATASET_SPEC_VERSION,
-        root=_node(dataset),
+        root=_node(dataset, omit),
         seed=dataset._effective_seed(),
         epoch=dataset._next_epoch,
     )
 
 
-def from_spec(spec: pb.DatasetSpec | bytes) -> Dataset:
-    """Rebuild the pipeline a DatasetSpec (or its serialized bytes) describes."""
+def from_spec(spec: pb.DatasetSpec | bytes, inline: InlineCache | None = None) -> Dataset:
+    """Rebuild the pipeline a DatasetSpec (or its serialized bytes) describes. `inline`: the streams of in-memory
+    data its session sent before (a daemon's), which an inline source may name by digest alone."""
     if isinstance(spec, (bytes, bytearray)):
         spec = pb.DatasetSpec.FromString(bytes(spec))
     if spec.version != DATASET_SPEC_VERSION:
@@ -75,7 +81,7 @@ def from_spec(spec: pb.DatasetSpec | bytes) -> Dataset:
             f"from_spec: DatasetSpec version {spec.version} is not {DATASET_SPEC_VERSION}; run the same tessel "
             f"version on the client and the daemons"
         )
-    dataset = _build(spec.root)
+    dataset = _build(spec.root, inline)
     dataset._seed, dataset._next_epoch = spec.seed, spec.epoch
     return dataset
 
@@ -136,8 +142,10 @@ def _sampling_kwargs(sampling: pb.Sampling) -> dict[str, Any]:
 
 
 # -- writers: one per node type ----------------------------------------------------------------------------------
-def _inline(d: NumpySlicesDataset) -> pb.DatasetNode:
-    return pb.DatasetNode(inline=pb.InlineSource(arrow_ipc_stream=d.arrow_ipc_stream(), sampling=_sampling(d)))
+def _inline(d: NumpySlicesDataset, held: bool = False) -> pb.DatasetNode:
+    stream, digest = d.inline_stream()
+    stream = b"" if held else stream  # the daemon session holds it: the digest alone
+    return pb.DatasetNode(inline=pb.InlineSource(arrow_ipc_stream=stream, sampling=_sampling(d), digest=digest))
 
 
 def _files(d: ArrowDataset | ParquetDataset) -> pb.DatasetNode:
@@ -183,16 +191,55 @@ _WRITERS: dict[type, Callable[[Any], pb.DatasetNode]] = {
 }
 
 
-def _node(dataset: Dataset) -> pb.DatasetNode:
-    node = _WRITERS[type(dataset)](dataset)
-    node.children.extend(_node(child) for child in dataset.children)
+def _node(dataset: Dataset, omit: set[int]) -> pb.DatasetNode:
+    if type(dataset) is NumpySlicesDataset:
+        node = _inline(dataset, id(dataset) in omit)
+    else:
+        node = _WRITERS[type(dataset)](dataset)
+    node.children.extend(_node(child, omit) for child in dataset.children)
     return node
 
 
+def _held_sources(dataset: Dataset, held: InlineCache) -> set[int]:
+    """The in-memory sources of `dataset` (ids) that the daemon session `held` follows still holds when its
+    `from_spec` reads them, each noted as opened: in the order it reads them, children first."""
+    omit: set[int] = set()
+
+    def visit(node: Dataset) -> None:
+        for child in node.children:
+            visit(child)
+        if type(node) is NumpySlicesDataset:
+            stream, digest = node.inline_stream()
+            if digest in held:
+                held.touch(digest)
+                omit.add(id(node))
+            else:
+                held.touch(digest, len(stream))
+
+    visit(dataset)
+    return omit
+
+
 # -- readers: one per oneof case ---------------------------------------------------------------------------------
-def _read_inline(m: pb.InlineSource, children: list[Dataset]) -> Dataset:
-    table = ipc.open_stream(pa.BufferReader(m.arrow_ipc_stream)).read_all().combine_chunks()
-    columns = record_batch_columns(table.to_batches()[0])
+def _read_inline(m: pb.InlineSource, inline: InlineCache | None) -> Dataset:
+    if m.arrow_ipc_stream:
+        if m.digest and hashlib.blake2b(m.arrow_ipc_stream, digest_size=16).digest() != m.digest:
+            raise ConfigurationError(
+                "from_spec: an inline source's digest is not the blake2b-16 of its arrow_ipc_stream; build the spec "
+                "with Dataset.to_spec(), which sets both"
+            )
+        table = ipc.open_stream(pa.BufferReader(m.arrow_ipc_stream)).read_all().combine_chunks()
+        columns = record_batch_columns(table.to_batches()[0])
+        if inline is not None and m.digest:
+            inline.touch(m.digest, len(m.arrow_ipc_stream), columns)
+    elif inline is not None and m.digest in inline:
+        columns = inline.touch(m.digest)
+    else:
+        raise ConfigurationError(
+            f"from_spec: an inline source names data by digest {m.digest.hex() or '(none)'} without sending it, and "
+            f"this daemon session holds no data of that digest (it keeps the last {InlineCache.KEEP}); send its "
+            "arrow_ipc_stream"
+        )
     return _with_shares(NumpySlicesDataset(columns, **_sampling_kwargs(m.sampling)), m.sampling)
 
 
@@ -217,7 +264,6 @@ _READERS: dict[str, Callable[[Any, list[Dataset]], Dataset]] = {
     "cifar10": lambda m, c: _with_shares(
         Cifar10Dataset(m.dataset_dir, m.usage, **_sampling_kwargs(m.sampling)), m.sampling
     ),
-    "inline": _read_inline,
     "files": _read_files,
     "map": _read_map,
     "batch": lambda m, c: c[0].batch(m.batch_size, m.drop_remainder),
@@ -232,9 +278,74 @@ _READERS: dict[str, Callable[[Any, list[Dataset]], Dataset]] = {
 }
 
 
-def _build(node: pb.DatasetNode) -> Dataset:
+def _build(node: pb.DatasetNode, inline: InlineCache | None) -> Dataset:
     kind = node.WhichOneof("kind")
+    if kind == "inline":
+        return _read_inline(node.inline, inline)
     if kind not in _READERS:
-        raise ConfigurationError(f"from_spec: a pipeline node has kind {kind!r}; expected one of {sorted(_READERS)}")
-    children = [_build(child) for child in node.children]
+        known = sorted([*_READERS, "inline"])
+        raise ConfigurationError(f"from_spec: a pipeline node has kind {kind!r}; expected one of {known}")
+    children = [_build(child, inline) for child in node.children]
     return _READERS[kind](getattr(node, kind), children)
+
+
+class InlineCache:
+    """The streams of in-memory data (inline sources) one daemon session was sent, by digest, so that the same data
+    opened again in the session (a new batch split of speed-aware data parallelism re-shards it; a new pipeline
+    over the same NumpySlicesDataset) travels as its digest alone. The daemon keeps the decoded columns; the client
+    keeps the same bookkeeping without them (`thin`): both apply one rule to the same opens, in the same order, so
+    the client knows what the daemon holds without asking. Least recently opened first out, once more than KEEP
+    are held or together they pass KEEP_BYTES of stream (the newest always stays)."""
+
+    KEEP = 4
+    KEEP_BYTES = 512 << 20
+
+    def __init__(self):
+        self._held: OrderedDict[bytes, tuple[int, Any]] = OrderedDict()  # digest -> (stream bytes, columns)
+
+    def __contains__(self, digest: bytes) -> bool:
+        return digest in self._held
+
+    def touch(self, digest: bytes, nbytes: int | None = None, value: Any = None) -> Any:
+        """Note an open of `digest`: sent now (`nbytes` of stream, `value` to keep) or held (both None); returns
+        what is kept for it."""
+        if nbytes is None:
+            nbytes, value = self._held.pop(digest)
+        else:
+            self._held.pop(digest, None)
+        self._held[digest] = (nbytes, value)
+        while len(self._held) > 1 and (
+            len(self._held) > self.KEEP or sum(n for n, _ in self._held.values()) > self.KEEP_BYTES
+        ):
+            self._held.popitem(last=False)
+        return value
+
+
+def thin(spec: pb.DatasetSpec, held: InlineCache) -> pb.DatasetSpec:
+    """A spec already built, as the client sends it to a daemon session whose opens `held` has followed: inline
+    sources the session holds by digest without their stream (a copy; `spec` is left whole), every inline source
+    noted as opened, in the order the daemon's `from_spec` reads them (children first). From a Dataset,
+    `to_spec(dataset, held)` does this without copying the streams into the spec first."""
+    thinned = None
+
+    def visit(node: pb.DatasetNode, path: tuple[int, ...]) -> None:
+        nonlocal thinned
+        for index, child in enumerate(node.children):
+            visit(child, (*path, index))
+        if node.WhichOneof("kind") != "inline" or not node.inline.digest:
+            return
+        source = node.inline
+        if source.digest in held:
+            held.touch(source.digest)
+            if thinned is None:
+                thinned = pb.DatasetSpec()
+                thinned.CopyFrom(spec)
+            target = thinned.root
+            for index in path:
+                target = target.children[index]
+            target.inline.arrow_ipc_stream = b""
+        else:
+            held.touch(source.digest, len(source.arrow_ipc_stream))
+
+    visit(spec.root, ())
+    return spec if thinned is None else thinned

@@ -129,6 +129,8 @@ class ColumnTable:
         self._starts = np.cumsum([0, *lengths])
         self.num_rows = int(self._starts[-1])
         self.row_bytes = sum(p[0].itemsize * int(np.prod(p[0].shape[1:])) for p in self._chunks.values())
+        # (Arrow IPC stream, digest) of in-memory rows once a DatasetSpec carried them (NumpySlicesDataset)
+        self.inline_stream: tuple[bytes, bytes] | None = None
         for name, parts in self._chunks.items():
             if [len(c) for c in parts] != lengths:
                 raise ConfigurationError(f"{origin}: column '{name}' has a different number of rows than the others")

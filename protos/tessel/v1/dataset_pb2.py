@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessel/v1/dataset.proto\x12\ttessel.v1\"a\n\x0b\x44\x61tasetSpec\x12\x0f\n\x07version\x18\x01 \x01(\r\x12$\n\x04root\x18\x02 \x01(\x0b\x32\x16.tessel.v1.DatasetNode\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\"\xdc\x04\n\x0b\x44\x61tasetNode\x12\'\n\x05mnist\x18\x01 \x01(\x0b\x32\x16.tessel.v1.MnistSourceH\x00\x12+\n\x07\x63ifar10\x18\x02 \x01(\x0b\x32\x18.tessel.v1.Cifar10SourceH\x00\x12&\n\x05\x66iles\x18\x03 \x01(\x0b\x32\x15.tessel.v1.FileSourceH\x00\x12)\n\x06inline\x18\x04 \x01(\x0b\x32\x17.tessel.v1.InlineSourceH\x00\x12\x1f\n\x03map\x18\n \x01(\x0b\x32\x10.tessel.v1.MapOpH\x00\x12#\n\x05\x62\x61tch\x18\x0b \x01(\x0b\x32\x12.tessel.v1.BatchOpH\x00\x12\'\n\x07shuffle\x18\x0c \x01(\x0b\x32\x14.tessel.v1.ShuffleOpH\x00\x12%\n\x06repeat\x18\r \x01(\x0b\x32\x13.tessel.v1.RepeatOpH\x00\x12!\n\x04take\x18\x0e \x01(\x0b\x32\x11.tessel.v1.TakeOpH\x00\x12!\n\x04skip\x18\x0f \x01(\x0b\x32\x11.tessel.v1.SkipOpH\x00\x12\'\n\x07project\x18\x10 \x01(\x0b\x32\x14.tessel.v1.ProjectOpH\x00\x12%\n\x06rename\x18\x11 \x01(\x0b\x32\x13.tessel.v1.RenameOpH\x00\x12\x1f\n\x03zip\x18\x12 \x01(\x0b\x32\x10.tessel.v1.ZipOpH\x00\x12%\n\x06\x63oncat\x18\x13 \x01(\x0b\x32\x13.tessel.v1.ConcatOpH\x00\x12(\n\x08\x63hildren\x18\x1e \x03(\x0b\x32\x16.tessel.v1.DatasetNodeB\x06\n\x04kind\"\x85\x01\n\x08Sampling\x12\x0f\n\x07shuffle\x18\x01 \x01(\x08\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x12\n\nnum_shards\x18\x03 \x01(\x05\x12\x10\n\x08shard_id\x18\x04 \x01(\x05\x12\x0e\n\x06shares\x18\x05 \x03(\x05\x12\x1d\n\x15shares_drop_remainder\x18\x06 \x01(\x08\"X\n\x0bMnistSource\x12\x13\n\x0b\x64\x61taset_dir\x18\x01 \x01(\t\x12\r\n\x05usage\x18\x02 \x01(\t\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.tessel.v1.Sampling\"Z\n\rCifar10Source\x12\x13\n\x0b\x64\x61taset_dir\x18\x01 \x01(\t\x12\r\n\x05usage\x18\x02 \x01(\t\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.tessel.v1.Sampling\"c\n\nFileSource\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12%\n\x08sampling\x18\x04 \x01(\x0b\x32\x13.tessel.v1.Sampling\"O\n\x0cInlineSource\x12\x18\n\x10\x61rrow_ipc_stream\x18\x01 \x01(\x0c\x12%\n\x08sampling\x18\x02 \x01(\x0b\x32\x13.tessel.v1.Sampling\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\xca\x01\n\nParamValue\x12\x15\n\x0b\x66loat_value\x18\x01 \x01(\x01H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\tH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12&\n\x06\x66loats\x18\x05 \x01(\x0b\x32\x14.tessel.v1.FloatListH\x00\x12\"\n\x04ints\x18\x06 \x01(\x0b\x32\x12.tessel.v1.IntListH\x00\x12\x0e\n\x04none\x18\x07 \x01(\x08H\x00\x42\x06\n\x04kind\"\x99\x01\n\rTransformSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x06params\x18\x02 \x03(\x0b\x32$.tessel.v1.TransformSpec.ParamsEntry\x1a\x44\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.tessel.v1.ParamValue:\x02\x38\x01\"d\n\x05MapOp\x12,\n\noperations\x18\x01 \x03(\x0b\x32\x18.tessel.v1.TransformSpec\x12\x15\n\rinput_columns\x18\x02 \x03(\t\x12\x16\n\x0eoutput_columns\x18\x03 \x03(\t\"5\n\x07\x42\x61tchOp\x12\x12\n\nbatch_size\x18\x01 \x01(\x03\x12\x16\n\x0e\x64rop_remainder\x18\x02 \x01(\x08\" \n\tShuffleOp\x12\x13\n\x0b\x62uffer_size\x18\x01 \x01(\x03\"\x19\n\x08RepeatOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x17\n\x06TakeOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x17\n\x06SkipOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x1c\n\tProjectOp\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\"9\n\x08RenameOp\x12\x15\n\rinput_columns\x18\x01 \x03(\t\x12\x16\n\x0eoutput_columns\x18\x02 \x03(\t\"\x07\n\x05ZipOp\"\n\n\x08\x43oncatOpb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17tessel/v1/dataset.proto\x12\ttessel.v1\"a\n\x0b\x44\x61tasetSpec\x12\x0f\n\x07version\x18\x01 \x01(\r\x12$\n\x04root\x18\x02 \x01(\x0b\x32\x16.tessel.v1.DatasetNode\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05\x65poch\x18\x04 \x01(\x03\"\xdc\x04\n\x0b\x44\x61tasetNode\x12\'\n\x05mnist\x18\x01 \x01(\x0b\x32\x16.tessel.v1.MnistSourceH\x00\x12+\n\x07\x63ifar10\x18\x02 \x01(\x0b\x32\x18.tessel.v1.Cifar10SourceH\x00\x12&\n\x05\x66iles\x18\x03 \x01(\x0b\x32\x15.tessel.v1.FileSourceH\x00\x12)\n\x06inline\x18\x04 \x01(\x0b\x32\x17.tessel.v1.InlineSourceH\x00\x12\x1f\n\x03map\x18\n \x01(\x0b\x32\x10.tessel.v1.MapOpH\x00\x12#\n\x05\x62\x61tch\x18\x0b \x01(\x0b\x32\x12.tessel.v1.BatchOpH\x00\x12\'\n\x07shuffle\x18\x0c \x01(\x0b\x32\x14.tessel.v1.ShuffleOpH\x00\x12%\n\x06repeat\x18\r \x01(\x0b\x32\x13.tessel.v1.RepeatOpH\x00\x12!\n\x04take\x18\x0e \x01(\x0b\x32\x11.tessel.v1.TakeOpH\x00\x12!\n\x04skip\x18\x0f \x01(\x0b\x32\x11.tessel.v1.SkipOpH\x00\x12\'\n\x07project\x18\x10 \x01(\x0b\x32\x14.tessel.v1.ProjectOpH\x00\x12%\n\x06rename\x18\x11 \x01(\x0b\x32\x13.tessel.v1.RenameOpH\x00\x12\x1f\n\x03zip\x18\x12 \x01(\x0b\x32\x10.tessel.v1.ZipOpH\x00\x12%\n\x06\x63oncat\x18\x13 \x01(\x0b\x32\x13.tessel.v1.ConcatOpH\x00\x12(\n\x08\x63hildren\x18\x1e \x03(\x0b\x32\x16.tessel.v1.DatasetNodeB\x06\n\x04kind\"\x85\x01\n\x08Sampling\x12\x0f\n\x07shuffle\x18\x01 \x01(\x08\x12\x13\n\x0bnum_samples\x18\x02 \x01(\x03\x12\x12\n\nnum_shards\x18\x03 \x01(\x05\x12\x10\n\x08shard_id\x18\x04 \x01(\x05\x12\x0e\n\x06shares\x18\x05 \x03(\x05\x12\x1d\n\x15shares_drop_remainder\x18\x06 \x01(\x08\"X\n\x0bMnistSource\x12\x13\n\x0b\x64\x61taset_dir\x18\x01 \x01(\t\x12\r\n\x05usage\x18\x02 \x01(\t\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.tessel.v1.Sampling\"Z\n\rCifar10Source\x12\x13\n\x0b\x64\x61taset_dir\x18\x01 \x01(\t\x12\r\n\x05usage\x18\x02 \x01(\t\x12%\n\x08sampling\x18\x03 \x01(\x0b\x32\x13.tessel.v1.Sampling\"c\n\nFileSource\x12\x0e\n\x06\x66ormat\x18\x01 \x01(\t\x12\r\n\x05paths\x18\x02 \x03(\t\x12\x0f\n\x07\x63olumns\x18\x03 \x03(\t\x12%\n\x08sampling\x18\x04 \x01(\x0b\x32\x13.tessel.v1.Sampling\"_\n\x0cInlineSource\x12\x18\n\x10\x61rrow_ipc_stream\x18\x01 \x01(\x0c\x12%\n\x08sampling\x18\x02 \x01(\x0b\x32\x13.tessel.v1.Sampling\x12\x0e\n\x06\x64igest\x18\x03 \x01(\x0c\"\x1b\n\tFloatList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\x19\n\x07IntList\x12\x0e\n\x06values\x18\x01 \x03(\x03\"\xca\x01\n\nParamValue\x12\x15\n\x0b\x66loat_value\x18\x01 \x01(\x01H\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0cstring_value\x18\x03 \x01(\tH\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12&\n\x06\x66loats\x18\x05 \x01(\x0b\x32\x14.tessel.v1.FloatListH\x00\x12\"\n\x04ints\x18\x06 \x01(\x0b\x32\x12.tessel.v1.IntListH\x00\x12\x0e\n\x04none\x18\x07 \x01(\x08H\x00\x42\x06\n\x04kind\"\x99\x01\n\rTransformSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x34\n\x06params\x18\x02 \x03(\x0b\x32$.tessel.v1.TransformSpec.ParamsEntry\x1a\x44\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12$\n\x05value\x18\x02 \x01(\x0b\x32\x15.tessel.v1.ParamValue:\x02\x38\x01\"d\n\x05MapOp\x12,\n\noperations\x18\x01 \x03(\x0b\x32\x18.tessel.v1.TransformSpec\x12\x15\n\rinput_columns\x18\x02 \x03(\t\x12\x16\n\x0eoutput_columns\x18\x03 \x03(\t\"5\n\x07\x42\x61tchOp\x12\x12\n\nbatch_size\x18\x01 \x01(\x03\x12\x16\n\x0e\x64rop_remainder\x18\x02 \x01(\x08\" \n\tShuffleOp\x12\x13\n\x0b\x62uffer_size\x18\x01 \x01(\x03\"\x19\n\x08RepeatOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x17\n\x06TakeOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x17\n\x06SkipOp\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\"\x1c\n\tProjectOp\x12\x0f\n\x07\x63olumns\x18\x01 \x03(\t\"9\n\x08RenameOp\x12\x15\n\rinput_columns\x18\x01 \x03(\t\x12\x16\n\x0eoutput_columns\x18\x02 \x03(\t\"\x07\n\x05ZipOp\"\n\n\x08\x43oncatOpb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,35 +47,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FILESOURCE']._serialized_start=1062
   _globals['_FILESOURCE']._serialized_end=1161
   _globals['_INLINESOURCE']._serialized_start=1163
-  _globals['_INLINESOURCE']._serialized_end=1242
-  _globals['_FLOATLIST']._serialized_start=1244
-  _globals['_FLOATLIST']._serialized_end=1271
-  _globals['_INTLIST']._serialized_start=1273
-  _globals['_INTLIST']._serialized_end=1298
-  _globals['_PARAMVALUE']._serialized_start=1301
-  _globals['_PARAMVALUE']._serialized_end=1503
-  _globals['_TRANSFORMSPEC']._serialized_start=1506
-  _globals['_TRANSFORMSPEC']._serialized_end=1659
-  _globals['_TRANSFORMSPEC_PARAMSENTRY']._serialized_start=1591
-  _globals['_TRANSFORMSPEC_PARAMSENTRY']._serialized_end=1659
-  _globals['_MAPOP']._serialized_start=1661
-  _globals['_MAPOP']._serialized_end=1761
-  _globals['_BATCHOP']._serialized_start=1763
-  _globals['_BATCHOP']._serialized_end=1816
-  _globals['_SHUFFLEOP']._serialized_start=1818
-  _globals['_SHUFFLEOP']._serialized_end=1850
-  _globals['_REPEATOP']._serialized_start=1852
-  _globals['_REPEATOP']._serialized_end=1877
-  _globals['_TAKEOP']._serialized_start=1879
-  _globals['_TAKEOP']._serialized_end=1902
-  _globals['_SKIPOP']._serialized_start=1904
-  _globals['_SKIPOP']._serialized_end=1927
-  _globals['_PROJECTOP']._serialized_start=1929
-  _globals['_PROJECTOP']._serialized_end=1957
-  _globals['_RENAMEOP']._serialized_start=1959
-  _globals['_RENAMEOP']._serialized_end=2016
-  _globals['_ZIPOP']._serialized_start=2018
-  _globals['_ZIPOP']._serialized_end=2025
-  _globals['_CONCATOP']._serialized_start=2027
-  _globals['_CONCATOP']._serialized_end=2037
+  _globals['_INLINESOURCE']._serialized_end=1258
+  _globals['_FLOATLIST']._serialized_start=1260
+  _globals['_FLOATLIST']._serialized_end=1287
+  _globals['_INTLIST']._serialized_start=1289
+  _globals['_INTLIST']._serialized_end=1314
+  _globals['_PARAMVALUE']._serialized_start=1317
+  _globals['_PARAMVALUE']._serialized_end=1519
+  _globals['_TRANSFORMSPEC']._serialized_start=1522
+  _globals['_TRANSFORMSPEC']._serialized_end=1675
+  _globals['_TRANSFORMSPEC_PARAMSENTRY']._serialized_start=1607
+  _globals['_TRANSFORMSPEC_PARAMSENTRY']._serialized_end=1675
+  _globals['_MAPOP']._serialized_start=1677
+  _globals['_MAPOP']._serialized_end=1777
+  _globals['_BATCHOP']._serialized_start=1779
+  _globals['_BATCHOP']._serialized_end=1832
+  _globals['_SHUFFLEOP']._serialized_start=1834
+  _globals['_SHUFFLEOP']._serialized_end=1866
+  _globals['_REPEATOP']._serialized_start=1868
+  _globals['_REPEATOP']._serialized_end=1893
+  _globals['_TAKEOP']._serialized_start=1895
+  _globals['_TAKEOP']._serialized_end=1918
+  _globals['_SKIPOP']._serialized_start=1920
+  _globals['_SKIPOP']._serialized_end=1943
+  _globals['_PROJECTOP']._serialized_start=1945
+  _globals['_PROJECTOP']._serialized_end=1973
+  _globals['_RENAMEOP']._serialized_start=1975
+  _globals['_RENAMEOP']._serialized_end=2032
+  _globals['_ZIPOP']._serialized_start=2034
+  _globals['_ZIPOP']._serialized_end=2041
+  _globals['_CONCATOP']._serialized_start=2043
+  _globals['_CONCATOP']._serialized_end=2053
 # @@protoc_insertion_point(module_scope)

@@ -102,12 +102,14 @@ class FileSource(_message.Message):
     def __init__(self, format: _Optional[str] = ..., paths: _Optional[_Iterable[str]] = ..., columns: _Optional[_Iterable[str]] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class InlineSource(_message.Message):
-    __slots__ = ("arrow_ipc_stream", "sampling")
+    __slots__ = ("arrow_ipc_stream", "sampling", "digest")
     ARROW_IPC_STREAM_FIELD_NUMBER: _ClassVar[int]
     SAMPLING_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     arrow_ipc_stream: bytes
     sampling: Sampling
-    def __init__(self, arrow_ipc_stream: _Optional[bytes] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
+    digest: bytes
+    def __init__(self, arrow_ipc_stream: _Optional[bytes] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ..., digest: _Optional[bytes] = ...) -> None: ...
 
 class FloatList(_message.Message):
     __slots__ = ("values",)

@@ -307,9 +307,7 @@ class SinkRunner:
 
         self.step, self.engine = step, engine()
         self.name = f"sink{next(_datasets)}"
-        self.batches_per_epoch, self.columns = self.engine.daemon.open_dataset(
-            self.engine.session, self.name, dataset.to_spec(), []
-        )
+        self.batches_per_epoch, self.columns = self.engine.daemon.open_dataset(self.engine.session, self.name, dataset)
         first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self.entry, self.call = step.prepare(*first)
         if self.entry.prints:

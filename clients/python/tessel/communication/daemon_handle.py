@@ -126,10 +126,9 @@ class DaemonHandle(ABC):
         """Compile an ONNX model as segment `name`; `state` inputs are updated in place by "<name>/new" outputs."""
 
     @abstractmethod
-    def open_dataset(
-        self, session_id: str, name: str, spec: dataset_pb2.DatasetSpec, columns: Sequence[str] = ()
-    ) -> tuple[int, list[str]]:
-        """Sink mode: the daemon reads its shard of `spec`; returns (batches per epoch, columns)."""
+    def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
+        """Sink mode: the daemon reads its shard of `spec` (a dataset_pb2.DatasetSpec, or the declarative Dataset to
+        make it of); returns (batches per epoch, columns)."""
 
     @abstractmethod
     def execute(
@@ -235,6 +234,7 @@ class LocalDaemon(DaemonHandle):
         self.core.compile_segment(session_id, name, onnx_model, state)
 
     def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
+        spec = spec if isinstance(spec, dataset_pb2.DatasetSpec) else spec.to_spec()
         cursor = self.core.open_dataset(session_id, name, spec, columns)
         return cursor.batches_per_epoch, list(cursor.columns)
 
@@ -299,6 +299,7 @@ class RemoteDaemon(DaemonHandle):
         self.client = rpc.Client(address, daemon_pb2_grpc.DaemonStub, token, timeout_s, self._unreachable)
         self.token, self.timeout_s = token, timeout_s
         self.local: LocalExecuteClient | None = None  # Execute over the daemon's Unix socket, when on this host
+        self._inline: dict[str, Any] = {}  # session -> dataset.spec.InlineCache of what its opens sent
 
     def open_session(
         self,
@@ -328,6 +329,7 @@ class RemoteDaemon(DaemonHandle):
         return reply.session_id
 
     def close_session(self, session_id: str) -> None:
+        self._inline.pop(session_id, None)
         self.client.CloseSession(daemon_pb2.SessionRef(session_id=session_id), 60.0)
 
     def create_group(self, session_id: str, name: str, ranks: Sequence[int]) -> None:
@@ -355,8 +357,20 @@ class RemoteDaemon(DaemonHandle):
         self.client.CompileSegment(request)
 
     def open_dataset(self, session_id: str, name: str, spec, columns: Sequence[str] = ()) -> tuple[int, list[str]]:
-        request = daemon_pb2.OpenDatasetRequest(session_id=session_id, name=name, spec=spec, columns=list(columns))
-        reply = self.client.OpenDataset(request)
+        from tessel.dataset.spec import InlineCache, thin, to_spec
+
+        # In-memory data the daemon session was sent before travels as its digest alone (dataset.spec.InlineCache:
+        # this side follows the session's opens as the daemon does). An open that fails (here, making the spec, or
+        # on the daemon, which may have stopped half way through its sources) leaves the two unsure of each other:
+        # forget them here, and the next opens send their data again.
+        held = self._inline.setdefault(session_id, InlineCache())
+        try:
+            spec = thin(spec, held) if isinstance(spec, dataset_pb2.DatasetSpec) else to_spec(spec, held)
+            request = daemon_pb2.OpenDatasetRequest(session_id=session_id, name=name, spec=spec, columns=list(columns))
+            reply = self.client.OpenDataset(request)
+        except BaseException:
+            self._inline.pop(session_id, None)
+            raise
         return reply.batches_per_epoch, list(reply.columns)
 
     def execute(

@@ -1,0 +1,62 @@
+"""Sink mode over gRPC (a RemoteDaemon and an in-process daemon server): the same NumpySlicesDataset opened again in
+a session, re-sharded as a new batch split does, travels as its digest alone and the daemon reads the new shares
+from the data it kept; an open that fails makes the client send the data again next time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel.dataset as ds
+from tessel.communication.daemon_handle import RemoteDaemon
+from tessel.core import rpc
+from tessel.core.errors import ConfigurationError
+from tessel.daemon import DaemonCore, service
+from tessel.dataset.parallel import with_shares
+from tessel.plugins import load_plugin
+from tessel.v1 import daemon_pb2
+
+TOKEN = "inline-dataset-test-token"
+
+
+@pytest.fixture
+def remote():
+    core = DaemonCore(load_plugin("cpu", threads=1))
+    server, port = rpc.start_server([service.handler(core, TOKEN)])
+    client = RemoteDaemon(f"127.0.0.1:{port}", TOKEN)
+    sent: list[int] = []
+    real = client.client.OpenDataset
+    client.client.OpenDataset = lambda request, *a: sent.append(request.ByteSize()) or real(request, *a)
+    yield client, sent
+    client.close()
+    server.stop(None)
+    core.close()
+
+
+def _read(client: RemoteDaemon, session: str, name: str, batches: int) -> list[list[int]]:
+    step = daemon_pb2.Program(
+        instructions=[daemon_pb2.Instruction(next_batch=daemon_pb2.NextBatch(dataset=name, outputs=["x", "i"]))]
+    )
+    return [client.execute(session, step, fetch=["i"]).fetched["i"].tolist() for _ in range(batches)]
+
+
+def test_a_new_split_sends_the_digest_alone_and_reads_the_new_shares(remote):
+    client, sent = remote
+    session = client.open_session("job-inline", 0, 1)  # the shards are the dataset's own
+    x = np.random.default_rng(0).standard_normal((4096, 64)).astype(np.float32)  # 1 MiB
+    data = ds.NumpySlicesDataset({"x": x, "i": np.arange(4096)}, shuffle=False, num_shards=2, shard_id=1).batch(8)
+    count, columns = client.open_dataset(session, "even", data)  # as SinkRunner opens it: the Dataset
+    assert columns == ["x", "i"] and count == 256
+    resplit = with_shares(data, (4, 12), 1)
+    client.open_dataset(session, "split", resplit)
+    client.open_dataset(session, "spec", resplit.to_spec())  # a spec already built: thinned on a copy
+    assert sent[0] > 1 << 20 and sent[1] < 1024 and sent[2] < 1024, sent  # the digest, not the megabyte
+    first = lambda d: [b[1].tolist() for _, b in zip(range(3), d.create_tuple_iterator(output_numpy=True))]  # noqa: E731
+    assert _read(client, session, "split", 3) == first(resplit) != first(data)
+    assert [len(rows) for rows in first(resplit)] == [12, 12, 12]
+
+    with pytest.raises(ConfigurationError, match="columns \\['nope'\\] are not in the pipeline"):
+        client.open_dataset(session, "bad", data, ["nope"])
+    client.open_dataset(session, "again", data)  # after a failed open the data travels again
+    assert sent[-1] > 1 << 20, sent
+    client.close_session(session)
