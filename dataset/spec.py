@@ -62,10 +62,10 @@ def to_spec(dataset: Dataset, held: InlineCache | None = None) -> pb.DatasetSpec
             f"Dataset.iter_record_batches(), or build it from declarative parts (MnistDataset, Cifar10Dataset, "
             f"NumpySlicesDataset, ArrowDataset, ParquetDataset and the transforms of ds.vision / ds.transforms)"
         )
-    omit = _held_sources(dataset, held) if held is not None else set()
+    sources = _inline_sources(dataset, held)
     return pb.DatasetSpec(
         version=DATASET_SPEC_VERSION,
-        root=_node(dataset, omit),
+        root=_node(dataset, sources),
         seed=dataset._effective_seed(),
         epoch=dataset._next_epoch,
     )
@@ -142,9 +142,7 @@ def _sampling_kwargs(sampling: pb.Sampling) -> dict[str, Any]:
 
 
 # -- writers: one per node type ----------------------------------------------------------------------------------
-def _inline(d: NumpySlicesDataset, held: bool = False) -> pb.DatasetNode:
-    stream, digest = d.inline_stream()
-    stream = b"" if held else stream  # the daemon session holds it: the digest alone
+def _inline(d: NumpySlicesDataset, stream: bytes, digest: bytes) -> pb.DatasetNode:
     return pb.DatasetNode(inline=pb.InlineSource(arrow_ipc_stream=stream, sampling=_sampling(d), digest=digest))
 
 
@@ -171,7 +169,7 @@ _WRITERS: dict[type, Callable[[Any], pb.DatasetNode]] = {
     Cifar10Dataset: lambda d: pb.DatasetNode(
         cifar10=pb.Cifar10Source(dataset_dir=str(d.dataset_dir.resolve()), usage=d.usage, sampling=_sampling(d))
     ),
-    NumpySlicesDataset: _inline,
+    NumpySlicesDataset: lambda d: _inline(d, *d.inline_stream()),  # to_spec writes it through _inline_sources
     ArrowDataset: _files,
     ParquetDataset: _files,
     ops.MapDataset: _map,
@@ -191,33 +189,35 @@ _WRITERS: dict[type, Callable[[Any], pb.DatasetNode]] = {
 }
 
 
-def _node(dataset: Dataset, omit: set[int]) -> pb.DatasetNode:
+def _node(dataset: Dataset, sources: dict[int, tuple[bytes, bytes]]) -> pb.DatasetNode:
     if type(dataset) is NumpySlicesDataset:
-        node = _inline(dataset, id(dataset) in omit)
+        node = _inline(dataset, *sources[id(dataset)])
     else:
         node = _WRITERS[type(dataset)](dataset)
-    node.children.extend(_node(child, omit) for child in dataset.children)
+    node.children.extend(_node(child, sources) for child in dataset.children)
     return node
 
 
-def _held_sources(dataset: Dataset, held: InlineCache) -> set[int]:
-    """The in-memory sources of `dataset` (ids) that the daemon session `held` follows still holds when its
-    `from_spec` reads them, each noted as opened: in the order it reads them, children first."""
-    omit: set[int] = set()
+def _inline_sources(dataset: Dataset, held: InlineCache | None) -> dict[int, tuple[bytes, bytes]]:
+    """{id: (stream, digest)} of the in-memory sources of `dataset`; with `held` (the bookkeeping of the daemon
+    session the spec goes to), the stream is empty for those the session still holds when its `from_spec` reads
+    them, and each is noted as opened, in the order it reads them (children first)."""
+    sources: dict[int, tuple[bytes, bytes]] = {}
 
     def visit(node: Dataset) -> None:
         for child in node.children:
             visit(child)
         if type(node) is NumpySlicesDataset:
             stream, digest = node.inline_stream()
-            if digest in held:
+            if held is not None and digest in held:
                 held.touch(digest)
-                omit.add(id(node))
-            else:
+                stream = b""  # the session holds it: the digest alone
+            elif held is not None:
                 held.touch(digest, len(stream))
+            sources[id(node)] = (stream, digest)
 
     visit(dataset)
-    return omit
+    return sources
 
 
 # -- readers: one per oneof case ---------------------------------------------------------------------------------

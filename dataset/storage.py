@@ -129,8 +129,9 @@ class ColumnTable:
         self._starts = np.cumsum([0, *lengths])
         self.num_rows = int(self._starts[-1])
         self.row_bytes = sum(p[0].itemsize * int(np.prod(p[0].shape[1:])) for p in self._chunks.values())
-        # (Arrow IPC stream, digest) of in-memory rows once a DatasetSpec carried them (NumpySlicesDataset)
-        self.inline_stream: tuple[bytes, bytes] | None = None
+        # (digest of the arrays, Arrow IPC stream, digest of the stream) of in-memory rows once a DatasetSpec carried
+        # them (NumpySlicesDataset.inline_stream)
+        self.inline_stream: tuple[bytes, bytes, bytes] | None = None
         for name, parts in self._chunks.items():
             if [len(c) for c in parts] != lengths:
                 raise ConfigurationError(f"{origin}: column '{name}' has a different number of rows than the others")

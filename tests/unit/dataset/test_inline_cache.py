@@ -98,3 +98,15 @@ def test_data_named_but_not_held_or_a_wrong_digest_is_a_clear_error():
     forged.root.children[0].inline.digest = b"\0" * 16
     with pytest.raises(ConfigurationError, match="digest is not the blake2b-16 of its arrow_ipc_stream"):
         from_spec(forged, InlineCache())
+
+
+def test_arrays_changed_in_place_are_sent_again_not_the_old_snapshot():
+    x = np.zeros((12, 2), np.float32)
+    source = ds.NumpySlicesDataset({"x": x}, shuffle=False)
+    client, daemon = InlineCache(), InlineCache()
+    from_spec(to_spec(source.batch(4), client), daemon)
+    x[:] = 7.0  # the user's arrays change between two trainings
+    sent = to_spec(source.batch(6), client)
+    assert len(sent.root.children[0].inline.arrow_ipc_stream) > 0  # new contents: a new digest, sent whole
+    batches = [b[0] for b in from_spec(sent, daemon).create_tuple_iterator(output_numpy=True)]
+    assert all((b == 7.0).all() for b in batches) and len(batches) == 2
