@@ -19,9 +19,8 @@ samples/s = global batch x steps / (median over epochs 2..E of the epoch's wall 
 jobs run --dp-rounds times next to each other, in alternating order; the verdict takes the median over the rounds
 of the speed-aware job's samples/s over its round's even job. Target: speed-aware >= 1.3x the even split.
 Four rounds of twelve epochs: the seeds' MLP steps take ~20 ms, and single rounds of eight epochs spread
-1.09-1.49x on this machine (one round's two jobs land on different minutes of the shared cores, and an epoch after
-a new split recompiles, ~0.15-0.25 s of a ~0.6 s epoch); the median of four rounds of twelve gave 1.33-1.35x in
-four runs, its single rounds 1.24-1.46x.
+1.09-1.49x on this machine (one round's two jobs land on different minutes of the shared cores); the median of
+four rounds of twelve gave 1.27-1.40x over this landing's runs.
 
 Part 2, AllReduce across two test-bed hosts (tests/integration/testbed.py: network namespaces on a switch, links
 limited by tc tbf; needs root) with 2 daemons per host (4 ranks): hierarchical (shared memory inside each host,

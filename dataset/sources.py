@@ -279,12 +279,16 @@ class NumpySlicesDataset(MappableSource):
         if self._table.num_rows == 0:
             raise ConfigurationError(f"{where}: data has no rows")
 
-    def _signature(self) -> str:
+    def _contents(self) -> bytes:
+        """blake2b-16 of the columns' names, shapes, dtypes and values (read in place, not copied)."""
         digest = hashlib.blake2b(digest_size=16)
         for name, array in self.columns.items():
             digest.update(f"{name}{array.shape}{array.dtype}".encode())
-            digest.update(np.ascontiguousarray(array).tobytes())
-        return f"{digest.hexdigest()},{self._sampling_signature()}"
+            digest.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        return digest.digest()
+
+    def _signature(self) -> str:
+        return f"{self._contents().hex()},{self._sampling_signature()}"
 
     def arrow_ipc_stream(self) -> bytes:
         """The data as Arrow IPC stream bytes (how a DatasetSpec carries it)."""
@@ -296,17 +300,13 @@ class NumpySlicesDataset(MappableSource):
         made again only when the arrays' contents changed since (checked by hashing them, ~1 ms per MB, against
         serializing them again): a pipeline opened after the arrays were changed in place sends what they hold
         then, as it did when every open serialized them."""
-        table = self.table()
-        contents = hashlib.blake2b(digest_size=16)
-        for name, array in self.columns.items():
-            contents.update(f"{name}{array.shape}{array.dtype.str}".encode())
-            contents.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        table, contents = self.table(), self._contents()
         kept = table.inline_stream
-        if kept is None or kept[0] != contents.digest():
+        if kept is None or kept[0] != contents:
             batch = to_record_batch(self.columns)
             sink = io.BytesIO()
             with ipc.new_stream(sink, batch.schema) as writer:
                 writer.write_batch(batch)
             stream = sink.getvalue()
-            kept = table.inline_stream = (contents.digest(), stream, hashlib.blake2b(stream, digest_size=16).digest())
+            kept = table.inline_stream = (contents, stream, hashlib.blake2b(stream, digest_size=16).digest())
         return kept[1], kept[2]
