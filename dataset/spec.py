@@ -209,11 +209,8 @@ def _inline_sources(dataset: Dataset, held: InlineCache | None) -> dict[int, tup
             visit(child)
         if type(node) is NumpySlicesDataset:
             stream, digest = node.inline_stream()
-            if held is not None and digest in held:
-                held.touch(digest)
+            if held is not None and held.note(digest, len(stream)):
                 stream = b""  # the session holds it: the digest alone
-            elif held is not None:
-                held.touch(digest, len(stream))
             sources[id(node)] = (stream, digest)
 
     visit(dataset)
@@ -306,6 +303,13 @@ class InlineCache:
     def __contains__(self, digest: bytes) -> bool:
         return digest in self._held
 
+    def note(self, digest: bytes, nbytes: int) -> bool:
+        """Note a client's open of `digest` (`nbytes` of stream); True when the session already holds it, so that
+        the digest alone is sent."""
+        held = digest in self._held
+        self.touch(digest, None if held else nbytes)
+        return held
+
     def touch(self, digest: bytes, nbytes: int | None = None, value: Any = None) -> Any:
         """Note an open of `digest`: sent now (`nbytes` of stream, `value` to keep) or held (both None); returns
         what is kept for it."""
@@ -335,8 +339,7 @@ def thin(spec: pb.DatasetSpec, held: InlineCache) -> pb.DatasetSpec:
         if node.WhichOneof("kind") != "inline" or not node.inline.digest:
             return
         source = node.inline
-        if source.digest in held:
-            held.touch(source.digest)
+        if held.note(source.digest, len(source.arrow_ipc_stream)):
             if thinned is None:
                 thinned = pb.DatasetSpec()
                 thinned.CopyFrom(spec)
@@ -344,8 +347,6 @@ def thin(spec: pb.DatasetSpec, held: InlineCache) -> pb.DatasetSpec:
             for index in path:
                 target = target.children[index]
             target.inline.arrow_ipc_stream = b""
-        else:
-            held.touch(source.digest, len(source.arrow_ipc_stream))
 
     visit(spec.root, ())
     return spec if thinned is None else thinned
