@@ -105,7 +105,9 @@ def lower_rank_program(
         )
     prepared = alias_effects(expand_collectives(graph))
     if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
-        prepared = fold_value_free(op_rewrites(prepared))
+        # Folded first: the rewrites read which collectives a value waits for, and a node that reads only shapes
+        # (autodiff's seed of ones shaped like the summed loss) would make every gradient wait for every copy's.
+        prepared = op_rewrites(fold_value_free(prepared))
     steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}

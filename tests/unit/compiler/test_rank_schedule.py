@@ -249,6 +249,29 @@ def test_products_waiting_for_different_collectives_are_not_stacked():
     assert fuse_summed_products(graph) is graph
 
 
+def test_copies_whose_loss_gradients_meet_only_in_the_seed_keep_their_own_weight_gradient_products():
+    """Two copies' summed losses seed the backward with OnesLike(loss0 + loss1): read for its shape alone, that seed
+    must not make copy 0's weight gradient wait for copy 1's AllReduce, so the products are not stacked and copy
+    0's runs while copy 1's AllReduce is in flight (the rewrite reads the graph after the seed is folded)."""
+
+    def forward(x, w, v):
+        total = None
+        for part in (x[: B // 2], x[B // 2 :]):
+            hidden = apply("AllReduce", apply("ReLU", part @ w), group=GROUP)
+            out = apply("ReLU", hidden @ v)
+            loss = (out * out).mean()
+            total = loss if total is None else total + loss
+        return total
+
+    graph = trace(forward, TensorSpec((B, F)), TensorSpec((F, F)), TensorSpec((F, F))).graph
+    train = build_train_step(graph, ["w", "v"], SGD(0.1))
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N, spmd=True)
+    ops = [n.op for segment in program.segments.values() for n in segment.graph.nodes]
+    assert "Concat" not in ops
+    products = [n for segment in program.segments.values() for n in segment.graph.nodes if n.op == "MatMul"]
+    assert sum(n.attrs["transpose_a"] for n in products) == 4  # dw and dv of each copy, each a product of its own
+
+
 def test_work_on_inputs_alone_runs_with_its_reader_after_the_wait_not_before():
     """An optimizer's `beta1 * m` reads only state: run as soon as it could, every layer's would run before the
     first wait and be held until its reader (measured: 17 x 16 MiB in a data-parallel Adam step); it runs right
