@@ -86,6 +86,7 @@ def lower_rank_program(
     world_size: int | None = None,
     spmd: bool = False,
     phases: Mapping[Value, int] | None = None,
+    one_host: bool = False,
 ) -> RankProgram:
     """Lower `graph` (which may hold collectives) to a RankProgram.
 
@@ -96,7 +97,8 @@ def lower_rank_program(
     may start in the order their inputs can exist rather than the graph's (see rank_schedule). `phases` (a
     node's phase, keyed by its first output): the graph's order is the run order already (a pipeline stage's
     schedule), kept as it is, with a new segment wherever the phase changes; each temporary is then freed right
-    after its last reader, so that a stage holds only what its micro-batches in flight need.
+    after its last reader, so that a stage holds only what its micro-batches in flight need. `one_host`: every rank
+    of the world shares this host, so collectives are quick (registry.RewriteContext).
     """
     unknown = sorted(set(state) - {v.name for v in graph.inputs})
     if unknown:
@@ -107,7 +109,7 @@ def lower_rank_program(
     if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
         # Folded first: the rewrites read which collectives a value waits for, and a node that reads only shapes
         # (autodiff's seed of ones shaped like the summed loss) would make every gradient wait for every copy's.
-        prepared = op_rewrites(fold_value_free(prepared))
+        prepared = op_rewrites(fold_value_free(prepared), registry.RewriteContext(one_host=one_host))
     steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}

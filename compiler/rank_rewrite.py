@@ -226,8 +226,8 @@ _NUMPY_STEPS = {
 }
 
 
-def op_rewrites(graph: Graph) -> Graph:
+def op_rewrites(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
     """The rank-graph rewrites the ops' definitions bring (registry.OpDef.rewrite), each applied in turn."""
     for rewrite in registry.rewrites():
-        graph = rewrite(graph)
+        graph = rewrite(graph, context)
     return graph

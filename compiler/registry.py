@@ -15,8 +15,9 @@ An `OpDef` says
   kept by graph building even when no output is used;
 - `differentiates`: the op's outputs are the gradients of input 0 with respect to its other inputs (GradientOf):
   autodiff expands it once the graph is final, which for a parallel graph is after the parallel pass;
-- `rewrite(graph) -> graph`: an algebraic identity of the op applied to every rank graph before lowering
-  (MatMul's: a sum of row-contracted products becomes one product of the stacked rows);
+- `rewrite(graph, context) -> graph`: an algebraic identity of the op applied to every rank graph before lowering
+  (MatMul's: a sum of row-contracted products becomes one product of the stacked rows); `context` (RewriteContext)
+  says what is known of where the graph runs;
 - `orders`: the op exists to order the graph (After): a model holding one asks the runtime to follow the node
   order it was written in (lower_onnx.EXECUTION_ORDER).
 
@@ -115,9 +116,9 @@ class OpDef:
     orders: bool = False
     num_inputs: int | None = None  # None = variadic
     doc: str = ""
-    # A rewrite of whole rank graphs this op's definition brings (graph -> graph, the same values out), applied to
-    # every rank graph before lowering (rank_rewrite.op_rewrites); an algebraic identity of the op, kept with it.
-    rewrite: Callable[[Any], Any] | None = None
+    # A rewrite of whole rank graphs this op's definition brings ((graph, RewriteContext) -> graph, the same values
+    # out), applied to every rank graph before lowering (rank_rewrite.op_rewrites); an algebraic identity of the op.
+    rewrite: Callable[[Any, RewriteContext], Any] | None = None
 
     def sharding_spec(self, node: Node) -> ShardingSpec:
         """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""
@@ -157,7 +158,19 @@ def register(name: str, **fields: Any) -> OpDef:
     return op
 
 
-def rewrites() -> list[Callable[[Any], Any]]:
+@dataclass(frozen=True)
+class RewriteContext:
+    """What a rank-graph rewrite may know of where the graph runs."""
+
+    # Every rank of the world shares this host: a collective's result is there about as soon as it starts (shared
+    # memory), so making work wait for one costs little next to doing that work less well.
+    one_host: bool = False
+
+
+NOTHING_KNOWN = RewriteContext()  # the default: assume the world may span hosts
+
+
+def rewrites() -> list[Callable[[Any, RewriteContext], Any]]:
     """Every op's rank-graph rewrite, in registration order (one entry per function)."""
     _load_ops()
     return list(dict.fromkeys(op.rewrite for op in _OPS.values() if op.rewrite is not None))

@@ -99,18 +99,20 @@ def _matmul_sharding(batched: bool) -> Rule:
 # --- a rank-graph rewrite of sums of products (OpDef.rewrite) --------------------------------------------------
 
 
-def fuse_summed_products(graph: Graph) -> Graph:
+def fuse_summed_products(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
     """Σ_i A_iᵀ B_i → [A_1; …; A_k]ᵀ [B_1; …; B_k]: a sum of products that contract over rows (the gradient of a
     weight that k copies of a network share, as MicroBatchInterleaved's copies and a pipeline's micro-batches do)
     becomes one product of the stacked rows. The k - 1 additions each read and write the whole weight-sized
     gradient, which for a wide layer costs more than the products themselves; stacking copies only the rows.
-    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum, and
-    only to products whose inputs wait for the same collectives: stacking the rows of two copies that each wait for
-    their own AllReduce would make the first copy's product wait for the second copy's communication too, instead
-    of running while it is in flight."""
+    Applied where the stacked rows are smaller than what the additions move, to products used only in the sum, and,
+    when the world spans hosts, only to products whose inputs wait for the same collectives: stacking the rows of
+    two copies that each wait for their own AllReduce across hosts would make the first copy's product wait for the
+    second copy's communication too, instead of running while it is in flight. On one host (`context.one_host`)
+    that wait is short and the stacked product is the quicker (measured: a 4-copy Megatron step 1.27-1.34x the
+    1-copy step stacked, 1.41-1.47x unstacked)."""
     from tessel.compiler.rank_rewrite import Rewriter
 
-    after = _last_collective(graph)
+    after = {} if context.one_host else _last_collective(graph)
 
     users: dict[Value, int] = {}
     for node in (*graph.nodes, Node("return", graph.outputs, Attrs(), ())):

@@ -236,9 +236,10 @@ def test_a_sum_of_row_contracted_products_becomes_one_product_of_stacked_rows():
     assert fuse_summed_products(wide) is wide
 
 
-def test_products_waiting_for_different_collectives_are_not_stacked():
+def test_products_waiting_for_different_collectives_are_not_stacked_unless_the_world_is_on_one_host():
     """Two copies' weight gradients, each after its own AllReduce: stacking them would make the first copy's product
-    wait for the second copy's AllReduce, so they stay two products (and an addition)."""
+    wait for the second copy's AllReduce, so they stay two products (and an addition); on one host, where that
+    AllReduce is over shared memory, the stacked product is the quicker and they are stacked."""
     from tessel.compiler.ops.linalg import fuse_summed_products
 
     def grads(a0, b0, a1, b1):
@@ -247,12 +248,15 @@ def test_products_waiting_for_different_collectives_are_not_stacked():
 
     graph = trace(grads, *[TensorSpec((8, 256), "float64"), TensorSpec((8, 128), "float64")] * 2).graph
     assert fuse_summed_products(graph) is graph
+    stacked = fuse_summed_products(graph, registry.RewriteContext(one_host=True))
+    assert [n.op for n in stacked.nodes].count("Concat") == 2
 
 
 def test_copies_whose_loss_gradients_meet_only_in_the_seed_keep_their_own_weight_gradient_products():
     """Two copies' summed losses seed the backward with OnesLike(loss0 + loss1): read for its shape alone, that seed
     must not make copy 0's weight gradient wait for copy 1's AllReduce, so the products are not stacked and copy
-    0's runs while copy 1's AllReduce is in flight (the rewrite reads the graph after the seed is folded)."""
+    0's runs while copy 1's AllReduce is in flight (the rewrite reads the graph after the seed is folded); on one
+    host they are stacked."""
 
     def forward(x, w, v):
         total = None
@@ -265,9 +269,12 @@ def test_copies_whose_loss_gradients_meet_only_in_the_seed_keep_their_own_weight
 
     graph = trace(forward, TensorSpec((B, F)), TensorSpec((F, F)), TensorSpec((F, F))).graph
     train = build_train_step(graph, ["w", "v"], SGD(0.1))
-    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N, spmd=True)
+    state = [s.name for s in train.state]
+    program = lower_rank_program(train.graph, state=state, world_size=N, spmd=True)
     ops = [n.op for segment in program.segments.values() for n in segment.graph.nodes]
     assert "Concat" not in ops
+    on_one_host = lower_rank_program(train.graph, state=state, world_size=N, spmd=True, one_host=True)
+    assert "Concat" in [n.op for segment in on_one_host.segments.values() for n in segment.graph.nodes]
     products = [n for segment in program.segments.values() for n in segment.graph.nodes if n.op == "MatMul"]
     assert sum(n.attrs["transpose_a"] for n in products) == 4  # dw and dv of each copy, each a product of its own
 

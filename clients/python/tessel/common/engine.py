@@ -87,7 +87,12 @@ class Engine:
             pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
             phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
             lowered = lower_rank_program(
-                named, state=list(state), world_size=self.world_size, spmd=_spmd() and phases is None, phases=phases
+                named,
+                state=list(state),
+                world_size=self.world_size,
+                spmd=_spmd() and phases is None,
+                phases=phases,
+                one_host=self.runtime.local_size >= self.world_size,
             )
             if phases is not None:  # its lowering frees temporaries after their last reader already
                 pipeline.check_lowered(lowered, graph, self.world_size)
