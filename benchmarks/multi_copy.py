@@ -82,7 +82,9 @@ def layout(args, hosts: int, per_host: int, rate: str | None, workdir: Path) -> 
 def _gemm_model(hidden: int, batch: int, pairs: int, mp: int, k: int) -> bytes:
     """One rank's matrix products of one step with k copies: per copy and pair, the two forward products, the
     input gradients (past the first pair) and the hidden gradient at batch/k rows; the weight gradients once at the
-    whole batch (the copies' sum is one product of the stacked rows: MatMul's OpDef.rewrite, fuse_summed_products)."""
+    whole batch (on one host the copies' sum is one product of the stacked rows: MatMul's OpDef.rewrite,
+    fuse_summed_products; across hosts each copy's is a product of its own, at the same cost per row, plus the
+    additions, which are not products)."""
     from onnx import TensorProto, helper
 
     rows, part = batch // k, hidden // mp
