@@ -76,6 +76,9 @@ class GroupContext:
     # Random per job and the same on every member (the coordinator draws it): job ids repeat across coordinators
     # and over time, so names shared on a host (shared-memory segments) include this to stay apart between jobs.
     job_nonce: str = ""
+    # How many of the job's ranks run on this host (0: not known). Where each has a core of its own, a waiter on a
+    # communicator's thread may spin on the core its program leaves idle while it waits (program_waits()).
+    local_ranks: int = 0
 
     @property
     def size(self) -> int:
@@ -87,6 +90,24 @@ class GroupContext:
 
 
 _worker = threading.local()
+
+# Program threads blocked in Handle.wait(): while one is, the core it computes on is idle, and the communicator's
+# thread that will produce the result may spin there instead of sleeping (plugins/cpu/shm_sync.py). A thread that
+# sleeps already is woken through the hooks when a program starts waiting, so that it can turn to spinning.
+_waiting_lock = threading.Lock()
+_waiting = 0
+_wait_hooks: list[Callable[[], None]] = []
+
+
+def program_waits() -> bool:
+    """Whether a program thread of this process is blocked waiting for an asynchronous call's result."""
+    return _waiting > 0
+
+
+def on_program_wait(hook: Callable[[], None]) -> None:
+    """Call `hook` (cheap, never raising) each time a program thread starts to wait for an unfinished result."""
+    with _waiting_lock:
+        _wait_hooks.append(hook)
 
 
 def on_collective_thread() -> bool:
@@ -123,7 +144,19 @@ class Handle:
         self._times = times if times is not None else [0, 0]
 
     def wait(self, timeout: float | None = None) -> Any:
-        return self._future.result(timeout)
+        if self._future.done() or on_collective_thread():
+            return self._future.result(timeout)
+        global _waiting
+        with _waiting_lock:
+            _waiting += 1
+            hooks = list(_wait_hooks)
+        try:
+            for hook in hooks:
+                hook()
+            return self._future.result(timeout)
+        finally:
+            with _waiting_lock:
+                _waiting -= 1
 
     def done(self) -> bool:
         return self._future.done()

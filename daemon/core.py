@@ -312,6 +312,7 @@ class DaemonCore:
             peers=peers,
             timeout_s=self.collective_timeout_s,
             abort=lambda: session.abort_cause,
+            local_ranks=sum(1 for m in session.members if m.host_id == self.host_id),
         )
         communicator = hierarchy.communicator(context, self.plugin.collective, self.host_transport, session.collectives)
         return communicator if self.watch is None else self.watch.wrap(communicator, session.job_id, session.rank)

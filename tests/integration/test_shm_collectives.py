@@ -15,7 +15,7 @@ from collective_harness import leaked_segments, make_input, run_collectives
 
 from tessel.core import collectives
 from tessel.core.errors import CollectiveMismatchError, ConfigurationError
-from tessel.core.plugin import GroupContext, Peer
+from tessel.core.plugin import GroupContext, Peer, program_waits
 from tessel.plugins.cpu.shm import ShmCommunicator
 from tessel.plugins.cpu.shm_segment import Layout, Segment, segment_path
 
@@ -311,9 +311,11 @@ def test_abort_timeout_and_close_end_the_wait_with_the_cause(tmp_path):
 # ---------------------------------------------------------------------------------------------- in this process
 
 
-def _context(name: str, size: int = 1, rank: int = 0, pid: int | None = None) -> GroupContext:
+def _context(name: str, size: int = 1, rank: int = 0, pid: int | None = None, local_ranks: int = 0) -> GroupContext:
     peers = tuple(Peer(r, "here", "", pid or os.getpid()) for r in range(size))
-    return GroupContext(f"unit-{os.getpid()}", name, tuple(range(size)), rank, peers, timeout_s=5.0)
+    return GroupContext(
+        f"unit-{os.getpid()}", name, tuple(range(size)), rank, peers, timeout_s=5.0, local_ranks=local_ranks
+    )
 
 
 def test_one_rank_group_copies_and_buffers_come_back_to_the_arena():
@@ -382,10 +384,12 @@ def test_a_stale_segment_is_never_joined_and_is_replaced():
         stale.close()
 
 
-def _pair(name: str) -> dict[int, ShmCommunicator]:
+def _pair(name: str, local_ranks: int = 0) -> dict[int, ShmCommunicator]:
     made: dict[int, ShmCommunicator] = {}
     threads = [
-        threading.Thread(target=lambda r=r: made.__setitem__(r, ShmCommunicator(_context(name, size=2, rank=r))))
+        threading.Thread(
+            target=lambda r=r: made.__setitem__(r, ShmCommunicator(_context(name, 2, r, local_ranks=local_ranks)))
+        )
         for r in (0, 1)
     ]
     [t.start() for t in threads]
@@ -424,6 +428,40 @@ def test_an_asynchronous_send_runs_on_the_calling_thread_only_when_its_receiver_
         while not sender.idle() and time.monotonic() < deadline:  # its thread's callback runs just after the result
             time.sleep(0.001)
         assert sender.idle()
+    finally:
+        [c.close() for c in comms.values()]
+
+
+@pytest.mark.parametrize("local_ranks", [1, 0])
+def test_a_receive_on_the_communicators_thread_polls_while_the_program_waits_for_it(local_ranks):
+    """A receive started asynchronously sleeps on its futex while the program computes; once the program blocks in
+    the handle's wait (its core idle), the communicator's thread polls instead, where every local rank has a core of
+    its own (local_ranks 1): it says it no longer sleeps, so nobody has to wake it when the data lands. Where that
+    is not known (0) it sleeps on."""
+    comms = _pair(f"poll-{local_ranks}", local_ranks)
+    sender, receiver = comms[0], comms[1]
+    engine = receiver._engine
+    sleep_word = engine.segment.layout.sleep_word(1, engine.pair(0, 1).index)
+    asleep = lambda: engine.segment.words[sleep_word] != 0  # noqa: E731
+    try:
+        handle = receiver.recv((1000,), np.float32, 0, async_op=True)
+        deadline = time.monotonic() + 10
+        while not asleep() and time.monotonic() < deadline:  # the program computes: the receive sleeps
+            time.sleep(0.001)
+        assert asleep()
+        got: list[np.ndarray] = []
+        waiter = threading.Thread(target=lambda: got.append(handle.wait(10)))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not program_waits() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # well past a futex wake, and past a futex timeout
+        assert program_waits() and not handle.done()
+        assert asleep() == (local_ranks == 0)
+        sender.send(np.arange(1000, dtype=np.float32), 1)
+        waiter.join(timeout=10)
+        np.testing.assert_array_equal(got[0], np.arange(1000, dtype=np.float32))
+        assert not program_waits()
     finally:
         [c.close() for c in comms.values()]
 
