@@ -91,23 +91,24 @@ class GroupContext:
 
 _worker = threading.local()
 
-# Program threads blocked in Handle.wait(): while one is, the core it computes on is idle, and the communicator's
-# thread that will produce the result may spin there instead of sleeping (plugins/cpu/shm_sync.py). A thread that
-# sleeps already is woken through the hooks when a program starts waiting, so that it can turn to spinning.
-_waiting_lock = threading.Lock()
-_waiting = 0
+# A program thread blocked in Handle.wait() leaves the core it computes on idle, and the communicator's thread
+# running the call it waits for may poll there instead of sleeping (plugins/cpu/shm_sync.py). Only for that call:
+# polling on while the program, woken by the result, needs the GIL back would keep it from running for up to the
+# interpreter's switch interval. A communicator thread asleep already is woken through the hooks when a program
+# starts waiting, so that it can turn to polling.
 _wait_hooks: list[Callable[[], None]] = []
+_AWAITED = 2  # index, in an asynchronous call's times list, of the flag Handle.wait sets
 
 
 def program_waits() -> bool:
-    """Whether a program thread of this process is blocked waiting for an asynchronous call's result."""
-    return _waiting > 0
+    """On a communicator's thread: whether a program thread is blocked waiting for the call running here."""
+    times = getattr(_worker, "current", None)
+    return bool(times and times[_AWAITED])
 
 
 def on_program_wait(hook: Callable[[], None]) -> None:
     """Call `hook` (cheap, never raising) each time a program thread starts to wait for an unfinished result."""
-    with _waiting_lock:
-        _wait_hooks.append(hook)
+    _wait_hooks.append(hook)
 
 
 def on_collective_thread() -> bool:
@@ -144,22 +145,19 @@ class Handle:
         self._times = times if times is not None else [0, 0]
 
     def wait(self, timeout: float | None = None) -> Any:
-        if self._future.done() or on_collective_thread():
-            return self._future.result(timeout)
-        global _waiting
-        with _waiting_lock:
-            _waiting += 1
-            hooks = list(_wait_hooks)
-        try:
-            for hook in hooks:
+        if not self._future.done() and len(self._times) > _AWAITED and not on_collective_thread():
+            self._times[_AWAITED] = 1  # see program_waits
+            for hook in list(_wait_hooks):
                 hook()
-            return self._future.result(timeout)
-        finally:
-            with _waiting_lock:
-                _waiting -= 1
+        return self._future.result(timeout)
 
     def done(self) -> bool:
         return self._future.done()
+
+    @property
+    def awaited(self) -> bool:
+        """Whether a program thread started waiting for this call before it finished (program_waits)."""
+        return len(self._times) > _AWAITED and bool(self._times[_AWAITED])
 
     @property
     def started(self) -> int:
@@ -172,9 +170,11 @@ class Handle:
 
 def _timed(fn: Callable[..., Any], times: list[int], args: tuple, kwargs: dict) -> Any:
     times[0] = time.time_ns()
+    _worker.current = times  # the call running on this communicator's thread (program_waits)
     try:
         return fn(*args, **kwargs)
     finally:
+        _worker.current = None
         times[1] = time.time_ns()
 
 
@@ -215,7 +215,7 @@ class Communicator(ABC):
                 self._async_worker = ThreadPoolExecutor(
                     1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
                 )
-            times = [0, 0]
+            times = [0, 0, 0]  # started, finished (time.time_ns()), awaited (Handle.wait)
             self._in_flight += 1
             future = self._async_worker.submit(_timed, fn, times, args, kwargs)
             handle = Handle(future, times)

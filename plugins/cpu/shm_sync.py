@@ -12,12 +12,12 @@ again with 4 ranks on 2 busy cores: sleeping on the futex at once doubled the 4 
 yielding for 20 or 100 us instead of 40 changed nothing measurable.
 
 On a communicator's thread (asynchronous collectives, sends and receives) the waiter does not spin: the daemon
-computes meanwhile. Except while a program thread of its process is blocked waiting for a result
+computes meanwhile. Except while a program thread is blocked waiting for the very call the waiter runs
 (core.plugin.program_waits()) and each of the job's ranks on this host has a core of its own: the program's core is
 idle then, and the waiter polls with sched_yield (which lets the other threads have the GIL) instead of sleeping,
-so that the data is taken as it lands instead of a futex wake later (measured on a lent 16-core machine, a 4-stage
-pipeline's activation reached the receiver's wait 0.20 ms median after the send, p90 0.87 ms, most of it the wake of
-the receiver's communicator thread). A program that starts waiting wakes such a sleeper (on_program_wait).
+so that the data is taken as it lands instead of after a futex wake (on 2 cores that wake cost the sender ~0.2 ms
+inside its send; on a 16-core machine a 4-stage pipeline's activation reached the receiver's wait 0.20 ms median
+after the send, p90 0.87 ms). A program that starts waiting wakes such a sleeper (on_program_wait).
 
 While waiting, every few milliseconds the waiter checks its deadline (CollectiveTimeoutError naming the ranks that
 did not arrive), the job's abort cause (PeerFailedError) and the peers' states in the segment (a peer that closed
@@ -95,7 +95,8 @@ _SYNCS: weakref.WeakSet = weakref.WeakSet()  # every Sync of this process, for _
 
 
 def _wake_for_program() -> None:
-    """A program thread starts waiting: wake the communicator threads asleep on a counter, to poll instead."""
+    """A program thread starts waiting: wake the communicator threads asleep on a counter; the one running the call
+    it waits for turns to polling, the others sleep again."""
     for sync in list(_SYNCS):
         address = sync.asleep_at
         if address:
@@ -207,11 +208,11 @@ class Sync:
     def _poll(
         self, channel: int, index: int, target: int, members: tuple, deadline: float, what: Callable | str
     ) -> bool:
-        """Poll the counter while a program thread of this process waits (its core is idle); True once reached."""
+        """Poll the counter while a program thread waits for this call (its core is idle); True once reached."""
         words, clock = self.segment.words, time.monotonic
         next_check = clock() + CHECK_S
         while program_waits():
-            os.sched_yield()  # releases the GIL too: the waiting program's other threads may need it
+            os.sched_yield()  # releases the GIL too: the daemon's other threads may need it
             if (words[index] - target) & _MASK < _HALF_RANGE:
                 return True
             if clock() >= next_check:

@@ -453,15 +453,22 @@ def test_a_receive_on_the_communicators_thread_polls_while_the_program_waits_for
         waiter = threading.Thread(target=lambda: got.append(handle.wait(10)))
         waiter.start()
         deadline = time.monotonic() + 10
-        while not program_waits() and time.monotonic() < deadline:
+        while not handle.awaited and time.monotonic() < deadline:
             time.sleep(0.001)
         time.sleep(0.05)  # well past a futex wake, and past a futex timeout
-        assert program_waits() and not handle.done()
+        assert handle.awaited and not handle.done()
         assert asleep() == (local_ranks == 0)
         sender.send(np.arange(1000, dtype=np.float32), 1)
         waiter.join(timeout=10)
         np.testing.assert_array_equal(got[0], np.arange(1000, dtype=np.float32))
-        assert not program_waits()
+        assert not program_waits()  # on this thread: no call of a communicator runs here
+        later = receiver.recv((10,), np.float32, 0, async_op=True)  # nobody waits for this one: it sleeps
+        deadline = time.monotonic() + 10
+        while not asleep() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert asleep() and not later.awaited
+        sender.send(np.ones(10, np.float32), 1)
+        np.testing.assert_array_equal(later.wait(10), np.ones(10, np.float32))
     finally:
         [c.close() for c in comms.values()]
 
