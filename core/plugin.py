@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -92,18 +93,42 @@ class GroupContext:
 _worker = threading.local()
 
 # A program thread blocked in Handle.wait() leaves the core it computes on idle, and the communicator's thread
-# running the call it waits for may poll there instead of sleeping (plugins/cpu/shm_sync.py). Only for that call:
-# polling on while the program, woken by the result, needs the GIL back would keep it from running for up to the
-# interpreter's switch interval. A communicator thread asleep already is woken through the hooks when a program
-# starts waiting, so that it can turn to polling.
+# running the call it waits for may poll there instead of sleeping (plugins/cpu/shm_sync.py). The poller holds the
+# GIL but for a moment each round, so a thread that needs it could wait up to the interpreter's switch interval:
+# hence only for the call the program waits for (the program, woken by the result, must not find the next call's
+# poller in its way), and only while no other communicator thread of the process runs Python (one asleep on a futex
+# or a socket, inside `asleep()`, does not). A communicator thread asleep already is woken through the hooks when
+# a program starts waiting, so that it can turn to polling.
 _wait_hooks: list[Callable[[], None]] = []
 _AWAITED = 2  # index, in an asynchronous call's times list, of the flag Handle.wait sets
+_active_lock = threading.Lock()
+_active = [0]  # communicators' threads running a call, less those inside asleep()
 
 
 def program_waits() -> bool:
-    """On a communicator's thread: whether a program thread is blocked waiting for the call running here."""
+    """On a communicator's thread: whether a program thread is blocked waiting for the call running here, while no
+    other communicator thread runs Python."""
     times = getattr(_worker, "current", None)
-    return bool(times and times[_AWAITED])
+    return bool(times and times[_AWAITED]) and _active[0] <= 1
+
+
+def _count_active(delta: int) -> None:
+    with _active_lock:
+        _active[0] += delta
+
+
+@contextmanager
+def asleep() -> Iterator[None]:
+    """Around a communicator thread's wait that holds no GIL (a futex, a socket): meanwhile it leaves another
+    thread free to poll (program_waits). Elsewhere it does nothing."""
+    if not on_collective_thread():
+        yield
+        return
+    _count_active(-1)
+    try:
+        yield
+    finally:
+        _count_active(1)
 
 
 def on_program_wait(hook: Callable[[], None]) -> None:
@@ -171,9 +196,11 @@ class Handle:
 def _timed(fn: Callable[..., Any], times: list[int], args: tuple, kwargs: dict) -> Any:
     times[0] = time.time_ns()
     _worker.current = times  # the call running on this communicator's thread (program_waits)
+    _count_active(1)
     try:
         return fn(*args, **kwargs)
     finally:
+        _count_active(-1)
         _worker.current = None
         times[1] = time.time_ns()
 

@@ -14,10 +14,13 @@ yielding for 20 or 100 us instead of 40 changed nothing measurable.
 On a communicator's thread (asynchronous collectives, sends and receives) the waiter does not spin: the daemon
 computes meanwhile. Except while a program thread is blocked waiting for the very call the waiter runs
 (core.plugin.program_waits()) and each of the job's ranks on this host has a core of its own: the program's core is
-idle then, and the waiter polls with sched_yield (which lets the other threads have the GIL) instead of sleeping,
-so that the data is taken as it lands instead of after a futex wake (on 2 cores that wake cost the sender ~0.2 ms
-inside its send; on a 16-core machine a 4-stage pipeline's activation reached the receiver's wait 0.20 ms median
-after the send, p90 0.87 ms). A program that starts waiting wakes such a sleeper (on_program_wait).
+idle then, and the waiter polls with sched_yield instead of sleeping, so that the data is taken as it lands instead
+of after a futex wake (on 2 cores that wake cost the sender ~0.2 ms inside its send; on a 16-core machine a 4-stage
+pipeline's activation reached the receiver's wait 0.20 ms median after the send, p90 0.87 ms). The poller holds the
+GIL but for a moment each round, so it polls only while no other communicator thread of the process runs Python:
+a futex sleep here counts as not running (core.plugin.asleep). Polling with 20 us sleeps instead, which frees the
+GIL, measured worse on 2 cores (1F1B bubble 20-23 % against 15 %). A program that starts waiting wakes such a
+sleeper (on_program_wait).
 
 While waiting, every few milliseconds the waiter checks its deadline (CollectiveTimeoutError naming the ranks that
 did not arrive), the job's abort cause (PeerFailedError) and the peers' states in the segment (a peer that closed
@@ -33,7 +36,7 @@ import weakref
 from collections.abc import Callable
 
 from tessel.core.errors import CollectiveTimeoutError, ConfigurationError, PeerFailedError
-from tessel.core.plugin import GroupContext, on_collective_thread, on_program_wait, program_waits
+from tessel.core.plugin import GroupContext, asleep, on_collective_thread, on_program_wait, program_waits
 from tessel.plugins.cpu import futex
 from tessel.plugins.cpu.shm_segment import CLOSED, FAILED, Segment
 
@@ -196,7 +199,8 @@ class Sync:
                     return
                 if polls:
                     self.asleep_at = address
-                futex.wait(address, value, FUTEX_TIMEOUT_S)
+                with asleep():
+                    futex.wait(address, value, FUTEX_TIMEOUT_S)
                 self.asleep_at = 0
                 if (words[index] - target) & _MASK < _HALF_RANGE:
                     return

@@ -473,6 +473,37 @@ def test_a_receive_on_the_communicators_thread_polls_while_the_program_waits_for
         [c.close() for c in comms.values()]
 
 
+def test_a_receive_the_program_waits_for_sleeps_while_another_communicator_thread_runs_python():
+    """The poller holds the GIL but for a moment each round, so it polls only while no other communicator thread
+    of the process runs a call outside a futex or socket wait: here another group's call is running, and the
+    awaited receive sleeps until the data comes."""
+    comms = _pair("poll-busy", local_ranks=1)
+    sender, receiver = comms[0], comms[1]
+    engine = receiver._engine
+    sleep_word = engine.segment.layout.sleep_word(1, engine.pair(0, 1).index)
+    other = ShmCommunicator(_context("poll-busy-other"))
+    release = threading.Event()
+    try:
+        busy = other._submit(release.wait, 10)  # a call running on the other group's thread, not asleep in a wait
+        handle = receiver.recv((100,), np.float32, 0, async_op=True)
+        waiter = threading.Thread(target=handle.wait, args=(10,))
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not handle.awaited and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)
+        assert handle.awaited and engine.segment.words[sleep_word] != 0  # asleep, not polling
+        sender.send(np.ones(100, np.float32), 1)
+        waiter.join(timeout=10)
+        np.testing.assert_array_equal(handle.wait(10), np.ones(100, np.float32))
+        release.set()
+        busy.wait(10)
+    finally:
+        release.set()
+        other.close()
+        [c.close() for c in comms.values()]
+
+
 def test_an_asynchronous_call_that_finished_before_its_handle_was_made_leaves_the_communicator_idle():
     """The in-flight count's callback runs at once for a call already done; it must not wait for the lock the
     call was submitted under (that deadlocked the caller)."""
