@@ -14,7 +14,7 @@ import pytest
 from collective_harness import leaked_segments, make_input, run_collectives
 
 from tessel.core import collectives
-from tessel.core.errors import CollectiveMismatchError, ConfigurationError
+from tessel.core.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
 from tessel.core.plugin import GroupContext, Peer, program_waits
 from tessel.plugins.cpu.shm import ShmCommunicator
 from tessel.plugins.cpu.shm_segment import Layout, Segment, segment_path
@@ -501,6 +501,36 @@ def test_a_receive_the_program_waits_for_sleeps_while_another_communicator_threa
     finally:
         release.set()
         other.close()
+        [c.close() for c in comms.values()]
+
+
+def test_a_polling_receive_ends_with_the_cause_when_its_sender_closes_the_group():
+    """Polling checks the peers as sleeping does: a sender that closes the group ends the awaited receive with a
+    PeerFailedError naming it, within a moment, not at the timeout."""
+    comms = _pair("poll-close", local_ranks=1)
+    sender, receiver = comms[0], comms[1]
+    try:
+        handle = receiver.recv((10,), np.float32, 0, async_op=True)
+        outcome: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                handle.wait(10)
+            except BaseException as error:  # the test reads it
+                outcome.append(error)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while not handle.awaited and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)  # polling by now
+        closed = time.monotonic()
+        sender.close()
+        waiter.join(timeout=10)
+        assert outcome and isinstance(outcome[0], PeerFailedError), outcome
+        assert "closed the group" in str(outcome[0]) and time.monotonic() - closed < 2.0
+    finally:
         [c.close() for c in comms.values()]
 
 
