@@ -78,7 +78,7 @@ class GroupContext:
     # and over time, so names shared on a host (shared-memory segments) include this to stay apart between jobs.
     job_nonce: str = ""
     # How many of the job's ranks run on this host (0: not known). Where each has a core of its own, a waiter on a
-    # communicator's thread may spin on the core its program leaves idle while it waits (program_waits()).
+    # communicator's thread may poll on the core its program leaves idle while it waits (program_waits()).
     local_ranks: int = 0
 
     @property
