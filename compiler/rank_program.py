@@ -26,8 +26,11 @@ from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
 from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
+from tessel.compiler.row_parts import merge_row_parts
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
+
+_REWRITE_ROUNDS = 4
 
 
 def group_name(ranks: tuple[int, ...], world_size: int | None) -> str:
@@ -98,7 +101,8 @@ def lower_rank_program(
     node's phase, keyed by its first output): the graph's order is the run order already (a pipeline stage's
     schedule), kept as it is, with a new segment wherever the phase changes; each temporary is then freed right
     after its last reader, so that a stage holds only what its micro-batches in flight need. `one_host`: every rank
-    of the world shares this host, so collectives are quick (registry.RewriteContext).
+    of the world shares this host, so collectives are quick (registry.RewriteContext): there the copies of a batch
+    split into parts run as one (compiler/row_parts.py).
     """
     unknown = sorted(set(state) - {v.name for v in graph.inputs})
     if unknown:
@@ -109,7 +113,15 @@ def lower_rank_program(
     if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
         # Folded first: the rewrites read which collectives a value waits for, and a node that reads only shapes
         # (autodiff's seed of ones shaped like the summed loss) would make every gradient wait for every copy's.
-        prepared = op_rewrites(fold_value_free(prepared), registry.RewriteContext(one_host=one_host))
+        # GradAccumulation's marks: its micro-batches run apart, so that one micro-batch's activations are held.
+        apart = any(n.op == "MicroBatchEnd" for n in prepared.nodes)
+        context = registry.RewriteContext(one_host=one_host, spmd=spmd, micro_batches_apart=apart)
+        prepared = fold_value_free(prepared)
+        for _ in range(_REWRITE_ROUNDS):  # each rewrite's result may open the way for the other's
+            rewritten = op_rewrites(merge_row_parts(prepared, context), context)
+            if rewritten is prepared:
+                break
+            prepared = rewritten
     steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}

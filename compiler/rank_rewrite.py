@@ -96,6 +96,29 @@ def alias_effects(graph: Graph) -> Graph:
     return rewriter.build()
 
 
+def merge_duplicates(graph: Graph) -> Graph:
+    """One node for nodes of one op with the same attributes, inputs (once merged themselves) and output types: the
+    same work written twice, as each of MicroBatchInterleaved's copies scales its loss's seed alike. State writes,
+    collectives, ordering nodes and random ops stay as they are."""
+    rewriter = Rewriter(graph)
+    seen: dict[tuple, Node] = {}
+    merged = False
+    for node in graph.nodes:
+        opdef = registry.get(node.op)
+        if opdef.side_effect or opdef.collective is not None or opdef.orders or opdef.random:
+            rewriter.keep(node)
+            continue
+        key = (node.op, node.attrs, tuple(map(rewriter.get, node.inputs)), tuple(v.type for v in node.outputs))
+        earlier = seen.setdefault(key, node)
+        if earlier is node:
+            rewriter.keep(node)
+            continue
+        merged = True
+        for old, new in zip(node.outputs, earlier.outputs):
+            rewriter.alias(old, new)
+    return rewriter.build() if merged else graph
+
+
 # Largest result folded into a constant: a loss seed or a count, not a tensor worth keeping out of the model.
 FOLD_ELEMENTS = 4096
 

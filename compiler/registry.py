@@ -19,7 +19,9 @@ An `OpDef` says
   (MatMul's: a sum of row-contracted products becomes one product of the stacked rows); `context` (RewriteContext)
   says what is known of where the graph runs;
 - `orders`: the op exists to order the graph (After): a model holding one asks the runtime to follow the node
-  order it was written in (lower_onnx.EXECUTION_ORDER).
+  order it was written in (lower_onnx.EXECUTION_ORDER);
+- `random`: the op draws random numbers (Dropout): rank-graph rewrites neither merge two of its nodes nor move
+  it from parts of a tensor to the whole.
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -119,6 +121,9 @@ class OpDef:
     # A rewrite of whole rank graphs this op's definition brings ((graph, RewriteContext) -> graph, the same values
     # out), applied to every rank graph before lowering (rank_rewrite.op_rewrites); an algebraic identity of the op.
     rewrite: Callable[[Any, RewriteContext], Any] | None = None
+    # The op draws random numbers (Dropout): two nodes of it alike in every input are still different results, and
+    # one on the whole of a tensor is not its nodes on the parts, so rewrites neither merge nor split it.
+    random: bool = False
 
     def sharding_spec(self, node: Node) -> ShardingSpec:
         """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""
@@ -165,6 +170,12 @@ class RewriteContext:
     # Every rank of the world shares this host: a collective's result is there about as soon as it starts (shared
     # memory), so making work wait for one costs little next to doing that work less well.
     one_host: bool = False
+    # Every rank runs a copy of this graph (a parallel plan's rank graphs): the same rewrite of each keeps their
+    # collectives in one order, whatever order it makes (see rank_schedule's turns).
+    spmd: bool = False
+    # The graph's micro-batches run one after another so that only one micro-batch's activations are held
+    # (GradAccumulation marks them): rewrites must not merge their work.
+    micro_batches_apart: bool = False
 
 
 NOTHING_KNOWN = RewriteContext()  # the default: assume the world may span hosts

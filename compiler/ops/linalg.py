@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from tessel.compiler import registry
 from tessel.compiler.builder import apply as op
+from tessel.compiler.builder import apply_all
 from tessel.compiler.ir import Attrs, Graph, Node, TensorType, Value
 from tessel.compiler.ops.common import Cost, io_bytes, operand_dtype, require
 from tessel.compiler.registry import register
+from tessel.compiler.row_parts import replace_nodes, row_partitions
 from tessel.compiler.shapes import broadcast, format_shape, is_static, numel
 from tessel.compiler.sharding import Rule, ShardingSpec, einsum
 
@@ -138,7 +140,12 @@ def fuse_summed_products(graph: Graph, context: registry.RewriteContext = regist
             if left is not None and right is not None and _stackable(left[0] + right[0], after):
                 sums[node.outputs[0]] = (left[0] + right[0], [*left[1], *right[1], node])
     absorbed = {n for _, inner in sums.values() for n in inner[:-1]}
-    chosen = {v: t for v, (t, inner) in sums.items() if inner[-1] not in absorbed and _worth_stacking(t, v)}
+    partitions = row_partitions(graph)
+    chosen = {
+        v: _aligned(t, partitions) or t
+        for v, (t, inner) in sums.items()
+        if inner[-1] not in absorbed and (_aligned(t, partitions) or _worth_stacking(t, v))
+    }
     if not chosen:
         return graph
     skipped = {n for v in chosen for n in sums[v][1]}
@@ -147,12 +154,27 @@ def fuse_summed_products(graph: Graph, context: registry.RewriteContext = regist
         if node.outputs and node.outputs[0] in chosen:
             terms = chosen[node.outputs[0]]
             with rewriter.at(node.source):
-                a = op("Concat", *(rewriter.tensor(t[0]) for t in terms), axis=0)
-                b = op("Concat", *(rewriter.tensor(t[1]) for t in terms), axis=0)
+                a = op("Concat", *(rewriter.tensor(t[0]) for t in terms), axis=0) if len(terms) > 1 else None
+                b = op("Concat", *(rewriter.tensor(t[1]) for t in terms), axis=0) if len(terms) > 1 else None
+                a, b = (a, b) if a is not None else (rewriter.tensor(terms[0][0]), rewriter.tensor(terms[0][1]))
                 rewriter.alias(node.outputs[0], op("MatMul", a, b, transpose_a=True, transpose_b=False).value)
         elif node not in skipped:
             rewriter.keep(node)
     return rewriter.build()
+
+
+def _aligned(terms: list[tuple[Value, Value]], partitions) -> list[tuple[Value, Value]] | None:
+    """[(T, U)] when the terms are A_i = T[P_i], B_i = U[P_i] over every part of one row partition P of T and one of
+    U alike: Σ_i A_iᵀ B_i = Tᵀ U, with nothing copied (MicroBatchInterleaved's copies merged on one host, see
+    compiler/row_parts.py). Else None."""
+    owners = [(partitions.get(a), partitions.get(b)) for a, b in terms]
+    if not all(p is not None and q is not None and p[1] == q[1] for p, q in owners):
+        return None
+    (p0, _), (q0, _) = owners[0]
+    whole = all(p[0] is p0 and q[0] is q0 for p, q in owners) and p0.rows == q0.rows
+    if not whole or sorted(p[1] for p, _ in owners) != list(range(len(p0.parts))):
+        return None
+    return [(p0.source, q0.source)]
 
 
 def _stackable(terms: list[tuple[Value, Value]], after: dict[Value, int]) -> bool:
@@ -185,6 +207,117 @@ def _worth_stacking(terms: list[tuple[Value, Value]], out: Value) -> bool:
     return copied < (len(terms) - 1) * 3 * numel(out.shape) * out.dtype.itemsize
 
 
+# A product with fewer rows than this runs at fewer FLOP/s (ONNX Runtime's CPU MatMul, 1 thread, K x N 2048 x 1024:
+# 64 rows 74 GFLOP/s, 128 rows 82, 256 rows 88, 512 and 1024 rows 77-95).
+_FULL_RATE_ROWS = 512
+# Stacking copies each row of A in and of the product out; it pays where a row's product is far more work than that
+# copy (K N multiply-adds per K + N elements moved).
+_MACS_PER_COPIED = 256
+
+
+def stack_shared_products(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
+    """Y_i = A_i op(B) for i = 1..k → [Y_1; …; Y_k] = [A_1; …; A_k] op(B): products that share their right operand
+    (a weight that k copies of a network read, as MicroBatchInterleaved's copies and GradAccumulation's micro-batches
+    do, forward and in the input gradients) and whose left operands do not depend on one another become one product
+    of the stacked rows, split back. Applied on one host only (`context.one_host`): stacking makes every copy wait
+    for the last copy's input, which across hosts is the last copy's collective, the very wait the copies exist to
+    hide; on one host that wait is short, and products of fewer rows run slower (`_FULL_RATE_ROWS`). Only products
+    whose rows are fewer than that, and that do enough work per row for the copying to be small
+    (`_MACS_PER_COPIED`). A stacking that would change the order of the graph's collectives is not made unless
+    every rank's graph is a copy of this one (`context.spmd`), and never one that reorders sends and receives: ranks
+    whose graphs differ could start them in different orders."""
+    if not context.one_host or context.micro_batches_apart:
+        return graph
+    passed: set[tuple] = set()
+    while (batch := _independent_products(graph, passed)) is not None:
+        stacked = _stack_products(graph, batch)
+        if _collectives(stacked, context.spmd) == _collectives(graph, context.spmd):
+            graph = stacked
+        else:
+            passed.add(_shared(batch[0]))
+    return graph
+
+
+def _shared(node: Node) -> tuple:
+    """What products must have alike to stack: the right operand itself, its transpose flag, A's columns, dtype."""
+    a, b = node.inputs
+    return (b, node.attrs["transpose_b"], a.shape[1], a.dtype)
+
+
+def _row_product(node: Node) -> bool:
+    if node.op != "MatMul" or node.attrs["transpose_a"]:
+        return False
+    a, out = node.inputs[0], node.outputs[0]
+    if not (is_static(a.shape) and is_static(out.shape)):
+        return False
+    (rows, k), n = a.shape, out.shape[1]
+    return rows < _FULL_RATE_ROWS and k * n >= _MACS_PER_COPIED * (k + n)
+
+
+def _independent_products(graph: Graph, passed: set[tuple]) -> list[Node] | None:
+    """The first set of ≥ 2 stackable products sharing a right operand, none depending on another (in graph
+    order), or None."""
+    groups: dict[tuple, list[Node]] = {}
+    for node in graph.nodes:
+        if _row_product(node) and _shared(node) not in passed:
+            groups.setdefault(_shared(node), []).append(node)
+    index = {n: i for members in groups.values() if len(members) > 1 for i, n in enumerate(members)}
+    if not index:
+        return None
+    # upstream[v]: bit i set when v depends on the product with index i in its group (bits of different groups
+    # share positions; only a group's own bits are compared below).
+    upstream: dict[Value, int] = {}
+    reads: dict[Node, int] = {}
+    for node in graph.nodes:
+        mask = 0
+        for v in node.inputs:
+            mask |= upstream.get(v, 0)
+        reads[node] = mask
+        if node in index:
+            mask |= 1 << index[node]
+        for out in node.outputs:
+            upstream[out] = mask
+    for key, members in groups.items():
+        if len(members) < 2:
+            continue
+        batch, taken = [], 0
+        for node in members:
+            if not reads[node] & taken:
+                batch.append(node)
+                taken |= 1 << index[node]
+        if len(batch) > 1:
+            return batch
+        passed.add(key)
+    return None
+
+
+def _stack_products(graph: Graph, batch: list[Node]) -> Graph:
+    """`batch` (independent products sharing B, in graph order) as one product at the last one's place."""
+    last = batch[-1]
+
+    def emit(rewriter) -> None:
+        a = op("Concat", *(rewriter.tensor(n.inputs[0]) for n in batch), axis=0)
+        y = op("MatMul", a, rewriter.tensor(last.inputs[1]), transpose_a=False, transpose_b=last.attrs["transpose_b"])
+        for n, part in zip(batch, apply_all("Split", y, axis=0, sizes=tuple(n.inputs[0].shape[0] for n in batch))):
+            rewriter.alias(n.outputs[0], part.value)
+
+    return replace_nodes(graph, batch, emit)
+
+
+def _collectives(graph: Graph, point_to_point_only: bool) -> list[tuple]:
+    """The graph's collectives (or only its sends and receives) in order, each as what a rewrite keeps of it (a kept
+    node's inputs may be remapped)."""
+    from tessel.compiler.rank_plan import is_collective, is_point_to_point
+
+    chosen = [n for n in graph.nodes if is_collective(n) and (is_point_to_point(n) or not point_to_point_only)]
+    return [(n.op, n.attrs, n.outputs) for n in chosen]
+
+
+def _rewrite_products(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
+    """MatMul's rank-graph rewrites: sums of products over rows, then products that share a right operand."""
+    return stack_shared_products(fuse_summed_products(graph, context), context)
+
+
 for _name, _infer, _batched in (("MatMul", _infer_matmul, False), ("BatchMatMul", _infer_batch_matmul, True)):
     register(
         _name,
@@ -196,5 +329,5 @@ for _name, _infer, _batched in (("MatMul", _infer_matmul, False), ("BatchMatMul"
         attrs={"transpose_a": False, "transpose_b": False},
         num_inputs=2,
         doc=f"{_name}(x, y, transpose_a=False, transpose_b=False): matrix product of the last two dims.",
-        rewrite=fuse_summed_products if not _batched else None,
+        rewrite=_rewrite_products if not _batched else None,
     )

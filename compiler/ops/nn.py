@@ -155,6 +155,7 @@ register(
     grad=_dropout_grad,
     attrs={"p": 0.5, "seed": 0, "training": True},
     num_inputs=1,
+    random=True,
     doc="Dropout(x, p=0.5, seed=0, training=True) -> (y, keep_mask) in training, (y,) otherwise.",
 )
 

@@ -256,7 +256,7 @@ def test_copies_whose_loss_gradients_meet_only_in_the_seed_keep_their_own_weight
     """Two copies' summed losses seed the backward with OnesLike(loss0 + loss1): read for its shape alone, that seed
     must not make copy 0's weight gradient wait for copy 1's AllReduce, so the products are not stacked and copy
     0's runs while copy 1's AllReduce is in flight (the rewrite reads the graph after the seed is folded); on one
-    host they are stacked."""
+    host the copies run as one, with one product per weight gradient."""
 
     def forward(x, w, v):
         total = None
@@ -273,10 +273,116 @@ def test_copies_whose_loss_gradients_meet_only_in_the_seed_keep_their_own_weight
     program = lower_rank_program(train.graph, state=state, world_size=N, spmd=True)
     ops = [n.op for segment in program.segments.values() for n in segment.graph.nodes]
     assert "Concat" not in ops
-    on_one_host = lower_rank_program(train.graph, state=state, world_size=N, spmd=True, one_host=True)
-    assert "Concat" in [n.op for segment in on_one_host.segments.values() for n in segment.graph.nodes]
     products = [n for segment in program.segments.values() for n in segment.graph.nodes if n.op == "MatMul"]
     assert sum(n.attrs["transpose_a"] for n in products) == 4  # dw and dv of each copy, each a product of its own
+    on_one_host = lower_rank_program(train.graph, state=state, world_size=N, spmd=True, one_host=True)
+    products = [n for segment in on_one_host.segments.values() for n in segment.graph.nodes if n.op == "MatMul"]
+    assert sum(n.attrs["transpose_a"] for n in products) == 2  # the copies run as one (compiler/row_parts.py)
+
+
+def test_on_one_host_copies_products_of_a_shared_weight_are_one_product_and_the_step_is_unchanged():
+    """Four copies of Megatron's pair, trained: on one host each weight's forward products, and w2's input-gradient
+    products, are one product of the whole batch's rows (the copies' rows of x are x itself, not a Concat of its
+    slices), and the step equals the unstacked one; across hosts every copy keeps its own products."""
+    copies, rows, width, hidden = 4, 128, 512, 1024  # wide enough for stacking to pay (_MACS_PER_COPIED)
+
+    def body(x, w1, w2):
+        total, size = None, rows // copies
+        for i in range(copies):
+            out = apply("AllReduce", apply("ReLU", x[i * size : (i + 1) * size] @ w1) @ w2, group=GROUP)
+            loss = (out * out).mean() / float(copies)
+            total = loss if total is None else total + loss
+        return total
+
+    specs = [TensorSpec((rows, width)), TensorSpec((width, hidden // N)), TensorSpec((hidden // N, width))]
+    train = build_train_step(trace(body, *specs).graph, ["w1", "w2"], SGD(0.1))
+    state = [s.name for s in train.state]
+    programs = {
+        one_host: lower_rank_program(train.graph, state=state, world_size=N, spmd=True, one_host=one_host)
+        for one_host in (False, True)
+    }
+
+    def products(program, weight):
+        nodes = [n for segment in program.segments.values() for n in segment.graph.nodes]
+        return [n for n in nodes if n.op == "MatMul" and not n.attrs["transpose_a"] and n.inputs[1].name == weight]
+
+    assert [len(products(programs[False], w)) for w in ("w1", "w2")] == [copies, 2 * copies]  # forward; w2 also dx
+    stacked = {w: products(programs[True], w) for w in ("w1", "w2")}
+    assert [len(stacked["w1"]), len(stacked["w2"])] == [1, 2], programs[True].dump()
+    assert all(n.inputs[0].shape[0] == rows for nodes in stacked.values() for n in nodes)
+    assert stacked["w1"][0].inputs[0].name == "x"  # the copies' slices of x, stacked again, are x
+
+    rng = np.random.default_rng(5)
+    k = hidden // N
+    w1 = (rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32)
+    w2 = (rng.standard_normal((hidden, width)) / np.sqrt(hidden)).astype(np.float32)
+    x = rng.standard_normal((rows, width)).astype(np.float32)
+    feeds = [{"x": x, "w1": w1[:, r * k : (r + 1) * k], "w2": w2[r * k : (r + 1) * k], "learning_rate": np.float32(0.1)}
+             for r in range(N)]  # fmt: skip
+    results = []
+    for program in programs.values():
+        stores = simulate([program] * N, [dict(f) for f in feeds], compute())
+        results.append([(s[program.outputs[0]], s["w1"], s["w2"]) for s in stores])
+    for apart, together in zip(*results):
+        for a, b in zip(apart, together):
+            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+def test_micro_batches_that_gradient_accumulation_marks_stay_apart_on_one_host():
+    """GradAccumulation runs its micro-batches one after another so that one micro-batch's activations are held at a
+    time: the one-host rewrites that run copies as one leave micro-batches marked by MicroBatchEnd apart."""
+    micro, rows, width = 4, 128, 512
+
+    def body(x, w):
+        total, size = None, rows // micro
+        for i in range(micro):
+            out = apply("AllReduce", apply("ReLU", x[i * size : (i + 1) * size] @ w), group=GROUP)
+            loss = apply("MicroBatchEnd", (out * out).mean(), index=i, count=micro)
+            total = loss if total is None else total + loss
+        return total
+
+    train = build_train_step(trace(body, TensorSpec((rows, width)), TensorSpec((width, width))).graph, ["w"], SGD(0.1))
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N, spmd=True,
+                                 one_host=True)  # fmt: skip
+    nodes = [n for segment in program.segments.values() for n in segment.graph.nodes]
+    forward = [n for n in nodes if n.op == "MatMul" and not n.attrs["transpose_a"] and n.inputs[1].name == "w"]
+    assert len(forward) == micro and all(n.inputs[0].shape[0] == rows // micro for n in forward)
+
+
+def test_products_of_a_shared_weight_that_depend_on_one_another_or_have_many_rows_are_not_stacked():
+    """h @ w then (h @ w) @ w: the second product reads the first, so stacking them would make a cycle; products of
+    512 rows or more already run at full rate; and stacking a @ w with a later d @ w would move a@w's AllReduce
+    after one that came after it (ranks whose graphs differ could then start them in different orders). None of
+    these changes; two independent narrow ones are stacked."""
+    from tessel.compiler.ops.linalg import stack_shared_products
+
+    one_host = registry.RewriteContext(one_host=True)
+    chained = trace(lambda h, w: (h @ w) @ w, TensorSpec((64, 512)), TensorSpec((512, 512))).graph
+    assert stack_shared_products(chained, one_host) is chained
+
+    def reordering(a, b, d, w):
+        first = apply("AllReduce", a @ w, group=GROUP)
+        other = apply("AllReduce", b, group=GROUP)
+        return first.sum() + other.sum() + (d @ w).sum()
+
+    spec = TensorSpec((64, 512))
+    collectives = trace(reordering, spec, spec, spec, TensorSpec((512, 512))).graph
+    assert stack_shared_products(collectives, one_host) is collectives
+
+    def two(a, b, w):
+        return (a @ w).sum() + (b @ w).sum()
+
+    tall = trace(two, TensorSpec((512, 512)), TensorSpec((512, 512)), TensorSpec((512, 512))).graph
+    assert stack_shared_products(tall, one_host) is tall
+    narrow = trace(two, TensorSpec((64, 512)), TensorSpec((32, 512)), TensorSpec((512, 512))).graph
+    assert stack_shared_products(narrow) is narrow  # the world may span hosts: nothing is known
+    stacked = stack_shared_products(narrow, one_host)
+    assert [n.op for n in stacked.nodes].count("MatMul") == 1
+    from compiler_testkit import run_graph
+
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in narrow.inputs}
+    np.testing.assert_allclose(run_graph(stacked, feeds)[0], run_graph(narrow, feeds)[0], rtol=1e-5)
 
 
 def test_work_on_inputs_alone_runs_with_its_reader_after_the_wait_not_before():
