@@ -35,8 +35,10 @@ class Rewriter:
         self._map: dict[Value, Value] = {}
 
     def get(self, value: Value) -> Value:
-        """What `value` of the old graph is in the new one."""
-        return self._map.get(value, value)
+        """What `value` of the old graph is in the new one (through aliases made since `value`'s own)."""
+        while value in self._map and self._map[value] is not value:
+            value = self._map[value]
+        return value
 
     def tensor(self, value: Value) -> SymbolicTensor:
         """`value` (remapped) as a SymbolicTensor on the new graph, for emitting ops with `apply`."""

@@ -11,9 +11,9 @@ Which ops compute rows from rows comes from their sharding rules (compiler/shard
 is no fixed label, appears at dim 0 of every input that carries it, and nowhere else; an input without it (a
 weight, a scalar) must be the same Value in every part's node, and so must one whose rows are all alike (a scalar
 broadcast to the part's shape: a mean's gradient), which the whole reads made again as tall as T. An AllReduce
-reduces each element across ranks, so k AllReduces of the parts are one AllReduce of T; that changes the
-collectives every rank runs, so only where every rank's graph is a copy of this one (`RewriteContext.spmd`). A
-Concat of the parts of a contiguous partition, in order, is T itself.
+reduces each element across ranks, so k AllReduces of the parts are one AllReduce of T. A Concat of the parts of a
+contiguous partition, in order, is T itself. Merging changes which collectives run and in what order, the same on
+every rank only where every rank's graph is a copy of this one (`RewriteContext.spmd`): elsewhere nothing merges.
 
 Applied until nothing changes, this undoes a split of the batch into copies on one host (`RewriteContext.one_host`),
 where there is no communication for the copies to hide and the copies' narrower products run at fewer FLOP/s:
@@ -26,9 +26,10 @@ bound memory (`RewriteContext.micro_batches_apart`: GradAccumulation).
 
 from __future__ import annotations
 
+import heapq
+from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
+from dataclasses import dataclass, replace
 from itertools import pairwise
 
 from tessel.compiler import registry
@@ -43,11 +44,16 @@ Rows = tuple[int, int, int]  # start, stop, step over dim 0
 
 @dataclass(frozen=True, eq=False)
 class RowPartition:
-    """Parts of `source` that together hold each of its rows once: part i is rows[i] of it."""
+    """Parts of `source` that together hold each of its rows once: part i is rows[i] of it. While merging, the
+    source may be output j of a node on the whole not emitted yet, (_Merged, j)."""
 
-    source: Value
+    source: Value | tuple[_Merged, int]
     rows: tuple[Rows, ...]
     parts: tuple[Value, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(len(range(*r)) for r in self.rows)
 
     @property
     def contiguous(self) -> bool:
@@ -99,46 +105,71 @@ def _dim0_slice(node: Node) -> Rows | None:
 
 
 def merge_row_parts(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
-    """The rewrite of the module docstring, applied until nothing changes."""
-    if not context.one_host or context.micro_batches_apart:
+    """The rewrite of the module docstring, where every rank runs a copy of the graph on one host and it holds no
+    sends or receives (whose order among collectives merging could change); `graph` itself where nothing merges.
+
+    One sweep: each partition's parts are tried against their readers; a group found makes the outputs of its
+    nodes the parts of a new partition, of the whole node to come, tried in turn. The graph is then rebuilt once.
+    A group reads only parts (whose sources come before every part) and what its first node reads too, so its
+    nodes cannot depend on one another, nor can what the whole reads depend on them."""
+    if not (context.one_host and context.spmd) or context.micro_batches_apart or _has_point_to_point(graph):
         return graph
     # The copies' own seeds and scales, alike, become one (see _uniform_rows); parts that other rewrites left
     # unread (MatMul's of a sum of products over rows) go.
     graph = drop_unread(merge_duplicates(graph))
-    for _ in range(len(graph.nodes)):  # each change removes at least one node
-        merged = _merge_once(graph, context)
-        if merged is graph:
-            return graph
-        graph = merged
-    return graph
-
-
-def _merge_once(graph: Graph, context: registry.RewriteContext) -> Graph:
     partitions = row_partitions(graph)
-    if not partitions:
-        return graph
     users: dict[Value, list[Node]] = {}
     for node in graph.nodes:
         for v in dict.fromkeys(node.inputs):
             users.setdefault(v, []).append(node)
-    seen: set[int] = set()
-    for partition, _ in partitions.values():
-        if id(partition) in seen:
-            continue
-        seen.add(id(partition))
+    merged: list[_Merged] = []
+    concats: list[tuple[Node, RowPartition]] = []
+    taken: set[Node] = set()
+    queue = deque(dict.fromkeys(p for p, _ in partitions.values()))
+    while queue:
+        partition = queue.popleft()
         for first in users.get(partition.parts[0], []):
+            if first in taken:
+                continue
             if first.op == "Concat" and _whole_concat(first, partition):
-                return replace_nodes(graph, [first], partial(_alias_whole, first.outputs[0], partition.source))
-            # The nodes of a group cannot depend on one another, nor can what the whole reads depend on them: each
-            # reads only parts (whose sources come before every part) and what the first node reads too.
+                concats.append((first, partition))
+                taken.add(first)
+                continue
             group = _group(graph, first, partition, partitions, users, context)
-            if group is not None:
-                return replace_nodes(graph, group.nodes, group.emit)
-    return graph
+            if group is None or not taken.isdisjoint(group.nodes):
+                continue
+            taken.update(group.nodes)
+            record = _Merged(group)
+            merged.append(record)
+            for j in range(len(first.outputs)):
+                made = RowPartition((record, j), partition.rows, tuple(n.outputs[j] for n in group.nodes))
+                _add(partitions, made)
+                queue.append(made)
+    if not merged and not concats:
+        return graph
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if node not in taken:
+            rewriter.keep(node)
+    for record in merged:  # in the order found: each reads only the graph and wholes found before it
+        with rewriter.at(record.group.nodes[0].source):
+            record.emit(rewriter)
+    for concat, partition in concats:
+        rewriter.alias(concat.outputs[0], _whole(rewriter, partition.source).value)
+    return _rebuilt(rewriter)
 
 
-def _alias_whole(concatenated: Value, source: Value, rewriter) -> None:
-    rewriter.alias(concatenated, rewriter.get(source))
+def _has_point_to_point(graph: Graph) -> bool:
+    from tessel.compiler.rank_plan import is_collective, is_point_to_point
+
+    return any(is_collective(n) and is_point_to_point(n) for n in graph.nodes)
+
+
+def _whole(rewriter, source: Value | tuple[_Merged, int]) -> SymbolicTensor:
+    if isinstance(source, Value):
+        return rewriter.tensor(source)
+    record, j = source
+    return SymbolicTensor(rewriter.builder, record.values[j])
 
 
 def _whole_concat(node: Node, partition: RowPartition) -> bool:
@@ -180,17 +211,30 @@ class _Group:
     partition: RowPartition
     operands: list[RowPartition | _Uniform | None]
 
+
+@dataclass(eq=False)
+class _Merged:
+    """The one node on the whole that a group becomes; `values`, its outputs, once emitted."""
+
+    group: _Group
+    values: list[Value] | None = None
+
     def emit(self, rewriter) -> None:
-        first, rows = self.nodes[0], self.partition.source.shape[0]
+        """The node on the whole, and each group node's outputs aliased to their rows of it."""
+        group = self.group
+        first, rows = group.nodes[0], group.partition.size
         inputs = []
-        for v, operand in zip(first.inputs, self.operands):
+        for v, operand in zip(first.inputs, group.operands):
             if isinstance(operand, _Uniform):
                 inputs.append(operand.emit(rewriter, v, rows))
+            elif isinstance(operand, RowPartition):
+                inputs.append(_whole(rewriter, operand.source))
             else:
-                inputs.append(rewriter.tensor(v if operand is None else operand.source))
+                inputs.append(rewriter.tensor(v))
         whole = apply_all(first.op, *inputs, **dict(first.attrs))
+        self.values = [out.value for out in whole]
         for j, out in enumerate(whole):
-            for node, part in zip(self.nodes, _parts(out, self.partition)):
+            for node, part in zip(group.nodes, _parts(out, group.partition)):
                 rewriter.alias(node.outputs[j], part.value)
 
 
@@ -266,7 +310,7 @@ def _row_operands(node: Node, context) -> list[bool] | None:
     rows = node.outputs[0].shape[0]
     if opdef.collective is not None:
         single = len(node.inputs) == len(node.outputs) == 1
-        if not context.spmd or opdef.collective.kind != collective_pb2.ALL_REDUCE or not single:
+        if opdef.collective.kind != collective_pb2.ALL_REDUCE or not single:
             return None
         return [True]
     if opdef.sharding is None:
@@ -298,30 +342,50 @@ def _parts(whole, partition: RowPartition) -> Sequence:
     ]
 
 
-def replace_nodes(graph: Graph, members: list[Node], emit: Callable) -> Graph:
-    """`members` (independent nodes) replaced by what `emit(rewriter)` adds at the last one's place; the nodes
-    between that read an earlier member's result (directly or not) move after it; nodes left without a reader
-    (the parts nothing reads any more) are dropped."""
-    position = {node: i for i, node in enumerate(graph.nodes)}
-    ordered = sorted(members, key=position.__getitem__)
-    first, last = position[ordered[0]], position[ordered[-1]]
-    chosen = set(members)
-    moved, late = [], {out for node in ordered[:-1] for out in node.outputs}
-    for node in graph.nodes[first + 1 : last]:
-        if node not in chosen and any(v in late for v in node.inputs):
-            moved.append(node)
-            late.update(node.outputs)
-    moving = set(moved)
+def replace_nodes(graph: Graph, jobs: Sequence[tuple[Sequence[Node], Callable]]) -> Graph:
+    """Each job's nodes (independent of one another) replaced by what its `emit(rewriter)` adds, which aliases their
+    outputs; then `_rebuilt`."""
+    chosen = {node for members, _ in jobs for node in members}
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        if node is ordered[-1]:
-            with rewriter.at(node.source):
-                emit(rewriter)
-            for later in moved:
-                rewriter.keep(later)
-        elif node not in chosen and node not in moving:
+        if node not in chosen:
             rewriter.keep(node)
-    return drop_unread(rewriter.build())
+    for members, emit in jobs:
+        with rewriter.at(members[-1].source):
+            emit(rewriter)
+    return _rebuilt(rewriter)
+
+
+def _rebuilt(rewriter) -> Graph:
+    """The rewriter's graph with every node reading the Values its inputs were aliased to (a node kept before the
+    aliases were made still reads the old ones), in an order its dependencies allow (otherwise the order kept),
+    without the nodes nothing reads any more (the parts left unread)."""
+    built = rewriter.build()
+    nodes = [replace(n, inputs=tuple(map(rewriter.get, n.inputs))) for n in built.nodes]
+    return drop_unread(Graph(built.inputs, _in_dependency_order(nodes), built.outputs, built.name))
+
+
+def _in_dependency_order(nodes: list[Node]) -> tuple[Node, ...]:
+    """`nodes` ordered so that each comes after the producers of its inputs, otherwise in the order given."""
+    producer = {v: i for i, node in enumerate(nodes) for v in node.outputs}
+    waiting = [len({producer[v] for v in node.inputs if v in producer}) for node in nodes]
+    readers: dict[int, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for j in {producer[v] for v in node.inputs if v in producer}:
+            readers.setdefault(j, []).append(i)
+    ready = [i for i, count in enumerate(waiting) if count == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(nodes[i])
+        for j in readers.get(i, ()):
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(ready, j)
+    if len(order) != len(nodes):
+        raise RuntimeError(f"row_parts: merging made a cycle of {len(nodes) - len(order)} nodes (a tessel bug)")
+    return tuple(order)
 
 
 def drop_unread(graph: Graph) -> Graph:

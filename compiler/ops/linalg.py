@@ -301,7 +301,7 @@ def _stack_products(graph: Graph, batch: list[Node]) -> Graph:
         for n, part in zip(batch, apply_all("Split", y, axis=0, sizes=tuple(n.inputs[0].shape[0] for n in batch))):
             rewriter.alias(n.outputs[0], part.value)
 
-    return replace_nodes(graph, batch, emit)
+    return replace_nodes(graph, [(batch, emit)])
 
 
 def _collectives(graph: Graph, point_to_point_only: bool) -> list[tuple]:

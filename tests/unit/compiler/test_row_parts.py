@@ -12,8 +12,7 @@ from tessel.compiler.ir import Attrs, Graph, Node, Value
 from tessel.compiler.rank_rewrite import merge_duplicates
 from tessel.compiler.row_parts import drop_unread, merge_row_parts, row_partitions
 
-ONE_HOST = registry.RewriteContext(one_host=True)
-SPMD = registry.RewriteContext(one_host=True, spmd=True)
+ONE_HOST = registry.RewriteContext(one_host=True, spmd=True)  # every rank runs a copy of the graph
 ROWS, WIDTH = 8, 6
 
 
@@ -68,12 +67,14 @@ def test_copies_on_interleaved_rows_run_as_one_on_one_host_and_compute_the_same(
     _same_results(graph, merged)
 
 
-def test_nothing_merges_across_hosts_or_where_micro_batches_must_run_apart():
+def test_nothing_merges_across_hosts_where_micro_batches_run_apart_or_where_ranks_graphs_may_differ():
     specs = [TensorSpec((ROWS, WIDTH), "float64"), TensorSpec((WIDTH, WIDTH), "float64"), TensorSpec((), "float64")]
     graph = trace(_copies, *specs).graph
     assert merge_row_parts(graph) is graph
-    apart = registry.RewriteContext(one_host=True, micro_batches_apart=True)
+    apart = registry.RewriteContext(one_host=True, spmd=True, micro_batches_apart=True)
     assert merge_row_parts(graph, apart) is graph
+    ranks_differ = registry.RewriteContext(one_host=True)  # manual parallelism: ranks' graphs may differ
+    assert merge_row_parts(graph, ranks_differ) is graph
 
 
 def test_a_concat_of_a_splits_parts_in_order_is_the_tensor_and_one_in_another_order_stays():
@@ -87,15 +88,19 @@ def test_a_concat_of_a_splits_parts_in_order_is_the_tensor_and_one_in_another_or
     _same_results(graph, merged)
 
 
-def test_all_reduces_of_the_parts_are_one_only_where_every_rank_runs_a_copy_of_the_graph():
+def test_all_reduces_of_the_parts_are_one_and_a_graph_with_sends_keeps_its_parts():
     def body(x):
         parts = apply_all("Split", x, axis=0, output_num=2)
         reduced = [apply("AllReduce", apply("Tanh", p), group=(0, 1)) for p in parts]
         return reduced[0].sum() + reduced[1].sum()
 
+    def sending(x):
+        return body(x) + apply("Send", x, peer=1, group=(0, 1)).sum()
+
+    with_send = trace(sending, TensorSpec((ROWS, WIDTH))).graph
+    assert merge_row_parts(with_send, ONE_HOST) is with_send  # merging could move the send among the collectives
     graph = trace(body, TensorSpec((ROWS, WIDTH))).graph
-    assert _ops(merge_row_parts(graph, ONE_HOST)).count("AllReduce") == 2
-    merged = merge_row_parts(graph, SPMD)
+    merged = merge_row_parts(graph, ONE_HOST)
     assert _ops(merged).count("AllReduce") == 1 and _ops(merged).count("Tanh") == 1
     whole = next(n for n in merged.nodes if n.op == "AllReduce")
     assert whole.inputs[0].shape == (ROWS, WIDTH)
