@@ -122,7 +122,18 @@ def test_a_tensor_parallel_train_step_with_two_copies_overlaps_and_matches_one_c
         specs = [TensorSpec((rows, width)), TensorSpec((width, hidden // N)), TensorSpec((hidden // N, width))]
         return trace(body, *specs).graph
 
-    rng = np.random.default_rng(1)
+    programs = []
+    for copies in (1, 2):
+        train = build_train_step(forward(copies), ["w1", "w2"], SGD(0.1))
+        programs.append(lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N))
+    assert len(_in_flight_across_a_segment(programs[1])) >= 2, programs[1].dump()
+    _same_megatron_steps(programs, rows, width, hidden, seed=1)
+
+
+def _same_megatron_steps(programs, rows: int, width: int, hidden: int, seed: int) -> None:
+    """Each program (a Megatron pair's train step on N ranks: x, w1 cut by columns, w2 by rows) run on the same
+    data gives the same loss and new weights as the first."""
+    rng = np.random.default_rng(seed)
     x = rng.standard_normal((rows, width)).astype(np.float32)
     w1 = (rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32)
     w2 = (rng.standard_normal((hidden, width)) / np.sqrt(hidden)).astype(np.float32)
@@ -130,16 +141,13 @@ def test_a_tensor_parallel_train_step_with_two_copies_overlaps_and_matches_one_c
     feeds = [{"x": x, "w1": w1[:, r * k : (r + 1) * k], "w2": w2[r * k : (r + 1) * k], "learning_rate": np.float32(0.1)}
              for r in range(N)]  # fmt: skip
     results = []
-    for copies in (1, 2):
-        train = build_train_step(forward(copies), ["w1", "w2"], SGD(0.1))
-        program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=N)
-        if copies == 2:
-            assert len(_in_flight_across_a_segment(program)) >= 2, program.dump()
+    for program in programs:
         stores = simulate([program] * N, [dict(f) for f in feeds], compute())
         results.append([(s[program.outputs[0]], s["w1"], s["w2"]) for s in stores])
-    for one, two in zip(*results):
-        for a, b in zip(one, two):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    for other in results[1:]:
+        for want, got in zip(results[0], other):
+            for a, b in zip(want, got):
+                np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
 
 
 def _two_copies_of_two_pairs():
@@ -312,20 +320,7 @@ def test_on_one_host_copies_products_of_a_shared_weight_are_one_product_and_the_
     assert all(n.inputs[0].shape[0] == rows for nodes in stacked.values() for n in nodes)
     assert stacked["w1"][0].inputs[0].name == "x"  # the copies' slices of x, stacked again, are x
 
-    rng = np.random.default_rng(5)
-    k = hidden // N
-    w1 = (rng.standard_normal((width, hidden)) / np.sqrt(width)).astype(np.float32)
-    w2 = (rng.standard_normal((hidden, width)) / np.sqrt(hidden)).astype(np.float32)
-    x = rng.standard_normal((rows, width)).astype(np.float32)
-    feeds = [{"x": x, "w1": w1[:, r * k : (r + 1) * k], "w2": w2[r * k : (r + 1) * k], "learning_rate": np.float32(0.1)}
-             for r in range(N)]  # fmt: skip
-    results = []
-    for program in programs.values():
-        stores = simulate([program] * N, [dict(f) for f in feeds], compute())
-        results.append([(s[program.outputs[0]], s["w1"], s["w2"]) for s in stores])
-    for apart, together in zip(*results):
-        for a, b in zip(apart, together):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    _same_megatron_steps(list(programs.values()), rows, width, hidden, seed=5)
 
 
 def test_micro_batches_that_gradient_accumulation_marks_stay_apart_on_one_host():
