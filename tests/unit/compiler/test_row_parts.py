@@ -146,3 +146,52 @@ def test_duplicates_are_one_node_and_unread_nodes_go():
     with_unread = Graph(graph.inputs, (unread, *graph.nodes), graph.outputs, graph.name)
     assert _ops(drop_unread(with_unread)) == _ops(graph)
     assert drop_unread(graph) is graph
+
+
+def _random_copies(seed: int):
+    """k copies of one random chain of row-wise ops (products with shared weights, element-wise ops with a scalar
+    or with another partition's parts, a broadcast seed), on interleaved or contiguous parts of x, each copy reduced
+    on its own; traced copy by copy as MicroBatchInterleaved does."""
+    rng = np.random.default_rng(seed)
+    k = int(rng.choice([2, 3, 4]))
+    rows, interleaved = 4 * k, bool(rng.integers(2))
+    steps = [str(rng.choice(["matmul", "tanh", "scale", "with_y", "seed", "relu"])) for _ in range(6)]
+
+    def body(x, y, w, g):
+        if interleaved:
+            xs, ys = [x[i::k] for i in range(k)], [y[i::k] for i in range(k)]
+        else:
+            xs, ys = apply_all("Split", x, axis=0, output_num=k), apply_all("Split", y, axis=0, output_num=k)
+        total = None
+        for h, other in zip(xs, ys):
+            for step in steps:
+                if step == "matmul":
+                    h = h @ w
+                elif step == "tanh":
+                    h = apply("Tanh", h)
+                elif step == "relu":
+                    h = apply("ReLU", h)
+                elif step == "scale":
+                    h = h * 0.5
+                elif step == "with_y":
+                    h = h * other + 1.0
+                else:
+                    h = h * apply("BroadcastTo", g * 0.25, shape=(rows // k, WIDTH))
+            loss = (h * h).mean()
+            total = loss if total is None else total + loss
+        return total
+
+    spec = TensorSpec((rows, WIDTH), "float64")
+    return trace(body, spec, spec, TensorSpec((WIDTH, WIDTH), "float64"), TensorSpec((), "float64")).graph, steps
+
+
+def test_random_chains_of_row_wise_ops_merge_and_compute_the_same():
+    for seed in range(12):
+        graph, steps = _random_copies(seed)
+        merged = merge_row_parts(graph, ONE_HOST)
+        ops = _ops(merged)
+        for op, step in (("MatMul", "matmul"), ("Tanh", "tanh"), ("ReLU", "relu")):
+            assert ops.count(op) == steps.count(step), (seed, steps, ops)
+        broadcasts = [n.outputs[0].shape for n in merged.nodes if n.op == "BroadcastTo"]
+        assert len(broadcasts) <= steps.count("seed") and all(rows > 4 for rows, _ in broadcasts), seed  # a copy: 4
+        _same_results(graph, merged)
