@@ -141,11 +141,11 @@ def fuse_summed_products(graph: Graph, context: registry.RewriteContext = regist
                 sums[node.outputs[0]] = (left[0] + right[0], [*left[1], *right[1], node])
     absorbed = {n for _, inner in sums.values() for n in inner[:-1]}
     partitions = row_partitions(graph)
-    chosen = {
-        v: _aligned(t, partitions) or t
-        for v, (t, inner) in sums.items()
-        if inner[-1] not in absorbed and (_aligned(t, partitions) or _worth_stacking(t, v))
-    }
+    chosen = {}
+    for v, (terms, inner) in sums.items():
+        aligned = _aligned(terms, partitions)
+        if inner[-1] not in absorbed and (aligned is not None or _worth_stacking(terms, v)):
+            chosen[v] = terms if aligned is None else aligned
     if not chosen:
         return graph
     skipped = {n for v in chosen for n in sums[v][1]}
@@ -154,13 +154,15 @@ def fuse_summed_products(graph: Graph, context: registry.RewriteContext = regist
         if node.outputs and node.outputs[0] in chosen:
             terms = chosen[node.outputs[0]]
             with rewriter.at(node.source):
-                a = op("Concat", *(rewriter.tensor(t[0]) for t in terms), axis=0) if len(terms) > 1 else None
-                b = op("Concat", *(rewriter.tensor(t[1]) for t in terms), axis=0) if len(terms) > 1 else None
-                a, b = (a, b) if a is not None else (rewriter.tensor(terms[0][0]), rewriter.tensor(terms[0][1]))
+                a, b = (_rows([rewriter.tensor(t[i]) for t in terms]) for i in (0, 1))
                 rewriter.alias(node.outputs[0], op("MatMul", a, b, transpose_a=True, transpose_b=False).value)
         elif node not in skipped:
             rewriter.keep(node)
     return rewriter.build()
+
+
+def _rows(tensors: list):
+    return tensors[0] if len(tensors) == 1 else op("Concat", *tensors, axis=0)
 
 
 def _aligned(terms: list[tuple[Value, Value]], partitions) -> list[tuple[Value, Value]] | None:
@@ -217,9 +219,10 @@ _MACS_PER_COPIED = 256
 
 def stack_shared_products(graph: Graph, context: registry.RewriteContext = registry.NOTHING_KNOWN) -> Graph:
     """Y_i = A_i op(B) for i = 1..k → [Y_1; …; Y_k] = [A_1; …; A_k] op(B): products that share their right operand
-    (a weight that k copies of a network read, as MicroBatchInterleaved's copies and GradAccumulation's micro-batches
-    do, forward and in the input gradients) and whose left operands do not depend on one another become one product
-    of the stacked rows, split back. Applied on one host only (`context.one_host`): stacking makes every copy wait
+    (a weight that k copies of a network read, forward and in the input gradients, where their rows are not parts
+    of one tensor, which compiler/row_parts.py merges without copying) and whose left operands do not depend on one
+    another become one product of the stacked rows, split back. Applied on one host only (`context.one_host`), and
+    not to GradAccumulation's micro-batches (`context.micro_batches_apart`): stacking makes every copy wait
     for the last copy's input, which across hosts is the last copy's collective, the very wait the copies exist to
     hide; on one host that wait is short, and products of fewer rows run slower (`_FULL_RATE_ROWS`). Only products
     whose rows are fewer than that, and that do enough work per row for the copying to be small
