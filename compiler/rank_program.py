@@ -27,6 +27,7 @@ from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
 from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
 from tessel.compiler.row_parts import merge_row_parts
+from tessel.compiler.train_step import micro_batch_ends
 from tessel.core.errors import ConfigurationError
 from tessel.v1 import collective_pb2, daemon_pb2
 
@@ -113,8 +114,8 @@ def lower_rank_program(
     if phases is None:  # a pipeline's order is its schedule: no product of several micro-batches is stacked
         # Folded first: the rewrites read which collectives a value waits for, and a node that reads only shapes
         # (autodiff's seed of ones shaped like the summed loss) would make every gradient wait for every copy's.
-        # GradAccumulation's marks: its micro-batches run apart, so that one micro-batch's activations are held.
-        apart = any(n.op == "MicroBatchEnd" for n in prepared.nodes)
+        # GradAccumulation's micro-batches run apart, so that one micro-batch's activations are held at a time.
+        apart = bool(micro_batch_ends(prepared))
         context = registry.RewriteContext(one_host=one_host, spmd=spmd, micro_batches_apart=apart)
         prepared = fold_value_free(prepared)
         for _ in range(_REWRITE_ROUNDS):  # each rewrite's result may open the way for the other's

@@ -135,7 +135,7 @@ def merge_row_parts(graph: Graph, context: registry.RewriteContext = registry.NO
                 concats.append((first, partition))
                 taken.add(first)
                 continue
-            group = _group(graph, first, partition, partitions, users, context)
+            group = _group(graph, first, partition, partitions, users)
             if group is None or not taken.isdisjoint(group.nodes):
                 continue
             taken.update(group.nodes)
@@ -238,9 +238,9 @@ class _Merged:
                 rewriter.alias(node.outputs[j], part.value)
 
 
-def _group(graph: Graph, first: Node, partition: RowPartition, partitions, users, context) -> _Group | None:
+def _group(graph: Graph, first: Node, partition: RowPartition, partitions, users) -> _Group | None:
     """The nodes, one per part of `partition` in order, that together are `first`'s op on the whole, or None."""
-    rowwise = _row_operands(first, context)
+    rowwise = _row_operands(first)
     if rowwise is None or not any(rowwise[j] and v is partition.parts[0] for j, v in enumerate(first.inputs)):
         return None
     operands: list[RowPartition | _Uniform | None] = []
@@ -250,7 +250,7 @@ def _group(graph: Graph, first: Node, partition: RowPartition, partitions, users
             operands.append(None)
         elif owner is not None and owner[1] == 0 and owner[0].rows == partition.rows:
             operands.append(owner[0])
-        elif (chain := _uniform_rows(graph, v, context)) is not None:
+        elif (chain := _uniform_rows(graph, v)) is not None:
             operands.append(_Uniform(tuple(chain)))
         else:
             return None
@@ -265,7 +265,7 @@ def _group(graph: Graph, first: Node, partition: RowPartition, partitions, users
     return _Group(nodes, partition, operands)
 
 
-def _uniform_rows(graph: Graph, value: Value, context, depth: int = 0) -> list[Node] | None:
+def _uniform_rows(graph: Graph, value: Value, depth: int = 0) -> list[Node] | None:
     """The nodes that compute `value` with every row alike, when they do: a node that broadcasts inputs without
     rows to a shape it is given (BroadcastTo of a scalar: a mean's gradient), then row-wise ops of such values and
     operands without rows (the seed scaled). Emitted again with more rows (`_Group.emit`), they make the whole's
@@ -283,13 +283,13 @@ def _uniform_rows(graph: Graph, value: Value, context, depth: int = 0) -> list[N
         from_rows = any(labels is None or label in labels for labels in spec.inputs)
         rows_given = bool(shape) and shape[0] == value.shape[0]
         return [node] if rows_given and not from_rows and label not in spec.fixed else None
-    rowwise = _row_operands(node, context)
+    rowwise = _row_operands(node)
     if rowwise is None:
         return None
     chain: list[Node] = []
     for v, rows in zip(node.inputs, rowwise):
         if rows:
-            inner = _uniform_rows(graph, v, context, depth + 1)
+            inner = _uniform_rows(graph, v, depth + 1)
             if inner is None:
                 return None
             chain += [n for n in inner if n not in chain]
@@ -299,7 +299,7 @@ def _uniform_rows(graph: Graph, value: Value, context, depth: int = 0) -> list[N
 _UNIFORM_DEPTH = 8
 
 
-def _row_operands(node: Node, context) -> list[bool] | None:
+def _row_operands(node: Node) -> list[bool] | None:
     """Per input, whether it is a row operand (output row r reads its row r), when `node` computes its output rows
     from its inputs' same rows; None when it does not."""
     opdef = registry.get(node.op)

@@ -96,7 +96,7 @@ def build_train_step(
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
     reductions: set[Value] = set()
     if deferred_gradients:
-        if shards or _micro_batch_ends(forward):
+        if shards or micro_batch_ends(forward):
             raise NotSupportedYetError(
                 "not supported yet: pipeline parallel with optimizer parallel (enable_parallel_optimizer) or "
                 "GradAccumulation, the pipeline stages do not shard their optimizer state or accumulate micro-batches "
@@ -105,7 +105,7 @@ def build_train_step(
         seed = [] if sens is None else [sens]
         wrt = [SymbolicTensor(builder, v) for v in values]
         grads = [g.value for g in apply_all("GradientOf", loss, *wrt, *seed, seeded=bool(seed))]
-    elif shards or _micro_batch_ends(forward):
+    elif shards or micro_batch_ends(forward):
         seed = None if sens is None else sens.value
         grads = _reduced_gradients(builder, forward, params, loss.value, seed, shards, reductions)
     else:
@@ -152,7 +152,7 @@ def build_train_step(
     return TrainProgram(graph, data, tuple(state), outputs, optimizer)
 
 
-def _micro_batch_ends(forward: Graph) -> list[Value]:
+def micro_batch_ends(forward: Graph) -> list[Value]:
     """The micro-batch losses (MicroBatchEnd outputs) the loss is summed from, in micro-batch order."""
     ends = [n for n in forward.nodes if n.op == "MicroBatchEnd"]
     return [n.outputs[0] for n in sorted(ends, key=lambda n: n.attrs["index"])]
@@ -164,7 +164,7 @@ def _reduced_gradients(builder, forward: Graph, params, loss: Value, sens: Value
     (what the Mirror's own gradient would do, marked for bucketing). The reduce-scatters' outputs (and the
     all-reduces after them) are added to `reductions`."""
     reads = [read_value(forward, n, shards.get(n)) for n in params]
-    ends = _micro_batch_ends(forward)
+    ends = micro_batch_ends(forward)
     if ends:
         # Each micro-batch's cotangent, then its own backward pass: the micro-batches' gradients meet only here.
         seeds = gradients(builder, loss, ends, sens)
