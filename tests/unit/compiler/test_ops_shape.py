@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiler_testkit import check_forward, check_grad
+from compiler_testkit import check_forward, check_grad, run_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tessel.compiler.builder import apply
+from tessel.compiler.lower_onnx import to_onnx
+from tessel.compiler.tracer import Trace
 
 rng = np.random.default_rng(3)
 
@@ -50,6 +54,35 @@ def test_reductions(op, axis, keep):
     fn = lambda x: REDUCE[op](x, axis=axis, keepdims=keep)  # noqa: E731
     check_forward(op, [x], {"axis": axis, "keep_dims": keep}, fn, rtol=1e-5)
     check_grad(op, [x], {"axis": axis, "keep_dims": keep}, fn)
+
+
+@pytest.mark.parametrize(
+    "shape,axis,runs",
+    [
+        (("N", 256), 0, [(48, 256), (5, 256)]),  # a bias gradient over a symbolic batch
+        (("N", 3, 64), 0, [(7, 3, 64)]),  # the kept dims flattened to one
+        ((4, "T", 128), (0, 1), [(4, 9, 128), (4, 1, 128)]),  # several leading dims, one symbolic
+        ((64, 8, 32), 0, [(64, 8, 32)]),  # static, just large enough
+    ],
+)
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_float32_sum_over_leading_dims_runs_as_a_product_with_ones_and_equals_the_sum(shape, axis, runs, keep):
+    with Trace("rows") as t:
+        graph, _ = t.build(apply("ReduceSum", t.input("a0", shape), axis=axis, keep_dims=keep))
+    ops = [n.op_type for n in to_onnx(graph).graph.node]
+    assert "MatMul" in ops and "ReduceSum" not in ops
+    for run in runs:
+        x = rand(*run)
+        (got,) = run_graph(graph, {"a0": x})
+        want = np.sum(x.astype(np.float64), axis=axis, keepdims=keep)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape,axis", [((3, 4), 0), (("N", 64), 0), ((8, 256), 0), (("N", 256), 1), ((2, 256), -1)])
+def test_small_or_inner_sums_stay_reduce_sum(shape, axis):
+    with Trace("rows") as t:
+        graph, _ = t.build(apply("ReduceSum", t.input("a0", shape), axis=axis))
+    assert "ReduceSum" in [n.op_type for n in to_onnx(graph).graph.node]
 
 
 def test_reduce_max_shares_the_gradient_between_ties():
