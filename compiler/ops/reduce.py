@@ -17,7 +17,7 @@ from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Node, TensorType
 from tessel.compiler.ops.common import ZERO_GRAD, require
 from tessel.compiler.registry import register
-from tessel.compiler.shapes import normalize_axes, normalize_axis
+from tessel.compiler.shapes import is_static, normalize_axes, normalize_axis
 from tessel.compiler.sharding import Rule, ShardingSpec
 
 _REDUCE_ATTRS = {"axis": None, "keep_dims": False}
@@ -64,24 +64,22 @@ ROWS_PRODUCT_MIN_SIZE = 1 << 14
 
 def _rows_as_product(x, axes: tuple[int, ...]) -> bool:
     lead = len(axes)
-    kept = x.shape[lead:]
-    if x.dtype != DType.float32 or axes != tuple(range(lead)) or not kept:
+    rows, kept = x.shape[:lead], x.shape[lead:]
+    if x.dtype != DType.float32 or axes != tuple(range(lead)) or not kept or not is_static(kept):
         return False
-    if not all(isinstance(d, int) for d in kept) or math.prod(kept) < ROWS_PRODUCT_MIN_COLUMNS:
-        return False
-    rows = x.shape[:lead]
-    return not all(isinstance(d, int) for d in rows) or math.prod(rows) * math.prod(kept) >= ROWS_PRODUCT_MIN_SIZE
+    columns = math.prod(kept)
+    known_small = is_static(rows) and math.prod(rows) * columns < ROWS_PRODUCT_MIN_SIZE
+    return columns >= ROWS_PRODUCT_MIN_COLUMNS and not known_small
 
 
 def _lower_rows_sum(ctx, node, x: str, outputs) -> None:
     """ReduceSum of `node` over its input's leading dims as ones(1, R) @ x(R, C), reshaped to the output."""
     value = node.inputs[0]
     lead = len(reduced_axes(node.attrs, value.ndim))
-    columns = math.prod(value.shape[lead:])
-    flat = x if value.ndim == 2 else ctx.add1("Reshape", [x, ctx.ints([-1, columns])])
     rows = value.shape[:lead]
-    if all(isinstance(d, int) for d in rows) or lead == 1:
-        ones = ctx.full([1, math.prod(rows) if lead > 1 else rows[0]], 1.0, DType.float32)
+    flat = x if value.ndim == 2 else ctx.add1("Reshape", [x, ctx.ints([-1, math.prod(value.shape[lead:])])])
+    if lead == 1 or is_static(rows):
+        ones = ctx.full([1, rows[0] if lead == 1 else math.prod(rows)], 1.0, DType.float32)
     else:  # several leading dims, some symbolic: as many ones as the flattened rows
         count = ctx.add1("Shape", [flat], start=0, end=1)
         one = numpy_helper.from_array(np.ones((1,), np.float32))
