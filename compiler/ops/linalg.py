@@ -232,9 +232,10 @@ def stack_shared_products(graph: Graph, context: registry.RewriteContext = regis
     if not context.one_host or context.micro_batches_apart:
         return graph
     passed: set[tuple] = set()
+    order = _collectives(graph, context.spmd)  # what every stacking must leave as it is
     while (batch := _independent_products(graph, passed)) is not None:
         stacked = _stack_products(graph, batch)
-        if _collectives(stacked, context.spmd) == _collectives(graph, context.spmd):
+        if _collectives(stacked, context.spmd) == order:
             graph = stacked
         else:
             passed.add(_shared(batch[0]))
