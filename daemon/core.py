@@ -350,6 +350,39 @@ class DaemonCore:
         session.datasets[name] = ShardReader(name, spec, list(columns), session.inline)
         return session.datasets[name]
 
+    def put_inline_data(self, session_id: str, digest: bytes, total_bytes: int, offset: int, data: bytes) -> None:
+        """One piece of an inline source's stream, in order from offset 0; the last piece checks the whole against
+        `digest` and keeps its columns in the session's InlineCache, so that an OpenDataset may name it by digest.
+        A piece at offset 0 starts over (a client whose earlier upload failed half way sends it all again)."""
+        from tessel.dataset.spec import InlineCache, decode_inline
+
+        session = self.session(session_id)
+        if offset == 0:
+            session.upload = (digest, total_bytes, bytearray())
+        upload = session.upload
+        if upload is None or upload[0] != digest or upload[1] != total_bytes or len(upload[2]) != offset:
+            expected = "offset 0 (no upload in progress)" if upload is None else f"offset {len(upload[2])}"
+            session.upload = None
+            raise ConfigurationError(
+                f"PutInlineData in {session.describe()}: a piece of data {digest.hex()} at offset {offset} of "
+                f"{total_bytes} bytes, where {expected} of the upload in progress was due; send the pieces in order "
+                "from offset 0 (an upload is dropped at the first piece out of order)"
+            )
+        received = upload[2]
+        received += data
+        if len(received) > total_bytes:
+            session.upload = None
+            raise ConfigurationError(
+                f"PutInlineData in {session.describe()}: data {digest.hex()} passed its total of {total_bytes} bytes "
+                f"({len(received)} received); send total_bytes as the whole stream's length"
+            )
+        if len(received) == total_bytes:
+            session.upload = None
+            columns = decode_inline(received, digest, f"PutInlineData in {session.describe()}")
+            if session.inline is None:
+                session.inline = InlineCache()
+            session.inline.touch(digest, total_bytes, columns)
+
     # ------------------------------------------------------------------------------------------ programs
 
     def execute(

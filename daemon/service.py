@@ -72,6 +72,10 @@ class DaemonServicer:
         cursor = self.core.open_dataset(request.session_id, request.name, request.spec, request.columns)
         return daemon_pb2.OpenDatasetReply(batches_per_epoch=cursor.batches_per_epoch, columns=cursor.columns)
 
+    def PutInlineData(self, request, context):
+        self.core.put_inline_data(request.session_id, request.digest, request.total_bytes, request.offset, request.data)
+        return common_pb2.Empty()
+
     def Execute(self, request, context):
         """`request`: an ExecuteRequest or its serialized bytes (see `_unpack`: parsed here, the tensors it feeds
         are decoded and the message let go of before the program runs)."""

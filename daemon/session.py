@@ -32,6 +32,7 @@ class Session:
     segments: dict[str, Any] = field(default_factory=dict)
     datasets: dict[str, Any] = field(default_factory=dict)
     inline: Any = None  # dataset.spec.InlineCache: in-memory data sent in this session, by digest (sink mode)
+    upload: Any = None  # (digest, total bytes, bytearray so far): inline data arriving in pieces (PutInlineData)
     bound: dict[bytes, list] = field(default_factory=dict)  # program bytes -> bound steps (DaemonCore._bound)
     # Seconds spent running programs, and the part of them spent blocked in collectives (waiting for peers and
     # moving data): what is left is this rank's own work, the measure of its speed (speed-aware data parallelism).

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -203,30 +203,43 @@ def _inline_sources(dataset: Dataset, held: InlineCache | None) -> dict[int, tup
     session the spec goes to), the stream is empty for those the session still holds when its `from_spec` reads
     them, and each is noted as opened, in the order it reads them (children first)."""
     sources: dict[int, tuple[bytes, bytes]] = {}
-
-    def visit(node: Dataset) -> None:
-        for child in node.children:
-            visit(child)
-        if type(node) is NumpySlicesDataset:
-            stream, digest = node.inline_stream()
-            if held is not None and held.note(digest, len(stream)):
-                stream = b""  # the session holds it: the digest alone
-            sources[id(node)] = (stream, digest)
-
-    visit(dataset)
+    for node in _inline_nodes(dataset):
+        stream, digest = node.inline_stream()
+        if held is not None and held.note(digest, len(stream)):
+            stream = b""  # the session holds it: the digest alone
+        sources[id(node)] = (stream, digest)
     return sources
+
+
+def _inline_nodes(dataset: Dataset) -> Iterator[NumpySlicesDataset]:
+    """The in-memory sources of `dataset` in the order `from_spec` reads them (children first)."""
+    for child in dataset.children:
+        yield from _inline_nodes(child)
+    if type(dataset) is NumpySlicesDataset:
+        yield dataset
+
+
+def inline_streams(dataset: Dataset) -> list[tuple[bytes, bytes]]:
+    """(Arrow IPC stream, digest) of each in-memory source of `dataset`, in the order `from_spec` reads them: what
+    a client may send its daemon session ahead of the spec (the daemon decodes it with `decode_inline`)."""
+    return [node.inline_stream() for node in _inline_nodes(dataset)]
+
+
+def decode_inline(stream: bytes | bytearray, digest: bytes, where: str = "from_spec") -> dict[str, np.ndarray]:
+    """The columns of an inline source's Arrow IPC `stream`, once its `digest` (when given) checks out."""
+    if digest and hashlib.blake2b(stream, digest_size=16).digest() != digest:
+        raise ConfigurationError(
+            f"{where}: an inline source's digest is not the blake2b-16 of its arrow_ipc_stream; build the spec "
+            "with Dataset.to_spec(), which sets both"
+        )
+    table = ipc.open_stream(pa.BufferReader(stream)).read_all().combine_chunks()
+    return record_batch_columns(table.to_batches()[0])
 
 
 # -- readers: one per oneof case ---------------------------------------------------------------------------------
 def _read_inline(m: pb.InlineSource, inline: InlineCache | None) -> Dataset:
     if m.arrow_ipc_stream:
-        if m.digest and hashlib.blake2b(m.arrow_ipc_stream, digest_size=16).digest() != m.digest:
-            raise ConfigurationError(
-                "from_spec: an inline source's digest is not the blake2b-16 of its arrow_ipc_stream; build the spec "
-                "with Dataset.to_spec(), which sets both"
-            )
-        table = ipc.open_stream(pa.BufferReader(m.arrow_ipc_stream)).read_all().combine_chunks()
-        columns = record_batch_columns(table.to_batches()[0])
+        columns = decode_inline(m.arrow_ipc_stream, m.digest)
         if inline is not None and m.digest:
             inline.touch(m.digest, len(m.arrow_ipc_stream), columns)
     elif inline is not None and m.digest in inline:

@@ -60,3 +60,50 @@ def test_a_new_split_sends_the_digest_alone_and_reads_the_new_shares(remote):
     client.open_dataset(session, "again", data)  # after a failed open the data travels again
     assert sent[-1] > 1 << 20, sent
     client.close_session(session)
+
+
+def test_data_larger_than_a_request_goes_ahead_in_pieces_and_the_open_names_its_digest(remote, monkeypatch):
+    from tessel.communication import daemon_handle
+
+    client, sent = remote
+    monkeypatch.setattr(daemon_handle, "REQUEST_CHUNK_BYTES", 256 << 10)
+    pieces: list[tuple[int, int]] = []
+    real = client.client.PutInlineData
+    client.client.PutInlineData = lambda request, *a: (
+        pieces.append((request.offset, len(request.data))) or real(request, *a)
+    )
+    session = client.open_session("job-pieces", 0, 1)
+    x = np.random.default_rng(1).standard_normal((4096, 64)).astype(np.float32)  # 1 MiB
+    data = ds.NumpySlicesDataset({"x": x, "i": np.arange(4096)}, shuffle=False).batch(8)
+    count, _ = client.open_dataset(session, "big", data)
+    assert count == 512 and sent[-1] < 1024, sent  # the open carries the digest alone
+    assert len(pieces) >= 4 and all(size <= 256 << 10 for _, size in pieces)
+    assert [offset for offset, _ in pieces] == [k * (256 << 10) for k in range(len(pieces))]
+    assert _read(client, session, "big", 2) == [list(range(8)), list(range(8, 16))]
+    before = len(pieces)
+    client.open_dataset(session, "same", data)  # held: neither pieces nor data again
+    assert len(pieces) == before and sent[-1] < 1024
+    client.close_session(session)
+
+
+def test_pieces_out_of_order_or_past_their_total_are_errors_and_the_upload_starts_over():
+    core = DaemonCore(load_plugin("cpu", threads=1))
+    try:
+        session = core.open_session("job-bad-pieces", 0, 1, [])
+        data = ds.NumpySlicesDataset({"x": np.arange(1000, dtype=np.int64)}, shuffle=False)
+        stream, digest = data.inline_stream()
+        half = len(stream) // 2
+        with pytest.raises(ConfigurationError, match=r"at offset 5 .* where offset 0 \(no upload in progress\)"):
+            core.put_inline_data(session, digest, len(stream), 5, stream[5:half])
+        core.put_inline_data(session, digest, len(stream), 0, stream[:half])
+        with pytest.raises(ConfigurationError, match=f"at offset {half + 1} .* where offset {half} .* was due"):
+            core.put_inline_data(session, digest, len(stream), half + 1, stream[half + 1 :])
+        with pytest.raises(ConfigurationError, match="passed its total of 10 bytes"):
+            core.put_inline_data(session, digest, 10, 0, stream[:half])
+        with pytest.raises(ConfigurationError, match="digest is not the blake2b-16"):
+            core.put_inline_data(session, b"0" * 16, len(stream), 0, stream)
+        core.put_inline_data(session, digest, len(stream), 0, stream[:half])  # starting over works
+        core.put_inline_data(session, digest, len(stream), half, stream[half:])
+        assert digest in core.session(session).inline
+    finally:
+        core.close()

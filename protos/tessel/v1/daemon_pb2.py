@@ -28,7 +28,7 @@ from tessel.v1 import collective_pb2 as tessel_dot_v1_dot_collective__pb2
 from tessel.v1 import dataset_pb2 as tessel_dot_v1_dot_dataset__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\x1a\x17tessel/v1/dataset.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x92\x01\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x11\n\tjob_nonce\x18\x05 \x01(\t\x12\x13\n\x0b\x63ollectives\x18\x06 \x01(\t\"M\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0clocal_socket\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\"]\n\x11LocalExecuteError\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhas_culprit\x18\x03 \x01(\x08\x12\x14\n\x0c\x63ulprit_rank\x18\x04 \x01(\x05\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\\\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x03(\t\"m\n\x12OpenDatasetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.tessel.v1.DatasetSpec\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\">\n\x10OpenDatasetReply\x12\x19\n\x11\x62\x61tches_per_epoch\x18\x01 \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"\x85\x02\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x12*\n\nnext_batch\x18\x06 \x01(\x0b\x32\x14.tessel.v1.NextBatchH\x00\x42\x04\n\x02op\"T\n\tNextBatch\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\x12%\n\x06slices\x18\x03 \x03(\x0b\x32\x15.tessel.v1.BatchSlice\")\n\nBatchSlice\x12\r\n\x05start\x18\x01 \x03(\x03\x12\x0c\n\x04stop\x18\x02 \x03(\x03\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\xc2\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12\x0f\n\x07\x63ollect\x18\x07 \x03(\t\x12\x10\n\x08timeline\x18\x08 \x01(\x08\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\xd0\x01\n\rTimelineEvent\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x12\n\nrepetition\x18\x02 \x01(\x05\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x10\n\x08start_ns\x18\x05 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x06 \x01(\x03\x12\x15\n\rcomm_start_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x63omm_end_ns\x18\x08 \x01(\x03\x12\r\n\x05\x62ytes\x18\t \x01(\x03\x12\x0e\n\x06handle\x18\n \x01(\t\x12\x13\n\x0bstore_bytes\x18\x0b \x01(\x03\"\x86\x01\n\x0f\x45xecuteProgress\x12\x12\n\nrepetition\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12)\n\tcollected\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12%\n\x04\x64one\x18\x03 \x01(\x0b\x32\x17.tessel.v1.ExecuteReply\"\xbd\x01\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\x12)\n\tcollected\x18\x03 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12*\n\x08timeline\x18\x04 \x03(\x0b\x32\x18.tessel.v1.TimelineEvent\"\xad\x01\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x12&\n\x06groups\x18\x05 \x03(\x0b\x32\x16.tessel.v1.GroupStatus\x12%\n\x05loads\x18\x06 \x03(\x0b\x32\x16.tessel.v1.SessionLoad\"a\n\x0bSessionLoad\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05run_s\x18\x04 \x01(\x01\x12\x11\n\tblocked_s\x18\x05 \x01(\x01\"Q\n\x0bGroupStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x11\n\ttransport\x18\x04 \x01(\t\"(\n\x10ProbeLinkRequest\x12\x14\n\x0c\x64\x61ta_address\x18\x01 \x01(\t\"l\n\x11ProbeGroupRequest\x12\x10\n\x08probe_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\"\n\x07members\x18\x03 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x13\n\x0b\x63ollectives\x18\x04 \x01(\x05\"\'\n\x0fProbeGroupReply\x12\x14\n\x0c\x63ollective_s\x18\x01 \x01(\x01\"6\n\x0eProbeLinkReply\x12\x11\n\tlatency_s\x18\x01 \x01(\x01\x12\x11\n\tbandwidth\x18\x02 \x01(\x01\x32\xef\x07\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bOpenDataset\x12\x1d.tessel.v1.OpenDatasetRequest\x1a\x1b.tessel.v1.OpenDatasetReply\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12H\n\rExecuteStream\x12\x19.tessel.v1.ExecuteRequest\x1a\x1a.tessel.v1.ExecuteProgress0\x01\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReply\x12\x43\n\tProbeLink\x12\x1b.tessel.v1.ProbeLinkRequest\x1a\x19.tessel.v1.ProbeLinkReply\x12\x39\n\x07Measure\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DeviceMeasurement\x12\x46\n\nProbeGroup\x12\x1c.tessel.v1.ProbeGroupRequest\x1a\x1a.tessel.v1.ProbeGroupReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16tessel/v1/daemon.proto\x12\ttessel.v1\x1a\x16tessel/v1/common.proto\x1a\x1atessel/v1/collective.proto\x1a\x17tessel/v1/dataset.proto\" \n\nSessionRef\x12\x12\n\nsession_id\x18\x01 \x01(\t\"\x92\x01\n\x12OpenSessionRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nworld_size\x18\x03 \x01(\x05\x12\"\n\x07members\x18\x04 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x11\n\tjob_nonce\x18\x05 \x01(\t\x12\x13\n\x0b\x63ollectives\x18\x06 \x01(\t\"M\n\x10OpenSessionReply\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x14\n\x0clocal_socket\x18\x02 \x01(\t\x12\x0f\n\x07host_id\x18\x03 \x01(\t\"]\n\x11LocalExecuteError\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x13\n\x0bhas_culprit\x18\x03 \x01(\x08\x12\x14\n\x0c\x63ulprit_rank\x18\x04 \x01(\x05\"E\n\x12\x44\x61\x65monGroupRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"P\n\x11PutTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"6\n\x11GetTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\":\n\x0fGetTensorsReply\x12\'\n\x07tensors\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\"7\n\x12\x46reeTensorsRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\r\n\x05names\x18\x02 \x03(\t\"\\\n\x15\x43ompileSegmentRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x12\n\nonnx_model\x18\x03 \x01(\x0c\x12\r\n\x05state\x18\x04 \x03(\t\"m\n\x12OpenDatasetRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12$\n\x04spec\x18\x03 \x01(\x0b\x32\x16.tessel.v1.DatasetSpec\x12\x0f\n\x07\x63olumns\x18\x04 \x03(\t\">\n\x10OpenDatasetReply\x12\x19\n\x11\x62\x61tches_per_epoch\x18\x01 \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x02 \x03(\t\"m\n\x14PutInlineDataRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06\x64igest\x18\x02 \x01(\x0c\x12\x13\n\x0btotal_bytes\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x85\x02\n\x0bInstruction\x12,\n\x0brun_segment\x18\x01 \x01(\x0b\x32\x15.tessel.v1.RunSegmentH\x00\x12-\n\ncollective\x18\x02 \x01(\x0b\x32\x17.tessel.v1.CollectiveOpH\x00\x12!\n\x04wait\x18\x03 \x01(\x0b\x32\x11.tessel.v1.WaitOpH\x00\x12!\n\x04\x66ree\x18\x04 \x01(\x0b\x32\x11.tessel.v1.FreeOpH\x00\x12!\n\x04\x63opy\x18\x05 \x01(\x0b\x32\x11.tessel.v1.CopyOpH\x00\x12*\n\nnext_batch\x18\x06 \x01(\x0b\x32\x14.tessel.v1.NextBatchH\x00\x42\x04\n\x02op\"T\n\tNextBatch\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0f\n\x07outputs\x18\x02 \x03(\t\x12%\n\x06slices\x18\x03 \x03(\x0b\x32\x15.tessel.v1.BatchSlice\")\n\nBatchSlice\x12\r\n\x05start\x18\x01 \x03(\x03\x12\x0c\n\x04stop\x18\x02 \x03(\x03\">\n\nRunSegment\x12\x0f\n\x07segment\x18\x01 \x01(\t\x12\x0e\n\x06inputs\x18\x02 \x03(\t\x12\x0f\n\x07outputs\x18\x03 \x03(\t\"\xd6\x02\n\x0c\x43ollectiveOp\x12\'\n\x04kind\x18\x01 \x01(\x0e\x32\x19.tessel.v1.CollectiveKind\x12\x1f\n\x02op\x18\x02 \x01(\x0e\x32\x13.tessel.v1.ReduceOp\x12\r\n\x05group\x18\x03 \x01(\t\x12\x0e\n\x06inputs\x18\x04 \x03(\t\x12\x0f\n\x07outputs\x18\x05 \x03(\t\x12\x0c\n\x04root\x18\x06 \x01(\x05\x12\x0c\n\x04peer\x18\x07 \x01(\x05\x12\x12\n\nsend_ranks\x18\x08 \x03(\x05\x12\x12\n\nrecv_ranks\x18\t \x03(\x05\x12+\n\x0brecv_shapes\x18\n \x03(\x0b\x32\x16.tessel.v1.TensorShape\x12$\n\nrecv_dtype\x18\x0b \x01(\x0e\x32\x10.tessel.v1.DType\x12\x0e\n\x06handle\x18\x0c \x01(\t\x12\x11\n\tsplit_dim\x18\r \x01(\x05\x12\x12\n\nconcat_dim\x18\x0e \x01(\x05\"\x1b\n\x0bTensorShape\x12\x0c\n\x04\x64ims\x18\x01 \x03(\x03\"\x18\n\x06WaitOp\x12\x0e\n\x06handle\x18\x01 \x01(\t\"\x17\n\x06\x46reeOp\x12\r\n\x05names\x18\x01 \x03(\t\"(\n\x06\x43opyOp\x12\x0e\n\x06source\x18\x01 \x01(\t\x12\x0e\n\x06target\x18\x02 \x01(\t\"7\n\x07Program\x12,\n\x0cinstructions\x18\x01 \x03(\x0b\x32\x16.tessel.v1.Instruction\"\xc2\x01\n\x0e\x45xecuteRequest\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12#\n\x07program\x18\x02 \x01(\x0b\x32\x12.tessel.v1.Program\x12\x0e\n\x06repeat\x18\x03 \x01(\x05\x12\r\n\x05\x66\x65tch\x18\x04 \x03(\t\x12\x0f\n\x07timings\x18\x05 \x01(\x08\x12$\n\x04\x66\x65\x65\x64\x18\x06 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12\x0f\n\x07\x63ollect\x18\x07 \x03(\t\x12\x10\n\x08timeline\x18\x08 \x01(\x08\"A\n\x11InstructionTiming\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07seconds\x18\x03 \x01(\x01\"\xd0\x01\n\rTimelineEvent\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x12\n\nrepetition\x18\x02 \x01(\x05\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x0c\n\x04name\x18\x04 \x01(\t\x12\x10\n\x08start_ns\x18\x05 \x01(\x03\x12\x0e\n\x06\x65nd_ns\x18\x06 \x01(\x03\x12\x15\n\rcomm_start_ns\x18\x07 \x01(\x03\x12\x13\n\x0b\x63omm_end_ns\x18\x08 \x01(\x03\x12\r\n\x05\x62ytes\x18\t \x01(\x03\x12\x0e\n\x06handle\x18\n \x01(\t\x12\x13\n\x0bstore_bytes\x18\x0b \x01(\x03\"\x86\x01\n\x0f\x45xecuteProgress\x12\x12\n\nrepetition\x18\x01 \x01(\x05\x12\r\n\x05\x63ount\x18\x04 \x01(\x05\x12)\n\tcollected\x18\x02 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12%\n\x04\x64one\x18\x03 \x01(\x0b\x32\x17.tessel.v1.ExecuteReply\"\xbd\x01\n\x0c\x45xecuteReply\x12\'\n\x07\x66\x65tched\x18\x01 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12-\n\x07timings\x18\x02 \x03(\x0b\x32\x1c.tessel.v1.InstructionTiming\x12)\n\tcollected\x18\x03 \x03(\x0b\x32\x16.tessel.v1.NamedTensor\x12*\n\x08timeline\x18\x04 \x03(\x0b\x32\x18.tessel.v1.TimelineEvent\"\xad\x01\n\x11\x44\x61\x65monStatusReply\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x0e\n\x06plugin\x18\x02 \x01(\t\x12\x10\n\x08sessions\x18\x03 \x03(\t\x12\x14\n\x0ctensor_bytes\x18\x04 \x01(\x03\x12&\n\x06groups\x18\x05 \x03(\x0b\x32\x16.tessel.v1.GroupStatus\x12%\n\x05loads\x18\x06 \x03(\x0b\x32\x16.tessel.v1.SessionLoad\"a\n\x0bSessionLoad\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0e\n\x06job_id\x18\x02 \x01(\t\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12\r\n\x05run_s\x18\x04 \x01(\x01\x12\x11\n\tblocked_s\x18\x05 \x01(\x01\"Q\n\x0bGroupStatus\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\x12\x11\n\ttransport\x18\x04 \x01(\t\"(\n\x10ProbeLinkRequest\x12\x14\n\x0c\x64\x61ta_address\x18\x01 \x01(\t\"l\n\x11ProbeGroupRequest\x12\x10\n\x08probe_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\"\n\x07members\x18\x03 \x03(\x0b\x32\x11.tessel.v1.Member\x12\x13\n\x0b\x63ollectives\x18\x04 \x01(\x05\"\'\n\x0fProbeGroupReply\x12\x14\n\x0c\x63ollective_s\x18\x01 \x01(\x01\"6\n\x0eProbeLinkReply\x12\x11\n\tlatency_s\x18\x01 \x01(\x01\x12\x11\n\tbandwidth\x18\x02 \x01(\x01\x32\xb3\x08\n\x06\x44\x61\x65mon\x12I\n\x0bOpenSession\x12\x1d.tessel.v1.OpenSessionRequest\x1a\x1b.tessel.v1.OpenSessionReply\x12\x37\n\x0c\x43loseSession\x12\x15.tessel.v1.SessionRef\x1a\x10.tessel.v1.Empty\x12>\n\x0b\x43reateGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12?\n\x0c\x44\x65stroyGroup\x12\x1d.tessel.v1.DaemonGroupRequest\x1a\x10.tessel.v1.Empty\x12<\n\nPutTensors\x12\x1c.tessel.v1.PutTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x46\n\nGetTensors\x12\x1c.tessel.v1.GetTensorsRequest\x1a\x1a.tessel.v1.GetTensorsReply\x12>\n\x0b\x46reeTensors\x12\x1d.tessel.v1.FreeTensorsRequest\x1a\x10.tessel.v1.Empty\x12\x44\n\x0e\x43ompileSegment\x12 .tessel.v1.CompileSegmentRequest\x1a\x10.tessel.v1.Empty\x12I\n\x0bOpenDataset\x12\x1d.tessel.v1.OpenDatasetRequest\x1a\x1b.tessel.v1.OpenDatasetReply\x12\x42\n\rPutInlineData\x12\x1f.tessel.v1.PutInlineDataRequest\x1a\x10.tessel.v1.Empty\x12=\n\x07\x45xecute\x12\x19.tessel.v1.ExecuteRequest\x1a\x17.tessel.v1.ExecuteReply\x12H\n\rExecuteStream\x12\x19.tessel.v1.ExecuteRequest\x1a\x1a.tessel.v1.ExecuteProgress0\x01\x12\x38\n\x06Status\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DaemonStatusReply\x12\x43\n\tProbeLink\x12\x1b.tessel.v1.ProbeLinkRequest\x1a\x19.tessel.v1.ProbeLinkReply\x12\x39\n\x07Measure\x12\x10.tessel.v1.Empty\x1a\x1c.tessel.v1.DeviceMeasurement\x12\x46\n\nProbeGroup\x12\x1c.tessel.v1.ProbeGroupRequest\x1a\x1a.tessel.v1.ProbeGroupReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -59,50 +59,52 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPENDATASETREQUEST']._serialized_end=1000
   _globals['_OPENDATASETREPLY']._serialized_start=1002
   _globals['_OPENDATASETREPLY']._serialized_end=1064
-  _globals['_INSTRUCTION']._serialized_start=1067
-  _globals['_INSTRUCTION']._serialized_end=1328
-  _globals['_NEXTBATCH']._serialized_start=1330
-  _globals['_NEXTBATCH']._serialized_end=1414
-  _globals['_BATCHSLICE']._serialized_start=1416
-  _globals['_BATCHSLICE']._serialized_end=1457
-  _globals['_RUNSEGMENT']._serialized_start=1459
-  _globals['_RUNSEGMENT']._serialized_end=1521
-  _globals['_COLLECTIVEOP']._serialized_start=1524
-  _globals['_COLLECTIVEOP']._serialized_end=1866
-  _globals['_TENSORSHAPE']._serialized_start=1868
-  _globals['_TENSORSHAPE']._serialized_end=1895
-  _globals['_WAITOP']._serialized_start=1897
-  _globals['_WAITOP']._serialized_end=1921
-  _globals['_FREEOP']._serialized_start=1923
-  _globals['_FREEOP']._serialized_end=1946
-  _globals['_COPYOP']._serialized_start=1948
-  _globals['_COPYOP']._serialized_end=1988
-  _globals['_PROGRAM']._serialized_start=1990
-  _globals['_PROGRAM']._serialized_end=2045
-  _globals['_EXECUTEREQUEST']._serialized_start=2048
-  _globals['_EXECUTEREQUEST']._serialized_end=2242
-  _globals['_INSTRUCTIONTIMING']._serialized_start=2244
-  _globals['_INSTRUCTIONTIMING']._serialized_end=2309
-  _globals['_TIMELINEEVENT']._serialized_start=2312
-  _globals['_TIMELINEEVENT']._serialized_end=2520
-  _globals['_EXECUTEPROGRESS']._serialized_start=2523
-  _globals['_EXECUTEPROGRESS']._serialized_end=2657
-  _globals['_EXECUTEREPLY']._serialized_start=2660
-  _globals['_EXECUTEREPLY']._serialized_end=2849
-  _globals['_DAEMONSTATUSREPLY']._serialized_start=2852
-  _globals['_DAEMONSTATUSREPLY']._serialized_end=3025
-  _globals['_SESSIONLOAD']._serialized_start=3027
-  _globals['_SESSIONLOAD']._serialized_end=3124
-  _globals['_GROUPSTATUS']._serialized_start=3126
-  _globals['_GROUPSTATUS']._serialized_end=3207
-  _globals['_PROBELINKREQUEST']._serialized_start=3209
-  _globals['_PROBELINKREQUEST']._serialized_end=3249
-  _globals['_PROBEGROUPREQUEST']._serialized_start=3251
-  _globals['_PROBEGROUPREQUEST']._serialized_end=3359
-  _globals['_PROBEGROUPREPLY']._serialized_start=3361
-  _globals['_PROBEGROUPREPLY']._serialized_end=3400
-  _globals['_PROBELINKREPLY']._serialized_start=3402
-  _globals['_PROBELINKREPLY']._serialized_end=3456
-  _globals['_DAEMON']._serialized_start=3459
-  _globals['_DAEMON']._serialized_end=4466
+  _globals['_PUTINLINEDATAREQUEST']._serialized_start=1066
+  _globals['_PUTINLINEDATAREQUEST']._serialized_end=1175
+  _globals['_INSTRUCTION']._serialized_start=1178
+  _globals['_INSTRUCTION']._serialized_end=1439
+  _globals['_NEXTBATCH']._serialized_start=1441
+  _globals['_NEXTBATCH']._serialized_end=1525
+  _globals['_BATCHSLICE']._serialized_start=1527
+  _globals['_BATCHSLICE']._serialized_end=1568
+  _globals['_RUNSEGMENT']._serialized_start=1570
+  _globals['_RUNSEGMENT']._serialized_end=1632
+  _globals['_COLLECTIVEOP']._serialized_start=1635
+  _globals['_COLLECTIVEOP']._serialized_end=1977
+  _globals['_TENSORSHAPE']._serialized_start=1979
+  _globals['_TENSORSHAPE']._serialized_end=2006
+  _globals['_WAITOP']._serialized_start=2008
+  _globals['_WAITOP']._serialized_end=2032
+  _globals['_FREEOP']._serialized_start=2034
+  _globals['_FREEOP']._serialized_end=2057
+  _globals['_COPYOP']._serialized_start=2059
+  _globals['_COPYOP']._serialized_end=2099
+  _globals['_PROGRAM']._serialized_start=2101
+  _globals['_PROGRAM']._serialized_end=2156
+  _globals['_EXECUTEREQUEST']._serialized_start=2159
+  _globals['_EXECUTEREQUEST']._serialized_end=2353
+  _globals['_INSTRUCTIONTIMING']._serialized_start=2355
+  _globals['_INSTRUCTIONTIMING']._serialized_end=2420
+  _globals['_TIMELINEEVENT']._serialized_start=2423
+  _globals['_TIMELINEEVENT']._serialized_end=2631
+  _globals['_EXECUTEPROGRESS']._serialized_start=2634
+  _globals['_EXECUTEPROGRESS']._serialized_end=2768
+  _globals['_EXECUTEREPLY']._serialized_start=2771
+  _globals['_EXECUTEREPLY']._serialized_end=2960
+  _globals['_DAEMONSTATUSREPLY']._serialized_start=2963
+  _globals['_DAEMONSTATUSREPLY']._serialized_end=3136
+  _globals['_SESSIONLOAD']._serialized_start=3138
+  _globals['_SESSIONLOAD']._serialized_end=3235
+  _globals['_GROUPSTATUS']._serialized_start=3237
+  _globals['_GROUPSTATUS']._serialized_end=3318
+  _globals['_PROBELINKREQUEST']._serialized_start=3320
+  _globals['_PROBELINKREQUEST']._serialized_end=3360
+  _globals['_PROBEGROUPREQUEST']._serialized_start=3362
+  _globals['_PROBEGROUPREQUEST']._serialized_end=3470
+  _globals['_PROBEGROUPREPLY']._serialized_start=3472
+  _globals['_PROBEGROUPREPLY']._serialized_end=3511
+  _globals['_PROBELINKREPLY']._serialized_start=3513
+  _globals['_PROBELINKREPLY']._serialized_end=3567
+  _globals['_DAEMON']._serialized_start=3570
+  _globals['_DAEMON']._serialized_end=4645
 # @@protoc_insertion_point(module_scope)

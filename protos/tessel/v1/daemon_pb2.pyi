@@ -126,6 +126,20 @@ class OpenDatasetReply(_message.Message):
     columns: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, batches_per_epoch: _Optional[int] = ..., columns: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class PutInlineDataRequest(_message.Message):
+    __slots__ = ("session_id", "digest", "total_bytes", "offset", "data")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    digest: bytes
+    total_bytes: int
+    offset: int
+    data: bytes
+    def __init__(self, session_id: _Optional[str] = ..., digest: _Optional[bytes] = ..., total_bytes: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class Instruction(_message.Message):
     __slots__ = ("run_segment", "collective", "wait", "free", "copy", "next_batch")
     RUN_SEGMENT_FIELD_NUMBER: _ClassVar[int]

@@ -81,6 +81,11 @@ class DaemonStub:
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.SerializeToString,
                 response_deserializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.FromString,
                 _registered_method=True)
+        self.PutInlineData = channel.unary_unary(
+                '/tessel.v1.Daemon/PutInlineData',
+                request_serializer=tessel_dot_v1_dot_daemon__pb2.PutInlineDataRequest.SerializeToString,
+                response_deserializer=tessel_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.Execute = channel.unary_unary(
                 '/tessel.v1.Daemon/Execute',
                 request_serializer=tessel_dot_v1_dot_daemon__pb2.ExecuteRequest.SerializeToString,
@@ -166,6 +171,15 @@ class DaemonServicer:
 
     def OpenDataset(self, request, context):
         """Sink mode: the daemon reads its own shard of a declarative pipeline; NextBatch instructions step through it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutInlineData(self, request, context):
+        """In-memory data of a pipeline, sent ahead of its OpenDataset in bounded pieces (a client builds and serializes
+        each request holding its GIL: one request of hundreds of MB starved its heartbeat). The session keeps it by
+        digest, and the spec then names it by digest alone.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -260,6 +274,11 @@ def add_DaemonServicer_to_server(servicer, server):
                     servicer.OpenDataset,
                     request_deserializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.FromString,
                     response_serializer=tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.SerializeToString,
+            ),
+            'PutInlineData': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutInlineData,
+                    request_deserializer=tessel_dot_v1_dot_daemon__pb2.PutInlineDataRequest.FromString,
+                    response_serializer=tessel_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'Execute': grpc.unary_unary_rpc_method_handler(
                     servicer.Execute,
@@ -535,6 +554,33 @@ class Daemon:
             '/tessel.v1.Daemon/OpenDataset',
             tessel_dot_v1_dot_daemon__pb2.OpenDatasetRequest.SerializeToString,
             tessel_dot_v1_dot_daemon__pb2.OpenDatasetReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutInlineData(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tessel.v1.Daemon/PutInlineData',
+            tessel_dot_v1_dot_daemon__pb2.PutInlineDataRequest.SerializeToString,
+            tessel_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

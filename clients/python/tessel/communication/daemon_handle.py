@@ -365,6 +365,8 @@ class RemoteDaemon(DaemonHandle):
         # forget them here, and the next opens send their data again.
         held = self._inline.setdefault(session_id, InlineCache())
         try:
+            if not isinstance(spec, dataset_pb2.DatasetSpec):
+                self._send_inline_data(session_id, spec, held)
             spec = thin(spec, held) if isinstance(spec, dataset_pb2.DatasetSpec) else to_spec(spec, held)
             request = daemon_pb2.OpenDatasetRequest(session_id=session_id, name=name, spec=spec, columns=list(columns))
             reply = self.client.OpenDataset(request)
@@ -372,6 +374,22 @@ class RemoteDaemon(DaemonHandle):
             self._inline.pop(session_id, None)
             raise
         return reply.batches_per_epoch, list(reply.columns)
+
+    def _send_inline_data(self, session_id: str, dataset, held) -> None:
+        """Send the in-memory sources of `dataset` larger than a request (REQUEST_CHUNK_BYTES) that the session
+        does not hold, in pieces of that size, and note them as held: the spec names them by digest alone."""
+        from tessel.dataset.spec import inline_streams
+
+        for stream, digest in inline_streams(dataset):
+            if len(stream) <= REQUEST_CHUNK_BYTES or digest in held:
+                continue
+            for offset in range(0, len(stream), REQUEST_CHUNK_BYTES):
+                piece = stream[offset : offset + REQUEST_CHUNK_BYTES]
+                request = daemon_pb2.PutInlineDataRequest(
+                    session_id=session_id, digest=digest, total_bytes=len(stream), offset=offset, data=piece
+                )
+                self.client.PutInlineData(request)
+            held.touch(digest, len(stream))  # as the daemon did on the last piece
 
     def execute(
         self,
