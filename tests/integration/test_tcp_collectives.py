@@ -327,9 +327,11 @@ def test_closing_a_group_ends_its_call_in_flight():
     assert elapsed < 2.0, elapsed
 
 
-def test_all_reduce_into_writes_the_result_where_it_is_asked_and_matches_all_reduce():
+@pytest.mark.parametrize("members", [2, 3])
+def test_all_reduce_into_writes_the_result_where_it_is_asked_and_matches_all_reduce(members):
     """all_reduce_into is all_reduce to the other members, its result written into the given array (the ring's
-    large path and the small one that rides with the agreement); an output of another shape is refused."""
+    large path, or two members' one exchange, and the small one that rides with the agreement); an output of
+    another shape is refused."""
 
     def body(comm, rank):
         found = []
@@ -342,10 +344,11 @@ def test_all_reduce_into_writes_the_result_where_it_is_asked_and_matches_all_red
             comm.all_reduce_into(np.ones(4, np.float32), np.ones(5, np.float32))
         return found
 
-    results = _threads(3, body)
-    for rank in range(3):
+    results = _threads(members, body)
+    total = sum(range(1, members + 1))
+    for rank in range(members):
         assert not isinstance(results[rank], Exception), results[rank]
         for same, into, plain in results[rank]:
             assert same
             np.testing.assert_array_equal(into, plain)
-            np.testing.assert_array_equal(into, np.arange(into.size, dtype=np.float32) * 6)
+            np.testing.assert_array_equal(into, np.arange(into.size, dtype=np.float32) * total)
