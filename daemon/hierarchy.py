@@ -56,13 +56,20 @@ SMALL_BYTES = 64 << 10
 # inside a host hide behind the link. Big enough that a segment's fixed costs (an agreement round trip) are small
 # against its transfer even at 10 Gbit/s, small enough that the pipeline fills quickly.
 SEGMENT_BYTES = 512 << 10
+# A segment's fixed costs (the step across hosts agrees on each call and waits for both sides) weigh more the
+# faster the link: at 10 Gbit/s a 512 KiB segment crosses in ~0.4 ms. "long segments" cut the buffer into
+# LONG_SEGMENTS of at least SEGMENT_BYTES instead. On a lent 16-core machine's test bed (2 x 2 ranks, 16 MiB, the
+# tuner's best of 3): at 10 Gbit/s whole 17.6-18.6 ms, segments 18.4-21.3, long segments 14.1-15.0; at 1 Gbit/s
+# segments 139.1-140.0 ms, long segments 141.4-142.7.
+LONG_SEGMENTS = 4
 # How a large all_reduce of an even hierarchy may run: "whole" (reduce_scatter in the part, all_reduce across,
-# all_gather in the part, each of the whole buffer), "segments" (that, pipelined in SEGMENT_BYTES segments) or
-# "flat" (the flat group's TCP ring over all members). Measured on the two-host test bed (2 x 2 ranks, 16 MiB,
-# the 2 cores shared with other work): at 1 Gbit/s segments ~150 ms, whole ~200 ms, flat ~220-250 ms (the link
-# is the limit); at 10 Gbit/s segments ~107 ms, whole ~40-250 ms, flat ~40-120 ms (the cores are, and their load
-# decides). No figure known before the job (a probed link speed) tells which, so each size class measures them.
-WAYS = ("whole", "segments", "flat")
+# all_gather in the part, each of the whole buffer), "segments" (that, pipelined in SEGMENT_BYTES segments), "long
+# segments" (pipelined in LONG_SEGMENTS segments) or "flat" (the flat group's TCP ring over all members). Measured
+# on the two-host test bed (2 x 2 ranks, 16 MiB, the 2 cores shared with other work): at 1 Gbit/s segments ~150 ms,
+# whole ~200 ms, flat ~220-250 ms (the link is the limit); at 10 Gbit/s segments ~107 ms, whole ~40-250 ms, flat
+# ~40-120 ms (the cores are, and their load decides). No figure known before the job (a probed link speed) tells
+# which, so each size class measures them.
+WAYS = ("whole", "segments", "long segments", "flat")
 # Per size class: each way once untimed (connections open, pages fault in), then TUNING_ROUNDS timed rounds of
 # every way, each round in another order. A way's figure is its quickest round on a member (load only ever adds
 # time, so the minimum is the least noisy estimate of what the way costs), then the slowest member's (every
@@ -148,8 +155,9 @@ class WayTuner:
             return None
         figures = self._agree(state["best"])
         state.update(calls=0, choice=choose(figures))
-        log.info("large all_reduces of ~%d bytes: whole %.1f ms, segments %.1f ms, flat %.1f ms (slowest member's "
-                 "best of %d): they run %s", nbytes, *(figures * 1e3), TUNING_ROUNDS, state["choice"])  # fmt: skip
+        timed = ", ".join(f"{way} {seconds * 1e3:.1f} ms" for way, seconds in zip(WAYS, figures))
+        log.info("large all_reduces of ~%d bytes: %s (slowest member's best of %d): they run %s", nbytes, timed,
+                 TUNING_ROUNDS, state["choice"])  # fmt: skip
         return state["choice"]
 
     def choice(self, nbytes: int) -> str | None:
@@ -279,7 +287,8 @@ class HierarchicalCommunicator(Communicator):
             self.cross.all_reduce_into(partial, mine, op)
             return self.intra.all_gather_into(mine, out)[: flat.size]
         out = np.empty_like(flat)
-        step = k * max(1, SEGMENT_BYTES // flat.itemsize)  # elements per segment, a multiple of k
+        segment = SEGMENT_BYTES if way == "segments" else max(SEGMENT_BYTES, flat.nbytes // (k * LONG_SEGMENTS))
+        step = k * max(1, segment // flat.itemsize)  # elements per segment, a multiple of k
         bounds = [(lo, min(lo + step, flat.size)) for lo in range(0, flat.size, step)]
         crossing: list[tuple[int, int, object]] = []
         # The part's collectives run here in one fixed order on every member (reduce segment s, then gather

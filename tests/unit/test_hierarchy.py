@@ -87,10 +87,10 @@ def test_the_ways_of_a_large_all_reduce_are_each_warmed_up_then_timed_in_rotatin
 
 
 def test_whole_is_kept_unless_another_way_is_clearly_quicker():
-    whole, segments, flat = (hierarchy.WAYS.index(w) for w in ("whole", "segments", "flat"))
+    whole, segments, long, flat = (hierarchy.WAYS.index(w) for w in ("whole", "segments", "long segments", "flat"))
 
     def figures(**ms):
-        out = [0.0] * 3
+        out = [1.0] * len(hierarchy.WAYS)
         for way, value in ms.items():
             out[hierarchy.WAYS.index(way)] = value / 1e3
         return out
@@ -98,7 +98,8 @@ def test_whole_is_kept_unless_another_way_is_clearly_quicker():
     assert whole == 0 and hierarchy.choose(figures(whole=100, segments=95, flat=92)) == "whole"  # within PREFER
     assert hierarchy.choose(figures(whole=200, segments=150, flat=250)) == "segments"  # a slow link
     assert hierarchy.choose(figures(whole=120, segments=160, flat=60)) == "flat"  # busy cores, fast link
-    assert (segments, flat) == (1, 2)
+    assert hierarchy.choose(figures(whole=20, segments=24, flat=25, **{"long segments": 15})) == "long segments"
+    assert (segments, long, flat) == (1, 2, 3)
 
 
 def test_members_with_different_timings_choose_the_same_way_from_the_agreed_figures():
@@ -106,7 +107,7 @@ def test_members_with_different_timings_choose_the_same_way_from_the_agreed_figu
     _agree_max's all_reduce (elementwise max over both), so they choose alike and see through the noise."""
     import threading
 
-    cost = {"whole": 0.100, "segments": 0.140, "flat": 0.060}
+    cost = {"whole": 0.100, "segments": 0.140, "long segments": 0.120, "flat": 0.060}
     meeting, posted = threading.Barrier(2, timeout=10), {}
 
     def agree(member: int, best: np.ndarray) -> np.ndarray:
@@ -146,7 +147,7 @@ def test_a_size_class_measures_again_after_tuning_every_calls():
     for _ in range(hierarchy.TUNING_CALLS):
         way, timed = tuner.way(nbytes)
         if timed:
-            tuner.record(nbytes, way, {"whole": 1.0, "segments": 0.5, "flat": 2.0}[way])
+            tuner.record(nbytes, way, {"whole": 1.0, "segments": 0.5, "long segments": 0.7, "flat": 2.0}[way])
     assert tuner.choice(nbytes) == "segments"
     for _ in range(hierarchy.TUNING_EVERY):
         assert tuner.way(nbytes) == ("segments", False)

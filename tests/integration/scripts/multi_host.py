@@ -69,7 +69,7 @@ def collectives(groups: dict[str, list[int]]) -> dict:
     exact = np.sum([inputs[r].astype(np.float64) for r in range(size)], axis=0)
     bound = (size - 1) * np.finfo(np.float32).eps * np.sum([np.abs(inputs[r]) for r in range(size)], axis=0)
     # A hierarchical group's first large all_reduces of a size measure each way it may run them (whole, in
-    # segments, flat; hierarchy.WayTuner), the ones after take the way its members chose: every one is checked.
+    # segments, flat: hierarchy.WAYS, WayTuner), the ones after take the way its members chose: every one is checked.
     worst = 0.0
     for _ in range(hierarchy.TUNING_CALLS + 2):
         error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
