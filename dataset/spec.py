@@ -219,10 +219,22 @@ def _inline_nodes(dataset: Dataset) -> Iterator[NumpySlicesDataset]:
         yield dataset
 
 
-def inline_streams(dataset: Dataset) -> list[tuple[bytes, bytes]]:
-    """(Arrow IPC stream, digest) of each in-memory source of `dataset`, in the order `from_spec` reads them: what
-    a client may send its daemon session ahead of the spec (the daemon decodes it with `decode_inline`)."""
-    return [node.inline_stream() for node in _inline_nodes(dataset)]
+def inline_streams(dataset: Dataset | pb.DatasetSpec) -> list[tuple[bytes, bytes]]:
+    """(Arrow IPC stream, digest) of each in-memory source of `dataset` (a pipeline or its spec), in the order
+    `from_spec` reads them: what a client may send its daemon session ahead of the spec (the daemon decodes it with
+    `decode_inline`). A spec's sources sent as their digest alone, or without one, are left out."""
+    if isinstance(dataset, Dataset):
+        return [node.inline_stream() for node in _inline_nodes(dataset)]
+    found: list[tuple[bytes, bytes]] = []
+
+    def visit(node: pb.DatasetNode) -> None:
+        for child in node.children:
+            visit(child)
+        if node.WhichOneof("kind") == "inline" and node.inline.digest and node.inline.arrow_ipc_stream:
+            found.append((node.inline.arrow_ipc_stream, node.inline.digest))
+
+    visit(dataset.root)
+    return found
 
 
 def decode_inline(stream: bytes | bytearray, digest: bytes, where: str = "from_spec") -> dict[str, np.ndarray]:

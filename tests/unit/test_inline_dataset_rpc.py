@@ -83,6 +83,10 @@ def test_data_larger_than_a_request_goes_ahead_in_pieces_and_the_open_names_its_
     before = len(pieces)
     client.open_dataset(session, "same", data)  # held: neither pieces nor data again
     assert len(pieces) == before and sent[-1] < 1024
+    other = ds.NumpySlicesDataset({"x": -x, "i": np.arange(4096)}, shuffle=False).batch(8)
+    client.open_dataset(session, "spec", other.to_spec())  # a spec already built: its data goes ahead in pieces too
+    assert len(pieces) >= 2 * before and sent[-1] < 1024, (pieces, sent)
+    assert _read(client, session, "spec", 1) == [list(range(8))]
     client.close_session(session)
 
 

@@ -365,8 +365,7 @@ class RemoteDaemon(DaemonHandle):
         # forget them here, and the next opens send their data again.
         held = self._inline.setdefault(session_id, InlineCache())
         try:
-            if not isinstance(spec, dataset_pb2.DatasetSpec):
-                self._send_inline_data(session_id, spec, held)
+            self._send_inline_data(session_id, spec, held)
             spec = thin(spec, held) if isinstance(spec, dataset_pb2.DatasetSpec) else to_spec(spec, held)
             request = daemon_pb2.OpenDatasetRequest(session_id=session_id, name=name, spec=spec, columns=list(columns))
             reply = self.client.OpenDataset(request)
@@ -376,8 +375,9 @@ class RemoteDaemon(DaemonHandle):
         return reply.batches_per_epoch, list(reply.columns)
 
     def _send_inline_data(self, session_id: str, dataset, held) -> None:
-        """Send the in-memory sources of `dataset` larger than a request (REQUEST_CHUNK_BYTES) that the session
-        does not hold, in pieces of that size, and note them as held: the spec names them by digest alone."""
+        """Send the in-memory sources of `dataset` (a pipeline or its spec) larger than a request
+        (REQUEST_CHUNK_BYTES) that the session does not hold, in pieces of that size, and note them as held: the
+        spec names them by digest alone."""
         from tessel.dataset.spec import inline_streams
 
         for stream, digest in inline_streams(dataset):
