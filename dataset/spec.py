@@ -244,7 +244,13 @@ def decode_inline(stream: bytes | bytearray, digest: bytes, where: str = "from_s
             f"{where}: an inline source's digest is not the blake2b-16 of its arrow_ipc_stream; build the spec "
             "with Dataset.to_spec(), which sets both"
         )
-    table = ipc.open_stream(pa.BufferReader(stream)).read_all().combine_chunks()
+    try:
+        table = ipc.open_stream(pa.BufferReader(stream)).read_all().combine_chunks()
+    except pa.ArrowException as exc:
+        raise ConfigurationError(
+            f"{where}: an inline source's arrow_ipc_stream is not an Arrow IPC stream ({exc}); build the spec with "
+            "Dataset.to_spec()"
+        ) from None
     return record_batch_columns(table.to_batches()[0])
 
 

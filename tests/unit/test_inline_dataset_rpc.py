@@ -4,6 +4,8 @@ from the data it kept; an open that fails makes the client send the data again n
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -106,6 +108,10 @@ def test_pieces_out_of_order_or_past_their_total_are_errors_and_the_upload_start
             core.put_inline_data(session, digest, 10, 0, stream[:half])
         with pytest.raises(ConfigurationError, match="digest is not the blake2b-16"):
             core.put_inline_data(session, b"0" * 16, len(stream), 0, stream)
+        garbage = b"not an arrow stream"
+        garbage_digest = hashlib.blake2b(garbage, digest_size=16).digest()
+        with pytest.raises(ConfigurationError, match="arrow_ipc_stream is not an Arrow IPC stream"):
+            core.put_inline_data(session, garbage_digest, len(garbage), 0, garbage)
         core.put_inline_data(session, digest, len(stream), 0, stream[:half])  # starting over works
         core.put_inline_data(session, digest, len(stream), half, stream[half:])
         assert digest in core.session(session).inline
