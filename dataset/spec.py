@@ -219,19 +219,26 @@ def _inline_nodes(dataset: Dataset) -> Iterator[NumpySlicesDataset]:
         yield dataset
 
 
-def inline_streams(dataset: Dataset | pb.DatasetSpec) -> list[tuple[bytes, bytes]]:
-    """(Arrow IPC stream, digest) of each in-memory source of `dataset` (a pipeline or its spec), in the order
-    `from_spec` reads them: what a client may send its daemon session ahead of the spec (the daemon decodes it with
-    `decode_inline`). A spec's sources sent as their digest alone, or without one, are left out."""
+def inline_streams(dataset: Dataset | pb.DatasetSpec, larger_than: int = 0) -> list[tuple[bytes, bytes]]:
+    """(Arrow IPC stream, digest) of each in-memory source of `dataset` (a pipeline or its spec) whose data passes
+    `larger_than` bytes, in the order `from_spec` reads them: what a client may send its daemon session ahead of the
+    spec (the daemon decodes it with `decode_inline`). A spec's sources sent as their digest alone, or without one,
+    are left out. A pipeline's sources are measured by their arrays' bytes (a stream holds those and a little
+    more), so that a small one is neither hashed nor serialized here."""
     if isinstance(dataset, Dataset):
-        return [node.inline_stream() for node in _inline_nodes(dataset)]
+        return [
+            node.inline_stream()
+            for node in _inline_nodes(dataset)
+            if sum(np.asarray(column).nbytes for column in node.columns.values()) > larger_than
+        ]
     found: list[tuple[bytes, bytes]] = []
 
     def visit(node: pb.DatasetNode) -> None:
         for child in node.children:
             visit(child)
-        if node.WhichOneof("kind") == "inline" and node.inline.digest and node.inline.arrow_ipc_stream:
-            found.append((node.inline.arrow_ipc_stream, node.inline.digest))
+        source = node.inline
+        if node.WhichOneof("kind") == "inline" and source.digest and len(source.arrow_ipc_stream) > larger_than:
+            found.append((source.arrow_ipc_stream, source.digest))
 
     visit(dataset.root)
     return found

@@ -380,7 +380,7 @@ class RemoteDaemon(DaemonHandle):
         spec names them by digest alone."""
         from tessel.dataset.spec import inline_streams
 
-        for stream, digest in inline_streams(dataset):
+        for stream, digest in inline_streams(dataset, REQUEST_CHUNK_BYTES):
             if len(stream) <= REQUEST_CHUNK_BYTES or digest in held:
                 continue
             for offset in range(0, len(stream), REQUEST_CHUNK_BYTES):
