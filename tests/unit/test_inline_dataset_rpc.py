@@ -117,3 +117,17 @@ def test_pieces_out_of_order_or_past_their_total_are_errors_and_the_upload_start
         assert digest in core.session(session).inline
     finally:
         core.close()
+
+
+def test_data_within_a_request_is_serialized_and_hashed_once_per_open(remote, monkeypatch):
+    from tessel.dataset.sources import NumpySlicesDataset
+
+    client, sent = remote
+    calls: list[int] = []
+    real = NumpySlicesDataset.inline_stream
+    monkeypatch.setattr(NumpySlicesDataset, "inline_stream", lambda self: calls.append(1) or real(self))
+    session = client.open_session("job-small", 0, 1)
+    data = ds.NumpySlicesDataset({"x": np.arange(1000, dtype=np.float32)}, shuffle=False).batch(10)
+    client.open_dataset(session, "small", data)
+    assert len(calls) == 1 and sent[-1] > 4000  # the data rides with the open, read once
+    client.close_session(session)
