@@ -53,14 +53,14 @@ from tessel.core.plugin import CollectivePlugin, Communicator, GroupContext, Pee
 SMALL_BYTES = 64 << 10
 # Larger ones may run as a pipeline of segments of this many bytes per member of a part: while segment s crosses the
 # hosts (on the cross group's thread), the part reduces segment s + 1 and gathers segment s - 1, so the steps
-# inside a host hide behind the link. Big enough that a segment's fixed costs (an agreement round trip) are small
-# against its transfer even at 10 Gbit/s, small enough that the pipeline fills quickly.
+# inside a host hide behind the link. Small enough that the pipeline fills quickly; at 1 Gbit/s big enough that a
+# segment's fixed costs (the step across hosts agrees on each call and waits for both sides) are small against its
+# transfer.
 SEGMENT_BYTES = 512 << 10
-# A segment's fixed costs (the step across hosts agrees on each call and waits for both sides) weigh more the
-# faster the link: at 10 Gbit/s a 512 KiB segment crosses in ~0.4 ms. "long segments" cut the buffer into
-# LONG_SEGMENTS of at least SEGMENT_BYTES instead. On a lent 16-core machine's test bed (2 x 2 ranks, 16 MiB, the
-# tuner's best of 3): at 10 Gbit/s whole 17.6-18.6 ms, segments 18.4-21.3, long segments 14.1-15.0; at 1 Gbit/s
-# segments 139.1-140.0 ms, long segments 141.4-142.7.
+# Those costs weigh more the faster the link: at 10 Gbit/s a 512 KiB segment crosses in ~0.4 ms. "long segments"
+# cut the buffer into LONG_SEGMENTS of at least SEGMENT_BYTES instead. On a lent 16-core machine's test bed (2 x 2
+# ranks, 16 MiB, the tuner's best of 3): at 10 Gbit/s whole 17.6-18.6 ms, segments 18.4-21.3, long segments
+# 14.1-15.0; at 1 Gbit/s segments 139.1-140.0 ms, long segments 141.4-142.7.
 LONG_SEGMENTS = 4
 # How a large all_reduce of an even hierarchy may run: "whole" (reduce_scatter in the part, all_reduce across,
 # all_gather in the part, each of the whole buffer), "segments" (that, pipelined in SEGMENT_BYTES segments), "long
