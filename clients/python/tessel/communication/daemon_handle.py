@@ -377,7 +377,10 @@ class RemoteDaemon(DaemonHandle):
     def _send_inline_data(self, session_id: str, dataset, held) -> None:
         """Send the in-memory sources of `dataset` (a pipeline or its spec) larger than a request
         (REQUEST_CHUNK_BYTES) that the session does not hold, in pieces of that size, and note them as held: the
-        spec names them by digest alone."""
+        spec names them by digest alone. All of them go before the spec is built, not source by source while
+        to_spec walks the pipeline: the daemon notes each upload before its OpenDataset reads any source, and the
+        two InlineCaches stay alike only if this side notes them in that order too. The cost: to_spec checks a large
+        source's arrays again (a hash, ~1 ms per MB, without the GIL)."""
         from tessel.dataset.spec import inline_streams
 
         for stream, digest in inline_streams(dataset, REQUEST_CHUNK_BYTES):
