@@ -34,6 +34,7 @@ import os
 import random
 import re
 import secrets
+import shutil
 import signal
 import socket
 import statistics
@@ -473,11 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(trials)} trials in {time.monotonic() - started:.0f} s ({args.ranks} ranks, seed {args.seed})\n")
     print(table(trials))
     print()
-    for line in verdict(trials):
+    lines = verdict(trials)
+    for line in lines:
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(t) for t in trials], indent=1))
-    return 0 if all("PASS" in line for line in verdict(trials)) else 1
+    passed = all("PASS" in line for line in lines)
+    if passed:  # the cluster's logs, store and checkpoints matter only to a campaign that failed
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        print(f"the cluster's logs are kept in {workdir}")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":
