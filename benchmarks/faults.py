@@ -3,10 +3,12 @@ a random moment, and measure how the job ends.
 
 Usage: python benchmarks/faults.py [--trials 100] [--seed 0] [--ranks 4] [--targets rank,daemon,coordinator]
                                    [--signals kill,stop] [--no-checkpoint] [--json out.json]
+                                   [--job-seconds 12] [--max-delay 3]
 
 A coordinator and one daemon per rank run as an operator starts them (`tessel coordinator`, `tessel daemon`);
-each trial is `tessel run -n 4 --coordinator ... _faults_rank.py` (all-reduces for a few seconds while rank 0 saves
-a 16 MiB checkpoint every fifth step). Once every rank runs, after a random delay, one process is signalled:
+each trial is `tessel run -n 4 --coordinator ... _faults_rank.py` (all-reduces for --job-seconds while rank 0 saves
+a 16 MiB checkpoint every fifth step). Once every rank runs, after a random delay (up to --max-delay seconds), one
+process is signalled:
 - rank r: its script process; daemon r: the daemon the coordinator gave rank r; coordinator: the coordinator.
 What is measured, per trial:
 - detection: seconds from the signal until every rank still able to report has printed its failure (the
@@ -48,10 +50,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = Path(__file__).with_name("_faults_rank.py")
 JOB_SECONDS = 12.0  # how long a trial's job all-reduces when nothing goes wrong
+MAX_DELAY_S = 3.0  # a fault comes at a random moment this long at most after every rank runs
+REAPED_WAIT_S = 1.0  # longest wait for the processes of a trial's job to be gone before the cluster is repaired
 TRIAL_DEADLINE_S = 60.0
 DETECTION_TARGET_S = 5.0
 RESTART_AFTER_S = 1.0  # a killed coordinator is started again this long after the kill
 PAUSE_S = 4.0  # a stopped coordinator is continued after this long (longer than the 3 s heartbeat timeout)
+RECOVERY_MARGIN_S = 2.0  # a trial's job still runs this long after its coordinator is back at the latest
 FAILED = re.compile(r"rank (\d+): (\w+) at ([\d.]+) culprit=(-?\d+|None): (.*)")
 SUMMARY = re.compile(r"tessel run: rank (-?\d+) failed")
 
@@ -228,11 +233,11 @@ def _running(pid: int) -> bool:
 # ---------------------------------------------------------------------------------------------------- trials
 
 
-def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: random.Random) -> Trial:
+def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, job_seconds: float) -> Trial:
     job = f"fault-{trial.number}-{secrets.token_hex(3)}"
     logs = cluster.workdir / "logs"
     command = [sys.executable, "-m", "tessel.cli", "run", "-n", str(ranks), "--coordinator", cluster.address]
-    command += ["--log-dir", str(logs), "--job-id", job, "--quiet", str(RANK_SCRIPT), str(JOB_SECONDS)]
+    command += ["--log-dir", str(logs), "--job-id", job, "--quiet", str(RANK_SCRIPT), str(job_seconds)]
     command += [checkpoint] if checkpoint else []
     with open(cluster.workdir / f"{job}.launcher", "w") as launcher_log:
         launcher = subprocess.Popen(
@@ -262,7 +267,9 @@ def run_trial(cluster: Cluster, trial: Trial, ranks: int, checkpoint: str, rng: 
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
-    time.sleep(1.0)  # ranks the launcher stopped are reaped by now
+    reaped_by = time.monotonic() + REAPED_WAIT_S  # ranks the launcher stopped are gone by then
+    while _job_processes(job) and time.monotonic() < reaped_by:
+        time.sleep(0.05)
     cluster.repair()
     trial.leftovers = {
         "processes": len(_job_processes(job)),
@@ -438,7 +445,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--signals", default="kill,stop")
     parser.add_argument("--no-checkpoint", action="store_true", help="rank 0 does not save checkpoints")
     parser.add_argument("--json", default="", help="write every trial's record here")
+    parser.add_argument("--job-seconds", type=float, default=JOB_SECONDS, help="how long each trial's job runs")
+    parser.add_argument("--max-delay", type=float, default=MAX_DELAY_S, help="latest fault, seconds after start")
     args = parser.parse_args(argv)
+    # A coordinator trial must see the job through its fault: stopped, the coordinator comes back PAUSE_S later.
+    least = args.max_delay + PAUSE_S + RECOVERY_MARGIN_S
+    if args.job_seconds < least:
+        parser.error(
+            f"--job-seconds {args.job_seconds:g} ends the job before a coordinator stopped as late as --max-delay "
+            f"{args.max_delay:g} s is back ({PAUSE_S:g} s later) and its ranks have reconnected; give at least "
+            f"{least:g} or a smaller --max-delay"
+        )
     rng = random.Random(args.seed)
     plan = [(t, s) for t in args.targets.split(",") for s in args.signals.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="tessel-faults-"))
@@ -453,8 +470,8 @@ def main(argv: list[str] | None = None) -> int:
         for number in range(args.trials):
             target, sig = plan[number % len(plan)] if number < len(plan) else rng.choice(plan)
             rank = rng.randrange(args.ranks) if target != "coordinator" else -1
-            trial = Trial(number, target, sig, rank, delay_s=round(rng.uniform(0.0, 3.0), 3))
-            run_trial(cluster, trial, args.ranks, checkpoint, rng)
+            trial = Trial(number, target, sig, rank, delay_s=round(rng.uniform(0.0, args.max_delay), 3))
+            run_trial(cluster, trial, args.ranks, checkpoint, args.job_seconds)
             temps = _stale_temps(checkpoint)
             trial.leftovers["tmp"] = len(earlier_temps & temps)  # still there after this trial's saves
             earlier_temps = temps

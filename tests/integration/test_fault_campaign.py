@@ -1,7 +1,8 @@
 """The fault-injection campaign's short form (benchmarks/faults.py): one trial of each fault (kill -9 and SIGSTOP of
 a rank, a daemon and the coordinator of a 4-rank job) must end without a hang and leave nothing behind; a rank or
 daemon fault with the right culprit detected within 5 s; a coordinator killed and restarted, or stopped and
-continued, with the job finished."""
+continued, with the job finished. A campaign's arguments that would end a job before its coordinator is back are
+refused."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ import pytest
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+# Faults within 1.5 s of the start and jobs of 8 s (the campaign's defaults: 3 s and 12 s): every trial still
+# faults a running job, and a coordinator trial's job runs 2.5 s past its coordinator's return.
+SHORT = ["--max-delay", "1.5", "--job-seconds", "8"]
 
 
 def test_one_trial_of_each_fault_passes_every_target(tmp_path):
     record = tmp_path / "trials.json"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--trials", "6", "--json", str(record)],
+        [sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--trials", "6", "--json", str(record), *SHORT],
         capture_output=True,
         text=True,
         timeout=280,
@@ -37,3 +41,15 @@ def test_one_trial_of_each_fault_passes_every_target(tmp_path):
             continue
         assert trial["culprit_right"], trial
         assert trial["detection_s"] is not None and trial["detection_s"] <= 5.0, trial
+
+
+def test_a_job_too_short_to_outlive_a_stopped_coordinator_is_refused():
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "faults.py"), "--job-seconds", "5", "--max-delay", "3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--job-seconds 5 ends the job before a coordinator stopped" in result.stderr, result.stderr
+    assert "give at least 9" in result.stderr, result.stderr
