@@ -24,7 +24,7 @@ from tessel.core.errors import TesselError
 from tessel.daemon import hierarchy
 from tessel.v1 import common_pb2, daemon_pb2_grpc
 
-SIZES = (7, 1 << 20)  # elements: the small path and the ring
+SIZES = (7, 1 << 18)  # elements per member: the small path (<= 64 KiB) and the large one (1 MiB and more)
 
 
 def make(rank: int, case: str, size: int) -> np.ndarray:
