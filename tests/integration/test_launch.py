@@ -147,6 +147,9 @@ def _run_together(script: Path, directories: list[Path], env: dict[str, str]) ->
     return failures
 
 
+PAIRS = 3  # each pair starts together, so its launches race on every repetition
+
+
 def test_jobs_started_together_never_collide(tmp_path):
     # Each `tessel run` numbers its job 1 in its own directory; on one host their shared memory must not meet.
     script = tmp_path / "tiny.py"
@@ -154,7 +157,7 @@ def test_jobs_started_together_never_collide(tmp_path):
     # A collision shows as a wrong sum or a wait that never ends: bound the wait well below the test's timeout.
     env = dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), TESSEL_COLLECTIVE_TIMEOUT="20", PYTHONUNBUFFERED="1")
     failures = []
-    for pair in range(10):
+    for pair in range(PAIRS):
         directories = [tmp_path / f"pair{pair}{side}" for side in "ab"]
         for directory in directories:
             directory.mkdir()
