@@ -17,11 +17,19 @@ shares at least SPAN apart, the balancer fits its step time t_r(b) = fixed_r + b
 over the shares measured so far, each epoch's figure weighing DECAY times less with each later epoch) and gives the
 shares that make the predicted step times equal (whole rows, at least one each, the slowest rank's time as small as
 it can be). Until then, and for a fit that is not physical (a negative cost), the model is a rate through the
-origin: shares proportional to the speeds (largest remainder, at least one row each), whose repetition also
-converges on equal step times. Predicted step times at the even split within EQUAL_WITHIN of each other count as
-equal: the even split, which is MindSpore's shard rule exactly. A new split replaces the last one only if it
-shortens the predicted step (the slowest rank's) by KEEP_WITHIN: measured speeds wobble, and a new split costs a
-recompile and new shards. Every decision is a function of the reports alone: every rank gets the same split.
+origin: shares proportional to the speeds (largest remainder, at least one row each). Predicted step times at the
+even split within EQUAL_WITHIN of each other count as equal: the even split, which is MindSpore's shard rule exactly.
+A new split replaces the last one only if it shortens the predicted step (the slowest rank's) by KEEP_WITHIN:
+measured speeds wobble, and a new split costs a recompile and new shards. Except while some rank has been measured
+at one share only: a rate through the origin cannot see fixed costs, so it underestimates how far the split must
+move to equalize (with a fixed cost, a row more or less changes a step by less than its average row), and its
+small corrections would all be kept out by KEEP_WITHIN, leaving the job at its first split for good (measured: the
+emulated 2:1 cluster of benchmarks/heterogeneous.py held 87:41 of 128 for six epochs; probed, it settles at 94:34
+to 102:26, and its speed-aware job went from 1.19-1.22x to 1.34x the even split in one sitting).
+So then, once per job, a split that differs from the last one is taken and moved further the same way (`beyond`)
+until every rank whose share changes changes by SPAN: a probe, held until an epoch has measured it, which gives
+every such rank the second share a fit needs; the fitted split then replaces the probe whatever its gain (the
+probe is nobody's best guess). Every decision is a function of the reports alone: every rank gets the same split.
 
     balancer = BatchBalancer(state)
     split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
@@ -69,6 +77,7 @@ class _Job:
     slow: frozenset[int] = frozenset()  # ranks the last measured epoch found slower than the fastest
     # per rank: share -> decayed (busy seconds, steps) measured at that share (the step-time model's points)
     points: list[dict[int, tuple[float, float]]] = field(default_factory=list)
+    probe: str = ""  # "running": the last split went beyond the models' to measure fixed costs; "done": it did
 
 
 @dataclass(frozen=True)
@@ -96,7 +105,7 @@ def fit(points: dict[int, tuple[float, float]]) -> StepModel:
     rows = [(b, busy / steps, steps) for b, (busy, steps) in sorted(points.items()) if steps > 0 and busy > 0]
     weight = sum(w for _, _, w in rows)
     rate = StepModel(0.0, sum(t * w for _, t, w in rows) / sum(b * w for b, _, w in rows))
-    if len(rows) < 2 or rows[-1][0] - rows[0][0] < SPAN * rows[-1][0]:
+    if not spans(points):
         return rate
     mean_b = sum(b * w for b, _, w in rows) / weight
     mean_t = sum(t * w for _, t, w in rows) / weight
@@ -106,6 +115,32 @@ def fit(points: dict[int, tuple[float, float]]) -> StepModel:
     if per_row <= 0 or fixed < 0:
         return rate
     return StepModel(fixed, per_row)
+
+
+def spans(points: dict[int, tuple[float, float]]) -> bool:
+    """Whether a rank's measured shares (as `fit` takes them) lie SPAN apart at least: enough for a fixed cost."""
+    shares = [b for b, (busy, steps) in points.items() if steps > 0 and busy > 0]
+    return len(shares) > 1 and max(shares) - min(shares) >= SPAN * max(shares)
+
+
+def beyond(last: Sequence[int], proposed: Sequence[int]) -> tuple[int, ...]:
+    """`proposed` moved further from `last` the same way, by the smallest whole multiple of its move (16 at most)
+    that changes every rank's share it changes by SPAN of the larger of its two shares, at least one row each;
+    `proposed` itself where no multiple does. The sum stays that of `last`.
+
+    >>> beyond((87, 41), (89, 39))       # the rates' correction, too small to fit a fixed cost from
+    (97, 31)
+    >>> beyond((30, 30), (46, 14)), beyond((3, 3), (5, 1))
+    ((46, 14), (5, 1))
+    """
+    moves = [p - b for p, b in zip(proposed, last)]
+    for times in range(1, 17):
+        shares = [b + times * m for b, m in zip(last, moves)]
+        if min(shares) < 1:
+            break
+        if all(m == 0 or abs(s - b) >= SPAN * max(s, b) for s, b, m in zip(shares, last, moves)):
+            return tuple(shares)
+    return tuple(proposed)
 
 
 def equalizing(models: Sequence[StepModel], total: int) -> tuple[int, ...]:
@@ -243,6 +278,7 @@ class BatchBalancer:
         reports = [now.reports[r] for r in range(world)]
         last = job.latest
         models = None
+        measured = False  # the epoch just ended ran the last split, and its step times are in job.points
         if all(busy > 0 and samples > 0 for busy, samples in reports):
             old = job.work or [(0.0, 0.0)] * world
             job.work = [(DECAY * b + busy, DECAY * n + samples) for (b, n), (busy, samples) in zip(old, reports)]
@@ -251,6 +287,7 @@ class BatchBalancer:
             source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
             if last is not None and len(last.shares) == world:  # the epoch measured ran with the last split
                 job.points = _decayed(job.points or [{} for _ in range(world)], reports, last.shares)
+                measured = True
                 models = [fit(p) for p in job.points]
                 if any(m.fixed > 0 for m in models):
                     source += "; ms/step " + " : ".join(f"{m.fixed * 1e3:.3g}+{m.per_row * 1e3:.3g}b" for m in models)
@@ -268,13 +305,19 @@ class BatchBalancer:
             source += " (equal: even split)" if min(times) > 0 else " (unmeasured: even split)"
         else:
             shares = equalizing(models, total)
-        if (
-            last is not None
-            and last.global_batch == total
-            and models
-            and tuple(last.shares) != shares
-            and predicted_step(shares, models) > (1 - KEEP_WITHIN) * predicted_step(last.shares, models)
-        ):
+        same_batch = last is not None and last.global_batch == total and len(last.shares) == world
+        changes = same_batch and models and tuple(last.shares) != shares
+        if job.probe == "running" and same_batch and not measured:  # an epoch that compiled the probe: held
+            source = f"kept from epoch {last.epoch} (to measure it)"
+            shares = tuple(last.shares)
+        elif job.probe == "running":  # measured (or the batch changed): the fitted split, whatever the gain
+            job.probe = "done"
+        elif changes and measured and not job.probe and not all(spans(p) for p in job.points):
+            further = beyond(last.shares, shares)
+            if further != shares:
+                source += f"; moved on to {':'.join(map(str, further))}, {SPAN:.0%} at least, to fit fixed costs"
+                shares, job.probe = further, "running"
+        elif changes and predicted_step(shares, models) > (1 - KEEP_WITHIN) * predicted_step(last.shares, models):
             source = f"kept from epoch {last.epoch} ({source}: gain under {KEEP_WITHIN:.0%})"
             shares = tuple(last.shares)
         split.shares.extend(shares)

@@ -8,7 +8,16 @@ import pytest
 from test_coordinator_planner import GFLOPS, measured
 from test_coordinator_state import Call, start_job
 
-from tessel.coordinator.balance import BatchBalancer, StepModel, equalizing, even, fit, predicted_step, proportional
+from tessel.coordinator.balance import (
+    BatchBalancer,
+    StepModel,
+    beyond,
+    equalizing,
+    even,
+    fit,
+    predicted_step,
+    proportional,
+)
 from tessel.coordinator.state import CoordinatorState
 from tessel.core import errors
 from tessel.v1 import coordinator_pb2
@@ -159,3 +168,43 @@ def test_a_rank_measured_at_two_shares_gets_the_split_that_equalizes_its_fixed_a
     fitted = _ask(balancer, 2, 3, reports=epoch(warm.shares))
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 60)) == pytest.approx(0.54)
     assert "ms/step 0+10b : 400+20b" in fitted.source
+
+
+def test_a_first_split_near_its_rates_is_probed_far_enough_to_fit_fixed_costs_then_replaced_by_the_fit():
+    # A 2:1 cluster whose slow rank's fixed cost is slowed too; the first split, from the devices' flop/s, is 87:41.
+    # Measured at that one share, a rate proposes a change too small to keep out of KEEP_WITHIN: without a probe the
+    # job would keep its first split. The probe moves SPAN at least, is held for the epoch that measures it, and
+    # the fit at two shares then gives the equalizing split whatever its gain over the probe.
+    true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
+    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
+    balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
+    first = _ask(balancer, 2, 0, batch=128)
+    assert list(first.shares) == [87, 41]
+    probe = _ask(balancer, 2, 1, batch=128, reports=epoch(first.shares))
+    assert list(probe.shares) == [99, 29] and "moved on to 99:29, 10% at least, to fit fixed costs" in probe.source
+    held = _ask(balancer, 2, 2, batch=128)  # the probe's epoch compiled it: not measured
+    assert list(held.shares) == [99, 29] and held.source == "kept from epoch 1 (to measure it)"
+    fitted = _ask(balancer, 2, 3, batch=128, reports=epoch(held.shares))
+    assert "ms/step 2+0.13b : 4+0.26b" in fitted.source
+    assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 128))
+    assert predicted_step(fitted.shares, true) < predicted_step(probe.shares, true) * (1 - 0.05)  # a < 10% gain
+    later = _ask(balancer, 2, 5, batch=128, reports=epoch(fitted.shares))  # probed once per job at most
+    assert list(later.shares) == list(fitted.shares) and "moved on" not in later.source
+
+
+def test_probing_moves_every_changed_share_by_span_and_never_below_one_row():
+    assert beyond((87, 41), (89, 39)) == (97, 31)
+    assert beyond((30, 30), (46, 14)) == (46, 14)  # far enough already
+    assert beyond((20, 20, 20), (21, 19, 20)) == (23, 17, 20)  # the unchanged rank stays
+    assert beyond((3, 3), (4, 2)) == (4, 2)  # a row is a third of these shares: far enough
+    assert beyond((2, 40), (1, 41)) == (1, 41)  # no multiple moves 40 rows by 10 % and leaves a row: the proposal
+
+
+def test_a_probe_is_not_held_over_a_new_global_batch():
+    true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
+    balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
+    first = _ask(balancer, 2, 0, batch=128)
+    reports = [(10 * m.at(b), 10 * b) for m, b in zip(true, first.shares)]
+    assert list(_ask(balancer, 2, 1, batch=128, reports=reports).shares) == [99, 29]
+    resized = _ask(balancer, 2, 2, batch=64)  # a smaller last batch: the probe's shares do not add up to it
+    assert sum(resized.shares) == 64 and "to measure it" not in resized.source
