@@ -448,6 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job-seconds", type=float, default=JOB_SECONDS, help="how long each trial's job runs")
     parser.add_argument("--max-delay", type=float, default=MAX_DELAY_S, help="latest fault, seconds after start")
     args = parser.parse_args(argv)
+    if args.max_delay < 0:
+        parser.error(f"--max-delay {args.max_delay:g}: a fault cannot come before the job runs; give 0 or more")
     # A coordinator trial must see the job through its fault: stopped, the coordinator comes back PAUSE_S later.
     least = args.max_delay + PAUSE_S + RECOVERY_MARGIN_S
     if args.job_seconds < least:
