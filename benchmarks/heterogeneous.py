@@ -8,7 +8,8 @@ Part 1, data parallelism on a cluster whose two devices differ 2:1 in speed. Thi
 and 2 cores shared with other work, so both devices are EMULATED, and labelled so in the output: the rank daemons
 are `tessel run -n 2 --plugin emulated:EmulatedFast,emulated:EmulatedSlow --threads 2` (1 thread each); their
 plugins (benchmarks/plugins/emulated.py) compute what the CPU plugin computes, then sleep so that each program
-takes 4x (emu-fast) or 8x (emu-slow) its CPU time: mostly sleep, so the shared CPU is not what limits the job.
+takes 4x (emu-fast) or 8x (emu-slow) the least CPU time its runs have taken (one run's own CPU time varies
++-30 % on this VM): mostly sleep, so the shared CPU is not what limits the job.
 Model: Flatten + Dense 784-W-W-10 with ReLU (W=512 is the seeds' MLP), SGD, CrossEntropyLoss, global batch
 2 x 64, Model.train in sink mode (benchmarks/_hetero_tessel.py):
 - tessel, batch_split='even' (MindSpore's: every rank 64 rows);
@@ -145,7 +146,8 @@ def _check(records: list[dict], what: str) -> None:
 def part1(widths: list[int], steps: int, epochs: int, rounds: int = 2) -> list[tuple[int, float]]:
     print(
         "Part 1: data parallel, 2 ranks whose devices differ 2:1 in speed -- both EMULATED (emu-fast / emu-slow: "
-        "the CPU plugin's compute, then a sleep, taking 4x / 8x the CPU time; DDP's ranks likewise); global batch "
+        "the CPU plugin's compute, then a sleep, each program taking 4x / 8x the least CPU time of its runs; DDP's "
+        f"ranks a fixed 4x / 8x of a step's measured compute); global batch "
         f"{2 * BATCH}, {steps} steps/epoch (half of that above width 512), median of epochs 2..{epochs}; "
         f"{rounds} rounds of an even and a speed-aware job next to each other (the order alternating), 'vs even' of "
         "a speed-aware job is over the even job of its round, the verdict the median over the rounds"
