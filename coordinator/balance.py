@@ -28,8 +28,12 @@ emulated 2:1 cluster of benchmarks/heterogeneous.py held 87:41 of 128 for six ep
 to 102:26, and its speed-aware job went from 1.19-1.22x to 1.34x the even split in one sitting).
 So then, once per job, a split that differs from the last one is taken and moved further the same way (`beyond`)
 until every rank whose share changes changes by SPAN: a probe, held until an epoch has measured it, which gives
-every such rank the second share a fit needs; the fitted split then replaces the probe whatever its gain (the
-probe is nobody's best guess). Every decision is a function of the reports alone: every rank gets the same split.
+every such rank the second share a fit needs; the fitted split then replaces the probe (the probe is nobody's best
+guess) unless the fit predicts the probe's step within PROBE_KEEP_WITHIN of its own: a few rows apart, which a new
+split (a recompile, new shards, programs run for the first time) would not pay back soon (measured on the emulated
+2:1 cluster: a wide MLP's job probed 94:34 and then moved to 93:35; on those devices, whose time follows the least
+CPU time of a program's runs so far, the seeds' MLP's step at a new split took 21.7, 17.8, 16.6 and 16.2 ms in its
+first four epochs). Every decision is a function of the reports alone: every rank gets the same split.
 
     balancer = BatchBalancer(state)
     split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
@@ -53,6 +57,7 @@ log = logging.getLogger("tessel.coordinator")
 EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
 KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
 SPAN = 0.10  # a rank's measured shares must differ this much (relative to the largest) to fit fixed + per-row costs
+PROBE_KEEP_WITHIN = 0.03  # a probe whose predicted step is this close to the fitted split's stays
 DECAY = 0.5  # an epoch's step times weigh this much less with each later epoch
 KEEP_JOBS = 256  # jobs whose splits are remembered (for status), oldest forgotten first
 _POLL_S = 0.25  # how often a waiting rank checks its job, its call and the deadline
@@ -310,8 +315,15 @@ class BatchBalancer:
         if job.probe == "running" and same_batch and not measured:  # an epoch that compiled the probe: held
             source = f"kept from epoch {last.epoch} (to measure it)"
             shares = tuple(last.shares)
-        elif job.probe == "running":  # measured (or the batch changed): the fitted split, whatever the gain
+        elif job.probe == "running":  # measured (or the batch changed): the fitted split, unless about the same
             job.probe = "done"
+            if (
+                changes
+                and measured
+                and predicted_step(shares, models) > (1 - PROBE_KEEP_WITHIN) * predicted_step(last.shares, models)
+            ):
+                source = f"kept from epoch {last.epoch} ({source}: the probe within {PROBE_KEEP_WITHIN:.0%} of the fit)"
+                shares = tuple(last.shares)
         elif changes and measured and not job.probe and not all(spans(p) for p in job.points):
             further = beyond(last.shares, shares)
             if further != shares:
