@@ -208,7 +208,7 @@ def part1(
         value, shown = samples_per_s(ddp), f"{BATCH}:{BATCH}"
         versus = value / statistics.median(bases)
         print(f"{name:>16} {'PyTorch DDP (even)':>22} {'':>5} {shown:>10} {value:>10.0f} {versus:>7.2f}x")
-        print(f"{name:>16} {'speed-aware / even':>22}: median {statistics.median(each):.2f}x of rounds "
+        print(f"{name:>16} {'speed-aware / even':>22}: median {statistics.median(each):.3f}x of rounds "
               + ", ".join(f"{r:.2f}x" for r in each), flush=True)  # fmt: skip
         best = float("nan")
         if sweep:
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
             # share, leaves too little to move): the best fixed split is the bound.
             verdict = f"AT THE BOUND ({best:.2f}x, the best fixed split here; {ratio / best:.0%} of it)"
         bound = "" if best != best else f"; the best fixed split {best:.2f}x"
-        print(f"  speed-aware / even, MLP width {width}: {ratio:.2f}x (target >= {SPEEDUP_TARGET}x{bound}) {verdict}")
+        print(f"  speed-aware / even, MLP width {width}: {ratio:.3f}x (target >= {SPEEDUP_TARGET}x{bound}) {verdict}")
     for rate, size, ratio, best in hierarchy:
         verdict = "PASS" if ratio >= HIERARCHY_TARGET else "FAIL"
         if verdict == "FAIL" and best <= HIERARCHY_TARGET + 0.005 and ratio >= AT_BOUND * best:
