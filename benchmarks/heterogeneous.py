@@ -25,10 +25,10 @@ Four rounds of twelve epochs: the seeds' MLP steps take ~20 ms, and single round
 four rounds of twelve gave 1.27-1.40x over this landing's runs.
 The bound of any split (skip with --no-sweep): after the rounds, an even job and three jobs whose split is fixed
 from the first epoch (batch_split=(f, 128 - f)) at the speed-aware rounds' median split f and SWEEP_ROWS rows
-either side; the best of them over the even job is what the best split gives on this model and machine, with no
-balancer to converge (the best of three single jobs: if anything, above the bound), over the median of all even
-jobs of the width (the rounds' and the sweep's). Where it is itself under the target and the speed-aware median
-within AT_BOUND of it, the verdict says AT THE BOUND.
+either side. The best of them, over the median of all even jobs of the width (the rounds' and the sweep's), is
+what the best split gives on this model and machine with no balancer to converge (the best of three single jobs:
+if anything, above the bound). Where it is itself under the target and the speed-aware median within AT_BOUND of
+it, the verdict says AT THE BOUND.
 
 Part 2, AllReduce across two test-bed hosts (tests/integration/testbed.py: network namespaces on a switch, links
 limited by tc tbf; needs root) with 2 daemons per host (4 ranks): hierarchical (shared memory inside each host,
