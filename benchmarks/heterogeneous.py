@@ -311,7 +311,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-sweep", action="store_true", help="part 1: skip the fixed splits that measure the bound of any split"
     )
-    parser.add_argument("--quick", action="store_true", help="smoke run: width 512, 3 epochs of 6 steps, 4M at 1gbit")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: width 512, 3 epochs of 6 steps, no sweep, 4M at 1gbit"
+    )
     args = parser.parse_args(argv)
     from multi_host import parse_size
 
