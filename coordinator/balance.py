@@ -199,6 +199,11 @@ def predicted_step(shares: Sequence[int], models: Sequence[StepModel]) -> float:
     return max(model.at(share) for share, model in zip(shares, models))
 
 
+def _gains_under(share: float, shares: Sequence[int], last: Sequence[int], models: Sequence[StepModel]) -> bool:
+    """Whether `shares` shorten the predicted step of `last` by less than `share` of it."""
+    return predicted_step(shares, models) > (1 - share) * predicted_step(last, models)
+
+
 def even(global_batch: int, world: int) -> tuple[int, ...]:
     return tuple(global_batch // world + (1 if r < global_batch % world else 0) for r in range(world))
 
@@ -317,11 +322,7 @@ class BatchBalancer:
             shares = tuple(last.shares)
         elif job.probe == "running":  # measured (or the batch changed): the fitted split, unless about the same
             job.probe = "done"
-            if (
-                changes
-                and measured
-                and predicted_step(shares, models) > (1 - PROBE_KEEP_WITHIN) * predicted_step(last.shares, models)
-            ):
+            if changes and measured and _gains_under(PROBE_KEEP_WITHIN, shares, last.shares, models):
                 source = f"kept from epoch {last.epoch} ({source}: the probe within {PROBE_KEEP_WITHIN:.0%} of the fit)"
                 shares = tuple(last.shares)
         elif changes and measured and not job.probe and not all(spans(p) for p in job.points):
@@ -329,7 +330,7 @@ class BatchBalancer:
             if further != shares:
                 source += f"; moved on to {':'.join(map(str, further))}, {SPAN:.0%} at least, to fit fixed costs"
                 shares, job.probe = further, "running"
-        elif changes and predicted_step(shares, models) > (1 - KEEP_WITHIN) * predicted_step(last.shares, models):
+        elif changes and _gains_under(KEEP_WITHIN, shares, last.shares, models):
             source = f"kept from epoch {last.epoch} ({source}: gain under {KEEP_WITHIN:.0%})"
             shares = tuple(last.shares)
         split.shares.extend(shares)
