@@ -186,7 +186,7 @@ def part1(
         steps = steps if width <= 512 else max(4, steps // 2)
         # One job's figure moves +-10 % with the shared machine's load from one minute to the next: each ratio is
         # taken between two jobs run back to back, in alternating order so that a drift favours neither side.
-        each, bases, speeds, speeds_per_s = [], [], [], []
+        each, bases, speeds = [], [], []
         for round_ in range(rounds):
             found = {}
             for split in ("even", "speed") if round_ % 2 == 0 else ("speed", "even"):
@@ -194,7 +194,6 @@ def part1(
                 _check(found[split][0], f"tessel {split}")
             (even, _), (speed, log) = found["even"], found["speed"]
             speeds.append(speed)
-            speeds_per_s.append(samples_per_s(speed))
             base = samples_per_s(even)
             bases.append(base)
             each.append(samples_per_s(speed) / base)
@@ -219,7 +218,7 @@ def part1(
             fast = max(found, key=found.get)
             best = found[fast] / base
             shown = ", ".join(f"{f}:{2 * BATCH - f} {v:.0f}" for f, v in found.items())
-            reached = statistics.median(speeds_per_s) / found[fast]
+            reached = statistics.median(samples_per_s(r) for r in speeds) / found[fast]
             print(f"{name:>16} {'best fixed split':>22} {'':>5} {fast}:{2 * BATCH - fast:<7} {found[fast]:>10.0f} "
                   f"{best:>7.2f}x  (the bound of any split: fixed from the first epoch; over the median of the "
                   f"{len(bases) + 1} even jobs, {base:.0f}; the sweep {shown}, its even job {even:.0f}; the "
