@@ -14,6 +14,75 @@ from tessel.core.plugin import Communicator, Handle
 WORLD_GROUP = "world"
 
 
+class MeteredStore(dict):
+    """A tensor store that keeps `nbytes`, the bytes its values span (views of one buffer counted once, at the
+    largest of them), up to date as names come and go. A recorded step runs on one (core._record) to read the
+    store after every instruction: walking the whole store there took ~35 us an instruction on 2 cores, in the
+    middle of the step being recorded. Otherwise the store is a plain dict, at a plain dict's speed."""
+
+    def __init__(self, tensors: dict[str, Any] | None = None):
+        super().__init__()
+        self.nbytes = 0
+        self._key: dict[str, int] = {}  # name -> its buffer's key
+        self._views: dict[int, dict[str, int]] = {}  # buffer key -> {name: bytes} of the names viewing it
+        self.update(tensors or {})
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._forget(name)
+        super().__setitem__(name, value)
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        base = array.base
+        key = id(base) if type(base) is np.ndarray else id(value)  # the store keeps both alive: ids stay unique
+        views = self._views.setdefault(key, {})
+        before = max(views.values(), default=0)
+        views[name], self._key[name] = array.nbytes, key
+        self.nbytes += max(before, array.nbytes) - before
+
+    def __delitem__(self, name: str) -> None:
+        super().__delitem__(name)
+        self._forget(name)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        value = super().pop(name, *default)
+        self._forget(name)
+        return value
+
+    def popitem(self) -> tuple[str, Any]:
+        name, value = super().popitem()
+        self._forget(name)
+        return name, value
+
+    def setdefault(self, name: str, value: Any = None) -> Any:
+        if name not in self:
+            self[name] = value
+        return self[name]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
+    def __ior__(self, other: Any) -> MeteredStore:
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        super().clear()
+        self._key.clear()
+        self._views.clear()
+        self.nbytes = 0
+
+    def _forget(self, name: str) -> None:
+        key = self._key.pop(name, None)
+        if key is None:
+            return
+        views = self._views[key]
+        before = max(views.values())
+        del views[name]
+        if not views:
+            del self._views[key]
+        self.nbytes -= before - max(views.values(), default=0)
+
+
 @dataclass
 class Session:
     session_id: str

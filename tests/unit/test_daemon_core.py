@@ -289,12 +289,13 @@ def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(cor
     """The timeline's memory counter: after every instruction, the bytes the store holds, each buffer once however
     many names or views it has; starting an asynchronous collective leaves it as it was, and its wait adds the
     result."""
-    from tessel.daemon.core import _store_bytes
+    from tessel.daemon.session import MeteredStore
 
     sid = core.open_session("store", rank=0, world_size=1, members=[])
     flat = np.zeros(100, np.float32)
     core.put(sid, {"x": np.ones(10, np.float32), "v1": flat[:40], "v2": flat[40:], "s": np.float32(2.0)})
-    assert _store_bytes(core.session(sid)) == 40 + 240 + 4  # the two views of one buffer: its largest, once
+    # the two views of one buffer: its largest, once
+    assert MeteredStore(core.session(sid).tensors).nbytes == 40 + 240 + 4
     start = {"collective": daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, inputs=["x"], outputs=["y"],
                                                    handle="h")}  # fmt: skip
     program = _program(start, {"wait": daemon_pb2.WaitOp(handle="h")}, {"free": daemon_pb2.FreeOp(names=["v2"])})
@@ -302,4 +303,5 @@ def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(cor
     assert issued.store_bytes == 284
     assert waited.store_bytes == 284 + 40
     assert freed.store_bytes == 40 + 160 + 4 + 40
+    assert type(core.session(sid).tensors) is dict  # metered for the recorded step only: a plain dict again
     core.close_session(sid)

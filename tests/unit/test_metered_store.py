@@ -1,0 +1,65 @@
+"""daemon.session.MeteredStore: its running byte count equals a walk over the store after any sequence of changes."""
+
+import numpy as np
+import pytest
+
+from tessel.daemon.session import MeteredStore
+
+
+def walk(store: dict) -> int:
+    """The count by definition: each buffer once, at the largest of the names that view it."""
+    largest: dict[int, int] = {}
+    for value in store.values():
+        array = value if type(value) is np.ndarray else np.asarray(value)
+        key = id(array.base) if type(array.base) is np.ndarray else id(value)
+        largest[key] = max(largest.get(key, 0), array.nbytes)
+    return sum(largest.values())
+
+
+def test_views_of_one_buffer_count_once_at_the_largest():
+    flat = np.zeros(100, np.float32)
+    store = MeteredStore({"whole": flat, "head": flat[:40], "tail": flat[40:], "lr": np.float32(0.1)})
+    assert store.nbytes == 400 + 4
+    del store["whole"]
+    assert store.nbytes == 240 + 4  # the tail is now the largest view of the buffer
+    store.pop("tail")
+    assert store.nbytes == 160 + 4
+    store["head"] = np.ones(3, np.float64)  # replaced by an array of its own
+    assert store.nbytes == 24 + 4
+    store.clear()
+    assert store.nbytes == 0 and not store
+
+
+def test_every_way_of_changing_the_store_keeps_the_count():
+    rng = np.random.default_rng(0)
+    buffers = [np.zeros(int(n), np.float32) for n in rng.integers(1, 50, 6)]
+    store = MeteredStore()
+    names = [f"t{i}" for i in range(8)]
+    for _ in range(2000):
+        name, op = names[rng.integers(len(names))], rng.integers(7)
+        if op <= 1:  # a view of a shared buffer, or an array of its own
+            b = buffers[rng.integers(len(buffers))]
+            lo = int(rng.integers(0, b.size))
+            store[name] = b[lo : int(rng.integers(lo, b.size + 1))] if op == 0 else np.ones(int(rng.integers(0, 9)))
+        elif op == 2:
+            store.pop(name, None)
+        elif op == 3 and name in store:
+            del store[name]
+        elif op == 4:
+            store.update({name: np.float32(1.0), names[0]: buffers[0]})
+        elif op == 5:
+            store.setdefault(name, buffers[1][:5])
+        elif store:
+            store.popitem()
+        assert store.nbytes == walk(store), (op, name)
+    store |= {"x": buffers[2]}
+    assert store.nbytes == walk(store)
+
+
+def test_missing_names_raise_as_a_dict_does_and_change_nothing():
+    store = MeteredStore({"a": np.zeros(4, np.float32)})
+    with pytest.raises(KeyError):
+        del store["b"]
+    with pytest.raises(KeyError):
+        store.pop("b")
+    assert store.nbytes == 16 and dict(store).keys() == {"a"}
