@@ -95,10 +95,12 @@ def test_whole_is_kept_unless_another_way_is_clearly_quicker():
             out[hierarchy.WAYS.index(way)] = value / 1e3
         return out
 
-    assert whole == 0 and hierarchy.choose(figures(whole=100, segments=95, flat=92)) == "whole"  # within PREFER
+    assert whole == 0 and hierarchy.choose(figures(whole=100, segments=97, flat=96)) == "whole"  # within PREFER
     assert hierarchy.choose(figures(whole=200, segments=150, flat=250)) == "segments"  # a slow link
     assert hierarchy.choose(figures(whole=120, segments=160, flat=60)) == "flat"  # busy cores, fast link
     assert hierarchy.choose(figures(whole=20, segments=24, flat=25, **{"long segments": 15})) == "long segments"
+    # a lent 16-core machine's test bed, 16 MiB at 10 Gbit/s: 9 % quicker is quicker
+    assert hierarchy.choose(figures(whole=18.0, segments=24.0, flat=21.4, **{"long segments": 16.4})) == "long segments"
     assert (segments, long, flat) == (1, 2, 3)
 
 
