@@ -24,7 +24,7 @@ from tessel.daemon import hierarchy, memtrace
 from tessel.daemon.executor import Executor
 from tessel.daemon.results import Result, host_id
 from tessel.daemon.segments import Segment
-from tessel.daemon.session import WORLD_GROUP, MeteredStore, Session
+from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import common_pb2, coordinator_pb2, daemon_pb2
 
 if TYPE_CHECKING:
@@ -568,21 +568,18 @@ def _record(session: Session, steps: list, repetition: int, events: list, elapse
     """Run the bound steps once, appending a TimelineEvent per instruction (and summing `elapsed`) with what the
     store holds after it (the live memory of the step). An asynchronous collective's event gets its
     communicator's start and end once its wait has run. Between instructions the step only reads clocks and
-    counters, on a store that keeps its own size (MeteredStore); the events are built once the step has run, so
+    counters, on a store that keeps its own size (TensorStore.metered); the events are built once the step has run, so
     that recording a step does not stretch the gaps it records (it had cost ~40 us an instruction on 2 cores)."""
     clock = time.time_ns
     spans = []
-    session.tensors = MeteredStore(session.tensors)
-    try:
+    with session.tensors.metered() as store:
         for step in steps:
             start = clock()
             step.run()
             end = clock()
             nbytes = step.nbytes() if step.nbytes is not None else None
             waited = session.waited.get(step.handle) if step.kind == "wait" else None
-            spans.append((start, end, session.tensors.nbytes, nbytes, waited))
-    finally:
-        session.tensors = dict(session.tensors)
+            spans.append((start, end, store.nbytes, nbytes, waited))
     started: dict[str, daemon_pb2.TimelineEvent] = {}
     for index, (step, (start, end, store_bytes, nbytes, waited)) in enumerate(zip(steps, spans, strict=True)):
         elapsed[index] += (end - start) / 1e9

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,22 +16,44 @@ from tessel.core.plugin import Communicator, Handle
 WORLD_GROUP = "world"
 
 
-class MeteredStore(dict):
+class TensorStore(dict):
+    """A session's tensors by name: a dict, at a dict's speed. While a step is recorded, the store is a
+    MeteredStore (`metered()`), the same object, so nothing another thread puts meanwhile goes astray."""
+
+    @contextlib.contextmanager
+    def metered(self) -> Iterator[MeteredStore]:
+        self.__class__ = MeteredStore
+        try:
+            self.recount()  # type: ignore[attr-defined]
+            yield self  # type: ignore[misc]
+        finally:
+            self.__class__ = TensorStore
+            self.__dict__.clear()
+
+
+class MeteredStore(TensorStore):
     """A tensor store that keeps `nbytes`, the bytes its values span (views of one buffer counted once, at the
     largest of them), up to date as names come and go. A recorded step runs on one (core._record) to read the
     store after every instruction: walking the whole store there took ~35 us an instruction on 2 cores, in the
-    middle of the step being recorded. Otherwise the store is a plain dict, at a plain dict's speed."""
+    middle of the step being recorded."""
 
     def __init__(self, tensors: dict[str, Any] | None = None):
-        super().__init__()
+        super().__init__(tensors or {})
+        self.recount()
+
+    def recount(self) -> None:
         self.nbytes = 0
         self._key: dict[str, int] = {}  # name -> its buffer's key
         self._views: dict[int, dict[str, int]] = {}  # buffer key -> {name: bytes} of the names viewing it
-        self.update(tensors or {})
+        for name, value in list(self.items()):
+            self._count(name, value)
 
     def __setitem__(self, name: str, value: Any) -> None:
         self._forget(name)
         super().__setitem__(name, value)
+        self._count(name, value)
+
+    def _count(self, name: str, value: Any) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
         base = array.base
         key = id(base) if type(base) is np.ndarray else id(value)  # the store keeps both alive: ids stay unique
@@ -92,7 +116,7 @@ class Session:
     members: list  # common_pb2.Member, index = rank
     job_nonce: str = ""  # the coordinator's per-job random value (JoinJobReply.job_nonce)
     collectives: str = ""  # groups spanning hosts or plugins: "" / "auto" hierarchical, "flat" (daemon/hierarchy.py)
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    tensors: TensorStore = field(default_factory=TensorStore)
     groups: dict[str, Communicator] = field(default_factory=dict)
     handles: dict[str, tuple[Handle, list[str]]] = field(default_factory=dict)
     # handle -> (start, end) in time.time_ns() of the collective a wait last completed (for the timeline)

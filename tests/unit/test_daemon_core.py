@@ -289,7 +289,7 @@ def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(cor
     """The timeline's memory counter: after every instruction, the bytes the store holds, each buffer once however
     many names or views it has; starting an asynchronous collective leaves it as it was, and its wait adds the
     result."""
-    from tessel.daemon.session import MeteredStore
+    from tessel.daemon.session import MeteredStore, TensorStore
 
     sid = core.open_session("store", rank=0, world_size=1, members=[])
     flat = np.zeros(100, np.float32)
@@ -303,5 +303,5 @@ def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(cor
     assert issued.store_bytes == 284
     assert waited.store_bytes == 284 + 40
     assert freed.store_bytes == 40 + 160 + 4 + 40
-    assert type(core.session(sid).tensors) is dict  # metered for the recorded step only: a plain dict again
+    assert type(core.session(sid).tensors) is TensorStore  # metered for the recorded step only
     core.close_session(sid)

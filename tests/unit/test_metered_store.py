@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from tessel.daemon.session import MeteredStore
+from tessel.daemon.session import MeteredStore, TensorStore
 
 
 def walk(store: dict) -> int:
@@ -63,3 +63,16 @@ def test_missing_names_raise_as_a_dict_does_and_change_nothing():
     with pytest.raises(KeyError):
         store.pop("b")
     assert store.nbytes == 16 and dict(store).keys() == {"a"}
+
+
+def test_a_store_is_metered_in_place_for_a_recorded_step_and_plain_again_after():
+    """The same object throughout: what another thread puts meanwhile stays in the store."""
+    store = TensorStore({"a": np.zeros(4, np.float32)})
+    with pytest.raises(RuntimeError, match="the step failed"), store.metered() as metered:
+        assert metered is store and type(store) is MeteredStore and store.nbytes == 16
+        store["b"] = np.zeros(2, np.float64)
+        assert store.nbytes == 32
+        raise RuntimeError("the step failed")
+    assert type(store) is TensorStore and not vars(store) and set(store) == {"a", "b"}
+    with store.metered():
+        assert store.nbytes == 32  # counted afresh each time
