@@ -27,8 +27,9 @@ class TensorStore(dict):
             self.recount()  # type: ignore[attr-defined]
             yield self  # type: ignore[misc]
         finally:
+            # Its counts stay behind, unread (a put on another thread may still be updating them); the next
+            # metered() counts afresh.
             self.__class__ = TensorStore
-            self.__dict__.clear()
 
 
 class MeteredStore(TensorStore):
