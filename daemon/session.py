@@ -36,13 +36,15 @@ class MeteredStore(TensorStore):
     """A tensor store that keeps `nbytes`, the bytes its values span (views of one buffer counted once, at the
     largest of them), up to date as names come and go. A recorded step runs on one (core._record) to read the
     store after every instruction: walking the whole store there took ~35 us an instruction on 2 cores, in the
-    middle of the step being recorded."""
+    middle of the step being recorded. Its changes take a lock, so that a put on another thread (PutTensors
+    takes no session lock) cannot tear its counts."""
 
     def __init__(self, tensors: dict[str, Any] | None = None):
         super().__init__(tensors or {})
         self.recount()
 
     def recount(self) -> None:
+        self._lock = threading.Lock()
         self.nbytes = 0
         self._key: dict[str, int] = {}  # name -> its buffer's key
         self._views: dict[int, dict[str, int]] = {}  # buffer key -> {name: bytes} of the names viewing it
@@ -50,9 +52,10 @@ class MeteredStore(TensorStore):
             self._count(name, value)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        self._forget(name)
-        super().__setitem__(name, value)
-        self._count(name, value)
+        with self._lock:
+            self._forget(name)
+            super().__setitem__(name, value)
+            self._count(name, value)
 
     def _count(self, name: str, value: Any) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
@@ -64,18 +67,21 @@ class MeteredStore(TensorStore):
         self.nbytes += max(before, array.nbytes) - before
 
     def __delitem__(self, name: str) -> None:
-        super().__delitem__(name)
-        self._forget(name)
+        with self._lock:
+            super().__delitem__(name)
+            self._forget(name)
 
     def pop(self, name: str, *default: Any) -> Any:
-        value = super().pop(name, *default)
-        self._forget(name)
-        return value
+        with self._lock:
+            value = super().pop(name, *default)
+            self._forget(name)
+            return value
 
     def popitem(self) -> tuple[str, Any]:
-        name, value = super().popitem()
-        self._forget(name)
-        return name, value
+        with self._lock:
+            name, value = super().popitem()
+            self._forget(name)
+            return name, value
 
     def setdefault(self, name: str, value: Any = None) -> Any:
         if name not in self:
@@ -91,10 +97,11 @@ class MeteredStore(TensorStore):
         return self
 
     def clear(self) -> None:
-        super().clear()
-        self._key.clear()
-        self._views.clear()
-        self.nbytes = 0
+        with self._lock:
+            super().clear()
+            self._key.clear()
+            self._views.clear()
+            self.nbytes = 0
 
     def _forget(self, name: str) -> None:
         key = self._key.pop(name, None)

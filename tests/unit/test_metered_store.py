@@ -76,3 +76,32 @@ def test_a_store_is_metered_in_place_for_a_recorded_step_and_plain_again_after()
     assert type(store) is TensorStore and set(store) == {"a", "b"}
     with store.metered():
         assert store.nbytes == 32  # counted afresh each time
+
+
+def test_changes_from_two_threads_at_once_keep_the_count():
+    """A put on the service's thread while the program's thread frees (PutTensors takes no session lock)."""
+    import sys
+    import threading
+
+    store = MeteredStore()
+    buffer = np.zeros(1000, np.float32)
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can: every interleaving gets its turn
+    try:
+
+        def churn(offset: int) -> None:
+            for i in range(20_000):
+                name = f"t{(i + offset) % 5}"
+                if i % 3:
+                    store[name] = buffer[: (i % 7) * 10 + offset]
+                else:
+                    store.pop(name, None)
+
+        threads = [threading.Thread(target=churn, args=(k,)) for k in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert store.nbytes == walk(store)
