@@ -322,7 +322,8 @@ class DaemonCore:
     def put(self, session_id: str, tensors: dict[str, np.ndarray]) -> None:
         session = self.session(session_id)
         session.check_alive()
-        session.tensors.update(tensors)
+        with session.tensors.lock:  # a recorded step may be metering the store on the program's thread
+            session.tensors.update(tensors)
         if sum(getattr(t, "nbytes", 0) for t in tensors.values()) >= TRIM_AFTER_BYTES:
             release_freed_memory()
 
@@ -332,8 +333,9 @@ class DaemonCore:
 
     def free(self, session_id: str, names: Iterable[str]) -> None:
         session = self.session(session_id)
-        for n in names:
-            session.tensors.pop(n, None)
+        with session.tensors.lock:
+            for n in names:
+                session.tensors.pop(n, None)
 
     def compile_segment(self, session_id: str, name: str, onnx_model: bytes, state: Iterable[str] = ()) -> None:
         session = self.session(session_id)

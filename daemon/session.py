@@ -17,45 +17,102 @@ WORLD_GROUP = "world"
 
 
 class TensorStore(dict):
-    """A session's tensors by name: a dict, at a dict's speed. While a step is recorded, the store is a
-    MeteredStore (`metered()`), the same object, so nothing another thread puts meanwhile goes astray."""
+    """A session's tensors by name: a dict, at a dict's speed. Threads other than the program's (PutTensors,
+    FreeTensors: they take no session lock) change it under `lock`. While a step is recorded the store is a
+    MeteredStore (`metered()`), the same object: the switch there and every metered change take `lock` too, so
+    a put or free from another thread lands whole, in the store and in its counts, before, during or after."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.lock = threading.RLock()
+
+    def __reduce__(self) -> tuple:
+        return (TensorStore, (dict(self),))  # the contents; the lock and any counts belong to this process
 
     @contextlib.contextmanager
     def metered(self) -> Iterator[MeteredStore]:
-        self.__class__ = MeteredStore
-        try:
+        if type(self) is MeteredStore:  # already metered (a step recorded inside another): nothing to switch
+            yield self  # type: ignore[misc]
+            return
+        with self.lock:
+            self.__class__ = MeteredStore
             self.recount()  # type: ignore[attr-defined]
+        try:
             yield self  # type: ignore[misc]
         finally:
-            # Its counts stay behind, unread (a put on another thread may still be updating them); the next
-            # metered() counts afresh.
-            self.__class__ = TensorStore
+            with self.lock:
+                self.__class__ = TensorStore
+                del self.nbytes, self._key, self._views
 
 
 class MeteredStore(TensorStore):
     """A tensor store that keeps `nbytes`, the bytes its values span (views of one buffer counted once, at the
     largest of them), up to date as names come and go. A recorded step runs on one (core._record) to read the
     store after every instruction: walking the whole store there took ~35 us an instruction on 2 cores, in the
-    middle of the step being recorded. Its changes take a lock, so that a put on another thread (PutTensors
-    takes no session lock) cannot tear its counts."""
+    middle of the step being recorded. A change that waited for `lock` while the step ended finds the store plain
+    again and makes a plain change."""
 
     def __init__(self, tensors: dict[str, Any] | None = None):
         super().__init__(tensors or {})
         self.recount()
 
     def recount(self) -> None:
-        self._lock = threading.Lock()
-        self.nbytes = 0
-        self._key: dict[str, int] = {}  # name -> its buffer's key
-        self._views: dict[int, dict[str, int]] = {}  # buffer key -> {name: bytes} of the names viewing it
-        for name, value in list(self.items()):
-            self._count(name, value)
+        with self.lock:
+            self.nbytes = 0
+            self._key: dict[str, int] = {}  # name -> its buffer's key
+            self._views: dict[int, dict[str, int]] = {}  # buffer key -> {name: bytes} of the names viewing it
+            for name, value in list(dict.items(self)):
+                self._count(name, value)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        with self._lock:
-            self._forget(name)
-            super().__setitem__(name, value)
-            self._count(name, value)
+        with self.lock:
+            metering = type(self) is MeteredStore
+            if metering:
+                self._forget(name)
+            dict.__setitem__(self, name, value)
+            if metering:
+                self._count(name, value)
+
+    def __delitem__(self, name: str) -> None:
+        with self.lock:
+            dict.__delitem__(self, name)
+            if type(self) is MeteredStore:
+                self._forget(name)
+
+    def pop(self, name: str, *default: Any) -> Any:
+        with self.lock:
+            value = dict.pop(self, name, *default)
+            if type(self) is MeteredStore:
+                self._forget(name)
+            return value
+
+    def popitem(self) -> tuple[str, Any]:
+        with self.lock:
+            name, value = dict.popitem(self)
+            if type(self) is MeteredStore:
+                self._forget(name)
+            return name, value
+
+    def setdefault(self, name: str, value: Any = None) -> Any:
+        with self.lock:
+            if name not in self:
+                self[name] = value
+            return dict.__getitem__(self, name)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        with self.lock:
+            for name, value in dict(*args, **kwargs).items():
+                self[name] = value
+
+    def __ior__(self, other: Any) -> MeteredStore:
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        with self.lock:
+            dict.clear(self)
+            if type(self) is MeteredStore:
+                self.nbytes, self._key, self._views = 0, {}, {}
 
     def _count(self, name: str, value: Any) -> None:
         array = value if type(value) is np.ndarray else np.asarray(value)
@@ -65,43 +122,6 @@ class MeteredStore(TensorStore):
         before = max(views.values(), default=0)
         views[name], self._key[name] = array.nbytes, key
         self.nbytes += max(before, array.nbytes) - before
-
-    def __delitem__(self, name: str) -> None:
-        with self._lock:
-            super().__delitem__(name)
-            self._forget(name)
-
-    def pop(self, name: str, *default: Any) -> Any:
-        with self._lock:
-            value = super().pop(name, *default)
-            self._forget(name)
-            return value
-
-    def popitem(self) -> tuple[str, Any]:
-        with self._lock:
-            name, value = super().popitem()
-            self._forget(name)
-            return name, value
-
-    def setdefault(self, name: str, value: Any = None) -> Any:
-        if name not in self:
-            self[name] = value
-        return self[name]
-
-    def update(self, *args: Any, **kwargs: Any) -> None:
-        for name, value in dict(*args, **kwargs).items():
-            self[name] = value
-
-    def __ior__(self, other: Any) -> MeteredStore:
-        self.update(other)
-        return self
-
-    def clear(self) -> None:
-        with self._lock:
-            super().clear()
-            self._key.clear()
-            self._views.clear()
-            self.nbytes = 0
 
     def _forget(self, name: str) -> None:
         key = self._key.pop(name, None)

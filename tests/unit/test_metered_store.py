@@ -76,6 +76,10 @@ def test_a_store_is_metered_in_place_for_a_recorded_step_and_plain_again_after()
     assert type(store) is TensorStore and set(store) == {"a", "b"}
     with store.metered():
         assert store.nbytes == 32  # counted afresh each time
+    import copy
+
+    twin = copy.deepcopy(store)  # the contents; the lock is the store's own
+    assert type(twin) is TensorStore and twin.keys() == store.keys() and twin.lock is not store.lock
 
 
 def test_changes_from_two_threads_at_once_keep_the_count():
@@ -105,3 +109,46 @@ def test_changes_from_two_threads_at_once_keep_the_count():
     finally:
         sys.setswitchinterval(interval)
     assert store.nbytes == walk(store)
+
+
+def test_puts_and_frees_from_another_thread_across_recorded_steps_land_whole():
+    """DaemonCore.put/free on the service's thread while the program's thread starts and ends recorded steps:
+    nothing raises, nothing is lost, and inside each step the count matches the store."""
+    import sys
+    import threading
+
+    store = TensorStore({f"p{i}": np.zeros(8) for i in range(30)})
+    buffer = np.zeros(1000, np.float32)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def service() -> None:
+        i = 0
+        try:
+            while not stop.is_set():
+                with store.lock:  # as DaemonCore.put / free
+                    if i % 3:
+                        store.update({f"t{i % 5}": buffer[: i % 50 + 1]})
+                    else:
+                        store.pop(f"t{i % 5}", None)
+                i += 1
+        except BaseException as error:
+            errors.append(error)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=service)
+    thread.start()
+    try:
+        wrong = 0
+        for _ in range(300):
+            with store.metered():
+                store["step"] = np.ones(3)  # the program's own change
+                with store.lock:
+                    wrong += store.nbytes != walk(store)
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert not errors and wrong == 0 and type(store) is TensorStore
+    assert all(f"p{i}" in store for i in range(30)) and "step" in store
