@@ -160,8 +160,8 @@ def report(name: str, cells: dict, stages: int, budget: int) -> list[tuple[str, 
         where = ""
         if gap > BUBBLE_POINTS and one.get("replayed") is not None:
             where = (f"; replayed with this run's action times {one['replayed']:.1%}, so the runtime's share is "
-                     f"{(one['bubble'] - one['replayed']) * 100:.1f} points and the stages' uneven times' "
-                     f"{(one['replayed'] - one['theory']) * 100:.1f}")  # fmt: skip
+                     f"{(one['bubble'] - one['replayed']) * 100:.1f} points and the stages' uneven action times "
+                     f"account for {(one['replayed'] - one['theory']) * 100:.1f}")  # fmt: skip
         verdicts.append((f"{name}: 1F1B bubble {one['bubble']:.1%} vs theory {one['theory']:.1%} "
                          f"(target: within {BUBBLE_POINTS:.0%} points{where})", gap <= BUBBLE_POINTS))  # fmt: skip
     if zero["bubble"] is not None and one["bubble"] is not None:
