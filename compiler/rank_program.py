@@ -25,7 +25,13 @@ from tessel.compiler.ir import Graph, Node, Value
 from tessel.compiler.lower_onnx import model_bytes, output_names
 from tessel.compiler.ops.collective import group_ranks
 from tessel.compiler.rank_plan import Step, is_write, plan_steps
-from tessel.compiler.rank_rewrite import alias_effects, expand_collectives, fold_value_free, op_rewrites
+from tessel.compiler.rank_rewrite import (
+    alias_effects,
+    expand_collectives,
+    fold_value_free,
+    op_rewrites,
+    read_through_identities,
+)
 from tessel.compiler.row_parts import merge_row_parts
 from tessel.compiler.train_step import micro_batch_ends
 from tessel.core.errors import ConfigurationError
@@ -123,6 +129,7 @@ def lower_rank_program(
             if rewritten is prepared:
                 break
             prepared = rewritten
+    prepared = read_through_identities(prepared)  # no segment copies out a tensor the store already holds
     steps = plan_steps(prepared, spmd, phases)
     names = _StoreNames(prepared)
     written = {n.inputs[0].name for s in steps for n in s.nodes if is_write(n)}

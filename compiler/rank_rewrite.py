@@ -98,6 +98,25 @@ def alias_effects(graph: Graph) -> Graph:
     return rewriter.build()
 
 
+def read_through_identities(graph: Graph) -> Graph:
+    """Make every reader of an identity op's result (OpDef.identity: Identity, and Mirror, whose meaning is all in
+    its gradient) read the op's input itself, so that no segment returns a copy of a tensor the daemon already
+    holds. Data parallelism reads each weight through a Mirror: where the forward and the backward pass use a
+    weight in two segments, the first one copied it into its outputs every step (16 MiB for a 2048 x 2048 weight).
+    A result the graph returns keeps its node: its store name is the output's, and a returned copy of a parameter
+    the step assigns must be the value from before the write. Reading the parameter itself stays correct: a state
+    write is placed after every reader of its target (rank_plan)."""
+    returned = set(graph.outputs)
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        passes = registry.get(node.op).identity and len(node.inputs) == len(node.outputs) == 1
+        if passes and node.outputs[0] not in returned and node.outputs[0].type == node.inputs[0].type:
+            rewriter.alias(node.outputs[0], rewriter.get(node.inputs[0]))
+        else:
+            rewriter.keep(node)
+    return rewriter.build()
+
+
 def merge_duplicates(graph: Graph) -> Graph:
     """One node for nodes of one op with the same attributes, inputs (once merged themselves) and output types: the
     same work written twice, as each of MicroBatchInterleaved's copies scales its loss's seed alike. State writes,

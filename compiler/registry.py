@@ -21,7 +21,9 @@ An `OpDef` says
 - `orders`: the op exists to order the graph (After): a model holding one asks the runtime to follow the node
   order it was written in (lower_onnx.EXECUTION_ORDER);
 - `random`: the op draws random numbers (Dropout): rank-graph rewrites neither merge two of its nodes nor move
-  it from parts of a tensor to the whole.
+  it from parts of a tensor to the whole;
+- `identity`: the op's result is its one input, unchanged (Identity, and ops whose meaning is all in their gradient,
+  as Mirror): rank-program lowering has its readers read the input itself (rank_rewrite.read_through_identities).
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -124,6 +126,8 @@ class OpDef:
     # The op draws random numbers (Dropout): two nodes of it alike in every input are still different results, and
     # one on the whole of a tensor is not its nodes on the parts, so rewrites neither merge nor split it.
     random: bool = False
+    # The result is the one input, unchanged: rank-program lowering has its readers read the input itself.
+    identity: bool = False
 
     def sharding_spec(self, node: Node) -> ShardingSpec:
         """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""

@@ -194,6 +194,7 @@ register(
     infer=infer_same,
     sharding=pointwise,
     lower=lower_as("Identity"),
+    identity=True,
     grad=ZERO_GRAD,
     num_inputs=1,
     doc="Identity forward; no gradient flows back.",

@@ -294,6 +294,7 @@ register(
     infer=infer_same,
     sharding=pointwise,
     lower=lower_as("Identity"),
+    identity=True,
     grad=lambda c: (c.g,),
     cost=moves_data,
     num_inputs=1,

@@ -33,6 +33,7 @@ from tessel.compiler import (
 )
 from tessel.compiler.buckets import set_fusion
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply
+from tessel.compiler.lower_onnx import assign_output_name
 from tessel.compiler.rank_simulator import World
 from tessel.core.errors import ConfigurationError
 
@@ -454,3 +455,57 @@ def test_donated_inputs_are_freed_after_the_run():
         assert "x" not in store
         np.testing.assert_array_equal(store[program.outputs[0]], np.full(3, 7.0))
     assert "ALL_REDUCE" in program.dump() and "free" in program.dump()
+
+
+def _copies_of_inputs(segment) -> list[str]:
+    """The outputs of `segment`'s ONNX model that only copy one of its inputs (state writes aside: an Assign of a
+    value computed in an earlier segment is such a copy, and is the write itself)."""
+    import onnx
+
+    model = onnx.load_from_string(segment.onnx)
+    inputs = {i.name for i in model.graph.input}
+    outputs = {o.name for o in model.graph.output} - {assign_output_name(name) for name in segment.state}
+    copies = [n for n in model.graph.node if n.op_type == "Identity" and n.input[0] in inputs]
+    return [n.output[0] for n in copies if n.output[0] in outputs]
+
+
+def test_a_weight_read_in_two_segments_is_read_from_the_store_not_copied_out_of_the_first():
+    # Buckets small enough to split the backward: w2, read through its Mirror by the forward's product and again by
+    # the backward's input-gradient product in a later segment, used to leave the first segment as a copy each step.
+    forward, cap = _dp_forward(256, 512, 64), 64 << 10  # sizes where overlapping a bucket pays (see above)
+    train = data_parallel_train_step(forward, PARAMS, SGD(0.1), (0, 1), bucket_bytes=cap)
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
+    segments = list(program.segments.values())
+    assert len(segments) > 2  # the backward runs in parts between its buckets
+    assert all(_copies_of_inputs(s) == [] for s in segments)
+    assert any("w2" in {v.name for v in s.graph.inputs} for s in segments[1:-2])  # a backward part reads w2 itself
+    assert not any(n.op == "Mirror" for s in segments for n in s.graph.nodes)
+
+
+def test_a_copy_read_after_a_collective_holds_the_value_from_before_a_write_in_the_same_step():
+    # Identity(w) is read before an AllReduce and again after it, in a later segment than the one that could
+    # assign w: reading w itself there must still see the old value, so the write waits for that reader.
+    def body(x, w):
+        old = apply("Identity", w)
+        apply("Assign", w, w + 1.0)
+        return apply("AllReduce", x * old, group=(0, 1)) * old
+
+    graph = trace(body, TensorSpec((3,), "float64"), TensorSpec((3,), "float64")).graph
+    program = lower_rank_program(graph, state=["w"], world_size=2)
+    feeds = [{"x": np.ones(3), "w": np.arange(3.0)}, {"x": np.full(3, 2.0), "w": np.arange(3.0)}]
+    for store in simulate([program] * 2, feeds, compute()):
+        np.testing.assert_array_equal(store[program.outputs[0]], 3.0 * np.arange(3.0) ** 2)
+        np.testing.assert_array_equal(store["w"], np.arange(3.0) + 1.0)
+    assert all(_copies_of_inputs(s) == [] for s in program.segments.values())
+
+
+def test_a_returned_copy_of_a_written_parameter_keeps_its_identity_and_the_old_value():
+    def body(p):
+        before = apply("Identity", p)
+        apply("Assign", p, p * 2.0)
+        return before
+
+    program = lower_rank_program(trace(body, TensorSpec((2,), "float64")).graph, state=["p"])
+    (store,) = simulate([program], [{"p": np.array([1.0, 3.0])}], compute())
+    np.testing.assert_array_equal(store[program.outputs[0]], [1.0, 3.0])
+    np.testing.assert_array_equal(store["p"], [2.0, 6.0])
