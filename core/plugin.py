@@ -398,6 +398,10 @@ class ComputePlugin(ABC):
     def to_host(self, value: Any) -> np.ndarray:
         return np.asarray(value)
 
+    def release_memory(self) -> None:
+        """Give memory the device keeps for reuse between runs back (the daemon calls it once its last job ended)."""
+        return None
+
 
 @dataclass(frozen=True)
 class DeviceInfo:

@@ -164,10 +164,16 @@ class DaemonCore:
     def close_session(self, session_id: str) -> None:
         with self._lock:
             session = self._sessions.pop(session_id, None)
+            last = not self._sessions
         if session is not None:
             with session.lock:
                 session.close()
             log.info("closed %s", session.describe())
+            if last:  # what the device kept for the next run (the CPU plugin's shared arena) goes back
+                try:
+                    self.plugin.compute.release_memory()
+                except Exception as err:  # the job is over either way; the memory stays until the next release
+                    log.warning("the %s plugin could not release its cached memory: %s", self.plugin.name, err)
 
     def sessions(self) -> list[Session]:
         with self._lock:

@@ -305,3 +305,41 @@ def test_a_recorded_step_reports_what_the_store_holds_after_each_instruction(cor
     assert freed.store_bytes == 40 + 160 + 4 + 40
     assert type(core.session(sid).tensors) is TensorStore  # metered for the recorded step only
     core.close_session(sid)
+
+
+def _resident_mib() -> float:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) / 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def test_closing_the_last_session_gives_back_what_the_device_kept_for_the_next_run():
+    # A model of large tensors runs on the CPU plugin's shared arena, which keeps its 8 MiB intermediates between
+    # runs; once no job is left on the daemon, they go back to the system.
+    large = trace(lambda x: (x * 2.0 + 1.0).sum(), TensorSpec((2048, 1024)))
+    x = np.ones((2048, 1024), np.float32)  # held here too: closing the session frees no input
+    core = DaemonCore(load_plugin("cpu", threads=1))  # no other test's session open on it
+    sid = core.open_session("release", 0, 1, [])
+    core.compile_segment(sid, "large", model_bytes(large.graph))
+    core.put(sid, {"x": x})
+    program = _program({"run_segment": daemon_pb2.RunSegment(segment="large", outputs=["out0"])})
+    result = core.execute(sid, program, repeat=3, fetch=["out0"])
+    assert float(result.fetched["out0"]) == 3.0 * x.size
+    held = _resident_mib()
+    core.close_session(sid)
+    assert held - _resident_mib() >= 6.0, "the shared arena kept its free blocks after the daemon's last job"
+    core.close()
+
+
+def test_a_device_that_cannot_give_memory_back_still_closes_the_session_and_says_so(monkeypatch, caplog):
+    core = DaemonCore(load_plugin("cpu", threads=1))
+
+    def refuse():
+        raise RuntimeError("arena busy")
+
+    monkeypatch.setattr(core.plugin.compute, "release_memory", refuse)
+    sid = core.open_session("refuse", 0, 1, [])
+    with caplog.at_level("WARNING", logger="tessel.daemon"):
+        core.close_session(sid)
+    assert core.sessions() == []
+    assert "could not release its cached memory: arena busy" in caplog.text
+    core.close()
