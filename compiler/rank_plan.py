@@ -7,8 +7,10 @@ a wait for one, close it. Three kinds of node are placed apart:
 - state writes (`Assign`): into the earliest segment that has their value and runs no earlier than the last
   read of the old value, so every read sees the value from before the step (the daemon swaps the buffer in
   when the segment holding the write runs);
-- constants (no inputs) read only by local nodes: copied into every segment that reads them, instead of
-  travelling through the tensor store;
+- constants (no inputs) read only by local nodes, and selections of the graph's inputs (OpDef.selects: a
+  parameter's block, a transposed or reshaped weight, a batch's rows) read only by local nodes: copied into every
+  segment that reads them, instead of travelling through the tensor store (a level1 block computed at the start
+  of the step was held there until its update);
 - collectives: one step each.
 """
 
@@ -56,14 +58,14 @@ def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | N
     rank's graph is a copy of this one, so collectives may start in the order their inputs can exist (spmd_blocks).
     `phases`: the graph's order is the run order; a segment also ends where the phase changes (see
     lower_rank_program)."""
-    copied = _copyable_constants(graph)
+    copied = _copyable(graph)
     steps: list[Step] = []
     writes = [node for node in graph.nodes if node not in copied and is_write(node)]
     scheduled = [node for node in graph.nodes if node not in copied and not is_write(node)]
     if phases is not None:
         steps = _in_graph_order(scheduled, phases)
+        _copy_constants(steps, copied)  # before the writes: a copy reads the state a write may target
         _place_writes(steps, writes)
-        _copy_constants(steps, copied)
         return [s for s in steps if s.members]
     blocks = spmd_blocks(scheduled, is_collective, is_point_to_point) if spmd else None
     closed = True  # the next local node opens a new segment
@@ -79,8 +81,8 @@ def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | N
                 steps.append(Step())
                 closed = False
             steps[-1].nodes.append(item)
-    _place_writes(steps, writes)
     _copy_constants(steps, copied)
+    _place_writes(steps, writes)
     return [s for s in steps if s.members]
 
 
@@ -123,22 +125,30 @@ def _seconds(graph: Graph):
     return seconds
 
 
-def _copyable_constants(graph: Graph) -> dict[Node, None]:
-    """Nodes without inputs whose every reader is a local node (and which are no graph output)."""
+def _copyable(graph: Graph) -> dict[Node, None]:
+    """Nodes each reading segment runs itself (in graph order): constants (no inputs), and selections (OpDef.selects)
+    of graph inputs and of other such nodes; only where every reader is a local node and no result is a graph
+    output."""
     readers: dict[Value, list[Node]] = {}
     for node in graph.nodes:
         for v in node.inputs:
             readers.setdefault(v, []).append(node)
     outputs = set(graph.outputs)
-    return {
-        node: None
-        for node in graph.nodes
-        if not node.inputs
-        and registry.get(node.op).collective is None
-        and not is_write(node)
-        and not any(o in outputs for o in node.outputs)
-        and all(registry.get(r.op).collective is None for o in node.outputs for r in readers.get(o, ()))
-    }
+    sources = set(graph.inputs)  # values a copy may read: the graph's inputs and the copies' results
+    copyable: dict[Node, None] = {}
+    for node in graph.nodes:
+        opdef = registry.get(node.op)
+        selection = opdef.selects and all(v in sources for v in node.inputs)
+        if (
+            (selection or not node.inputs)
+            and opdef.collective is None
+            and not is_write(node)
+            and not any(o in outputs for o in node.outputs)
+            and all(registry.get(r.op).collective is None for o in node.outputs for r in readers.get(o, ()))
+        ):
+            copyable[node] = None
+            sources.update(node.outputs)
+    return copyable
 
 
 def _earliest(steps: list[Step], write: Node) -> int:
@@ -178,8 +188,15 @@ def _place_writes(steps: list[Step], writes: list[Node]) -> None:
 
 
 def _copy_constants(steps: list[Step], copied: dict[Node, None]) -> None:
+    """Put each copyable node at the start of every segment that reads its result, with the copies it reads."""
     by_output = {o: node for node in copied for o in node.outputs}
     for step in steps:
         if step.collective is None:
-            needed = {by_output[v] for v in step.reads() if v in by_output}
+            wanted = [by_output[v] for v in step.reads() if v in by_output]
+            needed: set[Node] = set()
+            while wanted:
+                node = wanted.pop()
+                if node not in needed:
+                    needed.add(node)
+                    wanted += [by_output[v] for v in node.inputs if v in by_output]
             step.nodes[:0] = [node for node in copied if node in needed]

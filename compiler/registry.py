@@ -23,7 +23,9 @@ An `OpDef` says
 - `random`: the op draws random numbers (Dropout): rank-graph rewrites neither merge two of its nodes nor move
   it from parts of a tensor to the whole;
 - `identity`: the op's result is its one input, unchanged (Identity, and ops whose meaning is all in their gradient,
-  as Mirror): rank-program lowering has its readers read the input itself (rank_rewrite.read_through_identities).
+  as Mirror): rank-program lowering has its readers read the input itself (rank_rewrite.read_through_identities);
+- `selects`: the result only rearranges or selects its one input's elements (Reshape, Transpose, StridedSlice):
+  where that input is the graph's own, each segment reading the result computes it itself (rank_plan).
 
 Ops register themselves at import of `tessel.compiler.ops`; `get(name)` looks one up. Adding an op is one
 `register(...)` call in the op family's file, and nothing else: every pass is generic over these fields.
@@ -128,6 +130,8 @@ class OpDef:
     random: bool = False
     # The result is the one input, unchanged: rank-program lowering has its readers read the input itself.
     identity: bool = False
+    # The result rearranges or selects the one input's elements: a segment computes it from a graph input itself.
+    selects: bool = False
 
     def sharding_spec(self, node: Node) -> ShardingSpec:
         """The node's sharding (see compiler/sharding.py); an op without a rule runs whole on every rank."""

@@ -113,6 +113,7 @@ register(
     cost=moves_data,
     attrs={"begin": REQUIRED, "end": REQUIRED, "strides": REQUIRED},
     num_inputs=1,
+    selects=True,
     doc="StridedSlice(x, begin, end, strides): one entry per dim, Python slice semantics; None = open end.",
 )
 

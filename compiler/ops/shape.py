@@ -39,6 +39,7 @@ def _register_view(name: str, infer, lower, attrs: dict, doc: str) -> None:
         cost=moves_data,
         attrs=attrs,
         num_inputs=1,
+        selects=True,
         doc=doc,
     )
 
@@ -133,6 +134,7 @@ register(
     cost=moves_data,
     attrs={"perm": REQUIRED},
     num_inputs=1,
+    selects=True,
     doc="Transpose(x, perm).",
 )
 

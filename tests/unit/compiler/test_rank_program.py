@@ -509,3 +509,55 @@ def test_a_returned_copy_of_a_written_parameter_keeps_its_identity_and_the_old_v
     (store,) = simulate([program], [{"p": np.array([1.0, 3.0])}], compute())
     np.testing.assert_array_equal(store[program.outputs[0]], [1.0, 3.0])
     np.testing.assert_array_equal(store["p"], [2.0, 6.0])
+
+
+def _selections_passed_between_segments(program) -> list[str]:
+    """Segment inputs that another segment computed as a selection (Transpose, StridedSlice, ...) of graph inputs."""
+    made = {}
+    for segment in program.segments.values():
+        producer = {o: n for n in segment.graph.nodes for o in n.outputs}
+        inputs = set(segment.graph.inputs)
+        for out in segment.graph.outputs:
+            node = producer.get(out)
+            if node is not None and registry.get(node.op).selects and all(v in inputs for v in node.inputs):
+                made[out.name] = segment.name
+    return [
+        f"{v.name} ({made[v.name]} -> {s.name})"
+        for s in program.segments.values()
+        for v in s.graph.inputs
+        if made.get(v.name, s.name) != s.name
+    ]
+
+
+def test_a_parameters_block_is_taken_by_the_segment_that_updates_it_not_held_from_the_start_of_the_step():
+    # Optimizer parallel (level1) updates each rank's block of a weight: the block, a StridedSlice of the weight,
+    # was computed in the first segments and held in the store until the update, late in the step.
+    from tessel.compiler.optimizer_parallel import ShardConfig, plan_shards
+
+    forward = mirror_parameters(_dp_forward(256, 512, 64), PARAMS, (0, 1))
+    shards = plan_shards(forward, PARAMS, ShardConfig("level1", threshold_kb=0), rank=0)
+    train = build_train_step(forward, PARAMS, SGD(0.1), shards=shards)
+    program = lower_rank_program(train.graph, state=[s.name for s in train.state], world_size=2)
+    assert program.collective_counts()["REDUCE_SCATTER"] >= 2
+    assert _selections_passed_between_segments(program) == []
+    assert any(n.op == "StridedSlice" for s in program.segments.values() for n in s.graph.nodes)  # blocks exist
+
+
+def test_a_selection_read_after_a_collective_holds_the_value_from_before_a_write_in_the_same_step():
+    # The transposed weight is read before an AllReduce and again after it: the later segment transposes w itself,
+    # so the write of w must wait for it, and both reads see the old value.
+    def body(x, w):
+        flipped = apply("Transpose", w, perm=(1, 0))
+        apply("Assign", w, w + 1.0)
+        reduced = apply("AllReduce", apply("MatMul", x, flipped), group=(0, 1))
+        return apply("MatMul", reduced, flipped)
+
+    graph = trace(body, TensorSpec((2, 3), "float64"), TensorSpec((3, 3), "float64")).graph
+    program = lower_rank_program(graph, state=["w"], world_size=2)
+    assert len(program.segments) == 2 and _selections_passed_between_segments(program) == []
+    w = np.arange(9.0).reshape(3, 3)
+    feeds = [{"x": np.ones((2, 3)), "w": w.copy()}, {"x": np.full((2, 3), 2.0), "w": w.copy()}]
+    expected = (3.0 * np.ones((2, 3)) @ w.T) @ w.T
+    for store in simulate([program] * 2, feeds, compute()):
+        np.testing.assert_allclose(store[program.outputs[0]], expected)
+        np.testing.assert_array_equal(store["w"], w + 1.0)
