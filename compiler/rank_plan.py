@@ -64,8 +64,7 @@ def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | N
     scheduled = [node for node in graph.nodes if node not in copied and not is_write(node)]
     if phases is not None:
         steps = _in_graph_order(scheduled, phases)
-        _copy_constants(steps, copied)  # before the writes: a copy reads the state a write may target
-        _place_writes(steps, writes)
+        _place_copies_and_writes(steps, copied, writes)
         return [s for s in steps if s.members]
     blocks = spmd_blocks(scheduled, is_collective, is_point_to_point) if spmd else None
     closed = True  # the next local node opens a new segment
@@ -81,9 +80,21 @@ def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | N
                 steps.append(Step())
                 closed = False
             steps[-1].nodes.append(item)
-    _copy_constants(steps, copied)
-    _place_writes(steps, writes)
+    _place_copies_and_writes(steps, copied, writes)
     return [s for s in steps if s.members]
+
+
+def _place_copies_and_writes(steps: list[Step], copied: dict[Node, None], writes: list[Node]) -> None:
+    """Copies first, since a copy may read the state a write targets; then the writes, after every read of their
+    targets; then again the copies a placed write reads (its value may be a copy), until nothing moves."""
+    for _ in range(len(writes) + 2):
+        added = _copy_constants(steps, copied)
+        if writes:
+            _place_writes(steps, writes)
+        if not added and writes:
+            added = _copy_constants(steps, copied)
+        if not added:
+            return
 
 
 def _in_graph_order(nodes: list[Node], phases: Mapping[Value, int]) -> list[Step]:
@@ -168,7 +179,9 @@ def _earliest(steps: list[Step], write: Node) -> int:
 
 def _place_writes(steps: list[Step], writes: list[Node]) -> None:
     # Writes may read other state (Assign(a, b) next to Assign(b, c)): repeat until no write runs too early.
-    where: dict[Node, int] = {}
+    # Writes already placed (by an earlier call) move only if they now run too early.
+    mine = set(writes)
+    where: dict[Node, int] = {n: i for i, step in enumerate(steps) for n in step.nodes if n in mine}
     for _ in range(len(writes) + 1):
         moved = False
         for write in writes:
@@ -187,9 +200,11 @@ def _place_writes(steps: list[Step], writes: list[Node]) -> None:
             return
 
 
-def _copy_constants(steps: list[Step], copied: dict[Node, None]) -> None:
-    """Put each copyable node at the start of every segment that reads its result, with the copies it reads."""
+def _copy_constants(steps: list[Step], copied: dict[Node, None]) -> bool:
+    """Put each copyable node at the start of every segment that reads its result, with the copies it reads, in
+    graph order; whether any segment gained one."""
     by_output = {o: node for node in copied for o in node.outputs}
+    added = False
     for step in steps:
         if step.collective is None:
             wanted = [by_output[v] for v in step.reads() if v in by_output]
@@ -199,4 +214,9 @@ def _copy_constants(steps: list[Step], copied: dict[Node, None]) -> None:
                 if node not in needed:
                     needed.add(node)
                     wanted += [by_output[v] for v in node.inputs if v in by_output]
-            step.nodes[:0] = [node for node in copied if node in needed]
+            present = [n for n in step.nodes if n in copied]
+            if needed - set(present):
+                added = True
+                rest = [n for n in step.nodes if n not in copied]
+                step.nodes[:] = [node for node in copied if node in needed] + rest
+    return added

@@ -561,3 +561,19 @@ def test_a_selection_read_after_a_collective_holds_the_value_from_before_a_write
     for store in simulate([program] * 2, feeds, compute()):
         np.testing.assert_allclose(store[program.outputs[0]], expected)
         np.testing.assert_array_equal(store["w"], w + 1.0)
+
+
+@pytest.mark.parametrize("value", ["reshaped", "constant"])
+def test_a_write_of_a_selection_or_a_constant_computes_it_in_the_writes_own_segment(value):
+    # Copies are placed before the writes (a copy may read a write's target), and again for the writes' own reads.
+    def body(x, w, v):
+        new = apply("Reshape", v, shape=(3,)) if value == "reshaped" else apply("Constant", value=np.full(3, 5.0))
+        apply("Assign", w, new)
+        return apply("AllReduce", x * 3.0, group=(0, 1)) + 1.0
+
+    specs = TensorSpec((3,), "float64"), TensorSpec((3,), "float64"), TensorSpec((1, 3), "float64")
+    program = lower_rank_program(trace(body, *specs).graph, state=["w"], world_size=2)
+    feeds = [{"x": np.ones(3), "w": np.zeros(3), "v": np.full((1, 3), 5.0)} for _ in range(2)]
+    for store in simulate([program] * 2, feeds, compute()):
+        np.testing.assert_array_equal(store["w"], np.full(3, 5.0))
+        np.testing.assert_array_equal(store[program.outputs[0]], np.full(3, 7.0))
