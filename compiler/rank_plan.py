@@ -201,22 +201,20 @@ def _place_writes(steps: list[Step], writes: list[Node]) -> None:
 
 
 def _copy_constants(steps: list[Step], copied: dict[Node, None]) -> bool:
-    """Put each copyable node at the start of every segment that reads its result, with the copies it reads, in
-    graph order; whether any segment gained one."""
+    """Put at the start of every segment the copyable nodes its other nodes read, with the copies those read, in
+    graph order, and no others (a write that moved away leaves no copy behind); whether any segment gained one."""
     by_output = {o: node for node in copied for o in node.outputs}
     added = False
     for step in steps:
         if step.collective is None:
-            wanted = [by_output[v] for v in step.reads() if v in by_output]
+            rest = [n for n in step.nodes if n not in copied]
+            wanted = [by_output[v] for n in rest for v in n.inputs if v in by_output]
             needed: set[Node] = set()
             while wanted:
                 node = wanted.pop()
                 if node not in needed:
                     needed.add(node)
                     wanted += [by_output[v] for v in node.inputs if v in by_output]
-            present = [n for n in step.nodes if n in copied]
-            if needed - set(present):
-                added = True
-                rest = [n for n in step.nodes if n not in copied]
-                step.nodes[:] = [node for node in copied if node in needed] + rest
+            added = added or bool(needed - set(step.nodes))
+            step.nodes[:] = [node for node in copied if node in needed] + rest
     return added
