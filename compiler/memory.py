@@ -92,13 +92,31 @@ def inplace_safe(model: onnx.ModelProto, state: Iterable[str]) -> list[str]:
             writer = producer[writer.input[0]]  # ONNX Runtime drops the Identity: its producer writes the buffer
         if writer.op_type not in ELEMENTWISE:
             continue
-        users = readers.get(name, [])
+        aliases = _aliases(name, readers)  # ONNX Runtime may hand a view's readers the state's own buffer
+        if aliases & outputs:
+            continue
+        users = [node for alias in aliases for node in readers.get(alias, []) if node.op_type not in VIEWS]
         if any(node.op_type not in ELEMENTWISE for node in users):
             continue
         before = _ancestors(writer, producer)
         if all(node is writer or id(node) in before for node in users):
             safe.append(name)
     return safe
+
+
+# ONNX ops whose result ONNX Runtime may make a view of their input's buffer instead of a copy.
+VIEWS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+
+
+def _aliases(name: str, readers: dict[str, list[onnx.NodeProto]]) -> set[str]:
+    """`name` and every result of a chain of views (VIEWS) of it: reading one of them reads `name`'s buffer."""
+    found, stack = {name}, [name]
+    while stack:
+        for node in readers.get(stack.pop(), []):
+            if node.op_type in VIEWS and node.output[0] not in found:
+                found.add(node.output[0])
+                stack.append(node.output[0])
+    return found
 
 
 def _ancestors(node: onnx.NodeProto, producer: dict[str, onnx.NodeProto]) -> set[int]:

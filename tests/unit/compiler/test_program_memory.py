@@ -126,3 +126,23 @@ def test_state_a_collective_reads_is_updated_in_place_once_the_collective_was_wa
     assert forbidden(collective(), update) == set()  # synchronous: done before the update
     assert forbidden(collective("h"), update, wait("h")) == {"w"}  # may still be reading during the update
     assert forbidden(collective("h"), update) == {"w"}  # never waited for in the program
+
+
+def test_state_read_through_a_view_by_a_later_product_is_not_written_in_place():
+    # An Identity (a whole-tensor slice lowers to one) makes ONNX Runtime hand its readers the state's own buffer:
+    # the product below would read w after the element-wise update wrote over it.
+    from onnx import TensorProto, helper
+
+    port = lambda name: helper.make_tensor_value_info(name, TensorProto.FLOAT, [2, 2])  # noqa: E731
+    nodes = [
+        helper.make_node("Identity", ["w"], ["view"]),
+        helper.make_node("Mul", ["view", "half"], ["w/new"]),
+        helper.make_node("MatMul", ["r", "view"], ["y"]),
+    ]
+    half = helper.make_tensor("half", TensorProto.FLOAT, [], [0.5])
+    graph = helper.make_graph(nodes, "g", [port("w"), port("r")], [port("w/new"), port("y")], [half])
+    model = helper.make_model(graph)
+    assert inplace_safe(model, ["w"]) == []
+    nodes[2] = helper.make_node("Add", ["r", "r"], ["y"])  # the view read by the update only: in place is safe
+    graph = helper.make_graph(nodes, "g", [port("w"), port("r")], [port("w/new"), port("y")], [half])
+    assert inplace_safe(helper.make_model(graph), ["w"]) == ["w"]
