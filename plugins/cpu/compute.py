@@ -103,10 +103,37 @@ def _global_pool(threads: int) -> int:
 def _shared_arena() -> None:
     """Register the process's one CPU arena, which the sessions of large models allocate from (session_options):
     it grows by what is asked (no doubling) and keeps freed blocks for the next run instead of unmapping them, so
-    it holds the most that one run of any such model needs at once, not the sum over sessions."""
+    it holds what the runs of such models need at once, not the sum over sessions. It cannot merge blocks, so a
+    run at input shapes not run before first gives the free blocks back (Binding.run, CpuCompute.run)."""
     ort = _ort()
     memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
     ort.create_and_register_allocator(memory, ort.OrtArenaCfg({"arena_extend_strategy": 1, "max_mem": 0}))
+
+
+_shrink: tuple[Any, Any] | None = None  # the session and run options _release_shared_arena runs
+
+
+def _release_shared_arena() -> None:
+    """Give the shared arena's free blocks back to the system: ONNX Runtime shrinks an arena at the end of a run
+    that asks for it, so a one-element run of a model on that arena asks."""
+    global _shrink
+    import onnx
+    from onnx import helper
+
+    ort = _ort()
+    with _pool_lock:
+        if _shrink is None:
+            port = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in ("x", "y")]
+            graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "release", port[:1], port[1:])
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+            options, _ = session_options(b"")
+            options.add_session_config_entry("session.use_env_allocators", "1")
+            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            shrink = ort.RunOptions()
+            shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+            _shrink = (session, shrink)
+        session, shrink = _shrink
+    session.run(None, {"x": np.zeros(1, np.float32)}, shrink)
 
 
 LARGE_TENSOR_BYTES = 8 << 20  # models with an input or output this large allocate from the shared arena
@@ -174,6 +201,8 @@ class CpuExecutable(Executable):
         self.output_names = tuple(p.name for p in self.outputs)
         self._ports = {p.name: p for p in self.inputs}
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)  # e.g. "tessel.inplace"
+        self.shared_arena = False  # allocates from the process's shared arena (a model of large tensors)
+        self.last_shapes: tuple = ()  # the input shapes of the last CpuCompute.run
 
     def check_feed(self, name: str, array: np.ndarray) -> None:
         """Raise a clear error unless `array` matches input `name` exactly (dtype, rank, static dims)."""
@@ -206,7 +235,6 @@ class CpuCompute(ComputePlugin):
         self.threads = _global_pool(threads)  # an earlier CpuCompute in this process may have fixed the size
         self._sessions: dict[str, CpuExecutable] = {}
         self._lock = threading.Lock()
-        self._shrink: tuple[Any, Any] | None = None  # the session and run options release_memory runs with
 
     def compile(self, onnx_bytes: bytes) -> CpuExecutable:
         """A session for the model, cached by the model's content hash."""
@@ -215,6 +243,7 @@ class CpuCompute(ComputePlugin):
             exe = self._sessions.get(key)
             if exe is None:
                 exe = CpuExecutable(self._session(onnx_bytes), key)
+                exe.shared_arena = _largest_port_bytes(onnx_bytes) >= LARGE_TENSOR_BYTES
                 self._sessions[key] = exe
         return exe
 
@@ -236,6 +265,10 @@ class CpuCompute(ComputePlugin):
         feeds = {name: np.asarray(array) for name, array in inputs.items()}  # numpy scalars -> 0-d arrays
         for name, array in feeds.items():
             exe.check_feed(name, array)
+        shapes = tuple(array.shape for array in feeds.values())
+        if exe.shared_arena and shapes != exe.last_shapes:
+            _release_shared_arena()  # blocks sized for other shapes: see Binding.run
+        exe.last_shapes = shapes
         return exe.session.run(None, feeds)
 
     def bind(self, executable: Executable) -> Binding:
@@ -243,24 +276,8 @@ class CpuCompute(ComputePlugin):
         return Binding(_cpu(executable))
 
     def release_memory(self) -> None:
-        """Give the shared arena's free blocks back to the system: ONNX Runtime shrinks an arena at the end of a
-        run that asks for it, so a one-element run of a model on that arena asks."""
-        import onnx
-        from onnx import helper
-
-        ort = _ort()
-        if self._shrink is None:
-            port = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1]) for n in ("x", "y")]
-            graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "release", port[:1], port[1:])
-            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-            options, _ = session_options(b"")
-            options.add_session_config_entry("session.use_env_allocators", "1")
-            session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-            shrink = ort.RunOptions()
-            shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-            self._shrink = (session, shrink)
-        session, shrink = self._shrink
-        session.run(None, {"x": np.zeros(1, np.float32)}, shrink)
+        """Give the shared arena's free blocks back to the system."""
+        _release_shared_arena()
 
 
 class Binding:
@@ -280,6 +297,7 @@ class Binding:
         self._outputs: dict[str, np.ndarray | None] = {}  # binding order; None = allocated by the runtime
         self._fresh: dict[str, tuple[tuple[int, ...], np.dtype]] = {}  # static-shape outputs: a new array per run
         self._kept: dict[str, np.ndarray] = {}
+        self._new_shapes = False  # an input was bound with a shape this binding had not run with
 
     def input(self, name: str, array: np.ndarray) -> None:
         if self._kept.get(name) is array:
@@ -288,6 +306,7 @@ class Binding:
         if signature not in self._checked:
             self.exe.check_feed(name, array)
             self._checked.add(signature)
+            self._new_shapes = True
         array = _contiguous(name, array)
         self._kept[name] = array
         self._bind_input(name, array.dtype, list(array.shape), array.ctypes.data)
@@ -324,6 +343,13 @@ class Binding:
     def run(self) -> list[np.ndarray]:
         """Execute; returns the outputs that were not bound to buffers, in binding order."""
         fresh = {name: self._kept[name] for name in self._fresh}  # the caller keeps these; the next run gets new ones
+        if self._new_shapes and self.exe.shared_arena:
+            # The shared arena grows by what a run asks and cannot merge its blocks: runs at ever new shapes (a
+            # batch that grows, the last short batch) would each add theirs (+281 MiB for a batch growing from
+            # 128 to 2048 rows by 128 on a 2048-wide layer). A run at shapes not seen before starts from a
+            # released arena instead.
+            _release_shared_arena()
+        self._new_shapes = False
         self.exe.session.run_with_iobinding(self._binding)
         if not any(a is None and name not in fresh for name, a in self._outputs.items()):
             for name in fresh:
