@@ -162,19 +162,19 @@ def _copyable(graph: Graph) -> dict[Node, None]:
     return copyable
 
 
-def _earliest(steps: list[Step], write: Node) -> int:
-    """The first step index where `write` may run: after its value exists and after every read of the target."""
-    target, value = write.inputs[0], write.inputs[1]
-    lowest = 0
+def _bounds(steps: list[Step]) -> tuple[dict[Value, int], dict[Value, int]]:
+    """({value: the first step index after its last read}, {value: the first step index where it exists}): a write
+    may run from the larger of its target's and its value's (a write's target is not a read of it)."""
+    read_until: dict[Value, int] = {}
+    made_at: dict[Value, int] = {}
     for i, step in enumerate(steps):
         after = i + 1 if step.collective is not None else i
         for node in step.members:
-            if node is write:
-                continue
-            reads = node.inputs[1:] if is_write(node) else node.inputs  # a write's target is not a read
-            if target in reads or value in node.outputs:
-                lowest = max(lowest, after)
-    return lowest
+            for v in node.inputs[1:] if is_write(node) else node.inputs:
+                read_until[v] = after
+            for out in node.outputs:
+                made_at[out] = after
+    return read_until, made_at
 
 
 def _place_writes(steps: list[Step], writes: list[Node]) -> None:
@@ -183,9 +183,10 @@ def _place_writes(steps: list[Step], writes: list[Node]) -> None:
     mine = set(writes)
     where: dict[Node, int] = {n: i for i, step in enumerate(steps) for n in step.nodes if n in mine}
     for _ in range(len(writes) + 1):
+        read_until, made_at = _bounds(steps)  # a write moves only later, so these only grow: repeat until still
         moved = False
         for write in writes:
-            lowest = _earliest(steps, write)
+            lowest = max(read_until.get(write.inputs[0], 0), made_at.get(write.inputs[1], 0))
             if write in where and where[write] >= lowest:
                 continue
             if write in where:
