@@ -61,6 +61,17 @@ def _wants_priority_order(onnx_bytes: bytes) -> bool:
     return any(p.key == _EXECUTION_ORDER_KEY.decode() and p.value == "priority" for p in props)
 
 
+_ENV_ALLOCATORS = "session.use_env_allocators"  # the session option that puts a session on the shared arena
+
+
+def _on_shared_arena(session: Any) -> bool:
+    """Whether the session allocates from the process's shared arena (session_options set the entry)."""
+    try:
+        return session.get_session_options().get_session_config_entry(_ENV_ALLOCATORS) == "1"
+    except RuntimeError:  # ONNX Runtime raises for an entry never set
+        return False
+
+
 def session_options(onnx_bytes: bytes) -> tuple[Any, list[str]]:
     """(SessionOptions, disabled optimizers) of the session CpuCompute makes for this model: the global thread pool,
     every graph optimization but the ones in `_DISABLED_OPTIMIZERS`, and the order the model asks for."""
@@ -78,7 +89,7 @@ def session_options(onnx_bytes: bytes) -> tuple[Any, list[str]]:
         # (measured here: 2.6 us a fault, 10.6 ms for 16 MiB; a 2048-wide layer's weight-gradient segment ran
         # 41.0 ms against 30.1 ms). Models of large tensors share the process's one arena (see _shared_arena):
         # what they hold at once, reused run after run, and released when the daemon's last job ends.
-        options.add_session_config_entry("session.use_env_allocators", "1")
+        options.add_session_config_entry(_ENV_ALLOCATORS, "1")
         options.enable_mem_pattern = False
     return options, list(_DISABLED_OPTIMIZERS)
 
@@ -127,7 +138,7 @@ def _release_shared_arena() -> None:
             graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "release", port[:1], port[1:])
             model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
             options, _ = session_options(b"")
-            options.add_session_config_entry("session.use_env_allocators", "1")
+            options.add_session_config_entry(_ENV_ALLOCATORS, "1")
             session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
             shrink = ort.RunOptions()
             shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
@@ -201,7 +212,7 @@ class CpuExecutable(Executable):
         self.output_names = tuple(p.name for p in self.outputs)
         self._ports = {p.name: p for p in self.inputs}
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)  # e.g. "tessel.inplace"
-        self.shared_arena = False  # allocates from the process's shared arena (a model of large tensors)
+        self.shared_arena = _on_shared_arena(session)  # a model of large tensors: session_options decided
         self.last_shapes: tuple = ()  # the input shapes of the last CpuCompute.run
 
     def check_feed(self, name: str, array: np.ndarray) -> None:
@@ -243,7 +254,6 @@ class CpuCompute(ComputePlugin):
             exe = self._sessions.get(key)
             if exe is None:
                 exe = CpuExecutable(self._session(onnx_bytes), key)
-                exe.shared_arena = _largest_port_bytes(onnx_bytes) >= LARGE_TENSOR_BYTES
                 self._sessions[key] = exe
         return exe
 
