@@ -87,13 +87,10 @@ def plan_steps(graph: Graph, spmd: bool = False, phases: Mapping[Value, int] | N
 def _place_copies_and_writes(steps: list[Step], copied: dict[Node, None], writes: list[Node]) -> None:
     """Copies first, since a copy may read the state a write targets; then the writes, after every read of their
     targets; then again the copies a placed write reads (its value may be a copy), until nothing moves."""
-    for _ in range(len(writes) + 2):
-        added = _copy_constants(steps, copied)
-        if writes:
-            _place_writes(steps, writes)
-        if not added and writes:
-            added = _copy_constants(steps, copied)
-        if not added:
+    _copy_constants(steps, copied)
+    for _ in range(len(writes) + 1):
+        _place_writes(steps, writes)
+        if not _copy_constants(steps, copied):
             return
 
 
