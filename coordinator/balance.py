@@ -8,7 +8,12 @@ when the last rank arrives:
   (DaemonInfo.measurement, `plugins/cpu/measure.py`); from then on the job's own step times, samples per second of
   each rank's own work (the daemon's program time less the time it sat blocked in collectives, so a fast rank's
   waiting for the slow one does not count against it), over the epochs so far with each older epoch weighing
-  DECAY times less (one epoch's figure on a shared machine is noisy).
+  DECAY times less (one epoch's figure on a shared machine is noisy). The first epoch at a new split measures
+  nothing: it runs the step's programs at new shapes for the first time, which the daemons count as program time
+  (measured on the emulated 2:1 cluster of benchmarks/heterogeneous.py: the fast rank's own work per step was 24 %
+  above the next epoch's at the job's first split and 8 % at its probe, and a fit through such epochs gave the fast
+  rank a fixed cost that grew from 59 to 115 ms as the job went on). So a new split is held for the epoch after its
+  first, which is measured (its straggler check still runs); a new global batch is decided at once.
 
 A step has a part that does not depend on the rows (the optimizer's update and other work on whole parameters:
 measured ~20 % of the wide MLP's step on the emulated fast device) besides the part per row, so shares proportional
@@ -27,16 +32,17 @@ small corrections would all be kept out by KEEP_WITHIN, leaving the job at its f
 emulated 2:1 cluster of benchmarks/heterogeneous.py held 87:41 of 128 for six epochs; probed, it settles at 94:34
 to 102:26, and its speed-aware job went from 1.19-1.22x to 1.34x the even split in one sitting).
 So then, once per job, a split that differs from the last one is taken and moved further the same way (`beyond`)
-until every rank whose share changes changes by SPAN: a probe, held until an epoch has measured it, which gives
-every such rank the second share a fit needs; the fitted split then replaces the probe (the probe is nobody's best
-guess) unless the fit predicts the probe's step within PROBE_KEEP_WITHIN of its own: a few rows apart, which a new
-split (a recompile, new shards, programs run for the first time) would not pay back soon (measured on the emulated
-2:1 cluster: a wide MLP's job probed 94:34 and then moved to 93:35; on those devices, whose time follows the least
-CPU time of a program's runs so far, the seeds' MLP's step at a new split took 21.7, 17.8, 16.6 and 16.2 ms in its
-first four epochs). Every decision is a function of the reports alone: every rank gets the same split.
+until every rank whose share changes changes by SPAN: a probe, held until an epoch has measured it (its second),
+which gives every such rank the second share a fit needs; the fitted split then replaces the probe (the probe is
+nobody's best guess) unless the fit predicts the probe's step within PROBE_KEEP_WITHIN of its own: a few rows apart,
+which a new split (a recompile, new shards, programs run for the first time) would not pay back soon (measured on
+the emulated 2:1 cluster: a wide MLP's job probed 94:34 and then moved to 93:35; on those devices, whose time
+follows the least CPU time of a program's runs so far, the seeds' MLP's step at a new split took 21.7, 17.8, 16.6
+and 16.2 ms in its first four epochs). Every decision is a function of the reports alone: every rank gets the same
+split.
 
     balancer = BatchBalancer(state)
-    split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 0")
+    split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 1")
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class _Job:
     # per rank: share -> decayed (busy seconds, steps) measured at that share (the step-time model's points)
     points: list[dict[int, tuple[float, float]]] = field(default_factory=list)
     probe: str = ""  # "running": the last split went beyond the models' to measure fixed costs; "done": it did
+    warming: bool = False  # the latest split is new: the epoch that runs it first warms up and measures nothing
 
 
 @dataclass(frozen=True)
@@ -287,6 +294,8 @@ class BatchBalancer:
             return split
         reports = [now.reports[r] for r in range(world)]
         last = job.latest
+        same_batch = last is not None and last.global_batch == total and len(last.shares) == world
+        warm = job.warming and same_batch  # the epoch just ended was the first to run the last split
         models = None
         measured = False  # the epoch just ended ran the last split, and its step times are in job.points
         if all(busy > 0 and samples > 0 for busy, samples in reports):
@@ -295,12 +304,16 @@ class BatchBalancer:
             speeds = [samples / busy for busy, samples in job.work]
             _stragglers(request.job_id, request.epoch - 1, job, speeds)
             source = f"step times of epoch {request.epoch - 1}" + (" and before" if old[0][1] else "")
+            if warm:
+                return _held(split, job, last, speeds)
             if last is not None and len(last.shares) == world:  # the epoch measured ran with the last split
                 job.points = _decayed(job.points or [{} for _ in range(world)], reports, last.shares)
                 measured = True
                 models = [fit(p) for p in job.points]
                 if any(m.fixed > 0 for m in models):
                     source += "; ms/step " + " : ".join(f"{m.fixed * 1e3:.3g}+{m.per_row * 1e3:.3g}b" for m in models)
+        elif warm:
+            return _held(split, job, last, list(last.speeds))
         elif last is not None and all(s > 0 for s in last.speeds):
             speeds, source = list(last.speeds), f"speeds of epoch {last.epoch}"
             models = [fit(p) for p in job.points] if job.points else None
@@ -315,7 +328,6 @@ class BatchBalancer:
             source += " (equal: even split)" if min(times) > 0 else " (unmeasured: even split)"
         else:
             shares = equalizing(models, total)
-        same_batch = last is not None and last.global_batch == total and len(last.shares) == world
         changes = same_batch and models and tuple(last.shares) != shares
         if job.probe == "running" and same_batch and not measured:  # an epoch that compiled the probe: held
             source = f"kept from epoch {last.epoch} (to measure it)"
@@ -333,10 +345,21 @@ class BatchBalancer:
         elif changes and _gains_under(KEEP_WITHIN, shares, last.shares, models):
             source = f"kept from epoch {last.epoch} ({source}: gain under {KEEP_WITHIN:.0%})"
             shares = tuple(last.shares)
+        job.warming = not same_batch or tuple(last.shares) != tuple(shares)
         split.shares.extend(shares)
         split.speeds.extend(speeds)
         split.source = source
         return split
+
+
+def _held(split, job: _Job, last, speeds: Sequence[float]) -> coordinator_pb2.BatchSplit:
+    """The last split again, for the epoch after its first: the first epoch at a split compiles its step and runs
+    programs at new shapes for the first time, so its step times measure the warm-up, not the split."""
+    job.warming = False
+    split.shares.extend(last.shares)
+    split.speeds.extend(speeds)
+    split.source = f"kept from epoch {last.epoch} (its first epoch warmed up; the next one measures it)"
+    return split
 
 
 def _decayed(points, reports, shares) -> list[dict[int, tuple[float, float]]]:

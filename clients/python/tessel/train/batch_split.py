@@ -9,12 +9,14 @@ its gradients weigh n * shares[r] / B before the mean over the ranks (`rank_step
 equals one device's step on the global batch (the loss must be a mean over the batch, MindSpore's default
 reduction='mean'). Equal shares are MindSpore's even split exactly. Each rank reports, with its next ask, the
 seconds its daemon spent on its own work in the epoch (program time less the time blocked in collectives) and
-the samples it processed, also after the first epoch with new shares: their step compiles in its own call
-(CompileSegment), outside the program time (measured: that epoch's own work within the noise of the next one's), so
-each epoch gives the coordinator a point of the rank's step time at its share (two shares: a fixed + per-row fit).
+the samples it processed, every epoch. The step of new shares compiles in its own call (CompileSegment), outside
+the program time, but the first epoch at a split still runs its programs at new shapes for the first time (on the
+emulated devices of benchmarks/heterogeneous.py its own work was 8-24 % above the next epoch's), so the coordinator
+holds a new split for one more epoch and takes its points of each rank's step time at its share (two shares: a
+fixed + per-row fit) from the epochs after a split's first.
 
     ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True, batch_split="speed")
-    model.train(3, dataset)    # log: "batch split for epoch 2: shares 21:43 of 64 (step times of epoch 1: ...)"
+    model.train(4, dataset)    # log: "batch split for epoch 3: shares 21:43 of 64 (step times of epoch 1 ...)"
 """
 
 from __future__ import annotations
