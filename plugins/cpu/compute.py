@@ -213,7 +213,7 @@ class CpuExecutable(Executable):
         self._ports = {p.name: p for p in self.inputs}
         self.metadata = dict(session.get_modelmeta().custom_metadata_map)  # e.g. "tessel.inplace"
         self.shared_arena = _on_shared_arena(session)  # a model of large tensors: session_options decided
-        self.last_shapes: tuple = ()  # the input shapes of the last CpuCompute.run
+        self.run_shapes: set[tuple] = set()  # the input shapes CpuCompute.run has run it with
 
     def check_feed(self, name: str, array: np.ndarray) -> None:
         """Raise a clear error unless `array` matches input `name` exactly (dtype, rank, static dims)."""
@@ -276,9 +276,9 @@ class CpuCompute(ComputePlugin):
         for name, array in feeds.items():
             exe.check_feed(name, array)
         shapes = tuple(array.shape for array in feeds.values())
-        if exe.shared_arena and shapes != exe.last_shapes:
-            _release_shared_arena()  # blocks sized for other shapes: see Binding.run
-        exe.last_shapes = shapes
+        if exe.shared_arena and shapes not in exe.run_shapes:
+            _release_shared_arena()  # shapes not run before, as Binding.run: blocks sized for other shapes go back
+            exe.run_shapes.add(shapes)
         return exe.session.run(None, feeds)
 
     def bind(self, executable: Executable) -> Binding:
