@@ -24,22 +24,23 @@ shares that make the predicted step times equal (whole rows, at least one each, 
 it can be). Until then, and for a fit that is not physical (a negative cost), the model is a rate through the
 origin: shares proportional to the speeds (largest remainder, at least one row each). Predicted step times at the
 even split within EQUAL_WITHIN of each other count as equal: the even split, which is MindSpore's shard rule exactly.
-A new split replaces the last one only if it shortens the predicted step (the slowest rank's) by KEEP_WITHIN:
-measured speeds wobble, and a new split costs a recompile and new shards. Except while some rank has been measured
-at one share only: a rate through the origin cannot see fixed costs, so it underestimates how far the split must
-move to equalize (with a fixed cost, a row more or less changes a step by less than its average row), and its
-small corrections would all be kept out by KEEP_WITHIN, leaving the job at its first split for good (measured: the
-emulated 2:1 cluster of benchmarks/heterogeneous.py held 87:41 of 128 for six epochs; probed, it settles at 94:34
-to 102:26, and its speed-aware job went from 1.19-1.22x to 1.34x the even split in one sitting).
-So then, once per job, a split that differs from the last one is taken and moved further the same way (`beyond`)
-until every rank whose share changes changes by SPAN: a probe, held until an epoch has measured it (its second),
-which gives every such rank the second share a fit needs; the fitted split then replaces the probe (the probe is
-nobody's best guess) unless the fit predicts the probe's step within PROBE_KEEP_WITHIN of its own: a few rows apart,
-which a new split (a recompile, new shards, programs run for the first time) would not pay back soon (measured on
-the emulated 2:1 cluster: a wide MLP's job probed 94:34 and then moved to 93:35; on those devices, whose time
-follows the least CPU time of a program's runs so far, the seeds' MLP's step at a new split took 21.7, 17.8, 16.6
-and 16.2 ms in its first four epochs). Every decision is a function of the reports alone: every rank gets the same
-split.
+A new split replaces the last one only if it shortens the predicted step (the slowest rank's) by KEEP_WITHIN: measured
+speeds wobble, and a new split costs a recompile, new shards and a slower first epoch (8-24 % on the emulated 2:1
+cluster), which a 5 % gain pays back within a few epochs (at 10 %, a job there whose fit came from 75 and 87 rows kept
+87:41 for four epochs against a predicted 9.6 % gain at 95:33). Except while some rank has been measured at one share
+only: a rate through the origin cannot see fixed costs, so it underestimates how far the split must move to equalize
+(with a fixed cost, a row more or less changes a step by less than its average row), and its small corrections would all
+be kept out by KEEP_WITHIN, leaving the job at its first split for good (measured: the emulated 2:1 cluster of
+benchmarks/heterogeneous.py held 87:41 of 128 for six epochs; probed, it settles at 94:34 to 102:26, and its speed-aware
+job went from 1.19-1.22x to 1.34x the even split in one sitting). So then, once per job, a split that differs from the
+last one is taken and moved further the same way (`beyond`) until every rank whose share changes changes by SPAN: a
+probe, held until an epoch has measured it (its second), which gives every such rank the second share a fit needs; the
+fitted split then replaces the probe (the probe is nobody's best guess) unless the fit predicts the probe's step within
+PROBE_KEEP_WITHIN of its own: a few rows apart, which a new split (a recompile, new shards, programs run for the first
+time) would not pay back soon (measured on the emulated 2:1 cluster: a wide MLP's job probed 94:34 and then moved to
+93:35; on those devices, whose time follows the least CPU time of a program's runs so far, the seeds' MLP's step at a
+new split took 21.7, 17.8, 16.6 and 16.2 ms in its first four epochs). Every decision is a function of the reports
+alone: every rank gets the same split.
 
     balancer = BatchBalancer(state)
     split = balancer.balance(request, budget_s=60.0)   # BatchSplit(shares=[21, 43], source="step times of epoch 1")
@@ -61,7 +62,7 @@ from tessel.v1 import coordinator_pb2
 log = logging.getLogger("tessel.coordinator")
 
 EQUAL_WITHIN = 0.10  # speeds this close (max / min - 1) are equal: the even split
-KEEP_WITHIN = 0.10  # a new split must shorten the predicted step this much to replace the last one (a recompile)
+KEEP_WITHIN = 0.05  # a new split must shorten the predicted step this much to replace the last one (a recompile)
 SPAN = 0.10  # a rank's measured shares must differ this much (relative to the largest) to fit fixed + per-row costs
 PROBE_KEEP_WITHIN = 0.03  # a probe whose predicted step is this close to the fitted split's stays
 DECAY = 0.5  # an epoch's step times weigh this much less with each later epoch
