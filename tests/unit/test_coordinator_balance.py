@@ -128,6 +128,11 @@ def test_a_rank_slower_in_two_measured_epochs_running_is_named_with_its_speed(ca
     ]
 
 
+def _ten_steps(models, shares):
+    """Each rank's report (busy seconds, samples) after an epoch of 10 steps at `shares`, its step taking `models`."""
+    return [(10 * m.at(b), 10 * b) for m, b in zip(models, shares)]
+
+
 def _best(models, total):
     """The smallest predicted step over every split of `total` rows (brute force, 2 or 3 ranks)."""
     if len(models) == 2:
@@ -164,16 +169,16 @@ def test_equalizing_shares_are_proportional_without_fixed_costs_and_minimize_the
 
 def test_a_rank_measured_at_two_shares_gets_the_split_that_equalizes_its_fixed_and_per_row_costs():
     true = [StepModel(0.0, 0.01), StepModel(0.4, 0.02)]  # rank 1: twice the time per row and a large fixed cost
-    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
     balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
     first = _ask(balancer, 2, 0)
     assert list(first.shares) == [30, 30]  # equal devices: MindSpore's even split
-    _ask(balancer, 2, 1, reports=epoch(first.shares))  # its first epoch warmed up: held
-    rated = _ask(balancer, 2, 2, reports=epoch(first.shares))  # one share measured: proportional to the rates
+    _ask(balancer, 2, 1, reports=_ten_steps(true, first.shares))  # its first epoch warmed up: held
+    # one share measured: proportional to the rates
+    rated = _ask(balancer, 2, 2, reports=_ten_steps(true, first.shares))
     assert list(rated.shares) == list(proportional([30 / 0.3, 30 / 1.0], 60)) == [46, 14]
     warm = _ask(balancer, 2, 3)  # the epoch with new shares compiled (here it reported nothing): held
     assert list(warm.shares) == [46, 14] and warm.source == WARMED.format(2)
-    fitted = _ask(balancer, 2, 4, reports=epoch(warm.shares))
+    fitted = _ask(balancer, 2, 4, reports=_ten_steps(true, warm.shares))
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 60)) == pytest.approx(0.54)
     assert "ms/step 0+10b : 400+20b" in fitted.source
 
@@ -184,21 +189,21 @@ def test_a_first_split_near_its_rates_is_probed_far_enough_to_fit_fixed_costs_th
     # job would keep its first split. The probe moves SPAN at least, is held for the epoch that measures it, and
     # the fit at two shares then gives the equalizing split, 5 % and more better than the probe.
     true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
-    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
     first = _ask(balancer, 2, 0, batch=128)
     assert list(first.shares) == [87, 41]
-    _ask(balancer, 2, 1, batch=128, reports=epoch(first.shares))  # warmed up
-    probe = _ask(balancer, 2, 2, batch=128, reports=epoch(first.shares))
+    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
+    probe = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert list(probe.shares) == [99, 29] and "moved on to 99:29, 10% at least, to fit fixed costs" in probe.source
-    held = _ask(balancer, 2, 3, batch=128, reports=epoch(probe.shares))  # the probe's first epoch: not measured
+    # the probe's first epoch: not measured
+    held = _ask(balancer, 2, 3, batch=128, reports=_ten_steps(true, probe.shares))
     assert list(held.shares) == [99, 29] and held.source == WARMED.format(2)
-    fitted = _ask(balancer, 2, 4, batch=128, reports=epoch(held.shares))
+    fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, held.shares))
     assert "ms/step 2+0.13b : 4+0.26b" in fitted.source
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 128))
     assert predicted_step(fitted.shares, true) < predicted_step(probe.shares, true) * (1 - 0.05)  # a < 10% gain
-    _ask(balancer, 2, 5, batch=128, reports=epoch(fitted.shares))  # warmed up
-    later = _ask(balancer, 2, 6, batch=128, reports=epoch(fitted.shares))  # probed once per job at most
+    _ask(balancer, 2, 5, batch=128, reports=_ten_steps(true, fitted.shares))  # warmed up
+    later = _ask(balancer, 2, 6, batch=128, reports=_ten_steps(true, fitted.shares))  # probed once per job at most
     assert list(later.shares) == list(fitted.shares) and "moved on" not in later.source
 
 
@@ -206,18 +211,17 @@ def test_a_probe_within_a_few_percent_of_the_fitted_split_is_kept():
     # The same cluster with a larger fixed cost on the slow rank: the probe (99:29) lands 2.7 % from the best split
     # (96:32), which a new split's recompile and first runs would not pay back.
     true = [StepModel(0.002, 0.00013), StepModel(0.006, 0.00026)]
-    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
     first = _ask(balancer, 2, 0, batch=128)
-    _ask(balancer, 2, 1, batch=128, reports=epoch(first.shares))  # warmed up
-    probe = _ask(balancer, 2, 2, batch=128, reports=epoch(first.shares))
+    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
+    probe = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert list(probe.shares) == [99, 29] and "moved on" in probe.source
     _ask(balancer, 2, 3, batch=128)  # compiled, not measured
-    fitted = _ask(balancer, 2, 4, batch=128, reports=epoch(probe.shares))
+    fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, probe.shares))
     assert list(fitted.shares) == [99, 29] and "the probe within 3% of the fit" in fitted.source
     assert equalizing(true, 128) == (96, 32)
     assert 1.0 < predicted_step((99, 29), true) / predicted_step((96, 32), true) < 1.03
-    later = _ask(balancer, 2, 5, batch=128, reports=epoch(fitted.shares))  # the ordinary rule from then on
+    later = _ask(balancer, 2, 5, batch=128, reports=_ten_steps(true, fitted.shares))  # the ordinary rule from then on
     assert list(later.shares) == [99, 29] and f"gain under {KEEP_WITHIN:.0%}" in later.source
 
 
@@ -226,15 +230,14 @@ def test_a_fit_from_two_close_shares_moves_the_split_for_a_gain_of_keep_within_a
     # and the fit comes from 75 and 87 rows. It predicts 95:33 about 10 % quicker than 87:41: a gain that a KEEP_WITHIN
     # of 10 % kept out for four epochs on the emulated 2:1 cluster of benchmarks/heterogeneous.py.
     true = [StepModel(0.040, 0.00099), StepModel(0.072, 0.00186)]
-    epoch = lambda shares: [(10 * m.at(b), 10 * b) for m, b in zip(true, shares)]  # noqa: E731  10 steps
     balancer = BatchBalancer(_state(25.3 * GFLOPS, 17.6 * GFLOPS))
     first = _ask(balancer, 2, 0, batch=128)
     assert list(first.shares) == [75, 53]
-    _ask(balancer, 2, 1, batch=128, reports=epoch(first.shares))  # warmed up
-    rated = _ask(balancer, 2, 2, batch=128, reports=epoch(first.shares))
+    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
+    rated = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert list(rated.shares) == [87, 41] and "moved on" not in rated.source
-    _ask(balancer, 2, 3, batch=128, reports=epoch(rated.shares))  # warmed up
-    fitted = _ask(balancer, 2, 4, batch=128, reports=epoch(rated.shares))
+    _ask(balancer, 2, 3, batch=128, reports=_ten_steps(true, rated.shares))  # warmed up
+    fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, rated.shares))
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 128))
     gain = 1 - predicted_step(fitted.shares, true) / predicted_step(rated.shares, true)
     assert KEEP_WITHIN < gain < 0.10
@@ -252,7 +255,7 @@ def test_a_probe_is_not_held_over_a_new_global_batch():
     true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
     first = _ask(balancer, 2, 0, batch=128)
-    reports = [(10 * m.at(b), 10 * b) for m, b in zip(true, first.shares)]
+    reports = _ten_steps(true, first.shares)
     _ask(balancer, 2, 1, batch=128, reports=reports)  # warmed up
     assert list(_ask(balancer, 2, 2, batch=128, reports=reports).shares) == [99, 29]
     resized = _ask(balancer, 2, 3, batch=64)  # a smaller last batch: the probe's shares do not add up to it
@@ -264,18 +267,18 @@ def test_a_splits_first_epoch_warms_up_and_its_step_times_fit_nothing():
     # measured, the fit would take that for the costs of the split; held and skipped, the fit is exact.
     true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
 
-    def epoch(shares, warm=False):
-        return [((1.3 if warm else 1.0) * 10 * m.at(b), 10 * b) for m, b in zip(true, shares)]
+    def warming(shares):
+        return [(1.3 * busy, samples) for busy, samples in _ten_steps(true, shares)]
 
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
     first = _ask(balancer, 2, 0, batch=128)
-    held = _ask(balancer, 2, 1, batch=128, reports=epoch(first.shares, warm=True))
+    held = _ask(balancer, 2, 1, batch=128, reports=warming(first.shares))
     assert list(held.shares) == list(first.shares) and held.source == WARMED.format(0)
-    probe = _ask(balancer, 2, 2, batch=128, reports=epoch(first.shares))
+    probe = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert "moved on" in probe.source
-    assert _ask(balancer, 2, 3, batch=128, reports=epoch(probe.shares, warm=True)).source == WARMED.format(2)
-    fitted = _ask(balancer, 2, 4, batch=128, reports=epoch(probe.shares))
+    assert _ask(balancer, 2, 3, batch=128, reports=warming(probe.shares)).source == WARMED.format(2)
+    fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, probe.shares))
     assert "ms/step 2+0.13b : 4+0.26b" in fitted.source
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 128))
     # a new global batch (the last, shorter one) is decided at once, not held
-    assert "warmed up" not in _ask(balancer, 2, 5, batch=64, reports=epoch(fitted.shares, warm=True)).source
+    assert "warmed up" not in _ask(balancer, 2, 5, batch=64, reports=warming(fitted.shares)).source
