@@ -36,6 +36,13 @@ products alone (forward 3, input gradients 2, weight gradients 3: the fp32 FLOPs
 and outputs bound to preallocated buffers), with the threads one rank gets. N ranks on C cores take at least that
 time per step when N ≤ C, and N / C times the 1-thread time when they share cores; bound/s is the samples/s a
 step costing only that reaches, and each tessel series is printed as a share of it.
+
+What this machine allows a step that runs this graph: the floor table adds, measured at the same moments as the
+products, one rank's whole step alone (single_device.py's hand-fused forward, backward and SGD in ONNX Runtime,
+so the element-wise work, the loss and the update count too), plus the gradients' all-reduce among N processes
+alone (the CPU plugin over shared memory, benchmarks/_dp_floor.py): with as many ranks as cores no core is left to
+hide the all-reduce on. bound/floor is the most of the matrix-products bound such a step reaches; where it is
+below a target, the target is out of reach on this machine and the table says so.
 """
 
 from __future__ import annotations
@@ -53,9 +60,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever the working directory
 
+from _dp_floor import allreduce_ms, floor_table
 from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
 from _dp_phases import measure_phases, phases_table
-from single_device import DIMS
+from single_device import DIMS, hand_fused_model
 
 SPEEDUP_TARGET = 1.0  # tessel sink / DDP, every cell
 BOUND_TARGETS = {256: 0.80, 32: 0.60}  # tessel sink samples/s as a share of the matrix-products bound, by batch
@@ -186,37 +194,53 @@ def _matrix_products_model(batch: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
 
 
-def gemm_bounds(args: argparse.Namespace, seconds: float = 0.6) -> dict[tuple[int, int], float]:
-    """{(threads, B): ms}: the step's matrix products alone in ONNX Runtime, inputs and outputs bound to
-    preallocated buffers, per thread count a rank gets; rounds alternate between the configurations, and the
-    fastest round is kept: a bound must not count time that other processes on the host took."""
+def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, dict]:
+    """({(threads, B): ms}, {(threads, B): ms}): the step's matrix products alone (the bound), and one rank's whole
+    step alone (single_device.py's hand-fused forward, backward and SGD: the floor's first part, see
+    benchmarks/_dp_floor.py), in ONNX Runtime with every input and output bound to a preallocated buffer, per
+    thread count a rank gets. Rounds alternate between all of them, and each keeps its fastest round: a bound must
+    not count time that other processes on the host took, and the two are measured at the same moments."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
+    models = {"products": _matrix_products_model, "step": lambda batch: hand_fused_model()}
     runs = {}
-    for batch in args.batches:
-        for threads in sorted({max(1, args.cores // n) for n in args.ranks}):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-            session = ort.InferenceSession(_matrix_products_model(batch), options, providers=["CPUExecutionProvider"])
-            binding = session.io_binding()
-            inputs = {p.name: rng.standard_normal(p.shape).astype(np.float32) for p in session.get_inputs()}
-            outputs = {p.name: np.empty(p.shape, np.float32) for p in session.get_outputs()}
-            for name, array in inputs.items():
-                binding.bind_cpu_input(name, array)
-            for name, array in outputs.items():
-                binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
-            runs[(threads, batch)] = (session, binding, (inputs, outputs))  # the buffers stay alive while bound
-    times: dict[tuple[int, int], list[float]] = {key: [] for key in runs}
+    for kind, model in models.items():
+        for batch in args.batches:
+            for threads in sorted({max(1, args.cores // n) for n in args.ranks}):
+                options = ort.SessionOptions()
+                options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+                session = ort.InferenceSession(model(batch), options, providers=["CPUExecutionProvider"])
+                binding = session.io_binding()
+                inputs = {p.name: _random_input(rng, p, batch) for p in session.get_inputs()}
+                outputs = {p.name: np.empty(_static(p.shape, batch), np.float32) for p in session.get_outputs()}
+                for name, array in inputs.items():
+                    binding.bind_cpu_input(name, array)
+                for name, array in outputs.items():
+                    binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
+                runs[(kind, threads, batch)] = (session, binding, (inputs, outputs))  # buffers live while bound
+    times: dict[tuple, list[float]] = {key: [] for key in runs}
     for _ in range(7):
         for key, (session, binding, _) in runs.items():
             session.run_with_iobinding(binding)
             count, start = 0, time.perf_counter()
-            while time.perf_counter() - start < seconds / 7:
+            while time.perf_counter() - start < seconds / 7 / len(models):
                 session.run_with_iobinding(binding)
                 count += 1
             times[key].append((time.perf_counter() - start) / count * 1e3)
-    return {key: min(values) for key, values in times.items()}
+    fastest = {key: min(values) for key, values in times.items()}
+    return tuple({(t, b): v for (k, t, b), v in fastest.items() if k == kind} for kind in models)
+
+
+def _static(shape: list, batch: int) -> list[int]:
+    return [batch if isinstance(d, str) or d is None else d for d in shape]
+
+
+def _random_input(rng: np.random.Generator, port, batch: int) -> np.ndarray:
+    shape = _static(port.shape, batch)
+    if "int" in port.type:
+        return rng.integers(0, DIMS[-1], shape).astype(np.int64)
+    return np.asarray(rng.standard_normal(shape) * 0.01, np.float32)
 
 
 def phases(args: argparse.Namespace) -> dict[tuple[int, int], dict[str, float]]:
@@ -313,13 +337,28 @@ def main(argv: list[str] | None = None) -> int:
     print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time")
     print("sink/DDP, feed/DDP: tessel's samples/s over DDP's; eff: samples/s at N / (N x samples/s at 1)")
     print("\n".join(table(args, rates)))
-    bounds = gemm_bounds(args)
+    bounds, steps = timed_alone(args)
     print(
         "bounds: wall time per step of N ranks doing nothing but the step's matrix products, with each rank's "
         "threads (GEMMs alone), the samples/s that allows (bound/s), and each tessel series' samples/s as a share of "
         "it"
     )
     print("\n".join(bounds_table(args, rates, bounds)))
+    allreduces = {}
+    for world in sorted(n for n in args.ranks if n > 1):
+        try:
+            allreduces[world] = allreduce_ms(world)
+        except RuntimeError as exc:
+            print(f"floor: {exc}", file=sys.stderr)
+    print(
+        "floor: one rank's whole step alone (the hand-fused ONNX Runtime step of single_device.py: products, "
+        "element-wise work, loss and update), with each rank's threads (N / C times the 1-thread time where ranks "
+        "share the cores), plus the gradients' all-reduce among N processes alone (no core is left to hide it on); "
+        "bound/floor: the most of the matrix-products bound a step can reach here; sink/floor: tessel sink's "
+        "samples/s as a share of the floor's (benchmarks/_dp_floor.py)"
+    )
+    cells = [(b, n) for b in args.batches for n in args.ranks]
+    print("\n".join(floor_table(cells, args.cores, steps, allreduces, _gemm_walls(args, bounds), rates, BOUND_TARGETS)))
     if not args.no_phases:
         print(
             "where the sink step's time goes (ms per step, the slowest rank, from a timeline-recorded job per cell; "
@@ -345,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [{"series": s, "ranks": n, "batch": b, "samples_per_s": v} for (s, n, b), v in rates.items()]
         record = {"config": config, "rates": rows, "launch_seconds": launches, "errors": [list(k) for k in errors]}
         record["gemm_bounds_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in bounds.items()]
+        record["whole_step_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in steps.items()]
+        record["allreduce_ms"] = [{"ranks": n, "ms": v} for n, v in allreduces.items()]
         args.json.write_text(json.dumps(record | {"runs": raw}, indent=1))
         print(f"wrote {args.json}")
     return 1 if errors or not launches else 0

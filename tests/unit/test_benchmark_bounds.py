@@ -71,3 +71,26 @@ def test_a_cell_whose_runs_failed_prints_dashes_instead_of_shares():
     wall, allowed, shares, verdict = (cell.strip() for cell in row.split("|")[1:])
     assert wall == "0.80 ms" and float(allowed) == pytest.approx(2 * 32 / 0.8e-3, abs=1)
     assert shares.split() == ["-", "-", "-"] and verdict == "- (>= 60%)"
+
+
+def test_the_floor_adds_the_whole_step_and_the_all_reduce_and_says_where_a_target_lies_above_it():
+    from _dp_floor import floor_table
+
+    steps = {(2, 32): 1.0, (1, 32): 1.6}  # the whole step alone, ms: 2 threads, 1 thread
+    walls = {(32, 1): 0.6, (32, 2): 1.0, (32, 4): 2.0}  # the products alone (bound), ms per step
+    rates = {("tessel sink", 2, 32): 64 / 2.5e-3}  # a 2.5 ms step
+    rows = floor_table([(32, 1), (32, 2), (32, 4)], 2, steps, {2: 0.5, 4: 1.4}, walls, rates, {32: 0.6})[2:]
+    cells = [[c.strip() for c in row.split("|")] for row in rows]
+    assert [c[3] for c in cells] == ["1.00 ms", "2.10 ms", "4.60 ms"]  # 4 ranks on 2 cores: twice the 1-thread step
+    assert [c[4] for c in cells] == ["60%", "48%", "43%"]
+    assert [c[5] for c in cells] == ["-", "84%", "-"]  # 2.10 of a 2.5 ms step
+    assert [c[6] for c in cells] == ["within the floor", "out of reach here", "out of reach here"]
+
+
+def test_the_whole_step_of_the_floor_is_the_hand_fused_mlp_step():
+    from single_device import hand_fused_model
+
+    model = onnx.load_from_string(hand_fused_model())
+    products = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul")]
+    assert len(products) == 8  # the same eight as the bound's model, with the rest of the step around them
+    assert {o.name for o in model.graph.output} >= {f"{p}{i}_new" for p in "wb" for i in range(3)}  # the update
