@@ -11,9 +11,10 @@ least when nothing overlaps it, measured from its two parts alone.
   call of a round, the fastest of ROUNDS rounds.
 
 With as many ranks as cores (or more) there is no core left to hide the all-reduce behind computation (a rank's
-all-reduce needs its core: it copies and adds), so the floor is the sum of the two: no implementation that runs
-this step graph in ONNX Runtime and reduces the gradients on the same cores goes below it. The matrix-products
-bound over this floor is the largest share of that bound such an implementation can reach.
+all-reduce needs its core: it copies and adds), so the floor is the sum of the two: a step that runs this graph in
+ONNX Runtime and this all-reduce on the same cores does not go below it (only less work would: a fused graph, an
+all-reduce that moves fewer bytes). The matrix-products bound over this floor is the largest share of that bound
+such a step can reach.
 """
 
 from __future__ import annotations
