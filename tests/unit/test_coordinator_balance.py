@@ -133,6 +133,13 @@ def _ten_steps(models, shares):
     return [(10 * m.at(b), 10 * b) for m, b in zip(models, shares)]
 
 
+def _first_two_splits(balancer, true, batch=60):
+    """A 2-rank job's first split, and the split decided once an epoch measured it (the epoch before warmed up)."""
+    first = _ask(balancer, 2, 0, batch=batch)
+    _ask(balancer, 2, 1, batch=batch, reports=_ten_steps(true, first.shares))  # its first epoch warmed up: held
+    return first, _ask(balancer, 2, 2, batch=batch, reports=_ten_steps(true, first.shares))
+
+
 def _best(models, total):
     """The smallest predicted step over every split of `total` rows (brute force, 2 or 3 ranks)."""
     if len(models) == 2:
@@ -170,11 +177,8 @@ def test_equalizing_shares_are_proportional_without_fixed_costs_and_minimize_the
 def test_a_rank_measured_at_two_shares_gets_the_split_that_equalizes_its_fixed_and_per_row_costs():
     true = [StepModel(0.0, 0.01), StepModel(0.4, 0.02)]  # rank 1: twice the time per row and a large fixed cost
     balancer = BatchBalancer(_state(50 * GFLOPS, 50 * GFLOPS))
-    first = _ask(balancer, 2, 0)
+    first, rated = _first_two_splits(balancer, true)  # one share measured: proportional to the rates
     assert list(first.shares) == [30, 30]  # equal devices: MindSpore's even split
-    _ask(balancer, 2, 1, reports=_ten_steps(true, first.shares))  # its first epoch warmed up: held
-    # one share measured: proportional to the rates
-    rated = _ask(balancer, 2, 2, reports=_ten_steps(true, first.shares))
     assert list(rated.shares) == list(proportional([30 / 0.3, 30 / 1.0], 60)) == [46, 14]
     warm = _ask(balancer, 2, 3)  # the epoch with new shares compiled (here it reported nothing): held
     assert list(warm.shares) == [46, 14] and warm.source == WARMED.format(2)
@@ -190,10 +194,8 @@ def test_a_first_split_near_its_rates_is_probed_far_enough_to_fit_fixed_costs_th
     # the fit at two shares then gives the equalizing split, 5 % and more better than the probe.
     true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
-    first = _ask(balancer, 2, 0, batch=128)
+    first, probe = _first_two_splits(balancer, true, batch=128)
     assert list(first.shares) == [87, 41]
-    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
-    probe = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert list(probe.shares) == [99, 29] and "moved on to 99:29, 10% at least, to fit fixed costs" in probe.source
     # the probe's first epoch: not measured
     held = _ask(balancer, 2, 3, batch=128, reports=_ten_steps(true, probe.shares))
@@ -212,9 +214,7 @@ def test_a_probe_within_a_few_percent_of_the_fitted_split_is_kept():
     # (96:32), which a new split's recompile and first runs would not pay back.
     true = [StepModel(0.002, 0.00013), StepModel(0.006, 0.00026)]
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
-    first = _ask(balancer, 2, 0, batch=128)
-    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
-    probe = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
+    _, probe = _first_two_splits(balancer, true, batch=128)
     assert list(probe.shares) == [99, 29] and "moved on" in probe.source
     _ask(balancer, 2, 3, batch=128)  # compiled, not measured
     fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, probe.shares))
@@ -231,10 +231,8 @@ def test_a_fit_from_two_close_shares_moves_the_split_for_a_gain_of_keep_within_a
     # of 10 % kept out for four epochs on the emulated 2:1 cluster of benchmarks/heterogeneous.py.
     true = [StepModel(0.040, 0.00099), StepModel(0.072, 0.00186)]
     balancer = BatchBalancer(_state(25.3 * GFLOPS, 17.6 * GFLOPS))
-    first = _ask(balancer, 2, 0, batch=128)
+    first, rated = _first_two_splits(balancer, true, batch=128)
     assert list(first.shares) == [75, 53]
-    _ask(balancer, 2, 1, batch=128, reports=_ten_steps(true, first.shares))  # warmed up
-    rated = _ask(balancer, 2, 2, batch=128, reports=_ten_steps(true, first.shares))
     assert list(rated.shares) == [87, 41] and "moved on" not in rated.source
     _ask(balancer, 2, 3, batch=128, reports=_ten_steps(true, rated.shares))  # warmed up
     fitted = _ask(balancer, 2, 4, batch=128, reports=_ten_steps(true, rated.shares))
@@ -254,10 +252,8 @@ def test_probing_moves_every_changed_share_by_span_and_never_below_one_row():
 def test_a_probe_is_not_held_over_a_new_global_batch():
     true = [StepModel(0.002, 0.00013), StepModel(0.004, 0.00026)]
     balancer = BatchBalancer(_state(27 * GFLOPS, 12.8 * GFLOPS))
-    first = _ask(balancer, 2, 0, batch=128)
-    reports = _ten_steps(true, first.shares)
-    _ask(balancer, 2, 1, batch=128, reports=reports)  # warmed up
-    assert list(_ask(balancer, 2, 2, batch=128, reports=reports).shares) == [99, 29]
+    _, probe = _first_two_splits(balancer, true, batch=128)
+    assert list(probe.shares) == [99, 29]
     resized = _ask(balancer, 2, 3, batch=64)  # a smaller last batch: the probe's shares do not add up to it
     assert sum(resized.shares) == 64 and "to measure it" not in resized.source
 
