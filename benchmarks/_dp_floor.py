@@ -20,7 +20,6 @@ such a step can reach.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import tempfile
 import time
@@ -57,21 +56,10 @@ def allreduce_ms(world: int) -> float:
 
 
 def _rank(rank: int, world: int, directory: str) -> None:
-    from tessel.core.plugin import GroupContext, Peer
-    from tessel.plugins.cpu import CpuPlugin
+    from _collectives_worker import TesselBackend  # the collectives benchmark's group: peers meet in `directory`
 
-    plugin = CpuPlugin(threads=1)
-    Path(directory, f"peer.{rank}.json").write_text(json.dumps({"pid": os.getpid()}))
-    deadline, pids = time.monotonic() + DEADLINE_S, []
-    for other in range(world):
-        path = Path(directory, f"peer.{other}.json")
-        while not path.exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"rank {other} did not publish {path} within {DEADLINE_S:.0f} s")
-            time.sleep(0.005)
-        pids.append(json.loads(path.read_text())["pid"])
-    members = tuple(Peer(r, "localhost", "", pids[r]) for r in range(world))
-    comm = plugin.collective.new_group(GroupContext("floor", "world", tuple(range(world)), rank, members, 60.0))
+    backend = TesselBackend({"backend": "tessel", "directory": directory, "world_size": world, "job_id": "floor"}, rank)
+    comm = backend.comm
     bucket = comm.buffer((GRADIENTS,), np.float32)
     gradients = np.random.default_rng(rank).standard_normal(GRADIENTS).astype(np.float32)
     medians = []
@@ -85,8 +73,7 @@ def _rank(rank: int, world: int, directory: str) -> None:
             times.append(time.perf_counter() - started)
         medians.append(statistics.median(times[WARMUP:]) * 1e3)
     Path(directory, f"times.{rank}.json").write_text(json.dumps(medians))
-    comm.close()
-    plugin.close()
+    backend.close()
 
 
 def floor_table(

@@ -85,6 +85,8 @@ def test_the_floor_adds_the_whole_step_and_the_all_reduce_and_says_where_a_targe
     assert [c[4] for c in cells] == ["60%", "48%", "43%"]
     assert [c[5] for c in cells] == ["-", "84%", "-"]  # 2.10 of a 2.5 ms step
     assert [c[6] for c in cells] == ["within the floor", "out of reach here", "out of reach here"]
+    failed = floor_table([(32, 2)], 2, steps, {}, walls, rates, {32: 0.6})[2]  # its all-reduce run failed
+    assert [c.strip() for c in failed.split("|")][2] == "failed"
 
 
 def test_the_whole_step_of_the_floor_is_the_hand_fused_mlp_step():
