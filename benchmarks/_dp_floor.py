@@ -15,6 +15,10 @@ all-reduce needs its core: it copies and adds), so the floor is the sum of the t
 ONNX Runtime and this all-reduce on the same cores does not go below it (only less work would: a fused graph, an
 all-reduce that moves fewer bytes). The matrix-products bound over this floor is the largest share of that bound
 such a step can reach.
+
+Next to it, PyTorch's eager step of the same MLP alone (benchmarks/single_device.py's, what each DDP rank computes
+before its all-reduce), timed in the same rounds with the same threads: its time over the whole step's is the most
+of DDP's samples/s at one rank that a step on ONNX Runtime reaches (DDP at one rank adds only its hooks to it).
 """
 
 from __future__ import annotations
@@ -77,17 +81,30 @@ def _rank(rank: int, world: int, directory: str) -> None:
 
 
 def floor_table(
-    cells: list[tuple[int, int]], cores: int, steps: dict, allreduces: dict, walls: dict, rates: dict, targets: dict
+    cells: list[tuple[int, int]],
+    cores: int,
+    steps: dict,
+    allreduces: dict,
+    walls: dict,
+    rates: dict,
+    targets: dict,
+    torch_steps: dict | None = None,
 ) -> list[str]:
     """Per (B, N): the whole step alone, the all-reduce alone, their sum (the floor), the matrix-products bound's
     share of it (the most of that bound a step can reach here), tessel sink's samples/s as a share of the floor,
     and whether the bound target of the batch (`targets`: {B: share}) lies above the floor. `steps`: {(threads, B):
-    ms} of the whole step; `allreduces`: {N: ms}; `walls`: {(B, N): the GEMMs-alone ms}."""
+    ms} of the whole step; `allreduces`: {N: ms}; `walls`: {(B, N): the GEMMs-alone ms}. With `torch_steps`
+    ({(threads, B): ms} of PyTorch's eager step alone, what a DDP rank computes), a last column: that step's time over
+    the whole step's (above 1: ONNX Runtime runs this graph faster than PyTorch), the most of DDP's speed at one rank
+    that a step on ONNX Runtime can reach."""
+    torch_steps = torch_steps or {}
     head = f"{'batch':>5} {'N':>2} | {'whole step':>10} | {'all-reduce':>10} | {'floor':>8} | "
-    head += f"{'bound/floor':>11} | {'sink/floor':>10} | the bound target"
+    head += f"{'bound/floor':>11} | {'sink/floor':>10} | {'the bound target':<17}"
+    head = (head + f" | {'torch step':>10} {'torch/step':>10}") if torch_steps else head.rstrip()
     lines = [head, "-" * len(head)]
     for batch, world in cells:
-        step = steps[(max(1, cores // world), batch)] * max(1.0, world / cores)
+        threads, share_cores = max(1, cores // world), max(1.0, world / cores)
+        step = steps[(threads, batch)] * share_cores
         reduce = allreduces.get(world, 0.0) if world > 1 else 0.0
         if world > 1 and world not in allreduces:
             lines.append(f"{batch:>5} {world:>2} | {step:7.2f} ms | {'failed':>10} |")
@@ -97,8 +114,12 @@ def floor_table(
         share = "-" if sink is None else f"{sink / (world * batch / (floor / 1e3)):.0%}"
         reach, target = walls[(batch, world)] / floor, targets.get(batch)
         verdict = "-" if target is None else "within the floor" if reach >= target else "out of reach here"
-        lines.append(
+        line = (
             f"{batch:>5} {world:>2} | {step:7.2f} ms | {reduce:7.2f} ms | {floor:5.2f} ms | "
-            f"{reach:11.0%} | {share:>10} | {verdict}"
+            f"{reach:11.0%} | {share:>10} | {verdict:<17}"
         )
+        if (threads, batch) in torch_steps:
+            eager = torch_steps[(threads, batch)] * share_cores
+            line += f" | {eager:7.2f} ms {eager / step:9.2f}x"
+        lines.append(line.rstrip())
     return lines

@@ -1,6 +1,6 @@
 """Data-parallel training throughput: tessel (`tessel run`, Model.train) vs PyTorch DDP (gloo), side by side in one run.
 
-Usage: python benchmarks/data_parallel.py [--ranks 1,2,4] [--batches 32,256] [--epochs 16] [--quick]
+Usage: python benchmarks/data_parallel.py [--ranks 1,2,4] [--batches 32,256] [--epochs 8] [--rounds 3] [--quick]
                                           [--json out.json]
 
 Model, optimizer and data are the same on both sides: the seeds' MLP (Flatten + Dense 784-512-512-10 with ReLU),
@@ -17,7 +17,11 @@ C`, which gives each local daemon C // N; DDP: torch.set_num_threads).
   DistributedDataParallel, torch.optim.SGD.
 Each side trains E epochs of S steps; epoch 1 (compilation, warm-up) is excluded and throughput is
 N x B x S / (the median over epochs 2..E of the slowest rank's epoch time): the median keeps a burst of load from
-other processes on a shared machine out of the figure. Results are checked before any figure is
+other processes on a shared machine out of the figure. Each cell runs R rounds of one job per side, tessel
+first in rounds 1, 3, ... and DDP first in rounds 2, 4, ...: this VM's speed moves between minutes by 20-40 %
+(one tessel job's modes, the same computation at one rank, measured 4.7 and 6.3 ms a step a few seconds apart),
+so a side run minutes after the other can win or lose by that much. A series' samples/s is the median over the
+rounds; its ratio to DDP, and the verdict, the median of each round's ratio. Results are checked before any figure is
 printed: every rank must end with the same parameters (checksums agree to 1e-6 relative), every loss must be
 finite and the last epoch's mean loss must be below the first epoch's. (That N-rank training equals one device on
 the global batch is tested in tests/integration/test_data_parallel.py, not here.) Scaling efficiency =
@@ -29,7 +33,7 @@ trains one step) is timed wall-clock, median of 3 (msrun pays 13-15 s per job).
 
 Targets (PASS/FAIL): tessel sink ≥ 1x DDP's samples/s at every (N, B), and ≥ 80 % (batch 256) / 60 % (batch 32)
 of the matrix-products bound; the one-step job ≤ 2 s. The machine is usually shared: compare the figures of one
-run, and expect ±10-30 % between runs.
+run, and expect ±10-30 % between runs (the table prints sink/DDP's spread over the rounds).
 
 What the hardware allows: the bounds table times, in this process with ONNX Runtime, the step's eight matrix
 products alone (forward 3, input gradients 2, weight gradients 3: the fp32 FLOPs every framework must do; inputs
@@ -63,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the _dp_* helpers, whatever th
 from _dp_floor import allreduce_ms, floor_table
 from _dp_launch import TESSEL_RANK, BenchmarkError, ResidentCluster, run_ddp, run_tessel
 from _dp_phases import measure_phases, phases_table
-from single_device import DIMS, hand_fused_model
+from single_device import DIMS, hand_fused_model, initial_params, torch_step
 
 SPEEDUP_TARGET = 1.0  # tessel sink / DDP, every cell
 BOUND_TARGETS = {256: 0.80, 32: 0.60}  # tessel sink samples/s as a share of the matrix-products bound, by batch
@@ -86,10 +90,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", type=parse_list, default=[1, 2, 4], help="world sizes (default 1,2,4)")
     parser.add_argument("--batches", type=parse_list, default=[32, 256], help="per-rank batches (default 32,256)")
-    parser.add_argument("--epochs", type=int, help="epochs per run, the first one untimed (default 16; quick 4)")
+    parser.add_argument("--epochs", type=int, help="epochs per run, the first one untimed (default 8; quick 4)")
+    parser.add_argument("--rounds", type=int, help="runs of each side per cell, alternating (default 3; quick 1)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores shared out among the ranks")
     parser.add_argument("--launches", type=int, help="timed one-step jobs (default 3; quick 1)")
-    parser.add_argument("--quick", action="store_true", help="smoke run: ranks 1,2, batch 32, 4 epochs, 1 launch")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: ranks 1,2, batch 32, 4 epochs, 1 round, 1 launch"
+    )
     parser.add_argument(
         "--no-phases", action="store_true", help="skip the per-phase table (one timeline-recorded job per cell)"
     )
@@ -98,10 +105,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.quick:
         args.ranks = [1, 2] if args.ranks == [1, 2, 4] else args.ranks
         args.batches = [32] if args.batches == [32, 256] else args.batches
-    args.epochs = args.epochs or (4 if args.quick else 16)
-    args.launches = args.launches or (1 if args.quick else 3)
+    defaults = {"epochs": (8, 4), "rounds": (3, 1), "launches": (3, 1)}  # (full, --quick)
+    for name, (full, quick) in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, quick if args.quick else full)
     if args.epochs < 2:
         parser.error("--epochs must be ≥ 2 (the first epoch is warm-up)")
+    if args.rounds < 1 or args.launches < 1:
+        parser.error("--rounds and --launches must be ≥ 1")
     return args
 
 
@@ -132,35 +143,49 @@ def throughput(records: list[dict], mode: str) -> float:
     return world * batch * steps / statistics.median([max(ranks) for ranks in per_epoch])
 
 
-def measure(args: argparse.Namespace) -> tuple[dict, dict, list]:
-    """{(series, N, B): samples/s}, {(side, N, B): error}, raw records."""
-    rates, errors, raw = {}, {}, []
+def _run_side(args: argparse.Namespace, side: str, world: int, batch: int) -> list[dict]:
+    """One job of `side` ("tessel" or "DDP") at (world, batch): its ranks' records, checked."""
+    steps, threads = steps_for(batch), max(1, args.cores // world)
+    if side == "tessel":
+        options = ["--batch", str(batch), "--steps", str(steps), "--epochs", str(args.epochs)]
+        records = run_tessel(world, args.cores, options, DEADLINE_S)
+    else:
+        records = run_ddp(world, threads, batch, steps, args.epochs, DEADLINE_S)
+    check(records, f"{side} {world} ranks batch {batch}")
+    return records
+
+
+def measure(args: argparse.Namespace) -> tuple[dict, dict, dict, list]:
+    """({(series, N, B): median samples/s over the rounds}, {(series, N, B): each round's series / DDP},
+    {(side, N, B): error}, raw records). Each round runs both sides once, tessel first in rounds 1, 3, ... and
+    DDP first in rounds 2, 4, ..., so that a slow minute of the machine falls on both alike; a side that fails
+    once is not run again at that cell."""
+    per_round, ratios, errors, raw = {}, {}, {}, []
     for batch in args.batches:
-        steps = steps_for(batch)
         for world in args.ranks:
-            threads = max(1, args.cores // world)
-            sides = {
-                "tessel": lambda w=world, b=batch, s=steps: run_tessel(
-                    w, args.cores, ["--batch", str(b), "--steps", str(s), "--epochs", str(args.epochs)], DEADLINE_S
-                ),
-                "DDP": lambda w=world, b=batch, s=steps, t=threads: run_ddp(w, t, b, s, args.epochs, DEADLINE_S),
-            }
-            for side, run in sides.items():
-                started = time.monotonic()
-                print(f"[{side}, {world} ranks, batch {batch}] running ...", file=sys.stderr, flush=True)
-                try:
-                    records = run()
-                    check(records, f"{side} {world} ranks batch {batch}")
-                except BenchmarkError as exc:
-                    errors[(side, world, batch)] = str(exc).splitlines()[0]
-                    print(f"[{side}, {world} ranks, batch {batch}] FAILED: {exc}", file=sys.stderr, flush=True)
-                    continue
-                print(f"[{side}, {world} ranks, batch {batch}] done in {time.monotonic() - started:.1f} s",
-                      file=sys.stderr, flush=True)  # fmt: skip
-                raw.append({"side": side, "ranks": world, "batch": batch, "records": records})
-                for mode in records[0]["modes"]:
-                    rates[(SERIES.get(mode, "DDP"), world, batch)] = throughput(records, mode)
-    return rates, errors, raw
+            for round_ in range(args.rounds):
+                got = {}
+                for side in ("tessel", "DDP") if round_ % 2 == 0 else ("DDP", "tessel"):
+                    if (side, world, batch) in errors:
+                        continue
+                    started, where = time.monotonic(), f"[{side}, {world} ranks, batch {batch}, round {round_ + 1}]"
+                    print(f"{where} running ...", file=sys.stderr, flush=True)
+                    try:
+                        records = _run_side(args, side, world, batch)
+                    except BenchmarkError as exc:
+                        errors[(side, world, batch)] = str(exc).splitlines()[0]
+                        print(f"{where} FAILED: {exc}", file=sys.stderr, flush=True)
+                        continue
+                    print(f"{where} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
+                    raw.append({"side": side, "ranks": world, "batch": batch, "round": round_, "records": records})
+                    for mode in records[0]["modes"]:
+                        got[SERIES.get(mode, "DDP")] = throughput(records, mode)
+                for series, rate in got.items():
+                    per_round.setdefault((series, world, batch), []).append(rate)
+                    if series != "DDP" and "DDP" in got:
+                        ratios.setdefault((series, world, batch), []).append(rate / got["DDP"])
+    rates = {key: statistics.median(values) for key, values in per_round.items()}
+    return rates, ratios, errors, raw
 
 
 def launch_times(args: argparse.Namespace) -> list[float]:
@@ -194,20 +219,22 @@ def _matrix_products_model(batch: int) -> bytes:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=8).SerializeToString()
 
 
-def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, dict]:
-    """({(threads, B): ms}, {(threads, B): ms}): the step's matrix products alone (the bound), and one rank's whole
-    step alone (single_device.py's hand-fused forward, backward and SGD: the floor's first part, see
-    benchmarks/_dp_floor.py), in ONNX Runtime with every input and output bound to a preallocated buffer, per
-    thread count a rank gets. Rounds alternate between all of them, and each keeps its fastest round: a bound must
-    not count time that other processes on the host took, and the two are measured at the same moments."""
+def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, dict, dict]:
+    """({(threads, B): ms} x 3): the step's matrix products alone (the bound), one rank's whole step alone
+    (single_device.py's hand-fused forward, backward and SGD: the floor's first part, see benchmarks/_dp_floor.py),
+    both in ONNX Runtime with every input and output bound to a preallocated buffer, and PyTorch's eager step of the
+    same MLP alone (single_device.py's, what each DDP rank computes; empty without torch), per thread count a rank
+    gets. Rounds alternate between all of them, and each keeps its fastest round: a bound must not count time that
+    other processes on the host took, and they are measured at the same moments."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
     models = {"products": _matrix_products_model, "step": lambda batch: hand_fused_model()}
-    runs = {}
+    thread_counts = sorted({max(1, args.cores // n) for n in args.ranks})
+    runs = {}  # (kind, threads, B) -> (prepare, run, what the run's buffers need alive)
     for kind, model in models.items():
         for batch in args.batches:
-            for threads in sorted({max(1, args.cores // n) for n in args.ranks}):
+            for threads in thread_counts:
                 options = ort.SessionOptions()
                 options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
                 session = ort.InferenceSession(model(batch), options, providers=["CPUExecutionProvider"])
@@ -218,18 +245,31 @@ def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, d
                     binding.bind_cpu_input(name, array)
                 for name, array in outputs.items():
                     binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
-                runs[(kind, threads, batch)] = (session, binding, (inputs, outputs))  # buffers live while bound
+                run = lambda s=session, b=binding: s.run_with_iobinding(b)  # noqa: E731
+                runs[(kind, threads, batch)] = (lambda: None, run, (inputs, outputs))
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    for batch in args.batches if torch is not None else ():
+        x = np.asarray(rng.standard_normal((batch, DIMS[0])), np.float32)
+        y = rng.integers(0, DIMS[-1], batch).astype(np.int64)
+        for threads in thread_counts:
+            step = torch_step(initial_params(), threads)
+            prepare, run = lambda t=threads: torch.set_num_threads(t), lambda s=step, x=x, y=y: s(x, y)
+            runs[("torch", threads, batch)] = (prepare, run, None)
     times: dict[tuple, list[float]] = {key: [] for key in runs}
     for _ in range(7):
-        for key, (session, binding, _) in runs.items():
-            session.run_with_iobinding(binding)
+        for key, (prepare, run, _) in runs.items():
+            prepare()
+            run()
             count, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds / 7 / len(models):
-                session.run_with_iobinding(binding)
+                run()
                 count += 1
             times[key].append((time.perf_counter() - start) / count * 1e3)
     fastest = {key: min(values) for key, values in times.items()}
-    return tuple({(t, b): v for (k, t, b), v in fastest.items() if k == kind} for kind in models)
+    return tuple({(t, b): v for (k, t, b), v in fastest.items() if k == kind} for kind in (*models, "torch"))
 
 
 def _static(shape: list, batch: int) -> list[int]:
@@ -297,24 +337,29 @@ def _cell(value: float | None, fmt: str, suffix: str = "") -> str:
     return format(value, fmt) + suffix
 
 
-def table(args: argparse.Namespace, rates: dict) -> list[str]:
-    """Per (B, N): samples/s of every series, each tessel series over DDP, and scaling efficiency."""
+def table(args: argparse.Namespace, rates: dict, ratios: dict) -> list[str]:
+    """Per (B, N): samples/s of every series (the median over the rounds), each tessel series over DDP (the median
+    of the rounds' ratios), sink/DDP's spread over the rounds, and scaling efficiency."""
     tessel = list(SERIES.values())
     series = [*tessel, "DDP"]
     head = f"{'batch':>5} {'N':>2} | " + " ".join(f"{s.split()[-1]:>7}" for s in series) + " | "
-    head += " ".join(f"{s.split()[-1] + '/DDP':>10}" for s in tessel) + f" | {'eff sink':>8} {'eff DDP':>8} | target"
+    head += " ".join(f"{s.split()[-1] + '/DDP':>10}" for s in tessel) + f" | {'sink/DDP rounds':>15} | "
+    head += f"{'eff sink':>8} {'eff DDP':>8} | target"
     lines = [head, "-" * len(head)]
     for batch in args.batches:
         for world in args.ranks:
             got = {s: rates.get((s, world, batch)) for s in series}
-            ratio = {s: got[s] / got["DDP"] if got[s] and got["DDP"] else None for s in tessel}
+            ratio = {s: statistics.median(ratios[(s, world, batch)]) if (s, world, batch) in ratios else None
+                     for s in tessel}  # fmt: skip
+            rounds = ratios.get(("tessel sink", world, batch), [])
+            spread = f"{min(rounds):.2f}-{max(rounds):.2f}x" if rounds else "-"
             base = {s: rates.get((s, 1, batch)) for s in ("tessel sink", "DDP")}
             eff = {s: got[s] / (world * base[s]) if got[s] and base[s] else None for s in base}
             sink = ratio["tessel sink"]
             verdict = "-" if sink is None else "PASS" if sink >= SPEEDUP_TARGET else "FAIL"
             lines.append(
                 f"{batch:>5} {world:>2} | " + " ".join(_cell(got[s], "7.0f") for s in series) + " | "
-                + " ".join(_cell(ratio[s], "9.2f", "x") for s in tessel) + " | "
+                + " ".join(_cell(ratio[s], "9.2f", "x") for s in tessel) + f" | {spread:>15} | "
                 + " ".join(_cell(eff[s], "8.2f") for s in eff) + f" | {verdict}"
             )  # fmt: skip
     return lines
@@ -323,7 +368,7 @@ def table(args: argparse.Namespace, rates: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started, load_before = time.monotonic(), os.getloadavg()[0]
-    rates, errors, raw = measure(args)
+    rates, ratios, errors, raw = measure(args)
     try:
         launches = launch_times(args)
         launch_error = ""
@@ -331,13 +376,17 @@ def main(argv: list[str] | None = None) -> int:
         launches, launch_error = [], str(exc).splitlines()[0]
     print(
         f"data parallel: MLP 784-512-512-10, SGD lr 0.01, CrossEntropyLoss; {args.cores} cores, "
-        f"max(1, {args.cores} // N) threads per rank; {args.epochs - 1} timed epochs (+1 warm-up); "
+        f"max(1, {args.cores} // N) threads per rank; {args.rounds} rounds per cell (tessel and DDP alternating), "
+        f"{args.epochs - 1} timed epochs (+1 warm-up) a run; "
         f"steps/epoch {', '.join(f'B={b}: {steps_for(b)}' for b in args.batches)}"
     )
-    print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time")
-    print("sink/DDP, feed/DDP: tessel's samples/s over DDP's; eff: samples/s at N / (N x samples/s at 1)")
-    print("\n".join(table(args, rates)))
-    bounds, steps = timed_alone(args)
+    print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time, the median over the rounds")
+    print(
+        "sink/DDP, feed/DDP, ...: the median over the rounds of tessel's samples/s over DDP's in the same round (the "
+        "verdict's figure); eff: samples/s at N / (N x samples/s at 1)"
+    )
+    print("\n".join(table(args, rates, ratios)))
+    bounds, steps, torch_steps = timed_alone(args)
     print(
         "bounds: wall time per step of N ranks doing nothing but the step's matrix products, with each rank's "
         "threads (GEMMs alone), the samples/s that allows (bound/s), and each tessel series' samples/s as a share of "
@@ -355,10 +404,13 @@ def main(argv: list[str] | None = None) -> int:
         "element-wise work, loss and update), with each rank's threads (N / C times the 1-thread time where ranks "
         "share the cores), plus the gradients' all-reduce among N processes alone (no core is left to hide it on); "
         "bound/floor: the most of the matrix-products bound a step can reach here; sink/floor: tessel sink's "
-        "samples/s as a share of the floor's (benchmarks/_dp_floor.py)"
+        "samples/s as a share of the floor's; torch step: PyTorch's eager step of the MLP alone (what a DDP rank "
+        "computes), same threads and rounds; torch/step: its time over the whole step's, the most of DDP's speed at "
+        "one rank a step on ONNX Runtime reaches (benchmarks/_dp_floor.py)"
     )
     cells = [(b, n) for b in args.batches for n in args.ranks]
-    print("\n".join(floor_table(cells, args.cores, steps, allreduces, _gemm_walls(args, bounds), rates, BOUND_TARGETS)))
+    walls = _gemm_walls(args, bounds)
+    print("\n".join(floor_table(cells, args.cores, steps, allreduces, walls, rates, BOUND_TARGETS, torch_steps)))
     if not args.no_phases:
         print(
             "where the sink step's time goes (ms per step, the slowest rank, from a timeline-recorded job per cell; "
@@ -383,8 +435,12 @@ def main(argv: list[str] | None = None) -> int:
         config = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         rows = [{"series": s, "ranks": n, "batch": b, "samples_per_s": v} for (s, n, b), v in rates.items()]
         record = {"config": config, "rates": rows, "launch_seconds": launches, "errors": [list(k) for k in errors]}
+        record["ratios_to_ddp"] = [
+            {"series": s, "ranks": n, "batch": b, "rounds": v} for (s, n, b), v in ratios.items()
+        ]
         record["gemm_bounds_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in bounds.items()]
         record["whole_step_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in steps.items()]
+        record["torch_step_ms"] = [{"threads": t, "batch": b, "ms": v} for (t, b), v in torch_steps.items()]
         record["allreduce_ms"] = [{"ranks": n, "ms": v} for n, v in allreduces.items()]
         args.json.write_text(json.dumps(record | {"runs": raw}, indent=1))
         print(f"wrote {args.json}")

@@ -89,6 +89,20 @@ def test_the_floor_adds_the_whole_step_and_the_all_reduce_and_says_where_a_targe
     assert [c.strip() for c in failed.split("|")][2] == "failed"
 
 
+def test_the_floor_puts_pytorchs_eager_step_beside_the_whole_step_with_the_same_threads():
+    from _dp_floor import floor_table
+
+    steps = {(2, 256): 4.0, (1, 256): 7.0}  # ms
+    walls = {(256, 1): 3.2, (256, 4): 12.8}
+    eager = {(2, 256): 3.8, (1, 256): 7.7}  # PyTorch a little faster with 2 threads, slower with 1
+    rows = floor_table([(256, 1), (256, 4)], 2, steps, {4: 1.4}, walls, {}, {256: 0.8}, eager)
+    cells = [[c.strip() for c in row.split("|")] for row in rows[2:]]
+    assert rows[0].split("|")[-1].split() == ["torch", "step", "torch/step"]
+    # 4 ranks on 2 cores: twice the 1-thread time, as the whole step
+    assert [c[-1].split() for c in cells] == [["3.80", "ms", "0.95x"], ["15.40", "ms", "1.10x"]]
+    assert all(not row.endswith(" ") for row in floor_table([(256, 1)], 2, steps, {}, walls, {}, {256: 0.8}))
+
+
 def test_the_whole_step_of_the_floor_is_the_hand_fused_mlp_step():
     from single_device import hand_fused_model
 
@@ -96,3 +110,23 @@ def test_the_whole_step_of_the_floor_is_the_hand_fused_mlp_step():
     products = [n for n in model.graph.node if n.op_type in ("Gemm", "MatMul")]
     assert len(products) == 8  # the same eight as the bound's model, with the rest of the step around them
     assert {o.name for o in model.graph.output} >= {f"{p}{i}_new" for p in "wb" for i in range(3)}  # the update
+
+
+def test_the_verdict_is_the_median_of_each_rounds_ratio_and_the_table_prints_their_spread():
+    args = argparse.Namespace(ranks=[1, 2], batches=[256])
+    # Round by round tessel wins twice by 5 % and loses once by 30 %, on a machine whose speed moved; the ratio of
+    # the medians, 40,000 / 41,000, would fail a cell that two rounds of three passed.
+    rates = {("tessel sink", 1, 256): 40_000.0, ("DDP", 1, 256): 41_000.0, ("tessel sink", 2, 256): 50_000.0}
+    ratios = {("tessel sink", 1, 256): [1.05, 0.70, 1.05]}
+    first, second = data_parallel.table(args, rates, ratios)[2:]
+    cells = [c.strip() for c in first.split("|")]
+    assert cells[2].split()[0] == "1.05x" and cells[3] == "0.70-1.05x" and cells[-1] == "PASS"
+    cells = [c.strip() for c in second.split("|")]  # DDP's runs failed at 2 ranks: no ratio, no verdict
+    assert cells[2].split()[0] == "-" and cells[3] == "-" and cells[-1] == "-"
+
+
+@pytest.mark.parametrize("option", ["--rounds", "--epochs", "--launches"])
+def test_a_count_below_its_least_is_refused_not_replaced_by_the_default(option, capsys):
+    with pytest.raises(SystemExit):
+        data_parallel.parse_args([option, "0"])
+    assert option in capsys.readouterr().err
