@@ -376,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
         launches, launch_error = [], str(exc).splitlines()[0]
     print(
         f"data parallel: MLP 784-512-512-10, SGD lr 0.01, CrossEntropyLoss; {args.cores} cores, "
-        f"max(1, {args.cores} // N) threads per rank; {args.rounds} rounds per cell (tessel and DDP alternating), "
-        f"{args.epochs - 1} timed epochs (+1 warm-up) a run; "
+        f"max(1, {args.cores} // N) threads per rank; rounds per cell (tessel and DDP alternating): {args.rounds}; "
+        f"timed epochs a run: {args.epochs - 1} (+1 warm-up); "
         f"steps/epoch {', '.join(f'B={b}: {steps_for(b)}' for b in args.batches)}"
     )
     print("aggregate samples/s: N x B x steps / the median slowest-rank epoch time, the median over the rounds")
