@@ -58,6 +58,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -245,7 +246,7 @@ def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, d
                     binding.bind_cpu_input(name, array)
                 for name, array in outputs.items():
                     binding.bind_output(name, "cpu", 0, np.float32, list(array.shape), array.ctypes.data)
-                run = lambda s=session, b=binding: s.run_with_iobinding(b)  # noqa: E731
+                run = partial(session.run_with_iobinding, binding)
                 runs[(kind, threads, batch)] = (lambda: None, run, (inputs, outputs))
     try:
         import torch
@@ -255,9 +256,8 @@ def timed_alone(args: argparse.Namespace, seconds: float = 1.2) -> tuple[dict, d
         x = np.asarray(rng.standard_normal((batch, DIMS[0])), np.float32)
         y = rng.integers(0, DIMS[-1], batch).astype(np.int64)
         for threads in thread_counts:
-            step = torch_step(initial_params(), threads)
-            prepare, run = lambda t=threads: torch.set_num_threads(t), lambda s=step, x=x, y=y: s(x, y)
-            runs[("torch", threads, batch)] = (prepare, run, None)
+            run = partial(torch_step(initial_params(), threads), x, y)
+            runs[("torch", threads, batch)] = (partial(torch.set_num_threads, threads), run, None)
     times: dict[tuple, list[float]] = {key: [] for key in runs}
     for _ in range(7):
         for key, (prepare, run, _) in runs.items():
