@@ -144,15 +144,23 @@ def throughput(records: list[dict], mode: str) -> float:
     return world * batch * steps / statistics.median([max(ranks) for ranks in per_epoch])
 
 
-def _run_side(args: argparse.Namespace, side: str, world: int, batch: int) -> list[dict]:
-    """One job of `side` ("tessel" or "DDP") at (world, batch): its ranks' records, checked."""
+def _run_side(args: argparse.Namespace, side: str, world: int, batch: int, round_: int) -> list[dict]:
+    """One job of `side` ("tessel" or "DDP") at (world, batch) in round `round_`: its ranks' records, checked; its
+    progress on stderr."""
     steps, threads = steps_for(batch), max(1, args.cores // world)
-    if side == "tessel":
-        options = ["--batch", str(batch), "--steps", str(steps), "--epochs", str(args.epochs)]
-        records = run_tessel(world, args.cores, options, DEADLINE_S)
-    else:
-        records = run_ddp(world, threads, batch, steps, args.epochs, DEADLINE_S)
-    check(records, f"{side} {world} ranks batch {batch}")
+    started, where = time.monotonic(), f"[{side}, {world} ranks, batch {batch}, round {round_ + 1}]"
+    print(f"{where} running ...", file=sys.stderr, flush=True)
+    try:
+        if side == "tessel":
+            options = ["--batch", str(batch), "--steps", str(steps), "--epochs", str(args.epochs)]
+            records = run_tessel(world, args.cores, options, DEADLINE_S)
+        else:
+            records = run_ddp(world, threads, batch, steps, args.epochs, DEADLINE_S)
+        check(records, f"{side} {world} ranks batch {batch}")
+    except BenchmarkError as exc:
+        print(f"{where} FAILED: {exc}", file=sys.stderr, flush=True)
+        raise
+    print(f"{where} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
     return records
 
 
@@ -169,15 +177,11 @@ def measure(args: argparse.Namespace) -> tuple[dict, dict, dict, list]:
                 for side in ("tessel", "DDP") if round_ % 2 == 0 else ("DDP", "tessel"):
                     if (side, world, batch) in errors:
                         continue
-                    started, where = time.monotonic(), f"[{side}, {world} ranks, batch {batch}, round {round_ + 1}]"
-                    print(f"{where} running ...", file=sys.stderr, flush=True)
                     try:
-                        records = _run_side(args, side, world, batch)
+                        records = _run_side(args, side, world, batch, round_)
                     except BenchmarkError as exc:
                         errors[(side, world, batch)] = str(exc).splitlines()[0]
-                        print(f"{where} FAILED: {exc}", file=sys.stderr, flush=True)
                         continue
-                    print(f"{where} done in {time.monotonic() - started:.1f} s", file=sys.stderr, flush=True)
                     raw.append({"side": side, "ranks": world, "batch": batch, "round": round_, "records": records})
                     for mode in records[0]["modes"]:
                         got[SERIES.get(mode, "DDP")] = throughput(records, mode)
@@ -417,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             "see benchmarks/_dp_phases.py): segments with matrix products (forward, backward), other segments "
             "(the update), collectives no segment overlapped, reading the batch, and the rest (dispatch, transfers)"
         )
-        print("\n".join(phases_table(phases(args), _gemm_walls(args, bounds))))
+        print("\n".join(phases_table(phases(args), walls)))
     for (side, world, batch), error in sorted(errors.items()):
         print(f"{side} {world} ranks batch {batch}: FAILED ({error})")
     if launches:
