@@ -18,7 +18,7 @@ from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 @pytest.fixture(autouse=True)
 def fresh_log_once(monkeypatch):
-    from tessel.common import support
+    from tessel.core import options as support
 
     monkeypatch.setattr(support, "_logged", set())
 

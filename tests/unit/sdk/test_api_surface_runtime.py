@@ -17,7 +17,7 @@ GB = 1024**3
 @pytest.fixture(autouse=True)
 def fresh_runtime(monkeypatch):
     """Each test starts as a fresh process would: nothing configured, nothing logged yet."""
-    from tessel.common import support
+    from tessel.core import options as support
 
     monkeypatch.setattr(runtime, "_configured", set())
     monkeypatch.setattr(runtime, "_memory", runtime.MemorySettings())

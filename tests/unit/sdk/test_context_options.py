@@ -11,7 +11,7 @@ import pytest
 
 import tessel as ms
 from tessel import context
-from tessel.common import support
+from tessel.core import options as support
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tests.conftest import ROOT
 

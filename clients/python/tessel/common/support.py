@@ -9,28 +9,12 @@ or it raises `NotSupportedYetError` at the call. Never an AttributeError, never 
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
-from tessel.core.errors import NotSupportedYetError
+from tessel.core.options import keyword_options, log_once, logger, not_supported_yet
 
-logger = logging.getLogger("tessel")
-_logged: set[str] = set()
-
-
-def not_supported_yet(what: str, why: str) -> NotSupportedYetError:
-    """The error for a known MindSpore API or option tessel does not implement (raise it)."""
-    return NotSupportedYetError(f"not supported yet: {what}, {why}")
-
-
-def log_once(key: str, message: str, level: int = logging.WARNING) -> bool:
-    """Log `message` on the "tessel" logger the first time `key` is seen in this process; True if it was logged."""
-    if key in _logged:
-        return False
-    _logged.add(key)
-    logger.log(level, message)
-    return True
+__all__ = ["keyword_options", "log_once", "logger", "not_supported_yet", "unsupported_names"]
 
 
 def unsupported_names(module: str, names: Iterable[str], why: str) -> Any:
