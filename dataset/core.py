@@ -11,6 +11,7 @@ Iteration hands each output array to `to_tensor`, the one hook that decides what
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import keyword_options, log_once
 from tessel.dataset import config
 from tessel.dataset.sampling import random_stream, salt_of
 
@@ -32,6 +34,43 @@ Block = dict[str, np.ndarray]
 # Sources cut blocks of about this many bytes: large enough to amortize per-block Python work, small enough that a
 # block and its float32 transforms stay in the L2 cache (measured: 128 KiB beats 1 MiB by ~1.3x on MNIST).
 TARGET_BLOCK_BYTES = 128 << 10
+
+
+# MindSpore's options for its dataset workers: the rows are the same with or without them, and tessel reads and maps
+# rows in the process that consumes them (the script's, or the daemon's in sink mode).
+_WORKERS = "tessel reads and maps rows in the process that consumes them, with the same rows as a run with workers"
+WORKER_HINTS = {"python_multiprocessing": _WORKERS, "max_rowsize": _WORKERS}
+_COLUMN_ORDER = ((None,), "MindSpore 2.0 dropped it: choose and order columns with Dataset.project()")
+SOURCE_UNSUPPORTED = {"cache": ((None,), "tessel has no dataset cache server; drop cache=")}
+_MAP_UNSUPPORTED = {
+    **SOURCE_UNSUPPORTED,
+    "callbacks": ((None,), "dataset callbacks (DSCallback) are not run; watch training with a train Callback"),
+    "offload": ((None, False), "tessel runs every map operation on the host; drop offload="),
+    "column_order": _COLUMN_ORDER,
+}
+_BATCH_UNSUPPORTED = {
+    "per_batch_map": ((None,), "combine or pad rows with map() before batch()"),
+    "input_columns": ((None,), "it names per_batch_map's inputs; combine rows with map() before batch()"),
+    "output_columns": ((None,), "it names per_batch_map's outputs; combine rows with map() before batch()"),
+    "pad_info": ((None,), "pad rows to one shape with map() before batch()"),
+    "column_order": _COLUMN_ORDER,
+}
+
+
+def check_workers(call: str, num_parallel_workers: Any) -> None:
+    """MindSpore's num_parallel_workers: checked as MindSpore checks it (an int >= 1, or None), then logged once as
+    changing nothing here (see WORKER_HINTS)."""
+    if num_parallel_workers is None:
+        return
+    if isinstance(num_parallel_workers, bool) or not isinstance(num_parallel_workers, int) or num_parallel_workers < 1:
+        raise ConfigurationError(
+            f"{call}: num_parallel_workers must be an int >= 1 or None, got {num_parallel_workers!r}"
+        )
+    log_once(
+        f"{call}.num_parallel_workers",
+        f"{call}: num_parallel_workers={num_parallel_workers} has no effect in tessel; {_WORKERS}",
+        logging.INFO,
+    )
 
 
 def to_tensor(array: np.ndarray) -> Any:
@@ -104,25 +143,26 @@ class Dataset:
         input_columns: str | Sequence[str] | None = None,
         output_columns: str | Sequence[str] | None = None,
         num_parallel_workers: int | None = None,
-        **ignored: Any,
+        **options: Any,
     ) -> Dataset:
-        """Apply transforms to `input_columns` (default: the first column) of every row."""
+        """Apply transforms to `input_columns` (default: the first column) of every row. The rows come out the same
+        whatever MindSpore's worker options say (num_parallel_workers, python_multiprocessing, max_rowsize): tessel
+        maps rows in the process that reads them; cache, callbacks and offload are not supported yet."""
         from tessel.dataset.ops import MapDataset
 
+        check_workers("Dataset.map", num_parallel_workers)
+        keyword_options("Dataset.map", options, WORKER_HINTS, _MAP_UNSUPPORTED)
         return MapDataset(self, operations, input_columns, output_columns)
 
     def batch(
         self, batch_size: int, drop_remainder: bool = False, num_parallel_workers: int | None = None, **options: Any
     ) -> Dataset:
-        """Stack `batch_size` consecutive rows into one row; the last, shorter batch is dropped if drop_remainder."""
+        """Stack `batch_size` consecutive rows into one row; the last, shorter batch is dropped if drop_remainder.
+        MindSpore's worker options change nothing here (see map); per_batch_map and pad_info are not supported yet."""
         from tessel.dataset.ops import BatchDataset
 
-        unsupported = [name for name in ("per_batch_map", "pad_info") if options.get(name) is not None]
-        if unsupported:
-            raise ConfigurationError(
-                f"Dataset.batch: {unsupported} are not supported; pad or combine rows with map() before batch()"
-            )
-
+        check_workers("Dataset.batch", num_parallel_workers)
+        keyword_options("Dataset.batch", options, WORKER_HINTS, _BATCH_UNSUPPORTED)
         return BatchDataset(self, batch_size, drop_remainder)
 
     def shuffle(self, buffer_size: int) -> Dataset:

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from tessel.core.errors import ConfigurationError
+from tessel.dataset.core import check_workers
 from tessel.dataset.ops import column_list
 from tessel.dataset.sources import MappableSource
 from tessel.dataset.storage import ColumnTable, cache_key, cached_arrow_table, read_ipc_table
@@ -64,6 +65,7 @@ class _FileSource(MappableSource):
     ):
         where = f"{type(self).__name__}({dataset_files!r})"
         super().__init__(where, num_samples, shuffle, num_shards, shard_id, sampler)
+        check_workers(type(self).__name__, num_parallel_workers)
         self.files = file_list(dataset_files, where, self.suffixes)
         self.columns_list = None if columns_list is None else column_list(columns_list, where, "columns_list")
 

@@ -16,7 +16,8 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
+from tessel.core.options import keyword_options
+from tessel.dataset.core import WORKER_HINTS, Block, Dataset, EpochContext, block_rows, check_workers
 from tessel.dataset.ops import column_list
 from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
 from tessel.dataset.transforms.base import RaggedRowsError, resolve_dtype, stack_rows
@@ -42,6 +43,9 @@ class GeneratorDataset(Dataset):
     ):
         super().__init__()
         where = "GeneratorDataset"
+        check_workers(where, None if num_parallel_workers == 1 else num_parallel_workers)
+        if max_rowsize is not None:
+            keyword_options(where, {"max_rowsize": max_rowsize}, WORKER_HINTS)
         if column_names is None:
             raise ConfigurationError(f"{where}: column_names is required, e.g. column_names=['data', 'label']")
         if sampler is not None:

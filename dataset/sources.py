@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from tessel.core.errors import ConfigurationError
-from tessel.dataset.core import Block, Dataset, EpochContext, block_rows
+from tessel.core.options import keyword_options
+from tessel.dataset.core import SOURCE_UNSUPPORTED, Block, Dataset, EpochContext, block_rows, check_workers
 from tessel.dataset.formats import (
     CIFAR10_TEST_FILES,
     find_idx_file,
@@ -127,6 +128,8 @@ class MnistDataset(MappableSource):
     ):
         where = f"MnistDataset({str(dataset_dir)!r})"
         super().__init__(where, num_samples, shuffle, num_shards, shard_id, sampler)
+        check_workers("MnistDataset", num_parallel_workers)
+        keyword_options("MnistDataset", {"cache": cache}, unsupported=SOURCE_UNSUPPORTED)
         fix = "point it at the folder with train-images-idx3-ubyte etc. (make one: python examples/make_digits.py DIR)"
         self.dataset_dir = check_directory(dataset_dir, where, fix)
         self.usage = check_usage(usage, where)
@@ -202,6 +205,8 @@ class Cifar10Dataset(MappableSource):
     ):
         where = f"Cifar10Dataset({str(dataset_dir)!r})"
         super().__init__(where, num_samples, shuffle, num_shards, shard_id, sampler)
+        check_workers("Cifar10Dataset", num_parallel_workers)
+        keyword_options("Cifar10Dataset", {"cache": cache}, unsupported=SOURCE_UNSUPPORTED)
         fix = "point it at the extracted 'cifar-10-batches-bin' folder (data_batch_1.bin ... test_batch.bin)"
         self.dataset_dir = check_directory(dataset_dir, where, fix)
         self.usage = check_usage(usage, where)
@@ -274,6 +279,7 @@ class NumpySlicesDataset(MappableSource):
     ):
         where = "NumpySlicesDataset"
         super().__init__(where, num_samples, shuffle, num_shards, shard_id, sampler)
+        check_workers(where, num_parallel_workers)
         self.columns = _slices_columns(data, column_names, where)
         self._table = ColumnTable.from_arrays(self.columns, where)
         if self._table.num_rows == 0:
