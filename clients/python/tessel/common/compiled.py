@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,11 +23,13 @@ import numpy as np
 from tessel.common import parameter as P
 from tessel.common import partition
 from tessel.common.engine import engine, program
+from tessel.common.support import log_once
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace
 from tessel.compiler import Graph, Node, Value, expand_gradients, registry
 from tessel.compiler.ir import Attrs
 from tessel.compiler.tracer import OutputTree, flatten
+from tessel.core.errors import ConfigurationError
 
 BATCH = "N"
 
@@ -407,13 +410,49 @@ class CompiledFunction:
         return make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
 
 
-def jit(function: Callable | None = None, **_: Any) -> Callable:
+def _check_choice(call: str, name: str, value: Any, choices: tuple) -> None:
+    if isinstance(value, bool) is not isinstance(choices[0], bool) or value not in choices:
+        raise ConfigurationError(f"{call}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
+
+
+def jit(
+    function: Callable | None = None,
+    *,
+    capture_mode: str = "ast",
+    jit_level: str = "O0",
+    dynamic: int = 0,
+    fullgraph: bool = False,
+    backend: str = "",
+    **options: Any,
+) -> Callable:
     """Compile a function of Tensors once per input signature (MindSpore `jit`); inside a trace it is inlined.
 
     >>> @ms.jit
     ... def step(x, y):
     ...     return ops.matmul(x, y).sum()
+
+    tessel builds the graph by tracing the function's execution whatever `capture_mode` says, and compiles it with
+    ONNX Runtime: MindSpore's capture modes, optimization levels (`jit_level`), dynamic-shape compilation (tessel
+    compiles again for a new input signature), `fullgraph` and its backends give the same results and are checked,
+    then logged once as having no effect here; so are the backend's `options`.
     """
+    _check_choice("jit", "capture_mode", capture_mode, ("ast", "bytecode", "trace"))
+    _check_choice("jit", "jit_level", jit_level, ("O0", "O1"))
+    _check_choice("jit", "dynamic", dynamic, (0, 1))
+    _check_choice("jit", "fullgraph", fullgraph, (False, True))
+    _check_choice("jit", "backend", backend, ("", "ms_backend", "GE"))
+    settings = {"capture_mode": capture_mode, "jit_level": jit_level, "dynamic": dynamic, "fullgraph": fullgraph}
+    defaults = {"capture_mode": "ast", "jit_level": "O0", "dynamic": 0, "fullgraph": False}
+    given = {name: value for name, value in settings.items() if value != defaults[name]}
+    if backend:
+        given["backend"] = backend
+    for name, value in {**given, **options}.items():
+        log_once(
+            f"jit.{name}",
+            f"jit: {name}={value!r} has no effect in tessel, which traces the function and compiles it with ONNX "
+            "Runtime (same results)",
+            logging.INFO,
+        )
     import functools
 
     from tessel.common.tracing import current

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.dtype import DType, default_dtype_of, ms_name, to_dtype
+from tessel.common.support import keyword_options
 from tessel.common.symbol import Symbol, is_dynamic_shape, split_shape
 from tessel.common.tracing import apply_op, current
 from tessel.compiler import SymbolicTensor, TraceError, as_dtype
@@ -35,6 +36,18 @@ class DeviceRef:
         self.layout = layout
 
 
+# MindSpore's other Tensor arguments: const_arg (the value is a constant of a compiled network: tessel compiles
+# with it as an input, same results) and internal (MindSpore's own use); device= places a tensor in host memory
+# ("CPU"), where tessel's client keeps every tensor's value anyway.
+_TENSOR_HINTS = {
+    "const_arg": "tessel passes a Tensor to a compiled network as an input (same results)",
+    "internal": "it is MindSpore's internal flag",
+}
+_TENSOR_UNSUPPORTED = {
+    "device": ((None, "CPU"), "tessel's client keeps tensor values in host memory; drop device= (or pass 'CPU')"),
+}
+
+
 class Tensor:
     """A tensor (MindSpore `Tensor(input_data=None, dtype=None, shape=None, init=None)`)."""
 
@@ -47,7 +60,9 @@ class Tensor:
             return object.__new__(DynamicShapeTensor)
         return object.__new__(cls)
 
-    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
+    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **options: Any):
+        if options:
+            keyword_options("Tensor", options, _TENSOR_HINTS, _TENSOR_UNSUPPORTED)
         if init is not None:
             from tessel.common.initializer import init_array
 
@@ -417,7 +432,9 @@ class DynamicShapeTensor(Tensor):
 
     __slots__ = ("_declared_dtype", "_declared_shape", "dim_symbols", "symbolic_shape")
 
-    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
+    def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **options: Any):
+        if options:
+            keyword_options("Tensor", options, _TENSOR_HINTS, _TENSOR_UNSUPPORTED)
         if dtype is None:
             raise ConfigurationError(
                 f"Tensor(shape={shape!r}): a shape with dynamic dims (None or Symbol) needs dtype=, e.g. "

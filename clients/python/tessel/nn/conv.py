@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from tessel.common.dtype import DType
 from tessel.common.initializer import HeUniform, Uniform
+from tessel.common.support import keyword_options
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
@@ -96,6 +97,7 @@ class Conv2d(Cell):
 
 class _Pool2d(Cell):
     _fn = None
+    _unsupported: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}  # MindSpore's other options, "off" values
 
     def __init__(
         self,
@@ -107,6 +109,10 @@ class _Pool2d(Cell):
         **options: Any,
     ):
         super().__init__()
+        name = type(self).__name__
+        if data_format != "NCHW":
+            raise ConfigurationError(f"{name}: only data_format='NCHW' is supported, got {data_format!r}")
+        keyword_options(name, options, unsupported=self._unsupported)
         self.kernel_size, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
         self.pad_mode, self.padding = _pad_mode(pad_mode, padding), padding
         self.options = options
@@ -115,12 +121,24 @@ class _Pool2d(Cell):
 class MaxPool2d(_Pool2d):
     """Max over kernel_size windows, moving by stride."""
 
+    _unsupported: ClassVar = {
+        "dilation": ((1, (1, 1)), "tessel pools over adjacent elements; drop dilation"),
+        "return_indices": ((False,), "MaxPool2d returns the maxima only"),
+        "ceil_mode": ((False,), "output sizes round down; pad the input with pad_mode='pad' instead"),
+    }
+
     def construct(self, x):
         return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.pad_mode)
 
 
 class AvgPool2d(_Pool2d):
-    """Mean over kernel_size windows (count_include_pad=True, as MindSpore)."""
+    """Mean over kernel_size windows (count_include_pad=True by default, as MindSpore)."""
+
+    _unsupported: ClassVar = {
+        "count_include_pad": ((True, False), ""),  # both work
+        "ceil_mode": ((False,), "output sizes round down; pad the input with pad_mode='pad' instead"),
+        "divisor_override": ((None, 0), "AvgPool2d divides by the window's size"),
+    }
 
     def construct(self, x):
         include = self.options.get("count_include_pad", True)

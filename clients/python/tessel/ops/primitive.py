@@ -68,7 +68,7 @@ class Primitive:
         """The compiler op a shard() strategy applies to (a primitive may emit helper ops around it)."""
         return getattr(type(self), "_op", "") or self.name
 
-    def shard(self, in_strategy: Sequence | None = None, out_strategy: Sequence | None = None, **_: Any) -> Primitive:
+    def shard(self, in_strategy: Sequence | None = None, out_strategy: Sequence | None = None) -> Primitive:
         """Set this operator's strategy: in_strategy[i][d] = how many parts input i is split into along dim d
         (SEMI_AUTO_PARALLEL / AUTO_PARALLEL; checked against the op and device_num when the network compiles).
 
