@@ -130,7 +130,7 @@ def load_segmented_checkpoints(
         raise not_supported_yet("load_segmented_checkpoints(dec_key=...)", "tessel's checkpoints are not encrypted")
     merged: dict = {}
     for path in sorted(glob.glob(os.path.join(ckpt_file_dir, "*.ckpt"))):
-        loaded = load_checkpoint(path, net, strict_load, filter_prefix, specify_prefix, choice_func)
+        loaded = load_checkpoint(path, net, strict_load, filter_prefix, dec_key, dec_mode, specify_prefix, choice_func)
         merged.update(loaded)
     return merged
 

@@ -193,7 +193,12 @@ class History(Callback):
 
 
 class CheckpointConfig:
-    """When ModelCheckpoint saves and how many files it keeps."""
+    """When ModelCheckpoint saves, how many files it keeps and what they hold (MindSpore `CheckpointConfig`).
+
+    append_info is MindSpore's list of "epoch_num", "step_num" and dicts of extra named values, written into each
+    file. crc_check is accepted either way: every tessel checkpoint carries a checksum that loading verifies. Options
+    tessel lacks (keep_checkpoint_per_n_minutes, async_save, encryption, exception_save, remove_redundancy) raise
+    "not supported yet" at any value but their default."""
 
     def __init__(
         self,
@@ -202,11 +207,20 @@ class CheckpointConfig:
         keep_checkpoint_max: int = 5,
         keep_checkpoint_per_n_minutes: int = 0,
         integrated_save: bool = True,
-        async_save: bool = False,
+        async_save: bool | str = False,
         saved_network: Any = None,
-        append_info: Any = None,
-        **_: Any,
+        append_info: list | None = None,
+        enc_key: bytes | None = None,
+        enc_mode: str = "AES-GCM",
+        exception_save: bool = False,
+        crc_check: bool = False,
+        remove_redundancy: bool = False,
+        format: str = "ckpt",
+        **options: Any,
     ):
+        from tessel.common.support import keyword_options, not_supported_yet
+        from tessel.train.serialization import check_file_options
+
         for name, value in (
             ("save_checkpoint_steps", save_checkpoint_steps),
             ("keep_checkpoint_max", keep_checkpoint_max),
@@ -216,16 +230,52 @@ class CheckpointConfig:
                 raise ConfigurationError(f"CheckpointConfig: {name} must be an int >= 0, got {value!r}")
         if not save_checkpoint_steps and not save_checkpoint_seconds:
             raise ConfigurationError("CheckpointConfig: save_checkpoint_steps and save_checkpoint_seconds are both 0")
+        keyword_options(
+            "CheckpointConfig",
+            {
+                "keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes,
+                "async_save": async_save,
+                "exception_save": exception_save,
+                "remove_redundancy": remove_redundancy,
+            },
+            unsupported=_CHECKPOINT_UNSUPPORTED,
+        )
+        if options:
+            raise not_supported_yet(f"CheckpointConfig options {sorted(options)}", "it takes MindSpore's named ones")
+        check_file_options("CheckpointConfig", enc_key, enc_mode, format, "enc_key")
         self.save_checkpoint_steps, self.save_checkpoint_seconds = save_checkpoint_steps, save_checkpoint_seconds
         self.keep_checkpoint_max, self.saved_network = keep_checkpoint_max, saved_network
-        self.append_info = append_info
-        if async_save:
-            from tessel.common.support import not_supported_yet
-
-            raise not_supported_yet(
-                "CheckpointConfig(async_save=True)", "use async_save=False (each save is done before the step ends)"
-            )
+        self.append_info = _check_append_info(append_info)
+        self.format = format
         self.integrated_save = bool(integrated_save)  # False: each rank writes its slices and their layouts
+
+
+_CHECKPOINT_UNSUPPORTED = {
+    "keep_checkpoint_per_n_minutes": ((0,), "ModelCheckpoint keeps the newest keep_checkpoint_max files"),
+    "async_save": ((False,), "use async_save=False (each save is done before the step ends)"),
+    "exception_save": ((False,), "a failed job keeps the checkpoints saved before the failure"),
+    "remove_redundancy": ((False,), "each file holds every parameter, or every slice of its rank"),
+}
+
+
+def _check_append_info(append_info: Any) -> list:
+    """MindSpore's append_info: a list of "epoch_num", "step_num" and dicts of str -> number or Tensor."""
+    if append_info is None:
+        return []
+    if not isinstance(append_info, list):
+        raise ConfigurationError(
+            f"CheckpointConfig: append_info must be a list of 'epoch_num', 'step_num' and dicts, got "
+            f"{type(append_info).__name__}; e.g. append_info=['epoch_num', {{'lr': 0.01}}]"
+        )
+    for entry in append_info:
+        if isinstance(entry, dict):
+            if not all(isinstance(k, str) for k in entry):
+                raise ConfigurationError(f"CheckpointConfig: append_info's dict keys must be str, got {entry!r}")
+        elif entry not in ("epoch_num", "step_num"):
+            raise ConfigurationError(
+                f"CheckpointConfig: append_info entry {entry!r} is not 'epoch_num', 'step_num' or a dict"
+            )
+    return list(append_info)
 
 
 class ModelCheckpoint(Callback):
@@ -257,9 +307,16 @@ class ModelCheckpoint(Callback):
         from tessel.train.serialization import save_checkpoint
 
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
-        path = os.path.join(self.directory, f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.ckpt")
+        name = f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.{self.config.format}"
+        path = os.path.join(self.directory, name)
         network = self.config.saved_network or cb.train_network
-        save_checkpoint(network, path, self.config.integrated_save, append_dict=self.config.append_info)
+        appended: dict = {}
+        for entry in self.config.append_info:
+            if isinstance(entry, dict):
+                appended.update(entry)
+            else:
+                appended[entry] = cb.cur_epoch_num if entry == "epoch_num" else cb.cur_step_num
+        save_checkpoint(network, path, self.config.integrated_save, append_dict=appended)
         self._last_step, self._last_time, self.latest_ckpt_file_name = cb.cur_step_num, time.monotonic(), path
         if path in self._saved:
             self._saved.remove(path)

@@ -54,11 +54,16 @@ def _named(save_obj: Any) -> list[tuple[str, Any]]:
         items = [(p.name, p) for p in params]
     elif isinstance(save_obj, dict):
         items = list(save_obj.items())
+    elif isinstance(save_obj, list) and all(isinstance(entry, Parameter) for entry in save_obj):
+        items = [(p.name, p) for p in save_obj]  # e.g. net.trainable_params()
     elif isinstance(save_obj, list):
         try:
             items = [(entry["name"], entry["data"]) for entry in save_obj]
         except (TypeError, KeyError):
-            raise ConfigurationError('save_checkpoint: a list must hold {"name": ..., "data": ...} dicts') from None
+            raise ConfigurationError(
+                'save_checkpoint: a list must hold Parameters (e.g. net.trainable_params()) or {"name": ..., '
+                '"data": ...} dicts'
+            ) from None
     else:
         raise ConfigurationError(f"save_checkpoint: cannot save a {type(save_obj).__name__}; pass a Cell, dict or list")
     fetch_all([v for _, v in items if isinstance(v, Parameter)])
@@ -81,9 +86,41 @@ def contiguous(value: Any) -> np.ndarray:
     return np.ascontiguousarray(array).reshape(array.shape)
 
 
-def _with_suffix(path: str) -> str:
+def _with_suffix(path: str, format: str = "ckpt") -> str:
     path = os.fspath(path)
-    return path if path.endswith((".ckpt", ".safetensors")) else path + ".ckpt"
+    return path if path.endswith((".ckpt", ".safetensors")) else f"{path}.{format}"
+
+
+_FORMATS = ("ckpt", "safetensors")  # tessel writes one format (safetensors with a checksum) under either suffix
+_ENC_MODES = ("AES-GCM", "AES-CBC", "SM4-CBC")
+
+
+def check_file_options(call: str, key: Any, mode: str, format: str, key_name: str) -> None:
+    """MindSpore's encryption and format arguments of save_checkpoint / load_checkpoint."""
+    if key is not None:
+        raise NotSupportedYetError(
+            f"not supported yet: {call}({key_name}=...), tessel does not encrypt checkpoints; keep the file on "
+            f"storage only the job can read, and drop {key_name}"
+        )
+    if mode not in _ENC_MODES:
+        raise ConfigurationError(f"{call}: enc_mode/dec_mode must be one of {list(_ENC_MODES)}, got {mode!r}")
+    if format not in _FORMATS:
+        raise ConfigurationError(f"{call}: format must be one of {list(_FORMATS)}, got {format!r}")
+
+
+def _check_redundancy(call: str, remove_redundancy: Any) -> None:
+    if remove_redundancy is not False:
+        raise NotSupportedYetError(
+            f"not supported yet: {call}(remove_redundancy={remove_redundancy!r}), tessel's checkpoints hold every "
+            "parameter (integrated_save=True) or every slice of a rank (integrated_save=False); drop it"
+        )
+
+
+def _no_more_options(call: str, options: dict) -> None:
+    if options:
+        raise NotSupportedYetError(
+            f"not supported yet: {call} options {sorted(options)}; tessel's {call} takes MindSpore's named arguments"
+        )
 
 
 def _temp_prefix(path: str) -> str:
@@ -128,12 +165,19 @@ def save_checkpoint(
     save_obj: Any,
     ckpt_file_name: str,
     integrated_save: bool = True,
-    async_save: bool = False,
+    async_save: bool | str = False,
     append_dict: dict | None = None,
-    **_: Any,
+    enc_key: bytes | None = None,
+    enc_mode: str = "AES-GCM",
+    choice_func: Any = None,
+    crc_check: bool = False,
+    format: str = "ckpt",
+    **options: Any,
 ) -> None:
-    """Save parameters (of a Cell, or a dict/list of named tensors) to a checkpoint file (".ckpt" appended if
-    the name has no suffix). `append_dict` adds extra named numbers or tensors (e.g. {"epoch_num": 3}).
+    """Save parameters (of a Cell, net.trainable_params(), or a dict/list of named tensors) to a checkpoint file
+    (".ckpt", or ".safetensors" with format="safetensors", appended if the name has no suffix). `append_dict` adds
+    extra named numbers or tensors (e.g. {"epoch_num": 3}); `choice_func(name)` keeps the parameters it returns
+    True for. Every file carries a checksum of its tensors that load_checkpoint verifies, crc_check or not.
 
     With sliced parameters (SEMI_AUTO/AUTO over several ranks) every rank must call it: integrated_save=True
     gathers the full values and writes them once per distinct path; integrated_save=False writes this rank's
@@ -144,8 +188,12 @@ def save_checkpoint(
         from tessel.common.support import not_supported_yet
 
         raise not_supported_yet("save_checkpoint(async_save=True)", "checkpoints are written before save returns")
-    path = _with_suffix(ckpt_file_name)
+    check_file_options("save_checkpoint", enc_key, enc_mode, format, "enc_key")
+    _no_more_options("save_checkpoint", options)
+    path = _with_suffix(ckpt_file_name, format)
     items = _named(save_obj)
+    if choice_func is not None:
+        items = [(name, value) for name, value in items if choice_func(name)]
     metadata: dict[str, str] = {}
     if checkpoint.sliced(v for _, v in items):
         checkpoint.rendezvous("save_checkpoint")
@@ -188,14 +236,23 @@ def load_checkpoint(
     net: Any = None,
     strict_load: bool = False,
     filter_prefix: Any = None,
+    dec_key: bytes | None = None,
+    dec_mode: str = "AES-GCM",
     specify_prefix: Any = None,
     choice_func: Any = None,
-    **_: Any,
+    crc_check: bool = False,
+    remove_redundancy: bool = False,
+    format: str = "ckpt",
+    **options: Any,
 ) -> dict[str, Parameter]:
-    """name -> Parameter of a checkpoint (verified against its checksum); with `net`, also load it into net. A
-    rank's slice file keeps, on each Parameter, the layout it was cut with (loads back into the same slice)."""
+    """name -> Parameter of a checkpoint (verified against its checksum, crc_check or not); with `net`, also load it
+    into net. A rank's slice file keeps, on each Parameter, the layout it was cut with (loads back into the same
+    slice)."""
     import json as _json
 
+    check_file_options("load_checkpoint", dec_key, dec_mode, format, "dec_key")
+    _check_redundancy("load_checkpoint", remove_redundancy)
+    _no_more_options("load_checkpoint", options)
     tensors, metadata = read_checkpoint(ckpt_file_name)
     layouts = _json.loads(metadata.get("layouts", "{}"))
     rank = int(metadata["rank"]) if "rank" in metadata else None
@@ -251,6 +308,8 @@ def load_param_into_net(
 ) -> tuple[list[str], list[str]]:
     """Copy checkpoint values into net's parameters by name; returns (net params not loaded, ckpt names unused)."""
     from tessel.parallel import checkpoint
+
+    _check_redundancy("load_param_into_net", remove_redundancy)
 
     if not isinstance(parameter_dict, dict):
         raise ConfigurationError("load_param_into_net: parameter_dict must be a dict of name -> Parameter/Tensor")
