@@ -24,6 +24,7 @@ import atexit
 import os
 from typing import Any
 
+from tessel.common.support import not_supported_yet
 from tessel.core.errors import ConfigurationError
 from tessel.profiler.recorder import SEGMENT_NAMES, Recorder, describe_graph, file_name
 
@@ -77,14 +78,14 @@ def start(directory: str | os.PathLike) -> Recorder:
     return _recorder
 
 
-def stop() -> str | None:
-    """Stop recording and write the file; returns its path (None when nothing was recording)."""
+def stop(pretty: bool = False) -> str | None:
+    """Stop recording and write the file (indented if `pretty`); returns its path (None when nothing was recording)."""
     global _recorder
     if _recorder is None:
         return None
     recorder, _recorder = _recorder, None
     recorder.enabled = False
-    return str(recorder.write())
+    return str(recorder.write(pretty))
 
 
 def _write_at_exit(recorder: Recorder) -> None:
@@ -149,18 +150,34 @@ class Profiler:
         self._recorder.limit = self._events
 
     def stop(self) -> None:
+        self._finish(pretty=False)
+
+    def _finish(self, pretty: bool) -> None:
         if self._recorder is None or not self._recorder.enabled:
             raise ConfigurationError("Profiler.stop(): the profiler is not recording; call start() first")
         if _recorder is self._recorder:
-            stop()
+            stop(pretty)
         else:
             self._recorder.enabled = False
-            self._recorder.write()
+            self._recorder.write(pretty)
 
-    def analyse(self, **_: Any) -> None:
-        """Stop recording (if still on) and write the timeline; `tessel timeline output_path` summarises it."""
+    def analyse(
+        self, offline_path: Any = None, pretty: bool = False, step_list: Any = None, mode: str = "sync"
+    ) -> None:
+        """Stop recording (if still on) and write the timeline, indented if `pretty`; `tessel timeline output_path`
+        summarises it. The file is written before analyse returns, with mode="async" too."""
+        if offline_path is not None:
+            raise not_supported_yet(
+                f"Profiler.analyse(offline_path={offline_path!r})", "tessel writes the timeline of the run in progress"
+            )
+        if step_list is not None:
+            raise not_supported_yet(
+                f"Profiler.analyse(step_list={step_list!r})", "the timeline holds every recorded step"
+            )
+        if mode not in ("sync", "async"):
+            raise ConfigurationError(f"Profiler.analyse: mode must be 'sync' or 'async', got {mode!r}")
         if self._recorder is not None and self._recorder.enabled:
-            self.stop()
+            self._finish(pretty)
 
     def op_analyse(self, op_name: Any, device_id: int | None = None) -> str:
         raise ConfigurationError(

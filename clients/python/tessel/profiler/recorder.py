@@ -167,12 +167,12 @@ class Recorder:
         other = {"rank": self.rank, "steps": self.steps, "dropped_events": self.dropped}
         return {"traceEvents": meta + self.events, "displayTimeUnit": "ms", "otherData": other}
 
-    def write(self) -> Path:
-        """Write (atomically) `directory/timeline_rank<r>.json`; returns its path."""
+    def write(self, pretty: bool = False) -> Path:
+        """Write (atomically) `directory/timeline_rank<r>.json`, indented if `pretty`; returns its path."""
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / file_name(self.rank)
         temporary = path.with_suffix(f".tmp{os.getpid()}")
-        temporary.write_text(json.dumps(self.trace()))
+        temporary.write_text(json.dumps(self.trace(), indent=1 if pretty else None))
         os.replace(temporary, path)
         return path
 
