@@ -70,3 +70,12 @@ def test_dataset_without_num_shards_warns_that_every_rank_sees_the_same_data(tmp
 def test_data_parallel_errors_name_the_cause_on_every_rank(tmp_path, case, message):
     for out in _run(tmp_path, 2, "dp_errors.py", case):
         assert re.search("caught: .*" + message, out), out
+
+
+@pytest.mark.parametrize("mode", ["model", "sink", "loop"])
+def test_a_layerwise_parallel_parameter_keeps_its_own_gradient_on_each_rank(tmp_path, mode):
+    # MindSpore: no gradient all-reduce for Parameter(layerwise_parallel=True); the others get the ranks' mean.
+    outputs = _run(tmp_path, 2, "dp_layerwise.py", mode)
+    for rank, out in enumerate(outputs):
+        found = re.search(rf"layerwise {mode} ok on rank {rank} of 2: relative error ([^,]+),", out)
+        assert found and float(found.group(1)) <= 1e-5, out

@@ -98,22 +98,24 @@ def shard_config():
 
 
 def parallel_train_program(
-    graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=(), fusion=None
+    graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=(), fusion=None, local=()
 ):
     """(TrainProgram, RankPartition or None, {key: ParamShard}) for the current parallel mode (see the module
     docstring); `fixed()` gives the layouts of parameters an earlier plan of this job sliced; `exclude` names the
     parameters optimizer parallel must leave whole (Parameter(parallel_optimizer=False)). With optimizer parallel
     on, the shards say which parameters this rank reduce-scatters and updates a block of (compiler/
     optimizer_parallel.py). `fusion` maps a parameter key to its comm_fusion index: only gradients of one index
-    share a bucket, index 0 is reduced alone."""
+    share a bucket, index 0 is reduced alone. `local` names the parameters whose gradients data parallelism leaves
+    unreduced (Parameter(layerwise_parallel=True), as MindSpore: each rank updates its own copy)."""
     mode, world = parallel_mode(), world_size()
     config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
         if _gradient_weight != 1.0:  # an uneven batch split (batch_split): see gradient_weight
             graph = weigh_gradients(graph, _gradient_weight)
-        forward = set_fusion(mirror_parameters(graph, keys, tuple(range(world)), mean=mean), fusion or {})
-        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
+        mirrored = [k for k in keys if k not in set(local)]
+        forward = set_fusion(mirror_parameters(graph, mirrored, tuple(range(world)), mean=mean), fusion or {})
+        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude) | set(local))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         try:

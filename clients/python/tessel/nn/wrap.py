@@ -82,8 +82,9 @@ class FusedTrainStep:
             network, micro = GradAccumulation(self.network, steps), steps
         out = network(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
-        # MindSpore's _TrainGradAccuStepCell: the micro-batches' summed loss is differentiated with sens 1/micro.
-        scale = self.sens / micro
+        # MindSpore's _TrainGradAccuStepCell: the micro-batches' summed loss is differentiated with sens 1/micro; the
+        # optimizer divides the gradients by its loss_scale (static loss scaling: sens=S with loss_scale=S).
+        scale = self.sens / micro / self.optimizer.loss_scale
         return (loss * scale, loss) if scale != 1.0 else loss
 
     def _transform(self, graph: Graph, trace: SdkTrace) -> tuple[Graph, list]:
@@ -103,6 +104,7 @@ class FusedTrainStep:
             lambda: _sliced(opt.parameters),
             whole,
             {p.key: p.comm_fusion for p in opt.parameters},
+            local=[p.key for p in opt.parameters if p.layerwise_parallel],
         )
         self._partition_state = program.state
         trace.feeders[opt.lr_key] = opt._lr_feed
@@ -126,7 +128,8 @@ class FusedTrainStep:
             call = Call.of(inputs, {}, self.compiled.arg_names, eng.id)
         if eng.id not in self._checked:
             if rank_step.data_parallel():
-                rank_step.check_replicas([(p.name, p.asnumpy()) for p in self.optimizer.parameters])
+                replicas = [p for p in self.optimizer.parameters if not p.layerwise_parallel]
+                rank_step.check_replicas([(p.name, p.asnumpy()) for p in replicas])
             if self._partition is not None:
                 self._install_partition(eng)
             self._checked.add(eng.id)
@@ -262,39 +265,49 @@ def _run_partitioned(entry, call, step: FusedTrainStep) -> Any:
 
 
 class TrainOneStepCell(Cell):
-    """One training step: loss, gradients (scaled by sens), gradient reduction, optimizer update; returns the loss.
+    """One training step: loss, gradients (scaled by sens), gradient reduction, optimizer update; returns the loss,
+    or with return_grad=True (loss, {parameter name: reduced gradient}) as MindSpore's.
 
-    Called directly it runs as one fused graph on the daemon; a subclass that overrides construct is traced (graph
-    mode) or run step by step (PYNATIVE_MODE) like any cell.
+    Called directly it runs as one fused graph on the daemon; with return_grad, or in a subclass that overrides
+    construct, the step is traced (graph mode) or run step by step (PYNATIVE_MODE) like any cell.
     """
 
-    def __init__(self, network: Cell, optimizer, sens: float = 1.0, return_grad: bool = False):
+    def __init__(self, network: Cell, optimizer, sens: float | None = None, return_grad: bool = False):
         super().__init__(auto_prefix=False)
         from tessel.autograd import GradOperation
 
+        if not isinstance(return_grad, bool):
+            raise ConfigurationError(f"TrainOneStepCell: return_grad must be a bool, got {return_grad!r}")
         self.network = network
         self.network.set_grad()
         self.optimizer = optimizer
         self.weights = optimizer.parameters
         self.grad = GradOperation(get_by_list=True, sens_param=True)
-        self.sens = float(sens)
+        self.sens = 1.0 if sens is None else float(sens)  # None is MindSpore 2.x's default: 1.0
+        self.return_grad = return_grad
         self.grad_reducer = DistributedGradReducer(self.weights)
-        object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, sens))
+        object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens))
 
     def construct(self, *inputs):
         loss = self.network(*inputs)
         sens = F.fill(loss.dtype, loss.shape, self.sens)
         grads = self.grad(self.network, self.weights)(*inputs, sens)
         grads = self.grad_reducer(grads)
-        return F.depend(loss, self.optimizer(grads))
+        loss = F.depend(loss, self.optimizer(grads))
+        if self.return_grad:
+            return loss, {p.name: g for p, g in zip(self.weights, grads)}
+        return loss
+
+    def _runs_fused(self) -> bool:
+        return type(self).construct is TrainOneStepCell.construct and not self.return_grad
 
     def __call__(self, *inputs: Any) -> Any:
-        if current() is None and type(self).construct is TrainOneStepCell.construct:
+        if current() is None and self._runs_fused():
             return self._fused(*inputs)
         return super().__call__(*inputs)
 
     def _compiled_entry(self, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-        if type(self).construct is TrainOneStepCell.construct and not kwargs:
+        if self._runs_fused() and not kwargs:
             return self._fused.prepare(*args)
         return super()._compiled_entry(args, kwargs)
 
@@ -339,8 +352,13 @@ class DistributedGradReducer(Cell):
 
         ranks = group_ranks(self.group)
         scale = 1.0 / (self.degree or len(ranks)) if self.mean else 1.0
+        # As MindSpore's reducer: a layerwise_parallel parameter's gradient stays this rank's own.
+        local = [getattr(p, "layerwise_parallel", False) for p in self._parameters]
         out = []
-        for g in grads:
+        for i, g in enumerate(grads):
+            if i < len(local) and local[i]:
+                out.append(g)
+                continue
             symbolic = trace().to_symbolic(g)
             summed = apply("AllReduce", symbolic, reduce_op="sum", group=ranks, fusion=self.fusion_type)
             out.append(Tensor._wrap_symbolic(summed * scale if scale != 1.0 else summed))
@@ -358,7 +376,8 @@ class DistributedGradReducer(Cell):
 
         eng = engine()
         if eng.id not in self._checked:
-            rank_step.check_replicas([(p.name, p.asnumpy()) for p in self._parameters])
+            replicas = [p for p in self._parameters if not getattr(p, "layerwise_parallel", False)]
+            rank_step.check_replicas([(p.name, p.asnumpy()) for p in replicas])
             self._checked.add(eng.id)
         return tuple(self._compiled(*grads)[1])
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from tessel import context, profiler
 from tessel.common import rank_step
+from tessel.common.support import keyword_options
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
@@ -45,6 +46,21 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigurationError(f"Model: {name} must be an int >= {minimum}, got {value!r}")
     return value
+
+
+# MindSpore's Model(**kwargs): keep_batchnorm_fp32 and boost_config_dict act only with amp_level / boost_level above
+# 'O0', which tessel refuses; a loss scale manager is not supported yet.
+_MODEL_HINTS = {
+    "keep_batchnorm_fp32": "it acts only with amp_level above 'O0'",
+    "boost_config_dict": "it acts only with boost_level above 'O0'",
+}
+_MODEL_UNSUPPORTED = {
+    "loss_scale_manager": (
+        (None,),
+        "for a fixed loss scale S, train TrainOneStepCell(WithLossCell(net, loss_fn), optimizer, sens=S) with the "
+        "optimizer's loss_scale=S",
+    ),
+}
 
 
 class Model:
@@ -64,6 +80,7 @@ class Model:
     ):
         if not isinstance(network, Cell):
             raise ConfigurationError(f"Model: network must be a Cell, got {type(network).__name__}")
+        keyword_options("Model", kwargs, _MODEL_HINTS, _MODEL_UNSUPPORTED)
         if amp_level != "O0" or boost_level != "O0":
             raise ConfigurationError("Model: only amp_level='O0' and boost_level='O0' are supported; use to_float()")
         if eval_indexes is not None and (len(eval_indexes) != 3 or eval_network is None):
@@ -117,7 +134,7 @@ class Model:
         self._check_parallel(train_dataset)
         train_dataset.resume_at_epoch(initial_epoch)  # a resumed run sees the epochs (and shuffles) it would have
         net = self._train_network
-        step = net._fused if type(net).construct is TrainOneStepCell.construct else net
+        step = net._fused if isinstance(net, TrainOneStepCell) and net._runs_fused() else net
         runner = None
         if dataset_sink_mode and isinstance(step, FusedTrainStep) and _serializable(train_dataset):
             runner = self._sink_runner(step, train_dataset)
@@ -255,7 +272,10 @@ class Model:
 
     # --- evaluation and prediction ------------------------------------------------------------------------------
     def eval(self, valid_dataset: Any, callbacks: Any = None, dataset_sink_mode: bool = False) -> dict[str, float]:
-        """The metrics over one pass of valid_dataset (network in inference mode)."""
+        """The metrics over one pass of valid_dataset (network in inference mode). `callbacks` see MindSpore's eval
+        hooks (on_eval_begin, on_eval_epoch_begin, on_eval_step_begin / _end per batch with net_outputs, then
+        on_eval_epoch_end and on_eval_end with `metrics` set); one may stop the pass with request_stop().
+        dataset_sink_mode gives the same metrics either way: batches are fed one step at a time."""
         if not self._metrics:
             raise ConfigurationError("Model.eval needs metrics: Model(..., metrics={'accuracy', 'loss'})")
         _check_dataset(valid_dataset)
@@ -263,18 +283,46 @@ class Model:
         for metric in self._metrics.values():
             metric.clear()
         net.set_train(False)
+        cb = CallbackParam(
+            eval_network=net,
+            valid_dataset=valid_dataset,
+            batch_num=valid_dataset.get_dataset_size(),
+            mode="eval",
+            cur_step_num=0,
+            net_outputs=None,
+            dataset_sink_mode=dataset_sink_mode,
+        )
+        run_context, hooks = RunContext(cb), as_callbacks(callbacks)
+        for hook in hooks:
+            hook.on_eval_begin(run_context)
+        for hook in hooks:
+            hook.on_eval_epoch_begin(run_context)
         for batch in next(_epochs(valid_dataset)):
+            cb["cur_step_num"] += 1
+            for hook in hooks:
+                hook.on_eval_step_begin(run_context)
             if indexes is None:
-                loss, prediction, label = None, net(*batch[:-1]), batch[-1]
+                outputs = net(*batch[:-1])
+                loss, prediction, label = None, outputs, batch[-1]
             else:
                 outputs = net(*batch)
                 loss, prediction, label = (outputs[i] for i in indexes)
+            cb["net_outputs"] = outputs
+            for hook in hooks:
+                hook.on_eval_step_end(run_context)
             for metric in self._metrics.values():
                 if isinstance(metric, Loss):
                     metric.update(loss)
                 else:
                     metric.update(prediction, label)
-        return {name: metric.eval() for name, metric in self._metrics.items()}
+            if run_context._stop_requested:
+                break
+        cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
+        for hook in hooks:
+            hook.on_eval_epoch_end(run_context)
+        for hook in hooks:
+            hook.on_eval_end(run_context)
+        return cb["metrics"]
 
     def _evaluator(self) -> tuple[Cell, tuple[int, int, int] | None]:
         if self._eval_network is not None:

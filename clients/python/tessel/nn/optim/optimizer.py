@@ -50,6 +50,13 @@ def _parse_params(parameters: Any, weight_decay: float) -> tuple[list[Parameter]
         unknown = set(group) - {"params", "weight_decay", "order_params", "grad_centralization"}
         if unknown:
             raise ConfigurationError(f"parameter group keys {sorted(unknown)} are not supported (per-group 'lr')")
+        if group.get("grad_centralization", False) is not False:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                "the parameter group key 'grad_centralization': True",
+                "gradients are applied as computed; drop the key or set it to False",
+            )
         if "order_params" in group:
             order = list(group["order_params"])
             continue
