@@ -140,3 +140,11 @@ def test_grad_centralization_in_a_parameter_group_is_refused(caplog):
     with caplog.at_level(logging.INFO, logger="tessel"):
         ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1), keep_batchnorm_fp32=True)
     assert "keep_batchnorm_fp32=True has no effect in tessel" in caplog.text
+
+
+def test_grad_reducer_fusion_type_zero_means_each_gradient_alone():
+    net = nn.Dense(4, 2)
+    assert nn.DistributedGradReducer(net.trainable_params(), fusion_type=0).fusion_type == 0  # was raised to 1
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="fusion_type must be an int >= 0"):
+            nn.DistributedGradReducer(net.trainable_params(), fusion_type=bad)

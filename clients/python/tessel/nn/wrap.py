@@ -330,7 +330,12 @@ class DistributedGradReducer(Cell):
     ):
         super().__init__(auto_prefix=False)
         self.mean = context.get_auto_parallel_context("gradients_mean") if mean is None else mean
-        self.degree, self.group, self.fusion_type = degree, group, max(1, int(fusion_type))
+        if isinstance(fusion_type, bool) or not isinstance(fusion_type, int) or fusion_type < 0:
+            raise ConfigurationError(
+                f"DistributedGradReducer: fusion_type must be an int >= 0 (0: each gradient reduced alone, as "
+                f"MindSpore's fusion attribute), got {fusion_type!r}"
+            )
+        self.degree, self.group, self.fusion_type = degree, group, fusion_type
         object.__setattr__(self, "_parameters", tuple(parameters))
         object.__setattr__(self, "_checked", set())
         object.__setattr__(
