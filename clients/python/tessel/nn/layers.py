@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import inspect
+import logging
 import math
 from typing import Any
 
 from tessel.common.dtype import DType, ms_name, to_dtype
 from tessel.common.initializer import HeUniform, Uniform, init_array
 from tessel.common.parameter import Parameter
+from tessel.common.support import log_once, not_supported_yet
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
@@ -61,7 +64,7 @@ class Dense(Cell):
         self.weight = make_parameter(weight_init, (out_channels, in_channels), dtype, "weight")
         bias_init = Uniform(1.0 / math.sqrt(in_channels)) if bias_init is None else bias_init
         self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
-        self.activation = get_activation(activation) if isinstance(activation, str) else activation
+        self.activation = get_activation(activation, "Dense") if isinstance(activation, str) else activation
         self.matmul = primitive.MatMul(transpose_b=True)
         self.bias_add = primitive.BiasAdd()
 
@@ -93,6 +96,12 @@ class Flatten(Cell):
 
 
 class Identity(Cell):
+    """Returns its input. As MindSpore's nn.Identity(*args, **kwargs), it takes any arguments and, being a
+    placeholder, uses none of them."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__()
+
     def construct(self, x):
         return x
 
@@ -107,6 +116,13 @@ class Dropout(Cell):
         p = 1.0 - keep_prob if keep_prob is not None else (0.5 if p is None else p)
         if not 0.0 <= p < 1.0:
             raise ConfigurationError(f"Dropout: p must be in [0, 1) (keep_prob in (0, 1]), got p={p}")
+        if to_dtype(dtype) != DType.float32:
+            log_once(
+                "Dropout.dtype",
+                f"Dropout: dtype={ms_name(to_dtype(dtype))} has no effect (MindSpore deprecates the argument); "
+                "the output has the input's dtype",
+                logging.INFO,
+            )
         from tessel.common import seed
 
         self.p, self.seed = float(p), seed.next_op_seed()
@@ -159,18 +175,67 @@ class Embedding(Cell):
         return f"vocab_size={self.vocab_size}, embedding_size={self.embedding_size}"
 
 
-def _activation_cell(name: str, fn, doc: str, **defaults):
+def _activation_cell(name: str, fn, doc: str, check=None, **defaults):
+    """A Cell class whose constructor takes exactly MindSpore's arguments for nn.`name` (`defaults`, in order): an
+    unknown keyword or one argument too many is a TypeError, as Python's; `check` validates the values."""
+    signature = inspect.Signature([inspect.Parameter(k, _KEYWORD, default=v) for k, v in defaults.items()])
+    takes = f"takes {signature}" if defaults else "takes no arguments"
+
     def __init__(self, *args, **kwargs):
         Cell.__init__(self)
-        if len(args) > len(defaults):
-            raise ConfigurationError(f"{name} takes at most {len(defaults)} argument(s) {list(defaults)}, got {args}")
-        for key, value in {**defaults, **dict(zip(defaults, args)), **kwargs}.items():
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as error:
+            raise TypeError(f"{name}() {error}; MindSpore's nn.{name} {takes}") from None
+        bound.apply_defaults()
+        for key, value in bound.arguments.items():
             object.__setattr__(self, key, value)
+        if check is not None:
+            check(self)
 
     def construct(self, x):
         return fn(self, x)
 
-    return type(name, (Cell,), {"__init__": __init__, "construct": construct, "__doc__": doc})
+    def extend_repr(self) -> str:
+        return ", ".join(f"{key}={getattr(self, key)!r}" for key in defaults)
+
+    self_param = inspect.Parameter("self", _KEYWORD)
+    __init__.__signature__ = signature.replace(parameters=[self_param, *signature.parameters.values()])
+    namespace = {"__init__": __init__, "construct": construct, "extend_repr": extend_repr, "__doc__": doc}
+    return type(name, (Cell,), namespace)
+
+
+_KEYWORD = inspect.Parameter.POSITIONAL_OR_KEYWORD
+
+
+def _check_gelu(cell: Cell) -> None:
+    if not isinstance(cell.approximate, bool):
+        raise TypeError(
+            f"GELU: approximate must be a bool (True: the tanh approximation, False: the exact erf form), "
+            f"got {cell.approximate!r}"
+        )
+
+
+def _check_alpha(cell: Cell) -> None:
+    if isinstance(cell.alpha, bool) or not isinstance(cell.alpha, (int, float)):
+        raise TypeError(f"LeakyReLU: alpha must be an int or a float, got {cell.alpha!r}")
+
+
+def _int_axis(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name}: axis must be an int, got {value!r}")
+    return value
+
+
+def _check_softmax_axis(cell: Cell) -> None:
+    axis = cell.axis
+    if isinstance(axis, (tuple, list)):
+        if len(axis) != 1:
+            raise not_supported_yet(
+                f"mindspore.nn.Softmax(axis={axis!r})", "tessel's softmax runs over one axis; pass a single int"
+            )
+        axis = axis[0]
+    object.__setattr__(cell, "axis", _int_axis("Softmax", axis))
 
 
 ReLU = _activation_cell("ReLU", lambda c, x: F.relu(x), "max(x, 0).")
@@ -181,12 +246,23 @@ SiLU = _activation_cell("SiLU", lambda c, x: F.silu(x), "x * sigmoid(x).")
 GELU = _activation_cell(
     "GELU",
     lambda c, x: F.gelu(x, "tanh" if c.approximate else "none"),
-    "GELU (tanh form when approximate).",
+    "GELU: the tanh approximation when approximate (the default), else the exact x * Phi(x).",
+    _check_gelu,
     approximate=True,
 )
-LeakyReLU = _activation_cell("LeakyReLU", lambda c, x: F.leaky_relu(x, c.alpha), "x or alpha*x.", alpha=0.2)
-Softmax = _activation_cell("Softmax", lambda c, x: F.softmax(x, c.axis), "softmax over axis.", axis=-1)
-LogSoftmax = _activation_cell("LogSoftmax", lambda c, x: F.log_softmax(x, c.axis), "log-softmax.", axis=-1)
+LeakyReLU = _activation_cell(
+    "LeakyReLU", lambda c, x: F.leaky_relu(x, c.alpha), "x where x >= 0, else alpha * x.", _check_alpha, alpha=0.2
+)
+Softmax = _activation_cell(
+    "Softmax", lambda c, x: F.softmax(x, c.axis), "softmax over axis.", _check_softmax_axis, axis=-1
+)
+LogSoftmax = _activation_cell(
+    "LogSoftmax",
+    lambda c, x: F.log_softmax(x, c.axis),
+    "log-softmax over axis.",
+    lambda c: _int_axis("LogSoftmax", c.axis),
+    axis=-1,
+)
 
 _ACTIVATIONS = {
     "relu": ReLU,
@@ -202,9 +278,13 @@ _ACTIVATIONS = {
 }
 
 
-def get_activation(name: str, prim_name: str | None = None) -> Cell:
-    """The activation cell called `name` ("relu", "gelu", ...)."""
-    key = name.lower().replace("_", "")
+def get_activation(name: str | None, prim_name: str | None = None) -> Cell | None:
+    """The activation cell called `name` ("relu", "gelu", ...); None for None, as MindSpore's. `prim_name` names the
+    caller in the error for an unknown name."""
+    if name is None:
+        return None
+    key = name.lower().replace("_", "") if isinstance(name, str) else None
     if key not in _ACTIVATIONS:
-        raise ConfigurationError(f"unknown activation {name!r}; use one of {sorted(_ACTIVATIONS)}")
+        where = f"{prim_name}: " if prim_name else ""
+        raise ConfigurationError(f"{where}unknown activation {name!r}; use one of {sorted(_ACTIVATIONS)}")
     return _ACTIVATIONS[key]()

@@ -74,6 +74,16 @@ class _BatchNorm(Cell):
         _positive(self.cls_name, num_features=num_features)
         if not 0.0 <= momentum <= 1.0:
             raise ConfigurationError(f"{self.cls_name}: momentum must be in [0, 1], got {momentum}")
+        if data_format != "NCHW":
+            raise ConfigurationError(
+                f"{self.cls_name}: only data_format='NCHW' is supported (channels on dim 1), got {data_format!r}; "
+                "transpose channels-last input first, e.g. ops.transpose(x, (0, 3, 1, 2)) for NHWC"
+            )
+        if use_batch_statistics is not None and not isinstance(use_batch_statistics, bool):
+            raise ConfigurationError(
+                f"{self.cls_name}: use_batch_statistics must be None (follow set_train), True or False, "
+                f"got {use_batch_statistics!r}"
+            )
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.use_batch_statistics = use_batch_statistics
         shape = (num_features,)

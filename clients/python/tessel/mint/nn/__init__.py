@@ -15,12 +15,14 @@ from typing import Any
 from tessel import nn as _nn
 from tessel.common.dtype import DType
 from tessel.common.support import unsupported_names
+from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN
 from tessel.mint.nn import functional
 
 _WHY = "tessel has no mapping for it yet; use the tessel.nn equivalent if there is one"
 
-# Same arguments and behaviour as mint's.
+# Same arguments and behaviour as mint's. MindSpore's mint.nn.ReLU, Sigmoid and Tanh are its nn cells, which take no
+# arguments (no `inplace`): anything passed is a TypeError, as there.
 Identity = _nn.Identity
 ReLU = _nn.ReLU
 Sigmoid = _nn.Sigmoid
@@ -56,8 +58,14 @@ class _Activation(_nn.Cell):
             setattr(self, name, value)
 
 
+def _check_dim(cell: str, dim: Any) -> None:
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int)):
+        raise TypeError(f"mint.nn.{cell}: dim must be an int or None, got {dim!r}")
+
+
 class ReLU6(_Activation):
     def __init__(self, inplace: bool = False):
+        functional._no_inplace("ReLU6", inplace, "mindspore.mint.nn")
         super().__init__(inplace=inplace)
 
     def construct(self, input):
@@ -66,6 +74,7 @@ class ReLU6(_Activation):
 
 class SiLU(_Activation):
     def __init__(self, inplace: bool = False):
+        functional._no_inplace("SiLU", inplace, "mindspore.mint.nn")
         super().__init__(inplace=inplace)
 
     def construct(self, input):
@@ -76,6 +85,8 @@ class GELU(_Activation):
     """GELU, exact ('none', the default) or with the tanh approximation ('tanh')."""
 
     def __init__(self, approximate: str = "none"):
+        if approximate not in ("none", "tanh"):
+            raise ConfigurationError(f"mint.nn.GELU: approximate must be 'none' or 'tanh', got {approximate!r}")
         super().__init__(approximate=approximate)
 
     def construct(self, input):
@@ -84,6 +95,7 @@ class GELU(_Activation):
 
 class Softmax(_Activation):
     def __init__(self, dim: int | None = None):
+        _check_dim("Softmax", dim)
         super().__init__(dim=dim)
 
     def construct(self, input):
@@ -92,6 +104,7 @@ class Softmax(_Activation):
 
 class LogSoftmax(_Activation):
     def __init__(self, dim: int | None = None):
+        _check_dim("LogSoftmax", dim)
         super().__init__(dim=dim)
 
     def construct(self, input):
@@ -102,6 +115,7 @@ class Dropout(_Activation):
     """Zero each element with probability p while training (set_train), scaling the rest by 1/(1-p)."""
 
     def __init__(self, p: float = 0.5, inplace: bool = False):
+        functional._no_inplace("Dropout", inplace, "mindspore.mint.nn")
         super().__init__(p=p, inplace=inplace)
 
     def construct(self, input):

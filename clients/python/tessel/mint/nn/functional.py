@@ -21,10 +21,10 @@ from tessel.ops import functional as ops
 _WHY = "tessel has no mapping for it yet; use the tessel.ops equivalent if there is one"
 
 
-def _no_inplace(name: str, inplace: bool) -> None:
+def _no_inplace(name: str, inplace: bool, module: str = "mindspore.mint.nn.functional") -> None:
     if inplace:
         raise not_supported_yet(
-            f"mindspore.mint.nn.functional.{name}(inplace=True)",
+            f"{module}.{name}(inplace=True)",
             "tessel does not overwrite input tensors; use the returned tensor (inplace=False)",
         )
 

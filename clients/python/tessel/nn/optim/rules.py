@@ -4,6 +4,7 @@
             (p -= lr * (g + momentum * accum) with nesterov; p -= lr * g without momentum)
 - Momentum: v = momentum * v + g; p -= lr * v (lr * (g + momentum * v) with use_nesterov)
 - Adam:     bias-corrected moments; p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)
+            (with use_nesterov, beta1 * m + (1 - beta1) * g in place of m)
 - AdamWeightDecay: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)
 Weight decay (except AdamWeightDecay's) adds weight_decay * p to the gradient of every parameter whose name
 contains neither "beta" nor "gamma" (MindSpore's default filter), or of the parameter groups that ask for it.
@@ -11,8 +12,10 @@ contains neither "beta" nor "gamma" (MindSpore's default filter), or of the para
 
 from __future__ import annotations
 
+import logging
 from typing import Any, ClassVar
 
+from tessel.common.support import keyword_options, log_once, not_supported_yet
 from tessel.compiler import optimizers as rules
 from tessel.core.errors import ConfigurationError
 from tessel.nn.optim.optimizer import Optimizer
@@ -24,6 +27,12 @@ def _in_range(name: str, value: float, low: float, high: float, closed_high: boo
     ok = low <= value <= high if closed_high else low <= value < high
     if not ok:
         raise ConfigurationError(f"{name} must be in [{low}, {high}{']' if closed_high else ')'}, got {value}")
+
+
+def _bools(optimizer: str, **values: Any) -> None:
+    for name, value in values.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{optimizer}: {name} must be a bool, got {value!r}")
 
 
 class SGD(Optimizer):
@@ -41,6 +50,7 @@ class SGD(Optimizer):
         nesterov: bool = False,
         loss_scale: float = 1.0,
     ):
+        _bools("SGD", nesterov=nesterov)
         if momentum < 0 or (nesterov and (momentum <= 0 or dampening != 0)):
             raise ConfigurationError("SGD: momentum must be >= 0; nesterov needs momentum > 0 and dampening = 0")
         vars(self).update(momentum=float(momentum), dampening=float(dampening), nesterov=nesterov)
@@ -64,6 +74,7 @@ class Momentum(Optimizer):
         loss_scale: float = 1.0,
         use_nesterov: bool = False,
     ):
+        _bools("Momentum", use_nesterov=use_nesterov)
         if momentum < 0:
             raise ConfigurationError(f"Momentum: momentum must be >= 0, got {momentum}")
         vars(self).update(momentum=float(momentum), use_nesterov=use_nesterov)
@@ -71,6 +82,12 @@ class Momentum(Optimizer):
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
         return rules.Momentum(0.0, weight_decay, self.momentum, self.use_nesterov)
+
+
+_ADAM_OPTIONS = {
+    "use_lazy": ((False,), "tessel has no lazy (sparse-row) Adam; every row of every parameter is updated"),
+    "use_offload": ((False,), "tessel runs the Adam update where the parameters live, never offloaded to the host"),
+}
 
 
 class Adam(Optimizer):
@@ -92,10 +109,24 @@ class Adam(Optimizer):
         use_amsgrad: bool = False,
         **kwargs: Any,
     ):
+        keyword_options("Adam", kwargs, unsupported=_ADAM_OPTIONS)
+        _bools("Adam", use_locking=use_locking, use_nesterov=use_nesterov, use_amsgrad=use_amsgrad)
         _in_range("beta1", beta1, 0.0, 1.0)
         _in_range("beta2", beta2, 0.0, 1.0)
-        if eps <= 0 or use_amsgrad:
-            raise ConfigurationError("Adam: eps must be > 0; use_amsgrad is not supported")
+        if eps <= 0:
+            raise ConfigurationError(f"Adam: eps must be > 0, got {eps}")
+        if use_amsgrad:
+            raise not_supported_yet(
+                "mindspore.nn.Adam(use_amsgrad=True)",
+                "tessel's Adam keeps no running maximum of the second moment; use use_amsgrad=False",
+            )
+        if use_locking:
+            log_once(
+                "Adam.use_locking",
+                "Adam: use_locking=True has no effect in tessel; each update is one compiled step that alone writes "
+                "the parameters and moments, so they are never updated concurrently",
+                logging.INFO,
+            )
         vars(self).update(beta1=beta1, beta2=beta2, eps=eps, use_nesterov=use_nesterov)
         super().__init__(learning_rate, params, weight_decay, loss_scale)
 

@@ -1,0 +1,312 @@
+"""MindSpore constructor arguments of nn's activation, normalisation and optimizer cells and of mint.nn's activations:
+each documented argument works (against float64 numpy) or raises at the call; an argument MindSpore does not have is
+Python's TypeError, never swallowed."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+
+import numpy as np
+import pytest
+from sdk_testkit import log_softmax, rand, softmax
+
+import tessel as ms
+from tessel import mint, nn
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
+
+X = rand(3, 4, 5).astype(np.float64)
+
+
+@pytest.fixture(autouse=True)
+def fresh_log_once(monkeypatch):
+    from tessel.core import options
+
+    monkeypatch.setattr(options, "_logged", set())
+
+
+def run(cell, *arrays) -> np.ndarray:
+    return cell(*(ms.Tensor(np.asarray(a, np.float32)) for a in arrays)).asnumpy()
+
+
+def close(got, want, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def signature(cls) -> str:
+    sig = inspect.signature(cls)
+    return str(sig.replace(parameters=[p.replace(annotation=p.empty) for p in sig.parameters.values()]))
+
+
+def gelu_exact(x):
+    return 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2)))
+
+
+def gelu_tanh(x):
+    return 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+# --- 1. nn activation cells ------------------------------------------------------------------------------------------
+
+
+def test_activation_cells_have_mindspores_signatures():
+    assert {cls.__name__: signature(cls) for cls in (nn.ReLU, nn.GELU, nn.LeakyReLU, nn.Softmax, nn.LogSoftmax)} == {
+        "ReLU": "()",
+        "GELU": "(approximate=True)",
+        "LeakyReLU": "(alpha=0.2)",
+        "Softmax": "(axis=-1)",
+        "LogSoftmax": "(axis=-1)",
+    }
+
+
+def test_activation_arguments_work_as_mindspore_documents():
+    close(run(nn.Softmax(axis=0), X), softmax(X, 0))
+    close(run(nn.Softmax(1), X), softmax(X, 1))
+    close(run(nn.Softmax((1,)), X), softmax(X, 1))  # a one-axis tuple, as MindSpore's Union[int, tuple[int]]
+    close(run(nn.LogSoftmax(axis=0), X), log_softmax(X, 0), atol=1e-5)
+    close(run(nn.LogSoftmax(), X), log_softmax(X, -1), atol=1e-5)
+    close(run(nn.GELU(), X), gelu_tanh(X), atol=1e-5)
+    close(run(nn.GELU(approximate=False), X), gelu_exact(X), atol=1e-5)
+    close(run(nn.LeakyReLU(alpha=0.5), X), np.where(X >= 0, X, 0.5 * X))
+    close(run(nn.LeakyReLU(2), X), np.where(X >= 0, X, 2.0 * X))  # an int alpha, and one above 1
+    close(run(nn.LeakyReLU(), X), np.where(X >= 0, X, 0.2 * X))
+    close(run(nn.ReLU6(), X * 4), np.clip(X * 4, 0, 6))
+    close(run(nn.SiLU(), X), X / (1 + np.exp(-X)))
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: nn.Softmax(dim=0), r"Softmax\(\) got an unexpected keyword argument 'dim'; .* takes \(axis=-1\)"),
+        (lambda: nn.LogSoftmax(dim=0), r"LogSoftmax\(\) got an unexpected keyword argument 'dim'"),
+        (lambda: nn.ReLU(inplace=True), r"ReLU\(\) got an unexpected keyword argument 'inplace'; .* no arguments"),
+        (lambda: nn.ReLU(True), r"ReLU\(\) too many positional arguments"),
+        (lambda: nn.Sigmoid(1), r"Sigmoid\(\) too many positional arguments"),
+        (lambda: nn.Tanh(inplace=False), r"Tanh\(\) got an unexpected keyword argument 'inplace'"),
+        (lambda: nn.SiLU(inplace=False), r"SiLU\(\) got an unexpected keyword argument 'inplace'"),
+        (lambda: nn.ReLU6(inplace=False), r"ReLU6\(\) got an unexpected keyword argument 'inplace'"),
+        (lambda: nn.GELU(approximate="tanh"), r"GELU: approximate must be a bool"),
+        (lambda: nn.GELU(True, False), r"GELU\(\) too many positional arguments"),
+        (lambda: nn.LeakyReLU(negative_slope=0.1), r"LeakyReLU\(\) got an unexpected keyword argument"),
+        (lambda: nn.LeakyReLU(alpha="0.1"), r"LeakyReLU: alpha must be an int or a float"),
+        (lambda: nn.Softmax(0, axis=1), r"Softmax\(\) multiple values for argument 'axis'"),
+        (lambda: nn.Softmax(axis=1.0), r"Softmax: axis must be an int"),
+        (lambda: nn.LogSoftmax(axis=(0,)), r"LogSoftmax: axis must be an int"),
+    ],
+)
+def test_activation_cells_refuse_what_mindspore_does_not_take(make, message):
+    with pytest.raises(TypeError, match=message):
+        make()
+
+
+def test_softmax_over_several_axes_is_refused():
+    with pytest.raises(NotSupportedYetError, match=r"mindspore.nn.Softmax\(axis=\(0, 1\)\), .*one axis"):
+        nn.Softmax(axis=(0, 1))
+
+
+def test_get_activation_none_and_caller_name():
+    assert nn.get_activation(None) is None
+    assert isinstance(nn.get_activation("leaky_relu"), nn.LeakyReLU)
+    with pytest.raises(ConfigurationError, match="Dense: unknown activation 'swishy'"):
+        nn.get_activation("swishy", prim_name="Dense")
+    with pytest.raises(ConfigurationError, match="Dense: unknown activation 'reluu'"):
+        nn.Dense(3, 2, activation="reluu")
+
+
+def test_identity_takes_and_ignores_any_argument_as_mindspore_documents():
+    cell = nn.Identity(3, "anything", auto_prefix=False)
+    assert cell._auto_prefix is True  # not passed on to Cell
+    close(run(cell, X), X)
+
+
+def test_dropout_dtype_is_logged_once_as_having_no_effect(caplog):
+    with caplog.at_level(logging.INFO, logger="tessel"):
+        nn.Dropout(p=0.1, dtype=ms.float16)
+        nn.Dropout(p=0.1, dtype=ms.float16)
+        nn.Dropout(p=0.1)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Dropout: dtype=Float16 has no effect (MindSpore deprecates the argument); the output has the input's dtype"
+    ]
+
+
+# --- 2. mint.nn activations ------------------------------------------------------------------------------------------
+
+
+def test_mint_activations_have_mints_signatures():
+    assert {cls.__name__: signature(cls) for cls in (mint.nn.ReLU, mint.nn.Sigmoid, mint.nn.Tanh)} == {
+        "ReLU": "()",
+        "Sigmoid": "()",
+        "Tanh": "()",
+    }
+    assert signature(mint.nn.ReLU6) == signature(mint.nn.SiLU) == "(inplace=False)"
+    assert signature(mint.nn.Dropout) == "(p=0.5, inplace=False)"
+    assert signature(mint.nn.GELU) == "(approximate='none')"
+    assert signature(mint.nn.Softmax) == signature(mint.nn.LogSoftmax) == "(dim=None)"
+
+
+def test_mint_relu_sigmoid_tanh_take_no_inplace_as_mindspores():
+    for cls in (mint.nn.ReLU, mint.nn.Sigmoid, mint.nn.Tanh):
+        for value in (True, False):
+            with pytest.raises(TypeError, match=rf"{cls.__name__}\(\) got an unexpected keyword argument 'inplace'"):
+                cls(inplace=value)
+    close(run(mint.nn.ReLU(), X), np.maximum(X, 0))
+    close(run(mint.nn.Sigmoid(), X), 1 / (1 + np.exp(-X)))
+    close(run(mint.nn.Tanh(), X), np.tanh(X))
+
+
+@pytest.mark.parametrize(("name", "make"), [("ReLU6", mint.nn.ReLU6), ("SiLU", mint.nn.SiLU), ("Dropout", None)])
+def test_mint_inplace_true_is_refused_at_the_call(name, make):
+    make = make or (lambda inplace: mint.nn.Dropout(0.5, inplace=inplace))
+    with pytest.raises(NotSupportedYetError, match=rf"mindspore.mint.nn.{name}\(inplace=True\), tessel does not"):
+        make(inplace=True)
+    make(inplace=False)
+
+
+def test_mint_activation_arguments_work():
+    close(run(mint.nn.ReLU6(inplace=False), X * 4), np.clip(X * 4, 0, 6))
+    close(run(mint.nn.SiLU(inplace=False), X), X / (1 + np.exp(-X)))
+    close(run(mint.nn.GELU(), X), gelu_exact(X), atol=1e-5)
+    close(run(mint.nn.GELU(approximate="tanh"), X), gelu_tanh(X), atol=1e-5)
+    close(run(mint.nn.Softmax(dim=0), X), softmax(X, 0))
+    close(run(mint.nn.LogSoftmax(dim=1), X), log_softmax(X, 1), atol=1e-5)
+    dropout = mint.nn.Dropout(p=0.5, inplace=False)
+    close(run(dropout, X), X)  # not training: the identity
+    with pytest.raises(ConfigurationError, match="approximate must be 'none' or 'tanh', got 'exact'"):
+        mint.nn.GELU("exact")
+    with pytest.raises(TypeError, match=r"dim must be an int or None, got 1\.5"):
+        mint.nn.Softmax(dim=1.5)
+
+
+# --- 3. normalisation cells ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [nn.BatchNorm1d, nn.BatchNorm2d])
+def test_batch_norm_refuses_channels_last(cls):
+    with pytest.raises(ConfigurationError, match=rf"{cls.__name__}: only data_format='NCHW' .* got 'NHWC'; transpose"):
+        cls(3, data_format="NHWC")
+    cls(3, data_format="NCHW")
+    with pytest.raises(ConfigurationError, match=r"use_batch_statistics must be None .* got 'yes'"):
+        cls(3, use_batch_statistics="yes")
+
+
+def test_batch_norm_initial_values_and_use_batch_statistics_are_honoured():
+    x = rand(4, 3, 2, 2) * 2 + 1
+    mean0, var0 = np.array([0.5, -1.0, 2.0]), np.array([4.0, 0.25, 1.0])
+    gamma, beta = np.array([1.5, 0.5, 2.0]), np.array([0.1, -0.2, 0.3])
+    make = lambda **kw: nn.BatchNorm2d(  # noqa: E731
+        3,
+        eps=1e-3,
+        gamma_init=ms.Tensor(gamma.astype(np.float32)),
+        beta_init=ms.Tensor(beta.astype(np.float32)),
+        moving_mean_init=ms.Tensor(mean0.astype(np.float32)),
+        moving_var_init=ms.Tensor(var0.astype(np.float32)),
+        **kw,
+    )
+    per_channel = lambda v: v[None, :, None, None]  # noqa: E731
+
+    def normalised(mean, var):
+        return (x - per_channel(mean)) / np.sqrt(per_channel(var) + 1e-3) * per_channel(gamma) + per_channel(beta)
+
+    # use_batch_statistics=False: the moving statistics even while training, and they stay as they were.
+    frozen = make(use_batch_statistics=False).set_train(True)
+    close(run(frozen, x), normalised(mean0, var0), rtol=1e-4, atol=1e-5)
+    close(frozen.moving_mean.asnumpy(), mean0)
+    # use_batch_statistics=True: this batch's statistics even in eval mode, tracked into the moving ones.
+    batch = make(use_batch_statistics=True).set_train(False)
+    mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3))
+    close(run(batch, x), normalised(mean, var), rtol=1e-4, atol=1e-5)
+    close(batch.moving_mean.asnumpy(), 0.9 * mean0 + 0.1 * mean, rtol=1e-5)
+    # None follows set_train: eval uses the moving statistics.
+    close(run(make(), x), normalised(mean0, var0), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_affine_false_freezes_gamma_and_beta():
+    bn = nn.BatchNorm1d(3, affine=False)
+    assert not bn.gamma.requires_grad and not bn.beta.requires_grad
+    assert bn.trainable_params() == []
+    assert all(p.requires_grad for p in nn.BatchNorm1d(3).trainable_params())
+
+
+def test_layer_norm_begin_axes_and_epsilon_are_honoured():
+    x = rand(2, 3, 4) * 3
+    norm = nn.LayerNorm((4,), begin_norm_axis=1, begin_params_axis=-1, epsilon=1e-2)
+    gamma, beta = rand(4, seed=1), rand(4, seed=2)
+    norm.gamma.set_data(ms.Tensor(gamma))
+    norm.beta.set_data(ms.Tensor(beta))
+    x64 = x.astype(np.float64)
+    mean, var = x64.mean((1, 2), keepdims=True), x64.var((1, 2), keepdims=True)
+    close(run(norm, x), (x64 - mean) / np.sqrt(var + 1e-2) * gamma + beta, rtol=1e-4, atol=1e-5)
+    both = nn.LayerNorm((3, 4), begin_norm_axis=1, begin_params_axis=1)
+    close(run(both, x), (x64 - mean) / np.sqrt(var + 1e-7), rtol=1e-4, atol=1e-5)
+
+
+# --- 4. optimizers ---------------------------------------------------------------------------------------------------
+
+
+def _params():
+    return [ms.Parameter(ms.Tensor(rand(3, 2)), name="w"), ms.Parameter(ms.Tensor(rand(2, seed=1)), name="b")]
+
+
+def test_adam_keyword_options_are_checked():
+    Adam = nn.Adam
+    Adam(_params(), use_lazy=False, use_offload=False)
+    for option in ("use_lazy", "use_offload"):
+        with pytest.raises(NotSupportedYetError, match=rf"not supported yet: Adam\({option}=True\), tessel "):
+            Adam(_params(), **{option: True})
+    with pytest.raises(TypeError, match=r"Adam\(\) got an unexpected keyword argument 'use_lazzy'; its keyword"):
+        Adam(_params(), use_lazzy=True)
+    with pytest.raises(NotSupportedYetError, match=r"mindspore.nn.Adam\(use_amsgrad=True\), .*running maximum"):
+        Adam(_params(), use_amsgrad=True)
+    with pytest.raises(ConfigurationError, match="Adam: eps must be > 0, got 0"):
+        Adam(_params(), eps=0)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: nn.Adam(p, use_nesterov=1), "Adam: use_nesterov must be a bool, got 1"),
+        (lambda p: nn.Adam(p, use_locking="yes"), "Adam: use_locking must be a bool"),
+        (lambda p: nn.SGD(p, momentum=0.9, nesterov=1), "SGD: nesterov must be a bool"),
+        (lambda p: nn.Momentum(p, 0.1, 0.9, use_nesterov=None), "Momentum: use_nesterov must be a bool"),
+    ],
+)
+def test_optimizer_flags_must_be_bools(make, message):
+    with pytest.raises(TypeError, match=message):
+        make(_params())
+
+
+def numpy_adam(start, grads, lr, nesterov, b1=0.9, b2=0.999, eps=1e-8):
+    """MindSpore's Adam (ops.Adam) in float64; with use_nesterov, beta1 * m + (1 - beta1) * g in place of m."""
+    params = [p.astype(np.float64) for p in start]
+    state = [(np.zeros_like(p), np.zeros_like(p)) for p in params]
+    for t, step in enumerate(grads, start=1):
+        for i, (p, g) in enumerate(zip(params, step)):
+            g = g.astype(np.float64)
+            m, v = state[i]
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+            state[i] = (m, v)
+            direction = b1 * m + (1 - b1) * g if nesterov else m
+            p -= lr * math.sqrt(1 - b2**t) / (1 - b1**t) * direction / (np.sqrt(v) + eps)
+    return params
+
+
+@pytest.mark.parametrize("use_nesterov", [False, True])
+def test_adam_use_nesterov_and_use_locking_match_mindspores_formula(use_nesterov, caplog):
+    grads = [[rand(3, 2, seed=10 + s), rand(2, seed=20 + s)] for s in range(3)]
+    params = _params()
+    start = [p.asnumpy().copy() for p in params]
+    with caplog.at_level(logging.INFO, logger="tessel"):
+        optimizer = nn.Adam(params, learning_rate=0.05, use_nesterov=use_nesterov, use_locking=True)
+        nn.Adam(_params(), use_locking=True)
+    assert [r.getMessage() for r in caplog.records if "use_locking" in r.getMessage()] == [
+        "Adam: use_locking=True has no effect in tessel; each update is one compiled step that alone writes the "
+        "parameters and moments, so they are never updated concurrently"
+    ]
+    for step in grads:
+        optimizer(tuple(ms.Tensor(g) for g in step))
+    want = numpy_adam(start, grads, 0.05, use_nesterov)
+    for param, expected in zip(params, want):
+        close(param.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    if use_nesterov:  # the two forms differ, so the flag is read
+        assert not np.allclose(numpy_adam(start, grads, 0.05, False)[0], want[0], atol=1e-6)
