@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.options import keyword_options
+from tessel.core.options import keyword_options, not_supported_yet
 from tessel.dataset.core import WORKER_HINTS, Block, Dataset, EpochContext, block_rows, check_workers
 from tessel.dataset.ops import column_list
 from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
@@ -44,6 +44,17 @@ class GeneratorDataset(Dataset):
         super().__init__()
         where = "GeneratorDataset"
         check_workers(where, None if num_parallel_workers == 1 else num_parallel_workers)
+        if schema is not None:
+            raise not_supported_yet(
+                f"{where}(schema=...)", "tessel has no dataset Schema; give column_names (and column_types) instead"
+            )
+        if not isinstance(python_multiprocessing, bool):
+            raise ConfigurationError(
+                f"{where}: python_multiprocessing must be a bool (MindSpore's default True), "
+                f"got {python_multiprocessing!r}"
+            )
+        if not python_multiprocessing:  # True is MindSpore's default; False changes nothing here either
+            keyword_options(where, {"python_multiprocessing": python_multiprocessing}, WORKER_HINTS)
         if max_rowsize is not None:
             keyword_options(where, {"max_rowsize": max_rowsize}, WORKER_HINTS)
         if column_names is None:

@@ -52,10 +52,20 @@ class _GradFunction:
     """fn with gradients: returns (value, grads), grads, or (grads, aux) depending on how it was made."""
 
     def __init__(
-        self, fn: Callable, positions: Any, weights: Any, has_aux: bool, layout: Callable, sens_param: bool = False
+        self,
+        fn: Callable,
+        positions: Any,
+        weights: Any,
+        has_aux: bool,
+        layout: Callable,
+        sens_param: bool = False,
+        return_ids: bool = False,
     ):
         if positions is None and weights is None:
             raise ConfigurationError("value_and_grad/grad: grad_position and weights cannot both be None")
+        if not isinstance(return_ids, bool):
+            raise ConfigurationError(f"value_and_grad/grad: return_ids must be a bool, got {return_ids!r}")
+        self.return_ids = return_ids
         self.fn, self.positions, self.has_aux, self.layout, self.sens_param = fn, positions, has_aux, layout, sens_param
         self.single_weight = isinstance(weights, Parameter)
         self.weights = [weights] if self.single_weight else (None if weights is None else list(weights))
@@ -73,7 +83,28 @@ class _GradFunction:
             value, grads = self._emit(*args)
         else:
             value, grads = self.compiled(*args)
+        if self.return_ids:
+            grads = self._with_ids(grads, len(args) - self.sens_param)
         return self.layout(value, grads)
+
+    def _with_ids(self, grads: Any, count: int) -> Any:
+        """return_ids=True: each gradient as (its input's position, grad) or (its weight's name, grad), in the
+        same structure as without ids."""
+        positions = self._positions(count)
+
+        def inputs(found: Any) -> Any:
+            return (positions[0], found) if isinstance(self.positions, int) else tuple(zip(positions, found))
+
+        def weights(found: Any) -> Any:
+            if self.single_weight:
+                return (self.weights[0].name, found)
+            return tuple((w.name, g) for w, g in zip(self.weights, found))
+
+        if self.positions is None:
+            return weights(grads)
+        if self.weights is None:
+            return inputs(grads)
+        return inputs(grads[0]), weights(grads[1])
 
     def _positions(self, count: int) -> tuple[int, ...]:
         if self.positions is None:
@@ -140,9 +171,14 @@ def value_and_grad(
 
     Gradients: of the inputs at grad_position (a Tensor for an int, a tuple for a tuple), of `weights` (a tuple,
     or one Tensor for one Parameter), or (input grads, weight grads) when both are given. With has_aux=True fn
-    returns (loss, aux...) and only loss is differentiated; otherwise every output contributes (summed).
+    returns (loss, aux...) and only loss is differentiated; otherwise every output contributes (summed). With
+    return_ids=True each gradient comes as (input position, grad) or (parameter name, grad), in the same structure:
+
+        >>> _, ((i, dx), ((name, dw),)) = ms.value_and_grad(net, 0, [net.w], return_ids=True)(x)   # i 0, name "w"
     """
-    return _GradFunction(fn, grad_position, weights, has_aux, lambda value, grads: (value, grads))
+    return _GradFunction(
+        fn, grad_position, weights, has_aux, lambda value, grads: (value, grads), return_ids=return_ids
+    )
 
 
 def grad(
@@ -152,12 +188,13 @@ def grad(
     has_aux: bool = False,
     return_ids: bool = False,
 ) -> Callable:
-    """A function returning fn's gradients (and the aux outputs, as (grads, aux), with has_aux=True)."""
+    """A function returning fn's gradients (and the aux outputs, as (grads, aux), with has_aux=True); with
+    return_ids=True each gradient comes as (input position, grad) or (parameter name, grad), as value_and_grad's."""
 
     def layout(value, grads):
         return (grads, tuple(value[1:])) if has_aux else grads
 
-    return _GradFunction(fn, grad_position, weights, has_aux, layout)
+    return _GradFunction(fn, grad_position, weights, has_aux, layout, return_ids=return_ids)
 
 
 class GradOperation:

@@ -21,6 +21,7 @@ from tessel.common.dtype import ms_name
 from tessel.common.initializer import Deferred
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError, TesselError
+from tessel.core.options import not_supported_yet
 
 DEFAULT_NAME = "Parameter"
 _serials = itertools.count()
@@ -101,7 +102,15 @@ class Parameter(Tensor):
         return self._array is None and self._deferred is not None
 
     def init_data(self, layout: Any = None, set_sliced: bool = False) -> Parameter:
-        """Draw the value now (MindSpore `init_data`): the whole tensor, or this rank's slice once laid out."""
+        """Draw the value now (MindSpore `init_data`): the whole tensor, or this rank's slice once laid out.
+        `layout` and `set_sliced` (MindSpore's own slicing of the parameter) are not supported yet."""
+        if layout is not None or set_sliced is not False:
+            given = "layout" if layout is not None else "set_sliced"
+            value = layout if layout is not None else set_sliced
+            raise not_supported_yet(
+                f"Parameter.init_data({given}={value!r})",
+                "tessel slices parameters by its own plan; call init_data() without layout and set_sliced",
+            )
         if self.has_init:
             self._draw()
         return self

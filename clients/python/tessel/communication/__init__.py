@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from tessel.communication import runtime as _rt
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import log_once, not_supported_yet
 
 
 class GlobalComm:
@@ -54,9 +55,25 @@ def _warn_compiler_only_env() -> list[str]:
 _warned_env: set[str] = set()
 
 
+# MindSpore's backend names (Ascend, GPU, CPU); None infers it from the device target.
+BACKEND_NAMES = ("hccl", "nccl", "mccl")
+
+
 def init(backend_name: str | None = None) -> None:
-    """Join the job (or start a world of 1). `backend_name` ("hccl", "nccl", "mccl", …) is accepted and ignored:
-    each daemon's plugin picks its native collectives."""
+    """Join the job (or start a world of 1). `backend_name` is None or one of MindSpore's "hccl", "nccl", "mccl";
+    any of them gives the same collectives: each daemon's plugin picks its native ones (logged once)."""
+    if backend_name is not None:
+        if backend_name not in BACKEND_NAMES:
+            raise ConfigurationError(
+                f"init(backend_name={backend_name!r}): backend_name must be None or one of "
+                f"{', '.join(map(repr, BACKEND_NAMES))} (MindSpore's names); pass None to let tessel choose"
+            )
+        log_once(
+            f"communication.init.{backend_name}",
+            f"init(backend_name={backend_name!r}): tessel's daemons pick their device's native collectives, "
+            "whatever the backend name",
+            logging.INFO,
+        )
     _warn_compiler_only_env()
     _rt.init()
     GlobalComm.INITED = True
@@ -86,15 +103,32 @@ def get_group_size(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
     return len(_ranks(group))
 
 
+def _local_ranks(group: str | None, call: str) -> list[int]:
+    """The ranks of `group` on this process's host (world ranks, in group order)."""
+    runtime = _rt.current()
+    ranks = _ranks(group)
+    if runtime.rank not in ranks:
+        raise ConfigurationError(f"{call}: rank {runtime.rank} is not in group {group!r} (ranks {list(ranks)})")
+    if len(runtime.hosts) != runtime.world_size:
+        raise not_supported_yet(f"{call}(group={group!r})", "this runtime does not know which host each rank is on")
+    here = runtime.hosts[runtime.rank]
+    return [r for r in ranks if runtime.hosts[r] == here]
+
+
 def get_local_rank(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
-    """Rank among the processes of this job on this host."""
-    _ranks(group)
-    return _rt.current().local_rank
+    """This process's rank among the ranks of `group` on its host (the world by default)."""
+    if group in _WORLD_ALIASES:
+        _ranks(group)
+        return _rt.current().local_rank
+    return _local_ranks(group, "get_local_rank").index(_rt.current().rank)
 
 
 def get_local_rank_size(group: str = GlobalComm.WORLD_COMM_GROUP) -> int:
-    _ranks(group)
-    return _rt.current().local_size
+    """How many ranks of `group` are on this process's host (the world by default)."""
+    if group in _WORLD_ALIASES:
+        _ranks(group)
+        return _rt.current().local_size
+    return len(_local_ranks(group, "get_local_rank_size"))
 
 
 def get_world_rank_from_group_rank(group: str, group_rank_id: int) -> int:

@@ -159,6 +159,7 @@ class Runtime:
     failure: str | None = None
     culprit_rank: int = -1
     started: Started | None = None  # the coordinator / daemon this rank started for its job (bootstrap)
+    hosts: tuple[str, ...] = ()  # the host of each world rank (equal: same host); empty when not known
 
     def check(self) -> None:
         if self.failure is not None:
@@ -195,7 +196,7 @@ def _embedded(env: LaunchEnv) -> Runtime:
     plugin = load_plugin(env.own_plugin, device_id=device, threads=threads)
     daemon = LocalDaemon(DaemonCore(plugin))
     session = daemon.open_session(env.job_id, 0, 1)
-    runtime = Runtime(env.job_id, 0, 1, 0, 1, daemon, session)
+    runtime = Runtime(env.job_id, 0, 1, 0, 1, daemon, session, hosts=(socket.gethostname(),))
     context._bind_daemon([plugin.name], plugin.name, plugin.device.device_id, 1)
     return runtime
 
@@ -213,7 +214,7 @@ def _simulated(level_rank_world: tuple[int, int, int]) -> Runtime:
     daemon = SimulatedDaemon(DaemonCore(plugin), rank, world)
     session = daemon.open_session("simulation", 0, 1)
     context._bind_daemon([plugin.name], plugin.name, plugin.device.device_id, world)
-    return Runtime("simulation", rank, world, rank, world, daemon, session)
+    return Runtime("simulation", rank, world, rank, world, daemon, session, hosts=("simulated",) * world)
 
 
 def _distributed(env: LaunchEnv) -> Runtime:
@@ -279,6 +280,7 @@ def _join(env: LaunchEnv, address: str, token: str, daemon_id: str, started: Sta
         env.job_id, reply.rank, reply.world_size, reply.local_rank, reply.local_size, daemon, session, coordinator
     )
     runtime.started = started
+    runtime.hosts = hosts_of(reply.members, reply.world_size)
     _check_device_target(reply)
 
     def on_event(event) -> None:
@@ -289,6 +291,15 @@ def _join(env: LaunchEnv, address: str, token: str, daemon_id: str, started: Sta
     runtime.heartbeat = coordinator.heartbeat(member, on_event)
     supervision.install(runtime)  # failures and exit statuses reach the coordinator with their culprit
     return runtime
+
+
+def hosts_of(members, world_size: int) -> tuple[str, ...]:
+    """The host of each world rank, from the job's members (the coordinator's host_id: equal on one host); empty
+    when the members do not name every rank once."""
+    by_rank = {m.rank: m.host_id for m in members}
+    if len(members) != world_size or sorted(by_rank) != list(range(world_size)):
+        return ()
+    return tuple(by_rank[r] for r in range(world_size))
 
 
 def _check_device_target(reply) -> None:

@@ -106,16 +106,17 @@ class AutoParallel(Cell):
         self._apply()
 
     def comm_fusion(self, config: dict) -> None:
-        """Fusion of the gradients' collectives: {"allreduce": {"mode": "size", "config": MB}} sets the bucket
-        size; other keys are not supported yet."""
+        """Fusion of the gradients' collectives, as set_auto_parallel_context(comm_fusion=config):
+        {"allreduce": {"mode": "size", "config": MB}} sets the bucket size; "openstate" True (the default) is
+        accepted, False and the other keys are not supported yet."""
         if config is not None and not isinstance(config, dict):
             raise TypeError(f"The parameter '{config}' must be {dict}, but got {type(config)}.")
         unknown = sorted(set(config or {}) - {"allreduce", "openstate"})
         if unknown:
             raise not_supported_yet(f"AutoParallel.comm_fusion {unknown}", "only gradient all-reduce buckets are fused")
+        if config:  # the context checks every key it is given (openstate=False is refused there)
+            context.set_auto_parallel_context(comm_fusion=dict(config))
         self._comm_fusion_config = dict(config or {})
-        if "allreduce" in self._comm_fusion_config:
-            context.set_auto_parallel_context(comm_fusion={"allreduce": self._comm_fusion_config["allreduce"]})
 
     def get_pipeline_stages(self) -> int:
         return self._pipeline_stages

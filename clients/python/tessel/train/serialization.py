@@ -306,26 +306,62 @@ def _keep(name: str, filter_prefix: Any, specify_prefix: Any, choice_func: Any) 
 def load_param_into_net(
     net: Any, parameter_dict: dict, strict_load: bool = False, remove_redundancy: bool = False
 ) -> tuple[list[str], list[str]]:
-    """Copy checkpoint values into net's parameters by name; returns (net params not loaded, ckpt names unused)."""
+    """Copy checkpoint values into net's parameters by name; returns (net params not loaded, ckpt names unused).
+
+    As MindSpore's: strict_load=True loads exact names only, and a value must have the parameter's dtype.
+    strict_load=False (the default) also casts a value to the parameter's dtype, and loads parameters whose
+    checkpoint name has an extra prefix (a checkpoint saved from a wrapped network, "network.fc.weight" for
+    "fc.weight"): the first unloaded parameter that ends a checkpoint name gives the prefix, every unloaded
+    parameter found under prefix + its name is loaded, and this repeats while it finds new ones.
+
+        >>> not_loaded, unused = ms.load_param_into_net(net, ms.load_checkpoint("train_net.ckpt"))
+    """
+    import logging
+
     from tessel.parallel import checkpoint
 
     _check_redundancy("load_param_into_net", remove_redundancy)
-
+    if not isinstance(strict_load, bool):
+        raise ConfigurationError(f"load_param_into_net: strict_load must be a bool, got {strict_load!r}")
     if not isinstance(parameter_dict, dict):
         raise ConfigurationError("load_param_into_net: parameter_dict must be a dict of name -> Parameter/Tensor")
-    used, not_loaded = set(), []
-    for param in net.get_parameters():
-        value = parameter_dict.get(param.name)
-        if value is None:
-            not_loaded.append(param.name)
-            continue
+    used: set[str] = set()
+
+    def load(param: Parameter, name: str) -> None:
+        value = parameter_dict[name]
         array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
+        if strict_load and array.dtype != param.dtype.numpy:
+            raise ConfigurationError(
+                f"load_param_into_net(strict_load=True): {name!r} is {array.dtype} in the checkpoint but parameter "
+                f"{param.name!r} is {param.dtype.numpy}; strict loading keeps dtypes, pass strict_load=False to cast"
+            )
         saved, rank = getattr(value, "_saved", (None, None))
         checkpoint.load_value(param, array, saved, rank)
-        used.add(param.name)
-    if strict_load and not_loaded:
-        raise ConfigurationError(f"load_param_into_net(strict_load=True): not in the checkpoint: {not_loaded}")
-    return not_loaded, [name for name in parameter_dict if name not in used]
+        used.add(name)
+
+    not_loaded = []
+    for param in net.get_parameters():
+        if parameter_dict.get(param.name) is None:
+            not_loaded.append(param)
+        else:
+            load(param, param.name)
+    while not strict_load and not_loaded:  # MindSpore's prefix matching (_load_dismatch_prefix_params)
+        ends = ((key, p.name) for p in not_loaded for key in parameter_dict if key != p.name and key.endswith(p.name))
+        prefix = next((key[: -len(name)] for key, name in ends), "")
+        found = [p for p in not_loaded if prefix and parameter_dict.get(prefix + p.name) is not None]
+        if not found:
+            break
+        logging.getLogger("tessel").warning("load_param_into_net: loading names with prefix %r removed", prefix)
+        for param in found:
+            load(param, prefix + param.name)
+        loaded_now = {id(p) for p in found}
+        not_loaded = [p for p in not_loaded if id(p) not in loaded_now]
+    names = [p.name for p in not_loaded]
+    if names:
+        logging.getLogger("tessel").warning(
+            "load_param_into_net: %d parameter(s) of the network are not in the checkpoint: %s", len(names), names
+        )
+    return names, [name for name in parameter_dict if name not in used]
 
 
 def export(net: Any, *inputs: Any, file_name: str, file_format: str = "AIR", **kwargs: Any) -> None:
