@@ -368,7 +368,7 @@ class Tensor:
         return F.transpose(self, _varargs(perm))
 
     def flatten(self, order: str = "C", *, start_dim: int = 0, end_dim: int = -1) -> Tensor:
-        return F.flatten(self, start_dim=start_dim, end_dim=end_dim)
+        return F.flatten(self, order, start_dim=start_dim, end_dim=end_dim)
 
     def squeeze(self, axis=None) -> Tensor:
         return F.squeeze(self, axis)

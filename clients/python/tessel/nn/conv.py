@@ -11,8 +11,8 @@ from tessel.common.support import keyword_options
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
-from tessel.ops import functional as F
 from tessel.ops import primitive
+from tessel.ops.nn_functional import pool2d
 
 
 def _pair(value: Any, name: str) -> tuple[int, int]:
@@ -128,7 +128,7 @@ class MaxPool2d(_Pool2d):
     }
 
     def construct(self, x):
-        return F.max_pool2d(x, self.kernel_size, self.stride, self.padding, self.pad_mode)
+        return pool2d("MaxPool", x, self.kernel_size, self.stride, self.padding, self.pad_mode, "MaxPool2d")
 
 
 class AvgPool2d(_Pool2d):
@@ -142,4 +142,13 @@ class AvgPool2d(_Pool2d):
 
     def construct(self, x):
         include = self.options.get("count_include_pad", True)
-        return F.avg_pool2d(x, self.kernel_size, self.stride, self.padding, include, self.pad_mode)
+        return pool2d(
+            "AvgPool",
+            x,
+            self.kernel_size,
+            self.stride,
+            self.padding,
+            self.pad_mode,
+            "AvgPool2d",
+            count_include_pad=include,
+        )

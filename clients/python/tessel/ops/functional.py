@@ -84,9 +84,22 @@ def dtype_of(x: Any) -> DType:
 
 
 def div(input: Any, other: Any, rounding_mode: str | None = None) -> Tensor:
-    """True division; integer inputs divide as float32 (MindSpore `ops.div`)."""
+    """input / other (MindSpore `ops.div`): rounding_mode None is true division (integers divide as float32);
+    'floor' rounds the quotient down and 'trunc' towards zero, both keeping integer inputs integer."""
     if rounding_mode == "floor":
         return floor_divide(input, other)
+    if rounding_mode == "trunc":
+        ints = dtype_of(input).is_int and dtype_of(other).is_int
+        # integers divide through float64, as floor_divide, so that the quotient is exact below 2**53
+        wide = [cast(v, DType.float64) if _is_tensor(v) else float(v) for v in (input, other)] if ints else None
+        quotient = apply_op("Div", *wide) if ints else apply_op("Div", input, other)
+        truncated = select(less(quotient, 0), ceil(quotient), floor(quotient))
+        return cast(truncated, dtype_of(input) if _is_tensor(input) else dtype_of(other)) if ints else truncated
+    if rounding_mode is not None:
+        raise ConfigurationError(
+            f"ops.div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}; "
+            "e.g. ops.div(x, y, rounding_mode='floor')"
+        )
     if dtype_of(input).is_int and dtype_of(other).is_int:
         input, other = cast(input, DType.float32), (cast(other, DType.float32) if _is_tensor(other) else other)
     return apply_op("Div", input, other)
@@ -224,13 +237,25 @@ def squeeze(input: Any, axis: Any = None) -> Tensor:
 
 
 def flatten(input: Any, order: str = "C", *, start_dim: int = 1, end_dim: int = -1) -> Tensor:
-    """Merge dims start_dim..end_dim (MindSpore `ops.flatten`, default: keep dim 0)."""
+    """Merge dims start_dim..end_dim (MindSpore `ops.flatten`, default: keep dim 0).
+
+    order='F' is MindSpore's column-major flatten: the dims are first reversed (one Transpose, so a traced graph
+    holds it too), then start_dim..end_dim of the reversed tensor are merged; flattening every dim gives numpy's
+    x.flatten(order='F').
+    """
+    if order not in ("C", "F"):
+        raise ConfigurationError(
+            f"ops.flatten: order must be 'C' (row-major) or 'F' (column-major), got {order!r}; e.g. order='F'"
+        )
     shape = input.shape if isinstance(input, Tensor) else np.shape(input)
     ndim = len(shape)
-    if ndim == 0:
-        return reshape(input, (1,))
+    if ndim <= 1:  # nothing to merge or reorder: a 0-D input becomes 1-D, as MindSpore
+        return reshape(input, (1,)) if ndim == 0 else input
+    if order == "F":
+        input = transpose(input, tuple(reversed(range(ndim))))
+        shape = tuple(reversed(shape))
     start, end = start_dim % ndim, end_dim % ndim
-    if start == 1 and end == ndim - 1 and ndim >= 2:
+    if start == 1 and end == ndim - 1:
         return apply_op("Flatten", input)
     if start >= end:
         return input

@@ -71,26 +71,70 @@ def leaky_relu(input: Any, alpha: float = 0.2) -> Tensor:
     return apply_op("LeakyReLU", input, alpha=float(alpha))
 
 
-def softmax(input: Any, axis: int = -1, *, dtype: Any = None) -> Tensor:
+def softmax(input: Any, axis: Any = -1, *, dtype: Any = None) -> Tensor:
+    """exp(x) / sum(exp(x)) over `axis`, an int or a tuple of ints (the softmax over those dims jointly)."""
     from tessel.ops.functional import cast
 
-    return apply_op("Softmax", input if dtype is None else cast(input, dtype), axis=int(axis))
+    return softmax_over(input if dtype is None else cast(input, dtype), axis, "ops.softmax")
+
+
+def softmax_over(x: Any, axis: Any, where: str) -> Tensor:
+    """Softmax over one axis (the Softmax op) or over several jointly: exp(x - max) / sum(exp(x - max)), where the
+    max over the axes only keeps exp in range (the result does not depend on it, so no gradient flows through it)."""
+    axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+    if not axes or any(isinstance(a, bool) or not isinstance(a, int) for a in axes):
+        raise ConfigurationError(f"{where}: axis must be an int or a non-empty tuple of ints, got {axis!r}; e.g. -1")
+    if len(axes) == 1:
+        return apply_op("Softmax", x, axis=axes[0])
+    ndim = len(x.shape) if isinstance(x, Tensor) else np.ndim(x)
+    if len({a % ndim for a in axes if -ndim <= a < ndim}) != len(axes):
+        raise ConfigurationError(
+            f"{where}: axis {axis!r} must name distinct dims in [-{ndim}, {ndim}) of the {ndim}-D input"
+        )
+    peak = apply_op("StopGradient", apply_op("ReduceMax", x, axis=axes, keep_dims=True))
+    e = apply_op("Exp", apply_op("Sub", x, peak))
+    return apply_op("Div", e, apply_op("ReduceSum", e, axis=axes, keep_dims=True))
 
 
 def log_softmax(logits: Any, axis: int = -1) -> Tensor:
     return apply_op("LogSoftmax", logits, axis=int(axis))
 
 
+# Eager draws of seeded dropout: one stream per (global seed, op seed), kept across calls so that a seeded op (as
+# nn.Dropout, which always has one) draws a new mask each step, in the same sequence in every process.
+_SEEDED_STREAMS: dict[tuple[int, int], np.random.Generator] = {}
+
+
+def seeded_stream(seed: int, shared: bool = True) -> np.random.Generator:
+    """The eager stream of op seed `seed` under the global seed: the one all callers share, or a new one."""
+    key = (_seed.DEFAULT_SEED if _seed.get_seed() is None else _seed.get_seed(), seed)
+    if not shared:
+        return np.random.default_rng(key)
+    if key not in _SEEDED_STREAMS:
+        _SEEDED_STREAMS[key] = np.random.default_rng(key)
+    return _SEEDED_STREAMS[key]
+
+
+def eager_dropout(input: Any, p: float, rng: np.random.Generator) -> Tensor:
+    """Dropout computed now, its mask drawn from `rng`."""
+    x = input.asnumpy() if isinstance(input, Tensor) else np.asarray(input)
+    keep = rng.random(x.shape) >= p
+    return Tensor._wrap((x * keep / (1.0 - p)).astype(x.dtype))
+
+
 def dropout(input: Any, p: float = 0.5, training: bool = True, seed: int | None = None) -> Tensor:
-    """Zero each element with probability p and scale the rest by 1/(1-p) (identity when not training)."""
+    """Zero each element with probability p and scale the rest by 1/(1-p) (identity when not training).
+
+    With `seed` the masks come from that seed's own stream (under the global seed of `set_seed`): the n-th call
+    with a seed draws the same mask in every run. Without it each call draws the next stream of `set_seed`."""
     if not 0.0 <= p < 1.0:
         raise ConfigurationError(f"dropout: p={p} must be in [0, 1)")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ConfigurationError(f"ops.dropout: seed must be None or an int >= 0, got {seed!r}; e.g. seed=1")
     if not training or p == 0.0:
         return input
-    if current() is None:  # eager: draw the mask here, from the seeded streams
-        x = input.asnumpy() if isinstance(input, Tensor) else np.asarray(input)
-        keep = _seed.next_stream().random(x.shape) >= p
-        return Tensor._wrap((x * keep / (1.0 - p)).astype(x.dtype))
+    if current() is None:  # eager: draw the mask here
+        return eager_dropout(input, p, _seed.next_stream() if seed is None else seeded_stream(int(seed)))
     op_seed = _seed.next_op_seed() if seed is None else int(seed)
     return apply_op("Dropout", input, p=float(p), seed=op_seed, training=True)[0]
 
@@ -135,35 +179,88 @@ def conv2d(
     return out if bias is None else apply_op("BiasAdd", out, bias)
 
 
-def max_pool2d(x: Any, kernel_size: Any, stride: Any = None, padding: Any = 0, pad_mode: str = "valid") -> Tensor:
-    pad_mode = "pad" if padding != 0 and pad_mode == "valid" else pad_mode
+def _pool_pads(padding: Any, where: str, lengths: tuple[int, ...]) -> Any:
+    """MindSpore's pooling `padding` (an int, or a tuple of one of `lengths`: (h, w) or (top, bottom, left, right))
+    as the pool ops' `pad`: an int or (top, bottom, left, right)."""
+    if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
+        return padding
+    pads = tuple(padding) if isinstance(padding, (tuple, list)) else None
+    if pads is None or len(pads) not in lengths or any(not isinstance(q, int) or q < 0 for q in pads):
+        forms = " or ".join({2: "(pad_h, pad_w)", 4: "(top, bottom, left, right)"}[n] for n in lengths)
+        raise ConfigurationError(f"{where}: padding must be an int >= 0 or {forms}, got {padding!r}; e.g. padding=1")
+    return (pads[0], pads[0], pads[1], pads[1]) if len(pads) == 2 else pads
+
+
+def _pool_mode(padding: Any, pad_mode: str) -> str:
+    return "pad" if padding != 0 and pad_mode == "valid" else pad_mode
+
+
+def pool2d(op: str, x: Any, kernel_size: Any, stride: Any, padding: Any, pad_mode: str, where: str, **attrs) -> Any:
+    """The MaxPool / AvgPool op over NCHW x with tessel's padding (an int, (pad_h, pad_w) or (top, bottom, left,
+    right)) and pad_mode ('valid', 'same', 'pad'): what ops.max_pool2d / avg_pool2d, nn.MaxPool2d / AvgPool2d and
+    mint's pools come down to once each has checked its own arguments. stride None = kernel_size."""
     return apply_op(
-        "MaxPool",
+        op,
         x,
         kernel_size=kernel_size,
         strides=kernel_size if stride is None else stride,
-        pad_mode=pad_mode,
-        pad=_pads(padding),
+        pad_mode=_pool_mode(padding, pad_mode),
+        pad=_pool_pads(padding, where, (2, 4)),
+        **attrs,
     )
+
+
+def max_pool2d(
+    x: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    dilation: Any = 1,
+    return_indices: bool = False,
+    ceil_mode: bool = False,
+) -> Tensor:
+    """Max over kernel_size windows of NCHW x (MindSpore `ops.max_pool2d`); stride None = kernel_size, padding an
+    int or (pad_h, pad_w)."""
+    from tessel.common.support import not_supported_yet
+
+    if dilation not in (1, (1, 1), [1, 1]):
+        raise not_supported_yet(f"ops.max_pool2d(dilation={dilation!r})", "tessel's MaxPool has no dilation")
+    if return_indices:
+        raise not_supported_yet("ops.max_pool2d(return_indices=True)", "tessel's ops.max_pool2d returns the maxima")
+    if ceil_mode:
+        raise not_supported_yet(
+            "ops.max_pool2d(ceil_mode=True)", "output sizes round down; pad the input (padding=...) to cover the edge"
+        )
+    _pool_pads(padding, "ops.max_pool2d", (2,))  # MindSpore's forms: an int or (pad_h, pad_w)
+    return pool2d("MaxPool", x, kernel_size, stride, padding, "valid", "ops.max_pool2d")
 
 
 def avg_pool2d(
     input_x: Any,
     kernel_size: Any = 1,
-    stride: Any = None,
+    stride: Any = 1,
     padding: Any = 0,
+    ceil_mode: bool = False,
     count_include_pad: bool = True,
-    pad_mode: str = "valid",
+    divisor_override: int | None = 0,
 ) -> Tensor:
-    pad_mode = "pad" if padding != 0 and pad_mode == "valid" else pad_mode
-    return apply_op(
-        "AvgPool",
-        input_x,
-        kernel_size=kernel_size,
-        strides=kernel_size if stride is None else stride,
-        pad_mode=pad_mode,
-        pad=_pads(padding),
-        count_include_pad=bool(count_include_pad),
+    """Mean over kernel_size windows of NCHW input_x (MindSpore `ops.avg_pool2d`); padding an int or (top, bottom,
+    left, right); stride None = kernel_size."""
+    from tessel.common.support import not_supported_yet
+
+    if ceil_mode:
+        raise not_supported_yet(
+            "ops.avg_pool2d(ceil_mode=True)", "output sizes round down; pad the input (padding=...) to cover the edge"
+        )
+    if divisor_override not in (0, None):
+        raise not_supported_yet(
+            f"ops.avg_pool2d(divisor_override={divisor_override!r})",
+            "tessel's AvgPool divides by the window's size; multiply the result by size / divisor instead",
+        )
+    _pool_pads(padding, "ops.avg_pool2d", (4,))  # MindSpore's forms: an int or (top, bottom, left, right)
+    include = bool(count_include_pad)
+    return pool2d(
+        "AvgPool", input_x, kernel_size, stride, padding, "valid", "ops.avg_pool2d", count_include_pad=include
     )
 
 

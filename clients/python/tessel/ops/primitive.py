@@ -10,10 +10,13 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tracing import apply_op, created_by, current
 from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
+from tessel.ops.nn_functional import eager_dropout, seeded_stream, softmax_over
 
 
 def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
@@ -290,14 +293,27 @@ ReduceMin = type("ReduceMin", (_Reduce,), {"_op": "ReduceMin"})
 
 
 class Softmax(_Op):
+    """Softmax over `axis`: an int or a tuple of ints (the softmax over those dims jointly, as MindSpore)."""
+
     _op = "Softmax"
 
-    def __init__(self, axis: int = -1):
-        super().__init__(axis=axis[0] if isinstance(axis, (tuple, list)) else axis)
+    def __init__(self, axis: Any = -1):
+        axes = tuple(axis) if isinstance(axis, (tuple, list)) else (axis,)
+        if not axes or any(isinstance(a, bool) or not isinstance(a, int) for a in axes):
+            raise ConfigurationError(f"Softmax: axis must be an int or a non-empty tuple of ints, got {axis!r}")
+        super().__init__(axis=axes[0] if len(axes) == 1 else axes)
+
+    def __call__(self, x):
+        return softmax_over(x, self.op_attrs["axis"], self.name)
 
 
-class LogSoftmax(Softmax):
+class LogSoftmax(_Op):
     _op = "LogSoftmax"
+
+    def __init__(self, axis: int = -1):
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise ConfigurationError(f"LogSoftmax: axis must be an int (one dim), got {axis!r}; e.g. axis=-1")
+        super().__init__(axis=axis)
 
 
 class GeLU(_Op):
@@ -381,6 +397,19 @@ class OneHot(Primitive):
         return F.one_hot(indices, depth, on_value, off_value, self.attrs["axis"])
 
 
+def _check_data_format(name: str, data_format: str) -> None:
+    """MindSpore's data_format is 'NCHW' or 'NHWC'; tessel's convolution and pooling ops are NCHW only."""
+    from tessel.common.support import not_supported_yet
+
+    if data_format == "NHWC":
+        raise not_supported_yet(
+            f"ops.{name}(data_format='NHWC')",
+            "only data_format='NCHW' is supported: transpose the input with ops.transpose(x, (0, 3, 1, 2))",
+        )
+    if data_format != "NCHW":
+        raise ConfigurationError(f"{name}: data_format must be 'NCHW' or 'NHWC', got {data_format!r}; only 'NCHW' runs")
+
+
 class Conv2D(_Op):
     _op = "Conv2D"
 
@@ -388,7 +417,7 @@ class Conv2D(_Op):
         self,
         out_channel: int,
         kernel_size: Any,
-        mode: int = 1,
+        mode: int = 1,  # MindSpore documents it as unused
         pad_mode: str = "valid",
         pad: Any = 0,
         stride: Any = 1,
@@ -396,15 +425,28 @@ class Conv2D(_Op):
         group: int = 1,
         data_format: str = "NCHW",
     ):
-        if data_format != "NCHW":
-            raise ConfigurationError(f"Conv2D: only data_format='NCHW' is supported, got {data_format!r}")
+        _check_data_format("Conv2D", data_format)
         super().__init__(stride=stride, dilation=dilation, pad_mode=pad_mode.lower(), pad=pad, group=group)
+        kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.out_channel, self.kernel_size = int(out_channel), tuple(int(k) for k in kernel)
+
+    def __call__(self, x, weight):
+        # MindSpore checks the weight (out_channel, in_channel / group, kh, kw) against the construction arguments.
+        shape = tuple(weight.shape)
+        if len(shape) != 4 or shape[0] != self.out_channel or shape[2:] != self.kernel_size:
+            raise ConfigurationError(
+                f"Conv2D: the weight's shape {shape} must be (out_channel={self.out_channel}, in_channel / group, "
+                f"*kernel_size={self.kernel_size}); build Conv2D with out_channel={shape[0] if shape else '?'} and "
+                f"kernel_size={shape[2:]} or pass a matching weight"
+            )
+        return apply_op(self._op, x, weight, **self.op_attrs)
 
 
 class MaxPool(_Op):
     _op = "MaxPool"
 
     def __init__(self, kernel_size: Any = 1, strides: Any = 1, pad_mode: str = "valid", data_format: str = "NCHW"):
+        _check_data_format(type(self).__name__, data_format)
         super().__init__(kernel_size=kernel_size, strides=strides, pad_mode=pad_mode.lower())
 
 
@@ -482,12 +524,30 @@ class StridedSlice(Primitive):
 
 
 class Dropout(Primitive):
+    """(x with elements zeroed with probability 1 - keep_prob and the rest scaled by 1 / keep_prob, mask).
+
+    Seed0 = Seed1 = 0 draws each call from the streams of `set_seed`; otherwise the pair (with the global seed)
+    seeds this primitive's own stream: each instance draws the same sequence of masks, in every run."""
+
     def __init__(self, keep_prob: float = 0.5, Seed0: int = 0, Seed1: int = 0):
         super().__init__()
-        self.attrs["keep_prob"] = keep_prob
+        for name, value in (("Seed0", Seed0), ("Seed1", Seed1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigurationError(f"Dropout: {name} must be an int >= 0, got {value!r}; e.g. {name}=1")
+        self.attrs.update(keep_prob=keep_prob, Seed0=Seed0, Seed1=Seed1)
+        # F.dropout takes one seed: the pair maps onto one, the same for the same pair (in [1, 2**31 - 1), as the
+        # seeds of the compiled Dropout op).
+        self.seed = None if Seed0 == Seed1 == 0 else int(np.random.default_rng((Seed0, Seed1)).integers(1, 2**31 - 1))
+        self._stream: np.random.Generator | None = None  # eager draws of a seeded instance
 
     def __call__(self, x):
-        out = F.dropout(x, 1.0 - self.attrs["keep_prob"], training=True)
+        p = 1.0 - self.attrs["keep_prob"]
+        if self.seed is not None and current() is None and 0.0 < p < 1.0:
+            if self._stream is None:
+                self._stream = seeded_stream(self.seed, shared=False)
+            out = eager_dropout(x, p, self._stream)
+        else:
+            out = F.dropout(x, p, training=True, seed=self.seed)
         return out, F.not_equal(out, 0.0)
 
 

@@ -17,6 +17,7 @@ from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN_FUNCTIONAL
 from tessel.ops import functional as ops
+from tessel.ops.nn_functional import pool2d
 
 _WHY = "tessel has no mapping for it yet; use the tessel.ops equivalent if there is one"
 
@@ -180,7 +181,7 @@ def max_pool2d(
             "tessel's MaxPool has none of them",
         )
     pad_mode, pads = _torch_padding(padding, "mint.nn.functional.max_pool2d")
-    return ops.max_pool2d(input, kernel_size, stride, pads, pad_mode)
+    return pool2d("MaxPool", input, kernel_size, stride, pads, pad_mode, "mint.nn.functional.max_pool2d")
 
 
 def avg_pool2d(
@@ -198,7 +199,10 @@ def avg_pool2d(
             "tessel's AvgPool has neither",
         )
     pad_mode, pads = _torch_padding(padding, "mint.nn.functional.avg_pool2d")
-    return ops.avg_pool2d(input, kernel_size, stride, pads, count_include_pad, pad_mode)
+    where = "mint.nn.functional.avg_pool2d"
+    return pool2d(
+        "AvgPool", input, kernel_size, stride, pads, pad_mode, where, count_include_pad=bool(count_include_pad)
+    )
 
 
 __getattr__ = unsupported_names("mindspore.mint.nn.functional", MINT_NN_FUNCTIONAL, _WHY)
