@@ -320,3 +320,24 @@ def test_softmax_refuses_a_bad_axis():
         ops.Softmax((1, -2))(t(rand(2, 3, 4)))
     with pytest.raises(ConfigurationError, match="LogSoftmax: axis must be an int"):
         ops.LogSoftmax((0, 1))
+
+
+def test_dropout_primitive_mask_marks_the_kept_elements_even_where_x_is_zero():
+    x = np.tile(np.array([0.0, 1.0, 0.0, -2.0], np.float32), (8, 4))
+    for seeds in ((0, 0), (3, 4)):
+        ms.set_seed(1)
+        out, mask = ops.Dropout(0.5, *seeds)(ms.Tensor(x))
+        kept = mask.asnumpy()
+        assert kept.dtype == np.bool_ and 0.2 < kept.mean() < 0.8
+        assert (kept & (x == 0)).any()  # a kept zero is in the mask (out != 0 would drop it)
+        np.testing.assert_allclose(out.asnumpy(), np.where(kept, x / 0.5, 0.0), rtol=1e-6)
+
+
+def test_flatten_refuses_dims_out_of_order_or_range():
+    x = ms.Tensor(np.ones((2, 3, 4), np.float32))
+    assert ops.flatten(x, start_dim=1, end_dim=1).shape == (2, 3, 4)
+    with pytest.raises(ConfigurationError, match="start_dim 2 comes after end_dim 1"):
+        ops.flatten(x, start_dim=2, end_dim=1)
+    for options in ({"start_dim": 3}, {"end_dim": -4}, {"start_dim": 1.0}):
+        with pytest.raises(ConfigurationError, match=r"must be an int in \[-3, 3\)"):
+            ops.flatten(x, **options)

@@ -254,10 +254,19 @@ def flatten(input: Any, order: str = "C", *, start_dim: int = 1, end_dim: int = 
     if order == "F":
         input = transpose(input, tuple(reversed(range(ndim))))
         shape = tuple(reversed(shape))
+    for name, dim in (("start_dim", start_dim), ("end_dim", end_dim)):
+        if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+            raise ConfigurationError(f"ops.flatten: {name} must be an int in [{-ndim}, {ndim}) for a {ndim}-D input, "
+                                     f"got {dim!r}")  # fmt: skip
     start, end = start_dim % ndim, end_dim % ndim
+    if start > end:
+        raise ConfigurationError(
+            f"ops.flatten: start_dim {start_dim} comes after end_dim {end_dim} (dims {start} > {end} of a {ndim}-D "
+            "input); give start_dim <= end_dim"
+        )
     if start == 1 and end == ndim - 1:
         return apply_op("Flatten", input)
-    if start >= end:
+    if start == end:
         return input
     merged = shape[start : end + 1]
     if any(isinstance(d, str) for d in merged):

@@ -542,13 +542,16 @@ class Dropout(Primitive):
 
     def __call__(self, x):
         p = 1.0 - self.attrs["keep_prob"]
+        # One draw gives both outputs: the kept elements' scale (0 or 1 / keep_prob) times x, and where it is
+        # nonzero. (The mask is not out != 0: a kept element of x may itself be 0.)
+        ones = F.ones_like(x)
         if self.seed is not None and current() is None and 0.0 < p < 1.0:
             if self._stream is None:
                 self._stream = seeded_stream(self.seed, shared=False)
-            out = eager_dropout(x, p, self._stream)
+            scale = eager_dropout(ones, p, self._stream)
         else:
-            out = F.dropout(x, p, training=True, seed=self.seed)
-        return out, F.not_equal(out, 0.0)
+            scale = F.dropout(ones, p, training=True, seed=self.seed)
+        return x * scale, F.not_equal(scale, 0.0)
 
 
 class LayerNorm(Primitive):
