@@ -198,3 +198,20 @@ def test_profiler_analyse_writes_pretty_json_and_refuses_offline_analysis(tmp_pa
     profiler.analyse(pretty=True, mode="async")
     written = next((tmp_path / "run").glob("timeline_rank*.json")).read_text()
     assert written.startswith("{\n") and "traceEvents" in json.loads(written)
+
+
+def test_load_distributed_checkpoint_checks_its_file_options_and_embedding_its_ids_dtype():
+    from tessel.parallel import load_distributed_checkpoint
+
+    net = nn.Dense(2, 2)
+    for options, error, message in (
+        ({"dec_key": b"0" * 16}, NotSupportedYetError, r"load_distributed_checkpoint\(dec_key=...\)"),
+        ({"format": "mindir"}, ConfigurationError, "format must be one of"),
+        ({"output_format": "npz"}, ConfigurationError, "output_format must be 'ckpt' or 'safetensors'"),
+        ({"unified_safetensors_dir": "x"}, NotSupportedYetError, "unified_safetensors_dir"),
+    ):
+        with pytest.raises(error, match=message):
+            load_distributed_checkpoint(net, ["a.ckpt"], **options)
+    nn.Embedding(4, 2, dtype=ms.int64)
+    with pytest.raises(ConfigurationError, match="dtype is the ids' dtype and must be an int type"):
+        nn.Embedding(4, 2, dtype=ms.float32)

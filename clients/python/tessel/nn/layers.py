@@ -157,7 +157,9 @@ class Embedding(Cell):
                 raise ConfigurationError(f"Embedding: padding_idx {padding_idx} is outside [0, {vocab_size})")
             table[padding_idx] = 0
         self.embedding_table = Parameter(table, name="embedding_table")
-        self.dtype = to_dtype(dtype)
+        self.dtype = to_dtype(dtype)  # MindSpore: the dtype of the ids, an int type (construct checks the ids)
+        if not self.dtype.is_int:
+            raise ConfigurationError(f"Embedding: dtype is the ids' dtype and must be an int type, got {dtype!r}")
 
     def construct(self, ids):
         if not ids.dtype.is_int:

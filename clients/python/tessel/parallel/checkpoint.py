@@ -253,12 +253,20 @@ def load_distributed_checkpoint(
     """Load the slice files of every rank of a training job (in any order; each knows its rank and layouts) into
     `network`, whatever its world size and strategy now: every parameter is assembled whole, and each rank keeps
     the slice its own layout asks for (MindSpore `load_distributed_checkpoint`)."""
-    from tessel.train.serialization import load_param_into_net
+    from tessel.train.serialization import check_file_options, load_param_into_net
 
-    if dec_key is not None or unified_safetensors_dir is not None or dst_safetensors_dir is not None:
+    check_file_options("load_distributed_checkpoint", dec_key, dec_mode, format, "dec_key")
+    if output_format not in ("ckpt", "safetensors"):
+        raise ConfigurationError(
+            f"load_distributed_checkpoint: output_format must be 'ckpt' or 'safetensors', got {output_format!r}"
+        )
+    if unified_safetensors_dir is not None or dst_safetensors_dir is not None:
         from tessel.common.support import not_supported_yet
 
-        raise not_supported_yet("load_distributed_checkpoint with decryption or unified safetensors", "plain files")
+        raise not_supported_yet(
+            "load_distributed_checkpoint with unified_safetensors_dir / dst_safetensors_dir",
+            "it loads the ranks' own files: give checkpoint_filenames",
+        )
     if not checkpoint_filenames:
         raise ConfigurationError("load_distributed_checkpoint: give checkpoint_filenames (every rank's file)")
     strategies = read_strategy_file(train_strategy_filename) if train_strategy_filename else None
