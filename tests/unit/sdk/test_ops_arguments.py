@@ -341,3 +341,34 @@ def test_flatten_refuses_dims_out_of_order_or_range():
     for options in ({"start_dim": 3}, {"end_dim": -4}, {"start_dim": 1.0}):
         with pytest.raises(ConfigurationError, match=r"must be an int in \[-3, 3\)"):
             ops.flatten(x, **options)
+
+
+def test_partly_honoured_arguments_of_the_second_audit():
+    from tessel import mint
+
+    assert ops.Squeeze(0)(ms.Tensor(np.ones((1, 3, 1), np.float32))).shape == (3, 1)  # axis 0 is not "every dim"
+    assert ops.Squeeze()(ms.Tensor(np.ones((1, 3, 1), np.float32))).shape == (3,)
+    rng = np.random.default_rng(4)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((2, 3, 4), (5, 4), (5,)))
+    for data in (x, x[0, 0]):  # MindSpore's dense takes (*, in_channels)
+        got = ops.dense(ms.Tensor(data), ms.Tensor(w), ms.Tensor(b)).asnumpy()
+        np.testing.assert_allclose(got, data.astype(np.float64) @ w.T + b, rtol=1e-5, atol=1e-5)
+    big = ms.Tensor(np.full(4, 2**30, np.int32))
+    assert int(ops.sum(big, dtype=ms.int64).asnumpy()) == 2**32 == int(big.sum(dtype=ms.int64).asnumpy())
+    assert int(ops.sum(ms.Tensor(np.ones(4, np.int8)), dtype=ms.int32).asnumpy()) == 4
+    image, kernel = ms.Tensor(np.ones((1, 2, 6, 6), np.float32)), ms.Tensor(np.ones((3, 2, 3, 3), np.float32))
+    assert ops.conv2d(image, kernel, pad_mode="pad", padding=1).shape == (1, 3, 6, 6)
+    for mode in ("same", "valid"):
+        with pytest.raises(ConfigurationError, match="padding=1 needs pad_mode='pad'"):
+            ops.conv2d(image, kernel, pad_mode=mode, padding=1)
+    with pytest.raises(ConfigurationError, match=r"Tensor\(input_data, shape=...\)"):
+        ms.Tensor([1, 2, 3, 4], shape=(2, 2))
+    with pytest.raises(ConfigurationError, match=r"Tensor\(input_data, init=...\)"):
+        ms.Tensor([1.0], shape=None, init="zeros")
+    logits, labels = ms.Tensor(rng.standard_normal((4, 3)).astype(np.float32)), ms.Tensor(np.array([0, 1, 2, 1]))
+    with pytest.raises(NotSupportedYetError, match="nll_loss with both label_smoothing and weight"):
+        ops.nll_loss(logits, labels, weight=ms.Tensor(np.ones(3, np.float32)), label_smoothing=0.1)
+    exact = mint.div(
+        ms.Tensor(np.array([2**25 + 1, -7], np.int64)), ms.Tensor(np.array([1, 2], np.int64)), rounding_mode="trunc"
+    )
+    np.testing.assert_array_equal(exact.asnumpy(), [2**25 + 1, -3])  # through float32 it was 2**25

@@ -63,6 +63,12 @@ class Tensor:
     def __init__(self, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **options: Any):
         if options:
             keyword_options("Tensor", options, _TENSOR_HINTS, _TENSOR_UNSUPPORTED)
+        if input_data is not None and (shape is not None or init is not None):
+            given = "shape" if shape is not None else "init"
+            raise ConfigurationError(
+                f"Tensor(input_data, {given}=...): a tensor is given either its data or a shape and an init, as in "
+                f"MindSpore; drop {given}= (reshape the data with .reshape(...), cast it with dtype=)"
+            )
         if init is not None:
             from tessel.common.initializer import init_array
 
@@ -380,8 +386,7 @@ class Tensor:
         return F.expand_dims(self, dim)
 
     def sum(self, axis=None, dtype=None, keepdims: bool = False) -> Tensor:
-        out = F.sum(self, axis, keepdims)
-        return out if dtype is None else F.cast(out, dtype)
+        return F.sum(self, axis, keepdims, dtype=dtype)
 
     def mean(self, axis=None, keep_dims: bool = False) -> Tensor:
         return F.mean(self, axis, keep_dims)

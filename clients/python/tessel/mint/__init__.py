@@ -100,11 +100,7 @@ def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
         return F.floor_divide(input, other)
     if rounding_mode != "trunc":
         raise ConfigurationError(f"mint.div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}")
-    quotient = F.div(input, other)
-    truncated = F.select(F.less(quotient, 0), F.ceil(quotient), F.floor(quotient))
-    if F.dtype_of(input).is_int and F.dtype_of(other).is_int:
-        return F.cast(truncated, F.dtype_of(input) if isinstance(input, Tensor) else F.dtype_of(other))
-    return truncated
+    return F.div(input, other, rounding_mode="trunc")  # integers exact: ops.div divides them through float64
 
 
 divide = div

@@ -173,8 +173,9 @@ def _axis(axis: Any) -> Any:
 
 
 def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
-    out = apply_op("ReduceSum", input, axis=_axis(dim), keep_dims=bool(keepdim))
-    return out if dtype is None else cast(out, dtype)
+    """The sum over `dim`; with `dtype` the input is cast first, so the sum is taken in that type (as MindSpore)."""
+    source = input if dtype is None else cast(input, dtype)
+    return apply_op("ReduceSum", source, axis=_axis(dim), keep_dims=bool(keepdim))
 
 
 def mean(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:

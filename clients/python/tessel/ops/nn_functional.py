@@ -144,9 +144,20 @@ def bias_add(input_x: Any, bias: Any) -> Tensor:
 
 
 def dense(input: Any, weight: Any, bias: Any = None) -> Tensor:
-    """input @ weight.T + bias (weight is (out, in), as nn.Dense)."""
-    out = apply_op("MatMul", input, weight, transpose_b=True)
-    return out if bias is None else apply_op("BiasAdd", out, bias)
+    """input @ weight.T + bias (weight is (out, in), as nn.Dense); input (*, in_channels), as MindSpore's."""
+    shape = tuple(np.shape(input) if not isinstance(input, Tensor) else input.shape)
+    if len(shape) == 2:
+        out = apply_op("MatMul", input, weight, transpose_b=True)
+        return out if bias is None else apply_op("BiasAdd", out, bias)
+    if not shape:
+        raise ConfigurationError("ops.dense: input must have at least 1 dim (its last is in_channels), got a scalar")
+    if any(isinstance(d, str) for d in shape[:-1]):  # symbolic dims: merge them with -1
+        rows = (-1, shape[-1])
+    else:
+        rows = (int(np.prod(shape[:-1], dtype=np.int64)), shape[-1])
+    out = apply_op("MatMul", apply_op("Reshape", input, shape=rows), weight, transpose_b=True)
+    out = out if bias is None else apply_op("BiasAdd", out, bias)
+    return apply_op("Reshape", out, shape=(*shape[:-1], out.shape[-1]))
 
 
 def _pads(padding: Any) -> Any:
@@ -163,9 +174,15 @@ def conv2d(
     dilation: Any = 1,
     groups: int = 1,
 ) -> Tensor:
-    """2-D convolution over NCHW; pad_mode 'valid', 'same' or 'pad' (with `padding`)."""
-    if pad_mode == "valid" and padding != 0:
-        pad_mode = "pad"
+    """2-D convolution over NCHW; pad_mode 'valid', 'same' or 'pad' (with `padding`, which the other modes refuse,
+    as MindSpore)."""
+    if pad_mode not in ("valid", "same", "pad"):
+        raise ConfigurationError(f"ops.conv2d: pad_mode must be 'valid', 'same' or 'pad', got {pad_mode!r}")
+    if pad_mode != "pad" and padding not in (0, (0, 0, 0, 0), [0, 0, 0, 0]):
+        raise ConfigurationError(
+            f"ops.conv2d: padding={padding!r} needs pad_mode='pad' (got pad_mode={pad_mode!r}); MindSpore refuses "
+            "padding in the other modes too"
+        )
     out = apply_op(
         "Conv2D",
         input,
@@ -362,7 +379,9 @@ def cross_entropy(
         terms = target * log_p if weight is None else target * log_p * weight
         return reduce_loss(-sum(terms, -1), reduction)
     if label_smoothing and weight is not None:
-        raise ConfigurationError("cross_entropy: label_smoothing together with weight is not supported")
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet("ops.cross_entropy with both label_smoothing and weight", "give one of them")
     keep = target != ignore_index
     safe = select(keep, target, 0)
     per = apply_op("SparseSoftmaxCrossEntropy", logits, safe)
@@ -386,6 +405,10 @@ def nll_loss(
     from tessel.ops.functional import expand_dims, gather, gather_elements, mean, select, squeeze
 
     check_reduction(reduction)
+    if label_smoothing and weight is not None:  # as cross_entropy: the weighting of the smoothing term is not settled
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet("ops.nll_loss with both label_smoothing and weight", "give one of them")
     log_p = _class_last(inputs)
     keep = target != ignore_index
     safe = select(keep, target, 0)

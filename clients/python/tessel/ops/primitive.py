@@ -351,7 +351,8 @@ class Squeeze(Primitive):
         self.attrs["axis"] = axis
 
     def __call__(self, x):
-        return F.squeeze(x, self.attrs["axis"] or None)
+        axis = self.attrs["axis"]  # () squeezes every size-1 dim; axis 0 is one dim, not "all"
+        return F.squeeze(x, None if isinstance(axis, (tuple, list)) and not axis else axis)
 
 
 class Concat(Primitive):
