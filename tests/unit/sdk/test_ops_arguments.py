@@ -12,7 +12,6 @@ from sdk_testkit import np_conv2d, softmax
 import tessel as ms
 from tessel import nn, ops
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
-from tessel.ops import nn_functional
 
 
 def t(array) -> ms.Tensor:
@@ -203,7 +202,9 @@ def test_pooling_cells_still_pass_their_pad_mode():
 
 @pytest.fixture
 def fresh_dropout_streams(monkeypatch):
-    monkeypatch.setattr(nn_functional, "_SEEDED_STREAMS", {})
+    from tessel.common import seed
+
+    monkeypatch.setattr(seed, "_op_streams", {})
 
 
 def dropped(x, p, rng):
@@ -228,8 +229,7 @@ def test_eager_dropout_repeats_under_the_same_seeds(fresh_dropout_streams, monke
     x = rand(8, 16) + 3.0
     ms.set_seed(3)
     first = [ops.dropout(t(x), 0.5, seed=9).asnumpy() for _ in range(2)]
-    monkeypatch.setattr(nn_functional, "_SEEDED_STREAMS", {})  # as a new process
-    ms.set_seed(3)
+    ms.set_seed(3)  # setting the seed again replays the seeded ops' masks, as a new process would
     ops.dropout(t(x), 0.5)  # unseeded draws do not move a seeded op's masks
     again = [ops.dropout(t(x), 0.5, seed=9).asnumpy() for _ in range(2)]
     np.testing.assert_array_equal(first, again)

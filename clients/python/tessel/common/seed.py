@@ -15,6 +15,7 @@ DEFAULT_SEED = 0
 _MAX_SEED = 2**32 - 1
 _seed: int | None = None
 _streams = 0
+_op_streams: dict[int, np.random.Generator] = {}  # eager draws of seeded random ops, by op seed (see op_stream)
 
 
 def set_seed(seed: int) -> None:
@@ -29,6 +30,7 @@ def set_seed(seed: int) -> None:
     from tessel.dataset import config
 
     _seed, _streams = seed, 0
+    _op_streams.clear()  # set_seed again replays the same masks
     config.set_seed(seed)
 
 
@@ -52,3 +54,12 @@ def next_stream() -> np.random.Generator:
 def next_op_seed() -> int:
     """A deterministic seed for a random op (Dropout), the next in creation order."""
     return int(next_stream().integers(1, 2**31 - 1))
+
+
+def op_stream(op_seed: int) -> np.random.Generator:
+    """The eager stream of a random op with seed `op_seed` (ops.dropout(seed=...), nn.Dropout in PYNATIVE_MODE),
+    kept across calls so that each call draws the next mask: the n-th call after set_seed draws the same mask in
+    every run."""
+    if op_seed not in _op_streams:
+        _op_streams[op_seed] = np.random.default_rng([DEFAULT_SEED if _seed is None else _seed, op_seed])
+    return _op_streams[op_seed]

@@ -100,19 +100,12 @@ def log_softmax(logits: Any, axis: int = -1) -> Tensor:
     return apply_op("LogSoftmax", logits, axis=int(axis))
 
 
-# Eager draws of seeded dropout: one stream per (global seed, op seed), kept across calls so that a seeded op (as
-# nn.Dropout, which always has one) draws a new mask each step, in the same sequence in every process.
-_SEEDED_STREAMS: dict[tuple[int, int], np.random.Generator] = {}
-
-
 def seeded_stream(seed: int, shared: bool = True) -> np.random.Generator:
-    """The eager stream of op seed `seed` under the global seed: the one all callers share, or a new one."""
-    key = (_seed.DEFAULT_SEED if _seed.get_seed() is None else _seed.get_seed(), seed)
-    if not shared:
-        return np.random.default_rng(key)
-    if key not in _SEEDED_STREAMS:
-        _SEEDED_STREAMS[key] = np.random.default_rng(key)
-    return _SEEDED_STREAMS[key]
+    """The eager stream of op seed `seed` under the global seed: the one all callers share (restarted by set_seed),
+    or a new one."""
+    if shared:
+        return _seed.op_stream(seed)
+    return np.random.default_rng([_seed.DEFAULT_SEED if _seed.get_seed() is None else _seed.get_seed(), seed])
 
 
 def eager_dropout(input: Any, p: float, rng: np.random.Generator) -> Tensor:
