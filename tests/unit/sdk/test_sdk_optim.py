@@ -123,7 +123,9 @@ def test_schedules_give_the_rate_of_each_step():
     cases = [
         (nn.ExponentialDecayLR(0.1, 0.9, 4), lambda s: 0.1 * 0.9 ** (s / 4)),
         (nn.ExponentialDecayLR(0.1, 0.9, 4, is_stair=True), lambda s: 0.1 * 0.9 ** (s // 4)),
-        (nn.NaturalExpDecayLR(0.1, 0.9, 4), lambda s: 0.1 * math.exp(-0.9 * s / 4)),
+        # MindSpore's NaturalExpDecayLR.construct uses the step itself (its docstring divides by decay_steps)
+        (nn.NaturalExpDecayLR(0.1, 0.9, 4), lambda s: 0.1 * math.exp(-0.9 * s)),
+        (nn.NaturalExpDecayLR(0.1, 0.9, 4, is_stair=True), lambda s: 0.1 * math.exp(-0.9 * (s // 4) * 4)),
         (nn.InverseDecayLR(0.1, 0.5, 4), lambda s: 0.1 / (1 + 0.5 * s / 4)),
         (nn.CosineDecayLR(0.01, 0.1, 4), lambda s: 0.01 + 0.045 * (1 + math.cos(math.pi * min(s, 4) / 4))),
         (nn.PolynomialDecayLR(0.1, 0.01, 4, 2.0), lambda s: 0.09 * (1 - min(s, 4) / 4) ** 2 + 0.01),

@@ -151,11 +151,18 @@ class Cell:
         return self
 
     def to_float(self, dst_type: Any) -> Cell:
-        """Run this cell (and its children) in `dst_type`: floating inputs are cast on entry."""
-        from tessel.common.dtype import to_dtype
+        """Run this cell (and its children) in `dst_type`, float16 or float32 (MindSpore also takes bfloat16, which
+        tessel has no dtype for): floating inputs are cast on entry."""
+        from tessel.common.dtype import DType, ms_name, to_dtype
 
+        dtype = to_dtype(dst_type)
+        if dtype not in (DType.float16, DType.float32):
+            raise ConfigurationError(
+                f"{self.cls_name}.to_float: dst_type must be float16 or float32 (MindSpore's float16, bfloat16 or "
+                f"float32; tessel has no bfloat16), got {ms_name(dtype)}"
+            )
         for _, cell in self.cells_and_names():
-            object.__setattr__(cell, "_float_dtype", to_dtype(dst_type))
+            object.__setattr__(cell, "_float_dtype", dtype)
         return self
 
     def set_data_parallel(self) -> Cell:

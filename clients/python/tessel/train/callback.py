@@ -152,9 +152,12 @@ class LossMonitor(Callback):
 
 
 class TimeMonitor(Callback):
-    """Print each epoch's time and the time per step."""
+    """Print each epoch's time and the time per step. As MindSpore's, the steps of an epoch are the run's batch_num
+    (what Model.train runs per epoch, sink_size included); data_size counts only where batch_num is unknown."""
 
     def __init__(self, data_size: int | None = None):
+        if data_size is not None and (isinstance(data_size, bool) or not isinstance(data_size, int) or data_size < 1):
+            raise ConfigurationError(f"TimeMonitor: data_size must be a positive int or None, got {data_size!r}")
         self.data_size, self._start = data_size, 0.0
 
     def on_train_epoch_begin(self, run_context: RunContext) -> None:
@@ -163,7 +166,8 @@ class TimeMonitor(Callback):
     def on_train_epoch_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
         elapsed_ms = (time.perf_counter() - self._start) * 1000
-        steps = self.data_size or cb.get("epoch_steps") or cb.batch_num
+        batch_num = cb.get("batch_num")
+        steps = batch_num if isinstance(batch_num, int) and batch_num > 0 else (self.data_size or 1)
         print(
             f"Train epoch time: {elapsed_ms:5.3f} ms, per step time: {elapsed_ms / max(steps, 1):5.3f} ms", flush=True
         )

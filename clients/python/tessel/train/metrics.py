@@ -31,8 +31,16 @@ class Metric:
         raise NotImplementedError
 
 
+def _one_hot(labels: np.ndarray) -> bool:
+    """MindSpore's test for one-hot labels: 0/1 values that sum to 1 over the class axis (1)."""
+    if labels.ndim < 2 or not np.equal(labels**2, labels).all():
+        return False
+    return bool(np.equal(labels.sum(axis=1), 1).all())
+
+
 class Accuracy(Metric):
-    """Fraction of samples whose highest logit is the label (labels as indices or one-hot)."""
+    """Fraction of samples whose highest logit (over the class axis, 1) is the label, as MindSpore: labels are class
+    indices shaped (N,) + logits.shape[2:], or one-hot like the logits."""
 
     def __init__(self, eval_type: str = "classification"):
         if eval_type != "classification":
@@ -46,10 +54,17 @@ class Accuracy(Metric):
         if len(inputs) != 2:
             raise ConfigurationError(f"Accuracy.update takes (logits, labels), got {len(inputs)} inputs")
         logits, labels = _np(inputs[0]), _np(inputs[1])
-        if labels.ndim == logits.ndim:
-            labels = labels.argmax(-1)
-        self._correct += int((logits.argmax(-1) == labels.reshape(logits.shape[:-1])).sum())
-        self._total += labels.size
+        if logits.ndim == labels.ndim and _one_hot(labels):
+            labels = labels.argmax(axis=1)
+        want = (logits.shape[0], *logits.shape[2:]) if logits.ndim >= 2 else None
+        if want is None or labels.shape != want:
+            raise ConfigurationError(
+                f"Accuracy.update: logits {logits.shape} take labels of shape {want} (class indices; the class axis "
+                f"is 1) or one-hot labels like the logits, got {labels.shape}; e.g. labels.reshape(-1) for (N, 1)"
+            )
+        hits = np.equal(logits.argmax(axis=1), labels).reshape(-1)
+        self._correct += int(hits.sum())
+        self._total += hits.size
 
     def eval(self) -> float:
         if not self._total:
@@ -58,7 +73,8 @@ class Accuracy(Metric):
 
 
 class TopKCategoricalAccuracy(Accuracy):
-    """Fraction of samples whose label is among the k highest logits."""
+    """Fraction of samples whose label is among the k highest logits (logits (N, C); labels (N,), (N, 1) or
+    one-hot), as MindSpore's."""
 
     def __init__(self, k: int):
         if not isinstance(k, int) or k < 1:
@@ -67,12 +83,20 @@ class TopKCategoricalAccuracy(Accuracy):
         super().__init__()
 
     def update(self, *inputs: Any) -> None:
+        if len(inputs) != 2:
+            raise ConfigurationError(f"TopKCategoricalAccuracy.update takes (logits, labels), got {len(inputs)} inputs")
         logits, labels = _np(inputs[0]), _np(inputs[1])
-        if labels.ndim == logits.ndim:
-            labels = labels.argmax(-1)
-        top = np.argsort(-logits, axis=-1)[..., : self.k]
-        self._correct += int((top == labels[..., None]).any(-1).sum())
-        self._total += labels.size
+        if logits.ndim == labels.ndim and _one_hot(labels):
+            labels = labels.argmax(axis=1)
+        labels = labels.reshape(-1, 1)
+        if logits.ndim != 2 or labels.shape[0] != logits.shape[0]:
+            raise ConfigurationError(
+                f"TopKCategoricalAccuracy.update: logits must be (N, C) with one label per row, got logits "
+                f"{logits.shape} and {labels.shape[0]} labels"
+            )
+        top = np.argsort(-logits, axis=1)[:, : self.k]
+        self._correct += int((top == labels).any(axis=1).sum())
+        self._total += logits.shape[0]
 
 
 class Top1CategoricalAccuracy(TopKCategoricalAccuracy):
@@ -92,10 +116,13 @@ class Loss(Metric):
         self._sum, self._count = 0.0, 0
 
     def update(self, *inputs: Any) -> None:
+        """One batch's loss: a scalar, or a 1-D loss (reduction='none') that counts as its mean, as MindSpore."""
+        if len(inputs) != 1:
+            raise ConfigurationError(f"Loss.update takes one loss, got {len(inputs)} inputs")
         loss = _np(inputs[0])
-        if loss.size != 1:
-            raise ConfigurationError(f"Loss.update expects a scalar loss, got shape {loss.shape}")
-        self._sum += float(loss.reshape(()))
+        if loss.ndim > 1:
+            raise ConfigurationError(f"Loss.update expects a scalar or 1-D loss, got shape {loss.shape}")
+        self._sum += float(loss.reshape(-1).mean())
         self._count += 1
 
     def eval(self) -> float:

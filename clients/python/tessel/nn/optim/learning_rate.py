@@ -122,8 +122,11 @@ class ExponentialDecayLR(_Decay):
 
 
 class NaturalExpDecayLR(_Decay):
+    # MindSpore's construct (not its docstring's formula): p = step, or with is_stair floor(step / decay_steps) *
+    # decay_steps; as natural_exp_decay_lr, so the schedule cell and the list agree with MindSpore's numbers.
     def lr_at(self, step: int) -> float:
-        return self.learning_rate * math.exp(-self.decay_rate * self._p(step))
+        p = math.floor(step / self.decay_steps) * self.decay_steps if self.is_stair else step
+        return self.learning_rate * math.exp(-self.decay_rate * p)
 
 
 class InverseDecayLR(_Decay):

@@ -1,0 +1,88 @@
+"""Metrics, TimeMonitor, Cell.to_float and AutoParallel.enable_fp32_communication as MindSpore documents them
+(the third audit): Accuracy's class axis and label shapes, top-k with (N, 1) labels, Loss of a 1-D loss."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel import nn, train
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.train.callback import CallbackParam
+
+
+def test_accuracy_takes_the_class_axis_one_and_refuses_labels_of_another_shape():
+    logits = np.eye(3)[[2, 1, 0, 2]]
+    accuracy = train.Accuracy()
+    accuracy.update(logits, np.array([2, 1, 0, 0]))
+    assert accuracy.eval() == pytest.approx(0.75)
+    accuracy.clear()
+    accuracy.update(logits, np.eye(3)[[2, 1, 0, 2]])  # one-hot labels
+    assert accuracy.eval() == 1.0
+    with pytest.raises(ConfigurationError, match=r"labels of shape \(4,\).*got \(4, 1\)"):
+        accuracy.update(logits, np.array([[2], [1], [0], [2]]))  # (N, 1) indices: read as one-hot before
+    segmentation = np.zeros((1, 3, 4))  # (N, C, L): class 2 wins at every position
+    segmentation[0, 2] = 1.0
+    accuracy.clear()
+    accuracy.update(segmentation, np.array([[2, 2, 2, 1]]))
+    assert accuracy.eval() == pytest.approx(0.75)  # argmax over axis 1, 4 positions counted
+
+
+def test_top_k_reads_n_by_1_labels_as_indices():
+    logits = np.eye(3)[[2, 1, 0, 2]]
+    for labels in (np.array([2, 1, 0, 2]), np.array([[2], [1], [0], [2]])):
+        top1 = train.Top1CategoricalAccuracy()
+        top1.update(logits, labels)
+        assert top1.eval() == 1.0  # (N, 1) labels gave 0.25 when argmax'ed as one-hot
+    top2 = train.TopKCategoricalAccuracy(2)
+    top2.update(np.array([[0.1, 0.5, 0.4], [0.6, 0.3, 0.1]]), np.array([2, 2]))
+    assert top2.eval() == pytest.approx(0.5)
+
+
+def test_loss_metric_takes_a_1d_loss_as_its_mean():
+    loss = train.Loss()
+    loss.update(np.array([0.5, 1.5]))
+    loss.update(np.array(3.0))
+    assert loss.eval() == pytest.approx(2.0)
+    with pytest.raises(ConfigurationError, match="scalar or 1-D loss"):
+        loss.update(np.ones((2, 2)))
+
+
+class _RunContext:
+    def __init__(self, **params):
+        self._params = CallbackParam(params)
+
+    def original_args(self):
+        return self._params
+
+
+def test_time_monitor_divides_by_the_runs_steps_before_data_size(capsys):
+    monitor = train.TimeMonitor(data_size=100)
+    monitor.on_train_epoch_begin(_RunContext(batch_num=4))
+    monitor._start -= 1.0  # one second ago
+    monitor.on_train_epoch_end(_RunContext(batch_num=4))
+    printed = capsys.readouterr().out
+    per_step = float(printed.split("per step time: ")[1].split(" ms")[0])
+    assert per_step == pytest.approx(250.0, rel=0.05)  # 1 s over batch_num=4 steps, not data_size=100
+    with pytest.raises(ConfigurationError, match="data_size must be a positive int"):
+        train.TimeMonitor(data_size=0)
+
+
+def test_to_float_takes_float16_and_float32_only():
+    nn.Dense(2, 2).to_float(ms.float16)
+    for dtype in (ms.float64, ms.int32):
+        with pytest.raises(ConfigurationError, match="dst_type must be float16 or float32"):
+            nn.Dense(2, 2).to_float(dtype)
+
+
+def test_fp32_communication_is_refused_for_a_float16_network():
+    from tessel.parallel.auto_parallel import AutoParallel
+
+    plain = AutoParallel(nn.Dense(2, 2), "semi_auto")
+    plain.enable_fp32_communication()
+    plain._apply()  # float32 collectives already
+    half = AutoParallel(nn.Dense(2, 2).to_float(ms.float16), "semi_auto")
+    half.enable_fp32_communication()
+    with pytest.raises(NotSupportedYetError, match="enable_fp32_communication with float16"):
+        half._apply()
