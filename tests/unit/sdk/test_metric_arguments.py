@@ -86,3 +86,15 @@ def test_fp32_communication_is_refused_for_a_float16_network():
     half.enable_fp32_communication()
     with pytest.raises(NotSupportedYetError, match="enable_fp32_communication with float16"):
         half._apply()
+
+
+def test_he_initializers_take_every_linear_nonlinearity_mindspore_names():
+    from tessel.common.initializer import HeUniform
+
+    ms.set_seed(2)
+    draws = {
+        name: HeUniform(nonlinearity=name).generate((64, 32), ms.float32) for name in ("conv1d", "conv_transpose3d")
+    }
+    bound = np.sqrt(3.0 / 32)  # gain 1: sqrt(3 / fan_in)
+    for name, values in draws.items():
+        assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound, name

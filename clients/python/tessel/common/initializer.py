@@ -30,7 +30,9 @@ def _fans(shape: tuple[int, ...], who: str) -> tuple[int, int]:
 
 
 def _gain(nonlinearity: str, slope: float) -> float:
-    gains = {"linear": 1.0, "conv2d": 1.0, "sigmoid": 1.0, "tanh": 5.0 / 3, "relu": math.sqrt(2.0)}
+    # MindSpore's gains: 1 for the linear functions (every convolution included), sigmoid 1, tanh 5/3, relu sqrt 2
+    linear = ("linear", "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d")
+    gains = {**dict.fromkeys(linear, 1.0), "sigmoid": 1.0, "tanh": 5.0 / 3, "relu": math.sqrt(2.0)}
     if nonlinearity == "leaky_relu":
         return math.sqrt(2.0 / (1 + slope**2))
     if nonlinearity not in gains:
