@@ -28,7 +28,7 @@ try:
         # rank that left on its own clock one step early would leave the others waiting in that step).
         values = np.ones(1000, np.float32)
         values[0] = float(time.monotonic() >= end)
-        total = comm_func.all_reduce(values)
+        total, _ = comm_func.all_reduce(values)
         if np.asarray(total.asnumpy() if hasattr(total, "asnumpy") else total)[0] > 0:
             break
         if weights and step % 5 == 0:

@@ -116,7 +116,7 @@ import numpy as np
 from tessel.communication import comm_func, get_group_size, get_rank, init
 init()
 rank, size = get_rank(), get_group_size()
-total = comm_func.all_reduce(np.full(1024, rank + 1, np.float32))
+total = comm_func.all_reduce(np.full(1024, rank + 1, np.float32))[0].asnumpy()
 assert total[0] == size * (size + 1) / 2, total[:4]
 print(f"rank {rank}/{size} ok", flush=True)
 """

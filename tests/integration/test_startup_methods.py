@@ -217,7 +217,8 @@ def test_msrun_on_one_node_writes_msruns_logs_and_exits_with_the_jobs_status(tmp
     sample = tmp_path / "train_at_import.py"
     sample.write_text(
         "import numpy as np\nfrom tessel.communication import comm_func, get_rank, init\ninit()\n"
-        "print(f'rank {get_rank()}: all_reduce={comm_func.all_reduce(np.ones(1, np.float32))[0]:g}', flush=True)\n"
+        "out, _ = comm_func.all_reduce(np.ones(1, np.float32))\n"
+        "print(f'rank {get_rank()}: all_reduce={float(out[0]):g}', flush=True)\n"
     )
     by_pytest = subprocess.run(
         [

@@ -66,34 +66,37 @@ for dtype in DTYPES:
             parts = [make(r, "ar" + op, dtype, (n,)) for r in range(size)]
             check(
                 f"all_reduce {op} {dtype} n={n}",
-                comm_func.all_reduce(parts[rank], op),
+                comm_func.all_reduce(parts[rank], op)[0],
                 reference_reduce(parts, op, dtype),
                 exact=op in ("max", "min") or size == 1,
             )
         parts = [make(r, "ag", dtype, (n, 3)) for r in range(size)]
         check(
             f"all_gather {dtype} n={n}",
-            comm_func.all_gather_into_tensor(parts[rank]),
+            comm_func.all_gather_into_tensor(parts[rank])[0],
             np.concatenate(parts),
             exact=True,
         )
         parts = [make(r, "rs", dtype, (size * n, 2)) for r in range(size)]
         want = reference_reduce(parts, "sum", dtype)[rank * n : (rank + 1) * n]
-        check(f"reduce_scatter {dtype} n={n}", comm_func.reduce_scatter_tensor(parts[rank]), want, exact=size == 1)
+        check(f"reduce_scatter {dtype} n={n}", comm_func.reduce_scatter_tensor(parts[rank])[0], want, exact=size == 1)
         root = size - 1
         parts = [make(r, "bc", dtype, (n,)) for r in range(size)]
         check(f"broadcast {dtype} n={n}", comm_func.broadcast(parts[rank], src=root), parts[root], exact=True)
         parts = [make(r, "a2a", dtype, (2, size * n)) for r in range(size)]
         want = np.concatenate([np.split(parts[r], size, axis=1)[rank] for r in range(size)], axis=0)
         check(
-            f"all_to_all {dtype} n={n}", comm_func.all_to_all(parts[rank], split_dim=1, concat_dim=0), want, exact=True
+            f"all_to_all {dtype} n={n}",
+            comm_func.all_to_all(parts[rank], split_dim=1, concat_dim=0)[0],
+            want,
+            exact=True,
         )
 
 # Ring neighbor exchange, send/recv pairs, async, and a subgroup of the odd ranks.
 if size > 1:
     nxt, prv = (rank + 1) % size, (rank - 1) % size
     parts = [make(r, "nx", "float32", (5, rank + 1 if r == rank else r + 1)) for r in range(size)]
-    got = comm_func.neighbor_exchange([make(rank, "nx", "float32", (5, rank + 1))], [nxt], [prv], [(5, prv + 1)])
+    got, _ = comm_func.neighbor_exchange([make(rank, "nx", "float32", (5, rank + 1))], [nxt], [prv], [(5, prv + 1)])
     check("neighbor_exchange ring", got[0], make(prv, "nx", "float32", (5, prv + 1)), exact=True)
     if rank % 2 == 0 and nxt != rank and rank + 1 < size:
         comm_func.send(make(rank, "sr", "int64", (9,)), dst=rank + 1)
@@ -104,21 +107,22 @@ if size > 1:
             make(rank - 1, "sr", "int64", (9,)),
             exact=True,
         )
-    handle = comm_func.all_reduce(np.full(3, rank, np.float64), async_op=True)
-    check("async all_reduce", handle.wait(), np.full(3, sum(range(size)), np.float64), exact=True)
+    out, handle = comm_func.all_reduce(np.full(3, rank, np.float64), async_op=True)
+    handle.wait()
+    check("async all_reduce", out, np.full(3, sum(range(size)), np.float64), exact=True)
     odd = [r for r in range(size) if r % 2 == 1]
     if rank in odd:
         create_group("odd", odd)
         parts = [make(r, "grp", "float64", (11,)) for r in odd]
         check(
             "subgroup all_reduce",
-            comm_func.all_reduce(parts[odd.index(rank)], group="odd"),
+            comm_func.all_reduce(parts[odd.index(rank)], group="odd")[0],
             reference_reduce(parts, "sum", "float64"),
             exact=len(odd) == 1,
         )
         check(
             "subgroup all_gather",
-            comm_func.all_gather_into_tensor(parts[odd.index(rank)], group="odd"),
+            comm_func.all_gather_into_tensor(parts[odd.index(rank)], group="odd")[0],
             np.concatenate(parts),
             exact=True,
         )

@@ -53,12 +53,12 @@ def collectives(groups: dict[str, list[int]]) -> dict:
         for count in SIZES:
             inputs = {r: make(r, f"{name}/{count}", count * n) for r in ranks}
             x = inputs[rank]
-            check(f"{name} all_reduce {count}", comm_func.all_reduce(x, **group), sum(inputs.values()))
-            gathered = comm_func.all_gather_into_tensor(x, **group)
+            check(f"{name} all_reduce {count}", comm_func.all_reduce(x, **group)[0].asnumpy(), sum(inputs.values()))
+            gathered = comm_func.all_gather_into_tensor(x, **group)[0].asnumpy()
             check(f"{name} all_gather {count}", gathered, np.concatenate([inputs[r] for r in ranks]))
             root = ranks[-1]
-            check(f"{name} broadcast {count}", comm_func.broadcast(x, src=root, **group), inputs[root])
-            chunk = comm_func.reduce_scatter_tensor(x, **group)
+            check(f"{name} broadcast {count}", comm_func.broadcast(x, src=root, **group).asnumpy(), inputs[root])
+            chunk = comm_func.reduce_scatter_tensor(x, **group)[0].asnumpy()
             index = ranks.index(rank)
             want = sum(inputs.values())[index * count : (index + 1) * count]
             check(f"{name} reduce_scatter {count}", chunk, want)
@@ -72,7 +72,7 @@ def collectives(groups: dict[str, list[int]]) -> dict:
     # segments, flat: hierarchy.WAYS, WayTuner), the ones after take the way its members chose: every one is checked.
     worst = 0.0
     for _ in range(hierarchy.TUNING_CALLS + 2):
-        error = np.abs(comm_func.all_reduce(inputs[rank]).astype(np.float64) - exact)
+        error = np.abs(comm_func.all_reduce(inputs[rank])[0].asnumpy().astype(np.float64) - exact)
         worst = max(worst, float(np.max(error / np.maximum(bound, 1e-30))))
     checks += 1
     if worst > 1.0:

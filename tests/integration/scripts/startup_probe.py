@@ -15,7 +15,7 @@ from tessel.communication import comm_func, get_group_size, get_rank, init
 print("before init", flush=True)
 init()
 rank, size = get_rank(), get_group_size()
-total = comm_func.all_reduce(np.full(2, rank + 1, np.float32))
+total = comm_func.all_reduce(np.full(2, rank + 1, np.float32))[0].asnumpy()
 assert total[0] == size * (size + 1) / 2, total
 print(f"rank {rank} of {size}: all_reduce={total[0]:g} device_target={ms.get_context('device_target')}", flush=True)
 if len(sys.argv) > 1:

@@ -22,7 +22,7 @@ w = np.zeros(8, np.float32)
 
 
 def reduced(value: np.ndarray) -> np.ndarray:
-    out = comm_func.all_reduce(value)
+    out, _ = comm_func.all_reduce(value)
     return np.asarray(out.asnumpy() if hasattr(out, "asnumpy") else out, dtype=np.float32)
 
 

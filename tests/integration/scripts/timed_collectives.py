@@ -15,7 +15,7 @@ x = np.full(elements, rank + 1, np.float32)
 comm_func.barrier()
 start = time.perf_counter()
 for _ in range(steps):
-    total = comm_func.all_reduce(x)
+    total, _ = comm_func.all_reduce(x)
 elapsed = time.perf_counter() - start
 assert float(total[0]) == size * (size + 1) / 2, total[:4]
 print(f"rank {rank} elapsed {elapsed:.4f}", flush=True)

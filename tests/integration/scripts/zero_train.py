@@ -153,7 +153,7 @@ def train(optimizer_name: str, level: str, accumulate: int = 1, by_context: bool
     ms.Model(network, optimizer=optimizer).train(1, dataset(), callbacks=[record], dataset_sink_mode=True)
     losses = np.array(record.losses)
     if MODE in ("dp", "accumulate"):  # each rank's loss is its slice's; the global batch's is their mean
-        losses = np.asarray(comm_func.all_gather_into_tensor(losses)).reshape(world, -1).mean(0)
+        losses = comm_func.all_gather_into_tensor(losses)[0].asnumpy().reshape(world, -1).mean(0)
     named = [(p.name, p) for p in params]
     slots = [(p.name, p) for p in optimizer.slot_parameters() if p.name.startswith(("moment", "accum"))]
     return losses / accumulate, dict(gather(named)), dict(gather(slots)), optimizer

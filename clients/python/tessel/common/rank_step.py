@@ -261,14 +261,14 @@ def check_replicas(named: Sequence[tuple[str, np.ndarray]]) -> None:
     world = get_group_size()
     if world == 1:
         return
-    counts = comm_func.all_gather_into_tensor(np.array([len(named)], np.int64)).reshape(world)
+    counts = comm_func.all_gather_into_tensor(np.array([len(named)], np.int64))[0].asnumpy().reshape(world)
     if len(set(counts.tolist())) > 1:
         raise ConfigurationError(
             f"data parallel: ranks hold different numbers of parameters ({dict(enumerate(counts.tolist()))}); "
             "every rank must build the same network"
         )
     sums = np.array([_checksum(array) for _, array in named], np.float64)
-    gathered = comm_func.all_gather_into_tensor(sums).reshape(world, len(named))
+    gathered = comm_func.all_gather_into_tensor(sums)[0].asnumpy().reshape(world, len(named))
     for index, (name, _) in enumerate(named):
         column = gathered[:, index]
         if np.all(column == column[0]):

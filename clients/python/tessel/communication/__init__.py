@@ -146,13 +146,27 @@ def get_group_rank_from_world_rank(world_rank_id: int, group: str) -> int:
 
 
 def create_group(group: str, rank_ids: Sequence[int], options: object = None) -> None:
-    """Create a named group of world ranks; every member calls it with the same list (MindSpore's rule)."""
+    """Create a named group of world ranks; every member calls it with the same list (MindSpore's rule).
+    `options` (MindSpore's GroupOptions: HCCL settings for the group's communicator) is not supported yet."""
+    if options is not None:
+        raise not_supported_yet(
+            f"create_group({group!r}, options=...)",
+            "options is MindSpore's GroupOptions, whose hccl_config tunes the group's HCCL communicator "
+            "(hccl_buffer_size, hccl_comm, hccl_op_expansion_mode); tessel's groups run on its daemons' "
+            "collectives, not on HCCL communicators; drop options (results are the same without it)",
+        )
     runtime = _rt.current()
     if group in _WORLD_ALIASES:
         raise ConfigurationError(f"{group!r} names the world group; pick another name")
     if group in runtime.groups:
         raise ConfigurationError(f"group {group!r} already exists; destroy_group({group!r}) first")
     ranks = tuple(int(r) for r in rank_ids)
+    repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+    if repeated:
+        raise ConfigurationError(
+            f"create_group({group!r}, rank_ids={list(ranks)}): rank_ids must not repeat a rank (MindSpore's rule), "
+            f"but {repeated} appear more than once; list each world rank once"
+        )
     runtime.daemon.create_group(runtime.session_id, group, ranks)
     runtime.groups[group] = ranks
 

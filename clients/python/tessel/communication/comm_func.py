@@ -1,27 +1,37 @@
-"""Functional collectives on host arrays, run by this rank's daemon (MindSpore's `communication.comm_func`).
+"""Functional collectives run by this rank's daemon (MindSpore's `communication.comm_func`).
 
 Each call is one Execute round trip: the input is fed, the collective runs on the daemon's plugin, the result
-comes back. Ranks named in arguments (`src`, `dst`, `send_rank_ids`, …) are world ranks, as in MindSpore.
-With `async_op=True` a `CommHandle` is returned; `handle.wait()` gives the result.
+comes back as a Tensor. Ranks named in arguments (`src`, `dst`, `send_rank_ids`, …) are world ranks, as in
+MindSpore. Inputs are Tensors (numpy arrays are taken too). Returns are MindSpore's: `all_reduce`,
+`all_gather_into_tensor` and `reduce_scatter_tensor` return `(Tensor, CommHandle)`, the handle None unless
+`async_op=True`; `broadcast` and `recv` a Tensor; `send` and `barrier` None; `isend` a CommHandle, `irecv`
+`(Tensor, CommHandle)`. An asynchronous call's Tensor holds the result once `handle.wait()` has returned.
 
+    import tessel as ms
     from tessel.communication import init, comm_func
     init()
-    total = comm_func.all_reduce(np.ones(4, np.float32))   # = world size everywhere
+    total, _ = comm_func.all_reduce(ms.Tensor(np.ones(4, np.float32)))   # = world size everywhere
+    out, handle = comm_func.all_reduce(ms.Tensor(np.ones(4, np.float32)), async_op=True)
+    handle.wait()                                                         # out now holds the sum
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tessel.communication import _WORLD_ALIASES, GlobalComm, _ranks
 from tessel.communication import runtime as _rt
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import not_supported_yet
 from tessel.core.wire import wire_dtype
 from tessel.v1 import collective_pb2, daemon_pb2
+
+if TYPE_CHECKING:  # tessel.common imports tessel.ops, which imports this module's ReduceOp
+    from tessel.common.tensor import Tensor
 
 
 class ReduceOp:
@@ -44,22 +54,20 @@ _names = itertools.count()
 
 
 class CommHandle:
-    """An asynchronous collective started on the daemon; `wait()` completes it and returns its result."""
+    """An asynchronous collective started on the daemon (MindSpore's CommHandle). `wait()` blocks until it is
+    done and fills the Tensors the call returned; it returns None, as in MindSpore."""
 
-    def __init__(self, handle: str, outputs: list[str], single: bool):
-        self._handle, self._outputs, self._single, self._result = handle, outputs, single, None
+    def __init__(self, handle: str, outputs: list[str], tensors: list[Tensor]):
+        self._handle, self._outputs, self._tensors = handle, outputs, tensors
         self._done = False
 
-    def wait(self) -> Any:
-        if not self._done:
-            program = daemon_pb2.Program(
-                instructions=[daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=self._handle))]
-            )
-            self._result = _run(program, self._outputs)
-            self._done = True
-        if not self._outputs:
-            return None
-        return self._result[0] if self._single else self._result
+    def wait(self) -> None:
+        if self._done:
+            return
+        program = daemon_pb2.Program(instructions=[daemon_pb2.Instruction(wait=daemon_pb2.WaitOp(handle=self._handle))])
+        for tensor, array in zip(self._tensors, _run(program, self._outputs)):
+            tensor._set_host(np.asarray(array))
+        self._done = True
 
 
 def _group_name(group: str | None) -> str:
@@ -73,6 +81,47 @@ def _group_rank(world_rank: int, group: str | None, what: str) -> int:
     return ranks.index(world_rank)
 
 
+def _tensor(array: np.ndarray) -> Tensor:
+    from tessel.common.tensor import Tensor
+
+    return Tensor._wrap(np.asarray(array))
+
+
+def _host(x: Any) -> np.ndarray:
+    from tessel.common.tensor import Tensor
+
+    return x.asnumpy() if isinstance(x, Tensor) else np.asarray(x)
+
+
+def _check_int(call: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ConfigurationError(f"{call}: {name} must be an int (MindSpore's rule), got {value!r}; e.g. {name}=0")
+    return int(value)
+
+
+def _check_async(call: str, async_op: Any) -> bool:
+    if not isinstance(async_op, (bool, np.bool_)):
+        raise ConfigurationError(f"{call}: async_op must be a bool, got {async_op!r}; pass async_op=True or False")
+    return bool(async_op)
+
+
+def _check_op(call: str, op: Any) -> int:
+    if op not in _OPS:
+        raise ConfigurationError(f"{call}: unknown reduce op {op!r}; use one of {sorted(_OPS)} (e.g. ReduceOp.SUM)")
+    return _OPS[op]
+
+
+def _check_tag(call: str, tag: Any) -> None:
+    """MindSpore pairs a send with the receive of the same `tag`; tessel pairs them in call order, which is the
+    same thing only when every tag is 0."""
+    if _check_int(call, "tag", tag) != 0:
+        raise not_supported_yet(
+            f"{call}(tag={tag})",
+            "tessel matches sends and receives between two ranks in call order, not by tag; pass tag=0 (the "
+            "default) on both sides and issue the receives in the order of the sends",
+        )
+
+
 def _run(program: daemon_pb2.Program, outputs: list[str], feed: dict | None = None) -> list[np.ndarray]:
     runtime = _rt.current()
     runtime.check()
@@ -83,54 +132,98 @@ def _run(program: daemon_pb2.Program, outputs: list[str], feed: dict | None = No
     return [fetched[n] for n in outputs]
 
 
-def _collective(op: daemon_pb2.CollectiveOp, inputs: list[np.ndarray], n_out: int, async_op: bool) -> Any:
+def _collective(
+    op: daemon_pb2.CollectiveOp, inputs: list[np.ndarray], results: Sequence[tuple[tuple, Any]], async_op: bool
+) -> tuple[list[Tensor], CommHandle | None]:
+    """Run `op`; `results` gives each output's (shape, dtype), which an async call's Tensors hold until wait()."""
     tag = next(_names)
-    feed = {f"cf{tag}.in{i}": np.asarray(x) for i, x in enumerate(inputs)}
-    outputs = [f"cf{tag}.out{i}" for i in range(n_out)]
+    feed = {f"cf{tag}.in{i}": x for i, x in enumerate(inputs)}
+    outputs = [f"cf{tag}.out{i}" for i in range(len(results))]
     op.inputs[:] = list(feed)
     op.outputs[:] = outputs
-    if async_op:
-        op.handle = f"cf{tag}"
-        _run(daemon_pb2.Program(instructions=[daemon_pb2.Instruction(collective=op)]), [], feed)
-        return CommHandle(op.handle, outputs, n_out == 1)
-    result = _run(daemon_pb2.Program(instructions=[daemon_pb2.Instruction(collective=op)]), outputs, feed)
-    return result[0] if n_out == 1 else (result if n_out else None)
+    if not async_op:
+        got = _run(daemon_pb2.Program(instructions=[daemon_pb2.Instruction(collective=op)]), outputs, feed)
+        return [_tensor(a) for a in got], None
+    op.handle = f"cf{tag}"
+    _run(daemon_pb2.Program(instructions=[daemon_pb2.Instruction(collective=op)]), [], feed)
+    tensors = [_tensor(np.zeros(shape, dtype)) for shape, dtype in results]
+    return tensors, CommHandle(op.handle, outputs, tensors)
 
 
 def all_reduce(tensor, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
-    if op not in _OPS:
-        raise ConfigurationError(f"unknown reduce op {op!r}; use one of {sorted(_OPS)}")
-    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, op=_OPS[op], group=_group_name(group))
-    return _collective(spec, [tensor], 1, async_op)
+    """Reduce `tensor` over `group`; returns (Tensor, CommHandle), the handle None unless async_op=True."""
+    kind = _check_op("all_reduce", op)
+    async_op = _check_async("all_reduce", async_op)
+    x = _host(tensor)
+    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, op=kind, group=_group_name(group))
+    (out,), handle = _collective(spec, [x], [(x.shape, x.dtype)], async_op)
+    return out, handle
 
 
 def all_gather_into_tensor(tensor, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
+    """Concatenate every group rank's `tensor` along dim 0; returns (Tensor, CommHandle)."""
+    async_op = _check_async("all_gather_into_tensor", async_op)
+    x = _host(tensor)
+    shape = (x.shape[0] * len(_ranks(group)), *x.shape[1:]) if x.ndim else x.shape
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_GATHER, group=_group_name(group))
-    return _collective(spec, [tensor], 1, async_op)
+    (out,), handle = _collective(spec, [x], [(shape, x.dtype)], async_op)
+    return out, handle
 
 
 def reduce_scatter_tensor(
     tensor, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False
 ):
-    if op not in _OPS:
-        raise ConfigurationError(f"unknown reduce op {op!r}; use one of {sorted(_OPS)}")
-    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.REDUCE_SCATTER, op=_OPS[op], group=_group_name(group))
-    return _collective(spec, [tensor], 1, async_op)
+    """Reduce over `group`, then group rank r keeps block r of dim 0; returns (Tensor, CommHandle)."""
+    kind = _check_op("reduce_scatter_tensor", op)
+    async_op = _check_async("reduce_scatter_tensor", async_op)
+    x = _host(tensor)
+    shape = (x.shape[0] // len(_ranks(group)), *x.shape[1:]) if x.ndim else x.shape
+    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.REDUCE_SCATTER, op=kind, group=_group_name(group))
+    (out,), handle = _collective(spec, [x], [(shape, x.dtype)], async_op)
+    return out, handle
 
 
-def broadcast(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
-    root = _group_rank(src, group, "src")
+def broadcast(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP):
+    """Every rank gets world rank `src`'s `tensor`; returns a Tensor (MindSpore's broadcast has no async_op)."""
+    root = _group_rank(_check_int("broadcast", "src", src), group, "src")
+    x = _host(tensor)
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.BROADCAST, root=root, group=_group_name(group))
-    return _collective(spec, [tensor], 1, async_op)
+    (out,), _ = _collective(spec, [x], [(x.shape, x.dtype)], False)
+    return out
 
 
 def all_to_all(
     tensor, split_dim: int = 0, concat_dim: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False
 ):
+    """tessel's functional form of `ops.AlltoAll` (not a MindSpore comm_func name): split `split_dim` into one
+    block per group rank, send block i to group rank i, concatenate along `concat_dim`. Returns
+    (Tensor, CommHandle) like MindSpore's all_to_all_single_with_output_shape."""
+    async_op = _check_async("all_to_all", async_op)
+    x = _host(tensor)
+    for name, dim in (("split_dim", split_dim), ("concat_dim", concat_dim)):
+        if not -x.ndim <= _check_int("all_to_all", name, dim) < max(x.ndim, 1):
+            raise ConfigurationError(
+                f"all_to_all: {name}={dim} is not a dim of the {x.ndim}-D input; use one in [{-x.ndim}, {x.ndim})"
+            )
+    n = len(_ranks(group))
+    shape = list(x.shape)
+    if x.ndim:
+        shape[split_dim] //= n
+        shape[concat_dim] *= n
     spec = daemon_pb2.CollectiveOp(
         kind=collective_pb2.ALL_TO_ALL, split_dim=split_dim, concat_dim=concat_dim, group=_group_name(group)
     )
-    return _collective(spec, [tensor], 1, async_op)
+    (out,), handle = _collective(spec, [x], [(tuple(shape), x.dtype)], async_op)
+    return out, handle
+
+
+def _np_dtype(dtype: Any) -> np.dtype:
+    from tessel.common.dtype import to_dtype
+
+    try:
+        return np.dtype(dtype)
+    except TypeError:
+        return np.dtype(to_dtype(dtype).numpy)
 
 
 def neighbor_exchange(
@@ -142,44 +235,111 @@ def neighbor_exchange(
     group: str = GlobalComm.WORLD_COMM_GROUP,
     async_op: bool = False,
 ):
-    """Send tensors[i] to send_rank_ids[i]; return one tensor of recv_shapes[j] from each recv_rank_ids[j]."""
+    """tessel's functional form of `ops.NeighborExchange` (not a MindSpore comm_func name): send tensors[i] to
+    send_rank_ids[i], receive one tensor of recv_shapes[j] from each recv_rank_ids[j]. Returns
+    (tuple of Tensors, CommHandle) like MindSpore's all_to_all_with_output_shape."""
     if len(tensors) != len(send_rank_ids) or len(recv_shapes) != len(recv_rank_ids):
         raise ConfigurationError(
             f"neighbor_exchange: {len(tensors)} tensors for {len(send_rank_ids)} send ranks, "
             f"{len(recv_shapes)} shapes for {len(recv_rank_ids)} recv ranks; the lengths must match"
         )
+    async_op = _check_async("neighbor_exchange", async_op)
+    dtype = _np_dtype(recv_type)
     spec = daemon_pb2.CollectiveOp(
         kind=collective_pb2.NEIGHBOR_EXCHANGE,
         group=_group_name(group),
         send_ranks=[_group_rank(r, group, "send rank") for r in send_rank_ids],
         recv_ranks=[_group_rank(r, group, "recv rank") for r in recv_rank_ids],
         recv_shapes=[daemon_pb2.TensorShape(dims=list(s)) for s in recv_shapes],
-        recv_dtype=wire_dtype(np.dtype(recv_type)),
+        recv_dtype=wire_dtype(dtype),
     )
-    result = _collective(spec, list(tensors), len(recv_rank_ids), async_op)
-    return [result] if len(recv_rank_ids) == 1 and not async_op else result
+    results = [(tuple(s), dtype) for s in recv_shapes]
+    outs, handle = _collective(spec, [_host(t) for t in tensors], results, async_op)
+    return tuple(outs), handle
 
 
-def send(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
-    spec = daemon_pb2.CollectiveOp(
-        kind=collective_pb2.SEND, peer=_group_rank(dst, group, "dst"), group=_group_name(group)
-    )
-    return _collective(spec, [tensor], 0, async_op)
+def _send(call: str, tensor, dst, group, tag, async_op: bool) -> CommHandle | None:
+    peer = _group_rank(_check_int(call, "dst", dst), group, "dst")
+    _check_tag(call, tag)
+    spec = daemon_pb2.CollectiveOp(kind=collective_pb2.SEND, peer=peer, group=_group_name(group))
+    return _collective(spec, [_host(tensor)], [], async_op)[1]
 
 
-def recv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
-    """Receive into a new array shaped and typed like `tensor` (MindSpore passes a template tensor)."""
-    template = np.asarray(tensor)
+def _recv(call: str, tensor, src, group, tag, async_op: bool) -> tuple[Tensor, CommHandle | None]:
+    peer = _group_rank(_check_int(call, "src", src), group, "src")
+    _check_tag(call, tag)
+    template = _host(tensor)
     spec = daemon_pb2.CollectiveOp(
         kind=collective_pb2.RECV,
-        peer=_group_rank(src, group, "src"),
+        peer=peer,
         group=_group_name(group),
         recv_shapes=[daemon_pb2.TensorShape(dims=list(template.shape))],
         recv_dtype=wire_dtype(template.dtype),
     )
-    return _collective(spec, [], 1, async_op)
+    (out,), handle = _collective(spec, [], [(template.shape, template.dtype)], async_op)
+    return out, handle
+
+
+def send(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0) -> None:
+    """Send `tensor` to world rank `dst` and wait until it is sent (MindSpore returns nothing)."""
+    _send("send", tensor, dst, group, tag, False)
+
+
+def recv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0) -> Tensor:
+    """Receive from world rank `src` a new Tensor shaped and typed like `tensor` (its values are not used)."""
+    return _recv("recv", tensor, src, group, tag, False)[0]
+
+
+def isend(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0) -> CommHandle:
+    """Start sending `tensor` to world rank `dst`; returns the CommHandle to wait on."""
+    return _send("isend", tensor, dst, group, tag, True)
+
+
+def irecv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0):
+    """Start receiving from world rank `src`; returns (Tensor, CommHandle): the Tensor, shaped and typed like
+    `tensor`, holds the data once handle.wait() has returned."""
+    return _recv("irecv", tensor, src, group, tag, True)
 
 
 def barrier(group: str = GlobalComm.WORLD_COMM_GROUP) -> None:
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.BARRIER, group=_group_name(group))
-    _collective(spec, [], 0, False)
+    _collective(spec, [], [], False)
+
+
+# MindSpore comm_func names tessel does not map yet: each raises NotSupportedYetError at first use.
+_NOT_MAPPED = (
+    "P2POp",
+    "all_to_all_single_with_output_shape",
+    "all_to_all_with_output_shape",
+    "batch_isend_irecv",
+    "gather_into_tensor",
+    "reduce",
+    "scatter_tensor",
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NOT_MAPPED:
+        raise not_supported_yet(
+            f"mindspore.communication.comm_func.{name}",
+            "tessel does not map this collective yet; all_reduce, all_gather_into_tensor, reduce_scatter_tensor, "
+            "broadcast, send/recv, isend/irecv and barrier are available",
+        )
+    raise AttributeError(f"module 'tessel.communication.comm_func' has no attribute {name!r}")
+
+
+__all__ = [
+    "CommHandle",
+    "ReduceOp",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "barrier",
+    "broadcast",
+    "irecv",
+    "isend",
+    "neighbor_exchange",
+    "recv",
+    "reduce_scatter_tensor",
+    "send",
+]

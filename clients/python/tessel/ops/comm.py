@@ -90,7 +90,7 @@ class AllReduce(_Collective):
     def _eager(self, array):
         from tessel.communication import comm_func
 
-        return comm_func.all_reduce(array, self.attrs["op"], self.group)
+        return comm_func.all_reduce(array, self.attrs["op"], self.group)[0].asnumpy()
 
 
 class AllGather(_Collective):
@@ -104,7 +104,7 @@ class AllGather(_Collective):
     def _eager(self, array):
         from tessel.communication import comm_func
 
-        return comm_func.all_gather_into_tensor(array, self.group)
+        return comm_func.all_gather_into_tensor(array, self.group)[0].asnumpy()
 
 
 class ReduceScatter(_Collective):
@@ -123,7 +123,7 @@ class ReduceScatter(_Collective):
     def _eager(self, array):
         from tessel.communication import comm_func
 
-        return comm_func.reduce_scatter_tensor(array, self.attrs["op"], self.group)
+        return comm_func.reduce_scatter_tensor(array, self.attrs["op"], self.group)[0].asnumpy()
 
 
 class Broadcast(_Collective):
@@ -145,7 +145,7 @@ class Broadcast(_Collective):
     def _eager(self, array):
         from tessel.communication import comm_func
 
-        return comm_func.broadcast(array, self.attrs["root_rank"], self.group)
+        return comm_func.broadcast(array, self.attrs["root_rank"], self.group).asnumpy()
 
 
 class AlltoAll(_Collective):
@@ -170,7 +170,7 @@ class AlltoAll(_Collective):
         from tessel.communication import comm_func
 
         self._check(group_ranks(self.group))
-        return comm_func.all_to_all(array, self.attrs["split_dim"], self.attrs["concat_dim"], self.group)
+        return comm_func.all_to_all(array, self.attrs["split_dim"], self.attrs["concat_dim"], self.group)[0].asnumpy()
 
 
 class NeighborExchange(Primitive):
@@ -231,5 +231,5 @@ def exchange(inputs, send_ids, recv_ids, recv_shapes, recv_type, group: str) -> 
         return out if isinstance(out, tuple) else (out,)
     from tessel.communication import comm_func
 
-    got = comm_func.neighbor_exchange([_host(x) for x in inputs], send_ids, recv_ids, recv_shapes, dtype, group)
-    return tuple(Tensor._wrap(np.asarray(a)) for a in got)
+    got, _ = comm_func.neighbor_exchange([_host(x) for x in inputs], send_ids, recv_ids, recv_shapes, dtype, group)
+    return got

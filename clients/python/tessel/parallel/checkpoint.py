@@ -111,7 +111,7 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
     holders = None
     if any(v._pipeline is not None for v in sliced_):  # which ranks hold which parameter
         mine = np.array([v.held for v in sliced_], np.int32)
-        holders = np.asarray(comm_func.all_gather_into_tensor(mine)).reshape(world, len(sliced_))
+        holders = comm_func.all_gather_into_tensor(mine)[0].asnumpy().reshape(world, len(sliced_))
     index = 0
     for name, value in named:
         if not (isinstance(value, Parameter) and value.layout is not None and world > 1):
@@ -119,7 +119,7 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
             continue
         shape = value.layout.local_shape(tuple(value.shape))
         local = np.ascontiguousarray(value.asnumpy() if value.held else np.zeros(shape, value.dtype.numpy))
-        everyone = np.asarray(comm_func.all_gather_into_tensor(local.reshape(-1)))
+        everyone = comm_func.all_gather_into_tensor(local.reshape(-1))[0].asnumpy()
         pieces = [piece.reshape(local.shape) for piece in np.split(everyone, world)]
         if holders is not None:  # the pieces of the first stage holding it (stages hold layout.mesh.size ranks)
             devices = value.layout.mesh.size
@@ -136,7 +136,7 @@ def first_writer(path: str) -> bool:
     from tessel.communication.runtime import current
 
     digest = int.from_bytes(hashlib.blake2b(os.path.abspath(path).encode(), digest_size=6).digest(), "little")
-    everyone = np.asarray(comm_func.all_gather_into_tensor(np.array([digest], np.int64))).tolist()
+    everyone = comm_func.all_gather_into_tensor(np.array([digest], np.int64))[0].asnumpy().tolist()
     return everyone.index(digest) == current().rank
 
 

@@ -55,7 +55,7 @@ def sync_pipeline_shared_parameters(net: Any) -> None:
         )
     devices = world // pipeline.stages()
     mine = np.array([p.held for p in placed], np.int32)
-    holders = np.asarray(comm_func.all_gather_into_tensor(mine)).reshape(world, len(placed))
+    holders = comm_func.all_gather_into_tensor(mine)[0].asnumpy().reshape(world, len(placed))
     shared = [p for i, p in enumerate(placed) if len({int(r) // devices for r in np.flatnonzero(holders[:, i])}) > 1]
     if not shared:
         return
