@@ -436,16 +436,18 @@ def jit(
     compiles again for a new input signature), `fullgraph` and its backends give the same results and are checked,
     then logged once as having no effect here; so are the backend's `options`.
     """
-    _check_choice("jit", "capture_mode", capture_mode, ("ast", "bytecode", "trace"))
-    _check_choice("jit", "jit_level", jit_level, ("O0", "O1"))
-    _check_choice("jit", "dynamic", dynamic, (0, 1))
-    _check_choice("jit", "fullgraph", fullgraph, (False, True))
-    _check_choice("jit", "backend", backend, ("", "ms_backend", "GE"))
-    settings = {"capture_mode": capture_mode, "jit_level": jit_level, "dynamic": dynamic, "fullgraph": fullgraph}
-    defaults = {"capture_mode": "ast", "jit_level": "O0", "dynamic": 0, "fullgraph": False}
-    given = {name: value for name, value in settings.items() if value != defaults[name]}
-    if backend:
-        given["backend"] = backend
+    choices = {  # each option's values, MindSpore's default first
+        "capture_mode": (capture_mode, ("ast", "bytecode", "trace")),
+        "jit_level": (jit_level, ("O0", "O1")),
+        "dynamic": (dynamic, (0, 1)),
+        "fullgraph": (fullgraph, (False, True)),
+        "backend": (backend, ("", "ms_backend", "GE")),
+    }
+    given = {}
+    for name, (value, allowed) in choices.items():
+        _check_choice("jit", name, value, allowed)
+        if value != allowed[0]:
+            given[name] = value
     for name, value in {**given, **options}.items():
         log_once(
             f"jit.{name}",

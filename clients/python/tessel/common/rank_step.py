@@ -113,9 +113,10 @@ def parallel_train_program(
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
         if _gradient_weight != 1.0:  # an uneven batch split (batch_split): see gradient_weight
             graph = weigh_gradients(graph, _gradient_weight)
-        mirrored = [k for k in keys if k not in set(local)]
+        local = frozenset(local)
+        mirrored = [k for k in keys if k not in local]
         forward = set_fusion(mirror_parameters(graph, mirrored, tuple(range(world)), mean=mean), fusion or {})
-        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude) | set(local))
+        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude) | local)
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         try:
