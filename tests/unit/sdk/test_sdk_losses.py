@@ -52,6 +52,43 @@ def test_cross_entropy_ignore_index_label_smoothing_and_probabilities():
     np.testing.assert_allclose(call(nn.CrossEntropyLoss(), LOGITS, probs.astype(np.float32)), want, rtol=1e-5)
 
 
+def mindspore_nll(log_p, labels, weight, ignore_index, reduction, smoothing):
+    """MindSpore's `ops.function.nn_func._nll_loss` in float64, class axis last: the smoothing term is not
+    weighted, and under 'mean' it is averaged over every target, ignored ones (zero) included."""
+    keep = labels != ignore_index
+    safe = np.where(keep, labels, 0)
+    w = (np.ones(log_p.shape[-1]) if weight is None else weight)[safe] * keep
+    loss = -np.take_along_axis(log_p, safe[..., None], -1)[..., 0] * w
+    smooth = -log_p.sum(-1) * keep
+    if reduction == "sum":
+        loss, smooth = loss.sum(), smooth.sum()
+    elif reduction == "mean":
+        loss, smooth = loss.sum() / w.sum(), smooth.mean()
+    return (1 - smoothing) * loss + smoothing / log_p.shape[-1] * smooth
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_label_smoothing_with_weight_and_ignore_index_follows_mindspore(reduction, weighted):
+    labels = LABELS.copy()
+    labels[[1, 4]] = 7
+    weight = WEIGHT if weighted else None
+    want = mindspore_nll(log_softmax(LOGITS), labels, weight, 7, reduction, 0.2)
+    w = None if weight is None else ms.Tensor(weight.astype(np.float32))
+    loss = nn.CrossEntropyLoss(weight=w, ignore_index=7, reduction=reduction, label_smoothing=0.2)
+    np.testing.assert_allclose(call(loss, LOGITS, labels), want, rtol=1e-5, atol=1e-6)
+    x, y = ms.Tensor(log_softmax(LOGITS).astype(np.float32)), ms.Tensor(labels)
+    got = ms.ops.nll_loss(x, y, w, ignore_index=7, reduction=reduction, label_smoothing=0.2).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # (N, C, H, W): the class axis is 1; the 'mean' of the smoothing term counts N * H * W targets
+    images = rand(2, 4, 3, 2).astype(np.float64)
+    pixels = np.random.default_rng(3).integers(0, 4, (2, 3, 2)).astype(np.int32)
+    pixels[0, 1, 1] = pixels[1, 2, 0] = 7
+    want = mindspore_nll(log_softmax(np.moveaxis(images, 1, -1)), pixels, weight, 7, reduction, 0.2)
+    got = ms.ops.cross_entropy(ms.Tensor(images.astype(np.float32)), ms.Tensor(pixels), w, 7, reduction, 0.2).asnumpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_softmax_cross_entropy_with_logits_and_nll():
     nll = -log_softmax(LOGITS)[np.arange(6), LABELS]
     sparse = nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="mean")

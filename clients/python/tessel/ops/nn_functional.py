@@ -341,15 +341,6 @@ def _class_last(x: Any) -> Any:
     return x if ndim <= 2 else transpose(x, (0, *range(2, ndim), 1))
 
 
-def _weighted_mean(per: Any, weights: Any, reduction: str) -> Tensor:
-    from tessel.ops.functional import sum
-
-    per = per * weights
-    if reduction == "mean":
-        return sum(per) / sum(weights)
-    return sum(per) if reduction == "sum" else per
-
-
 def cross_entropy(
     input: Any,
     target: Any,
@@ -359,7 +350,7 @@ def cross_entropy(
     label_smoothing: float = 0.0,
 ) -> Tensor:
     """Softmax cross-entropy of logits (class axis 1) with class indices or class probabilities."""
-    from tessel.ops.functional import gather, mean, select, sum
+    from tessel.ops.functional import sum
 
     check_reduction(reduction)
     logits = _class_last(input)
@@ -371,19 +362,10 @@ def cross_entropy(
         log_p = log_softmax(logits, -1)
         terms = target * log_p if weight is None else target * log_p * weight
         return reduce_loss(-sum(terms, -1), reduction)
-    if label_smoothing and weight is not None:
-        from tessel.common.support import not_supported_yet
-
-        raise not_supported_yet("ops.cross_entropy with both label_smoothing and weight", "give one of them")
-    keep = target != ignore_index
-    safe = select(keep, target, 0)
-    per = apply_op("SparseSoftmaxCrossEntropy", logits, safe)
-    if label_smoothing:
-        per = per * (1.0 - label_smoothing) - mean(log_softmax(logits, -1), -1) * label_smoothing
-    weights = apply_op("Cast", keep, dtype=per.dtype)
-    if weight is not None:
-        weights = weights * gather(weight, safe, 0)
-    return _weighted_mean(per, weights, reduction)
+    keep, safe = _kept_targets(target, ignore_index)
+    nll = apply_op("SparseSoftmaxCrossEntropy", logits, safe)
+    log_p = log_softmax(logits, -1) if label_smoothing else None
+    return _class_index_loss(nll, log_p, keep, safe, weight, reduction, label_smoothing)
 
 
 def nll_loss(
@@ -395,23 +377,43 @@ def nll_loss(
     label_smoothing: float = 0.0,
 ) -> Tensor:
     """Negative log-likelihood of log-probabilities `inputs` (class axis 1) at class indices `target`."""
-    from tessel.ops.functional import expand_dims, gather, gather_elements, mean, select, squeeze
+    from tessel.ops.functional import expand_dims, gather_elements, squeeze
 
     check_reduction(reduction)
-    if label_smoothing and weight is not None:  # as cross_entropy: the weighting of the smoothing term is not settled
-        from tessel.common.support import not_supported_yet
-
-        raise not_supported_yet("ops.nll_loss with both label_smoothing and weight", "give one of them")
     log_p = _class_last(inputs)
+    keep, safe = _kept_targets(target, ignore_index)
+    nll = -squeeze(gather_elements(log_p, -1, expand_dims(safe, -1)), -1)
+    return _class_index_loss(nll, log_p, keep, safe, weight, reduction, label_smoothing)
+
+
+def _kept_targets(target: Any, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """The mask of targets that count and the targets with ignored ones replaced by class 0 (any valid index)."""
+    from tessel.ops.functional import select
+
     keep = target != ignore_index
-    safe = select(keep, target, 0)
-    per = -squeeze(gather_elements(log_p, -1, expand_dims(safe, -1)), -1)
-    if label_smoothing:
-        per = per * (1.0 - label_smoothing) - mean(log_p, -1) * label_smoothing
-    weights = apply_op("Cast", keep, dtype=per.dtype)
-    if weight is not None:
-        weights = weights * gather(weight, safe, 0)
-    return _weighted_mean(per, weights, reduction)
+    return keep, select(keep, target, 0)
+
+
+def _class_index_loss(
+    nll: Tensor, log_p: Tensor | None, keep: Tensor, safe: Tensor, weight: Any, reduction: str, label_smoothing: float
+) -> Tensor:
+    """MindSpore's `_nll_loss` from each target's negative log-likelihood `nll`: the class term is weighted by
+    `weight[target]` and, under 'mean', divided by the kept weights' sum; the smoothing term `-sum_c log_p / C`
+    (`log_p`: the class-last log-probabilities) is unweighted and, under 'mean', divided by the number of
+    targets, ignored ones included. Both terms are zero where a target is ignored."""
+    from tessel.ops.functional import gather, mean, sum
+
+    kept = apply_op("Cast", keep, dtype=nll.dtype)
+    weights = kept if weight is None else kept * gather(weight, safe, 0)
+    per = nll * weights
+    loss = per if reduction == "none" else sum(per)
+    if reduction == "mean":
+        loss = loss / sum(weights)
+    if not label_smoothing:
+        return loss
+    smooth = -mean(log_p, -1) * kept
+    smooth = smooth if reduction == "none" else mean(smooth) if reduction == "mean" else sum(smooth)
+    return loss * (1.0 - label_smoothing) + smooth * label_smoothing
 
 
 def mse_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
