@@ -120,8 +120,12 @@ def test_pooling_cells_refuse_the_options_they_lack():
     ):
         with pytest.raises(NotSupportedYetError, match=f"{cell.__name__}\\({next(iter(options))}="):
             cell(2, 2, **options)
-    with pytest.raises(ConfigurationError, match="only data_format='NCHW'"):
+    with pytest.raises(NotSupportedYetError, match=r"nn.AvgPool2d\(data_format='NHWC'\).*only data_format='NCHW'"):
         nn.AvgPool2d(2, 2, data_format="NHWC")
+    with pytest.raises(NotSupportedYetError, match=r"nn.Conv2d\(data_format='NHWC'\)"):
+        nn.Conv2d(1, 1, 3, data_format="NHWC")
+    with pytest.raises(ConfigurationError, match=r"nn\.MaxPool2d: data_format must be 'NCHW' or 'NHWC', got 'CHW'"):
+        nn.MaxPool2d(2, 2, data_format="CHW")
 
 
 def test_save_checkpoint_takes_trainable_params_choice_func_and_format(tmp_path):

@@ -12,7 +12,7 @@ from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
 from tessel.ops import primitive
-from tessel.ops.nn_functional import pool2d
+from tessel.ops.nn_functional import check_data_format, pool2d
 
 
 def _pair(value: Any, name: str) -> tuple[int, int]:
@@ -58,8 +58,7 @@ class Conv2d(Cell):
         _positive("Conv2d", in_channels=in_channels, out_channels=out_channels, group=group)
         if in_channels % group or out_channels % group:
             raise ConfigurationError(f"Conv2d: in/out channels ({in_channels}, {out_channels}) must divide by group")
-        if data_format != "NCHW":
-            raise ConfigurationError(f"Conv2d: only data_format='NCHW' is supported, got {data_format!r}")
+        check_data_format("nn.Conv2d", data_format)
         self.kernel_size = _pair(kernel_size, "kernel_size")
         self.stride, self.dilation = _pair(stride, "stride"), _pair(dilation, "dilation")
         self.pad_mode, self.padding, self.group = _pad_mode(pad_mode, padding), padding, group
@@ -110,8 +109,7 @@ class _Pool2d(Cell):
     ):
         super().__init__()
         name = type(self).__name__
-        if data_format != "NCHW":
-            raise ConfigurationError(f"{name}: only data_format='NCHW' is supported, got {data_format!r}")
+        check_data_format(f"nn.{name}", data_format)
         keyword_options(name, options, unsupported=self._unsupported)
         self.kernel_size, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
         self.pad_mode, self.padding = _pad_mode(pad_mode, padding), padding

@@ -10,6 +10,7 @@ from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
 from tessel.ops import functional as F
+from tessel.ops.nn_functional import check_data_format
 
 
 class LayerNorm(Cell):
@@ -74,11 +75,7 @@ class _BatchNorm(Cell):
         _positive(self.cls_name, num_features=num_features)
         if not 0.0 <= momentum <= 1.0:
             raise ConfigurationError(f"{self.cls_name}: momentum must be in [0, 1], got {momentum}")
-        if data_format != "NCHW":
-            raise ConfigurationError(
-                f"{self.cls_name}: only data_format='NCHW' is supported (channels on dim 1), got {data_format!r}; "
-                "transpose channels-last input first, e.g. ops.transpose(x, (0, 3, 1, 2)) for NHWC"
-            )
+        check_data_format(f"nn.{self.cls_name}", data_format)
         if use_batch_statistics is not None and not isinstance(use_batch_statistics, bool):
             raise ConfigurationError(
                 f"{self.cls_name}: use_batch_statistics must be None (follow set_train), True or False, "

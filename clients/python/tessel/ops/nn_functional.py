@@ -328,6 +328,19 @@ def reduce_loss(loss: Any, reduction: str) -> Tensor:
     return mean(loss) if reduction == "mean" else sum(loss) if reduction == "sum" else loss
 
 
+def check_data_format(call: str, data_format: str) -> None:
+    """MindSpore's `data_format` is 'NCHW' or 'NHWC'; tessel's convolution, pooling and batch norm run NCHW only."""
+    from tessel.common.support import not_supported_yet
+
+    if data_format == "NHWC":
+        raise not_supported_yet(
+            f"{call}(data_format='NHWC')",
+            "only data_format='NCHW' runs (channels on dim 1): transpose the input with ops.transpose(x, (0, 3, 1, 2))",
+        )
+    if data_format != "NCHW":
+        raise ConfigurationError(f"{call}: data_format must be 'NCHW' or 'NHWC', got {data_format!r}; only 'NCHW' runs")
+
+
 def check_reduction(reduction: str) -> None:
     if reduction not in _REDUCTIONS:
         raise ConfigurationError(f"reduction must be one of {_REDUCTIONS}, got {reduction!r}")

@@ -16,7 +16,7 @@ from tessel.common.dtype import DType, to_dtype
 from tessel.common.tracing import apply_op, created_by, current
 from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
-from tessel.ops.nn_functional import eager_dropout, seeded_stream, softmax_over
+from tessel.ops.nn_functional import check_data_format, eager_dropout, seeded_stream, softmax_over
 
 
 def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
@@ -398,19 +398,6 @@ class OneHot(Primitive):
         return F.one_hot(indices, depth, on_value, off_value, self.attrs["axis"])
 
 
-def _check_data_format(name: str, data_format: str) -> None:
-    """MindSpore's data_format is 'NCHW' or 'NHWC'; tessel's convolution and pooling ops are NCHW only."""
-    from tessel.common.support import not_supported_yet
-
-    if data_format == "NHWC":
-        raise not_supported_yet(
-            f"ops.{name}(data_format='NHWC')",
-            "only data_format='NCHW' is supported: transpose the input with ops.transpose(x, (0, 3, 1, 2))",
-        )
-    if data_format != "NCHW":
-        raise ConfigurationError(f"{name}: data_format must be 'NCHW' or 'NHWC', got {data_format!r}; only 'NCHW' runs")
-
-
 class Conv2D(_Op):
     _op = "Conv2D"
 
@@ -426,7 +413,7 @@ class Conv2D(_Op):
         group: int = 1,
         data_format: str = "NCHW",
     ):
-        _check_data_format("Conv2D", data_format)
+        check_data_format("ops.Conv2D", data_format)
         super().__init__(stride=stride, dilation=dilation, pad_mode=pad_mode.lower(), pad=pad, group=group)
         kernel = (kernel_size, kernel_size) if isinstance(kernel_size, int) else tuple(kernel_size)
         self.out_channel, self.kernel_size = int(out_channel), tuple(int(k) for k in kernel)
@@ -447,7 +434,7 @@ class MaxPool(_Op):
     _op = "MaxPool"
 
     def __init__(self, kernel_size: Any = 1, strides: Any = 1, pad_mode: str = "valid", data_format: str = "NCHW"):
-        _check_data_format(type(self).__name__, data_format)
+        check_data_format(f"ops.{type(self).__name__}", data_format)
         super().__init__(kernel_size=kernel_size, strides=strides, pad_mode=pad_mode.lower())
 
 
