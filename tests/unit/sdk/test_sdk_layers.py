@@ -171,7 +171,13 @@ def test_ops_functional_forms_match_numpy():
     np.testing.assert_allclose(ops.stack((x, x)).asnumpy(), np.stack([a, a]))
     parts = ops.split(x, 2, axis=1)
     assert [p.shape for p in parts] == [(3, 2), (3, 2)]
-    np.testing.assert_array_equal(ops.one_hot(ms.Tensor(np.array([2, 0])), 3).asnumpy(), np.eye(3)[[2, 0]])
+    hot = ops.one_hot(ms.Tensor(np.array([2, 0])), 3)  # MindSpore: on_value=1 is Tensor(1), int64
+    assert hot.dtype == ms.int64
+    np.testing.assert_array_equal(hot.asnumpy(), np.eye(3)[[2, 0]])
+    assert ops.one_hot(ms.Tensor(np.array([1])), 2, 1.0, 0.0).dtype == ms.float32
+    assert ops.one_hot(ms.Tensor(np.array([1])), 2, True, False).asnumpy().tolist() == [[False, True]]
+    half = ops.one_hot(ms.Tensor(np.array([1])), 2, ms.Tensor(np.float16(2)), ms.Tensor(np.float16(-1)))
+    assert half.dtype == ms.float16 and half.asnumpy().tolist() == [[-1.0, 2.0]]
     np.testing.assert_allclose(ops.where(x > 0, x, 0.0).asnumpy(), np.where(a > 0, a, 0))
     np.testing.assert_allclose(ops.Add()(x, 1.0).asnumpy(), a + 1)
     assert ops.Shape()(x) == (3, 4) and ops.cast(x, ms.int32).dtype == ms.int32

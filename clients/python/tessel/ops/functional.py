@@ -317,8 +317,15 @@ def gather_elements(input: Any, dim: int, index: Any) -> Tensor:
     return apply_op("GatherElements", input, index, axis=int(dim))
 
 
-def one_hot(indices: Any, depth: int, on_value: Any = 1.0, off_value: Any = 0.0, axis: int = -1) -> Tensor:
-    dtype = on_value.dtype if isinstance(on_value, Tensor) else DType.float32
+def one_hot(indices: Any, depth: int, on_value: Any = 1, off_value: Any = 0, axis: int = -1) -> Tensor:
+    """MindSpore's `ops.one_hot`: the result has `on_value`'s dtype, a Python number's as `Tensor(on_value)` gives
+    it (int64 for an int, the default 1; float32 for a float; bool for a bool)."""
+    if isinstance(on_value, Tensor):
+        dtype = on_value.dtype
+    elif isinstance(on_value, bool):
+        dtype = DType.bool_
+    else:
+        dtype = DType.int64 if isinstance(on_value, int) else DType.float32
     on = float(on_value.asnumpy()) if isinstance(on_value, Tensor) else float(on_value)
     off = float(off_value.asnumpy()) if isinstance(off_value, Tensor) else float(off_value)
     return apply_op("OneHot", indices, depth=int(depth), on_value=on, off_value=off, axis=int(axis), dtype=dtype)
