@@ -153,10 +153,6 @@ def dense(input: Any, weight: Any, bias: Any = None) -> Tensor:
     return apply_op("Reshape", out, shape=(*shape[:-1], out.shape[-1]))
 
 
-def _pads(padding: Any) -> Any:
-    return padding if isinstance(padding, int) else tuple(int(p) for p in padding)
-
-
 def conv2d(
     input: Any,
     weight: Any,
@@ -183,15 +179,15 @@ def conv2d(
         stride=stride,
         dilation=dilation,
         pad_mode=pad_mode,
-        pad=_pads(padding),
+        pad=_window_pads(padding, "ops.conv2d", (4,)),  # MindSpore's forms: an int or (top, bottom, left, right)
         group=int(groups),
     )
     return out if bias is None else apply_op("BiasAdd", out, bias)
 
 
-def _pool_pads(padding: Any, where: str, lengths: tuple[int, ...]) -> Any:
-    """MindSpore's pooling `padding` (an int, or a tuple of one of `lengths`: (h, w) or (top, bottom, left, right))
-    as the pool ops' `pad`: an int or (top, bottom, left, right)."""
+def _window_pads(padding: Any, where: str, lengths: tuple[int, ...]) -> Any:
+    """MindSpore's pooling or convolution `padding` (an int, or a tuple of one of `lengths`: (h, w) or (top, bottom,
+    left, right)) as the window ops' `pad`: an int or (top, bottom, left, right)."""
     if isinstance(padding, int) and not isinstance(padding, bool) and padding >= 0:
         return padding
     pads = tuple(padding) if isinstance(padding, (tuple, list)) else None
@@ -215,7 +211,7 @@ def pool2d(op: str, x: Any, kernel_size: Any, stride: Any, padding: Any, pad_mod
         kernel_size=kernel_size,
         strides=kernel_size if stride is None else stride,
         pad_mode=_pool_mode(padding, pad_mode),
-        pad=_pool_pads(padding, where, (2, 4)),
+        pad=_window_pads(padding, where, (2, 4)),
         **attrs,
     )
 
@@ -241,7 +237,7 @@ def max_pool2d(
         raise not_supported_yet(
             "ops.max_pool2d(ceil_mode=True)", "output sizes round down; pad the input (padding=...) to cover the edge"
         )
-    _pool_pads(padding, "ops.max_pool2d", (2,))  # MindSpore's forms: an int or (pad_h, pad_w)
+    _window_pads(padding, "ops.max_pool2d", (2,))  # MindSpore's forms: an int or (pad_h, pad_w)
     return pool2d("MaxPool", x, kernel_size, stride, padding, "valid", "ops.max_pool2d")
 
 
@@ -267,7 +263,7 @@ def avg_pool2d(
             f"ops.avg_pool2d(divisor_override={divisor_override!r})",
             "tessel's AvgPool divides by the window's size; multiply the result by size / divisor instead",
         )
-    _pool_pads(padding, "ops.avg_pool2d", (4,))  # MindSpore's forms: an int or (top, bottom, left, right)
+    _window_pads(padding, "ops.avg_pool2d", (4,))  # MindSpore's forms: an int or (top, bottom, left, right)
     include = bool(count_include_pad)
     return pool2d(
         "AvgPool", input_x, kernel_size, stride, padding, "valid", "ops.avg_pool2d", count_include_pad=include
