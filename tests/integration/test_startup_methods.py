@@ -177,9 +177,11 @@ def test_dynamic_networking_missing_and_extra_workers_fail_with_the_reason(tmp_p
 # ---------------------------------------------------------------------------------------------------- msrun
 
 
-def msrun(tmp: Path, *options: str, script: Path = PROBE, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def msrun(
+    tmp: Path, *options: str, script: Path = PROBE, args: tuple[str, ...] = (), **env: str
+) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "tessel.cli", "msrun", *options, str(script), *args]
-    return subprocess.run(cmd, cwd=tmp, env=user_env(tmp), capture_output=True, text=True, timeout=90)
+    return subprocess.run(cmd, cwd=tmp, env=user_env(tmp, **env), capture_output=True, text=True, timeout=90)
 
 
 def test_msrun_on_one_node_writes_msruns_logs_and_exits_with_the_jobs_status(tmp_path):
@@ -306,7 +308,36 @@ def test_msrun_sim_level_plans_one_rank_of_a_world_that_is_not_running(tmp_path)
     result = msrun(
         tmp_path, "--worker_num=2", "--local_worker_num=2", "--sim_rank_id=1", script=script, args=(str(tmp_path),)
     )
-    assert result.returncode == 2 and "--sim_rank_id needs --sim_level" in result.stderr
+    assert result.returncode == 2 and "--sim_rank_id needs --sim_level or MS_SIMULATION_LEVEL" in result.stderr
+
+
+def test_mindspores_simulation_variables_plan_without_daemons(tmp_path):
+    """MS_SIMULATION_LEVEL with RANK_SIZE / RANK_ID, as MindSpore's dry runs set them, on a plain `python` run; and
+    msrun without --sim_rank_id simulates each of this node's ranks, as MindSpore's msrun does."""
+    script = ROOT / "tests" / "integration" / "scripts" / "sim_plan.py"
+    env = user_env(tmp_path, MS_SIMULATION_LEVEL="0", RANK_SIZE="16", RANK_ID="5")
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "simulating rank 5 of 16" in run.stdout and "rank 5 of a 16-rank world planned and compiled" in run.stdout
+    result = msrun(
+        tmp_path,
+        "--worker_num=2",
+        "--local_worker_num=2",
+        "--log_dir=sim",
+        script=script,
+        args=(str(tmp_path),),
+        MS_SIMULATION_LEVEL="0",
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        assert f"rank {rank} of a 2-rank world planned" in (tmp_path / "sim" / f"worker_{rank}.log").read_text()
+    env["MS_SIMULATION_LEVEL"] = "1"
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert run.returncode != 0 and "not supported yet: simulation level 1 (MS_SIMULATION_LEVEL=1)" in run.stderr
 
 
 # ---------------------------------------------------------------------------------------------------- rank table

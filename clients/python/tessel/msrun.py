@@ -53,8 +53,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--join", type=_boolean, default=False, help="wait for every process and exit with the job's status")
     add("--cluster_time_out", type=int, default=600, help="seconds for all workers to join (default 600)")
     add("--bind_core", default="False", help='True, or a JSON dict {"device0": ["0-3"], ...}: pin workers to cores')
-    add("--sim_level", type=int, default=-1, help="simulated compilation level (not supported yet)")
-    add("--sim_rank_id", type=int, default=-1, help="rank of the simulated process (not supported yet)")
+    add("--sim_level", type=int, default=-1, help="simulated compilation: 0 plans and compiles, starting no daemon")
+    add("--sim_rank_id", type=int, default=-1, help="the rank simulated (default: each of this node's ranks)")
     add("--rank_table_file", default="", help="a rank table: the ranks and devices of this node's workers")
     add("--worker_log_name", default="", help="worker log name; {ip} and {hostname} are replaced; _<rank>.log added")
     add("--tail_worker_log", default="-1", help="with --join: workers whose logs are echoed, e.g. 0,1 (-1: all)")
@@ -65,8 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--worker_num and --local_worker_num must be at least 1")
     if args.local_worker_num > args.worker_num:
         parser.error(f"--local_worker_num {args.local_worker_num} exceeds --worker_num {args.worker_num}")
-    if args.sim_rank_id != -1 and args.sim_level == -1:
-        parser.error("--sim_rank_id needs --sim_level (a simulated world)")
+    if args.sim_rank_id != -1 and args.sim_level == -1 and not os.environ.get("MS_SIMULATION_LEVEL", "").strip():
+        parser.error("--sim_rank_id needs --sim_level or MS_SIMULATION_LEVEL (a simulated world)")
     return args
 
 
@@ -351,29 +351,50 @@ def _tail(path: Path, lines: int = _TAIL_LINES) -> str:
 
 
 def simulate(args: argparse.Namespace) -> int:
-    """--sim_level: the task once, as rank --sim_rank_id (default 0) of a --worker_num world that is not running
-    (tessel.communication.simulation), logging to log_dir/worker_<rank>.log as msrun does."""
-    from tessel.communication.simulation import SIM_LEVEL, SIM_RANK, SIM_WORLD
+    """--sim_level: the task as rank --sim_rank_id of a --worker_num world that is not running, or, as MindSpore's
+    msrun does without --sim_rank_id, as each of this node's ranks in turn (tessel.communication.simulation), logging
+    to log_dir/worker_<rank>.log. Without --sim_level, MindSpore's MS_SIMULATION_LEVEL starts a simulation too,
+    with RANK_ID as --sim_rank_id and RANK_SIZE, when set, as the world."""
+    from tessel.communication.simulation import MS_LEVEL, SIM_LEVEL, SIM_RANK, SIM_WORLD
 
-    rank = max(args.sim_rank_id, 0)
-    if rank >= args.worker_num:
-        print(f"tessel msrun: --sim_rank_id {rank} is not a rank of the {args.worker_num}-rank world", file=sys.stderr)
+    level, rank, world = args.sim_level, args.sim_rank_id, args.worker_num
+    if level == -1:
+        try:
+            level = int(os.environ[MS_LEVEL])
+            rank = rank if rank != -1 else int(os.environ.get("RANK_ID", "-1"))
+            world = int(os.environ.get("RANK_SIZE", str(world)))
+        except ValueError:
+            print(f"tessel msrun: {MS_LEVEL}, RANK_ID and RANK_SIZE must be integers", file=sys.stderr)
+            return 2
+    if rank != -1:
+        ranks = [rank]
+    elif args.local_worker_num > 128:  # MindSpore's msrun simulates one rank rather than start so many processes
+        ranks = [0]
+    else:
+        first = max(args.node_rank, 0) * args.local_worker_num if args.local_worker_num < args.worker_num else 0
+        ranks = list(range(first, first + args.local_worker_num))
+    if not all(0 <= r < world for r in ranks):
+        print(f"tessel msrun: simulated ranks {ranks} are not all ranks of the {world}-rank world", file=sys.stderr)
         return 2
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.update({SIM_LEVEL: str(args.sim_level), SIM_RANK: str(rank), SIM_WORLD: str(args.worker_num)})
     log_dir = Path(args.log_dir or ".")
     log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / f"worker_{rank}.log", "wb") as log:
-        child = subprocess.run(
-            task_command(args.task_script, args.task_script_args), env=env, stdout=log, stderr=subprocess.STDOUT
-        )
-    print((log_dir / f"worker_{rank}.log").read_text(errors="replace"), end="", flush=True)
-    return child.returncode
+    for simulated in ranks:  # one after another: each compiles with the host's cores
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.update({SIM_LEVEL: str(level), SIM_RANK: str(simulated), SIM_WORLD: str(world)})
+        log_path = log_dir / f"worker_{simulated}.log"
+        with open(log_path, "wb") as log:
+            child = subprocess.run(
+                task_command(args.task_script, args.task_script_args), env=env, stdout=log, stderr=subprocess.STDOUT
+            )
+        print(log_path.read_text(errors="replace"), end="", flush=True)
+        if child.returncode != 0:
+            return child.returncode
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.sim_level != -1:
+    if args.sim_level != -1 or os.environ.get("MS_SIMULATION_LEVEL", "").strip():
         return simulate(args)
     try:
         launch = Msrun(args)

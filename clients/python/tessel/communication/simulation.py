@@ -1,4 +1,5 @@
-"""Planning a world that is not running (msrun's `--sim_level 0`): `tessel run --sim-level 0 -n 64 train.py`.
+"""Planning a world that is not running (msrun's `--sim_level 0`): `tessel run --sim-level 0 -n 64 train.py`, or
+MindSpore's environment variables `MS_SIMULATION_LEVEL=0 RANK_SIZE=64 RANK_ID=3 python train.py`.
 
 The script runs once, as rank `--sim-rank-id` (default 0) of a world of `-n` ranks, on an in-process daemon: it
 traces, plans (SEMI_AUTO strategies or AUTO_PARALLEL's search, for the whole world), lowers and compiles this
@@ -17,6 +18,7 @@ from tessel.communication.daemon_handle import LocalDaemon
 from tessel.core.errors import ConfigurationError
 
 SIM_LEVEL, SIM_RANK, SIM_WORLD = "TESSEL_SIM_LEVEL", "TESSEL_SIM_RANK", "TESSEL_SIM_WORLD"
+MS_LEVEL = "MS_SIMULATION_LEVEL"  # MindSpore's: with RANK_SIZE (the world, default 1) and RANK_ID (default 0)
 
 
 class SimulationComplete(SystemExit):
@@ -28,26 +30,36 @@ class SimulationComplete(SystemExit):
 
 
 def settings() -> tuple[int, int, int] | None:
-    """(level, rank, world) when this process simulates a world, else None."""
-    level = os.environ.get(SIM_LEVEL, "")
-    if level == "":
-        return None
+    """(level, rank, world) when this process simulates a world, else None: from the variables tessel's launchers
+    set (`tessel run --sim-level`, `tessel msrun --sim_level`), else from MindSpore's MS_SIMULATION_LEVEL, RANK_ID
+    (default 0) and RANK_SIZE (default 1)."""
+    if os.environ.get(SIM_LEVEL, ""):
+        return _checked((SIM_LEVEL, SIM_RANK, SIM_WORLD), None, "tessel run --sim-level 0 -n N script.py")
+    if os.environ.get(MS_LEVEL, "").strip():
+        return _checked((MS_LEVEL, "RANK_ID", "RANK_SIZE"), "1", f"{MS_LEVEL}=0 RANK_SIZE=64 RANK_ID=3 python train.py")
+    return None
+
+
+def _checked(names: tuple[str, str, str], world_default: str | None, example: str) -> tuple[int, int, int]:
+    level_name, rank_name, world_name = names
+    given = {name: os.environ.get(name, default) for name, default in zip(names, (None, "0", world_default))}
     try:
-        level_, rank, world = int(level), int(os.environ.get(SIM_RANK, "0")), int(os.environ[SIM_WORLD])
-    except (KeyError, ValueError):
-        raise ConfigurationError(
-            f"{SIM_LEVEL}={level!r}: a simulation needs integer {SIM_LEVEL}, {SIM_RANK} and {SIM_WORLD}; start it "
-            "with `tessel run --sim-level 0 -n N script.py`"
-        ) from None
-    if level_ != 0:
+        level, rank, world = (int(given[name].strip()) for name in names)
+    except (AttributeError, ValueError):
+        shown = ", ".join(f"{name}={value!r}" for name, value in given.items())
+        raise ConfigurationError(f"{shown}: a simulation needs integers; e.g. `{example}`") from None
+    if level != 0:
         from tessel.common.support import not_supported_yet
 
         raise not_supported_yet(
-            f"--sim-level {level_}", "level 0 (plan and compile one rank) is the only simulation level so far"
+            f"simulation level {level} ({level_name}={level})",
+            "level 0 (plan and compile one rank; no memory statistics, no kernels) is the only level so far",
         )
     if world < 1 or not 0 <= rank < world:
-        raise ConfigurationError(f"--sim-rank-id {rank} must be a rank of the {world}-rank world (0..{world - 1})")
-    return level_, rank, world
+        raise ConfigurationError(
+            f"{rank_name}={rank} must be a rank of the {world_name}={world} world (0..{world - 1}); e.g. `{example}`"
+        )
+    return level, rank, world
 
 
 class SimulatedDaemon(LocalDaemon):
