@@ -36,6 +36,8 @@ _CONTEXT_DEFAULTS: dict[str, Any] = {
     "check_bprop": False,
     "enable_compile_cache": False,
     "compile_cache_path": "",
+    "grad_for_scalar": False,
+    "exec_order": "bfs",
     "enable_profiling": False,
     "profiling_options": "",
 }
@@ -53,6 +55,8 @@ _IGNORED: dict[str, Any] = {
     "ascend_config": None,
     "gpu_config": None,
     "op_timeout": 1900,
+    "aoe_tune_mode": None,
+    "aoe_config": None,
 }
 # Options tessel accepts but does not act on yet: the default value passes, any other value raises
 # "not supported yet: <option>=<value>, <why>". Whoever implements one removes it from here and marks it
@@ -71,6 +75,8 @@ _NOT_SUPPORTED: dict[str, str] = {
     "check_bprop": "custom bprop functions are not supported",
     "enable_compile_cache": "daemons cache compiled programs in memory only, for as long as they run",
     "compile_cache_path": "daemons cache compiled programs in memory only, for as long as they run",
+    "grad_for_scalar": "the gradient of a Python scalar input is not computed; pass the scalar as a Tensor",
+    "exec_order": "each daemon runs a program in the order its scheduler derives from the dependency graph",
 }
 _context: dict[str, Any] = {**_IGNORED, **_CONTEXT_DEFAULTS}
 _explicit_context: set[str] = set()
