@@ -145,6 +145,32 @@ def sync_in_fp32(graph: Graph) -> Graph:
     return rewriter.build()
 
 
+_REDUCTIONS = ("AllReduce", "AllReduceBucket", "ReduceScatter")
+
+
+def communicate_in_fp32(graph: Graph) -> Graph:
+    """`graph` with every reduction of float16 values (AllReduce, AllReduceBucket, ReduceScatter) run in float32:
+    Cast to float32 before it, back to float16 after (MindSpore's force_fp32_communication); `graph` itself when it
+    reduces no float16 value. Run it on a differentiated graph: the reductions of gradients are in it then."""
+
+    def half(node: Node) -> bool:
+        return node.op in _REDUCTIONS and any(v.dtype == DType.float16 for v in node.inputs)
+
+    if not any(map(half, graph.nodes)):
+        return graph
+    rewriter = Rewriter(graph)
+    for node in graph.nodes:
+        if not half(node):
+            rewriter.keep(node)
+            continue
+        with rewriter.at(node.source):
+            wide = [apply("Cast", rewriter.tensor(v), dtype=DType.float32) for v in node.inputs]
+            reduced = apply_all(node.op, *wide, **dict(node.attrs))
+            for old, new in zip(node.outputs, reduced):
+                rewriter.alias(old, apply("Cast", new, dtype=old.dtype).value)
+    return rewriter.build()
+
+
 def plan_buckets(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> list[Bucket]:
     """The buckets bucket_allreduce would make, ordered by when their last gradient is ready.
 

@@ -34,3 +34,21 @@ def test_sharding_apis_train_like_standalone(tmp_path, variant):
         out = rank_log(tmp_path, rank).read_text()
         found = re.search(rf"semi api {variant} ok on rank {rank} of 4: loss error (\S+);", out)
         assert found and float(found.group(1)) <= 1e-5, out
+
+
+@pytest.mark.parametrize("how", ["context", "auto_parallel"])
+def test_force_fp32_communication_reduces_a_float16_network_in_float32(tmp_path, how):
+    """set_auto_parallel_context(force_fp32_communication=True) or AutoParallel.enable_fp32_communication(): the
+    row-parallel MatMul's reduction runs in float32 between casts (one simulated rank of two, graphs saved)."""
+    import os
+
+    script = ROOT / "tests" / "integration" / "scripts" / "fp32_communication.py"
+    env = dict(os.environ, MS_SIMULATION_LEVEL="0", RANK_SIZE="2", RANK_ID="0", TESSEL_THREADS="1")
+    run = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), how], env=env, capture_output=True, text=True, timeout=90
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    dumps = "".join(path.read_text() for path in tmp_path.glob("*.ir"))  # the compiled segments
+    reductions = re.findall(r"= (?:AllReduce|ReduceScatter)\(", dumps)
+    assert reductions and len(re.findall(r": f32\[[\d,]*\] = (?:AllReduce|ReduceScatter)\(", dumps)) == len(reductions)
+    assert re.search(r": f16\[[\d,]*\] = Cast\(", dumps), dumps

@@ -276,6 +276,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     # every stage returns the last stage's result in either case (tessel sends it to every stage): True is what
     # MindSpore's broadcast gives; with False MindSpore's other stages return no meaningful value
     "pipeline_result_broadcast": False,
+    "force_fp32_communication": False,  # AllReduce / ReduceScatter of float16 values run in float32
 }
 _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()

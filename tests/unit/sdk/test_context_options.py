@@ -75,6 +75,7 @@ OTHER_VALUE = {
     "batch_split": "speed",
     "pipeline_config": {"pipeline_scheduler": "1f1b"},
     "auto_pipeline": True,
+    "force_fp32_communication": True,
 }
 
 

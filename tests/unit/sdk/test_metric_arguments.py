@@ -8,7 +8,7 @@ import pytest
 
 import tessel as ms
 from tessel import nn, train
-from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.core.errors import ConfigurationError
 from tessel.train.callback import CallbackParam
 
 
@@ -76,16 +76,16 @@ def test_to_float_takes_float16_and_float32_only():
             nn.Dense(2, 2).to_float(dtype)
 
 
-def test_fp32_communication_is_refused_for_a_float16_network():
+def test_enable_fp32_communication_sets_force_fp32_communication():
     from tessel.parallel.auto_parallel import AutoParallel
 
-    plain = AutoParallel(nn.Dense(2, 2), "semi_auto")
-    plain.enable_fp32_communication()
-    plain._apply()  # float32 collectives already
-    half = AutoParallel(nn.Dense(2, 2).to_float(ms.float16), "semi_auto")
-    half.enable_fp32_communication()
-    with pytest.raises(NotSupportedYetError, match="enable_fp32_communication with float16"):
-        half._apply()
+    try:
+        half = AutoParallel(nn.Dense(2, 2).to_float(ms.float16), "semi_auto")
+        assert ms.get_auto_parallel_context("force_fp32_communication") is False
+        half.enable_fp32_communication()  # the reductions' casts: tests/unit/parallel/test_fp32_communication.py
+        assert ms.get_auto_parallel_context("force_fp32_communication") is True
+    finally:
+        ms.reset_auto_parallel_context()
 
 
 def test_he_initializers_take_every_linear_nonlinearity_mindspore_names():

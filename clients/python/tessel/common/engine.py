@@ -80,12 +80,14 @@ class Engine:
         """Compile `graph` as segment `name` (once); `state` inputs are updated in place by "<name>/new" outputs."""
         if name in self._segments:
             return
+        pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
+        phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
+        if has_collectives(graph) and _fp32_communication():
+            graph = _reduced_in_fp32(graph, phases)
         _save_graph(name, graph)
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
-            pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
-            phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
             lowered = lower_rank_program(
                 named,
                 state=list(state),
@@ -172,6 +174,28 @@ class Engine:
                 tensor._ref = DeviceRef(self, aside, tensor._ref.shape, tensor._ref.dtype, tensor._ref.layout)
                 weakref.finalize(tensor, self._unused.append, aside)
         return copies
+
+
+def _fp32_communication() -> bool:
+    from tessel import context
+
+    return bool(context.get_auto_parallel_context("force_fp32_communication"))
+
+
+def _reduced_in_fp32(graph: Graph, phases: Any) -> Graph:
+    """force_fp32_communication: `graph`'s reductions of float16 values run in float32."""
+    from tessel.compiler.buckets import communicate_in_fp32
+
+    reduced = communicate_in_fp32(graph)
+    if reduced is not graph and phases is not None:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            "force_fp32_communication with a float16 network under pipeline parallel",
+            "a pipeline stage's schedule is fixed before the casts around its reductions could be placed; run the "
+            "network in float32 or drop force_fp32_communication",
+        )
+    return reduced
 
 
 def _spmd() -> bool:

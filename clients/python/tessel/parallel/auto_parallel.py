@@ -62,8 +62,6 @@ class AutoParallel(Cell):
 
     # --- configuration ------------------------------------------------------------------------------------------
     def _apply(self) -> None:
-        if getattr(self, "_fp32_communication", False):
-            _check_fp32_communication(self.network)
         mode, search = _MODES[self._parallel_mode]
         settings: dict[str, Any] = {
             "parallel_mode": mode,
@@ -81,6 +79,7 @@ class AutoParallel(Cell):
             settings["enable_parallel_optimizer"] = True
             settings["parallel_optimizer_config"] = dict(self._optimizer_parallel)
         settings.update(self._sync_options)
+        settings["force_fp32_communication"] = getattr(self, "_fp32_communication", False)
         context.set_auto_parallel_context(**settings)
 
     def dataset_strategy(self, config: Any) -> None:
@@ -205,11 +204,10 @@ class AutoParallel(Cell):
         raise not_supported_yet("AutoParallel.load_operator_strategy_file", "strategy files come with the planner")
 
     def enable_fp32_communication(self) -> None:
-        """Reduce in float32 (MindSpore: AllReduce and ReduceScatter communicate in fp32). A float32 network's
-        collectives are float32 already, and float16 gradients are reduced in float32 (gradient_fp32_sync, on by
-        default); tessel does not yet cast a float16 network's other collectives, so for a network with float16
-        parameters or cells (to_float) this is refused when the network compiles."""
+        """Reduce in float32: every AllReduce and ReduceScatter of float16 values is cast to float32 before and
+        back after (force_fp32_communication); a float32 network's reductions are float32 already."""
         self._fp32_communication = True
+        self._apply()
 
     def disable_gradient_fp32_sync(self) -> None:
         """All-reduce float16 gradients in float16 (by default they are cast to float32 for the reduction)."""
@@ -274,19 +272,3 @@ def _path(file_path: Any, what: str) -> str:
     if not isinstance(file_path, str) or not file_path:
         raise TypeError(f"AutoParallel.{what}: file_path must be a non-empty str, got {file_path!r}")
     return file_path
-
-
-def _check_fp32_communication(network: Any) -> None:
-    """enable_fp32_communication on a network that runs in float16: not supported yet (see the method)."""
-    from tessel.common.dtype import DType
-    from tessel.common.support import not_supported_yet
-
-    half = [p.name for p in network.get_parameters() if p.dtype == DType.float16]
-    half += [name or type(cell).__name__ for name, cell in network.cells_and_names()
-             if getattr(cell, "_float_dtype", None) == DType.float16]  # fmt: skip
-    if half:
-        raise not_supported_yet(
-            f"AutoParallel.enable_fp32_communication with float16 parameters or cells ({', '.join(half[:4])})",
-            "tessel reduces their gradients in float32 (gradient_fp32_sync) but casts no other collective; run the "
-            "network in float32 or drop enable_fp32_communication",
-        )
