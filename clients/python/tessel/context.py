@@ -9,6 +9,7 @@ Settings are validated here; the parallel pass reads the auto-parallel ones.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -277,6 +278,11 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     # MindSpore's broadcast gives; with False MindSpore's other stages return no meaningful value
     "pipeline_result_broadcast": False,
     "force_fp32_communication": False,  # AllReduce / ReduceScatter of float16 values run in float32
+    "enable_alltoall": False,  # a hint: tessel's redistribution takes its cheapest collectives anyway (logged)
+    "group_ckpt_save_file": "",
+    "dump_local_norm": False,
+    "dump_local_norm_path": "",
+    "dump_device_local_norm": False,
 }
 _parallel: dict[str, Any] = dict(_PARALLEL_DEFAULTS)
 _explicit: set[str] = set()
@@ -285,6 +291,11 @@ _PARALLEL_NOT_SUPPORTED: dict[str, str] = {
     "all_reduce_fusion_config": "gradients are fused by size: comm_fusion={'allreduce': {'mode': 'size', "
     "'config': MB}}",
     "auto_pipeline": "the network's cells are not split into stages automatically: set Cell.pipeline_stage",
+    "group_ckpt_save_file": "communication groups are not saved to a file; tessel's checkpoints record each "
+    "parameter's layout instead",
+    "dump_local_norm": "there is no per-rank dump of parameter and gradient norms",
+    "dump_local_norm_path": "there is no per-rank dump of parameter and gradient norms",
+    "dump_device_local_norm": "there is no per-rank dump of parameter and gradient norms",
 }
 _COMM_FUSION_KINDS = ("openstate", "allreduce", "allgather", "reducescatter")
 
@@ -510,6 +521,15 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
             )
         value = _validate_parallel(key, value)
         _refuse_unsupported(key, value, _PARALLEL_DEFAULTS[key], _PARALLEL_NOT_SUPPORTED)
+        if key == "enable_alltoall":
+            from tessel.common.support import log_once
+
+            log_once(
+                "set_auto_parallel_context:enable_alltoall",
+                f"set_auto_parallel_context(enable_alltoall={value!r}): tessel's redistribution takes the cheapest "
+                "of AlltoAll, AllGather and slicing by its cost model, whatever the value; the values are the same",
+                logging.INFO,
+            )
         _parallel[key] = value
         _explicit.add(key)
     if {"device_num", "global_rank"} & set(kwargs):
