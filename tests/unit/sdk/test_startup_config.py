@@ -178,15 +178,20 @@ def test_rank_zeros_address_file_is_private_and_a_dead_publishers_is_ignored(tmp
         FileExchange("job-3", tmp_path / "rendezvous").publish({"address": "x", "token": "t"})
 
 
-def test_a_mindspore_compiler_only_variable_is_named_in_a_warning_not_read_silently(monkeypatch, caplog):
+def test_a_mindspore_variable_without_effect_is_named_in_a_warning_not_read_silently(monkeypatch, caplog):
     from tessel import communication
 
+    for name in communication.NO_EFFECT_ENV:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(communication, "_warned_env", set())
     monkeypatch.setenv("MS_COMM_COMPILER_OPT", "3")
+    monkeypatch.setenv("MS_DISABLE_HEARTBEAT", "1")
     with caplog.at_level("WARNING", logger="tessel"):
-        assert communication._warn_compiler_only_env() == ["MS_COMM_COMPILER_OPT"]
-        assert communication._warn_compiler_only_env() == []  # once per process
+        assert communication._warn_no_effect_env() == ["MS_COMM_COMPILER_OPT", "MS_DISABLE_HEARTBEAT"]
+        assert communication._warn_no_effect_env() == []  # once per process
     assert "MS_COMM_COMPILER_OPT=3 is not supported yet and has no effect" in caplog.text
+    assert "MS_DISABLE_HEARTBEAT=1 is not supported yet and has no effect: tessel's liveness checks" in caplog.text
     monkeypatch.delenv("MS_COMM_COMPILER_OPT")
+    monkeypatch.delenv("MS_DISABLE_HEARTBEAT")
     monkeypatch.setattr(communication, "_warned_env", set())
-    assert communication._warn_compiler_only_env() == []
+    assert communication._warn_no_effect_env() == []

@@ -30,24 +30,32 @@ MCCL_WORLD_COMM_GROUP = "mccl_world_group"
 _WORLD_ALIASES = {HCCL_WORLD_COMM_GROUP, NCCL_WORLD_COMM_GROUP, MCCL_WORLD_COMM_GROUP, "world", None}
 
 
-# MindSpore environment variables that only tune how MindSpore's own graph compiler works, with no counterpart in
-# tessel; results are the same without them. Each is named in a warning when set, never read silently.
-COMPILER_ONLY_ENV = {
+# MindSpore environment variables that tune MindSpore's own graph compiler, cluster networking or Ascend libraries,
+# with no counterpart in tessel; results are the same without them. Each is named in a warning when set, never
+# read silently.
+NO_EFFECT_ENV = {
     "MS_COMM_COMPILER_OPT": "MindSpore's reuse of communication subgraphs to shorten its graph compilation "
     "(tessel compiles each distinct communication once anyway)",
+    "MS_DISABLE_HEARTBEAT": "tessel's liveness checks stay on: a rank that dies still fails the job within seconds",
+    "MS_NODE_TIMEOUT": "tessel declares a silent rank dead within seconds (its heartbeat deadline), not after this",
+    "MS_RECEIVE_MSG_TIMEOUT": "tessel's coordinator calls have their own deadlines",
+    "MS_RETRY_INTERVAL_LOWER": "a worker retries the coordinator on tessel's own schedule",
+    "MS_RETRY_INTERVAL_UPPER": "a worker retries the coordinator on tessel's own schedule",
+    "MS_HCCL_CM_INIT": "Ascend's HCCL initialisation through its cluster manager; tessel's daemons set up their groups",
+    "MS_ENABLE_LCCL": "Ascend's LCCL library; each daemon's plugin picks its device's collectives",
 }
 
 
-def _warn_compiler_only_env() -> list[str]:
-    """Warn once per process about each set variable of COMPILER_ONLY_ENV; returns the names warned about."""
-    named = [name for name in COMPILER_ONLY_ENV if os.environ.get(name) and name not in _warned_env]
+def _warn_no_effect_env() -> list[str]:
+    """Warn once per process about each set variable of NO_EFFECT_ENV; returns the names warned about."""
+    named = [name for name in NO_EFFECT_ENV if os.environ.get(name) and name not in _warned_env]
     for name in named:
         _warned_env.add(name)
         logging.getLogger("tessel").warning(
             "%s=%s is not supported yet and has no effect: %s; training gives the same results without it",
             name,
             os.environ[name],
-            COMPILER_ONLY_ENV[name],
+            NO_EFFECT_ENV[name],
         )
     return named
 
@@ -74,7 +82,7 @@ def init(backend_name: str | None = None) -> None:
             "whatever the backend name",
             logging.INFO,
         )
-    _warn_compiler_only_env()
+    _warn_no_effect_env()
     _rt.init()
     GlobalComm.INITED = True
 
