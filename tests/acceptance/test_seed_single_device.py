@@ -77,7 +77,7 @@ def pytorch_accuracy(digits: Path, epochs: int) -> float:
 
 
 def test_model_train_mlp_learns_the_digits_like_pytorch(digits, tmp_path):
-    epochs = 8
+    epochs = 4
     out = run_seed("mnist_mlp_model_train.py", digits, tmp_path, EPOCHS=str(epochs))
     lines = out.splitlines()
     monitor = [re.fullmatch(r"epoch: (\d+) step: (\d+), loss is (\d+\.\d+(?:e-?\d+)?)", line) for line in lines[:-1]]
