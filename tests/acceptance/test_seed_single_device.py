@@ -31,6 +31,16 @@ def digits(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def small_digits(tmp_path_factory) -> Path:
+    """A fifth of `digits` (2,400 rows, 75 batches of 32 an epoch): enough for the loops whose losses are checked."""
+    from tessel.dataset.digits import write_mnist_digits
+
+    folder = tmp_path_factory.mktemp("small_digits")
+    write_mnist_digits(folder, train=2000, test=400, seed=0)
+    return folder
+
+
 def run_seed(script: str, digits: Path, tmp_path: Path, timeout_s: float = 240, **env: str) -> str:
     full_env = dict(os.environ, DATA_PATH=str(digits), TESSEL_CACHE=str(tmp_path / "cache"), **env)
     for launcher_var in ("TESSEL_COORDINATOR", "TESSEL_RANK", "TESSEL_WORLD_SIZE", "RANK_ID", "RANK_SIZE"):
@@ -92,15 +102,15 @@ def test_model_train_mlp_learns_the_digits_like_pytorch(digits, tmp_path):
         assert accuracy >= reference - 0.02, (accuracy, reference)
 
 
-def test_data_parallel_custom_loop_runs_unchanged_on_one_device(digits, tmp_path):
-    out = run_seed("data_parallel_custom_loop.py", digits, tmp_path)
+def test_data_parallel_custom_loop_runs_unchanged_on_one_device(small_digits, tmp_path):
+    out = run_seed("data_parallel_custom_loop.py", small_digits, tmp_path)
     found = [re.fullmatch(r"epoch: (\d+), step: (\d+), loss is (\S+)", line) for line in out.splitlines()]
     assert found and all(found), out[:500]
     by_epoch: dict[int, list[float]] = {}
     for m in found:
         by_epoch.setdefault(int(m[1]), []).append(float(m[3]))
     assert sorted(by_epoch) == list(range(10))
-    assert len(by_epoch[0]) == 38  # MnistDataset reads train and test (12000 rows): 375 steps, printed every 10
+    assert len(by_epoch[0]) == 8  # MnistDataset reads train and test (2400 rows): 75 steps, printed every 10
     assert abs(by_epoch[0][0] - np.log(10)) < 0.05  # weight_init="normal" (sigma 0.01): near-uniform logits
     assert np.mean(by_epoch[9]) < 0.5 * np.mean(by_epoch[0])
 
@@ -133,14 +143,14 @@ def monitored_losses(out: str) -> dict[int, list[float]]:
 
 
 def test_multi_copy_seed_sums_the_copies_losses(digits, tmp_path):
-    losses = monitored_losses(run_seed("multi_copy_model_train.py", digits, tmp_path))
+    losses = monitored_losses(run_seed("multi_copy_model_train.py", digits, tmp_path))  # LossMonitor(100): 375 steps
     assert sorted(losses) == list(range(1, 11))
     assert losses[1][0] == pytest.approx(2 * np.log(10), rel=0.1)  # two copies, each near ln 10 at first
     assert np.mean(losses[10]) < 0.5 * np.mean(losses[1])
 
 
-def test_manual_parallel_seed_runs_on_one_device(digits, tmp_path):
-    losses = monitored_losses(run_seed("manual_parallel_model_train.py", digits, tmp_path))
-    assert sum(len(v) for v in losses.values()) == 10 * 375 // 20  # LossMonitor(20) over 375 steps per epoch
+def test_manual_parallel_seed_runs_on_one_device(small_digits, tmp_path):
+    losses = monitored_losses(run_seed("manual_parallel_model_train.py", small_digits, tmp_path))
+    assert sum(len(v) for v in losses.values()) == 10 * 75 // 20  # LossMonitor(20) over 75 steps per epoch
     assert losses[1][0] == pytest.approx(np.log(10), rel=0.1)
     assert np.mean(losses[10]) < 0.5 * np.mean(losses[1])
