@@ -27,8 +27,10 @@ def _stdout(tmp: Path, rank: int, job: int = 1) -> str:
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
 def test_every_collective_matches_numpy_through_the_daemons(tmp_path, n):
-    sizes = "0,1,7,1000,262147" if n <= 4 else "0,7,1000"
-    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / "collectives_matrix.py"), sizes], tmp_path, 240)
+    # 65541 elements span several 64 KiB shared-memory chunks in every dtype (bool: 2), as 262147 did 512 KiB ones
+    sizes = "0,1,7,1000,65541" if n <= 4 else "0,7,1000"
+    env = {"TESSEL_SHM_CHUNK_KIB": "64"}
+    result = run_tessel(["run", "-n", str(n), str(SCRIPTS / "collectives_matrix.py"), sizes], tmp_path, 240, env)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     for rank in range(n):
         assert re.search(rf"matrix ok: \d+ checks on rank {rank} of {n}", _stdout(tmp_path, rank))
