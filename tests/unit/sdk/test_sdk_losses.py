@@ -53,17 +53,18 @@ def test_cross_entropy_ignore_index_label_smoothing_and_probabilities():
 
 
 def mindspore_nll(log_p, labels, weight, ignore_index, reduction, smoothing):
-    """MindSpore's `ops.function.nn_func._nll_loss` in float64, class axis last: the smoothing term is not
-    weighted, and under 'mean' it is averaged over every target, ignored ones (zero) included."""
+    """MindSpore's `ops.function.nn_func._nll_loss` (2.3 on) in float64, class axis last: the smoothing term is
+    weighted by the class weights, and under 'mean' both terms are divided by the kept targets' weights."""
     keep = labels != ignore_index
     safe = np.where(keep, labels, 0)
-    w = (np.ones(log_p.shape[-1]) if weight is None else weight)[safe] * keep
+    classes = np.ones(log_p.shape[-1]) if weight is None else weight
+    w = classes[safe] * keep
     loss = -np.take_along_axis(log_p, safe[..., None], -1)[..., 0] * w
-    smooth = -log_p.sum(-1) * keep
+    smooth = -(log_p * classes).sum(-1) * keep
     if reduction == "sum":
         loss, smooth = loss.sum(), smooth.sum()
     elif reduction == "mean":
-        loss, smooth = loss.sum() / w.sum(), smooth.mean()
+        loss, smooth = loss.sum() / w.sum(), smooth.sum() / w.sum()
     return (1 - smoothing) * loss + smoothing / log_p.shape[-1] * smooth
 
 
@@ -80,7 +81,7 @@ def test_label_smoothing_with_weight_and_ignore_index_follows_mindspore(reductio
     x, y = ms.Tensor(log_softmax(LOGITS).astype(np.float32)), ms.Tensor(labels)
     got = ms.ops.nll_loss(x, y, w, ignore_index=7, reduction=reduction, label_smoothing=0.2).asnumpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    # (N, C, H, W): the class axis is 1; the 'mean' of the smoothing term counts N * H * W targets
+    # (N, C, H, W): the class axis is 1
     images = rand(2, 4, 3, 2).astype(np.float64)
     pixels = np.random.default_rng(3).integers(0, 4, (2, 3, 2)).astype(np.int32)
     pixels[0, 1, 1] = pixels[1, 2, 0] = 7

@@ -406,10 +406,10 @@ def _kept_targets(target: Any, ignore_index: int) -> tuple[Tensor, Tensor]:
 def _class_index_loss(
     nll: Tensor, log_p: Tensor | None, keep: Tensor, safe: Tensor, weight: Any, reduction: str, label_smoothing: float
 ) -> Tensor:
-    """MindSpore's `_nll_loss` from each target's negative log-likelihood `nll`: the class term is weighted by
-    `weight[target]` and, under 'mean', divided by the kept weights' sum; the smoothing term `-sum_c log_p / C`
-    (`log_p`: the class-last log-probabilities) is unweighted and, under 'mean', divided by the number of
-    targets, ignored ones included. Both terms are zero where a target is ignored."""
+    """MindSpore's `_nll_loss` (2.3 on) from each target's negative log-likelihood `nll`: the class term is weighted
+    by `weight[target]`, the smoothing term `-sum_c weight[c] log_p[c] / C` (`log_p`: the class-last
+    log-probabilities) by the class weights; both are zero where a target is ignored and, under 'mean', both are
+    divided by the kept targets' weights."""
     from tessel.ops.functional import gather, mean, sum
 
     kept = apply_op("Cast", keep, dtype=nll.dtype)
@@ -420,8 +420,10 @@ def _class_index_loss(
         loss = loss / sum(weights)
     if not label_smoothing:
         return loss
-    smooth = -mean(log_p, -1) * kept
-    smooth = smooth if reduction == "none" else mean(smooth) if reduction == "mean" else sum(smooth)
+    smooth = -mean(log_p if weight is None else log_p * weight, -1) * kept
+    smooth = smooth if reduction == "none" else sum(smooth)
+    if reduction == "mean":
+        smooth = smooth / sum(weights)
     return loss * (1.0 - label_smoothing) + smooth * label_smoothing
 
 
