@@ -148,19 +148,24 @@ def sync_in_fp32(graph: Graph) -> Graph:
 _REDUCTIONS = ("AllReduce", "AllReduceBucket", "ReduceScatter")
 
 
+def _reduces_float16(node: Node) -> bool:
+    return node.op in _REDUCTIONS and any(v.dtype == DType.float16 for v in node.inputs)
+
+
+def reduces_float16(graph: Graph) -> bool:
+    """Whether `graph` has an AllReduce, AllReduceBucket or ReduceScatter of float16 values."""
+    return any(map(_reduces_float16, graph.nodes))
+
+
 def communicate_in_fp32(graph: Graph) -> Graph:
     """`graph` with every reduction of float16 values (AllReduce, AllReduceBucket, ReduceScatter) run in float32:
     Cast to float32 before it, back to float16 after (MindSpore's force_fp32_communication); `graph` itself when it
     reduces no float16 value. Run it on a differentiated graph: the reductions of gradients are in it then."""
-
-    def half(node: Node) -> bool:
-        return node.op in _REDUCTIONS and any(v.dtype == DType.float16 for v in node.inputs)
-
-    if not any(map(half, graph.nodes)):
+    if not reduces_float16(graph):
         return graph
     rewriter = Rewriter(graph)
     for node in graph.nodes:
-        if not half(node):
+        if not _reduces_float16(node):
             rewriter.keep(node)
             continue
         with rewriter.at(node.source):

@@ -52,3 +52,13 @@ def test_force_fp32_communication_reduces_a_float16_network_in_float32(tmp_path,
     reductions = re.findall(r"= (?:AllReduce|ReduceScatter)\(", dumps)
     assert reductions and len(re.findall(r": f32\[[\d,]*\] = (?:AllReduce|ReduceScatter)\(", dumps)) == len(reductions)
     assert re.search(r": f16\[[\d,]*\] = Cast\(", dumps), dumps
+
+
+def test_force_fp32_communication_set_after_the_first_run_is_an_error(tmp_path):
+    script = ROOT / "tests" / "integration" / "scripts" / "fp32_communication.py"
+    result = run_tessel(["run", "-n", "2", str(script), str(tmp_path / "graphs"), "toggle"], tmp_path)
+    assert result.returncode != 0
+    out = rank_log(tmp_path, 0).read_text() + result.stderr
+    assert "first run (4, 4)" in out, out[-2000:]  # each rank holds its rows of the (8, 4) result
+    assert "force_fp32_communication=True: " in out, out[-2000:]
+    assert "compiled with force_fp32_communication=False" in out, out[-2000:]

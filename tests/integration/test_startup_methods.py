@@ -333,6 +333,13 @@ def test_mindspores_simulation_variables_plan_without_daemons(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in (0, 1):
         assert f"rank {rank} of a 2-rank world planned" in (tmp_path / "sim" / f"worker_{rank}.log").read_text()
+    # tessel run takes MindSpore's variable as its --sim-level: one process, rank 0 of its -n world
+    env.pop("RANK_ID")
+    run = subprocess.run(
+        [sys.executable, "-m", "tessel.cli", "run", "-n", "8", str(script), str(tmp_path)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert run.returncode == 0 and "rank 0 of a 8-rank world planned and compiled" in run.stdout, run.stderr
     env["MS_SIMULATION_LEVEL"] = "1"
     run = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=90

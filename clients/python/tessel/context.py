@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Any
 
 from tessel.core.errors import ConfigurationError
@@ -521,6 +522,8 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
             )
         value = _validate_parallel(key, value)
         _refuse_unsupported(key, value, _PARALLEL_DEFAULTS[key], _PARALLEL_NOT_SUPPORTED)
+        if key == "force_fp32_communication" and value != _parallel[key] and "tessel.common.engine" in sys.modules:
+            sys.modules["tessel.common.engine"].check_fp32_communication_change(value)
         if key == "enable_alltoall":
             from tessel.common.support import log_once
 

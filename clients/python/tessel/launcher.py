@@ -393,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     # in one directory would take the same next number, so a nonce follows it: "3-1f0a9c".
     job_id = args.job_id or f"{_next_job_id(log_dir)}-{secrets.token_hex(3)}"
     log_root = log_dir / job_id
+    if args.sim_level is None and os.environ.get("MS_SIMULATION_LEVEL", "").strip():  # MindSpore's dry run
+        try:
+            args.sim_level = int(os.environ["MS_SIMULATION_LEVEL"])
+        except ValueError:
+            _say(f"tessel run: MS_SIMULATION_LEVEL={os.environ['MS_SIMULATION_LEVEL']!r} must be an integer")
+            return 2
     if args.sim_level is not None:
         return simulate(args, log_root)
     try:

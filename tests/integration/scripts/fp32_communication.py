@@ -1,6 +1,7 @@
-"""A float16 network whose row-parallel MatMul ends in an AllReduce, compiled under SEMI_AUTO_PARALLEL with
+"""A float16 network whose row-parallel MatMul ends in a reduction, compiled under SEMI_AUTO_PARALLEL with
 force_fp32_communication (or AutoParallel.enable_fp32_communication: argv[2] == "auto_parallel"), its graphs saved to
-argv[1]. Run it as a simulated rank (MS_SIMULATION_LEVEL=0 RANK_SIZE=2): it stops before the first run."""
+argv[1]. Run it as a simulated rank (MS_SIMULATION_LEVEL=0 RANK_SIZE=2): it stops before the first run. With
+argv[2] == "toggle" (under `tessel run -n 2`) it runs once without the option, then sets it and runs again."""
 
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ class RowParallel(nn.Cell):
 
 
 net = RowParallel()
-if sys.argv[2] == "auto_parallel":
+if sys.argv[2] == "toggle":
+    ms.set_auto_parallel_context(parallel_mode="semi_auto_parallel")
+    print("first run", net(ms.Tensor(np.ones((4, 8), np.float16))).shape)
+    ms.set_auto_parallel_context(force_fp32_communication=True)
+elif sys.argv[2] == "auto_parallel":
     from tessel.parallel.auto_parallel import AutoParallel
 
     net = AutoParallel(net, "semi_auto")

@@ -9,11 +9,12 @@ from tessel.communication import simulation
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 VARIABLES = ("TESSEL_SIM_LEVEL", "TESSEL_SIM_RANK", "TESSEL_SIM_WORLD", "MS_SIMULATION_LEVEL", "RANK_ID", "RANK_SIZE")
+LAUNCHERS = ("TESSEL_RANK", "TESSEL_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE")
 
 
 @pytest.fixture
 def env(monkeypatch):
-    for name in VARIABLES:
+    for name in VARIABLES + LAUNCHERS:
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -30,6 +31,14 @@ def test_mindspores_variables(env):
     env.setenv("RANK_SIZE", "64")
     env.setenv("RANK_ID", " 17 ")
     assert simulation.settings() == (0, 17, 64)
+
+
+def test_under_mpirun_each_process_simulates_its_own_rank(env):
+    env.setenv("MS_SIMULATION_LEVEL", "0")
+    env.setenv("RANK_ID", "5")  # a leftover of another launcher: mpirun's variables name this process
+    env.setenv("OMPI_COMM_WORLD_RANK", "2")
+    env.setenv("OMPI_COMM_WORLD_SIZE", "4")
+    assert simulation.settings() == (0, 2, 4)
 
 
 def test_tessels_launcher_variables_come_first(env):

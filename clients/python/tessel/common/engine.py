@@ -29,8 +29,10 @@ from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
+from tessel.compiler.buckets import reduces_float16
 from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.compiler.rank_rewrite import op_rewrites
+from tessel.core.errors import ConfigurationError
 from tessel.v1 import daemon_pb2
 
 _ids = itertools.count(1)
@@ -82,8 +84,11 @@ class Engine:
             return
         pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
         phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
-        if has_collectives(graph) and _fp32_communication():
-            graph = _reduced_in_fp32(graph, phases)
+        if has_collectives(graph) and reduces_float16(graph):
+            widened = _fp32_communication()
+            _compiled_with_fp32_communication.setdefault(widened, name)
+            if widened:
+                graph = _reduced_in_fp32(graph, phases)
         _save_graph(name, graph)
         if has_collectives(graph):
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
@@ -182,12 +187,27 @@ def _fp32_communication() -> bool:
     return bool(context.get_auto_parallel_context("force_fp32_communication"))
 
 
+# force_fp32_communication -> the first segment this process compiled with that value that reduces float16 values
+_compiled_with_fp32_communication: dict[bool, str] = {}
+
+
+def check_fp32_communication_change(value: bool) -> None:
+    """set_auto_parallel_context(force_fp32_communication=value) once segments that reduce float16 values compiled
+    with the other value: they are reused as they are, so the change could not reach them."""
+    compiled = _compiled_with_fp32_communication.get(not value)
+    if compiled is not None:
+        raise ConfigurationError(
+            f"force_fp32_communication={value}: {compiled} reduces float16 values and was compiled with "
+            f"force_fp32_communication={not value}; set it (or AutoParallel.enable_fp32_communication()) before the "
+            "network first runs"
+        )
+
+
 def _reduced_in_fp32(graph: Graph, phases: Any) -> Graph:
     """force_fp32_communication: `graph`'s reductions of float16 values run in float32."""
     from tessel.compiler.buckets import communicate_in_fp32
 
-    reduced = communicate_in_fp32(graph)
-    if reduced is not graph and phases is not None:
+    if phases is not None:
         from tessel.common.support import not_supported_yet
 
         raise not_supported_yet(
@@ -195,7 +215,7 @@ def _reduced_in_fp32(graph: Graph, phases: Any) -> Graph:
             "a pipeline stage's schedule is fixed before the casts around its reductions could be placed; run the "
             "network in float32 or drop force_fp32_communication",
         )
-    return reduced
+    return communicate_in_fp32(graph)
 
 
 def _spmd() -> bool:

@@ -29,14 +29,26 @@ class SimulationComplete(SystemExit):
         self.rank, self.world, self.compiled = rank, world, compiled
 
 
+# Where a process under MS_SIMULATION_LEVEL finds its rank and world: a launcher's variables (mpirun: each process
+# simulates its own rank), else MindSpore's RANK_ID / RANK_SIZE.
+_RANK_AND_WORLD = (
+    ("TESSEL_RANK", "TESSEL_WORLD_SIZE"),
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+    ("PMI_RANK", "PMI_SIZE"),
+    ("RANK_ID", "RANK_SIZE"),
+)
+
+
 def settings() -> tuple[int, int, int] | None:
     """(level, rank, world) when this process simulates a world, else None: from the variables tessel's launchers
-    set (`tessel run --sim-level`, `tessel msrun --sim_level`), else from MindSpore's MS_SIMULATION_LEVEL, RANK_ID
+    set (`tessel run --sim-level`, `tessel msrun --sim_level`, or MS_SIMULATION_LEVEL given to either), else from
+    MindSpore's MS_SIMULATION_LEVEL with the rank and world of the process's launcher (mpirun's), or RANK_ID
     (default 0) and RANK_SIZE (default 1)."""
     if os.environ.get(SIM_LEVEL, ""):
         return _checked((SIM_LEVEL, SIM_RANK, SIM_WORLD), None, "tessel run --sim-level 0 -n N script.py")
     if os.environ.get(MS_LEVEL, "").strip():
-        return _checked((MS_LEVEL, "RANK_ID", "RANK_SIZE"), "1", f"{MS_LEVEL}=0 RANK_SIZE=64 RANK_ID=3 python train.py")
+        rank, world = next(pair for pair in _RANK_AND_WORLD if pair[0] in os.environ or pair[0] == "RANK_ID")
+        return _checked((MS_LEVEL, rank, world), "1", f"{MS_LEVEL}=0 RANK_SIZE=64 RANK_ID=3 python train.py")
     return None
 
 
