@@ -62,3 +62,13 @@ def test_force_fp32_communication_set_after_the_first_run_is_an_error(tmp_path):
     assert "first run (4, 4)" in out, out[-2000:]  # each rank holds its rows of the (8, 4) result
     assert "force_fp32_communication=True: " in out, out[-2000:]
     assert "compiled with force_fp32_communication=False" in out, out[-2000:]
+
+
+def test_comm_func_reduces_float16_in_float32_under_force_fp32_communication(tmp_path):
+    script = ROOT / "tests" / "integration" / "scripts" / "fp32_comm_func.py"
+    result = run_tessel(["run", "-n", "4", str(script)], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = rank_log(tmp_path, 3).read_text()
+    # float16 adds round 2049 back to 2048 each time; float32 sums to 2051, which rounds to 2052 once
+    assert "rank 3: plain [2048.0, 1.0] wide [2052.0, 1.0] float16 True" in out, out
+    assert "rank 3: async refused yes" in out, out

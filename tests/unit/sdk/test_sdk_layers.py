@@ -11,6 +11,7 @@ from sdk_testkit import finite_difference, log_softmax, np_conv2d, rand, softmax
 
 import tessel as ms
 from tessel import nn, ops
+from tessel.core.errors import ConfigurationError
 
 
 def run(cell, *arrays):
@@ -178,6 +179,9 @@ def test_ops_functional_forms_match_numpy():
     assert ops.one_hot(ms.Tensor(np.array([1])), 2, True, False).asnumpy().tolist() == [[False, True]]
     half = ops.one_hot(ms.Tensor(np.array([1])), 2, ms.Tensor(np.float16(2)), ms.Tensor(np.float16(-1)))
     assert half.dtype == ms.float16 and half.asnumpy().tolist() == [[-1.0, 2.0]]
+    assert ops.one_hot(ms.Tensor(np.array([1])), 2, np.int32(1), np.int32(0)).dtype == ms.int32
+    with pytest.raises(ConfigurationError, match=r"on_value \(.*int64\) and off_value \(.*float32\) must have one"):
+        ops.one_hot(ms.Tensor(np.array([1])), 2, 1, 0.5)  # MindSpore refuses Tensor(1) with Tensor(0.5)
     np.testing.assert_allclose(ops.where(x > 0, x, 0.0).asnumpy(), np.where(a > 0, a, 0))
     np.testing.assert_allclose(ops.Add()(x, 1.0).asnumpy(), a + 1)
     assert ops.Shape()(x) == (3, 4) and ops.cast(x, ms.int32).dtype == ms.int32

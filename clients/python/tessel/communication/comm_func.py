@@ -150,14 +150,29 @@ def _collective(
     return tensors, CommHandle(op.handle, outputs, tensors)
 
 
+def _reduced(call: str, spec: daemon_pb2.CollectiveOp, x: np.ndarray, shape: tuple, async_op: bool):
+    """A reduction of `x`; float16 runs in float32 under force_fp32_communication, as in compiled graphs."""
+    from tessel import context
+
+    if x.dtype != np.float16 or not context.get_auto_parallel_context("force_fp32_communication"):
+        (out,), handle = _collective(spec, [x], [(shape, x.dtype)], async_op)
+        return out, handle
+    if async_op:
+        raise not_supported_yet(
+            f"{call}(async_op=True) of float16 under force_fp32_communication",
+            "only the synchronous call casts to float32 and back; pass async_op=False",
+        )
+    (out,), _ = _collective(spec, [x.astype(np.float32)], [(shape, np.float32)], False)
+    return _tensor(out.asnumpy().astype(np.float16)), None
+
+
 def all_reduce(tensor, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
     """Reduce `tensor` over `group`; returns (Tensor, CommHandle), the handle None unless async_op=True."""
     kind = _check_op("all_reduce", op)
     async_op = _check_async("all_reduce", async_op)
     x = _host(tensor)
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, op=kind, group=_group_name(group))
-    (out,), handle = _collective(spec, [x], [(x.shape, x.dtype)], async_op)
-    return out, handle
+    return _reduced("all_reduce", spec, x, x.shape, async_op)
 
 
 def all_gather_into_tensor(tensor, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
@@ -179,8 +194,7 @@ def reduce_scatter_tensor(
     x = _host(tensor)
     shape = (x.shape[0] // len(_ranks(group)), *x.shape[1:]) if x.ndim else x.shape
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.REDUCE_SCATTER, op=kind, group=_group_name(group))
-    (out,), handle = _collective(spec, [x], [(shape, x.dtype)], async_op)
-    return out, handle
+    return _reduced("reduce_scatter_tensor", spec, x, shape, async_op)
 
 
 def broadcast(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP):

@@ -318,17 +318,26 @@ def gather_elements(input: Any, dim: int, index: Any) -> Tensor:
 
 
 def one_hot(indices: Any, depth: int, on_value: Any = 1, off_value: Any = 0, axis: int = -1) -> Tensor:
-    """MindSpore's `ops.one_hot`: the result has `on_value`'s dtype, a Python number's as `Tensor(on_value)` gives
-    it (int64 for an int, the default 1; float32 for a float; bool for a bool)."""
-    if isinstance(on_value, Tensor):
-        dtype = on_value.dtype
-    elif isinstance(on_value, bool):
-        dtype = DType.bool_
-    else:
-        dtype = DType.int64 if isinstance(on_value, int) else DType.float32
+    """MindSpore's `ops.one_hot`: the result has `on_value`'s dtype as `Tensor(on_value)` gives it (int64 for an
+    int, the default 1; float32 for a float; bool for a bool); `off_value` must have the same."""
+    dtype, off_dtype = _value_dtype(on_value), _value_dtype(off_value)
+    if dtype != off_dtype:
+        raise ConfigurationError(
+            f"ops.one_hot: on_value ({dtype}) and off_value ({off_dtype}) must have one dtype, as in MindSpore; "
+            "e.g. one_hot(x, depth, 1.0, 0.0) or one_hot(x, depth, 1, 0)"
+        )
     on = float(on_value.asnumpy()) if isinstance(on_value, Tensor) else float(on_value)
     off = float(off_value.asnumpy()) if isinstance(off_value, Tensor) else float(off_value)
     return apply_op("OneHot", indices, depth=int(depth), on_value=on, off_value=off, axis=int(axis), dtype=dtype)
+
+
+def _value_dtype(value: Any) -> DType:
+    """The dtype of `Tensor(value)` in MindSpore: a Python float is float32, an int int64, NumPy scalars keep theirs."""
+    if isinstance(value, Tensor):
+        return value.dtype
+    if isinstance(value, float):
+        return DType.float32
+    return to_dtype(np.asarray(value).dtype)
 
 
 def select(cond: Any, x: Any, y: Any) -> Tensor:
