@@ -201,6 +201,10 @@ def _validate(key: str, value: Any) -> Any:
         raise ConfigurationError(f"set_context: enable_profiling must be True or False, got {value!r}")
     if key == "save_graphs_path" and not isinstance(value, str):
         raise ConfigurationError(f"set_context: save_graphs_path must be a str, got {value!r}")
+    if key != "save_graphs" and isinstance(_CONTEXT_DEFAULTS.get(key), bool) and not isinstance(value, bool):
+        raise ConfigurationError(f"set_context: {key} must be True or False, got {value!r}")
+    if key == "exec_order" and value not in ("bfs", "dfs", "gpto"):
+        raise ConfigurationError(f"set_context: exec_order must be 'bfs', 'dfs' or 'gpto', got {value!r}")
     return value
 
 

@@ -204,3 +204,16 @@ def test_enable_alltoall_is_a_hint_logged_once(caplog):
     said = [r.getMessage() for r in caplog.records if "enable_alltoall" in r.getMessage()]
     assert len(said) == 1 and "the values are the same" in said[0]
     assert ms.get_auto_parallel_context("enable_alltoall") is False
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "says"),
+    [
+        ("grad_for_scalar", 0, "grad_for_scalar must be True or False, got 0"),
+        ("check_bprop", "yes", "check_bprop must be True or False"),
+        ("exec_order", "xyz", "exec_order must be 'bfs', 'dfs' or 'gpto', got 'xyz'"),
+    ],
+)
+def test_a_value_mindspore_would_refuse_is_an_error_not_the_default(option, value, says):
+    with pytest.raises(ConfigurationError, match=says):
+        ms.set_context(**{option: value})
