@@ -340,6 +340,13 @@ def test_mindspores_simulation_variables_plan_without_daemons(tmp_path):
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=90,
     )  # fmt: skip
     assert run.returncode == 0 and "rank 0 of a 8-rank world planned and compiled" in run.stdout, run.stderr
+    env["MS_SIMULATION_LEVEL"] = "zero"  # not a level: both launchers refuse it before starting anything
+    for launcher in (["run", "-n", "2"], ["msrun", "--worker_num=2", "--local_worker_num=2"]):
+        bad = subprocess.run(
+            [sys.executable, "-m", "tessel.cli", *launcher, str(script), str(tmp_path)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert bad.returncode == 2 and "MS_SIMULATION_LEVEL" in bad.stderr and "integer" in bad.stderr, bad.stderr
     env["MS_SIMULATION_LEVEL"] = "1"
     run = subprocess.run(
         [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=90

@@ -29,7 +29,7 @@ from tessel import profiler
 from tessel.common.tensor import DeviceRef
 from tessel.communication import runtime
 from tessel.compiler import EagerExecutor, Graph, lower_rank_program, model_bytes, registry
-from tessel.compiler.buckets import reduces_float16
+from tessel.compiler.buckets import communicate_in_fp32, reduces_float16
 from tessel.compiler.memory import free_early, mark_inplace, mark_program_inplace
 from tessel.compiler.rank_rewrite import op_rewrites
 from tessel.core.errors import ConfigurationError
@@ -82,15 +82,16 @@ class Engine:
         """Compile `graph` as segment `name` (once); `state` inputs are updated in place by "<name>/new" outputs."""
         if name in self._segments:
             return
+        collective = has_collectives(graph)
         pipeline = sys.modules.get("tessel.compiler.pipeline")  # loaded by the pipeline pass, if one ran here
-        phases = pipeline.phases_of(graph) if pipeline else None  # a stage's graph runs in its schedule's order
-        if has_collectives(graph) and reduces_float16(graph):
+        phases = pipeline.phases_of(graph) if pipeline and collective else None  # a stage's graph: its schedule's order
+        if collective and reduces_float16(graph):
             widened = _fp32_communication()
             _compiled_with_fp32_communication.setdefault(widened, name)
             if widened:
                 graph = _reduced_in_fp32(graph, phases)
         _save_graph(name, graph)
-        if has_collectives(graph):
+        if collective:
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
             lowered = lower_rank_program(
@@ -205,8 +206,6 @@ def check_fp32_communication_change(value: bool) -> None:
 
 def _reduced_in_fp32(graph: Graph, phases: Any) -> Graph:
     """force_fp32_communication: `graph`'s reductions of float16 values run in float32."""
-    from tessel.compiler.buckets import communicate_in_fp32
-
     if phases is not None:
         from tessel.common.support import not_supported_yet
 
