@@ -220,3 +220,39 @@ def test_the_progress_bar_reaches_a_terminal_through_tessel_run_and_the_log_keep
     lines = log.read_text().splitlines()
     assert [line.split(" [")[0] for line in lines] == ["epoch 1/2", "epoch 2/2", "trained"], lines
     assert all("8/8  loss" in line and "samples/s" in line for line in lines[:2]), lines
+
+
+STUCK_AT_EXIT = """
+import atexit, os, time
+if os.environ["TESSEL_RANK"] == "1":
+    # Registered before tessel's own exit hook, so it runs after the rank told the coordinator it finished.
+    atexit.register(time.sleep, 600)
+import numpy as np
+from tessel.communication import comm_func, get_rank, init
+init()
+comm_func.all_reduce(np.ones(8, np.float32))
+print(f"rank {get_rank()} done", flush=True)
+"""
+
+
+def test_a_rank_stuck_in_its_exit_is_stopped_with_its_stacks_and_the_job_succeeds(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AT_EXIT)
+    env = dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    run = subprocess.run(
+        _tessel("run", "-n", "2", "--exit-grace", "2", str(script)),
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "rank 0 done" in run.stdout, run.stdout
+    (rank_dir,) = tmp_path.glob("log_output/*/rank.1")
+    assert "rank 1 finished its part more than 2 s ago but its process did not exit" in run.stderr, run.stderr
+    assert f"the end of {rank_dir.relative_to(tmp_path)}/stderr):\n" in run.stderr, run.stderr
+    assert "most recent call first" in run.stderr.split("did not exit")[1], run.stderr
+    assert "rank 0 finished its part" not in run.stderr, run.stderr
+    stacks = (rank_dir / "stderr").read_text()
+    assert "most recent call first" in stacks, stacks[-3000:]

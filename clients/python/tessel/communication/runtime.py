@@ -325,13 +325,16 @@ def init() -> Runtime:
 
                 serve_scheduler(env.scheduler)  # serves the job, then ends this process
             _runtime = _embedded(env) if env.coordinator is None and env.bootstrap is None else _distributed(env)
-            atexit.register(release)
+            atexit.register(release, at_exit=True)
         return _runtime
 
 
-def release() -> None:
+def release(at_exit: bool = False) -> None:
     """Finish this rank cleanly: tell the coordinator, close the session, stop the heartbeat; then take down what
-    this rank started for its job (its daemon, rank 0's coordinator) once every rank finished."""
+    this rank started for its job (its daemon, rank 0's coordinator) once every rank finished. `at_exit`: the
+    interpreter is ending; what follows the finish is bounded (supervision.bound_exit)."""
+    from tessel.communication import supervision
+
     global _runtime
     with _lock:
         runtime, _runtime = _runtime, None
@@ -339,17 +342,19 @@ def release() -> None:
         return
     try:
         if runtime.coordinator is not None and runtime.failure is None:
-            from tessel.communication import supervision
-
             supervision.finish(runtime)  # or fails the job, if this rank exits with a non-zero status
         runtime.daemon.close_session(runtime.session_id)
     except TesselError:
         pass  # the job already failed or the daemon is gone: nothing left to release there
     finally:
+        if at_exit and runtime.started is None:
+            supervision.bound_exit()
         if runtime.heartbeat is not None:
             runtime.heartbeat.stop()
         runtime.daemon.close()
         if runtime.coordinator is not None:
             runtime.coordinator.close()
         if runtime.started is not None:
-            runtime.started.finish(runtime.job_id)
+            runtime.started.finish(runtime.job_id)  # waits for the job's other ranks: not bounded here
+            if at_exit:
+                supervision.bound_exit()

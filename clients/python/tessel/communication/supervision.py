@@ -10,12 +10,17 @@
   daemon would hold them until their deadline), and later ones fail at once.
 * A stall the coordinator announces is printed to stderr (the rank's log): the waiting and the missing ranks.
 * The rank prints its deadlines once, in one line, to stderr.
+* Its exit is bounded: once it told the coordinator it finished, what is left (closing channels, the interpreter's
+  own end) has EXIT_WATCHDOG_S; a rank stuck there writes its threads' stacks to stderr and ends with status 1.
+  SIGUSR1 writes the same stacks at any time (`tessel run` sends it to a rank that finished but does not exit).
 """
 
 from __future__ import annotations
 
 import builtins
 import contextlib
+import faulthandler
+import signal
 import sys
 import threading
 from typing import Any
@@ -23,6 +28,8 @@ from typing import Any
 from tessel.core.errors import JobFailedError, TesselError
 
 EXIT_CALL_S = 10.0  # the longest a dying rank waits on the coordinator (a lost one also ends the call at once)
+EXIT_WATCHDOG_S = 60.0  # the longest a finished rank may take to close its channels and end its interpreter
+STACKS_SIGNAL = signal.SIGUSR1  # a rank writes its threads' stacks to stderr on it
 _exit_status: int = 0  # what the main thread last asked sys.exit / exit / quit for
 _exit_culprit: int | None = None  # the rank named by the error being handled when it asked (if any)
 _exit_error: str = ""  # that error
@@ -78,7 +85,36 @@ def install(runtime) -> None:
         previous(kind, value, traceback)
 
     sys.excepthook = hook
+    _dump_stacks_on_signal()
     print(deadlines(runtime), file=sys.stderr, flush=True)
+
+
+def _stderr():
+    """The process's own stderr (faulthandler writes to a file descriptor; sys.stderr may be replaced)."""
+    stream = sys.__stderr__
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # no usable stderr (pythonw, a closed descriptor)
+        return None
+    return stream
+
+
+def _dump_stacks_on_signal() -> None:
+    """STACKS_SIGNAL writes every thread's stack to stderr, unless the program handles the signal itself."""
+    stream = _stderr()
+    if stream is not None and signal.getsignal(STACKS_SIGNAL) == signal.SIG_DFL:
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
+            faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True)
+
+
+def bound_exit() -> None:
+    """From here the process only closes channels and ends its interpreter. Should that hang (a stuck thread, a
+    finalizer), every thread's stack goes to stderr after EXIT_WATCHDOG_S and the process ends with status 1: a
+    job that did its work must not hang its launcher."""
+    stream = _stderr()
+    if stream is not None:
+        with contextlib.suppress(OSError, RuntimeError, ValueError):
+            faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=stream)
 
 
 def deadlines(runtime) -> str:
