@@ -488,6 +488,10 @@ def main(argv: list[str] | None = None) -> int:
             # Ctrl-C meanwhile only sets the flag: the shutdown is not cut half-way.
             launch.signals_deferred = True
             launch.shutdown()
+            # Every process of the job is gone; should this one's own end hang, it prints its stacks and exits.
+            from tessel.communication.supervision import bound_exit
+
+            bound_exit()
     if code != 0:
         because = f" ({cause})" if cause else ""
         if failed < 0:  # no rank to show (the coordinator had no verdict and no rank process failed)
