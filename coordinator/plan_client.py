@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tessel.compiler.ir import Graph, Node
@@ -59,8 +59,10 @@ def plan_remotely(
     dataset: Any = "data_parallel",
     memory_budget: float | None = None,
     timeout_s: float = 120.0,
+    alltoall: bool = True,
 ) -> Plan:
-    """The coordinator's plan for `graph` in job `job_id` (device_num must be the job's world size)."""
+    """The coordinator's plan for `graph` in job `job_id` (device_num must be the job's world size); `alltoall`:
+    whether redistributions may use AlltoAll (set_auto_parallel_context(enable_alltoall))."""
     reply = client.plan_strategies(
         job_id,
         graph_to_json(graph),
@@ -71,12 +73,13 @@ def plan_remotely(
         dataset=dumps(value_to_json(dataset)),
         memory_budget=memory_budget or 0.0,
         timeout_s=timeout_s,
+        alltoall=alltoall,
     )
     return Plan(
         graph,
         device_num,
         strategies_from_json(graph, reply.strategies),
-        cost_model_from_proto(reply.cost_model),
+        replace(cost_model_from_proto(reply.cost_model), alltoall=alltoall),
         reply.step_time_s,
         reply.memory_bytes,
         reply.seconds,
@@ -95,9 +98,10 @@ def plan_locally(
     dataset: Any = "data_parallel",
     memory_budget: float | None = None,
     cost_model: CostModel | None = None,
+    alltoall: bool = True,
 ) -> Plan:
     """The same search in this process (default model: CostModel.default_cpu(device_num))."""
-    model = cost_model or CostModel.default_cpu(device_num)
+    model = replace(cost_model or CostModel.default_cpu(device_num), alltoall=alltoall)
     started = time.perf_counter()
     result = search(
         graph,
@@ -128,6 +132,7 @@ def plan_remotely_or_locally(
     job_id: str = "",
     cost_model: CostModel | None = None,
     timeout_s: float = 120.0,
+    alltoall: bool = True,
 ) -> Plan:
     """With a coordinator (`client` and the job's `job_id`): its plan, the same on every rank. Without (a world of
     1 in a plain `python` process): the same planner in-process, priced with `cost_model` (default_cpu if None)."""
@@ -143,6 +148,7 @@ def plan_remotely_or_locally(
             dataset=dataset,
             memory_budget=memory_budget,
             timeout_s=timeout_s,
+            alltoall=alltoall,
         )
     return plan_locally(
         graph,
@@ -153,6 +159,7 @@ def plan_remotely_or_locally(
         dataset=dataset,
         memory_budget=memory_budget,
         cost_model=cost_model,
+        alltoall=alltoall,
     )
 
 

@@ -21,6 +21,7 @@ The compiler (planner library, IR decoding) is imported on first use: a coordina
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import threading
@@ -104,6 +105,8 @@ class StrategyPlanner:
         if pinned is not None:  # this job was given a plan for this request already: every rank gets that one
             return _reply(*pinned, cached=True)
         model, message = job_cost_model(self.state, request.job_id, self.cluster)
+        if request.without_alltoall:
+            model = dataclasses.replace(model, alltoall=False)
         key = _request_key(request, model)
         future, ran = self._lookup_or_submit(key, request, model)
         try:
@@ -231,6 +234,7 @@ def _request_key(request: coordinator_pb2.PlanRequest, model: Any) -> tuple:
         tuple(request.parameters),
         bytes(request.dataset),
         request.memory_budget,
+        request.without_alltoall,
         model,
     )
 

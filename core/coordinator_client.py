@@ -360,11 +360,13 @@ class CoordinatorClient:
         dataset: bytes = b"",
         memory_budget: float = 0.0,
         timeout_s: float = 120.0,
+        alltoall: bool = True,
     ) -> coordinator_pb2.PlanReply:
         """The coordinator's plan (PlanStrategies) for a graph in tessel.compiler.ir_json form; `fixed` and the
         reply's `strategies` are strategy_json documents, `dataset` value_to_json's JSON. Decoding them needs the
         compiler, which this layer does not import: `tessel.coordinator.plan_client.plan_remotely` does both ends
-        and returns strategies keyed by the graph's nodes."""
+        and returns strategies keyed by the graph's nodes. `alltoall=False`: priced without AlltoAll
+        (set_auto_parallel_context(enable_alltoall=False))."""
         request = coordinator_pb2.PlanRequest(
             job_id=job_id,
             graph=graph,
@@ -375,6 +377,7 @@ class CoordinatorClient:
             dataset=dataset,
             memory_budget=memory_budget,
             timeout_s=timeout_s,
+            without_alltoall=not alltoall,
         )
         return self._wait_call("PlanStrategies", request, timeout_s)
 

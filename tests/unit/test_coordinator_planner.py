@@ -4,6 +4,7 @@ bounded (size, pending searches, deadline), off the state lock, and clear errors
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -141,6 +142,26 @@ def test_the_cache_is_keyed_by_what_changes_the_plan_and_bounded(state):
         assert not planner.plan(request(mlp(), job="k"), 30).cached  # the oldest of three went: two entries kept
     finally:
         planner.close()
+
+
+def test_a_plan_without_alltoall_is_searched_and_priced_apart(state, planner):
+    # set_auto_parallel_context(enable_alltoall=False) reaches the search through the request, within one job too
+    start_job(state, "j", 2)
+    graph = mlp()
+    with_alltoall = planner.plan(request(graph), 30)
+    without = planner.plan(request(mlp(), without_alltoall=True), 30)
+    assert not with_alltoall.cached and not without.cached
+    model, _ = job_cost_model(state, "j", None)
+    want = search(
+        graph,
+        mode="dynamic_programming",
+        device_num=2,
+        parameters=["w1", "b1", "w2"],
+        cost_model=dataclasses.replace(model, alltoall=False),
+    )
+    assert strategies_from_json(graph, without.strategies) == want.strategies
+    assert without.step_time_s == pytest.approx(want.step_time)
+    assert planner.plan(request(mlp(), without_alltoall=True), 30).cached
 
 
 def test_planning_runs_off_the_state_lock(state, planner, monkeypatch):

@@ -9,7 +9,6 @@ Settings are validated here; the parallel pass reads the auto-parallel ones.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from typing import Any
@@ -283,7 +282,9 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     # MindSpore's broadcast gives; with False MindSpore's other stages return no meaningful value
     "pipeline_result_broadcast": False,
     "force_fp32_communication": False,  # AllReduce / ReduceScatter of float16 values run in float32
-    "enable_alltoall": False,  # a hint: tessel's redistribution takes its cheapest collectives anyway (logged)
+    # MindSpore's default is False (AllGather, Split and Concat where a split moves to another dim); tessel's is True,
+    # since an AlltoAll sends 1/n of the bytes. False gives MindSpore's collectives (common.partition).
+    "enable_alltoall": True,
     "group_ckpt_save_file": "",
     "dump_local_norm": False,
     "dump_local_norm_path": "",
@@ -528,15 +529,6 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
         _refuse_unsupported(key, value, _PARALLEL_DEFAULTS[key], _PARALLEL_NOT_SUPPORTED)
         if key == "force_fp32_communication" and value != _parallel[key] and "tessel.common.engine" in sys.modules:
             sys.modules["tessel.common.engine"].check_fp32_communication_change(value)
-        if key == "enable_alltoall":
-            from tessel.common.support import log_once
-
-            log_once(
-                "set_auto_parallel_context:enable_alltoall",
-                f"set_auto_parallel_context(enable_alltoall={value!r}): tessel's redistribution takes the cheapest "
-                "of AlltoAll, AllGather and slicing by its cost model, whatever the value; the values are the same",
-                logging.INFO,
-            )
         _parallel[key] = value
         _explicit.add(key)
     if {"device_num", "global_rank"} & set(kwargs):

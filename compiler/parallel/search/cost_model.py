@@ -94,6 +94,8 @@ class CostModel:
       also waits for every member to arrive, and where a host runs more busy threads than it has cores (4 ranks on
       2 cores, other work) members are descheduled and each collective waits for the last of them: measured here at
       1-7 ms against a 5-30 µs link latency. It replaces the first round's latency of every collective when larger.
+    - `alltoall`: whether redistributions may use AlltoAll (set_auto_parallel_context(enable_alltoall)); without it
+      a split moved to another dim is gathered whole and sliced, as the partitioner then emits it.
     """
 
     flops_per_second: float
@@ -108,6 +110,7 @@ class CostModel:
     launch_overhead: float = 0.0
     op_factors: tuple[tuple[str, float], ...] = ()
     collective_latency: float = 0.0
+    alltoall: bool = True
 
     def __post_init__(self):
         if self.flops_per_second <= 0 or self.memory_bandwidth <= 0 or self.memory_bytes <= 0:
@@ -280,7 +283,8 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
     device matrix: partial -> replicated is an AllReduce, partial -> split a ReduceScatter, split -> replicated an
     AllGather, split(d) -> split(e) (or the same dim in another order) an AlltoAll, replicated -> split a local
     slice. Each kind runs as one collective over all its axes, in the order that moves the fewest bytes: reduce,
-    slice, exchange, gather. Matrices that do not refine alike meet at the replicated layout."""
+    slice, exchange, gather. Matrices that do not refine alike meet at the replicated layout. Without AlltoAll
+    (`model.alltoall` False) an exchange is a gather and a local slice."""
     if source.same_as(target):
         return 0.0
     a, b = source.refined, target.refined
@@ -290,7 +294,14 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
         gather = _redistribution_time(model, source, replicated, shape, itemsize)
         return gather + model.copy_time(math.prod(shape) * itemsize)
     matrix = a.device_matrix
-    kinds: dict[str, list[int]] = {"all_reduce": [], "reduce_scatter": [], "slice": [], "all_to_all": [], "gather": []}
+    kinds: dict[str, list[int]] = {
+        "all_reduce": [],
+        "reduce_scatter": [],
+        "slice": [],
+        "all_to_all": [],
+        "gather": [],
+        "slice_after": [],
+    }
     for axis, (have, want) in enumerate(zip(a.placements, b.placements)):
         if have == want and not _reordered(a, b, axis):
             continue
@@ -298,8 +309,11 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
             kinds["reduce_scatter" if isinstance(want, Shard) else "all_reduce"].append(axis)
         elif isinstance(have, Replicate):
             kinds["slice"].append(axis)
-        elif isinstance(want, Shard):
+        elif isinstance(want, Shard) and model.alltoall:
             kinds["all_to_all"].append(axis)
+        elif isinstance(want, Shard):  # gathered whole along the axis, then the new split sliced from it
+            kinds["gather"].append(axis)
+            kinds["slice_after"].append(axis)
         else:
             kinds["gather"].append(axis)
     size = lambda axes: math.prod(matrix[x] for x in axes)  # noqa: E731
@@ -311,6 +325,8 @@ def _redistribution_time(model: CostModel, source: Layout, target: Layout, shape
         seconds += model.copy_time(nbytes)
     seconds += model.group_time("all_to_all", matrix, tuple(kinds["all_to_all"]), nbytes)
     seconds += model.group_time("all_gather", matrix, tuple(kinds["gather"]), nbytes)
+    if kinds["slice_after"]:
+        seconds += model.copy_time(nbytes * size(kinds["gather"]) / size(kinds["slice_after"]))
     return seconds
 
 

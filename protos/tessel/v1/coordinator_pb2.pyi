@@ -355,7 +355,7 @@ class Stall(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., group: _Optional[str] = ..., sequence: _Optional[int] = ..., collective: _Optional[str] = ..., waited_s: _Optional[float] = ..., waiting: _Optional[_Iterable[int]] = ..., missing: _Optional[_Iterable[int]] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class PlanRequest(_message.Message):
-    __slots__ = ("job_id", "graph", "world_size", "mode", "fixed", "parameters", "dataset", "memory_budget", "timeout_s")
+    __slots__ = ("job_id", "graph", "world_size", "mode", "fixed", "parameters", "dataset", "memory_budget", "timeout_s", "without_alltoall")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     GRAPH_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -365,6 +365,7 @@ class PlanRequest(_message.Message):
     DATASET_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BUDGET_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    WITHOUT_ALLTOALL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     graph: bytes
     world_size: int
@@ -374,7 +375,8 @@ class PlanRequest(_message.Message):
     dataset: bytes
     memory_budget: float
     timeout_s: float
-    def __init__(self, job_id: _Optional[str] = ..., graph: _Optional[bytes] = ..., world_size: _Optional[int] = ..., mode: _Optional[str] = ..., fixed: _Optional[bytes] = ..., parameters: _Optional[_Iterable[str]] = ..., dataset: _Optional[bytes] = ..., memory_budget: _Optional[float] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    without_alltoall: bool
+    def __init__(self, job_id: _Optional[str] = ..., graph: _Optional[bytes] = ..., world_size: _Optional[int] = ..., mode: _Optional[str] = ..., fixed: _Optional[bytes] = ..., parameters: _Optional[_Iterable[str]] = ..., dataset: _Optional[bytes] = ..., memory_budget: _Optional[float] = ..., timeout_s: _Optional[float] = ..., without_alltoall: _Optional[bool] = ...) -> None: ...
 
 class PlanReply(_message.Message):
     __slots__ = ("strategies", "seconds", "cached", "step_time_s", "memory_bytes", "cost_model")

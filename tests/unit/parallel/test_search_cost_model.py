@@ -3,6 +3,7 @@ redistribution prices, and the search objective agreeing with predict_step_time 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -10,6 +11,7 @@ import pytest
 from search_testkit import NETS, cheap_links
 
 from tessel.compiler.parallel import Layout, parallelize
+from tessel.compiler.parallel.redistribution import ALL_STEPS
 from tessel.compiler.parallel.search import CostModel, DeviceMeasurement, Link, predict_step_time
 from tessel.compiler.parallel.search.problem import Problem
 from tessel.core.errors import ConfigurationError
@@ -72,12 +74,20 @@ def test_redistribution_prices_the_collective_each_move_needs():
     assert price(partial, rows) == pytest.approx(model.collective_time("reduce_scatter", ranks, full))
     # Rows split over (2, 2) in the other order put the blocks on other ranks: they must move.
     assert price(Layout((2, 2), ((1, 0), -1)), Layout((2, 2), ((0, 1), -1))) > 0
+    # Without AlltoAll (enable_alltoall=False) rows become columns by gathering the rows and slicing the columns.
+    gathered = dataclasses.replace(model, alltoall=False).redistribution_time(rows, cols, shape, 4)
+    assert gathered == pytest.approx(model.collective_time("all_gather", ranks, local) + model.copy_time(local))
 
 
 @pytest.mark.parametrize("net", sorted(NETS))
 @pytest.mark.parametrize(
     "devices, model",
-    [(2, CostModel.default_cpu(2)), (4, CostModel.default_cpu(4, devices_per_host=2)), (4, cheap_links())],
+    [
+        (2, CostModel.default_cpu(2)),
+        (4, CostModel.default_cpu(4, devices_per_host=2)),
+        (4, cheap_links()),
+        (4, dataclasses.replace(cheap_links(), alltoall=False)),
+    ],
 )
 def test_the_search_objective_is_the_step_time_predicted_for_the_plan(net, devices, model):
     """problem.evaluate(choice) == predict_step_time(parallelize(strategies(choice))): the modes minimise exactly
@@ -90,7 +100,8 @@ def test_the_search_objective_is_the_step_time_predicted_for_the_plan(net, devic
         time, memory = problem.evaluate(choice)
         if math.isinf(time):
             continue
-        plan = parallelize(graph, problem.strategies(choice), devices, params)
+        steps = ALL_STEPS if model.alltoall else ALL_STEPS - {"all_to_all"}
+        plan = parallelize(graph, problem.strategies(choice), devices, params, steps=steps)
         step = predict_step_time(plan, model)
         assert step.total == pytest.approx(time, rel=1e-12) and step.memory_bytes == pytest.approx(memory)
 

@@ -76,7 +76,7 @@ OTHER_VALUE = {
     "pipeline_config": {"pipeline_scheduler": "1f1b"},
     "auto_pipeline": True,
     "force_fp32_communication": True,
-    "enable_alltoall": True,
+    "enable_alltoall": False,
     "group_ckpt_save_file": "groups.ckpt",
     "dump_local_norm": True,
     "dump_local_norm_path": "norms",
@@ -195,15 +195,6 @@ def test_unset_device_options_report_the_daemons_and_set_ones_must_match_the_job
     ms.set_auto_parallel_context(device_num=4)  # a world of 1 may plan for 4 devices (tessel.parallel.explain)
     with pytest.raises(ConfigurationError, match=r"device_num=4\): the job has 2 ranks"):
         context._bind_daemon(["cpu", "cpu"], "cpu", 0, 2)
-
-
-def test_enable_alltoall_is_a_hint_logged_once(caplog):
-    with caplog.at_level(logging.INFO, logger="tessel"):
-        ms.set_auto_parallel_context(enable_alltoall=True)
-        ms.set_auto_parallel_context(enable_alltoall=False)
-    said = [r.getMessage() for r in caplog.records if "enable_alltoall" in r.getMessage()]
-    assert len(said) == 1 and "the values are the same" in said[0]
-    assert ms.get_auto_parallel_context("enable_alltoall") is False
 
 
 @pytest.mark.parametrize(

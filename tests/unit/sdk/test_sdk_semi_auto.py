@@ -103,6 +103,24 @@ def test_fc_then_fc2_with_the_tutorials_strategies_inserts_slice_and_exchange(de
     close(run_forward(graph, parts, [{"x": X}] * devices), numpy_net(X))
 
 
+@pytest.mark.parametrize("devices", [2, 4])
+def test_without_alltoall_the_exchange_is_the_tutorials_allgather_and_slice(devices):
+    # MindSpore's enable_alltoall=False (its default): AllGather, Split and Concat instead of AlltoAll
+    ms.set_auto_parallel_context(
+        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, full_batch=True, enable_alltoall=False
+    )
+    graph, trace = trace_network(SemiAutoParallelNet(fc2_strategy=((devices, 1), (1, 1))), X)
+    names, full = [p.key for p in trace.parameters()], {p.key: p.asnumpy() for p in trace.parameters()}
+    parts = [partition_for_rank(graph, trace, names, full, r, devices) for r in range(devices)]
+    for part in parts:
+        assert collective_counts(part.graph) == Counter({"AllGather": 1})
+        assert Counter(n.op for n in part.graph.nodes)["StridedSlice"] >= 1  # the rows fc2 reads, cut locally
+    close(run_forward(graph, parts, [{"x": X}] * devices), numpy_net(X))
+    ms.set_auto_parallel_context(enable_alltoall=True)  # the same graph planned again: its cached plan had none
+    again = partition_for_rank(graph, trace, names, full, 0, devices)
+    assert collective_counts(again.graph) == Counter({"AlltoAll": 1})
+
+
 class MegatronMLP(nn.Cell):
     def __init__(self, dp, mp, w1, w2):
         super().__init__()

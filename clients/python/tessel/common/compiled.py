@@ -363,21 +363,23 @@ class CompiledFunction:
         quick = _quick_signature(args) if not kwargs else None
         known = self._quick.get((quick, static)) if quick is not None else None
         if known is not None:
-            key, tree, names = known
+            signature, tree, names = known
             call = Call(list(args), tree, names, [False] * len(args))
         else:
             call = Call.of(args, kwargs, self.arg_names, engine().id)
-            key = (call.key(not static), self.key_extra(), sharded)
-        for entry in self.entries.get(key, ()):
+            signature = call.key(not static)
+        # Settings the graph depends on are read at every call (cheap): a change builds another entry.
+        settings = (self.key_extra(), partition.plan_settings() if sharded else None)
+        for entry in self.entries.get((signature, settings, sharded), ()):
             if all(c.graph_modes() == modes for c, modes in entry.modes):
                 break
         else:
             entry = self._build(call, sharded)
             static = self.static or sharded
-            key = (call.key(not static), self.key_extra(), sharded)
-            self.entries.setdefault(key, []).append(entry)
+            signature = call.key(not static)
+            self.entries.setdefault((signature, settings, sharded), []).append(entry)
         if quick is not None and known is None:
-            self._quick[(quick, static)] = (key, call.tree, call.names)
+            self._quick[(quick, static)] = (signature, call.tree, call.names)
         return entry, call
 
     def _build(self, call: Call, sharded: bool) -> Entry:

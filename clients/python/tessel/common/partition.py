@@ -36,6 +36,20 @@ def active() -> bool:
     return engine().world_size > 1
 
 
+def redistribution_steps() -> frozenset[str]:
+    """The steps a redistribution may take: no AlltoAll under set_auto_parallel_context(enable_alltoall=False),
+    where a split moved to another dim is gathered and sliced instead (MindSpore's AllGather, Split and Concat)."""
+    from tessel.compiler.parallel.redistribution import ALL_STEPS
+
+    return ALL_STEPS if context.get_auto_parallel_context("enable_alltoall") else ALL_STEPS - {"all_to_all"}
+
+
+def plan_settings() -> tuple:
+    """What a partitioned graph depends on besides its strategies and inputs: a change replans it."""
+    ctx = context.get_auto_parallel_context
+    return ctx("enable_alltoall"), ctx("loss_repeated_mean")
+
+
 def global_specs(call: Any) -> list[tuple | None]:
     """(shape, dtype) per leaf of `call` at the global shape: data tensors as the dataset convention makes them
     (this rank's share times the world), handles held on the daemon at their own (global) shape."""
@@ -96,6 +110,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
             fixed=fixed_layouts,
             weights=list(handles),
             output_layouts=returned + [None] * (len(graph.outputs) - n_host),
+            steps=redistribution_steps(),
             loss_repeated_mean=bool(context.get_auto_parallel_context("loss_repeated_mean")),
             slice_whole_inputs=dataset == "full_batch" and not where.pipelined,
         )

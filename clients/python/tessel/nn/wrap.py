@@ -231,6 +231,7 @@ def _step_settings() -> tuple:
         repr(ctx("parallel_optimizer_config")),
         ctx("gradient_fp32_sync"),
         ctx("loss_repeated_mean"),
+        ctx("enable_alltoall"),
         rank_step.gradient_weight(),  # an uneven batch split's weight of this rank's gradients
     )
 

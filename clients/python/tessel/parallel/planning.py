@@ -56,6 +56,7 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
         memory_budget=_memory_budget(),
         client=client,
         job_id=job_id,
+        alltoall=context.get_auto_parallel_context("enable_alltoall"),
     )
     global last_cost_model
     last_cost_model = plan.cost_model

@@ -110,9 +110,12 @@ def plan_for(
     fixed = {name: layout for name, layout in (fixed or {}).items() if name in inputs}
     index = {node: k for k, node in enumerate(graph.nodes)}
     shown = tuple(sorted((index[n], _strategy_key(s)) for n, s in strategies.items()))
+    from tessel.common.partition import redistribution_steps
+
     repeated_mean = bool(context.get_auto_parallel_context("loss_repeated_mean"))
+    steps = redistribution_steps()
     fixed_key = tuple(sorted(fixed.items(), key=lambda kv: kv[0]))
-    key = (shown, device_num, dataset, parameters, fixed_key, repeated_mean, slice_whole_inputs)
+    key = (shown, device_num, dataset, parameters, fixed_key, repeated_mean, steps, slice_whole_inputs)
     cache = _PLANS.setdefault(graph, {})
     if key not in cache:
         dataset_arg = _dataset_arg(dataset)
@@ -122,6 +125,7 @@ def plan_for(
             device_num,
             parameters,
             dataset_arg,
+            steps=steps,
             fixed=fixed,
             loss_repeated_mean=repeated_mean,
             slice_whole_inputs=slice_whole_inputs,
