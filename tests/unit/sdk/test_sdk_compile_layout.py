@@ -76,6 +76,21 @@ def test_train_one_step_cell_compile_then_steps_compile_nothing(compiles):
     assert {"moments.0.weight", "0.weight"} <= set(step.parameter_layout_dict)
 
 
+def test_a_train_step_compiles_again_when_a_setting_its_graph_depends_on_changes(compiles):
+    # The step's settings are read at every call, also on the fast path of a signature seen before.
+    net = network()
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss()), nn.SGD(net.trainable_params(), 0.1))
+    for _ in range(2):
+        step(ms.Tensor(X), ms.Tensor(LABELS))
+    assert len(compiles) == 1
+    ms.set_auto_parallel_context(loss_repeated_mean=False)
+    step(ms.Tensor(X), ms.Tensor(LABELS))
+    assert len(compiles) == 2
+    ms.set_auto_parallel_context(loss_repeated_mean=True)
+    step(ms.Tensor(X), ms.Tensor(LABELS))
+    assert len(compiles) == 2  # the first entry again
+
+
 def test_infer_train_layout_compiles_the_step_train_then_runs(compiles):
     semi_auto()
     net = network()
