@@ -111,7 +111,7 @@ def set_context(**kwargs: Any) -> None:
     every compiled segment into save_graphs_path), ... README's option table says what each option does."""
     for key, value in kwargs.items():
         if key in _IGNORED:
-            _context[key] = value
+            _context[key] = _validate(key, value)
             from tessel.common.support import log_once
 
             log_once(f"set_context:{key}", f"set_context({key}={value!r}): no effect on CPU; tessel does not use it")
@@ -204,7 +204,22 @@ def _validate(key: str, value: Any) -> Any:
         raise ConfigurationError(f"set_context: {key} must be True or False, got {value!r}")
     if key == "exec_order" and value not in ("bfs", "dfs", "gpto"):
         raise ConfigurationError(f"set_context: exec_order must be 'bfs', 'dfs' or 'gpto', got {value!r}")
+    if key == "aoe_tune_mode" and value not in (None, "online", "offline"):
+        raise ConfigurationError(f"set_context: aoe_tune_mode must be 'online' or 'offline', got {value!r}")
+    if key == "aoe_config" and value is not None:
+        _check_aoe_config(value)
     return value
+
+
+def _check_aoe_config(value: Any) -> None:
+    """MindSpore's aoe_config: a dict whose only key, job_type, is '1' (subgraph tuning) or '2' (operator tuning)."""
+    if not isinstance(value, dict) or set(value) - {"job_type"}:
+        raise ConfigurationError(f"set_context: aoe_config must be a dict like {{'job_type': '2'}}, got {value!r}")
+    if value.get("job_type", "2") not in ("1", "2"):
+        raise ConfigurationError(
+            f"set_context: aoe_config's job_type must be '1' (subgraph tuning) or '2' (operator tuning), got "
+            f"{value['job_type']!r}"
+        )
 
 
 _PROFILING = ("enable_profiling", "profiling_options")

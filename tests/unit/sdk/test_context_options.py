@@ -203,6 +203,10 @@ def test_unset_device_options_report_the_daemons_and_set_ones_must_match_the_job
         ("grad_for_scalar", 0, "grad_for_scalar must be True or False, got 0"),
         ("check_bprop", "yes", "check_bprop must be True or False"),
         ("exec_order", "xyz", "exec_order must be 'bfs', 'dfs' or 'gpto', got 'xyz'"),
+        ("aoe_tune_mode", "onlin", "aoe_tune_mode must be 'online' or 'offline', got 'onlin'"),
+        ("aoe_config", {"job_type": "3"}, r"job_type must be '1' \(subgraph tuning\) or '2' \(operator tuning\)"),
+        ("aoe_config", {"job": "2"}, r"aoe_config must be a dict like \{'job_type': '2'\}"),
+        ("aoe_config", "2", r"aoe_config must be a dict like"),
     ],
 )
 def test_a_value_mindspore_would_refuse_is_an_error_not_the_default(option, value, says):
