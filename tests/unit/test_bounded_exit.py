@@ -1,9 +1,12 @@
-"""A rank's exit is bounded: once it finished its part, a hang in what is left (closing channels, the interpreter's
-own end) writes every thread's stack to stderr and ends the process (tessel.communication.supervision); SIGUSR1 writes
-the same stacks at any time. Each case runs in a process of its own, since both act on the whole process."""
+"""A rank's exit is bounded where tessel's own work is (tessel.communication.supervision): closing its channels, and
+the interpreter's end after the program's exit hooks. A hang there writes every thread's stack to stderr and ends
+the process with status 1 after TESSEL_EXIT_TIMEOUT seconds; the program's own exit hooks and the time after an
+explicit release() are not bounded. SIGUSR1 writes the same stacks at any time. Each case runs in a process of its
+own, since each acts on the whole process."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -12,50 +15,69 @@ import time
 from tests.conftest import ROOT
 
 
-def _python(code: str, timeout_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
+def _python(code: str, exit_timeout: str = "1", timeout_s: float = 60) -> tuple[subprocess.CompletedProcess, float]:
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        env=dict(os.environ, TESSEL_EXIT_TIMEOUT=exit_timeout),
     )
     return done, time.monotonic() - started
 
 
-def test_a_process_stuck_after_its_release_ends_with_its_stacks():
-    # An embedded world of one: release() at exit arms the bound; a hook that runs after it hangs.
-    done, seconds = _python(
-        """
-        import atexit, time
-        atexit.register(time.sleep, 600)  # registered first, so it runs after tessel's release
-        import numpy as np
-        from tessel.communication import comm_func, init, supervision
-        init()
-        comm_func.all_reduce(np.ones(4, np.float32))
-        supervision.EXIT_WATCHDOG_S = 1.0
-        print("released next", flush=True)
-        """
-    )
+WORLD_OF_ONE = """
+import numpy as np
+from tessel.communication import comm_func, init
+init()
+comm_func.all_reduce(np.ones(4, np.float32))
+"""
+
+
+def test_a_hang_in_the_interpreters_end_ends_the_process_with_its_stacks():
+    # A hook registered before `import tessel` runs after tessel's last one: it stands for a finalizer that hangs.
+    done, seconds = _python("import atexit, time\natexit.register(time.sleep, 600)\n" + WORLD_OF_ONE)
     assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
-    assert "released next" in done.stdout
     assert "most recent call first" in done.stderr, done.stderr[-2000:]
     assert seconds < 30, seconds
 
 
-def test_an_explicit_release_does_not_bound_the_rest_of_the_program():
+def test_a_hang_in_closing_the_channels_ends_the_process_with_its_stacks():
     done, _ = _python(
-        """
-        import time
-        import numpy as np
-        from tessel.communication import comm_func, init, release, supervision
-        supervision.EXIT_WATCHDOG_S = 0.5
-        init()
-        comm_func.all_reduce(np.ones(4, np.float32))
-        release()
-        time.sleep(1.5)  # longer than the bound: only the interpreter's end is bounded
-        print("still here", flush=True)
-        """
+        WORLD_OF_ONE
+        + """
+import time
+from tessel.communication import runtime
+type(runtime.current().daemon).close = lambda self: time.sleep(600)  # a channel close that never returns
+"""
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert "most recent call first" in done.stderr and "<lambda>" in done.stderr, done.stderr[-2000:]
+
+
+def test_the_programs_own_exit_hooks_and_the_time_after_an_explicit_release_are_not_bounded():
+    done, _ = _python(
+        WORLD_OF_ONE
+        + """
+import atexit, time
+from tessel.communication import release
+atexit.register(lambda: (time.sleep(1.5), print("hook done", flush=True)))  # longer than the bound
+release()
+time.sleep(1.5)
+print("still here", flush=True)
+""",
+        exit_timeout="0.5",
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "still here" in done.stdout
+    assert "still here\nhook done" in done.stdout, done.stdout
+
+
+def test_a_malformed_exit_timeout_is_an_error_at_init():
+    done, _ = _python(WORLD_OF_ONE, exit_timeout="soon")
+    assert done.returncode == 1
+    assert "TESSEL_EXIT_TIMEOUT='soon' must be a positive number of seconds (default 60)" in done.stderr, done.stderr
 
 
 def test_sigusr1_writes_every_threads_stack_and_the_rank_goes_on():

@@ -45,9 +45,9 @@ class _SignalOnAcquire:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_inside_popen_poll_ends_the_wait_and_the_shutdown_completes(monkeypatch, tmp_path, signum):
+def test_a_signal_inside_popen_poll_ends_the_wait_and_the_shutdown_completes(monkeypatch, signum):
     monkeypatch.setenv("TESSEL_TOKEN", "signals-test-token")
-    launch = launcher.Launch(argparse.Namespace(coordinator="127.0.0.1:1", nproc=2, quiet=True, exit_grace=20.0))
+    launch = launcher.Launch(argparse.Namespace(coordinator="127.0.0.1:1", nproc=2, quiet=True))
     launch.ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(2)]
     launch.ranks[1]._waitpid_lock = _SignalOnAcquire(signum)
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -55,7 +55,7 @@ def test_a_signal_inside_popen_poll_ends_the_wait_and_the_shutdown_completes(mon
     try:
         with local_daemons.signals_stop(launch):
             with pytest.raises(KeyboardInterrupt):
-                launch.wait_ranks("job", tmp_path)
+                launch.wait_ranks("job")
             assert launch.ranks[1]._waitpid_lock.fired and launch.stopping.is_set()
             threading.Thread(target=lambda: (launch.shutdown(), finished.set()), daemon=True).start()
             assert finished.wait(20), "the shutdown blocked: a process's wait lock was left held"

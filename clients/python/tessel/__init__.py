@@ -14,7 +14,9 @@ Names load on first use, so processes that only import a part of tessel (the dae
 
 from __future__ import annotations
 
+import atexit
 import importlib
+import sys
 from typing import Any
 
 _SUBMODULES = {
@@ -103,6 +105,17 @@ _NAMES = {
     **dict.fromkeys(_PARALLEL_NAMES, "tessel.parallel"),
     "reshard": "tessel.parallel.function",
 }
+
+
+def _bound_interpreter_end() -> None:
+    """The exit hook registered first, so run last: once a rank released its runtime at exit, what remains of the
+    interpreter's end is bounded (tessel.communication.supervision); the program's own exit hooks ran before."""
+    supervision = sys.modules.get("tessel.communication.supervision")
+    if supervision is not None:
+        supervision.bound_interpreter_end()
+
+
+atexit.register(_bound_interpreter_end)
 
 
 def __getattr__(name: str) -> Any:

@@ -25,15 +25,11 @@ from tessel.core import token as tokens
 from tessel.core.errors import ConfigurationError, TesselError
 
 TAIL_LINES = 20
-STACK_LINES = 60  # of a rank stopped in its exit
 # What tessel.train.progress writes before each redraw of its bar: the terminal shows the last redraw of a line,
 # and so does the log, which keeps only the text after the last one.
 ERASE_LINE = b"\r\x1b[2K"
 _MAX_PARTIAL_LINE = 1 << 20  # longer output without a newline is logged as it comes
 RANKS_LEARN_S = 3.0  # how long the other ranks of a failed job get to exit with the cause before being stopped
-# A rank that told the coordinator it finished has only its exit left; still running this long after, it is stuck
-# there: it is asked for its threads' stacks (supervision.STACKS_SIGNAL, into its log) and stopped (--exit-grace).
-EXIT_GRACE_S = 20.0
 
 
 def _plugin_specs(value: str) -> list[str]:
@@ -73,13 +69,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--threads", type=int, default=0, help="compute threads for all local daemons together")
     parser.add_argument("--join-timeout", type=float, default=120.0, help="seconds for all ranks to join")
-    parser.add_argument(
-        "--exit-grace",
-        type=float,
-        default=EXIT_GRACE_S,
-        help="seconds a rank that finished its part may take to exit before it is stopped (its threads' stacks "
-        "go to its log)",
-    )
     parser.add_argument("--quiet", action="store_true", help="do not stream rank 0 to the terminal")
     parser.add_argument(
         "--sim-level",
@@ -93,8 +82,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.nproc < 1:
         parser.error("-n must be at least 1")
-    if not args.exit_grace > 0:
-        parser.error("--exit-grace must be a positive number of seconds")
     if not Path(args.script).is_file():
         parser.error(f"script {args.script!r} does not exist")
     return args
@@ -284,23 +271,13 @@ class Launch:
                 self.tees.append(tee)
             self.ranks.append(proc)
 
-    def wait_ranks(self, job_id: str, log_root: Path) -> tuple[int, int, str]:
+    def wait_ranks(self, job_id: str) -> tuple[int, int, str]:
         """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank, cause)."""
-        from tessel.core.coordinator_client import CoordinatorClient
-
-        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0, grace_s=0.0) as client:
-            exits = _ExitWatch(client, job_id, self.args.exit_grace)
-            return self._wait_ranks(job_id, exits, log_root)
-
-    def _wait_ranks(self, job_id: str, exits: _ExitWatch, log_root: Path) -> tuple[int, int, str]:
         pending = set(range(len(self.ranks)))
         self.signals_deferred = True  # from now on a signal only sets `stopping` (see __init__)
         while pending:
             if self.stopping.is_set():
                 raise KeyboardInterrupt
-            for rank in exits.stuck(pending):
-                self._stop_stuck(rank, log_root / f"rank.{rank}")
-                pending.discard(rank)
             failed = None
             for rank in sorted(pending):
                 code = self.ranks[rank].poll()
@@ -329,23 +306,6 @@ class Launch:
             self.stopping.wait(0.02)
         return 0, -1, ""
 
-    def _stop_stuck(self, rank: int, rank_dir: Path) -> None:
-        """Stop a rank that finished its part but does not exit, after it wrote its threads' stacks to its log."""
-        from tessel.communication.supervision import STACKS_SIGNAL
-
-        proc = self.ranks[rank]
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(STACKS_SIGNAL)
-        self._await_exit([proc], 2.0)  # the stacks reach its log meanwhile
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        _say(
-            f"tessel run: rank {rank} finished its part more than {self.args.exit_grace:g} s ago but its process "
-            f"did not exit; it was stopped. Its threads' stacks, please report them (the end of {rank_dir}/stderr):"
-        )
-        _say(_tail(rank_dir / "stderr", STACK_LINES))
-
     def _culprit(self, job_id: str, rank: int = -1, code: int | None = None, wait_s: float = 2.0) -> tuple[int, str]:
         """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict.
         `rank` exited with status `code` (None: still running): the coordinator hears of it first."""
@@ -363,6 +323,11 @@ class Launch:
                     return -1, ""
                 if job.state == "failed":
                     return job.culprit_rank, job.cause
+                if rank in job.finished_ranks and code not in (0, None):
+                    return -1, (
+                        "after it had finished its part: a rank whose exit hangs writes its threads' stacks and ends "
+                        "with status 1 once TESSEL_EXIT_TIMEOUT seconds have passed"
+                    )
                 time.sleep(0.05)
         return -1, ""
 
@@ -393,30 +358,6 @@ class Launch:
         self._stop(self.daemons)
         for tee in self.tees:
             tee.finish()
-
-
-class _ExitWatch:
-    """Which running ranks finished their part at the coordinator more than `grace_s` ago (asked once a
-    second): they are stuck in their exit (a rank bounds that itself, supervision.bound_exit, but only where its
-    interpreter still runs Python's exit)."""
-
-    def __init__(self, client, job_id: str, grace_s: float):
-        self.client, self.job_id, self.grace_s = client, job_id, grace_s
-        self.finished_at: dict[int, float] = {}
-        self.next_ask = 0.0
-
-    def stuck(self, running: set[int]) -> list[int]:
-        now = time.monotonic()
-        if now < self.next_ask:
-            return []
-        self.next_ask = now + 1.0
-        try:
-            finished = self.client.get_job(self.job_id).finished_ranks
-        except (TesselError, KeyError):  # not joined yet, or the coordinator is gone: the ranks learn that
-            return []
-        for rank in finished:
-            self.finished_at.setdefault(rank, now)
-        return sorted(r for r in running if now - self.finished_at.get(r, now) > self.grace_s)
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -476,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.coordinator is None:
                 launch.start_cluster(log_root)
             launch.start_ranks(job_id, log_root)
-            code, failed, cause = launch.wait_ranks(job_id, log_root)
+            code, failed, cause = launch.wait_ranks(job_id)
         except KeyboardInterrupt:
             _say("tessel run: interrupted; stopping all ranks and daemons")
             return 130

@@ -319,6 +319,9 @@ def init() -> Runtime:
             if simulated is not None:
                 _runtime = _simulated(simulated)
                 return _runtime
+            from tessel.communication.supervision import exit_timeout_s
+
+            exit_timeout_s()  # a malformed TESSEL_EXIT_TIMEOUT is an error now, not at the exit
             env = LaunchEnv.from_environ()
             if env.scheduler is not None:
                 from tessel.communication.dynamic_cluster import serve_scheduler
@@ -332,7 +335,8 @@ def init() -> Runtime:
 def release(at_exit: bool = False) -> None:
     """Finish this rank cleanly: tell the coordinator, close the session, stop the heartbeat; then take down what
     this rank started for its job (its daemon, rank 0's coordinator) once every rank finished. `at_exit`: the
-    interpreter is ending; what follows the finish is bounded (supervision.bound_exit)."""
+    interpreter is ending: closing the channels is bounded, and so is the interpreter's end after the program's own
+    exit hooks (supervision)."""
     from tessel.communication import supervision
 
     global _runtime
@@ -347,14 +351,17 @@ def release(at_exit: bool = False) -> None:
     except TesselError:
         pass  # the job already failed or the daemon is gone: nothing left to release there
     finally:
-        if at_exit and runtime.started is None:
+        if at_exit:
             supervision.bound_exit()
-        if runtime.heartbeat is not None:
-            runtime.heartbeat.stop()
-        runtime.daemon.close()
-        if runtime.coordinator is not None:
-            runtime.coordinator.close()
-        if runtime.started is not None:
-            runtime.started.finish(runtime.job_id)  # waits for the job's other ranks: not bounded here
+        try:
+            if runtime.heartbeat is not None:
+                runtime.heartbeat.stop()
+            runtime.daemon.close()
+            if runtime.coordinator is not None:
+                runtime.coordinator.close()
+        finally:
             if at_exit:
-                supervision.bound_exit()
+                supervision.unbound_exit()
+                supervision.released_at_exit()
+        if runtime.started is not None:
+            runtime.started.finish(runtime.job_id)  # waits for the job's other ranks

@@ -10,9 +10,11 @@
   daemon would hold them until their deadline), and later ones fail at once.
 * A stall the coordinator announces is printed to stderr (the rank's log): the waiting and the missing ranks.
 * The rank prints its deadlines once, in one line, to stderr.
-* Its exit is bounded: once it told the coordinator it finished, what is left (closing channels, the interpreter's
-  own end) has EXIT_WATCHDOG_S; a rank stuck there writes its threads' stacks to stderr and ends with status 1.
-  SIGUSR1 writes the same stacks at any time (`tessel run` sends it to a rank that finished but does not exit).
+* Its exit is bounded where tessel's own work is: closing its channels at exit, and the interpreter's end after the
+  exit hooks (gRPC's finalizers among others). A rank stuck there for TESSEL_EXIT_TIMEOUT seconds (60) writes its
+  threads' stacks to stderr and ends with status 1. The program's own exit hooks (registered after `import tessel`)
+  are not bounded: they may legitimately take long (a timeline written, an upload). SIGUSR1 writes the same stacks
+  at any time, unless the program handles that signal itself.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import faulthandler
+import os
 import signal
 import sys
 import threading
@@ -28,7 +31,9 @@ from typing import Any
 from tessel.core.errors import JobFailedError, TesselError
 
 EXIT_CALL_S = 10.0  # the longest a dying rank waits on the coordinator (a lost one also ends the call at once)
-EXIT_WATCHDOG_S = 60.0  # the longest a finished rank may take to close its channels and end its interpreter
+EXIT_TIMEOUT_ENV = "TESSEL_EXIT_TIMEOUT"
+EXIT_TIMEOUT_S = 60.0  # the default: the longest closing the channels, or the interpreter's end, may take
+_released_at_exit = False  # a runtime was released by the exit hook: the interpreter's end is bounded too
 STACKS_SIGNAL = signal.SIGUSR1  # a rank writes its threads' stacks to stderr on it
 _exit_status: int = 0  # what the main thread last asked sys.exit / exit / quit for
 _exit_culprit: int | None = None  # the rank named by the error being handled when it asked (if any)
@@ -107,14 +112,55 @@ def _dump_stacks_on_signal() -> None:
             faulthandler.register(STACKS_SIGNAL, file=stream, all_threads=True)
 
 
+def exit_timeout_s() -> float:
+    """TESSEL_EXIT_TIMEOUT: seconds a process may take to close its channels, or its interpreter to end."""
+    from tessel.core.errors import ConfigurationError
+
+    text = os.environ.get(EXIT_TIMEOUT_ENV, "").strip()
+    if not text:
+        return EXIT_TIMEOUT_S
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ConfigurationError(
+            f"{EXIT_TIMEOUT_ENV}={text!r} must be a positive number of seconds (default {EXIT_TIMEOUT_S:g})"
+        )
+    return seconds
+
+
 def bound_exit() -> None:
-    """From here the process only closes channels and ends its interpreter. Should that hang (a stuck thread, a
-    finalizer), every thread's stack goes to stderr after EXIT_WATCHDOG_S and the process ends with status 1: a
-    job that did its work must not hang its launcher."""
+    """From here the process only closes its channels, or ends its interpreter. Should that hang (a stuck thread, a
+    finalizer), every thread's stack goes to stderr after TESSEL_EXIT_TIMEOUT seconds and the process ends with
+    status 1: a job that did its work must not hang its launcher."""
     stream = _stderr()
-    if stream is not None:
-        with contextlib.suppress(OSError, RuntimeError, ValueError):
-            faulthandler.dump_traceback_later(EXIT_WATCHDOG_S, exit=True, file=stream)
+    if stream is None:
+        return
+    try:
+        seconds = exit_timeout_s()
+    except TesselError:  # said at init(); the exit goes on with the default
+        seconds = EXIT_TIMEOUT_S
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
+        faulthandler.dump_traceback_later(seconds, exit=True, file=stream)
+
+
+def unbound_exit() -> None:
+    """What follows may wait legitimately (the job's other ranks, the program's own exit hooks)."""
+    faulthandler.cancel_dump_traceback_later()
+
+
+def released_at_exit() -> None:
+    """The runtime was released by the exit hook: the interpreter's end, after the last exit hook, is bounded."""
+    global _released_at_exit
+    _released_at_exit = True
+
+
+def bound_interpreter_end() -> None:
+    """The last exit hook (registered by `import tessel`): bounds what remains of a rank that released its runtime at
+    exit, the interpreter's own end."""
+    if _released_at_exit:
+        bound_exit()
 
 
 def deadlines(runtime) -> str:
