@@ -121,6 +121,20 @@ def test_without_alltoall_the_exchange_is_the_tutorials_allgather_and_slice(devi
     assert collective_counts(again.graph) == Counter({"AlltoAll": 1})
 
 
+def test_save_graphs_prices_a_plan_without_alltoall_as_it_was_made(tmp_path):
+    ms.set_context(save_graphs=True, save_graphs_path=str(tmp_path))
+    ms.set_auto_parallel_context(
+        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, full_batch=True, enable_alltoall=False
+    )
+    try:
+        partitions(SemiAutoParallelNet(fc2_strategy=((2, 1), (1, 1))), [X], 2)
+    finally:
+        ms.set_context(save_graphs=False)
+    (summary,) = (tmp_path / "rank_0").glob("parallel_plan_*.txt")
+    text = summary.read_text()
+    assert "alltoall=False" in text and "AllGather" in text and "AlltoAll" not in text, text
+
+
 class MegatronMLP(nn.Cell):
     def __init__(self, dp, mp, w1, w2):
         super().__init__()

@@ -157,7 +157,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     planning.record(plan, list(params.values()), eng.runtime.rank)
     if context.get_context("save_graphs"):
         directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{eng.runtime.rank}")
-        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.reported_cost_model(plan.device_num))
     sliced = _check_data(plan, call, graph, dataset)
     entry = make_local_entry(local, out_tree, trace, call, name, device_result, extra_params)
     entry.input_slices = {n: _slicer(plan, n, rank) for n in sliced}

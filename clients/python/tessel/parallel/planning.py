@@ -85,6 +85,17 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
 last_cost_model: Any = None
 
 
+def reported_cost_model(device_num: int) -> Any:
+    """The model save_graphs' cost breakdown prices a plan with: the last plan's (CostModel.default_cpu before any),
+    with or without AlltoAll as the plan was made (enable_alltoall)."""
+    import dataclasses
+
+    from tessel.compiler.parallel.search import CostModel
+
+    model = last_cost_model or CostModel.default_cpu(device_num)
+    return dataclasses.replace(model, alltoall=bool(context.get_auto_parallel_context("enable_alltoall")))
+
+
 def _coordinator(device_num: int) -> tuple[Any, str]:
     """(coordinator client, job id) when this rank's job has a coordinator that can plan a world of `device_num`
     (the job's own size); else (None, ""): a world of 1 in this process, or a simulated rank, plans here."""

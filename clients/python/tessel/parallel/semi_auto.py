@@ -191,7 +191,7 @@ def partition_for_rank(
         directory = os.path.join(context.get_context("save_graphs_path"), f"rank_{rank}")
         from tessel.parallel import planning
 
-        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.last_cost_model)
+        save_graphs(plan, directory, ranks=(rank,), cost_model=planning.reported_cost_model(plan.device_num))
     return RankPartition(rank_graph, params, _feed_slicer(plan, rank, dataset), plan, rank)
 
 
