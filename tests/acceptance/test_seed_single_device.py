@@ -41,6 +41,16 @@ def small_digits(tmp_path_factory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def hundred_step_digits(tmp_path_factory) -> Path:
+    """3,200 rows: 100 batches of 32 an epoch, so that a LossMonitor(100) prints once in every epoch."""
+    from tessel.dataset.digits import write_mnist_digits
+
+    folder = tmp_path_factory.mktemp("hundred_step_digits")
+    write_mnist_digits(folder, train=2700, test=500, seed=0)
+    return folder
+
+
 def run_seed(script: str, digits: Path, tmp_path: Path, timeout_s: float = 240, **env: str) -> str:
     full_env = dict(os.environ, DATA_PATH=str(digits), TESSEL_CACHE=str(tmp_path / "cache"), **env)
     for launcher_var in ("TESSEL_COORDINATOR", "TESSEL_RANK", "TESSEL_WORLD_SIZE", "RANK_ID", "RANK_SIZE"):
@@ -142,8 +152,9 @@ def monitored_losses(out: str) -> dict[int, list[float]]:
     return by_epoch
 
 
-def test_multi_copy_seed_sums_the_copies_losses(digits, tmp_path):
-    losses = monitored_losses(run_seed("multi_copy_model_train.py", digits, tmp_path))  # LossMonitor(100): 375 steps
+def test_multi_copy_seed_sums_the_copies_losses(hundred_step_digits, tmp_path):
+    # LossMonitor(100) over 100 steps an epoch: the loss at the end of each
+    losses = monitored_losses(run_seed("multi_copy_model_train.py", hundred_step_digits, tmp_path))
     assert sorted(losses) == list(range(1, 11))
     assert losses[1][0] == pytest.approx(2 * np.log(10), rel=0.1)  # two copies, each near ln 10 at first
     assert np.mean(losses[10]) < 0.5 * np.mean(losses[1])
