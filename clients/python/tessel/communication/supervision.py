@@ -28,7 +28,7 @@ import sys
 import threading
 from typing import Any
 
-from tessel.core.errors import JobFailedError, TesselError
+from tessel.core.errors import ConfigurationError, JobFailedError, TesselError
 
 EXIT_CALL_S = 10.0  # the longest a dying rank waits on the coordinator (a lost one also ends the call at once)
 EXIT_TIMEOUT_ENV = "TESSEL_EXIT_TIMEOUT"
@@ -114,8 +114,6 @@ def _dump_stacks_on_signal() -> None:
 
 def exit_timeout_s() -> float:
     """TESSEL_EXIT_TIMEOUT: seconds a process may take to close its channels, or its interpreter to end."""
-    from tessel.core.errors import ConfigurationError
-
     text = os.environ.get(EXIT_TIMEOUT_ENV, "").strip()
     if not text:
         return EXIT_TIMEOUT_S
