@@ -92,6 +92,36 @@ for dtype in DTYPES:
             exact=True,
         )
 
+# MindSpore 2.5's rooted collectives and all-to-alls with output shapes: the root is the last rank, the blocks of
+# uneven sizes (rank r sends r + q + 1 rows to rank q).
+root = size - 1
+for dtype in ("float32", "int64"):
+    parts = [make(r, "rooted", dtype, (2 * size, 3)) for r in range(size)]
+    gathered = comm_func.gather_into_tensor(parts[rank], dst=root).asnumpy()
+    check(f"gather_into_tensor {dtype}", gathered, np.concatenate(parts) if rank == root else np.zeros(1, dtype), True)
+    check(
+        f"scatter_tensor {dtype}",
+        comm_func.scatter_tensor(parts[rank], src=root),
+        np.split(parts[root], size)[rank],
+        True,
+    )
+    reduced = comm_func.reduce(parts[rank], root)
+    want = reference_reduce(parts, "sum", dtype) if rank == root else np.zeros(1, dtype)
+    check(f"reduce {dtype}", reduced, want, exact=size == 1 or rank != root)
+blocks = [[make(r, "a2a", "float32", (r + q + 1, 4)) for q in range(size)] for r in range(size)]  # [sender][receiver]
+outs, _ = comm_func.all_to_all_with_output_shape([(r + rank + 1, 4) for r in range(size)], blocks[rank])
+for r, out in enumerate(outs):
+    check("all_to_all_with_output_shape", out, blocks[r][rank], exact=True)
+single, handle = comm_func.all_to_all_single_with_output_shape(
+    (sum(r + rank + 1 for r in range(size)), 4),
+    np.concatenate(blocks[rank]),
+    output_split_sizes=[r + rank + 1 for r in range(size)],
+    input_split_sizes=[rank + q + 1 for q in range(size)],
+    async_op=True,
+)
+handle.wait()
+check("all_to_all_single_with_output_shape", single, np.concatenate([blocks[r][rank] for r in range(size)]), True)
+
 # Ring neighbor exchange, send/recv pairs, async, and a subgroup of the odd ranks.
 if size > 1:
     nxt, prv = (rank + 1) % size, (rank - 1) % size

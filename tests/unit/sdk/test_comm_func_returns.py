@@ -108,10 +108,38 @@ def test_async_op_must_be_a_bool(world_of_1):
 
 
 def test_mindspore_names_not_mapped_yet_are_refused_by_name():
-    with pytest.raises(NotSupportedYetError, match=r"comm_func\.gather_into_tensor"):
-        comm_func.gather_into_tensor  # noqa: B018
+    for name in ("batch_isend_irecv", "P2POp"):
+        with pytest.raises(NotSupportedYetError, match=rf"comm_func\.{name}.*isend / irecv"):
+            getattr(comm_func, name)
     with pytest.raises(AttributeError):
         comm_func.no_such_function  # noqa: B018
+
+
+def test_rooted_collectives_of_one_rank(world_of_1):
+    # MindSpore 2.5's gather_into_tensor, scatter_tensor and reduce: one Tensor, the root's (no handle)
+    for out in (comm_func.gather_into_tensor(_tensor(), dst=0), comm_func.reduce(_tensor(), 0)):
+        assert isinstance(out, ms.Tensor)
+        np.testing.assert_array_equal(out.asnumpy(), X)
+    np.testing.assert_array_equal(comm_func.scatter_tensor(_tensor(), src=0).asnumpy(), X)
+    with pytest.raises(ConfigurationError, match=r"dst=1 is not a member of group"):
+        comm_func.gather_into_tensor(_tensor(), dst=1)
+    with pytest.raises(ConfigurationError, match=r"src must be an int"):
+        comm_func.scatter_tensor(_tensor(), src="0")
+
+
+def test_all_to_all_with_output_shapes_of_one_rank(world_of_1):
+    (out,), handle = comm_func.all_to_all_with_output_shape([(2, 8)], [_tensor()])
+    assert handle is None
+    np.testing.assert_array_equal(out.asnumpy(), X)
+    single, handle = comm_func.all_to_all_single_with_output_shape(_tensor(), _tensor(), async_op=True)
+    handle.wait()  # fills the tensor with the blocks joined
+    np.testing.assert_array_equal(single.asnumpy(), X)
+    with pytest.raises(ConfigurationError, match=r"1 tensors and 2 output shapes for a group of 1 ranks"):
+        comm_func.all_to_all_with_output_shape([(2, 8), (2, 8)], [_tensor()])
+    with pytest.raises(ConfigurationError, match=r"input_split_sizes=\[1\] must be 1 non-negative sizes .* 2"):
+        comm_func.all_to_all_single_with_output_shape((2, 8), _tensor(), input_split_sizes=[1])
+    with pytest.raises(ConfigurationError, match=r"output_shape \(2, 4\) and the tensor's \(2, 8\) differ"):
+        comm_func.all_to_all_single_with_output_shape((2, 4), _tensor())
 
 
 # --- send / recv: MindSpore's signatures -------------------------------------------------------------------------

@@ -60,6 +60,7 @@ class CommHandle:
     def __init__(self, handle: str, outputs: list[str], tensors: list[Tensor]):
         self._handle, self._outputs, self._tensors = handle, outputs, tensors
         self._done = False
+        self._then: list = []  # what a composed call does with the results once they are in (a concatenation)
 
     def wait(self) -> None:
         if self._done:
@@ -68,6 +69,8 @@ class CommHandle:
         for tensor, array in zip(self._tensors, _run(program, self._outputs)):
             tensor._set_host(np.asarray(array))
         self._done = True
+        for then in self._then:
+            then()
 
 
 def _group_name(group: str | None) -> str:
@@ -315,29 +318,173 @@ def irecv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: i
     return _recv("irecv", tensor, src, group, tag, True)
 
 
+def _exchange(
+    sends: list[np.ndarray],
+    send_ranks: list[int],
+    recv_ranks: list[int],
+    recv_shapes: list[tuple],
+    dtype: np.dtype,
+    group: str | None,
+    async_op: bool,
+) -> tuple[list[Tensor], CommHandle | None]:
+    """One neighbor exchange over `group` (ranks are group ranks; every group rank takes part, each with its own
+    lists); the received Tensors in `recv_ranks` order."""
+    spec = daemon_pb2.CollectiveOp(
+        kind=collective_pb2.NEIGHBOR_EXCHANGE,
+        group=_group_name(group),
+        send_ranks=send_ranks,
+        recv_ranks=recv_ranks,
+        recv_shapes=[daemon_pb2.TensorShape(dims=list(shape)) for shape in recv_shapes],
+        recv_dtype=wire_dtype(dtype),
+    )
+    return _collective(spec, sends, [(tuple(shape), dtype) for shape in recv_shapes], async_op)
+
+
+def _meaningless(dtype: np.dtype) -> Tensor:
+    """What MindSpore gives the ranks a rooted collective does not deliver to: a tensor of shape [1]."""
+    return _tensor(np.zeros(1, dtype))
+
+
+def gather_into_tensor(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP) -> Tensor:
+    """World rank `dst` gets every group rank's `tensor` concatenated along dim 0 (group-rank order); the other ranks
+    get a tensor of shape [1] with no meaning, as in MindSpore. Every rank's tensor has the same shape."""
+    root = _group_rank(_check_int("gather_into_tensor", "dst", dst), group, "dst")
+    x = _host(tensor)
+    if x.ndim == 0:
+        raise ConfigurationError("gather_into_tensor: the tensor is a scalar; pass one with a dim 0 to gather along")
+    n, me = len(_ranks(group)), _ranks(group).index(_rt.current().rank)
+    receives = list(range(n)) if me == root else []
+    parts, _ = _exchange([x], [root], receives, [x.shape] * len(receives), x.dtype, group, False)
+    return _tensor(np.concatenate([p.asnumpy() for p in parts])) if me == root else _meaningless(x.dtype)
+
+
+def scatter_tensor(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP) -> Tensor:
+    """World rank `src` cuts its `tensor` along dim 0 into one block per group rank and sends block i to group rank
+    i; every rank returns its block, of shape (x_1 / group size, x_2, ...). Every rank passes a tensor of the same
+    shape and dtype (only `src`'s values are read)."""
+    root = _group_rank(_check_int("scatter_tensor", "src", src), group, "src")
+    x = _host(tensor)
+    n, me = len(_ranks(group)), _ranks(group).index(_rt.current().rank)
+    if x.ndim == 0 or x.shape[0] % n:
+        raise ConfigurationError(
+            f"scatter_tensor: dim 0 of the {x.shape} tensor must divide into the group's {n} ranks; pad or cut it"
+        )
+    block = (x.shape[0] // n, *x.shape[1:])
+    sends = list(np.split(x, n)) if me == root else []
+    (out,), _ = _exchange(sends, list(range(n)) if me == root else [], [root], [block], x.dtype, group, False)
+    return out
+
+
+def reduce(tensor, dst: int, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP) -> Tensor:
+    """World rank `dst` gets the reduction of every group rank's `tensor`; the other ranks get a tensor of shape [1]
+    with no meaning, as in MindSpore."""
+    root = _check_int("reduce", "dst", dst)
+    _group_rank(root, group, "dst")
+    reduced, _ = all_reduce(tensor, op, group)
+    return reduced if _rt.current().rank == root else _meaningless(reduced.asnumpy().dtype)
+
+
+def _shape_of(call: str, what: str, value: Any) -> tuple[int, ...]:
+    from tessel.common.tensor import Tensor
+
+    if isinstance(value, Tensor):
+        return tuple(value.shape)
+    if isinstance(value, (tuple, list)) and all(isinstance(d, (int, np.integer)) and d >= 0 for d in value):
+        return tuple(int(d) for d in value)
+    raise ConfigurationError(f"{call}: {what} must be a Tensor or a tuple of non-negative ints, got {value!r}")
+
+
+def all_to_all_with_output_shape(
+    output_shape_list, tensor_list, group: str | None = None, async_op: bool = False
+) -> tuple[tuple[Tensor, ...], CommHandle | None]:
+    """Send tensor_list[i] to group rank i and receive from group rank i a tensor of output_shape_list[i] (a shape
+    or a Tensor giving it); returns (tuple of Tensors, CommHandle), the handle None unless async_op=True. The
+    tensors share one dtype."""
+    call = "all_to_all_with_output_shape"
+    async_op = _check_async(call, async_op)
+    n = len(_ranks(group))
+    if len(tensor_list) != n or len(output_shape_list) != n:
+        raise ConfigurationError(
+            f"{call}: {len(tensor_list)} tensors and {len(output_shape_list)} output shapes for a group of {n} "
+            "ranks; pass one of each per group rank"
+        )
+    sends = [_host(t) for t in tensor_list]
+    dtypes = {x.dtype for x in sends}
+    if len(dtypes) != 1:
+        raise ConfigurationError(f"{call}: the tensors have dtypes {sorted(map(str, dtypes))}; cast them to one")
+    shapes = [_shape_of(call, "each output shape", s) for s in output_shape_list]
+    outs, handle = _exchange(sends, list(range(n)), list(range(n)), shapes, sends[0].dtype, group, async_op)
+    return tuple(outs), handle
+
+
+def _split_sizes(call: str, what: str, sizes: Any, total: int, n: int) -> list[int]:
+    if sizes is None:
+        if total % n:
+            raise ConfigurationError(
+                f"{call}: dim 0 ({total}) does not divide into the group's {n} ranks; give {what} explicitly"
+            )
+        return [total // n] * n
+    sizes = [_check_int(call, what, s) for s in sizes]
+    if len(sizes) != n or min(sizes) < 0 or sum(sizes) != total:
+        raise ConfigurationError(
+            f"{call}: {what}={sizes} must be {n} non-negative sizes (one per group rank) summing to dim 0, {total}"
+        )
+    return sizes
+
+
+def all_to_all_single_with_output_shape(
+    output_shape,
+    tensor,
+    output_split_sizes=None,
+    input_split_sizes=None,
+    group: str | None = None,
+    async_op: bool = False,
+) -> tuple[Tensor, CommHandle | None]:
+    """Cut `tensor` along dim 0 by input_split_sizes (equal blocks if None), send block i to group rank i, and
+    concatenate the blocks received, output_split_sizes rows from each group rank, into one tensor of
+    `output_shape` (a shape or a Tensor giving it). Returns (Tensor, CommHandle), the handle None unless
+    async_op=True; an empty result is a 0 scalar, as in MindSpore."""
+    call = "all_to_all_single_with_output_shape"
+    async_op = _check_async(call, async_op)
+    x, shape, n = _host(tensor), _shape_of(call, "output_shape", output_shape), len(_ranks(group))
+    if x.ndim == 0 or not shape:
+        raise ConfigurationError(f"{call}: the tensor and output_shape need a dim 0 to split along")
+    if tuple(x.shape[1:]) != shape[1:]:
+        raise ConfigurationError(f"{call}: output_shape {shape} and the tensor's {x.shape} differ after dim 0")
+    sent = _split_sizes(call, "input_split_sizes", input_split_sizes, x.shape[0], n)
+    got = _split_sizes(call, "output_split_sizes", output_split_sizes, shape[0], n)
+    sends = np.split(x, np.cumsum(sent)[:-1])
+    blocks, handle = _exchange(
+        sends, list(range(n)), list(range(n)), [(g, *shape[1:]) for g in got], x.dtype, group, async_op
+    )
+    result = _tensor(np.zeros(shape, x.dtype) if int(np.prod(shape)) else np.zeros((), x.dtype))
+
+    def join() -> None:
+        if int(np.prod(shape)):
+            result._set_host(np.concatenate([b.asnumpy() for b in blocks]))
+
+    if handle is None:
+        join()
+    else:
+        handle._then.append(join)
+    return result, handle
+
+
 def barrier(group: str = GlobalComm.WORLD_COMM_GROUP) -> None:
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.BARRIER, group=_group_name(group))
     _collective(spec, [], [], False)
 
 
 # MindSpore comm_func names tessel does not map yet: each raises NotSupportedYetError at first use.
-_NOT_MAPPED = (
-    "P2POp",
-    "all_to_all_single_with_output_shape",
-    "all_to_all_with_output_shape",
-    "batch_isend_irecv",
-    "gather_into_tensor",
-    "reduce",
-    "scatter_tensor",
-)
+_NOT_MAPPED = ("P2POp", "batch_isend_irecv")
 
 
 def __getattr__(name: str) -> Any:
     if name in _NOT_MAPPED:
         raise not_supported_yet(
             f"mindspore.communication.comm_func.{name}",
-            "tessel does not map this collective yet; all_reduce, all_gather_into_tensor, reduce_scatter_tensor, "
-            "broadcast, send/recv, isend/irecv and barrier are available",
+            "tessel does not map batched point-to-point calls yet: call isend / irecv (matched in call order per "
+            "pair of ranks) or all_to_all_with_output_shape, which exchanges with every group rank at once",
         )
     raise AttributeError(f"module 'tessel.communication.comm_func' has no attribute {name!r}")
 
@@ -348,12 +495,17 @@ __all__ = [
     "all_gather_into_tensor",
     "all_reduce",
     "all_to_all",
+    "all_to_all_single_with_output_shape",
+    "all_to_all_with_output_shape",
     "barrier",
     "broadcast",
+    "gather_into_tensor",
     "irecv",
     "isend",
     "neighbor_exchange",
     "recv",
+    "reduce",
     "reduce_scatter_tensor",
+    "scatter_tensor",
     "send",
 ]
