@@ -308,7 +308,10 @@ def recv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: in
 
 
 def isend(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0) -> CommHandle:
-    """Start sending `tensor` to world rank `dst`; returns the CommHandle to wait on."""
+    """Start sending `tensor` to world rank `dst`; returns the CommHandle to wait on. A rank's isend and irecv
+    calls run one after another on its daemon: in a ring where every rank isends before it irecvs, each send waits
+    for a receive that is queued behind the neighbour's send, until the collective timeout. Let even ranks send
+    first and odd ranks receive first."""
     return _send("isend", tensor, dst, group, tag, True)
 
 
