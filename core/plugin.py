@@ -143,6 +143,9 @@ def on_collective_thread() -> bool:
     return getattr(_worker, "collective", False)
 
 
+_GROUP = object()  # _submit's default lane: found from the call
+
+
 def _mark_collective_thread() -> None:
     _worker.collective = True
 
@@ -224,6 +227,10 @@ class Communicator(ABC):
         self.context = context
         self._async_lock = threading.Lock()
         self._async_worker: Any = None
+        # Asynchronous sends and receives run on a thread per direction and peer ("lane"), in issue order within
+        # it: a rank's isend to one peer and its irecv from another progress together (a ring), while its group
+        # collectives keep one thread and their issue order.
+        self._lanes: dict[tuple, Any] = {}
         self._in_flight = 0  # asynchronous calls submitted and not finished (their results may still be unread)
 
     @property
@@ -234,19 +241,40 @@ class Communicator(ABC):
     def group_rank(self) -> int:
         return self.context.group_rank
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
+    def _lane(self, fn: Callable[..., Any], args: tuple) -> tuple | None:
+        """The lane of an asynchronous send or receive (its direction and peer, the last argument); None: a group
+        collective."""
+        if fn == self._send:
+            return ("send", args[-1])
+        if fn == self._recv:
+            return ("recv", args[-1])
+        return None
+
+    def _submit(self, fn: Callable[..., Any], *args: Any, lane: Any = _GROUP, **kwargs: Any) -> Handle:
+        """Queue fn(*args, **kwargs) on its thread: `lane` (default: `_lane(fn, args)`) names a send's or a
+        receive's; None the group collectives'."""
         from concurrent.futures import ThreadPoolExecutor
 
+        lane = self._lane(fn, args) if lane is _GROUP else lane
         with self._async_lock:
-            if self._async_worker is None:
-                self._async_worker = ThreadPoolExecutor(
-                    1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
-                )
+            if lane is None:
+                if self._async_worker is None:
+                    self._async_worker = ThreadPoolExecutor(
+                        1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
+                    )
+                worker = self._async_worker
+            else:
+                worker = self._lanes.get(lane)
+                if worker is None:
+                    name = f"tessel-{lane[0]}-{self.context.name}-{lane[1]}"
+                    worker = self._lanes[lane] = ThreadPoolExecutor(
+                        1, thread_name_prefix=name, initializer=_mark_collective_thread
+                    )
             times = [0, 0, 0]  # started, finished (time.time_ns()), awaited (Handle.wait)
             self._in_flight += 1
-            future = self._async_worker.submit(_timed, fn, times, args, kwargs)
+            future = worker.submit(_timed, fn, times, args, kwargs)
             handle = Handle(future, times)
-            if fn not in (self._send, self._recv):
+            if lane is None:
                 self._last_group_call = handle
         # Outside the lock: a call already finished runs its callback right here, and the callback takes the lock.
         future.add_done_callback(self._finished_async)
@@ -321,6 +349,9 @@ class Communicator(ABC):
         if self._async_worker is not None:
             self._async_worker.shutdown(wait=False, cancel_futures=True)
             self._async_worker = None
+        lanes, self._lanes = self._lanes, {}
+        for worker in lanes.values():
+            worker.shutdown(wait=False, cancel_futures=True)
 
     @abstractmethod
     def _all_reduce(self, x: np.ndarray, op: str) -> np.ndarray: ...

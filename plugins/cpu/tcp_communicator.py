@@ -87,7 +87,7 @@ class TcpCommunicator(Communicator):
             self._on_worker.active = True
             return fn(*args, **kwargs)
 
-        handle = super()._submit(on_worker)
+        handle = super()._submit(on_worker, lane=self._lane(fn, args))
         point_to_point = {self._send: "send", self._recv: "recv"}.get(fn)  # both take the peer last
         channel = self._channel(point_to_point, args[-1]) if point_to_point else "group"
         self._last_async[channel] = handle._future

@@ -137,6 +137,20 @@ if size > 1:
             make(rank - 1, "sr", "int64", (9,)),
             exact=True,
         )
+    # every rank isends to the next before it irecvs from the previous: the two progress together
+    sent = comm_func.isend(make(rank, "ring", "float32", (6,)), dst=nxt)
+    ring, received = comm_func.irecv(np.zeros(6, np.float32), src=prv)
+    sent.wait()
+    received.wait()
+    check("isend/irecv ring", ring, make(prv, "ring", "float32", (6,)), exact=True)
+    batch = comm_func.batch_isend_irecv(
+        [
+            comm_func.P2POp("isend", make(rank, "batch", "int32", (3,)), nxt),
+            comm_func.P2POp(comm_func.irecv, (3,), prv, recv_dtype=np.int32),
+        ]
+    )
+    check("batch_isend_irecv", batch[1], make(prv, "batch", "int32", (3,)), exact=True)
+    check("batch_isend_irecv's send place", batch[0], np.zeros((), np.int32), exact=True)
     out, handle = comm_func.all_reduce(np.full(3, rank, np.float64), async_op=True)
     handle.wait()
     check("async all_reduce", out, np.full(3, sum(range(size)), np.float64), exact=True)

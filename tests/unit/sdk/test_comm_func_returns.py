@@ -107,10 +107,17 @@ def test_async_op_must_be_a_bool(world_of_1):
         comm_func.all_reduce(_tensor(), async_op="yes")
 
 
-def test_mindspore_names_not_mapped_yet_are_refused_by_name():
-    for name in ("batch_isend_irecv", "P2POp"):
-        with pytest.raises(NotSupportedYetError, match=rf"comm_func\.{name}.*isend / irecv"):
-            getattr(comm_func, name)
+def test_p2pops_are_checked_as_mindspore_checks_them():
+    with pytest.raises(ConfigurationError, match=r"op must be 'isend' or 'irecv'"):
+        comm_func.P2POp("send", _tensor(), 0)
+    with pytest.raises(ConfigurationError, match=r"irecv given a shape needs recv_dtype"):
+        comm_func.P2POp("irecv", (2, 8), 0)
+    with pytest.raises(ConfigurationError, match=r"isend takes a Tensor"):
+        comm_func.P2POp(comm_func.isend, (2, 8), 0)
+    with pytest.raises(NotSupportedYetError, match=r"P2POp\(tag=1\)"):
+        comm_func.P2POp("isend", _tensor(), 0, tag=1)
+    with pytest.raises(ConfigurationError, match=r"non-empty list of P2POp"):
+        comm_func.batch_isend_irecv([])
     with pytest.raises(AttributeError):
         comm_func.no_such_function  # noqa: B018
 

@@ -308,10 +308,9 @@ def recv(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: in
 
 
 def isend(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP, tag: int = 0) -> CommHandle:
-    """Start sending `tensor` to world rank `dst`; returns the CommHandle to wait on. A rank's isend and irecv
-    calls run one after another on its daemon: in a ring where every rank isends before it irecvs, each send waits
-    for a receive that is queued behind the neighbour's send, until the collective timeout. Let even ranks send
-    first and odd ranks receive first."""
+    """Start sending `tensor` to world rank `dst`; returns the CommHandle to wait on. A rank's isends to one
+    peer run in issue order, and so do its irecvs from one peer; different peers and directions progress together
+    (a ring of isend then irecv on every rank works)."""
     return _send("isend", tensor, dst, group, tag, True)
 
 
@@ -473,27 +472,65 @@ def all_to_all_single_with_output_shape(
     return result, handle
 
 
+class P2POp:
+    """One isend or irecv of a `batch_isend_irecv` (MindSpore's P2POp). `op` is "isend" / "irecv" or the function
+    itself; `tensor` the Tensor to send or one shaped and typed like the one to receive (for irecv also a shape
+    tuple, with `recv_dtype`); `peer` a world rank; `tag` must be 0."""
+
+    def __init__(self, op, tensor, peer: int, group: str | None = None, tag: int = 0, *, recv_dtype=None):
+        name = op if isinstance(op, str) else getattr(op, "__name__", repr(op))
+        if name not in ("isend", "irecv"):
+            raise ConfigurationError(f"P2POp: op must be 'isend' or 'irecv' (or those functions), got {op!r}")
+        from tessel.common.tensor import Tensor
+
+        if not isinstance(tensor, (Tensor, np.ndarray, tuple)) or (isinstance(tensor, tuple) and name == "isend"):
+            raise ConfigurationError(
+                f"P2POp: {name} takes a Tensor{' or a shape tuple' if name == 'irecv' else ''}, got {type(tensor)}"
+            )
+        if isinstance(tensor, tuple) and recv_dtype is None:
+            raise ConfigurationError("P2POp: an irecv given a shape needs recv_dtype, e.g. recv_dtype=ms.float32")
+        _check_tag("P2POp", tag)
+        self.op, self.tensor, self.peer, self.group, self.tag = (
+            name,
+            tensor,
+            _check_int("P2POp", "peer", peer),
+            group,
+            tag,
+        )
+        self.recv_dtype = recv_dtype
+
+
+def batch_isend_irecv(p2p_op_list) -> tuple[Tensor, ...]:
+    """Start every P2POp of the list, then wait for all of them; returns one Tensor per op: what an irecv received,
+    a 0 scalar of no meaning for an isend (MindSpore's). The ops share one group; sends to a peer, and receives from
+    one, pair up in list order with the peer's."""
+    ops = list(p2p_op_list)
+    if not ops or not all(isinstance(op, P2POp) for op in ops):
+        raise ConfigurationError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
+    groups = {op.group for op in ops}
+    if len(groups) != 1:
+        raise ConfigurationError(f"batch_isend_irecv: the P2POps name groups {sorted(map(str, groups))}; use one")
+    group = ops[0].group if ops[0].group is not None else GlobalComm.WORLD_COMM_GROUP
+    started = []
+    for op in ops:
+        if op.op == "isend":
+            started.append((_tensor(np.zeros((), _host(op.tensor).dtype)), isend(op.tensor, op.peer, group)))
+        else:
+            like = np.zeros(op.tensor, _np_dtype(op.recv_dtype)) if isinstance(op.tensor, tuple) else op.tensor
+            started.append(irecv(like, op.peer, group))
+    for _, handle in started:
+        handle.wait()
+    return tuple(result for result, _ in started)
+
+
 def barrier(group: str = GlobalComm.WORLD_COMM_GROUP) -> None:
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.BARRIER, group=_group_name(group))
     _collective(spec, [], [], False)
 
 
-# MindSpore comm_func names tessel does not map yet: each raises NotSupportedYetError at first use.
-_NOT_MAPPED = ("P2POp", "batch_isend_irecv")
-
-
-def __getattr__(name: str) -> Any:
-    if name in _NOT_MAPPED:
-        raise not_supported_yet(
-            f"mindspore.communication.comm_func.{name}",
-            "tessel does not map batched point-to-point calls yet: call isend / irecv (matched in call order per "
-            "pair of ranks) or all_to_all_with_output_shape, which exchanges with every group rank at once",
-        )
-    raise AttributeError(f"module 'tessel.communication.comm_func' has no attribute {name!r}")
-
-
 __all__ = [
     "CommHandle",
+    "P2POp",
     "ReduceOp",
     "all_gather_into_tensor",
     "all_reduce",
@@ -501,6 +538,7 @@ __all__ = [
     "all_to_all_single_with_output_shape",
     "all_to_all_with_output_shape",
     "barrier",
+    "batch_isend_irecv",
     "broadcast",
     "gather_into_tensor",
     "irecv",
