@@ -96,7 +96,9 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
         return call, _outputs(op, [first])
     if kind == collective_pb2.NEIGHBOR_EXCHANGE:
         shapes = [tuple(s.dims) for s in op.recv_shapes]
-        dtype = numpy_dtype(op.recv_dtype) if op.recv_ranks else np.dtype("float32")
+        # A rank that receives nothing still describes the call's dtype when the caller gave it (comm_func does):
+        # a group-wide agreement then compares like with like.
+        dtype = numpy_dtype(op.recv_dtype) if op.recv_ranks or op.recv_dtype else np.dtype("float32")
 
         def exchange(a: bool) -> Any:
             sends = [session.tensor(n) for n in inputs]

@@ -108,6 +108,13 @@ for dtype in ("float32", "int64"):
     reduced = comm_func.reduce(parts[rank], root)
     want = reference_reduce(parts, "sum", dtype) if rank == root else np.zeros(1, dtype)
     check(f"reduce {dtype}", reduced, want, exact=size == 1 or rank != root)
+# A dtype the collectives cannot carry is refused on every rank (not only on the root), and the group goes on.
+try:
+    comm_func.gather_into_tensor(np.ones((2, 2), np.int8), dst=root)
+    refused = "no error"
+except Exception as exc:  # the daemon's error, raised here
+    refused = str(exc)
+check("gather_into_tensor of int8 refused", "do not support dtype int8" in refused, True, exact=True)
 blocks = [[make(r, "a2a", "float32", (r + q + 1, 4)) for q in range(size)] for r in range(size)]  # [sender][receiver]
 outs, _ = comm_func.all_to_all_with_output_shape([(r + rank + 1, 4) for r in range(size)], blocks[rank])
 for r, out in enumerate(outs):
