@@ -212,8 +212,9 @@ class Communicator(ABC):
     """Collectives over one group. Ranks in arguments (root, peer, send/recv ranks) are group ranks.
 
     Every method takes numpy arrays and returns new arrays (inputs are not modified). With `async_op=True`
-    it returns a `Handle` instead; asynchronous calls run in issue order on one background thread per
-    communicator, so every rank sees the same sequence. Before data moves, all participants compare what each
+    it returns a `Handle` instead; asynchronous group collectives run in issue order on one background thread per
+    communicator, so every rank sees the same sequence, and asynchronous sends (receives) to (from) one peer on one
+    thread per direction and peer, in issue order too. Before data moves, all participants compare what each
     is about to do; a disagreement raises `CollectiveMismatchError` on every rank, naming the culprit.
     """
 

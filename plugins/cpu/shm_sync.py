@@ -31,6 +31,7 @@ dead one), so a killed rank fails the collective everywhere well within a second
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -101,8 +102,7 @@ def _wake_for_program() -> None:
     """A program thread starts waiting: wake the communicator threads asleep on a counter; the one running the call
     it waits for turns to polling, the others sleep again."""
     for sync in list(_SYNCS):
-        address = sync.asleep_at
-        if address:
+        for address in list(sync.asleep_at.values()):
             futex.wake(address)
 
 
@@ -121,7 +121,9 @@ class Sync:
         self.spin_s = SPIN_S if context.size <= _usable_cores() else 2e-6
         # A communicator's thread polls while the program waits only where every local rank has a core of its own.
         self.poll_for_program = 0 < context.local_ranks <= _usable_cores()
-        self.asleep_at = 0  # the futex address a communicator's thread sleeps on (0: none), for _wake_for_program
+        # thread id -> the futex address that thread sleeps on, for _wake_for_program: a group's collectives and
+        # each direction and peer of its sends and receives have threads of their own (core.plugin's lanes)
+        self.asleep_at: dict[int, int] = {}
         self.closing = False  # set by close() so that a wait on another thread ends
         self._plans: dict[int, tuple] = {}
         _SYNCS.add(self)
@@ -198,16 +200,16 @@ class Sync:
                 if (value - target) & _MASK < _HALF_RANGE:
                     return
                 if polls:
-                    self.asleep_at = address
+                    self.asleep_at[threading.get_ident()] = address
                 with asleep():
                     futex.wait(address, value, FUTEX_TIMEOUT_S)
-                self.asleep_at = 0
+                self.asleep_at.pop(threading.get_ident(), None)
                 if (words[index] - target) & _MASK < _HALF_RANGE:
                     return
                 self.check(channel, members, target, deadline, what)
         finally:
             words[sleep_index] = 0
-            self.asleep_at = 0
+            self.asleep_at.pop(threading.get_ident(), None)
 
     def _poll(
         self, channel: int, index: int, target: int, members: tuple, deadline: float, what: Callable | str
