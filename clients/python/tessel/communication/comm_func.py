@@ -507,7 +507,7 @@ def batch_isend_irecv(p2p_op_list) -> tuple[Tensor, ...]:
     ops = list(p2p_op_list)
     if not ops or not all(isinstance(op, P2POp) for op in ops):
         raise ConfigurationError("batch_isend_irecv: p2p_op_list must be a non-empty list of P2POp")
-    groups = {op.group for op in ops}
+    groups = {_group_name(op.group) for op in ops}  # None and the world's names are one group
     if len(groups) != 1:
         raise ConfigurationError(f"batch_isend_irecv: the P2POps name groups {sorted(map(str, groups))}; use one")
     group = ops[0].group if ops[0].group is not None else GlobalComm.WORLD_COMM_GROUP
@@ -518,8 +518,14 @@ def batch_isend_irecv(p2p_op_list) -> tuple[Tensor, ...]:
         else:
             like = np.zeros(op.tensor, _np_dtype(op.recv_dtype)) if isinstance(op.tensor, tuple) else op.tensor
             started.append(irecv(like, op.peer, group))
-    for _, handle in started:
-        handle.wait()
+    failure = None
+    for _, handle in started:  # every handle is waited on, also after a failure
+        try:
+            handle.wait()
+        except Exception as exc:  # the first failure is raised once all ended
+            failure = failure or exc
+    if failure is not None:
+        raise failure
     return tuple(result for result, _ in started)
 
 
