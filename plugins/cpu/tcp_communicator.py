@@ -87,10 +87,9 @@ class TcpCommunicator(Communicator):
             self._on_worker.active = True
             return fn(*args, **kwargs)
 
-        handle = super()._submit(on_worker, lane=self._lane(fn, args))
-        point_to_point = {self._send: "send", self._recv: "recv"}.get(fn)  # both take the peer last
-        channel = self._channel(point_to_point, args[-1]) if point_to_point else "group"
-        self._last_async[channel] = handle._future
+        lane = self._lane(fn, args)
+        handle = super()._submit(on_worker, lane=lane)
+        self._last_async["group" if lane is None else self._channel(*lane)] = handle._future
         return handle
 
     def _after_issued_async(self, channel: str) -> None:

@@ -261,17 +261,15 @@ def neighbor_exchange(
             f"{len(recv_shapes)} shapes for {len(recv_rank_ids)} recv ranks; the lengths must match"
         )
     async_op = _check_async("neighbor_exchange", async_op)
-    dtype = _np_dtype(recv_type)
-    spec = daemon_pb2.CollectiveOp(
-        kind=collective_pb2.NEIGHBOR_EXCHANGE,
-        group=_group_name(group),
-        send_ranks=[_group_rank(r, group, "send rank") for r in send_rank_ids],
-        recv_ranks=[_group_rank(r, group, "recv rank") for r in recv_rank_ids],
-        recv_shapes=[daemon_pb2.TensorShape(dims=list(s)) for s in recv_shapes],
-        recv_dtype=wire_dtype(dtype),
+    outs, handle = _exchange(
+        [_host(t) for t in tensors],
+        [_group_rank(r, group, "send rank") for r in send_rank_ids],
+        [_group_rank(r, group, "recv rank") for r in recv_rank_ids],
+        [tuple(s) for s in recv_shapes],
+        _np_dtype(recv_type),
+        group,
+        async_op,
     )
-    results = [(tuple(s), dtype) for s in recv_shapes]
-    outs, handle = _collective(spec, [_host(t) for t in tensors], results, async_op)
     return tuple(outs), handle
 
 
@@ -354,7 +352,7 @@ def gather_into_tensor(tensor, dst: int = 0, group: str = GlobalComm.WORLD_COMM_
     x = _host(tensor)
     if x.ndim == 0:
         raise ConfigurationError("gather_into_tensor: the tensor is a scalar; pass one with a dim 0 to gather along")
-    n, me = len(_ranks(group)), _ranks(group).index(_rt.current().rank)
+    n, me = len(_ranks(group)), _group_rank(_rt.current().rank, group, "this rank")
     receives = list(range(n)) if me == root else []
     parts, _ = _exchange([x], [root], receives, [x.shape] * len(receives), x.dtype, group, False)
     return _tensor(np.concatenate([p.asnumpy() for p in parts])) if me == root else _meaningless(x.dtype)
@@ -366,7 +364,7 @@ def scatter_tensor(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROU
     shape and dtype (only `src`'s values are read)."""
     root = _group_rank(_check_int("scatter_tensor", "src", src), group, "src")
     x = _host(tensor)
-    n, me = len(_ranks(group)), _ranks(group).index(_rt.current().rank)
+    n, me = len(_ranks(group)), _group_rank(_rt.current().rank, group, "this rank")
     if x.ndim == 0 or x.shape[0] % n:
         raise ConfigurationError(
             f"scatter_tensor: dim 0 of the {x.shape} tensor must divide into the group's {n} ranks; pad or cut it"
@@ -459,10 +457,11 @@ def all_to_all_single_with_output_shape(
     blocks, handle = _exchange(
         sends, list(range(n)), list(range(n)), [(g, *shape[1:]) for g in got], x.dtype, group, async_op
     )
-    result = _tensor(np.zeros(shape, x.dtype) if int(np.prod(shape)) else np.zeros((), x.dtype))
+    empty = not int(np.prod(shape))
+    result = _tensor(np.zeros((), x.dtype) if empty else np.zeros(shape, x.dtype))
 
     def join() -> None:
-        if int(np.prod(shape)):
+        if not empty:
             result._set_host(np.concatenate([b.asnumpy() for b in blocks]))
 
     if handle is None:
@@ -490,14 +489,8 @@ class P2POp:
         if isinstance(tensor, tuple) and recv_dtype is None:
             raise ConfigurationError("P2POp: an irecv given a shape needs recv_dtype, e.g. recv_dtype=ms.float32")
         _check_tag("P2POp", tag)
-        self.op, self.tensor, self.peer, self.group, self.tag = (
-            name,
-            tensor,
-            _check_int("P2POp", "peer", peer),
-            group,
-            tag,
-        )
-        self.recv_dtype = recv_dtype
+        self.op, self.tensor, self.peer = name, tensor, _check_int("P2POp", "peer", peer)
+        self.group, self.tag, self.recv_dtype = group, tag, recv_dtype
 
 
 def batch_isend_irecv(p2p_op_list) -> tuple[Tensor, ...]:
