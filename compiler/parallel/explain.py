@@ -116,13 +116,14 @@ def cost_text(plan: ParallelPlan, cost_model=None) -> str:
     parameter whole) on the same devices and data: the breakdown AUTO_PARALLEL's search weighs. A model without
     AlltoAll (`alltoall=False`) prices a plan made without it."""
     from tessel.compiler.parallel.partition import parallelize
-    from tessel.compiler.parallel.redistribution import ALL_STEPS
+    from tessel.compiler.parallel.redistribution import allowed_steps
     from tessel.compiler.parallel.search import CostModel, predict_step_time
 
     model = cost_model or CostModel.default_cpu(plan.device_num)
     data = {v.name: plan.layouts[v] for v in plan.graph.inputs if v.name not in plan.parameters}
-    steps = ALL_STEPS if model.alltoall else ALL_STEPS - {"all_to_all"}  # as the plan was made
-    plain = parallelize(plan.graph, {}, plan.device_num, plan.parameters, dataset=data, steps=steps)
+    plain = parallelize(
+        plan.graph, {}, plan.device_num, plan.parameters, dataset=data, steps=allowed_steps(model.alltoall)
+    )
     lines = [f"predicted step of graph {plan.graph.name!r} on {plan.device_num} devices (cost model: {model!r})"]
     for what, each in (("this plan", plan), ("data parallel", plain)):
         t = predict_step_time(each, model)

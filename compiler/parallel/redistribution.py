@@ -245,6 +245,12 @@ def _segment(source: Layout, sizes, path: tuple[Step, ...], shape, itemsize) -> 
 ALL_STEPS = frozenset(TABLE)
 
 
+def allowed_steps(alltoall: bool = True) -> frozenset[str]:
+    """The steps a redistribution may take: without AlltoAll (set_auto_parallel_context(enable_alltoall=False)) a
+    split moved to another dim is gathered and sliced instead (MindSpore's AllGather, Split and Concat)."""
+    return ALL_STEPS if alltoall else ALL_STEPS - {"all_to_all"}
+
+
 @lru_cache(maxsize=4096)
 def plan(
     source: Layout, target: Layout, shape: tuple[int, ...], itemsize: int = 4, kinds: frozenset[str] = ALL_STEPS

@@ -11,7 +11,7 @@ import pytest
 from search_testkit import NETS, cheap_links
 
 from tessel.compiler.parallel import Layout, parallelize
-from tessel.compiler.parallel.redistribution import ALL_STEPS
+from tessel.compiler.parallel.redistribution import allowed_steps
 from tessel.compiler.parallel.search import CostModel, DeviceMeasurement, Link, predict_step_time
 from tessel.compiler.parallel.search.problem import Problem
 from tessel.core.errors import ConfigurationError
@@ -100,8 +100,7 @@ def test_the_search_objective_is_the_step_time_predicted_for_the_plan(net, devic
         time, memory = problem.evaluate(choice)
         if math.isinf(time):
             continue
-        steps = ALL_STEPS if model.alltoall else ALL_STEPS - {"all_to_all"}
-        plan = parallelize(graph, problem.strategies(choice), devices, params, steps=steps)
+        plan = parallelize(graph, problem.strategies(choice), devices, params, steps=allowed_steps(model.alltoall))
         step = predict_step_time(plan, model)
         assert step.total == pytest.approx(time, rel=1e-12) and step.memory_bytes == pytest.approx(memory)
 

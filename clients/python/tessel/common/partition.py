@@ -37,11 +37,10 @@ def active() -> bool:
 
 
 def redistribution_steps() -> frozenset[str]:
-    """The steps a redistribution may take: no AlltoAll under set_auto_parallel_context(enable_alltoall=False),
-    where a split moved to another dim is gathered and sliced instead (MindSpore's AllGather, Split and Concat)."""
-    from tessel.compiler.parallel.redistribution import ALL_STEPS
+    """The redistribution steps the context's enable_alltoall allows (redistribution.allowed_steps)."""
+    from tessel.compiler.parallel.redistribution import allowed_steps
 
-    return ALL_STEPS if context.get_auto_parallel_context("enable_alltoall") else ALL_STEPS - {"all_to_all"}
+    return allowed_steps(bool(context.get_auto_parallel_context("enable_alltoall")))
 
 
 def plan_settings() -> tuple:
