@@ -100,6 +100,7 @@ class HeartbeatHandle:
     def _receive(self) -> None:
         while not self._done.is_set():
             ended = threading.Event()
+            call = None
             try:
                 call = self._client.stream("Heartbeat", self._beats(ended))
                 with self._lock:
@@ -118,15 +119,28 @@ class HeartbeatHandle:
                     f"lost the coordinator at {self._client.address}: its heartbeat stream broke "
                     f"({exc.code().name}: {exc.details()})"
                 )
+                exc.__traceback__ = None  # the error is the call: its frames would hold it in a cycle
                 if exc.code() in _FINAL_CODES:
                     self._lose(reason)
                     return
+            except errors.TesselError as exc:  # the client was closed or aborted: no stream to open again
+                self._lose(f"the heartbeat stream to the coordinator at {self._client.address} ended: {exc}")
+                return
             finally:
                 ended.set()
+                self._forget(call)
             if not self._broken(reason):
                 return
             self._done.wait(min(0.2, self.interval_s))
             self.reconnects += 1
+
+    def _forget(self, call) -> None:
+        """The stream ended: its call is freed here, while grpc's threads run. Freed by the interpreter's end
+        instead, it would wait for a lock that a grpc thread killed by that end may hold: a finished rank that
+        never exits."""
+        with self._lock:
+            if self._call is call:
+                self._call = None
 
     def _broken(self, reason: str) -> bool:
         """The link is down: True to try again, False once the grace ran out (the member is then lost)."""

@@ -278,11 +278,16 @@ class Client:
         self.what = f"{stub_cls.__name__.removesuffix('Stub').lower()} at {address}"
         self._aborted: Exception | None = None
 
-    def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+    def _stub(self) -> Any:
+        stub = self.stub  # read before the check: close() marks the client before it lets the stub go
         if self._aborted is not None:
             raise self._aborted
+        return stub
+
+    def call(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        stub = self._stub()
         try:
-            return getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+            return getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
             if self._aborted is not None:
                 raise self._aborted from None
@@ -302,17 +307,20 @@ class Client:
         stopped daemon would last until its deadline). Closing the channel ends its calls at once; a blocking call
         stays the fast path (a cancellable future costs twice as much per call)."""
         self._aborted = error
-        self.channel.close()
+        channel = self.channel
+        if channel is not None:
+            channel.close()
 
     def stream(self, method: str, requests: Iterator[Any]) -> Iterator[Any]:
         """A long-lived bidirectional stream (no deadline: liveness is its purpose)."""
-        return getattr(self.stub, method)(requests, metadata=self.metadata)
+        return getattr(self._stub(), method)(requests, metadata=self.metadata)
 
     def replies(self, method: str, request: Any, timeout_s: float | None = None) -> Iterator[Any]:
         """The replies of a server-streaming call as they come, under one deadline for the whole call; errors
         raise tessel exceptions as `call` does."""
+        stub = self._stub()
         try:
-            yield from getattr(self.stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
+            yield from getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
             raise _error_from(exc, f"{self.what} {method}") from None
 
@@ -322,4 +330,10 @@ class Client:
         return lambda request, timeout_s=None: self.call(method, request, timeout_s)
 
     def close(self) -> None:
-        self.channel.close()
+        """Close the channel and let it go now, while grpc's threads run: freed by the interpreter's end instead,
+        after that end stopped them, it could wait forever on a lock one of them held. Later calls raise."""
+        if self._aborted is None:
+            self._aborted = errors.TesselError(f"{self.what} is closed: this client makes no more calls")
+        channel, self.channel, self.stub = self.channel, None, None
+        if channel is not None:
+            channel.close()

@@ -223,6 +223,41 @@ def test_the_progress_bar_reaches_a_terminal_through_tessel_run_and_the_log_keep
     assert all("8/8  loss" in line and "samples/s" in line for line in lines[:2]), lines
 
 
+GRPC_LEFT_AT_EXIT = """
+import atexit, gc
+import grpc, grpc._channel
+import numpy as np
+from tessel.communication import comm_func, get_rank, init, runtime
+
+def grpc_left():  # registered before init(): runs after tessel released the runtime, before the interpreter's end
+    calls = sum(isinstance(o, grpc._channel._Rendezvous) for o in gc.get_objects())
+    channels = sum(isinstance(o, grpc.Channel) for o in gc.get_objects())
+    print(f"rank {RANK} leaves {calls} calls and {channels} channels", flush=True)
+
+atexit.register(grpc_left)
+init()
+RANK = get_rank()
+comm_func.all_reduce(np.ones(8, np.float32))
+KEPT = runtime.current()  # as a Model's engine does: the released runtime lives until the interpreter's end
+"""
+
+
+def test_a_finished_rank_leaves_no_grpc_call_or_channel_for_the_interpreters_end(tmp_path):
+    # What the interpreter's end frees runs after it stopped grpc's threads: a call's finalizer then waited forever
+    # on a lock such a thread held (a CI run: a finished rank stuck in grpc's _Rendezvous.__del__). Released
+    # runtimes free theirs while the threads still run, even when the program keeps the runtime.
+    script = tmp_path / "left.py"
+    script.write_text(GRPC_LEFT_AT_EXIT)
+    env = dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    run = subprocess.run(
+        _tessel("run", "-n", "2", str(script)), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    for rank in range(2):
+        (log,) = tmp_path.glob(f"log_output/*/rank.{rank}/stdout")
+        assert f"rank {rank} leaves 0 calls and 0 channels" in log.read_text(), log.read_text()[-2000:]
+
+
 STUCK_AT_EXIT = """
 import time
 import numpy as np

@@ -22,6 +22,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -156,9 +157,11 @@ def released_at_exit() -> None:
 
 def bound_interpreter_end() -> None:
     """The last exit hook (registered by `import tessel`): bounds what remains of a rank that released its runtime at
-    exit, the interpreter's own end."""
+    exit, the interpreter's own end. The garbage is collected first, while every thread still runs: a finalizer
+    that the interpreter's end runs after it stopped the threads would wait forever on a lock one of them held."""
     if _released_at_exit:
         bound_exit()
+        gc.collect()
 
 
 def deadlines(runtime) -> str:
