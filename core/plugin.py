@@ -232,7 +232,9 @@ class Communicator(ABC):
         # it: a rank's isend to one peer and its irecv from another progress together (a ring), while its group
         # collectives keep one thread and their issue order.
         self._lanes: dict[tuple, Any] = {}
+        self._last_async: dict[tuple | None, Handle] = {}  # lane -> the latest asynchronous call issued on it
         self._in_flight = 0  # asynchronous calls submitted and not finished (their results may still be unread)
+        self._closed = False
 
     @property
     def size(self) -> int:
@@ -258,6 +260,11 @@ class Communicator(ABC):
 
         lane = self._lane(fn, args) if lane is _GROUP else lane
         with self._async_lock:
+            if self._closed:
+                raise ConfigurationError(
+                    f"an asynchronous call on group {self.context.name!r}: the communicator is closed; create the "
+                    "group again"
+                )
             if lane is None:
                 if self._async_worker is None:
                     self._async_worker = ThreadPoolExecutor(
@@ -275,8 +282,7 @@ class Communicator(ABC):
             self._in_flight += 1
             future = worker.submit(_timed, fn, times, args, kwargs)
             handle = Handle(future, times)
-            if lane is None:
-                self._last_group_call = handle
+            self._last_async[lane] = handle
         # Outside the lock: a call already finished runs its callback right here, and the callback takes the lock.
         future.add_done_callback(self._finished_async)
         return handle
@@ -292,15 +298,17 @@ class Communicator(ABC):
             return self._in_flight == 0
 
     def _dispatch(self, async_op: bool, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run now, or queue on the worker. A synchronous group collective first waits for the asynchronous ones
-        issued before it, so every rank runs its collectives in issue order (send/recv order per peer pair is the
-        transport's business: they may legitimately overlap a collective in the other direction)."""
+        """Run now, or queue on its thread. A synchronous call first waits for the asynchronous ones issued before
+        it on its lane (the group's collectives; the sends to one peer; the receives from one), so every rank keeps
+        issue order there; a send and a receive between two ranks may still overlap, and so may either and a group
+        collective. On a communicator's own thread it does not wait: the latest call is the one running there."""
         if async_op:
             return self._submit(fn, *args)
-        pending = getattr(self, "_last_group_call", None)
-        if pending is not None and fn not in (self._send, self._recv):
-            self._last_group_call = None
-            pending.wait()
+        if not on_collective_thread():
+            with self._async_lock:
+                pending = self._last_async.pop(self._lane(fn, args), None)
+            if pending is not None:
+                pending.wait()  # an earlier call's failure is this one's: the group is not usable after it
         return fn(*args)
 
     def all_reduce(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
@@ -346,12 +354,12 @@ class Communicator(ABC):
         return self._dispatch(async_op, self._barrier)
 
     def close(self) -> None:
-        """Release the group's resources (shared memory, sockets). Idempotent."""
-        if self._async_worker is not None:
-            self._async_worker.shutdown(wait=False, cancel_futures=True)
-            self._async_worker = None
-        lanes, self._lanes = self._lanes, {}
-        for worker in lanes.values():
+        """Release the group's resources (shared memory, sockets). Idempotent; later asynchronous calls raise."""
+        with self._async_lock:  # no thread is made after this
+            self._closed = True
+            workers = [w for w in (self._async_worker, *self._lanes.values()) if w is not None]
+            self._async_worker, self._lanes, self._last_async = None, {}, {}
+        for worker in workers:
             worker.shutdown(wait=False, cancel_futures=True)
 
     @abstractmethod

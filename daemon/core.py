@@ -299,7 +299,8 @@ class DaemonCore:
         """The thread budget: a collective whose thread keeps a core busy (shared memory) runs beside the segments
         only if this host's cores cover every local rank's compute threads plus one such thread each; otherwise it
         would take its core from the computation it is meant to hide behind. Collectives that wait on a link (TCP)
-        mostly sleep, and always may."""
+        mostly sleep, and always may. Sends and receives (each peer and direction a thread of its own) are not
+        counted: they mostly wait for their peer, and the executor always runs them beside the program."""
         if not getattr(comm, "compute_bound", False):
             return True
         local = sum(1 for m in session.members if m.host_id == self.host_id) or 1

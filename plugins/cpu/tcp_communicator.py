@@ -15,17 +15,15 @@ one fail at once instead of at their own deadline.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import Future, wait
+from collections.abc import Iterator
 from contextlib import contextmanager
 from types import EllipsisType
-from typing import Any
 
 import numpy as np
 
 from tessel.core import collectives
 from tessel.core.errors import CollectiveMismatchError, ConfigurationError, PeerFailedError
-from tessel.core.plugin import COLLECTIVE_DTYPES, REDUCE_OPS, Communicator, GroupContext, Handle
+from tessel.core.plugin import COLLECTIVE_DTYPES, REDUCE_OPS, Communicator, GroupContext
 from tessel.plugins.cpu import tcp_algorithms as algorithms
 from tessel.plugins.cpu.tcp_agree import (
     Block,
@@ -65,9 +63,6 @@ class TcpCommunicator(Communicator):
         self._seq = 0
         self._pair_seq: dict[str, int] = {}
         self._failure: str | None = None
-        self._closed = False
-        self._last_async: dict[str, Future] = {}  # channel -> the latest asynchronous call issued on it
-        self._on_worker = threading.local()
 
     # -- plumbing ---------------------------------------------------------------------------------------------
 
@@ -82,23 +77,6 @@ class TcpCommunicator(Communicator):
             self._links[(peer, channel)] = link
         return link
 
-    def _submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Handle:
-        def on_worker() -> Any:
-            self._on_worker.active = True
-            return fn(*args, **kwargs)
-
-        lane = self._lane(fn, args)
-        handle = super()._submit(on_worker, lane=lane)
-        self._last_async["group" if lane is None else self._channel(*lane)] = handle._future
-        return handle
-
-    def _after_issued_async(self, channel: str) -> None:
-        """A synchronous call waits for the asynchronous ones issued before it on its channel: every rank keeps
-        issue order, while a recv in one thread may still run during an asynchronous send to the same peer."""
-        last = self._last_async.get(channel)
-        if last is not None and not getattr(self._on_worker, "active", False):
-            wait([last], timeout=self.context.timeout_s)
-
     @contextmanager
     def _call(self, what: str, channel: str = "group") -> Iterator[tuple[Clock, LinkTo]]:
         """Run one call on `channel` (one at a time per channel); yields its clock and its `link_to(peer)`.
@@ -106,7 +84,6 @@ class TcpCommunicator(Communicator):
         A failure that may leave bytes in flight retires the whole group and closes its links, so the members
         waiting on this one fail at once.
         """
-        self._after_issued_async(channel)
         with self._locks_lock:
             lock = self._locks.setdefault(channel, threading.Lock())
         with lock:
@@ -344,5 +321,4 @@ class TcpCommunicator(Communicator):
     def close(self) -> None:
         """Close the group's connections (members still using the group see PeerFailedError). Idempotent."""
         super().close()
-        self._closed = True
         self._close_links()

@@ -432,6 +432,35 @@ def test_an_asynchronous_send_runs_on_the_calling_thread_only_when_its_receiver_
         [c.close() for c in comms.values()]
 
 
+def test_a_synchronous_send_goes_after_the_asynchronous_sends_issued_before_it_to_that_peer():
+    """A send made while earlier asynchronous sends to the same peer still wait for their receiver goes after them,
+    as the program issued them (it swapped places with them: the receiver got the wrong message)."""
+    comms = _pair("send-order")
+    sender, receiver = comms[0], comms[1]
+    try:
+        queued = [sender.send(np.full(5 + i, i, np.float32), 1, async_op=True) for i in range(3)]  # none received yet
+        synchronous = threading.Thread(target=sender.send, args=(np.full(2, 9.0, np.float32), 1))
+        synchronous.start()
+        time.sleep(0.1)  # the synchronous send is under way, or waits for the queued ones
+        for i in range(3):
+            np.testing.assert_array_equal(receiver.recv((5 + i,), np.float32, 0), np.full(5 + i, i, np.float32))
+        np.testing.assert_array_equal(receiver.recv((2,), np.float32, 0), np.full(2, 9.0, np.float32))
+        synchronous.join(timeout=10)
+        [handle.wait(10) for handle in queued]
+    finally:
+        [c.close() for c in comms.values()]
+
+
+def test_a_closed_communicator_refuses_asynchronous_calls_and_keeps_no_thread():
+    comms = _pair("closed-async")
+    comm = comms[0]
+    comm.close()
+    with pytest.raises(ConfigurationError, match="the communicator is closed; create the group again"):
+        comm.send(np.ones(2, np.float32), 1, async_op=True)
+    assert comm._lanes == {} and comm._async_worker is None
+    comms[1].close()
+
+
 @pytest.mark.parametrize("local_ranks", [1, 0])
 def test_a_receive_on_the_communicators_thread_polls_while_the_program_waits_for_it(local_ranks):
     """A receive started asynchronously sleeps on its futex while the program computes; once the program blocks in
