@@ -320,7 +320,7 @@ class CoordinatorClient:
 
     def abort(self, error: Exception) -> None:
         """The coordinator is lost: end the calls in flight (a stopped coordinator would hold them until their
-        deadline) and fail later ones with `error`. Heartbeat streams are not affected."""
+        deadline) and fail later ones with `error`, heartbeat streams included (they share the channel)."""
         self._rpc.abort(error)
 
     def get_daemon(self, daemon_id: str, timeout_s: float | None = None) -> coordinator_pb2.DaemonInfo:

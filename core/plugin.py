@@ -8,10 +8,13 @@ whether it can run here (`available()` with a reason), describes its device, and
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
+from concurrent import futures
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -146,8 +149,9 @@ def on_collective_thread() -> bool:
 _GROUP = object()  # _submit's default lane: found from the call
 
 
-def _mark_collective_thread() -> None:
+def _mark_collective_thread(communicator: Communicator) -> None:
     _worker.collective = True
+    _worker.communicator = weakref.ref(communicator)  # whose thread this is (Communicator._dispatch)
 
 
 class Done:
@@ -268,7 +272,10 @@ class Communicator(ABC):
             if lane is None:
                 if self._async_worker is None:
                     self._async_worker = ThreadPoolExecutor(
-                        1, thread_name_prefix=f"tessel-coll-{self.context.name}", initializer=_mark_collective_thread
+                        1,
+                        thread_name_prefix=f"tessel-coll-{self.context.name}",
+                        initializer=_mark_collective_thread,
+                        initargs=(self,),
                     )
                 worker = self._async_worker
             else:
@@ -276,7 +283,10 @@ class Communicator(ABC):
                 if worker is None:
                     name = f"tessel-{lane[0]}-{self.context.name}-{lane[1]}"
                     worker = self._lanes[lane] = ThreadPoolExecutor(
-                        1, thread_name_prefix=name, initializer=_mark_collective_thread
+                        1,
+                        thread_name_prefix=name,
+                        initializer=_mark_collective_thread,
+                        initargs=(self,),
                     )
             times = [0, 0, 0]  # started, finished (time.time_ns()), awaited (Handle.wait)
             self._in_flight += 1
@@ -284,12 +294,14 @@ class Communicator(ABC):
             handle = Handle(future, times)
             self._last_async[lane] = handle
         # Outside the lock: a call already finished runs its callback right here, and the callback takes the lock.
-        future.add_done_callback(self._finished_async)
+        future.add_done_callback(functools.partial(self._finished_async, lane, handle))
         return handle
 
-    def _finished_async(self, _: Future) -> None:
+    def _finished_async(self, lane: tuple | None, handle: Handle, _: Future) -> None:
         with self._async_lock:
             self._in_flight -= 1
+            if self._last_async.get(lane) is handle:  # the lane's latest call is done: nothing to wait for
+                del self._last_async[lane]
 
     def idle(self) -> bool:
         """Whether no asynchronous call of this communicator is queued or running: one made now on the calling
@@ -301,14 +313,17 @@ class Communicator(ABC):
         """Run now, or queue on its thread. A synchronous call first waits for the asynchronous ones issued before
         it on its lane (the group's collectives; the sends to one peer; the receives from one), so every rank keeps
         issue order there; a send and a receive between two ranks may still overlap, and so may either and a group
-        collective. On a communicator's own thread it does not wait: the latest call is the one running there."""
+        collective. On this communicator's own threads it does not wait: the latest call is the one running there.
+        The earlier call's failure is not this one's: its handle reports it, and a group it broke fails this call
+        too."""
         if async_op:
             return self._submit(fn, *args)
-        if not on_collective_thread():
+        owner = getattr(_worker, "communicator", None)
+        if owner is None or owner() is not self:
             with self._async_lock:
-                pending = self._last_async.pop(self._lane(fn, args), None)
+                pending = self._last_async.get(self._lane(fn, args))
             if pending is not None:
-                pending.wait()  # an earlier call's failure is this one's: the group is not usable after it
+                futures.wait([pending._future])
         return fn(*args)
 
     def all_reduce(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:

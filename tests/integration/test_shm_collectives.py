@@ -451,6 +451,30 @@ def test_a_synchronous_send_goes_after_the_asynchronous_sends_issued_before_it_t
         [c.close() for c in comms.values()]
 
 
+def test_an_asynchronous_receives_mismatch_is_its_own_not_the_next_receives():
+    """A mismatch leaves the pair usable: the next receive from that peer runs, whether or not the program has
+    read the failed one's handle yet (it got the earlier error instead, and its sender hung)."""
+    comms = _pair("stale-error")
+    sender, receiver = comms[0], comms[1]
+    try:
+        failed = receiver.recv((5,), np.float32, 0, async_op=True)
+        with pytest.raises(CollectiveMismatchError):
+            sender.send(np.ones(4, np.float32), 1)
+        deadline = time.monotonic() + 10
+        while not failed.done() and time.monotonic() < deadline:
+            time.sleep(0.001)
+        got: list[np.ndarray] = []
+        later = threading.Thread(target=lambda: got.append(receiver.recv((3,), np.float32, 0)))
+        later.start()
+        sender.send(np.full(3, 2.0, np.float32), 1)
+        later.join(timeout=10)
+        np.testing.assert_array_equal(got[0], np.full(3, 2.0, np.float32))
+        with pytest.raises(CollectiveMismatchError):
+            failed.wait(10)
+    finally:
+        [c.close() for c in comms.values()]
+
+
 def test_a_closed_communicator_refuses_asynchronous_calls_and_keeps_no_thread():
     comms = _pair("closed-async")
     comm = comms[0]
