@@ -177,11 +177,19 @@ class Handle:
         self._times = times if times is not None else [0, 0]
 
     def wait(self, timeout: float | None = None) -> Any:
+        self._awaited()
+        return self._future.result(timeout)
+
+    def settle(self) -> None:
+        """Wait until the call has ended, whatever its outcome (its error is for `wait` to raise)."""
+        self._awaited()
+        futures.wait([self._future])
+
+    def _awaited(self) -> None:
         if not self._future.done() and len(self._times) > _AWAITED and not on_collective_thread():
             self._times[_AWAITED] = 1  # see program_waits
             for hook in list(_wait_hooks):
                 hook()
-        return self._future.result(timeout)
 
     def done(self) -> bool:
         return self._future.done()
@@ -323,7 +331,7 @@ class Communicator(ABC):
             with self._async_lock:
                 pending = self._last_async.get(self._lane(fn, args))
             if pending is not None:
-                futures.wait([pending._future])
+                pending.settle()
         return fn(*args)
 
     def all_reduce(self, x: np.ndarray, op: str = "sum", async_op: bool = False) -> np.ndarray | Handle:
