@@ -151,13 +151,19 @@ def test_save_checkpoint_takes_trainable_params_choice_func_and_format(tmp_path)
     path = str(tmp_path / "all.ckpt")
     for options, message in (
         ({"dec_key": b"0" * 16}, r"load_checkpoint\(dec_key=...\)"),
-        ({"remove_redundancy": True}, r"load_checkpoint\(remove_redundancy=True\)"),
         ({"strict": True}, r"load_checkpoint options \['strict'\]"),
     ):
         with pytest.raises(NotSupportedYetError, match=message):
             ms.load_checkpoint(path, **options)
-    with pytest.raises(NotSupportedYetError, match=r"load_param_into_net\(remove_redundancy=True\)"):
-        ms.load_param_into_net(net, ms.load_checkpoint(path), remove_redundancy=True)
+    # one device holds no value twice: remove_redundancy saves and loads everything
+    ms.save_checkpoint(net, str(tmp_path / "single"), remove_redundancy=True)
+    single = ms.load_checkpoint(str(tmp_path / "single.ckpt"), net, remove_redundancy=True)
+    assert sorted(single) == sorted(p.name for p in net.trainable_params())
+    assert ms.load_param_into_net(net, single, remove_redundancy=True) == ([], [])
+    with pytest.raises(ConfigurationError, match="remove_redundancy must be a bool"):
+        ms.save_checkpoint(net, str(tmp_path / "x"), remove_redundancy="yes")
+    with pytest.raises(ConfigurationError, match="remove_redundancy must be a bool"):
+        ms.load_checkpoint(path, remove_redundancy=1)
 
 
 def test_checkpoint_config_append_info_is_written_into_every_file(tmp_path):
@@ -176,7 +182,7 @@ def test_checkpoint_config_append_info_is_written_into_every_file(tmp_path):
         ({"keep_checkpoint_per_n_minutes": 5}, NotSupportedYetError, "keep_checkpoint_per_n_minutes=5"),
         ({"exception_save": True}, NotSupportedYetError, "exception_save=True"),
         ({"enc_key": b"0" * 16}, NotSupportedYetError, "enc_key"),
-        ({"remove_redundancy": True}, NotSupportedYetError, "remove_redundancy=True"),
+        ({"remove_redundancy": "yes"}, ConfigurationError, "remove_redundancy must be a bool"),
         ({"save_dir": "x"}, NotSupportedYetError, r"CheckpointConfig options \['save_dir'\]"),
     ):
         with pytest.raises(error, match=message):

@@ -78,10 +78,10 @@ def sliced(values: Iterable[Any]) -> bool:
     """True when some value is a parameter this rank holds a slice of, in a world of several ranks."""
     from tessel.common.parameter import Parameter
 
-    return any(isinstance(v, Parameter) and v.layout is not None and _world() > 1 for v in values)
+    return any(isinstance(v, Parameter) and v.layout is not None and world_size() > 1 for v in values)
 
 
-def _world() -> int:
+def world_size() -> int:
     from tessel.communication import runtime
 
     return runtime.current().world_size if runtime.is_initialized() else 1
@@ -106,7 +106,7 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
     from tessel.compiler.parallel import assemble
     from tessel.train.serialization import contiguous
 
-    world, out = _world(), {}
+    world, out = world_size(), {}
     sliced_ = [v for _, v in named if isinstance(v, Parameter) and v.layout is not None and world > 1]
     holders = None
     if any(v._pipeline is not None for v in sliced_):  # which ranks hold which parameter
@@ -130,14 +130,31 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
     return out
 
 
-def first_writer(path: str) -> bool:
-    """True on the lowest rank that asked to write `path` (a full checkpoint is written once per path)."""
+def _paths(path: str) -> tuple[int, list[int]]:
+    """This rank's digest of `path` and every rank's (a collective)."""
     from tessel.communication import comm_func
-    from tessel.communication.runtime import current
 
     digest = int.from_bytes(hashlib.blake2b(os.path.abspath(path).encode(), digest_size=6).digest(), "little")
-    everyone = comm_func.all_gather_into_tensor(np.array([digest], np.int64))[0].asnumpy().tolist()
+    return digest, comm_func.all_gather_into_tensor(np.array([digest], np.int64))[0].asnumpy().tolist()
+
+
+def first_writer(path: str) -> bool:
+    """True on the lowest rank that asked to write `path` (a full checkpoint is written once per path)."""
+    from tessel.communication.runtime import current
+
+    digest, everyone = _paths(path)
     return everyone.index(digest) == current().rank
+
+
+def own_path(path: str, call: str) -> None:
+    """Every rank writes a file of its own (a collective; all ranks raise together if two share a path)."""
+    _, everyone = _paths(path)
+    shared = sorted({r for r, d in enumerate(everyone) if everyone.count(d) > 1})
+    if shared:
+        raise ConfigurationError(
+            f"{call}: ranks {shared} write the same file (this rank: {path!r}); each rank writes its own share, so "
+            "give each its own path, e.g. os.path.join(directory, f'rank_{get_rank()}', 'net.ckpt')"
+        )
 
 
 def slice_metadata(named: Sequence[tuple[str, Any]]) -> dict[str, str]:
@@ -157,6 +174,129 @@ def slice_metadata(named: Sequence[tuple[str, Any]]) -> dict[str, str]:
     return {"layouts": json.dumps(layouts), "rank": str(rt.rank), "world": str(rt.world_size)}
 
 
+# --- redundancy removed (remove_redundancy=True) -------------------------------------------------------------------
+
+
+def copy_groups(value: Any, world: int) -> tuple[tuple[int, ...], ...]:
+    """The groups of ranks that hold the same piece of `value`, in the order of the pieces (MindSpore's
+    get_parameter_redundancy for this job): a parameter no layout cuts is one group of every rank."""
+    layout = getattr(value, "layout", None)
+    if layout is None or world == 1:
+        return (tuple(range(world)),)
+    shape = tuple(value.shape)
+    pieces: dict[tuple, list[int]] = {}
+    for rank in range(world):
+        where = tuple((s.start, s.stop) for s in layout.local_slices(shape, rank))
+        pieces.setdefault(where, []).append(rank)
+    return tuple(tuple(ranks) for _, ranks in sorted(pieces.items()))
+
+
+def _check_redundancy_scope(call: str, named: Sequence[tuple[str, Any]]) -> None:
+    from tessel.common.support import not_supported_yet
+
+    world = world_size()
+    for name, value in named:
+        if getattr(value, "_pipeline", None) is not None:
+            raise not_supported_yet(
+                f"{call}(remove_redundancy=True) under pipeline parallel ({name!r} belongs to a stage)",
+                "save each rank's slices with integrated_save=False instead",
+            )
+        layout = getattr(value, "layout", None)
+        if layout is not None and layout.device_num != world:
+            raise not_supported_yet(
+                f"{call}(remove_redundancy=True) for {name!r}, laid out over {layout.device_num} of {world} ranks",
+                "save each rank's slices with integrated_save=False instead",
+            )
+
+
+def without_redundancy(named: Sequence[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+    """What this rank writes when redundancy is removed: of each group of ranks holding the same piece, one writes
+    it; the group's parameters go to its ranks in turn (MindSpore's remove_param_redundancy), so the files of all
+    ranks hold every piece once. Returns the items this rank writes and its file's metadata."""
+    from tessel.communication.runtime import current
+
+    _check_redundancy_scope("save_checkpoint", named)
+    rank, world = current().rank, world_size()
+    turns: dict[tuple[int, ...], int] = {}
+    mine = []
+    for name, value in named:
+        owners = []
+        for group in copy_groups(value, world):
+            turn = turns.get(group, 0)
+            turns[group] = turn + 1
+            owners.append(group[turn % len(group)])
+        if rank in owners:
+            mine.append((name, value))
+    return mine, {**slice_metadata(mine), REDUNDANCY_REMOVED: "true"}
+
+
+REDUNDANCY_REMOVED = "remove_redundancy"  # the metadata key of a file saved with remove_redundancy=True
+
+
+def load_without_redundancy(net: Any, parameter_dict: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """Load files saved with remove_redundancy=True (a collective: every rank loads its own file): each piece
+    comes from a rank of its group whose file holds it. The network must be compiled (its parameters laid out), so
+    that every rank knows which ranks share each piece. Returns (net params not loaded, names unused)."""
+    from tessel.communication import comm_func
+    from tessel.communication.runtime import current
+
+    named = [(p.name, p) for p in net.get_parameters()]
+    _check_redundancy_scope("load_checkpoint", named)
+    rendezvous("load_checkpoint")
+    rank, world = current().rank, world_size()
+    has = [name in parameter_dict for name, _ in named]
+    cut = [getattr(parameter_dict.get(name), "_saved", (None, None))[0] is not None for name, _ in named]
+    savers = {getattr(v, "_saved_by", rank) for v in parameter_dict.values()}
+    foreign = next((r for r in savers if r != rank), -1)  # a file another rank saved
+    table = comm_func.all_gather_into_tensor(np.array([*has, *cut, foreign], np.int32))[0].asnumpy().reshape(world, -1)
+    problems = [f"rank {r} was given rank {table[r, -1]}'s file" for r in range(world) if table[r, -1] not in (-1, r)]
+    table = table[:, :-1].reshape(world, 2, -1)
+    sources = []
+    for i, (name, param) in enumerate(named):
+        if table[:, 1, i].any() and param.layout is None:
+            problems.append(
+                f"{name!r} was saved as a slice but is not laid out in this network yet: compile the network "
+                "first (model.build(...), or one step), then load"
+            )
+            continue
+        groups = copy_groups(param, world)
+        source = [next((r for r in group if table[r, 0, i]), None) for group in groups]
+        for group, r in zip(groups, source):
+            if r is None:
+                problems.append(f"{name!r}: no file of ranks {list(group)} holds their piece")
+        sources.append((param, groups, source))
+    if problems:  # every rank read the same table: all raise together
+        raise ConfigurationError(
+            "load_checkpoint(remove_redundancy=True): "
+            + "; ".join(problems[:5])
+            + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
+            + ". Each rank loads the file it saved with remove_redundancy=True, into this network with the same "
+            "world size and strategy"
+        )
+    for param, groups, source in sources:
+        local = param.layout.local_shape(tuple(param.shape)) if param.layout is not None else tuple(param.shape)
+        mine = parameter_dict.get(param.name)
+        value = np.zeros(local, param.dtype.numpy)
+        if mine is not None:
+            array = mine.asnumpy() if hasattr(mine, "asnumpy") else np.asarray(mine)
+            if tuple(array.shape) != local:
+                raise ConfigurationError(
+                    f"load_checkpoint(remove_redundancy=True): {param.name!r} is {tuple(array.shape)} in rank "
+                    f"{rank}'s file but this rank's piece is {local}; was the file saved by this rank of this job?"
+                )
+            value = array.astype(param.dtype.numpy, copy=False)
+        if len(groups) == 1:
+            got = comm_func.broadcast(np.ascontiguousarray(value), source[0]).asnumpy()
+        else:
+            everyone = comm_func.all_gather_into_tensor(np.ascontiguousarray(value).reshape(-1))[0].asnumpy()
+            mine_group = next(g for g in range(len(groups)) if rank in groups[g])
+            got = np.split(everyone, world)[source[mine_group]].reshape(local)
+        saved = layout_record(param.layout, param.shape) if param.layout is not None else None
+        load_value(param, got, saved, rank if saved is not None else None)
+    names = {name for name, _ in named}
+    return [], [name for name in parameter_dict if name not in names]
+
+
 # --- loading ------------------------------------------------------------------------------------------------------
 
 
@@ -169,7 +309,8 @@ def load_value(param: Any, array: np.ndarray, saved: Mapping | None, saved_rank:
         param.set_data(array.astype(param.dtype.numpy, copy=False))
         return
     rank = current().rank if is_initialized() else 0
-    if saved is not None and param.layout is None and saved_rank == rank and layout_of(saved).device_num == _world():
+    own = saved is not None and saved_rank == rank and layout_of(saved).device_num == world_size()
+    if own and param.layout is None:
         from tessel.common.engine import engine
 
         param.place(layout_of(saved), engine().id)  # not laid out yet: it keeps the layout it was saved with

@@ -35,13 +35,13 @@ def sync_pipeline_shared_parameters(net: Any) -> None:
     from tessel.communication import comm_func
     from tessel.nn.cell import Cell
     from tessel.parallel import pipeline
-    from tessel.parallel.checkpoint import _world, gather, load_value
+    from tessel.parallel.checkpoint import gather, load_value, world_size
 
     if not isinstance(net, Cell):
         raise TypeError(
             f"For 'sync_pipeline_shared_parameters', the argument 'net' should be a Cell, but got {type(net)}."
         )
-    world = _world()
+    world = world_size()
     if pipeline.stages() == 1 or world == 1:
         return
     params = list(net.get_parameters())  # the same order on every rank

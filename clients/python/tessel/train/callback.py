@@ -201,8 +201,9 @@ class CheckpointConfig:
 
     append_info is MindSpore's list of "epoch_num", "step_num" and dicts of extra named values, written into each
     file. crc_check is accepted either way: every tessel checkpoint carries a checksum that loading verifies. Options
-    tessel lacks (keep_checkpoint_per_n_minutes, async_save, encryption, exception_save, remove_redundancy) raise
-    "not supported yet" at any value but their default."""
+    tessel lacks (keep_checkpoint_per_n_minutes, async_save, encryption, exception_save) raise "not supported yet"
+    at any value but their default. remove_redundancy=True: each rank writes only its share of the values that
+    several ranks hold (save_checkpoint's remove_redundancy; give each rank its own directory)."""
 
     def __init__(
         self,
@@ -240,7 +241,6 @@ class CheckpointConfig:
                 "keep_checkpoint_per_n_minutes": keep_checkpoint_per_n_minutes,
                 "async_save": async_save,
                 "exception_save": exception_save,
-                "remove_redundancy": remove_redundancy,
             },
             unsupported=_CHECKPOINT_UNSUPPORTED,
         )
@@ -252,13 +252,15 @@ class CheckpointConfig:
         self.append_info = _check_append_info(append_info)
         self.format = format
         self.integrated_save = bool(integrated_save)  # False: each rank writes its slices and their layouts
+        if not isinstance(remove_redundancy, bool):
+            raise ConfigurationError(f"CheckpointConfig: remove_redundancy must be a bool, got {remove_redundancy!r}")
+        self.remove_redundancy = remove_redundancy
 
 
 _CHECKPOINT_UNSUPPORTED = {
     "keep_checkpoint_per_n_minutes": ((0,), "ModelCheckpoint keeps the newest keep_checkpoint_max files"),
     "async_save": ((False,), "use async_save=False (each save is done before the step ends)"),
     "exception_save": ((False,), "a failed job keeps the checkpoints saved before the failure"),
-    "remove_redundancy": ((False,), "each file holds every parameter, or every slice of its rank"),
 }
 
 
@@ -320,7 +322,13 @@ class ModelCheckpoint(Callback):
                 appended.update(entry)
             else:
                 appended[entry] = cb.cur_epoch_num if entry == "epoch_num" else cb.cur_step_num
-        save_checkpoint(network, path, self.config.integrated_save, append_dict=appended)
+        save_checkpoint(
+            network,
+            path,
+            self.config.integrated_save,
+            append_dict=appended,
+            remove_redundancy=self.config.remove_redundancy,
+        )
         self._last_step, self._last_time, self.latest_ckpt_file_name = cb.cur_step_num, time.monotonic(), path
         if path in self._saved:
             self._saved.remove(path)

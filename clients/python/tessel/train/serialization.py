@@ -109,11 +109,8 @@ def check_file_options(call: str, key: Any, mode: str, format: str, key_name: st
 
 
 def _check_redundancy(call: str, remove_redundancy: Any) -> None:
-    if remove_redundancy is not False:
-        raise NotSupportedYetError(
-            f"not supported yet: {call}(remove_redundancy={remove_redundancy!r}), tessel's checkpoints hold every "
-            "parameter (integrated_save=True) or every slice of a rank (integrated_save=False); drop it"
-        )
+    if not isinstance(remove_redundancy, bool):
+        raise ConfigurationError(f"{call}: remove_redundancy must be a bool, got {remove_redundancy!r}")
 
 
 def _no_more_options(call: str, options: dict) -> None:
@@ -172,6 +169,7 @@ def save_checkpoint(
     choice_func: Any = None,
     crc_check: bool = False,
     format: str = "ckpt",
+    remove_redundancy: bool = False,
     **options: Any,
 ) -> None:
     """Save parameters (of a Cell, net.trainable_params(), or a dict/list of named tensors) to a checkpoint file
@@ -181,7 +179,10 @@ def save_checkpoint(
 
     With sliced parameters (SEMI_AUTO/AUTO over several ranks) every rank must call it: integrated_save=True
     gathers the full values and writes them once per distinct path; integrated_save=False writes this rank's
-    slices with their layouts (tessel.parallel.checkpoint)."""
+    slices with their layouts (tessel.parallel.checkpoint). remove_redundancy=True (in a job of several ranks,
+    whatever integrated_save) writes only this rank's share: of the ranks holding the same value or slice, one
+    writes it, so the files of all ranks hold each piece once; load_checkpoint(file, net) then loads each rank's
+    file and sends every rank the pieces its own file lacks (every rank calls both)."""
     from tessel.parallel import checkpoint
 
     if async_save:
@@ -195,7 +196,14 @@ def save_checkpoint(
     if choice_func is not None:
         items = [(name, value) for name, value in items if choice_func(name)]
     metadata: dict[str, str] = {}
-    if checkpoint.sliced(v for _, v in items):
+    if not isinstance(remove_redundancy, bool):
+        raise ConfigurationError(f"save_checkpoint: remove_redundancy must be a bool, got {remove_redundancy!r}")
+    if remove_redundancy and checkpoint.world_size() > 1:
+        checkpoint.rendezvous("save_checkpoint")
+        checkpoint.own_path(path, "save_checkpoint(remove_redundancy=True)")
+        items, metadata = checkpoint.without_redundancy(items)
+        tensors = _arrays(items)
+    elif checkpoint.sliced(v for _, v in items):
         checkpoint.rendezvous("save_checkpoint")
         if integrated_save:
             tensors = OrderedDict(checkpoint.gather(items))
@@ -247,8 +255,12 @@ def load_checkpoint(
 ) -> dict[str, Parameter]:
     """name -> Parameter of a checkpoint (verified against its checksum, crc_check or not); with `net`, also load it
     into net. A rank's slice file keeps, on each Parameter, the layout it was cut with (loads back into the same
-    slice)."""
+    slice). A file saved with remove_redundancy=True is loaded as such, whatever `remove_redundancy` says (as
+    MindSpore follows the file's flag): with `net`, every rank loads its own file and gets the pieces it lacks from
+    the ranks whose files hold them; the network must be compiled first."""
     import json as _json
+
+    from tessel.parallel import checkpoint
 
     check_file_options("load_checkpoint", dec_key, dec_mode, format, "dec_key")
     _check_redundancy("load_checkpoint", remove_redundancy)
@@ -257,14 +269,18 @@ def load_checkpoint(
     layouts = _json.loads(metadata.get("layouts", "{}"))
     rank = int(metadata["rank"]) if "rank" in metadata else None
     order = json.loads(metadata.get("order", "[]")) or sorted(tensors)
+    removed = metadata.get(checkpoint.REDUNDANCY_REMOVED) == "true"
     params = OrderedDict()
     for name in order:
         if _keep(name, filter_prefix, specify_prefix, choice_func):
             params[name] = Parameter(tensors[name], name=name)
             if name in layouts:
                 params[name]._saved = (layouts[name], rank)
+            params[name]._redundancy_removed = removed
+            if removed and rank is not None:
+                params[name]._saved_by = rank
     if net is not None:
-        load_param_into_net(net, params, strict_load)
+        load_param_into_net(net, params, strict_load, remove_redundancy=removed)
     return params
 
 
@@ -325,6 +341,10 @@ def load_param_into_net(
         raise ConfigurationError(f"load_param_into_net: strict_load must be a bool, got {strict_load!r}")
     if not isinstance(parameter_dict, dict):
         raise ConfigurationError("load_param_into_net: parameter_dict must be a dict of name -> Parameter/Tensor")
+    flags = {getattr(v, "_redundancy_removed", None) for v in parameter_dict.values()} - {None}
+    removed = True in flags if flags else remove_redundancy  # what load_checkpoint read: the file's flag wins
+    if removed and checkpoint.world_size() > 1:
+        return checkpoint.load_without_redundancy(net, parameter_dict)
     used: set[str] = set()
 
     def load(param: Parameter, name: str) -> None:
