@@ -6,6 +6,10 @@ its share of the values several ranks hold, and loading gives every rank back ex
     tessel run -n 2 redundancy_ckpt.py shared DIR   # both ranks save to one path: an error on every rank
     tessel run -n 2 redundancy_ckpt.py partial DIR  # every rank loads rank 0's file: an error on every rank
     tessel run -n 2 redundancy_ckpt.py uncompiled DIR  # loading into a network not laid out yet: an error on every rank
+    tessel run -n 2 redundancy_ckpt.py restrategy DIR  # loading into a network cut another way: an error on every rank
+    tessel run -n 2 redundancy_ckpt.py netonly DIR     # the network's values only: the optimizer's come back not loaded
+    tessel run -n 2 redundancy_ckpt.py unfetched DIR   # laid out by a forward pass only: files hold slices, not wholes
+    python redundancy_ckpt.py single DIR               # one device given rank 1's share (of "semi"): an error
 
 Each rank prints the names its file holds ("saved by rank r: [...]") for the test to check every value was written
 by one rank of each group holding it.
@@ -22,6 +26,7 @@ import numpy as np
 import tessel as ms
 from tessel import nn, ops, train
 from tessel.communication import comm_func, get_group_size, get_rank, init
+from tessel.core.errors import ConfigurationError
 from tessel.dataset import NumpySlicesDataset
 
 BATCH, IN, HIDDEN, OUT = 16, 12, 32, 8
@@ -56,10 +61,24 @@ def zero(cell: nn.Cell) -> None:
 
 
 def compare(cell: nn.Cell, before: dict[str, np.ndarray], what: str) -> None:
+    assert sorted(held(cell)) == sorted(before), (sorted(held(cell)), sorted(before))
+    compare_some(cell, before, what)
+
+
+def compare_some(cell: nn.Cell, before: dict[str, np.ndarray], what: str) -> None:
     after = held(cell)
-    assert sorted(after) == sorted(before), (sorted(after), sorted(before))
     for name, value in before.items():
         np.testing.assert_array_equal(after[name], value, err_msg=f"{what}: {name}")
+
+
+def step(cell: nn.Cell, world: int, rank: int, seed: int) -> None:
+    size = BATCH // world
+    x, y = data(seed)
+    cell(ms.Tensor(x[rank * size : (rank + 1) * size]), ms.Tensor(y[rank * size : (rank + 1) * size]))
+
+
+def train_cell(net: Net) -> nn.Cell:
+    return nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.05, 0.9))
 
 
 def main() -> None:
@@ -68,6 +87,26 @@ def main() -> None:
     init()
     world, rank = get_group_size(), get_rank()
     path = os.path.join(folder, f"rank_{rank}", "net.ckpt")
+    if phase == "single":
+        try:
+            ms.load_checkpoint(os.path.join(folder, "rank_1", "net.ckpt"), train_cell(Net()))
+        except ConfigurationError as error:
+            print(f"single refused: {error}", flush=True)
+            return
+        raise SystemExit("one device loaded a share of a 4-rank job")
+    if phase == "unfetched":  # the host copies are still the whole values: each file must hold this rank's slices
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
+        net = Net(1, 2)
+        net(ms.Tensor(data(0)[0]))
+        for options in ({"remove_redundancy": True}, {"integrated_save": False}):
+            ms.save_checkpoint(net, path, **options)
+            shapes = {name: tuple(value.shape) for name, value in ms.load_checkpoint(path).items()}
+            assert shapes == {"w1": (IN, HIDDEN // 2), "w2": (HIDDEN // 2, OUT)}, (options, shapes)
+            np.testing.assert_array_equal(
+                ms.load_checkpoint(path)["w1"].asnumpy(), net.w1.asnumpy()[:, rank * 16 : rank * 16 + 16]
+            )
+        print(f"redundancy {phase} ok on rank {rank} of {world}: slices saved", flush=True)
+        return
     if phase == "dp":
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
         net = Net()
@@ -82,22 +121,27 @@ def main() -> None:
     else:
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
         net = Net(2, 2) if world == 4 else Net(1, 2)
-        cell = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.Momentum(net.trainable_params(), 0.05, 0.9))
-        size = BATCH // world
+        cell = train_cell(net)
         for s in range(2):
-            x, y = data(s)
-            cell(ms.Tensor(x[rank * size : (rank + 1) * size]), ms.Tensor(y[rank * size : (rank + 1) * size]))
+            step(cell, world, rank, s)
         saved = os.path.join(folder, "shared.ckpt") if phase == "shared" else path
-        ms.save_checkpoint(cell, saved, remove_redundancy=True)  # "shared": raises on every rank
+        ms.save_checkpoint(net if phase == "netonly" else cell, saved, remove_redundancy=True)  # "shared": raises
     before = held(cell)
     names = sorted(ms.load_checkpoint(saved))
     print(f"saved by rank {rank}: {json.dumps(names)}", flush=True)
     zero(cell)
     if phase == "uncompiled":  # a new network, not laid out yet: which ranks share a slice is not known
-        fresh = Net(1, 2)
-        cell = nn.TrainOneStepCell(
-            nn.WithLossCell(fresh, nn.MSELoss()), nn.Momentum(fresh.trainable_params(), 0.05, 0.9)
-        )
+        cell = train_cell(Net(1, 2))
+    if phase == "restrategy":  # a new network cut another way (2 x 1), compiled by a step
+        cell = train_cell(Net(2, 1))
+        step(cell, world, rank, 0)
+    if phase == "netonly":  # the optimizer's values are in no file: they are returned as not loaded
+        not_loaded, unused = ms.load_param_into_net(cell, ms.load_checkpoint(saved))
+        assert sorted(not_loaded) == ["global_step", "moments.w1", "moments.w2"] and unused == [], (not_loaded, unused)
+        before = {name: value for name, value in before.items() if name in ("w1", "w2")}
+        compare_some(cell, before, f"rank {rank}")
+        print(f"redundancy {phase} ok on rank {rank} of {world}: {len(before)} values back", flush=True)
+        return
     if phase == "partial":  # every rank reads rank 0's share only: the others' pieces are missing
         comm_func.barrier()  # rank 0's file is written
         ms.load_checkpoint(os.path.join(folder, "rank_0", "net.ckpt"), cell)

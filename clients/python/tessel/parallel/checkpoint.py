@@ -201,18 +201,40 @@ def _check_redundancy_scope(call: str, named: Sequence[tuple[str, Any]]) -> None
                 f"{call}(remove_redundancy=True) under pipeline parallel ({name!r} belongs to a stage)",
                 "save each rank's slices with integrated_save=False instead",
             )
-        layout = getattr(value, "layout", None)
-        if layout is not None and layout.device_num != world:
+        if getattr(value, "layerwise_parallel", False):
             raise not_supported_yet(
-                f"{call}(remove_redundancy=True) for {name!r}, laid out over {layout.device_num} of {world} ranks",
+                f"{call}(remove_redundancy=True) with layerwise_parallel parameters ({name!r} differs from rank to "
+                "rank)",
+                "save each rank's values with remove_redundancy=False",
+            )
+        layout = getattr(value, "layout", None)
+        if layout is not None and (layout.device_num != world or layout.partial):
+            raise not_supported_yet(
+                f"{call}(remove_redundancy=True) for {name!r}, laid out as {layout} over {world} ranks",
                 "save each rank's slices with integrated_save=False instead",
             )
 
 
-def without_redundancy(named: Sequence[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], dict[str, str]]:
+def local_array(value: Any) -> np.ndarray:
+    """This rank's piece of a checkpoint value: a laid-out parameter whose host copy is still the whole value (never
+    fetched back: frozen, or not run yet) gives its slice."""
+    from tessel.compiler.parallel import piece
+    from tessel.train.serialization import contiguous
+
+    array = value.asnumpy() if hasattr(value, "asnumpy") else np.asarray(value)
+    layout = getattr(value, "layout", None)
+    if layout is not None and tuple(array.shape) == tuple(value.shape) != layout.local_shape(value.shape):
+        from tessel.common.engine import engine
+        from tessel.common.parameter import layout_rank
+
+        array = piece(array, layout, layout_rank(engine()))
+    return contiguous(array)
+
+
+def without_redundancy(named: Sequence[tuple[str, Any]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """What this rank writes when redundancy is removed: of each group of ranks holding the same piece, one writes
     it; the group's parameters go to its ranks in turn (MindSpore's remove_param_redundancy), so the files of all
-    ranks hold every piece once. Returns the items this rank writes and its file's metadata."""
+    ranks hold every piece once. Returns this rank's arrays and its file's metadata."""
     from tessel.communication.runtime import current
 
     _check_redundancy_scope("save_checkpoint", named)
@@ -227,16 +249,49 @@ def without_redundancy(named: Sequence[tuple[str, Any]]) -> tuple[list[tuple[str
             owners.append(group[turn % len(group)])
         if rank in owners:
             mine.append((name, value))
-    return mine, {**slice_metadata(mine), REDUNDANCY_REMOVED: "true"}
+    arrays = {name: local_array(value) for name, value in mine}
+    return arrays, {**slice_metadata(mine), REDUNDANCY_REMOVED: "true"}
 
 
 REDUNDANCY_REMOVED = "remove_redundancy"  # the metadata key of a file saved with remove_redundancy=True
 
 
-def load_without_redundancy(net: Any, parameter_dict: Mapping[str, Any]) -> tuple[list[str], list[str]]:
-    """Load files saved with remove_redundancy=True (a collective: every rank loads its own file): each piece
-    comes from a rank of its group whose file holds it. The network must be compiled (its parameters laid out), so
-    that every rank knows which ranks share each piece. Returns (net params not loaded, names unused)."""
+def _unfit(entry: Any, param: Any, strict_load: bool) -> str:
+    """Why a value of this rank's file cannot be this rank's piece of `param` ('' when it can)."""
+    array = entry.asnumpy() if hasattr(entry, "asnumpy") else np.asarray(entry)
+    saved = getattr(entry, "_saved", (None, None))[0]
+    layout = param.layout
+    if saved is not None and layout is None:
+        return (
+            f"saved as a slice ({layout_of(saved)}) but not laid out in this network yet: compile the network first "
+            "(model.build(...), or one step), with the strategy it was saved with"
+        )
+    if saved is not None and not layout_of(saved).same_as(layout):
+        return f"saved as a slice of {layout_of(saved)}, laid out here as {layout}"
+    local = layout.local_shape(tuple(param.shape)) if layout is not None else tuple(param.shape)
+    if saved is None and local != tuple(param.shape):
+        return f"saved whole, laid out here as {layout}"
+    if tuple(array.shape) != local:
+        return f"{tuple(array.shape)} in the file, this rank's piece is {local}"
+    if strict_load and array.dtype != param.dtype.numpy:
+        return f"{array.dtype} in the file, {param.dtype.numpy} in the network (strict_load=True keeps dtypes)"
+    return ""
+
+
+def _names_digest(named: Sequence[tuple[str, Any]]) -> int:
+    text = json.dumps([(name, list(param.shape)) for name, param in named])
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "little")
+
+
+def load_without_redundancy(
+    net: Any, parameter_dict: Mapping[str, Any], strict_load: bool = False
+) -> tuple[list[str], list[str]]:
+    """Load files saved with remove_redundancy=True (a collective: every rank loads its own file, into the network
+    of the job that saved them, compiled): each piece comes from a rank of its group whose file holds it.
+
+    Every rank first checks its own file against its network and one all-gathered table says what each rank holds
+    and whether it fits, so that any problem is an error on every rank before any value moves. A parameter no
+    rank's file holds is returned as not loaded. Returns (net params not loaded, names unused)."""
     from tessel.communication import comm_func
     from tessel.communication.runtime import current
 
@@ -244,57 +299,70 @@ def load_without_redundancy(net: Any, parameter_dict: Mapping[str, Any]) -> tupl
     _check_redundancy_scope("load_checkpoint", named)
     rendezvous("load_checkpoint")
     rank, world = current().rank, world_size()
-    has = [name in parameter_dict for name, _ in named]
-    cut = [getattr(parameter_dict.get(name), "_saved", (None, None))[0] is not None for name, _ in named]
-    savers = {getattr(v, "_saved_by", rank) for v in parameter_dict.values()}
-    foreign = next((r for r in savers if r != rank), -1)  # a file another rank saved
-    table = comm_func.all_gather_into_tensor(np.array([*has, *cut, foreign], np.int32))[0].asnumpy().reshape(world, -1)
-    problems = [f"rank {r} was given rank {table[r, -1]}'s file" for r in range(world) if table[r, -1] not in (-1, r)]
-    table = table[:, :-1].reshape(world, 2, -1)
-    sources = []
+    codes, reasons = [], {}
+    for name, param in named:
+        entry = parameter_dict.get(name)
+        why = "" if entry is None else _unfit(entry, param, strict_load)
+        codes.append(0 if entry is None else 2 if why else 1)  # 0: not in my file, 1: fits, 2: does not fit
+        if why:
+            reasons[name] = why
+    saved_by = {getattr(v, "_saved_by", (rank, world))[0] for v in parameter_dict.values()}
+    foreign = next((r for r in saved_by if r != rank), -1)  # the file another rank saved
+    row = np.array([*codes, foreign, _names_digest(named)], np.int64)
+    table = comm_func.all_gather_into_tensor(row)[0].asnumpy().reshape(world, -1)
+    codes_of, problems = table[:, :-2], []
+    if len(set(table[:, -1].tolist())) > 1:
+        problems.append("the ranks' networks differ (their parameters' names or shapes)")
+    problems += [f"rank {r} was given rank {table[r, -2]}'s file" for r in range(world) if table[r, -2] not in (-1, r)]
+    for r in range(world):
+        unfit = [named[i][0] for i in np.flatnonzero(codes_of[r] == 2)] if codes_of.shape[1] else []
+        if unfit:
+            detail = f" ({reasons[unfit[0]]})" if r == rank else ""
+            problems.append(f"rank {r}'s file does not fit {unfit[0]!r}{detail}")
+    plan, not_loaded = [], []
     for i, (name, param) in enumerate(named):
-        if table[:, 1, i].any() and param.layout is None:
-            problems.append(
-                f"{name!r} was saved as a slice but is not laid out in this network yet: compile the network "
-                "first (model.build(...), or one step), then load"
-            )
+        if not (codes_of[:, i] == 1).any():
+            not_loaded.append(name)
             continue
         groups = copy_groups(param, world)
-        source = [next((r for r in group if table[r, 0, i]), None) for group in groups]
-        for group, r in zip(groups, source):
-            if r is None:
-                problems.append(f"{name!r}: no file of ranks {list(group)} holds their piece")
-        sources.append((param, groups, source))
-    if problems:  # every rank read the same table: all raise together
+        source = [next((r for r in group if codes_of[r, i] == 1), None) for group in groups]
+        lacking = [list(group) for group, r in zip(groups, source) if r is None]
+        if lacking:
+            problems.append(f"{name!r}: no file of ranks {lacking[0]} holds their piece")
+        plan.append((param, groups, source))
+    if problems:  # every rank read the same table: all raise together, before any value moves
         raise ConfigurationError(
             "load_checkpoint(remove_redundancy=True): "
             + "; ".join(problems[:5])
             + (f" (and {len(problems) - 5} more)" if len(problems) > 5 else "")
-            + ". Each rank loads the file it saved with remove_redundancy=True, into this network with the same "
-            "world size and strategy"
+            + ". Each rank loads the file it saved with remove_redundancy=True, into this network compiled with the "
+            "same world size and strategy"
         )
-    for param, groups, source in sources:
+    values = []
+    for param, groups, source in plan:
         local = param.layout.local_shape(tuple(param.shape)) if param.layout is not None else tuple(param.shape)
-        mine = parameter_dict.get(param.name)
+        entry = parameter_dict.get(param.name)
         value = np.zeros(local, param.dtype.numpy)
-        if mine is not None:
-            array = mine.asnumpy() if hasattr(mine, "asnumpy") else np.asarray(mine)
-            if tuple(array.shape) != local:
-                raise ConfigurationError(
-                    f"load_checkpoint(remove_redundancy=True): {param.name!r} is {tuple(array.shape)} in rank "
-                    f"{rank}'s file but this rank's piece is {local}; was the file saved by this rank of this job?"
-                )
-            value = array.astype(param.dtype.numpy, copy=False)
+        if entry is not None:
+            value = np.ascontiguousarray(local_array(entry), dtype=param.dtype.numpy)
         if len(groups) == 1:
-            got = comm_func.broadcast(np.ascontiguousarray(value), source[0]).asnumpy()
+            got = comm_func.broadcast(value, source[0]).asnumpy()
         else:
-            everyone = comm_func.all_gather_into_tensor(np.ascontiguousarray(value).reshape(-1))[0].asnumpy()
-            mine_group = next(g for g in range(len(groups)) if rank in groups[g])
-            got = np.split(everyone, world)[source[mine_group]].reshape(local)
+            everyone = comm_func.all_gather_into_tensor(value.reshape(-1))[0].asnumpy()
+            group = next(g for g in range(len(groups)) if rank in groups[g])
+            got = np.split(everyone, world)[source[group]].reshape(local)
+        values.append((param, got))
+    for param, got in values:  # after the last collective: a failure here leaves no rank waiting
         saved = layout_record(param.layout, param.shape) if param.layout is not None else None
         load_value(param, got, saved, rank if saved is not None else None)
     names = {name for name, _ in named}
-    return [], [name for name in parameter_dict if name not in names]
+    if not_loaded:
+        import logging
+
+        logging.getLogger("tessel").warning(
+            "load_checkpoint: %d parameter(s) of the network are in no rank's file: %s", len(not_loaded), not_loaded
+        )
+    return not_loaded, [name for name in parameter_dict if name not in names]
 
 
 # --- loading ------------------------------------------------------------------------------------------------------

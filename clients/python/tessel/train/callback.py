@@ -254,6 +254,11 @@ class CheckpointConfig:
         self.integrated_save = bool(integrated_save)  # False: each rank writes its slices and their layouts
         if not isinstance(remove_redundancy, bool):
             raise ConfigurationError(f"CheckpointConfig: remove_redundancy must be a bool, got {remove_redundancy!r}")
+        if remove_redundancy and save_checkpoint_seconds:
+            raise ConfigurationError(
+                "CheckpointConfig: remove_redundancy=True saves a share on every rank at once, which a time on each "
+                "rank's own clock does not agree on; use save_checkpoint_steps instead of save_checkpoint_seconds"
+            )
         self.remove_redundancy = remove_redundancy
 
 

@@ -201,8 +201,8 @@ def save_checkpoint(
     if remove_redundancy and checkpoint.world_size() > 1:
         checkpoint.rendezvous("save_checkpoint")
         checkpoint.own_path(path, "save_checkpoint(remove_redundancy=True)")
-        items, metadata = checkpoint.without_redundancy(items)
-        tensors = _arrays(items)
+        tensors, metadata = checkpoint.without_redundancy(items)
+        tensors = OrderedDict(tensors)
     elif checkpoint.sliced(v for _, v in items):
         checkpoint.rendezvous("save_checkpoint")
         if integrated_save:
@@ -211,7 +211,8 @@ def save_checkpoint(
                 return
         else:  # this rank's slices (under pipeline parallel: of its stage's parameters)
             items = [(name, v) for name, v in items if getattr(v, "held", True)]
-            tensors, metadata = _arrays(items), checkpoint.slice_metadata(items)
+            tensors = OrderedDict((name, checkpoint.local_array(value)) for name, value in items)
+            metadata = checkpoint.slice_metadata(items)
     else:
         tensors = _arrays(items)
     for name, value in (append_dict or {}).items():
@@ -278,7 +279,7 @@ def load_checkpoint(
                 params[name]._saved = (layouts[name], rank)
             params[name]._redundancy_removed = removed
             if removed and rank is not None:
-                params[name]._saved_by = rank
+                params[name]._saved_by = (rank, int(metadata.get("world", 1)))
     if net is not None:
         load_param_into_net(net, params, strict_load, remove_redundancy=removed)
     return params
@@ -344,7 +345,15 @@ def load_param_into_net(
     flags = {getattr(v, "_redundancy_removed", None) for v in parameter_dict.values()} - {None}
     removed = True in flags if flags else remove_redundancy  # what load_checkpoint read: the file's flag wins
     if removed and checkpoint.world_size() > 1:
-        return checkpoint.load_without_redundancy(net, parameter_dict)
+        return checkpoint.load_without_redundancy(net, parameter_dict, strict_load)
+    shares = {getattr(v, "_saved_by", (0, 1)) for v in parameter_dict.values()} - {(0, 1)}
+    if removed and shares:
+        saved_rank, saved_world = min(shares)
+        raise ConfigurationError(
+            f"load_param_into_net: this checkpoint holds rank {saved_rank}'s share of a {saved_world}-rank job "
+            "(saved with remove_redundancy=True), not every value; load it in a job of that many ranks, each rank "
+            "its own file, or save with remove_redundancy=False for one device"
+        )
     used: set[str] = set()
 
     def load(param: Parameter, name: str) -> None:
