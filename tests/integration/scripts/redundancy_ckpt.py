@@ -22,28 +22,13 @@ import os
 import sys
 
 import numpy as np
+from semi_ckpt import BATCH, HIDDEN, IN, OUT, Net  # the Megatron MLP of the checkpoint tests (this folder)
 
 import tessel as ms
-from tessel import nn, ops, train
+from tessel import nn, train
 from tessel.communication import comm_func, get_group_size, get_rank, init
 from tessel.core.errors import ConfigurationError
 from tessel.dataset import NumpySlicesDataset
-
-BATCH, IN, HIDDEN, OUT = 16, 12, 32, 8
-
-
-class Net(nn.Cell):
-    def __init__(self, dp: int = 1, mp: int = 1):
-        super().__init__()
-        rng = np.random.default_rng(3)
-        self.w1 = ms.Parameter(ms.Tensor(rng.standard_normal((IN, HIDDEN)).astype(np.float32) * 0.3), name="w1")
-        self.w2 = ms.Parameter(ms.Tensor(rng.standard_normal((HIDDEN, OUT)).astype(np.float32) * 0.3), name="w2")
-        self.matmul1 = ops.MatMul().shard(((dp, 1), (1, mp)))
-        self.relu = ops.ReLU().shard(((dp, mp),))
-        self.matmul2 = ops.MatMul().shard(((dp, mp), (mp, 1)))
-
-    def construct(self, x):
-        return self.matmul2(self.relu(self.matmul1(x, self.w1)), self.w2)
 
 
 def data(seed: int, rows: int = BATCH) -> tuple[np.ndarray, np.ndarray]:
