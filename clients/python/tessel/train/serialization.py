@@ -196,13 +196,11 @@ def save_checkpoint(
     if choice_func is not None:
         items = [(name, value) for name, value in items if choice_func(name)]
     metadata: dict[str, str] = {}
-    if not isinstance(remove_redundancy, bool):
-        raise ConfigurationError(f"save_checkpoint: remove_redundancy must be a bool, got {remove_redundancy!r}")
+    _check_redundancy("save_checkpoint", remove_redundancy)
     if remove_redundancy and checkpoint.world_size() > 1:
         checkpoint.rendezvous("save_checkpoint")
         checkpoint.own_path(path, "save_checkpoint(remove_redundancy=True)")
         tensors, metadata = checkpoint.without_redundancy(items)
-        tensors = OrderedDict(tensors)
     elif checkpoint.sliced(v for _, v in items):
         checkpoint.rendezvous("save_checkpoint")
         if integrated_save:
@@ -346,9 +344,9 @@ def load_param_into_net(
     removed = True in flags if flags else remove_redundancy  # what load_checkpoint read: the file's flag wins
     if removed and checkpoint.world_size() > 1:
         return checkpoint.load_without_redundancy(net, parameter_dict, strict_load)
-    shares = {getattr(v, "_saved_by", (0, 1)) for v in parameter_dict.values()} - {(0, 1)}
-    if removed and shares:
-        saved_rank, saved_world = min(shares)
+    shares = sorted({v._saved_by for v in parameter_dict.values() if hasattr(v, "_saved_by")})
+    if removed and shares:  # one device: a file of one rank's share lacks the values other ranks wrote
+        saved_rank, saved_world = shares[0]
         raise ConfigurationError(
             f"load_param_into_net: this checkpoint holds rank {saved_rank}'s share of a {saved_world}-rank job "
             "(saved with remove_redundancy=True), not every value; load it in a job of that many ranks, each rank "
