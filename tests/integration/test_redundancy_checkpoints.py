@@ -2,7 +2,7 @@
 (ModelCheckpoint with CheckpointConfig(remove_redundancy=True)) each value or slice that several ranks hold is
 written by one of them, and every rank loads back exactly what it held; values in no rank's file come back as not
 loaded; a shared path, another rank's file and a network cut another way or not compiled are errors on every rank;
-parameters laid out but never fetched back save their slices."""
+parameters laid out but never fetched back save their slices; one device merges the shares offline."""
 
 from __future__ import annotations
 
@@ -46,18 +46,22 @@ def test_each_piece_is_written_once_and_every_rank_loads_back_what_it_held(tmp_p
     assert all(saved.values()), saved  # the shares go round: no rank writes nothing here
     for rank in range(4):
         assert f"redundancy {phase} ok on rank {rank} of 4: 5 values back" in rank_log(tmp_path, rank).read_text()
-    if phase == "semi":  # one device holds no share's missing values: a share alone is an error there
-        single = subprocess.run(
-            [sys.executable, str(SCRIPT), "single", str(tmp_path / "ckpt")],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=120,
+    if phase == "semi":  # on one device: a share alone is an error; the 4 shares merge into the whole values
+        single, merge = (
+            subprocess.run(
+                [sys.executable, str(SCRIPT), what, str(tmp_path / "ckpt")],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            for what in ("single", "merge")
         )
         assert single.returncode == 0, single.stderr[-3000:]
         assert "single refused: load_param_into_net: this checkpoint holds rank 1's share of a 4-rank job" in (
             single.stdout
         ), single.stdout
+        assert merge.returncode == 0 and "merge ok: 5 values" in merge.stdout, merge.stdout + merge.stderr[-3000:]
 
 
 @pytest.mark.parametrize(

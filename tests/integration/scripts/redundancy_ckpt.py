@@ -10,6 +10,7 @@ its share of the values several ranks hold, and loading gives every rank back ex
     tessel run -n 2 redundancy_ckpt.py netonly DIR     # the network's values only: the optimizer's come back not loaded
     tessel run -n 2 redundancy_ckpt.py unfetched DIR   # laid out by a forward pass only: files hold slices, not wholes
     python redundancy_ckpt.py single DIR               # one device given rank 1's share (of "semi"): an error
+    python redundancy_ckpt.py merge DIR                # one device merges the 4 shares of "semi": its full values
 
 Each rank prints the names its file holds ("saved by rank r: [...]") for the test to check every value was written
 by one rank of each group holding it.
@@ -79,6 +80,13 @@ def main() -> None:
             print(f"single refused: {error}", flush=True)
             return
         raise SystemExit("one device loaded a share of a 4-rank job")
+    if phase == "merge":  # every piece from the one file holding it: the full values "semi" also saved whole
+        cell = train_cell(Net())
+        ms.parallel.load_distributed_checkpoint(cell, [os.path.join(folder, f"rank_{r}", "net.ckpt") for r in range(4)])
+        whole = {name: p.asnumpy() for name, p in ms.load_checkpoint(os.path.join(folder, "full.ckpt")).items()}
+        compare(cell, whole, "merged")
+        print(f"merge ok: {len(whole)} values", flush=True)
+        return
     if phase == "unfetched":  # the host copies are still the whole values: each file must hold this rank's slices
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL)
         net = Net(1, 2)
@@ -111,6 +119,8 @@ def main() -> None:
             step(cell, world, rank, s)
         saved = os.path.join(folder, "shared.ckpt") if phase == "shared" else path
         ms.save_checkpoint(net if phase == "netonly" else cell, saved, remove_redundancy=True)  # "shared": raises
+        if phase == "semi":
+            ms.save_checkpoint(cell, os.path.join(folder, "full.ckpt"))  # whole, for "merge"
     before = held(cell)
     names = sorted(ms.load_checkpoint(saved))
     print(f"saved by rank {rank}: {json.dumps(names)}", flush=True)

@@ -429,16 +429,19 @@ def merged(paths: Sequence[str], strategies: Mapping[str, dict] | None = None) -
         if record is None:
             out[name] = tensors[name]
             continue
-        layout = layout_of(record)
+        layout, shape = layout_of(record), tuple(record["shape"])
         ranks = record.get("ranks") or list(range(layout.device_num))
-        missing = [r for r in ranks if r not in by_rank or name not in by_rank[r][0]]
+        places = [tuple((s.start, s.stop) for s in layout.local_slices(shape, i)) for i in range(len(ranks))]
+        # a piece from any file holding it: files saved with remove_redundancy=True hold each piece once
+        found = {places[ranks.index(h)]: h for h in reversed(holders) if h in ranks}
+        missing = [r for r, place in zip(ranks, places) if place not in found]
         if missing:
             raise ConfigurationError(
                 f"{name!r} is cut over ranks {ranks} but no checkpoint holding it was given for ranks {missing}; "
                 "pass every rank's file"
             )
-        pieces = [by_rank[r][0][name] for r in ranks]
-        out[name] = assemble(pieces, layout, tuple(record["shape"]))
+        pieces = [by_rank[found[place]][0][name] for place in places]
+        out[name] = assemble(pieces, layout, shape)
     return out
 
 
