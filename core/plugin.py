@@ -302,13 +302,16 @@ class Communicator(ABC):
             handle = Handle(future, times)
             self._last_async[lane] = handle
         # Outside the lock: a call already finished runs its callback right here, and the callback takes the lock.
-        future.add_done_callback(functools.partial(self._finished_async, lane, handle))
+        # The callback holds the lane, not the handle: a handle it held would make a cycle with its future, and the
+        # result (in a shared-memory arena) would wait for the garbage collector instead of going with the handle.
+        future.add_done_callback(functools.partial(self._finished_async, lane))
         return handle
 
-    def _finished_async(self, lane: tuple | None, handle: Handle, _: Future) -> None:
+    def _finished_async(self, lane: tuple | None, future: Future) -> None:
         with self._async_lock:
             self._in_flight -= 1
-            if self._last_async.get(lane) is handle:  # the lane's latest call is done: nothing to wait for
+            latest = self._last_async.get(lane)
+            if latest is not None and latest._future is future:  # the lane's latest call is done: nothing to wait for
                 del self._last_async[lane]
 
     def idle(self) -> bool:

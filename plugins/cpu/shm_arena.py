@@ -8,6 +8,7 @@ only grows: backing an already backed range costs milliseconds per 64 MiB, so it
 
 from __future__ import annotations
 
+import collections
 import threading
 from collections.abc import Callable
 
@@ -25,6 +26,7 @@ class Arena:
         self.start, self.size = start, size
         self._free: list[tuple[int, int]] = [(start, size)] if size else []
         self._lock = threading.Lock()
+        self._returned: collections.deque[tuple[int, int]] = collections.deque()  # freed, not yet merged (free)
         self._reserve = reserve
         self._backed_end = start
 
@@ -33,6 +35,7 @@ class Arena:
         enough or taking it would leave less than `keep_free` bytes free. Raises when backing it fails."""
         need = _rounded(nbytes)
         with self._lock:
+            self._merge_returned()
             if sum(length for _, length in self._free) - need < keep_free:
                 return None
             for i, (offset, length) in enumerate(self._free):
@@ -51,8 +54,19 @@ class Arena:
             return offset
 
     def free(self, offset: int, nbytes: int) -> None:
-        with self._lock:
-            self._free_locked(offset, _rounded(nbytes))
+        """Give a block back. Its callers are finalizers (an output array gone), which a garbage collection may run
+        in the middle of this arena's own `allocate` on the same thread: so it never waits for the lock; a block
+        returned while the lock is taken is merged by the next call that takes it."""
+        self._returned.append((offset, _rounded(nbytes)))
+        if self._lock.acquire(blocking=False):
+            try:
+                self._merge_returned()
+            finally:
+                self._lock.release()
+
+    def _merge_returned(self) -> None:
+        while self._returned:
+            self._free_locked(*self._returned.popleft())
 
     def _free_locked(self, offset: int, need: int) -> None:
         blocks = sorted([*self._free, (offset, need)])
@@ -69,6 +83,7 @@ class Arena:
 
     def free_bytes(self) -> int:
         with self._lock:
+            self._merge_returned()
             return sum(length for _, length in self._free)
 
 

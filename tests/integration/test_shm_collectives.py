@@ -8,6 +8,7 @@ import json
 import os
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -609,6 +610,45 @@ def test_an_asynchronous_call_that_finished_before_its_handle_was_made_leaves_th
     finally:
         comm._async_worker = None
         comm.close()
+
+
+def test_an_asynchronous_result_goes_with_its_handle_not_with_the_garbage_collector():
+    """A done callback that held the handle made a cycle with its future: the result (an arena block) then went
+    only with a garbage collection, whose finalizer could run inside the arena's own allocate (a hang in CI)."""
+    comm = ShmCommunicator(_context("goes-with-handle"))
+    gc.disable()
+    try:
+        handle = comm.all_reduce(np.ones(1000, np.float32), async_op=True)
+        result = handle.wait(10)
+        gone = weakref.ref(result)
+        deadline = time.monotonic() + 10
+        while not comm.idle() and time.monotonic() < deadline:  # its thread's callback runs just after the result
+            time.sleep(0.001)
+        del handle, result
+        assert gone() is None
+    finally:
+        gc.enable()
+        comm.close()
+
+
+def test_an_arena_block_freed_while_its_own_thread_holds_the_lock_is_merged_by_the_next_call():
+    """A finalizer (an output array gone) may run inside a garbage collection in the middle of the arena's
+    allocate on the same thread: its free must not wait for the lock that thread holds."""
+    from tessel.plugins.cpu.shm_arena import Arena
+
+    arena = Arena(0, 1 << 20, lambda offset, length: None)
+    block = arena.allocate(4096)
+    assert arena.free_bytes() == (1 << 20) - 4096
+
+    def free_inside_allocate() -> None:
+        with arena._lock:
+            arena.free(block, 4096)
+
+    inside = threading.Thread(target=free_inside_allocate, daemon=True)
+    inside.start()
+    inside.join(timeout=5)
+    assert not inside.is_alive(), "a free under the arena's own lock waited for it"
+    assert arena.free_bytes() == 1 << 20  # merged by the next call that takes the lock
 
 
 @pytest.mark.parametrize("where", ["arena", "numpy"])
