@@ -123,6 +123,10 @@ def run_collectives(
                 break
     finally:
         hung = [p for p in processes if p.poll() is None]
+        for process in hung:  # its threads' stacks into its log (collective_worker registers SIGUSR1), then kill
+            process.send_signal(signal.SIGUSR1)
+        if hung:
+            time.sleep(1.0)
         for process in hung:
             process.send_signal(signal.SIGKILL)
         for process in processes:

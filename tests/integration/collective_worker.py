@@ -8,6 +8,7 @@ its errors and timestamps to result.R.json. No pickle: JSON and .npy only.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import signal
@@ -212,6 +213,7 @@ class Worker:
 
 
 def main() -> None:
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the harness asks a hung worker where it is
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--spec", required=True)
     parser.add_argument("--rank", type=int, required=True)
