@@ -14,7 +14,6 @@ import time
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from concurrent import futures
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -181,9 +180,12 @@ class Handle:
         return self._future.result(timeout)
 
     def settle(self) -> None:
-        """Wait until the call has ended, whatever its outcome (its error is for `wait` to raise)."""
+        """Wait until the call has ended, whatever its outcome (its error is for `wait` to raise). Through a done
+        callback: it also runs for a call that close() cancelled, which concurrent.futures.wait never sees end."""
         self._awaited()
-        futures.wait([self._future])
+        ended = threading.Event()
+        self._future.add_done_callback(lambda _: ended.set())
+        ended.wait()
 
     def _awaited(self) -> None:
         if not self._future.done() and len(self._times) > _AWAITED and not on_collective_thread():

@@ -476,6 +476,35 @@ def test_an_asynchronous_receives_mismatch_is_its_own_not_the_next_receives():
         [c.close() for c in comms.values()]
 
 
+def test_a_send_waiting_for_earlier_sends_that_close_cancels_ends_with_an_error():
+    """close() cancels the asynchronous sends still queued; a synchronous send waiting for them must end too
+    (concurrent.futures.wait never sees a cancelled future end: the send would wait for ever)."""
+    comms = _pair("cancelled-wait")
+    sender = comms[0]
+    try:
+        running = sender.send(np.ones(5, np.float32), 1, async_op=True)  # nobody receives: it waits for its receiver
+        queued = sender.send(np.ones(3, np.float32), 1, async_op=True)  # behind it: close() cancels it
+        outcome: list[BaseException | None] = []
+
+        def send_after_them() -> None:
+            try:
+                sender.send(np.ones(2, np.float32), 1)
+                outcome.append(None)
+            except BaseException as error:  # recorded for the assertion
+                outcome.append(error)
+
+        later = threading.Thread(target=send_after_them, daemon=True)
+        later.start()
+        time.sleep(0.2)  # it waits for the queued sends
+        sender.close()
+        later.join(timeout=10)
+        assert not later.is_alive(), "a send waiting for sends that close() cancelled never ended"
+        assert outcome and outcome[0] is not None, outcome
+        assert queued.done() and running is not None
+    finally:
+        [c.close() for c in comms.values()]
+
+
 def test_a_closed_communicator_refuses_asynchronous_calls_and_keeps_no_thread():
     comms = _pair("closed-async")
     comm = comms[0]
