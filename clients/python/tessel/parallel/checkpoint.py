@@ -18,6 +18,7 @@ import glob
 import hashlib
 import itertools
 import json
+import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -183,12 +184,19 @@ def copy_groups(value: Any, world: int) -> tuple[tuple[int, ...], ...]:
     layout = getattr(value, "layout", None)
     if layout is None or world == 1:
         return (tuple(range(world)),)
-    shape = tuple(value.shape)
     pieces: dict[tuple, list[int]] = {}
     for rank in range(world):
-        where = tuple((s.start, s.stop) for s in layout.local_slices(shape, rank))
-        pieces.setdefault(where, []).append(rank)
+        pieces.setdefault(_place(layout, tuple(value.shape), rank), []).append(rank)
     return tuple(tuple(ranks) for _, ranks in sorted(pieces.items()))
+
+
+def _place(layout: Any, shape: tuple[int, ...], index: int) -> tuple[tuple[int, int], ...]:
+    """Where the piece of mesh place `index` sits in the whole tensor (equal places: the same piece)."""
+    return tuple((s.start, s.stop) for s in layout.local_slices(shape, index))
+
+
+def _local_shape(param: Any) -> tuple[int, ...]:
+    return param.layout.local_shape(tuple(param.shape)) if param.layout is not None else tuple(param.shape)
 
 
 def _check_redundancy_scope(call: str, named: Sequence[tuple[str, Any]]) -> None:
@@ -268,7 +276,7 @@ def _unfit(entry: Any, param: Any, strict_load: bool) -> str:
         )
     if saved is not None and not layout_of(saved).same_as(layout):
         return f"saved as a slice of {layout_of(saved)}, laid out here as {layout}"
-    local = layout.local_shape(tuple(param.shape)) if layout is not None else tuple(param.shape)
+    local = _local_shape(param)
     if saved is None and local != tuple(param.shape):
         return f"saved whole, laid out here as {layout}"
     if tuple(array.shape) != local:
@@ -340,7 +348,7 @@ def load_without_redundancy(
         )
     values = []
     for param, groups, source in plan:
-        local = param.layout.local_shape(tuple(param.shape)) if param.layout is not None else tuple(param.shape)
+        local = _local_shape(param)
         entry = parameter_dict.get(param.name)
         value = np.zeros(local, param.dtype.numpy)
         if entry is not None:
@@ -357,8 +365,6 @@ def load_without_redundancy(
         load_value(param, got, saved, rank if saved is not None else None)
     names = {name for name, _ in named}
     if not_loaded:
-        import logging
-
         logging.getLogger("tessel").warning(
             "load_checkpoint: %d parameter(s) of the network are in no rank's file: %s", len(not_loaded), not_loaded
         )
@@ -431,7 +437,7 @@ def merged(paths: Sequence[str], strategies: Mapping[str, dict] | None = None) -
             continue
         layout, shape = layout_of(record), tuple(record["shape"])
         ranks = record.get("ranks") or list(range(layout.device_num))
-        places = [tuple((s.start, s.stop) for s in layout.local_slices(shape, i)) for i in range(len(ranks))]
+        places = [_place(layout, shape, i) for i in range(len(ranks))]
         # a piece from any file holding it: files saved with remove_redundancy=True hold each piece once
         found = {places[ranks.index(h)]: h for h in reversed(holders) if h in ranks}
         missing = [r for r, place in zip(ranks, places) if place not in found]
