@@ -1,8 +1,9 @@
 """Checkpoints without redundancy (scripts/redundancy_ckpt.py): under SEMI_AUTO (2 x 2) and DATA_PARALLEL
 (ModelCheckpoint with CheckpointConfig(remove_redundancy=True)) each value or slice that several ranks hold is
-written by one of them, and every rank loads back exactly what it held; values in no rank's file come back as not
-loaded; a shared path, another rank's file and a network cut another way or not compiled are errors on every rank;
-parameters laid out but never fetched back save their slices; one device merges the shares offline."""
+written by one of them, and every rank loads back exactly what it held, even a rank whose file holds no value; values
+in no rank's file come back as not loaded; a shared path, another rank's file (empty or not) and a network cut
+another way or not compiled are errors on every rank; parameters laid out but never fetched back save their slices;
+one device merges the shares offline."""
 
 from __future__ import annotations
 
@@ -96,3 +97,21 @@ def test_parameters_laid_out_but_never_fetched_save_their_slices(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for rank in range(2):
         assert f"redundancy unfetched ok on rank {rank} of 2: slices saved" in rank_log(tmp_path, rank).read_text()
+
+
+def test_a_rank_whose_file_holds_nothing_still_loads_and_its_file_is_still_its_own(tmp_path):
+    # data parallel, 2 values over 4 ranks: ranks 2 and 3 write empty files, and MindSpore's idiom
+    # load_param_into_net(net, load_checkpoint(file)) must still take them into the collective load
+    result = run_tessel(["run", "-n", "4", str(SCRIPT), "empty", str(tmp_path / "ckpt")], tmp_path, 300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert _saved(tmp_path, 4) == {0: ["w1"], 1: ["w2"], 2: [], 3: []}
+    for rank in range(4):
+        assert f"redundancy empty ok on rank {rank} of 4: 2 values back" in rank_log(tmp_path, rank).read_text()
+    # ranks 2 and 3 swap their empty files: the file's own rank tells, on every rank
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    result = run_tessel(["run", "-n", "4", str(SCRIPT), "emptyswap", str(swapped / "ckpt")], swapped, 300)
+    assert result.returncode != 0
+    for rank in range(4):
+        stderr = rank_log(swapped, rank, stream="stderr").read_text()
+        assert "rank 2 was given rank 3's file; rank 3 was given rank 2's file" in stderr, stderr[-3000:]

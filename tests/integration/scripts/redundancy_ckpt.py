@@ -9,6 +9,8 @@ its share of the values several ranks hold, and loading gives every rank back ex
     tessel run -n 2 redundancy_ckpt.py restrategy DIR  # loading into a network cut another way: an error on every rank
     tessel run -n 2 redundancy_ckpt.py netonly DIR     # the network's values only: the optimizer's come back not loaded
     tessel run -n 2 redundancy_ckpt.py unfetched DIR   # laid out by a forward pass only: files hold slices, not wholes
+    tessel run -n 4 redundancy_ckpt.py empty DIR       # DATA_PARALLEL, 2 values over 4 ranks: 2 files hold nothing
+    tessel run -n 4 redundancy_ckpt.py emptyswap DIR   # the same, ranks 2 and 3 swap their empty files: an error
     python redundancy_ckpt.py single DIR               # one device given rank 1's share (of "semi"): an error
     python redundancy_ckpt.py merge DIR                # one device merges the 4 shares of "semi": its full values
 
@@ -99,6 +101,22 @@ def main() -> None:
                 ms.load_checkpoint(path)["w1"].asnumpy(), net.w1.asnumpy()[:, rank * 16 : rank * 16 + 16]
             )
         print(f"redundancy {phase} ok on rank {rank} of {world}: slices saved", flush=True)
+        return
+    if phase in ("empty", "emptyswap"):  # ranks 2 and 3 hold no value: their files are empty, yet theirs
+        ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
+        net = Net()
+        step(train_cell(net), world, rank, 0)
+        ms.save_checkpoint(net, path, remove_redundancy=True)
+        before = held(net)
+        print(f"saved by rank {rank}: {json.dumps(sorted(ms.load_checkpoint(path)))}", flush=True)
+        zero(net)
+        comm_func.barrier()  # every file is written
+        other = {2: 3, 3: 2}.get(rank, rank) if phase == "emptyswap" else rank
+        source = os.path.join(folder, f"rank_{other}", "net.ckpt")
+        not_loaded, unused = ms.load_param_into_net(net, ms.load_checkpoint(source))  # MindSpore's idiom
+        assert not_loaded == [] and unused == [], (not_loaded, unused)
+        compare(net, before, f"rank {rank}")
+        print(f"redundancy {phase} ok on rank {rank} of {world}: {len(before)} values back", flush=True)
         return
     if phase == "dp":
         ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)

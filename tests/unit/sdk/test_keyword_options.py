@@ -15,6 +15,7 @@ import tessel.dataset as ds
 from tessel import nn, train
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.core.options import keyword_options
+from tessel.train.serialization import write_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -160,6 +161,12 @@ def test_save_checkpoint_takes_trainable_params_choice_func_and_format(tmp_path)
     single = ms.load_checkpoint(str(tmp_path / "single.ckpt"), net, remove_redundancy=True)
     assert sorted(single) == sorted(p.name for p in net.trainable_params())
     assert ms.load_param_into_net(net, single, remove_redundancy=True) == ([], [])
+    # a rank's share of a 4-rank job that holds no value (more ranks than values): still a share, not a checkpoint
+    empty = str(tmp_path / "empty.ckpt")
+    write_checkpoint({}, empty, {"remove_redundancy": "true", "rank": "2", "world": "4", "layouts": "{}"})
+    assert isinstance(ms.load_checkpoint(empty), dict) and ms.load_checkpoint(empty).saved_by == (2, 4)
+    with pytest.raises(ConfigurationError, match="holds rank 2's share of a 4-rank job"):
+        ms.load_param_into_net(net, ms.load_checkpoint(empty))
     with pytest.raises(ConfigurationError, match="remove_redundancy must be a bool"):
         ms.save_checkpoint(net, str(tmp_path / "x"), remove_redundancy="yes")
     with pytest.raises(ConfigurationError, match="remove_redundancy must be a bool"):

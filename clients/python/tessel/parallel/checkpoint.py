@@ -286,6 +286,13 @@ def _unfit(entry: Any, param: Any, strict_load: bool) -> str:
     return ""
 
 
+def saved_by(parameter_dict: Mapping[str, Any]) -> set[tuple[int, int]]:
+    """The (rank, world size) of the files saved with remove_redundancy=True that `parameter_dict` came from: the
+    dict's own (load_checkpoint's, known even when the file holds no value) and each value's."""
+    shares = {getattr(v, "_saved_by", None) for v in parameter_dict.values()}
+    return (shares | {getattr(parameter_dict, "saved_by", None)}) - {None}
+
+
 def _names_digest(named: Sequence[tuple[str, Any]]) -> int:
     text = json.dumps([(name, list(param.shape)) for name, param in named])
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=6).digest(), "little")
@@ -314,8 +321,7 @@ def load_without_redundancy(
         codes.append(0 if entry is None else 2 if why else 1)  # 0: not in my file, 1: fits, 2: does not fit
         if why:
             reasons[name] = why
-    saved_by = {getattr(v, "_saved_by", (rank, world))[0] for v in parameter_dict.values()}
-    foreign = next((r for r in saved_by if r != rank), -1)  # the file another rank saved
+    foreign = next((r for r, _ in saved_by(parameter_dict) if r != rank), -1)  # the file another rank saved
     row = np.array([*codes, foreign, _names_digest(named)], np.int64)
     table = comm_func.all_gather_into_tensor(row)[0].asnumpy().reshape(world, -1)
     codes_of, problems = table[:, :-2], []

@@ -238,6 +238,17 @@ def _read_header(data: bytes, path: str) -> dict:
         raise ConfigurationError(f"checkpoint {path!r} is corrupt or not a safetensors checkpoint") from None
 
 
+class CheckpointDict(OrderedDict):
+    """What load_checkpoint returns: name -> Parameter (a dict, as MindSpore's), which also knows its file: whether
+    it was saved with remove_redundancy=True and by which rank of how many. A rank's share may hold no value at all
+    (more ranks than values held by all); the dict still says whose share it is, so load_param_into_net joins the
+    other ranks' collective load and can tell a rank given another rank's empty file. Each Parameter carries the
+    same, for a dict the user builds anew from some of them."""
+
+    redundancy_removed: bool = False
+    saved_by: tuple[int, int] | None = None
+
+
 def load_checkpoint(
     ckpt_file_name: str,
     net: Any = None,
@@ -269,15 +280,18 @@ def load_checkpoint(
     rank = int(metadata["rank"]) if "rank" in metadata else None
     order = json.loads(metadata.get("order", "[]")) or sorted(tensors)
     removed = metadata.get(checkpoint.REDUNDANCY_REMOVED) == "true"
-    params = OrderedDict()
+    params = CheckpointDict()
+    params.redundancy_removed = removed
+    if removed and rank is not None:
+        params.saved_by = (rank, int(metadata.get("world", 1)))
     for name in order:
         if _keep(name, filter_prefix, specify_prefix, choice_func):
             params[name] = Parameter(tensors[name], name=name)
             if name in layouts:
                 params[name]._saved = (layouts[name], rank)
             params[name]._redundancy_removed = removed
-            if removed and rank is not None:
-                params[name]._saved_by = (rank, int(metadata.get("world", 1)))
+            if params.saved_by is not None:
+                params[name]._saved_by = params.saved_by
     if net is not None:
         load_param_into_net(net, params, strict_load, remove_redundancy=removed)
     return params
@@ -340,11 +354,12 @@ def load_param_into_net(
         raise ConfigurationError(f"load_param_into_net: strict_load must be a bool, got {strict_load!r}")
     if not isinstance(parameter_dict, dict):
         raise ConfigurationError("load_param_into_net: parameter_dict must be a dict of name -> Parameter/Tensor")
-    flags = {getattr(v, "_redundancy_removed", None) for v in parameter_dict.values()} - {None}
+    flags = {getattr(v, "_redundancy_removed", None) for v in parameter_dict.values()}
+    flags = (flags | {getattr(parameter_dict, "redundancy_removed", None)}) - {None}
     removed = True in flags if flags else remove_redundancy  # what load_checkpoint read: the file's flag wins
     if removed and checkpoint.world_size() > 1:
         return checkpoint.load_without_redundancy(net, parameter_dict, strict_load)
-    shares = sorted({v._saved_by for v in parameter_dict.values() if hasattr(v, "_saved_by")})
+    shares = sorted(checkpoint.saved_by(parameter_dict))
     if removed and shares:  # one device: a file of one rank's share lacks the values other ranks wrote
         saved_rank, saved_world = shares[0]
         raise ConfigurationError(
