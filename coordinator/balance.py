@@ -83,6 +83,7 @@ class _Round:
 @dataclass
 class _Job:
     world: int
+    started_at: float  # the job's start (JobInfo.started_at): a job of the same id started anew starts afresh
     rounds: dict[int, _Round] = field(default_factory=dict)
     latest: coordinator_pb2.BatchSplit | None = None
     work: list[tuple[float, float]] = field(default_factory=list)  # per rank: decayed (busy seconds, samples)
@@ -236,8 +237,9 @@ class BatchBalancer:
         world, daemons = job_daemons(self.state, request.job_id)
         _check(request, world)
         weights = tuple(float(w) for w in request.weights)
+        started_at = self.state.job_info(request.job_id).started_at
         with self._cond:
-            job = self._job(request.job_id, world)
+            job = self._job(request.job_id, world, started_at)
             now = job.rounds.setdefault(request.epoch, _Round(request.global_batch, weights))
             if (now.global_batch, now.weights) != (request.global_batch, weights):
                 raise errors.ConfigurationError(
@@ -276,10 +278,10 @@ class BatchBalancer:
                 self._cond.wait(min(_POLL_S, remaining))
             return now.split
 
-    def _job(self, job_id: str, world: int) -> _Job:
+    def _job(self, job_id: str, world: int, started_at: float) -> _Job:
         job = self._jobs.get(job_id)
-        if job is None or job.world != world:
-            job = self._jobs[job_id] = _Job(world)
+        if job is None or (job.world, job.started_at) != (world, started_at):
+            job = self._jobs[job_id] = _Job(world, started_at)
         self._jobs.move_to_end(job_id)
         while len(self._jobs) > KEEP_JOBS:
             self._jobs.popitem(last=False)

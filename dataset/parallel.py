@@ -121,31 +121,12 @@ def with_shares(dataset: Any, shares: Sequence[int], rank: int) -> Any:
     import copy
     import itertools
 
-    from tessel.dataset.ops import BatchDataset
     from tessel.dataset.sampling import ShardShares
 
     shares = tuple(int(s) for s in shares)
-    path = _path_to_source(dataset)
-    batches = [i for i, node in enumerate(path) if isinstance(node, BatchDataset)]
-    if len(batches) != 1:
-        raise _unsupported(f"a pipeline with {len(batches)} batch ops", "it needs exactly one, below any repeat")
-    batch, source = path[batches[0]], path[-1]
-    for node in path[batches[0] + 1 : -1]:
-        if type(node).__name__ not in _ROW_WISE:
-            raise _unsupported(
-                f"{type(node).__name__} between the source and batch()",
-                "only map, project, rename and shuffle keep every rank's batches whole there; move it after batch()",
-            )
     world = len(shares)
-    if getattr(source, "num_shards", None) != world or getattr(source, "shard_id", None) != rank:
-        raise ConfigurationError(
-            f"batch_split: the dataset source {source._where()} must be sharded over the {world} ranks to follow the "
-            f"shares (it has num_shards={getattr(source, 'num_shards', None)}, shard_id="
-            f"{getattr(source, 'shard_id', None)}); pass num_shards=get_group_size(), shard_id=get_rank()"
-        )
-    if not hasattr(source, "shard_shares") or not getattr(source, "random_access", True):
-        kind = type(source).__name__
-        raise _unsupported(f"{kind} as the sharded source", "uneven shards need a random-access source")
+    path, at = _split_point(dataset, world, rank, whole_batches=len(set(shares)) > 1)
+    batch = path[at]
     if sum(shares) != batch.batch_size * world:
         raise ConfigurationError(
             f"batch_split: shares {list(shares)} add up to {sum(shares)}, not the global batch "
@@ -158,9 +139,52 @@ def with_shares(dataset: Any, shares: Sequence[int], rank: int) -> Any:
         node.children = (child, *node.children[1:])
     for node in copies:
         node._probe, node._salt_value = None, None
-    copies[batches[0]].batch_size = shares[rank]
+    copies[at].batch_size = shares[rank]
     copies[-1].shard_shares = ShardShares(shares, batch.drop_remainder)
     return copies[0]
+
+
+def check_splittable(dataset: Any, world: int, rank: int) -> None:
+    """Raise, naming the part in the way, unless `with_shares` can split `dataset` unevenly over `world` ranks."""
+    _split_point(dataset, world, rank, whole_batches=True)
+
+
+def _split_point(dataset: Any, world: int, rank: int, whole_batches: bool) -> tuple[list[Any], int]:
+    """The pipeline's nodes from the top down to its source, and the index of its batch op, checked for a split:
+    one batch op, only row-wise ops below it, a random-access source sharded over the ranks, and, with
+    `whole_batches` (uneven shares), whole global batches (a partial last one cannot be split as one device reads
+    it; the even rule gives every rank the same partial batch)."""
+    from tessel.dataset.ops import BatchDataset
+
+    path = _path_to_source(dataset)
+    batches = [i for i, node in enumerate(path) if isinstance(node, BatchDataset)]
+    if len(batches) != 1:
+        raise _unsupported(f"a pipeline with {len(batches)} batch ops", "it needs exactly one, below any repeat")
+    batch, source = path[batches[0]], path[-1]
+    for node in path[batches[0] + 1 : -1]:
+        if type(node).__name__ not in _ROW_WISE:
+            raise _unsupported(
+                f"{type(node).__name__} between the source and batch()",
+                "only map, project, rename and shuffle keep every rank's batches whole there; move it after batch()",
+            )
+    if getattr(source, "num_shards", None) != world or getattr(source, "shard_id", None) != rank:
+        raise ConfigurationError(
+            f"batch_split: the dataset source {source._where()} must be sharded over the {world} ranks to follow the "
+            f"shares (it has num_shards={getattr(source, 'num_shards', None)}, shard_id="
+            f"{getattr(source, 'shard_id', None)}); pass num_shards=get_group_size(), shard_id=get_rank()"
+        )
+    if not hasattr(source, "shard_shares") or not getattr(source, "random_access", True):
+        kind = type(source).__name__
+        raise _unsupported(f"{kind} as the sharded source", "uneven shards need a random-access source")
+    rows = source._num_rows()  # a shard's rows per epoch under the even rule (MindSpore's: ceil(n/N), num_samples)
+    if whole_batches and rows % batch.batch_size and not batch.drop_remainder:
+        raise _unsupported(
+            f"a last batch of {rows % batch.batch_size} of {batch.batch_size} rows per rank (each of the {world} "
+            f"shards has {rows} rows an epoch)",
+            "its global batch is partial, which uneven shares cannot split as one device reads it: batch with "
+            "drop_remainder=True, or choose a batch size that divides the shard",
+        )
+    return path, batches[0]
 
 
 def per_rank_batch(dataset: Any) -> int:

@@ -1,6 +1,8 @@
 """Speed-aware data parallelism (batch_split) on real daemons (`tessel run -n N`): uneven shares of the global
 batch train exactly like one device on it (float64 numpy reference, ≤ 1e-5, checked by scripts/dp_split.py on
-every rank) with shares 1:2 and 1:1:3, in feed and sink mode, and by measured speed; rank 0 logs the split."""
+every rank) with shares 1:2 and 1:1:3, in feed and sink mode, shuffled (each epoch in its own order), and by
+measured speed, in one Model.train call or one per epoch; rank 0 logs the split. A train step of the user's own
+(a construct of its own, a loop of its own) is refused on every rank: its reduction knows no shares."""
 
 from __future__ import annotations
 
@@ -30,7 +32,10 @@ def _shares(outputs: list[str]) -> list[list[int]]:
     return per_rank
 
 
-@pytest.mark.parametrize("n, weights, mode, want", [(2, "1,2", "model", [4, 8]), (3, "1,1,3", "sink", [3, 3, 9])])
+@pytest.mark.parametrize(
+    "n, weights, mode, want",
+    [(2, "1,2", "model", [4, 8]), (3, "1,1,3", "sink", [3, 3, 9]), (2, "1,2", "sink,shuffle", [4, 8])],
+)
 def test_uneven_shares_train_like_one_device_on_the_global_batch(tmp_path, n, weights, mode, want):
     outputs, log = _run(tmp_path, n, weights, mode)
     assert [s[0] for s in _shares(outputs)] == want
@@ -46,3 +51,20 @@ def test_the_split_by_speed_trains_like_one_device_whatever_the_shares(tmp_path)
     held = r"batch split for epoch 2: shares \d+:\d+ of 12 \(kept from epoch 0 \(its first epoch warmed up"
     assert re.search(held, log), log
     assert re.search(r"batch split for epoch 3: shares \d+:\d+ of 12 \((step times of epoch 1|kept)", log), log
+
+
+def test_the_split_goes_on_from_one_model_train_call_to_the_next(tmp_path):
+    # Model.train(1, ...) per epoch: the coordinator's rounds and the dataset's epochs go on; the second call does
+    # not get the first call's split back (it is measured and kept, then decided from step times)
+    outputs, log = _run(tmp_path, 2, "speed", "model,loop,shuffle")
+    assert all(a + b == 12 for a, b in zip(*_shares(outputs)))
+    assert re.search(r"batch split for epoch 1: shares \d+:\d+ of 12 \(device measurements", log), log
+    assert re.search(r"batch split for epoch 2: shares \d+:\d+ of 12 \(kept from epoch 0", log), log
+    assert re.search(r"batch split for epoch 3: shares \d+:\d+ of 12 \((step times|speeds) of epoch 1", log), log
+
+
+@pytest.mark.parametrize("flag, message", [("custom", "with the train network OwnStep"), ("own", "loop of your own")])
+def test_a_train_step_of_ones_own_is_refused_on_every_rank(tmp_path, flag, message):
+    outputs, _ = _run(tmp_path, 2, "1,2", f"model,{flag}")
+    for rank, out in enumerate(outputs):
+        assert f"split refused on rank {rank}: not supported yet: batch_split=" in out and message in out, out

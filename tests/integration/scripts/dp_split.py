@@ -2,7 +2,10 @@
 checked on every rank against a float64 numpy reference of one device on the global batch.
 
 SPLIT: weights such as `1,2` or `1,1,3` (batch_split=(1, 2)), or `speed` (the coordinator's split by the daemons'
-measurements, then by the job's step times). MODE: model (feed mode) or sink (dataset_sink_mode=True).
+measurements, then by the job's step times). MODE: model (feed mode) or sink (dataset_sink_mode=True), with
+optional flags after commas: `shuffle` (a shuffled dataset: each epoch must read that epoch's order, as one device
+does), `loop` (Model.train(1, ...) once per epoch instead of one call), `custom` (a TrainOneStepCell subclass:
+refused on every rank), `own` (a training loop of the script's own: refused on every rank).
 Prints `split ok on rank r of n: relative error E, shares S` (S: this rank's rows per step, epoch by epoch).
 """
 
@@ -16,8 +19,9 @@ import tessel.dataset as ds
 from tessel import nn, ops
 from tessel.common import rank_step
 from tessel.communication import get_group_size, get_rank, init
+from tessel.core.errors import NotSupportedYetError
 
-SPLIT, MODE = sys.argv[1], sys.argv[2]
+SPLIT, (MODE, *FLAGS) = sys.argv[1], sys.argv[2].split(",")
 IN, HIDDEN, OUT, STEPS, EPOCHS, LR, MOMENTUM = 12, 16, 5, 6, 3, 0.1, 0.9
 
 logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -54,14 +58,23 @@ class Net(nn.Cell):
         return self.matmul(self.relu(self.matmul(x, self.w1) + self.b1), self.w2) + self.b2
 
 
+def one_device_batches():
+    """Each epoch's global batches as one device reads them: consecutive B rows, or the one-device dataset's
+    batches of B rows when shuffled (epoch e in its order of epoch e)."""
+    x_all, y_all = data()
+    if "shuffle" not in FLAGS:
+        return [[(x_all[j * B : (j + 1) * B], y_all[j * B : (j + 1) * B]) for j in range(STEPS)]] * EPOCHS
+    whole = ds.NumpySlicesDataset({"x": x_all, "y": y_all}, shuffle=True).batch(B)
+    return [list(whole.create_tuple_iterator(num_epochs=1, output_numpy=True)) for _ in range(EPOCHS)]
+
+
 def reference():
-    """float64 numpy: Momentum on consecutive batches of B rows, EPOCHS times over the data (no shuffle)."""
+    """float64 numpy: Momentum on the one device's global batches, EPOCHS times over the data."""
     p = {k: v.astype(np.float64) for k, v in initial().items()}
     v = {k: np.zeros_like(a) for k, a in p.items()}
-    x_all, y_all = data()
-    for _ in range(EPOCHS):
-        for step in range(STEPS):
-            x, y = x_all[step * B : (step + 1) * B].astype(np.float64), y_all[step * B : (step + 1) * B]
+    for epoch in one_device_batches():
+        for x, y in epoch:
+            x = x.astype(np.float64)
             z = x @ p["w1"] + p["b1"]
             h = np.maximum(z, 0)
             logits = h @ p["w2"] + p["b2"]
@@ -77,9 +90,28 @@ def reference():
 
 
 x, y = data()
-source = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank)
+source = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle="shuffle" in FLAGS, num_shards=world, shard_id=rank)
 net = Net()
-model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.Momentum(net.trainable_params(), LR, MOMENTUM))
+optimizer = nn.Momentum(net.trainable_params(), LR, MOMENTUM)
+if "custom" in FLAGS or "own" in FLAGS:
+
+    class OwnStep(nn.TrainOneStepCell):  # a construct of its own: its reducer's mean knows no shares
+        def construct(self, *inputs):
+            return super().construct(*inputs)
+
+    kind = OwnStep if "custom" in FLAGS else nn.TrainOneStepCell
+    cell = kind(nn.WithLossCell(net, nn.CrossEntropyLoss()), optimizer)
+    try:
+        if "custom" in FLAGS:
+            ms.Model(cell).train(1, source.batch(PER_RANK), dataset_sink_mode=False)
+        else:
+            for xs, ys in source.batch(PER_RANK).create_tuple_iterator():
+                cell(xs, ys)
+    except NotSupportedYetError as error:
+        print(f"split refused on rank {rank}: {error}", flush=True)
+        sys.exit(0)
+    raise SystemExit("batch_split with a step of its own ran")
+model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
 shares = []
 
 
@@ -89,7 +121,13 @@ class Shares(ms.train.Callback):
             shares.append((run_context.original_args().cur_epoch_num, rank_step.gradient_weight() * B / world))
 
 
-model.train(EPOCHS, source.batch(PER_RANK), callbacks=[Shares()], dataset_sink_mode=MODE == "sink")
+batches = source.batch(PER_RANK)
+if "loop" in FLAGS:  # one call per epoch: the dataset and the coordinator's rounds go on from call to call
+    for _ in range(EPOCHS):
+        model.train(1, batches, callbacks=[Shares()], dataset_sink_mode=MODE == "sink")
+        shares[-1] = (None, shares[-1][1])  # each call's epoch is its epoch 1: the next call's is a new one
+else:
+    model.train(EPOCHS, batches, callbacks=[Shares()], dataset_sink_mode=MODE == "sink")
 want = reference()
 mine = {"w1": net.w1, "b1": net.b1, "w2": net.w2, "b2": net.b2}
 worst = max(float(np.abs(mine[k].asnumpy() - want[k]).max() / np.abs(want[k]).max()) for k in want)

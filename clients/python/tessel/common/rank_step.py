@@ -25,25 +25,26 @@ from tessel import context, profiler
 from tessel.common.support import log_once
 from tessel.compiler import DEFAULT_BUCKET_BYTES, TrainProgram, bucket_allreduce, build_train_step, mirror_parameters
 from tessel.compiler.buckets import set_fusion, sync_in_fp32, weigh_gradients
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.v1 import daemon_pb2
 
 _PARALLEL = context.ParallelMode
 _MEAN_MODES = (_PARALLEL.DATA_PARALLEL, _PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL)
 _datasets = itertools.count()
 # This rank's gradient weight while Model.train runs an uneven split of the global batch (batch_split): n * share /
-# B, so the mean over the ranks equals one device's gradient (compiler.buckets.data_parallel_train_step).
-_gradient_weight = 1.0
+# B, so the mean over the ranks equals one device's gradient (compiler.buckets.data_parallel_train_step). None: no
+# split runs (outside Model.train, whose epochs alone batch_split applies to).
+_gradient_weight: float | None = None
 
 
 def gradient_weight() -> float:
-    return _gradient_weight
+    return 1.0 if _gradient_weight is None else _gradient_weight
 
 
-def set_gradient_weight(weight: float) -> None:
-    """Model.train sets it for each epoch of an uneven split (1.0: the even split); part of the train step's key."""
+def set_gradient_weight(weight: float | None) -> None:
+    """Model.train sets it for each epoch of a split (1.0: equal shares) and None after; part of the step's key."""
     global _gradient_weight
-    _gradient_weight = float(weight)
+    _gradient_weight = None if weight is None else float(weight)
 
 
 def world_size() -> int:
@@ -111,7 +112,14 @@ def parallel_train_program(
     config = shard_config()
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
-        if _gradient_weight != 1.0:  # an uneven batch split (batch_split): see gradient_weight
+        setting = context.get_auto_parallel_context("batch_split")
+        if _gradient_weight is None and setting != "even":
+            raise NotSupportedYetError(
+                f"not supported yet: batch_split={setting!r} in a training loop of your own; Model.train splits the "
+                "batch (it asks the coordinator for each epoch's shares and reads them from the dataset), a loop of "
+                "your own would run the even split: use Model.train, or set batch_split='even'"
+            )
+        if gradient_weight() != 1.0:  # an uneven batch split (batch_split): see gradient_weight
             graph = weigh_gradients(graph, _gradient_weight)
         local = frozenset(local)
         mirrored = [k for k in keys if k not in local]

@@ -21,15 +21,17 @@ fixed + per-row fit) from the epochs after a split's first.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from tessel.common import rank_step
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
-from tessel.dataset.parallel import per_rank_batch, with_shares
+from tessel.dataset.parallel import check_splittable, per_rank_batch, with_shares
 
 log = logging.getLogger("tessel")
+_asked: dict[str, int] = {}  # job id -> how many times this rank asked for a split: the coordinator's rounds
 
 
 class BatchSplitter:
@@ -52,17 +54,19 @@ class BatchSplitter:
                 "not supported yet: batch_split without a coordinator (the ranks agree on the split through it); "
                 "launch the job with msrun, mpirun or tessel run"
             )
+        if len(set(self.weights)) != 1:  # the split may be uneven: refuse now, not at the epoch it first is
+            check_splittable(dataset, self.world, self.rank)
         self.dataset = dataset
         self.global_batch = per_rank_batch(dataset) * self.world
-        self.pipelines: dict[tuple[int, ...], Any] = {}
+        self.pipeline: Any = None
         self.samples, self.last = 0, self._load()
         self.split = None
 
     def _load(self) -> tuple[float, float]:
         return self.engine.daemon.load(self.engine.session)
 
-    def epoch(self, index: int) -> Any:
-        """This rank's pipeline for epoch `index` (0-based), its gradient weight set for the train step."""
+    def epoch(self) -> Any:
+        """This rank's pipeline for the next epoch (the dataset's next), its gradient weight set for the train step."""
         run_s, blocked_s = self._load()
         ran, blocked = run_s - self.last[0], blocked_s - self.last[1]
         busy = max(0.0, ran - blocked)
@@ -70,26 +74,31 @@ class BatchSplitter:
         samples, self.samples = self.samples, 0
         log.debug("batch split: rank %d ran %.3f s (%.3f s blocked), %d samples", self.rank, ran, blocked, samples)
         runtime = self.engine.runtime
+        asked = _asked.get(runtime.job_id, 0)  # the coordinator's round: every rank asks in the same order
+        _asked[runtime.job_id] = asked + 1
         split = runtime.coordinator.balance_batch(
-            runtime.job_id, self.rank, index, self.global_batch, self.weights, busy if samples else 0.0, samples
+            runtime.job_id, self.rank, asked, self.global_batch, self.weights, busy if samples else 0.0, samples
         )
-        self.split = shares = tuple(split.shares)
+        shares = tuple(split.shares)
         if self.rank == 0:
             speeds = ":".join(f"{s:.3g}" for s in split.speeds)
             log.info(
                 "batch split for epoch %d: shares %s of %d (%s: %s)",
-                index + 1,
+                split.epoch + 1,  # the job's, counted over its Model.train calls
                 ":".join(map(str, shares)),
                 self.global_batch,
                 split.source,
                 speeds,
             )
-        pipeline = self.pipelines.get(shares)
-        if pipeline is None:
-            pipeline = self.pipelines[shares] = with_shares(self.dataset, shares, self.rank)
-        pipeline.resume_at_epoch(index)
+        if shares != self.split:  # a fresh pipeline (in sink mode, a fresh reader on the daemon) at the dataset's epoch
+            pipeline = with_shares(self.dataset, shares, self.rank)
+            self.pipeline = copy.copy(pipeline) if pipeline is self.dataset else pipeline
+        self.split = shares
+        # The dataset goes on as the even split's epochs would (the next shuffle order), and so does the pipeline:
+        # fed, it claims the same epoch; sunk, its reader reads one epoch after another from the one it opened at.
+        self.dataset._claim_epoch()
         rank_step.set_gradient_weight(self.world * shares[self.rank] / self.global_batch)
-        return pipeline
+        return self.pipeline
 
     def counted(self, steps: Iterator[Callable]) -> Iterator[Callable]:
         """`steps`, counting the samples this rank processes in them (reported with the next ask)."""
@@ -99,8 +108,9 @@ class BatchSplitter:
             yield step
 
 
-def splitter(dataset: Any, sink_size: int) -> BatchSplitter | None:
-    """The splitter Model.train uses, or None for MindSpore's even split."""
+def splitter(dataset: Any, sink_size: int, network: Any, fused: bool) -> BatchSplitter | None:
+    """The splitter Model.train uses, or None for MindSpore's even split. `fused`: the train network runs as the
+    built-in fused step, the only one whose gradients the split's weight reaches."""
     from tessel import context
 
     setting = context.get_auto_parallel_context("batch_split")
@@ -116,5 +126,12 @@ def splitter(dataset: Any, sink_size: int) -> BatchSplitter | None:
     if sink_size != -1:
         raise NotSupportedYetError(
             "not supported yet: batch_split with sink_size (the split follows whole epochs); leave sink_size=-1"
+        )
+    if not fused:  # a custom construct (or return_grad=True) reduces its gradients itself: an unweighted mean
+        raise NotSupportedYetError(
+            f"not supported yet: batch_split={setting!r} with the train network {type(network).__name__}, which "
+            "is not the built-in TrainOneStepCell step (it overrides construct, or return_grad=True): its gradient "
+            "reduction would average the ranks' uneven shares unweighted, not the one-device gradient. Use "
+            "Model(net, loss_fn, optimizer) or a plain TrainOneStepCell, or batch_split='even'"
         )
     return BatchSplitter(dataset, setting)

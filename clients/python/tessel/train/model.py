@@ -135,8 +135,10 @@ class Model:
         train_dataset.resume_at_epoch(initial_epoch)  # a resumed run sees the epochs (and shuffles) it would have
         net = self._train_network
         step = net._fused if isinstance(net, TrainOneStepCell) and net._runs_fused() else net
+        fused = isinstance(step, FusedTrainStep)
+        split = batch_split.splitter(train_dataset, sink_size, net, fused)
         runner = None
-        if dataset_sink_mode and isinstance(step, FusedTrainStep) and _serializable(train_dataset):
+        if dataset_sink_mode and fused and _serializable(train_dataset) and split is None:
             runner = self._sink_runner(step, train_dataset)
         sinking = dataset_sink_mode and sink_size > 0
         steps = sink_size if sinking else train_dataset.get_dataset_size()
@@ -158,10 +160,9 @@ class Model:
         )
         net.set_train(True)
         numbers = range(initial_epoch + 1, epoch + 1)
-        split = batch_split.splitter(train_dataset, sink_size)
         if split is not None:  # uneven shares (speed-aware data parallelism): a pipeline per split, asked per epoch
-            sink = runner is not None
-            epochs = (self._split_epoch(split, step, n - 1, sink, steps) for n in numbers)
+            sink = dataset_sink_mode and fused and _serializable(train_dataset)
+            epochs = (self._split_epoch(split, step, sink, steps) for _ in numbers)
         elif runner is not None:  # the daemon runs each epoch; its per-step losses feed the step callbacks
             epochs = (_sunk_steps(runner, steps) for _ in numbers)
         else:
@@ -172,12 +173,12 @@ class Model:
                 _run_epochs(epochs, numbers, cb, run_callbacks)
         finally:
             if split is not None:
-                rank_step.set_gradient_weight(1.0)
+                rank_step.set_gradient_weight(None)
                 train_dataset.resume_at_epoch(numbers[-1])
 
-    def _split_epoch(self, split: batch_split.BatchSplitter, step, index: int, sink: bool, steps: int) -> Iterator:
-        """Epoch `index` (0-based) of an uneven split: asks for the split as the epoch starts."""
-        pipeline = split.epoch(index)
+    def _split_epoch(self, split: batch_split.BatchSplitter, step, sink: bool, steps: int) -> Iterator:
+        """An epoch of an uneven split: asks for the split as the epoch starts."""
+        pipeline = split.epoch()
         if sink:
             yield from split.counted(_sunk_steps(self._sink_runner(step, pipeline), steps))
         else:
