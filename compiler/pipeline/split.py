@@ -453,6 +453,9 @@ class _Builder:
         """One piece's backward: roots are its values the loss or a later stage used, each seeded by its
         gradient; it differentiates with respect to what it received and the prologue values it read."""
         nodes = self.parts.pieces[(v, m)]
+        # The values this piece received read its own Receive: a value sent to two virtual stages of this rank
+        # (a skip link under interleaving) has one Receive each, and env holds the one bound last.
+        self._bind_received(v, m)
         made = {o for n in nodes for o in n.outputs}
         roots: list[tuple[Value, Value]] = [(x, g) for x, g in seeds.items() if x in made]
         for (source, target, micro), (_, backward) in self.links.items():

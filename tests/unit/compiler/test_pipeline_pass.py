@@ -26,13 +26,14 @@ WIDTHS = (8, 16, 16, 16, 4)
 LR = 0.1
 
 
-def mlp_step(stage_of_layer, batch, micro, tied=False, replicas=1, square=False):
+def mlp_step(stage_of_layer, batch, micro, tied=False, replicas=1, square=False, skip=False):
     """A train step of a 4-layer MLP on micro-batches (rows m::M, as PipelineCell cuts them), the losses summed, SGD:
     the graph and the SDK's tags. `tied`: the last layer reads the first layer's weight too. `replicas`: each rank holds
     batch/replicas rows and reads every weight through a Mirror over the stage's data-parallel ranks, as the parallel
     pass writes it, and each rank's objective is its rows' loss divided by `replicas` (the ranks' objectives sum to the
     global loss). `square`: the step's loss is the square of the sum (its gradient needs every micro-batch's loss
-    first)."""
+    first). `skip`: the last layer also reads the first layer's output (a skip link: under interleaving, one value
+    sent to two virtual stages of one rank)."""
     tags = {}
 
     def tag(t, stage=None, m=None, cell=""):
@@ -52,10 +53,14 @@ def mlp_step(stage_of_layer, batch, micro, tied=False, replicas=1, square=False)
         for m in range(micro):
             h = tag(apply("StridedSlice", x, begin=(m, None), end=(None, None), strides=(micro, 1)), m=m)
             target = tag(apply("StridedSlice", y, begin=(m, None), end=(None, None), strides=(micro, 1)), m=m)
+            outs = []
             for i, w in enumerate(reads):
+                if skip and i == 3:
+                    h = tag(h + outs[0], stage_of_layer[i], m, f"layer{i}")
                 h = tag(apply("MatMul", h, w), stage_of_layer[i], m, f"layer{i}")
                 if i < 3:
                     h = tag(apply("ReLU", h), stage_of_layer[i], m, f"layer{i}")
+                outs.append(h)
             d = tag(h - target, None, m)
             loss = tag(apply("ReduceMean", d * d, axis=(0, 1), keep_dims=False), None, m)
             total = loss if total is None else total + loss
@@ -127,6 +132,20 @@ def test_every_schedule_trains_like_one_device_on_the_same_micro_batches(name, s
     for i, layer in enumerate(layers):
         held = stores[layer % stages][f"w{i}"]
         np.testing.assert_allclose(held, final[f"w{i}"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "gpipe"])
+def test_a_value_sent_to_two_chunks_of_one_rank_gets_the_gradient_of_both(name):
+    # interleaved, 2 stages x 2 chunks: layer 0 (chunk 0, rank 0) feeds layer 1 (chunk 1) and, by a skip link,
+    # layer 3 (chunk 3), both on rank 1: each chunk's backward must differentiate its own Receive of it
+    graph, tags = mlp_step([0, 1, 2, 3], batch=8, micro=4, skip=True)
+    feeds = data(8)
+    reference, final = one_device(graph, feeds, steps=3)
+    losses, stores, _, _ = pipelined(graph, tags, lambda r: feeds, 3, name, 2, 4, 2)
+    for step, ref in enumerate(reference):
+        assert losses[step] == pytest.approx([ref] * 2, rel=1e-5)
+    for i in range(4):
+        np.testing.assert_allclose(stores[i % 2][f"w{i}"], final[f"w{i}"], rtol=1e-5, atol=1e-6, err_msg=f"w{i}")
 
 
 def test_each_stage_holds_only_its_own_parameters():
