@@ -65,6 +65,7 @@ def test_dataset_without_num_shards_warns_that_every_rank_sees_the_same_data(tmp
         ("differs", r"parameter 'weight' differs across ranks \(ranks grouped by equal value: \[\[0\], \[1\]\]\)"),
         ("count", r"different numbers of parameters \(\{0: 2, 1: 4\}\)"),
         ("mean", r"gradients_mean=True is not supported with parallel_mode='hybrid_parallel'"),
+        ("pipeline", r"pipeline_stages=2 with parallel_mode='data_parallel': .* SEMI_AUTO_PARALLEL"),
     ],
 )
 def test_data_parallel_errors_name_the_cause_on_every_rank(tmp_path, case, message):

@@ -2,7 +2,8 @@
 
 CASE: unsharded (a dataset without num_shards: a warning, training still runs), differs (rank 1 starts from other
 parameters: an error naming the parameter and the ranks), count (rank 1 has one more parameter), mean (gradients_mean
-with HYBRID_PARALLEL: a clear error).
+with HYBRID_PARALLEL: a clear error), pipeline (pipeline_stages=2 under DATA_PARALLEL: an error, not the whole model on
+every rank).
 """
 
 import sys
@@ -21,6 +22,8 @@ init()
 rank = get_rank()
 mode = ms.ParallelMode.HYBRID_PARALLEL if CASE == "mean" else ms.ParallelMode.DATA_PARALLEL
 ms.set_auto_parallel_context(parallel_mode=mode, gradients_mean=True)
+if CASE == "pipeline":
+    ms.set_auto_parallel_context(pipeline_stages=2)
 ms.set_seed(1 + (rank if CASE == "differs" else 0))
 net = nn.Dense(4, 3) if not (CASE == "count" and rank == 1) else nn.SequentialCell(nn.Dense(4, 3), nn.Dense(3, 3))
 x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)

@@ -110,6 +110,10 @@ def parallel_train_program(
     unreduced (Parameter(layerwise_parallel=True), as MindSpore: each rank updates its own copy)."""
     mode, world = parallel_mode(), world_size()
     config = shard_config()
+    if world > 1:
+        from tessel.parallel import pipeline
+
+        pipeline.current_mesh()  # pipeline_stages > 1 outside SEMI_AUTO / AUTO (or not dividing the world): an error
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
         setting = context.get_auto_parallel_context("batch_split")
