@@ -177,12 +177,16 @@ class LivenessMixin:
         loads: dict[str, dict[int, coordinator_pb2.RankLoad]] = {}
         for record in self._daemons.values():
             for load in record.loads:
-                loads.setdefault(load.job_id, {})[load.rank] = load
+                job = self._jobs.get(load.job_id)
+                # only the daemon the rank runs on now: a daemon's last loads stay when its sessions close (an
+                # empty list is a bare beat), and a job of the same id may run again on other daemons
+                ranks = job.members if job is not None else []
+                if 0 <= load.rank < len(ranks) and ranks[load.rank].daemon_id == record.daemon_id:
+                    loads.setdefault(load.job_id, {})[load.rank] = load
         for job_id, by_rank in loads.items():
             job = self._jobs.get(job_id)
             if job is None or job.state != RUNNING:
                 continue
-            by_rank = {r: load for r, load in by_rank.items() if 0 <= r < job.world_size}
             for line in self.pace.judge(job_id, job.world_size, by_rank, now):
                 log.warning("%s", line)
 

@@ -164,15 +164,15 @@ class _HeartbeatStream:
         self.state, self.requests = state, requests
         self.first_message_timeout_s = first_message_timeout_s
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.identified = False
+        self.heard = False  # the first message came (binding it may wait for the state's lock: not the member's fault)
 
     def _read(self) -> None:
         sub, why = None, "closed its heartbeat stream (the process exited or lost its connection)"
         try:
             for request in self.requests:
                 if sub is None:
+                    self.heard = True
                     sub = self.state.subscribe(request, self.outbox)
-                    self.identified = True
                 else:
                     self.state.beat(sub, request)
                 self.outbox.put(ACK)
@@ -194,7 +194,7 @@ class _HeartbeatStream:
             except queue.Empty:
                 if not context.is_active():
                     return
-                if not self.identified and time.monotonic() > first_deadline:
+                if not self.heard and time.monotonic() > first_deadline:
                     context.abort(
                         grpc.StatusCode.DEADLINE_EXCEEDED,
                         f"Heartbeat: no first message within {self.first_message_timeout_s:.1f} s; "

@@ -11,6 +11,7 @@ import time
 import pytest
 from test_coordinator_state import Call, daemon_info, events_in, join_request, start_job, subscribe_client
 
+from tessel.coordinator.service import _HeartbeatStream
 from tessel.coordinator.state import CoordinatorState
 from tessel.core import errors
 from tessel.core.limits import Limits
@@ -86,6 +87,31 @@ def test_beats_are_recorded_while_the_lock_is_held_and_a_starved_check_judges_la
         beater.join()
     state.expire(now=time.monotonic() + 5)  # now they really are silent
     assert state.job_info("j").state == "failed"
+
+
+def test_a_first_beat_that_waits_for_the_lock_does_not_end_its_stream():
+    # the member sent its first message at once; binding it waited for the state's lock longer than the first
+    # message's deadline: that is the coordinator's delay, and the stream must live on (it was aborted, and the
+    # rank or daemon declared dead)
+    state = CoordinatorState(heartbeat_timeout_s=1.0)
+    daemon_id = state.register_daemon(daemon_info(1))
+    sent = queue.SimpleQueue()
+    sent.put(coordinator_pb2.HeartbeatRequest(daemon_id=daemon_id))
+    stream = _HeartbeatStream(state, iter(sent.get, None), first_message_timeout_s=0.3)
+
+    class Context:
+        def is_active(self) -> bool:
+            return True
+
+        def abort(self, code, details):
+            raise AssertionError(f"aborted: {code} {details}")
+
+    with state._cond:  # a request that holds the lock for longer than the first message's deadline
+        replies = Call(lambda: next(stream.replies(Context())))
+        time.sleep(0.9)
+    assert replies.result() == coordinator_pb2.HeartbeatReply()  # the first beat's ack
+    assert state.cluster_status().daemons[0].state == "idle"
+    sent.put(None)  # the member ends its stream
 
 
 def test_dead_daemons_leave_the_registry():

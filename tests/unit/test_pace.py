@@ -125,6 +125,27 @@ def test_the_coordinator_judges_the_counters_daemon_beats_carry_and_shows_the_pa
     assert state.cluster_status().paces == []  # forgotten with the job
 
 
+def test_counters_from_a_daemon_the_rank_does_not_run_on_are_ignored(caplog):
+    # a daemon keeps its last counters once its sessions close (an empty list is a bare beat): those of rank 1 of an
+    # earlier job of the same id must not stand for rank 1 of this one, which runs on another daemon
+    state = CoordinatorState(pace=PaceSettings(ratio=1.5, windows=2, window_s=1.0))
+    ids = [state.register_daemon(daemon_info(port)) for port in range(2)]
+    start_job(state, "j", 2)
+    ids.append(state.register_daemon(daemon_info(2)))  # not in the job
+    subs = [state.subscribe(coordinator_pb2.HeartbeatRequest(daemon_id=d), queue.SimpleQueue()) for d in ids]
+    ranks, stale = Ranks(2), Ranks(2)
+    now = time.monotonic()
+    caplog.set_level(logging.WARNING, logger="tessel.coordinator")
+    for window in range(3):
+        loads = ranks.advance(10, [0.005, 0.005], [0.0, 0.0]) if window else ranks.loads()
+        old = stale.advance(10, [0.005, 0.040], [0.035, 0.0]) if window else stale.loads()
+        for rank in range(2):
+            state.beat(subs[rank], coordinator_pb2.HeartbeatRequest(loads=[loads[rank]]))
+        state.beat(subs[2], coordinator_pb2.HeartbeatRequest(loads=[old[1]]))
+        state.inspect(now=now + window)
+    assert "straggler" not in caplog.text, caplog.text
+
+
 def test_a_daemon_beat_carries_its_ranks_counters_only_when_they_moved():
     core = DaemonCore(load_plugin("cpu", threads=1))
     try:
