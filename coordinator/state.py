@@ -426,10 +426,13 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             job.forget_rendezvous()  # after the waiters woke: they see the job's end, not what it held
             self._save_job(job)
             self._forget_rendezvous(job.job_id)
+            self._jobs[job.job_id] = self._jobs.pop(job.job_id)  # the ended jobs in the order they ended
             self._forget_old_jobs()
 
     def _forget_old_jobs(self) -> None:
-        ended = [j for j in self._jobs.values() if j.ended]  # creation order
+        """Forget the ended jobs beyond the history kept, those that ended first first (a long job that has just
+        ended stays, whatever ended after it started)."""
+        ended = [j for j in self._jobs.values() if j.ended]  # the order they ended (_job_ended moves each last)
         for job in ended[: max(0, len(ended) - self.limits.keep_ended_jobs)]:
             del self._jobs[job.job_id]
             self._forget_job(job.job_id)

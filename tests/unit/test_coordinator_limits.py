@@ -138,6 +138,21 @@ def test_ended_jobs_keep_a_bounded_history_and_clipped_causes():
     assert all(not state._jobs[j.job_id].kv for j in jobs)  # the store went with the job
 
 
+def test_a_long_job_that_ends_after_the_history_of_short_ones_is_kept():
+    # forgotten first: those that ended first, not those created first (the launcher asks a job's cause and
+    # culprit right after it ended)
+    state = CoordinatorState(limits=Limits(keep_ended_jobs=2))
+    state.register_daemon(daemon_info(1))
+    state.register_daemon(daemon_info(2))
+    start_job(state, "long", 1)
+    for n in range(3):
+        start_job(state, f"short{n}", 1)
+        state.fail_job(f"short{n}", 0, "bad")
+    state.fail_job("long", 0, "at last")
+    assert state.job_info("long").cause.endswith("at last")
+    assert sorted(j.job_id for j in state.cluster_status().jobs) == ["long", "short2"]
+
+
 def test_a_claim_against_a_peer_waits_for_harder_news():
     state = CoordinatorState(heartbeat_timeout_s=3.0)
     for port in range(3):
