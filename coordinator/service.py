@@ -269,9 +269,6 @@ class CoordinatorServer:
         last = trimmed = time.monotonic()
         while not self._stopped.wait(period_s):
             now = time.monotonic()
-            if now - trimmed > trim_every_s:  # a burst of large requests must not keep the RSS at its peak
-                release_free_memory()
-                trimmed = now
             gap, last = now - last, now
             try:
                 if gap > self.state.heartbeat_timeout_s / 2:  # this thread was stopped or starved: so were the beats
@@ -281,6 +278,11 @@ class CoordinatorServer:
                 self.state.inspect()
             except Exception:  # the reaper must outlive any bug, or deaths would go unnoticed
                 log.exception("liveness check failed")
+            # After the check: a long trim holds the allocator's locks the beats' threads need, and its time then
+            # counts in the next pass's gap (a check right after it would judge beats the trim held up).
+            if time.monotonic() - trimmed > trim_every_s:  # a burst of large requests must not keep the RSS at its peak
+                release_free_memory()
+                trimmed = time.monotonic()
 
     def stop(self, grace_s: float = 1.0) -> None:
         """Stop serving: end heartbeat streams, cancel blocked calls after `grace_s`."""
