@@ -1,9 +1,11 @@
 """The stall inspector (Horovod's): which ranks have entered which collective of a group, and which are missing.
 
 A daemon reports a collective its rank has waited in for a while (StallReport), and again when the wait ends
-(`done`). For each (job, group) the inspector takes the lowest sequence number a rank waits at: the ranks waiting
-there are "waiting", the group's other ranks "missing" (behind, skipped it, or stuck elsewhere: `detail` says so
-when they wait in another collective of the group). Plain data under the coordinator state's lock.
+(`done`); while it waits, it reports again every REFRESH_S, and a wait not heard of for STALE_AFTER_S is dropped
+(a lost or late `done` must not leave a wait behind that would fail a healthy job at the stall timeout, blaming a
+rank that is not missing). For each (job, group) the inspector takes the lowest sequence number a rank waits at:
+the ranks waiting there are "waiting", the group's other ranks "missing" (behind, skipped it, or stuck elsewhere:
+`detail` says so when they wait in another collective of the group). Plain data under the coordinator state's lock.
 
     inspector = StallInspector(warn_after_s=2.0, fail_after_s=300.0)
     inspector.report(report, now)
@@ -18,6 +20,8 @@ from tessel.coordinator.jobs import show_ranks
 from tessel.v1 import coordinator_pb2
 
 MAX_PER_RANK = 64  # collectives in flight one rank may have reported on one group (asynchronous ones queue)
+REFRESH_S = 10.0  # a daemon reports a wait again this often while it lasts (daemon/stall.py)
+STALE_AFTER_S = 3 * REFRESH_S  # a wait not reported again for this long ended, its `done` lost
 
 
 @dataclass
@@ -25,13 +29,14 @@ class _Wait:
     collective: str
     since: float
     ranks: tuple[int, ...]
+    seen: float  # when it was last reported
 
 
 class StallInspector:
     """Reports of one coordinator, by job, group, rank and sequence number."""
 
-    def __init__(self, warn_after_s: float = 2.0, fail_after_s: float = 300.0):
-        self.warn_after_s, self.fail_after_s = warn_after_s, fail_after_s
+    def __init__(self, warn_after_s: float = 2.0, fail_after_s: float = 300.0, stale_after_s: float = STALE_AFTER_S):
+        self.warn_after_s, self.fail_after_s, self.stale_after_s = warn_after_s, fail_after_s, stale_after_s
         self._waits: dict[str, dict[str, dict[int, dict[int, _Wait]]]] = {}
         self._warned: set[tuple[str, str, int]] = set()
 
@@ -51,9 +56,9 @@ class StallInspector:
         if known is None:
             while len(waits) >= MAX_PER_RANK:
                 del waits[max(waits)]
-            waits[report.sequence] = _Wait(report.collective, since, tuple(report.ranks))
+            waits[report.sequence] = _Wait(report.collective, since, tuple(report.ranks), now)
         else:
-            known.since = min(known.since, since)
+            known.since, known.seen = min(known.since, since), now
 
     def forget_job(self, job_id: str) -> None:
         self._waits.pop(job_id, None)
@@ -66,10 +71,18 @@ class StallInspector:
         jobs = [job_id] if job_id is not None else list(self._waits)
         for job in jobs:
             for group, by_rank in self._waits.get(job, {}).items():
+                self._drop_stale(by_rank, now)
                 stall = _stall_of(job, group, by_rank, now)
                 if stall is not None and stall.waited_s >= at_least_s:
                     found.append(stall)
         return found
+
+    def _drop_stale(self, by_rank: dict[int, dict[int, _Wait]], now: float) -> None:
+        for rank, waits in list(by_rank.items()):
+            for sequence in [q for q, wait in waits.items() if now - wait.seen > self.stale_after_s]:
+                del waits[sequence]
+            if not waits:
+                del by_rank[rank]
 
     def new_warnings(self, now: float) -> list:
         """Stalls past the warning threshold not announced before (each is announced once)."""

@@ -23,12 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tessel.coordinator.stalls import REFRESH_S
 from tessel.core.plugin import Handle
 from tessel.v1 import coordinator_pb2
 
 log = logging.getLogger("tessel.daemon")
 
 REPORT_AFTER_S = float(os.environ.get("TESSEL_STALL_REPORT", "1"))
+DONE_TRIES = 3  # passes that try to deliver a wait's end before giving up (the coordinator then lets it expire)
 WATCHED = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "neighbor_exchange", "barrier")
 
 
@@ -42,6 +44,8 @@ class _Entered:
     collective: str
     started: float
     reported: bool = False
+    sent: float = 0.0  # when it was last reported
+    tries: int = 0  # attempts to deliver its `done`
 
 
 class WatchedCommunicator:
@@ -119,16 +123,23 @@ class CollectiveWatch:
         while not self._stop.wait(self.period_s):
             now = time.monotonic()
             with self._lock:
-                due = [e for e in self._entered.values() if not e.reported and now - e.started >= self.report_after_s]
+                due = [
+                    e
+                    for e in self._entered.values()
+                    if (now - e.sent >= REFRESH_S if e.reported else now - e.started >= self.report_after_s)
+                ]
                 for entered in due:
-                    entered.reported = True
+                    entered.reported, entered.sent = True, now
                 ended, self._ended = self._ended, []
-            for entered in due:
+            for entered in due:  # a new long wait, or one going on (the coordinator drops waits it stops hearing of)
                 self._send(entered, now - entered.started, done=False)
-            for entered in ended:
-                self._send(entered, now - entered.started, done=True)
+            undelivered = [e for e in ended if not self._send(e, now - e.started, done=True)]
+            for entered in undelivered:  # told late rather than never (a refresh also stops, so it also expires)
+                entered.tries += 1
+            with self._lock:
+                self._ended.extend(e for e in undelivered if e.tries < DONE_TRIES)
 
-    def _send(self, entered: _Entered, waited_s: float, done: bool) -> None:
+    def _send(self, entered: _Entered, waited_s: float, done: bool) -> bool:
         report = coordinator_pb2.StallReport(
             job_id=entered.job_id,
             rank=entered.rank,
@@ -143,3 +154,5 @@ class CollectiveWatch:
             self.report(report)
         except Exception as exc:  # the coordinator may be gone or the job over: reports are advice
             log.debug("stall report for %s not delivered: %s", entered, exc)
+            return False
+        return True

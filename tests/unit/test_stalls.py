@@ -45,6 +45,20 @@ def test_the_inspector_names_the_waiting_and_the_missing_ranks():
     assert inspector.stalls(now=120.0) == []
 
 
+def test_a_wait_no_longer_reported_expires_and_a_reported_one_fails_its_job_in_time():
+    # the daemons report a wait again every REFRESH_S: one not heard of for stale_after_s ended with its `done` lost
+    # (it must not fail a healthy job at the stall timeout, blaming a rank that is not missing)
+    inspector = StallInspector(warn_after_s=2.0, fail_after_s=100.0, stale_after_s=30.0)
+    for rank in (0, 2, 3):
+        inspector.report(report(rank, 7, 1.0), now=0.0)
+    for now in range(20, 120, 20):  # ranks 0 and 2 keep waiting (and saying so); rank 3's `done` was lost
+        for rank in (0, 2):
+            inspector.report(report(rank, 7, now + 1.0), now=float(now))
+    [overdue] = inspector.overdue(now=101.0)
+    assert list(overdue.waiting) == [0, 2] and list(overdue.missing) == [1, 3]
+    assert inspector.overdue(now=131.0) == [] == inspector.stalls(now=131.0)  # every report stopped: all expired
+
+
 def test_a_missing_rank_waiting_in_another_collective_is_named_there():
     inspector = StallInspector(warn_after_s=1.0)
     inspector.report(report(0, 4, 1.0, ranks=(0, 1)), now=10.0)
@@ -108,6 +122,33 @@ def test_the_daemon_watch_numbers_collectives_and_reports_the_stuck_one():
         assert handle.wait(5) == 2
         time.sleep(0.3)
         assert [(r.sequence, r.done) for r in sent] == [(1, False), (1, True)]
+    finally:
+        fake.gate.set()
+        watch.stop()
+
+
+def test_the_watch_reports_a_long_wait_again_and_retries_the_end_it_could_not_deliver(monkeypatch):
+    monkeypatch.setattr("tessel.daemon.stall.REFRESH_S", 0.3)
+    sent, refuse = [], [True]
+
+    def report_to(report):
+        if report.done and refuse[0]:
+            refuse[0] = False
+            raise ConnectionError("the coordinator is busy")
+        sent.append((report.sequence, report.done))
+
+    watch = CollectiveWatch(report_to, report_after_s=0.1, period_s=0.05)
+    fake = _FakeComm()
+    comm = watch.wrap(fake, "j", 0)
+    watch.start()
+    try:
+        handle = comm.all_reduce(2, async_op=True)  # #0: stuck until the gate opens
+        time.sleep(1.0)
+        assert sent[0] == (0, False) and 2 <= len(sent) <= 6 and set(sent) == {(0, False)}, sent  # then refreshed
+        fake.gate.set()
+        assert handle.wait(5) == 2
+        time.sleep(0.3)
+        assert sent[-1] == (0, True) and sent.count((0, True)) == 1, sent  # the first try failed, the next told it
     finally:
         fake.gate.set()
         watch.stop()
