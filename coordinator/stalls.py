@@ -85,13 +85,12 @@ class StallInspector:
                 del by_rank[rank]
 
     def new_warnings(self, now: float) -> list:
-        """Stalls past the warning threshold not announced before (each is announced once)."""
-        fresh = []
-        for stall in self.stalls(now):
-            key = (stall.job_id, stall.group, stall.sequence)
-            if key not in self._warned:
-                self._warned.add(key)
-                fresh.append(stall)
+        """Stalls past the warning threshold not announced before (each is announced once; only those still
+        stalled are remembered, so a long job's many short stalls leave nothing behind)."""
+        stalls = self.stalls(now)
+        keys = [(stall.job_id, stall.group, stall.sequence) for stall in stalls]
+        fresh = [stall for stall, key in zip(stalls, keys) if key not in self._warned]
+        self._warned = set(keys)
         return fresh
 
     def overdue(self, now: float) -> list:

@@ -359,7 +359,8 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         if job.state != jobs.WAITING:
             return
         job.free_rank(rank)
-        if not job.joiners and self._jobs.get(job.job_id) is job:
+        announced = job.form_deadline is not None  # by expect_job: its size, deadline and fix hold for later joiners
+        if not job.joiners and not announced and self._jobs.get(job.job_id) is job:
             del self._jobs[job.job_id]
             self._forget_job(job.job_id)
         else:

@@ -442,3 +442,11 @@ def test_an_announced_job_refuses_other_sizes_times_out_on_its_own_and_runs_once
         waiting.result()
     with pytest.raises(errors.ConfigurationError, match=r"already ran with all its 2 ranks and failed; this process"):
         state.join(join_request("ms", 2, 1), TIMEOUT_S)
+
+
+def test_an_announced_job_outlives_a_joiner_that_went_away(state):
+    state.expect_job("ms", 2, timeout_s=60.0, how_to_fix="start them")
+    with pytest.raises(errors.TesselError):  # the only joiner's call is cancelled
+        state.join(join_request("ms", 2, 0), 10.0, is_active=lambda: False)
+    with pytest.raises(errors.ConfigurationError, match=r"started with world_size 2 but this process asks for 3"):
+        state.join(join_request("ms", 3, 0), TIMEOUT_S)  # still the announced job: its size holds

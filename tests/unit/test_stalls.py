@@ -42,7 +42,8 @@ def test_the_inspector_names_the_waiting_and_the_missing_ranks():
     assert list(overdue.missing) == [1]
     for rank in (0, 2, 3):  # it completed after all (rank 1 came late): nothing is stalled any more
         inspector.report(report(rank, 7, 0, done=True), now=110.0)
-    assert inspector.stalls(now=120.0) == []
+    assert inspector.stalls(now=120.0) == [] == inspector.new_warnings(now=120.0)
+    assert inspector._warned == set()  # what was announced is forgotten once it ended
 
 
 def test_a_wait_no_longer_reported_expires_and_a_reported_one_fails_its_job_in_time():
