@@ -53,6 +53,12 @@ class LivenessMixin:
                     raise KeyError(
                         f"rank {ref.rank} has not joined job '{ref.job_id}': call JoinJob before heartbeating"
                     )
+                joined = job.joiners[ref.rank].pid
+                if ref.pid and joined and ref.pid != joined:  # e.g. a rank of an earlier job of this id, reconnecting
+                    raise KeyError(
+                        f"rank {ref.rank} of job '{ref.job_id}' is pid {joined}, not {ref.pid}: this process is not "
+                        "that rank (of an earlier job of the same id?)"
+                    )
                 sub.job, sub.rank, sub.pid = job, ref.rank, ref.pid
                 job.subscribers.add(sub)
                 job.beating.add(ref.rank)

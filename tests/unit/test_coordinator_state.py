@@ -55,8 +55,18 @@ def start_job(state: CoordinatorState, job: str, world: int, **fields) -> list[c
 
 def subscribe_client(state: CoordinatorState, job: str, rank: int):
     outbox = queue.SimpleQueue()
-    request = coordinator_pb2.HeartbeatRequest(client=coordinator_pb2.ClientRef(job_id=job, rank=rank, pid=1))
+    request = coordinator_pb2.HeartbeatRequest(client=coordinator_pb2.ClientRef(job_id=job, rank=rank, pid=100 + rank))
     return state.subscribe(request, outbox), outbox
+
+
+def test_a_heartbeat_of_another_process_than_the_rank_that_joined_is_refused(state):
+    # an old process of an earlier job of the same id reconnecting: bound to this job, its exit would fail it
+    state.register_daemon(daemon_info(1))
+    start_job(state, "j", 1)
+    stranger = coordinator_pb2.HeartbeatRequest(client=coordinator_pb2.ClientRef(job_id="j", rank=0, pid=7))
+    with pytest.raises(KeyError, match=r"rank 0 of job 'j' is pid 100, not 7: this process is not that rank"):
+        state.subscribe(stranger, queue.SimpleQueue())
+    assert state.job_info("j").state == "running"
 
 
 def events_in(outbox: queue.SimpleQueue) -> list:
