@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -221,7 +222,7 @@ class CoordinatorServer:
         token: str,
         heartbeat_interval_ms: int,
         heartbeat_timeout_ms: int,
-        max_workers: int = 1024,
+        max_workers: int | None = None,
         limits: Limits | None = None,
         stall_warning_s: float = STALL_WARNING_S,
         stall_timeout_s: float = STALL_TIMEOUT_S,
@@ -230,6 +231,8 @@ class CoordinatorServer:
         pace: PaceSettings | None = None,
     ):
         limits = limits or Limits.from_env()
+        if max_workers is not None:
+            limits = dataclasses.replace(limits, server_threads=max_workers)
         self.state = CoordinatorState(
             heartbeat_timeout_ms / 1000,
             limits=limits,
@@ -245,8 +248,9 @@ class CoordinatorServer:
         servicer = CoordinatorServicer(self.state, heartbeat_interval_ms, heartbeat_timeout_ms, self.planner)
         service = coordinator_pb2.DESCRIPTOR.services_by_name["Coordinator"]
         handler = rpc.generic_handler(servicer, service, token, limits.max_request_bytes)
-        # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily).
-        self._server, self.port = rpc.start_server([handler], host, port, max_workers=max_workers)
+        # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily);
+        # a job that would need more is refused when it forms (CoordinatorState: server_threads), never left queued.
+        self._server, self.port = rpc.start_server([handler], host, port, max_workers=limits.server_threads)
         self.host = host
         self.address = f"{host}:{self.port}"
         self._stopped = threading.Event()

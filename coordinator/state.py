@@ -27,6 +27,7 @@ from tessel.v1 import coordinator_pb2
 log = logging.getLogger("tessel.coordinator")
 
 ACK = "ack"  # outbox item: answer a beat (so the member can tell the coordinator is alive)
+SPARE_THREADS = 64  # server threads kept for unary calls (FinishRank, FailJob, status) beside the blocking ones
 __all__ = ["ACK", "CLOSE", "STALLED", "CoordinatorState"]
 
 
@@ -162,6 +163,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         with self._cond:
             job = self._jobs.get(job_id)
             if job is None or job.ended:
+                self._check_threads(job_id, world_size)
                 if job is not None:
                     self._forget_job(job_id)
                 job = Job(job_id=job_id, world_size=world_size, created_at=time.time())
@@ -311,6 +313,7 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             self.limits.check_count(f"JoinJob: job '{job_id}' has a world size that", world, "max_world_size")
             live = sum(1 for j in self._jobs.values() if not j.ended)
             self.limits.check_count("JoinJob: the number of waiting and running jobs", live + 1, "max_jobs")
+            self._check_threads(job_id, world)
             self._jobs.pop(job_id, None)  # a new job of an old id goes to the back of the queue
             if job is not None:
                 self._forget_job(job_id)
@@ -353,6 +356,20 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         job.take_rank(rank, jobs.Joiner(rank, request.plugin, request.daemon_id, request.hostname, request.pid))
         self._save_rank(job, rank)
         return rank
+
+    def _check_threads(self, job_id: str, world: int) -> None:
+        """Refuse a new job whose ranks, with the live jobs' and the daemons', would need more of the server's
+        threads than it has: each rank holds one in JoinJob or a barrier and one for its heartbeat stream, each
+        daemon one. Queued in gRPC instead, the last ranks' calls would never be served: a timeout naming them."""
+        ranks = world + sum(j.world_size for j in self._jobs.values() if not j.ended and j.job_id != job_id)
+        needed = 2 * ranks + len(self._daemons) + SPARE_THREADS
+        if needed > self.limits.server_threads:
+            raise errors.LimitExceededError(
+                f"JoinJob: job '{job_id}' of {world} ranks would need about {needed} of this coordinator's "
+                f"{self.limits.server_threads} server threads (2 per rank of the live jobs: {ranks}, 1 per daemon: "
+                f"{len(self._daemons)}, {SPARE_THREADS} spare); start the coordinator with "
+                f"TESSEL_LIMIT_SERVER_THREADS={needed} or more"
+            )
 
     def _withdraw(self, job: Job, rank: int) -> None:
         """A joiner went away (its call was cancelled) before the job started: free its rank."""

@@ -35,6 +35,9 @@ class Limits:
     max_sessions: int = 4096  # sessions open on one daemon
     max_tensor_bytes: int = 1 << 40  # one tensor a program asks a daemon to allocate (a received one)
     orphan_session_s: float = 30.0  # a daemon closes a session whose job the coordinator no longer runs after this
+    # The coordinator's gRPC worker threads (made as needed): each heartbeat stream and each blocked call (JoinJob,
+    # Barrier, KeyValueGet, ...) holds one while it lasts, so the ranks of live jobs need about 2 each, a daemon 1.
+    server_threads: int = 4096
 
     @classmethod
     def from_env(cls, **overrides) -> Limits:

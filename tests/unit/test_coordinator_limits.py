@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from test_coordinator_state import Call, daemon_info, events_in, join_request, start_job, subscribe_client
+from test_coordinator_state import TIMEOUT_S, Call, daemon_info, events_in, join_request, start_job, subscribe_client
 
 from tessel.coordinator.service import _HeartbeatStream
 from tessel.coordinator.state import CoordinatorState
@@ -36,7 +36,7 @@ def test_absurd_requests_are_refused_with_short_messages():
 
 
 def test_a_world_of_twenty_million_holds_the_lock_for_milliseconds():
-    state = CoordinatorState(limits=Limits(max_world_size=1 << 25))
+    state = CoordinatorState(limits=Limits(max_world_size=1 << 25, server_threads=1 << 26))
     held: list[float] = []
 
     def probe() -> None:  # how long another request waits for the lock meanwhile
@@ -200,6 +200,19 @@ def test_key_value_store_and_waits_are_bounded():
     assert Limits(max_wait_s=10).wait_s(float("nan"), 60) == 60
     assert Limits(max_wait_s=10).wait_s(1e300, 60) == 10
     assert Limits(max_wait_s=10).wait_s(-5, 60) == 60
+
+
+def test_a_job_needing_more_server_threads_than_the_coordinator_has_is_refused_when_it_forms():
+    # each rank holds a server thread in JoinJob (or a barrier) and one for its heartbeat stream: queued past the
+    # pool instead, the last ranks would never be served and the rendezvous would time out naming them
+    state = CoordinatorState(limits=Limits(server_threads=100))
+    state.register_daemon(daemon_info(1))
+    with pytest.raises(errors.LimitExceededError, match=r"job 'big' of 30 ranks would need about 125 .* "
+                       r"TESSEL_LIMIT_SERVER_THREADS=125 or more"):  # fmt: skip
+        state.join(join_request("big", 30, 0), TIMEOUT_S)
+    with pytest.raises(errors.LimitExceededError, match=r"job 'big' of 30 ranks"):
+        state.expect_job("big", 30, timeout_s=5.0)
+    start_job(state, "small", 1)  # 2 + 1 + 64 = 67 threads: fine
 
 
 def test_limits_come_from_the_environment(monkeypatch):
