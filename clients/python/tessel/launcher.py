@@ -325,8 +325,9 @@ class Launch:
                     return job.culprit_rank, job.cause
                 if rank in job.finished_ranks and code not in (0, None):
                     return -1, (
-                        "after it had finished its part: a rank whose exit hangs writes its threads' stacks and ends "
-                        "with status 1 once TESSEL_EXIT_TIMEOUT seconds have passed"
+                        f"after it had finished its part: a rank whose exit hangs writes its threads' stacks and ends "
+                        f"with status 1 once TESSEL_EXIT_TIMEOUT seconds have passed; or its program raised "
+                        f"SystemExit({code}) itself after its work (sys.exit is seen, a bare raise is not)"
                     )
                 time.sleep(0.05)
         return -1, ""
