@@ -1,7 +1,7 @@
 """The stall inspector (Horovod's): which ranks have entered which collective of a group, and which are missing.
 
 A daemon reports a collective its rank has waited in for a while (StallReport), and again when the wait ends
-(`done`); while it waits, it reports again every REFRESH_S, and a wait not heard of for STALE_AFTER_S is dropped
+(`done`); while it waits, it reports again every STALL_REFRESH_S, and a wait not heard of for STALE_AFTER_S is dropped
 (a lost or late `done` must not leave a wait behind that would fail a healthy job at the stall timeout, blaming a
 rank that is not missing). For each (job, group) the inspector takes the lowest sequence number a rank waits at:
 the ranks waiting there are "waiting", the group's other ranks "missing" (behind, skipped it, or stuck elsewhere:
@@ -17,11 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessel.coordinator.jobs import show_ranks
+from tessel.core.coordinator_client import STALL_REFRESH_S
 from tessel.v1 import coordinator_pb2
 
 MAX_PER_RANK = 64  # collectives in flight one rank may have reported on one group (asynchronous ones queue)
-REFRESH_S = 10.0  # a daemon reports a wait again this often while it lasts (daemon/stall.py)
-STALE_AFTER_S = 3 * REFRESH_S  # a wait not reported again for this long ended, its `done` lost
+STALE_AFTER_S = 3 * STALL_REFRESH_S  # a wait not reported again for this long ended, its `done` lost
 
 
 @dataclass

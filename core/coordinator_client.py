@@ -18,6 +18,9 @@ log = logging.getLogger("tessel.coordinator")
 
 DEFAULT_PORT = 7070
 COORDINATOR_LOST = "coordinator_lost"  # JobEvent.state a HeartbeatHandle reports when the coordinator goes away
+# A daemon reports a long collective wait (StallReport) again this often while it lasts; the coordinator drops a
+# wait not heard of for 3 of these (its end's report was lost): daemon/stall.py, coordinator/stalls.py.
+STALL_REFRESH_S = 10.0
 _DEADLINE_MARGIN_S = 5.0  # gRPC deadline beyond a blocking call's own timeout, so its clear error arrives first
 
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tessel.coordinator.stalls import REFRESH_S
+from tessel.core.coordinator_client import STALL_REFRESH_S
 from tessel.core.plugin import Handle
 from tessel.v1 import coordinator_pb2
 
@@ -126,7 +126,7 @@ class CollectiveWatch:
                 due = [
                     e
                     for e in self._entered.values()
-                    if (now - e.sent >= REFRESH_S if e.reported else now - e.started >= self.report_after_s)
+                    if (now - e.sent >= STALL_REFRESH_S if e.reported else now - e.started >= self.report_after_s)
                 ]
                 for entered in due:
                     entered.reported, entered.sent = True, now

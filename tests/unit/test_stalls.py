@@ -47,8 +47,8 @@ def test_the_inspector_names_the_waiting_and_the_missing_ranks():
 
 
 def test_a_wait_no_longer_reported_expires_and_a_reported_one_fails_its_job_in_time():
-    # the daemons report a wait again every REFRESH_S: one not heard of for stale_after_s ended with its `done` lost
-    # (it must not fail a healthy job at the stall timeout, blaming a rank that is not missing)
+    # the daemons report a wait again every STALL_REFRESH_S: one not heard of for stale_after_s ended with its
+    # `done` lost (it must not fail a healthy job at the stall timeout, blaming a rank that is not missing)
     inspector = StallInspector(warn_after_s=2.0, fail_after_s=100.0, stale_after_s=30.0)
     for rank in (0, 2, 3):
         inspector.report(report(rank, 7, 1.0), now=0.0)
@@ -129,7 +129,7 @@ def test_the_daemon_watch_numbers_collectives_and_reports_the_stuck_one():
 
 
 def test_the_watch_reports_a_long_wait_again_and_retries_the_end_it_could_not_deliver(monkeypatch):
-    monkeypatch.setattr("tessel.daemon.stall.REFRESH_S", 0.3)
+    monkeypatch.setattr("tessel.daemon.stall.STALL_REFRESH_S", 0.3)
     sent, refuse = [], [True]
 
     def report_to(report):
