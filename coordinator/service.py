@@ -250,7 +250,9 @@ class CoordinatorServer:
         handler = rpc.generic_handler(servicer, service, token, limits.max_request_bytes)
         # Each heartbeat stream and each blocked rendezvous holds a worker thread, so allow many (created lazily);
         # a job that would need more is refused when it forms (CoordinatorState: server_threads), never left queued.
-        self._server, self.port = rpc.start_server([handler], host, port, max_workers=limits.server_threads)
+        self._server, self.port = rpc.start_server(
+            [handler], host, port, max_workers=limits.server_threads, max_request_bytes=limits.max_request_bytes
+        )
         self.host = host
         self.address = f"{host}:{self.port}"
         self._stopped = threading.Event()

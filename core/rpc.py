@@ -188,19 +188,27 @@ def check_port_free(host: str, port: int) -> None:
 
 
 def start_server(
-    handlers: list[grpc.GenericRpcHandler], host: str = "127.0.0.1", port: int = 0, max_workers: int = 32
+    handlers: list[grpc.GenericRpcHandler],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_workers: int = 32,
+    max_request_bytes: int | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start a gRPC server on host:port (0 = any free port); returns (server, bound port).
 
     It speaks TLS with a certificate signed by the cluster CA where tls.wanted(host): by default whenever it binds
-    anything other than loopback (TESSEL_TLS)."""
+    anything other than loopback (TESSEL_TLS). `max_request_bytes`: the handlers' limit. gRPC itself refuses a
+    message over twice that before it is buffered whole (the handlers see a message, and check its token, only once
+    it has all arrived: an unauthenticated client could otherwise make the server hold gigabytes); between once and
+    twice, the handler's own error says which limit and how to raise it."""
     check_port_free(host, port)
     credentials = tls.server_credentials() if tls.wanted(host) else None
+    receive = -1 if max_request_bytes is None else min(2 * max_request_bytes, (1 << 31) - 1)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="tessel-rpc"),
         handlers=handlers,
         options=[
-            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_receive_message_length", receive),
             ("grpc.max_send_message_length", -1),
             ("grpc.so_reuseport", 0),
         ],
@@ -322,7 +330,13 @@ class Client:
         try:
             yield from getattr(stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self.metadata)
         except grpc.RpcError as exc:
+            if self._aborted is not None:  # abort() closed the channel: its error (the job's cause), as `call`
+                raise self._aborted from None
             raise _error_from(exc, f"{self.what} {method}") from None
+        except ValueError:  # "Cannot invoke RPC on closed channel": abort() closed it meanwhile
+            if self._aborted is not None:
+                raise self._aborted from None
+            raise
 
     def __getattr__(self, method: str) -> Callable[..., Any]:
         if method.startswith("_"):

@@ -71,7 +71,7 @@ def to_proto(array: np.ndarray) -> common_pb2.TensorProto:
     array = np.asarray(array)
     dtype = array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype
     data = np.ascontiguousarray(array, dtype=dtype).tobytes()
-    return common_pb2.TensorProto(dtype=wire_dtype(array.dtype), shape=array.shape, data=data)
+    return common_pb2.TensorProto(dtype=wire_dtype(dtype), shape=array.shape, data=data)
 
 
 def from_proto(tensor: common_pb2.TensorProto, name: str = "tensor") -> np.ndarray:
@@ -80,6 +80,8 @@ def from_proto(tensor: common_pb2.TensorProto, name: str = "tensor") -> np.ndarr
     shape = tuple(tensor.shape)
     if any(d < 0 for d in shape):
         raise ConfigurationError(f"{name}: negative dimension in shape {shape}")
+    if len(shape) > 64:
+        raise ConfigurationError(f"{name}: {len(shape)} dimensions; an array has at most 64")
     if math.prod(d for d in shape if d) * dtype.itemsize >= 1 << 62:  # numpy cannot even describe it
         raise ConfigurationError(f"{name}: shape {shape} is too large for any array")
     expected = math.prod(shape) * dtype.itemsize  # Python ints: an absurd shape cannot wrap around to a match

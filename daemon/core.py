@@ -272,16 +272,26 @@ class DaemonCore:
             found = self.coordinator.create_group(session.job_id, name, ranks, session.rank, timeout_s=timeout_s)
             by_rank = {m.rank: m for m in found}
             members = [by_rank.get(i, m) for i, m in enumerate(session.members)]
-        session.groups[name] = self._new_communicator(session, name, ranks, members)
-        session.bound.clear()
+        comm = self._new_communicator(session, name, ranks, members)
+        with session.lock:  # the session may have closed, or another call made the group, during the rendezvous
+            try:
+                session.check_alive()
+                if name in session.groups:
+                    raise ConfigurationError(f"group {name!r} already exists in job {session.job_id!r}")
+            except BaseException:
+                comm.close()
+                raise
+            session.groups[name] = comm
+            session.bound.clear()
 
     def destroy_group(self, session_id: str, name: str) -> None:
         session = self.session(session_id)
-        comm = session.groups.pop(name, None)
-        if comm is None:
-            raise ConfigurationError(f"no group {name!r} in job {session.job_id!r}")
-        comm.close()
-        session.bound.clear()
+        with session.lock:  # not under a program that may be in one of its collectives
+            comm = session.groups.pop(name, None)
+            if comm is None:
+                raise ConfigurationError(f"no group {name!r} in job {session.job_id!r}")
+            comm.close()
+            session.bound.clear()
         if self.coordinator is not None and session.world_size > 1:
             self.coordinator.destroy_group(session.job_id, name, session.rank)
 
@@ -561,6 +571,10 @@ class DaemonCore:
             self._probing.release()
 
     def close(self) -> None:
+        """Shut down: runs in flight stop between repetitions (their waits end), then every session closes."""
+        for session in self.sessions():
+            if session.abort_cause is None:
+                session.abort_cause = f"daemon {self.daemon_id} is shutting down"
         for session in self.sessions():
             self.close_session(session.session_id)
         self.plugin.close()

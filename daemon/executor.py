@@ -14,7 +14,7 @@ import numpy as np
 
 from tessel.core.errors import ConfigurationError
 from tessel.core.plugin import Done
-from tessel.core.wire import REDUCE_OP_NAMES, numpy_dtype
+from tessel.core.wire import numpy_dtype, reduce_op_name
 from tessel.daemon.buckets import FlatBucket
 from tessel.daemon.session import WORLD_GROUP, Session
 from tessel.v1 import collective_pb2, daemon_pb2
@@ -82,7 +82,7 @@ def _collective_call(comm: Any, session: Session, op: daemon_pb2.CollectiveOp) -
     inputs = list(op.inputs)
     kind = op.kind
     first = inputs[0] if inputs else ""
-    reduce_op = REDUCE_OP_NAMES[op.op]
+    reduce_op = reduce_op_name(op.op)
     if kind == collective_pb2.ALL_REDUCE:
         return (lambda a: comm.all_reduce(session.tensor(first), reduce_op, async_op=a)), _outputs(op, [first])
     if kind == collective_pb2.ALL_GATHER:
@@ -242,7 +242,7 @@ class Executor:
             comm = self.group_of(session, op.group or WORLD_GROUP)
             if op.kind == collective_pb2.ALL_REDUCE and len(op.inputs) > 1:  # a bucket: see daemon/buckets.py
                 bucket = buckets[index] = FlatBucket(comm, op.inputs)
-                reduce_op = REDUCE_OP_NAMES[op.op]
+                reduce_op = reduce_op_name(op.op)
                 call, outputs = (
                     (lambda a: bucket([session.tensor(n) for n in bucket.names], reduce_op, a)),
                     list(op.outputs),
@@ -258,7 +258,7 @@ class Executor:
                 start = lambda: _started(session, op.handle, outputs, call)  # noqa: E731
                 return Bound(label, start, label, op.group, op.handle, sizes)
             if op.handle and op.kind == collective_pb2.ALL_REDUCE:
-                names, reduce_op, bucket = list(op.inputs), REDUCE_OP_NAMES[op.op], buckets.get(index)
+                names, reduce_op, bucket = list(op.inputs), reduce_op_name(op.op), buckets.get(index)
                 defer = lambda: _defer(session, comm, reduce_op, names, outputs, op.handle, bucket)  # noqa: E731
                 return Bound(label, defer, label, op.group, op.handle, sizes)
             if op.handle:

@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         max_bytes = args.max_request_mb << 20
         local = None if args.no_unix_socket else service.serve_local(core, token, max_bytes)
         handlers = [service.handler(core, token, max_bytes, local.path if local else "")]
-        server, port = rpc.start_server(handlers, args.host, args.port)
+        server, port = rpc.start_server(handlers, args.host, args.port, max_request_bytes=max_bytes)
         address = f"[{advertised}]:{port}" if ":" in advertised else f"{advertised}:{port}"
         registration = _register(args, core, address, coordinator, measured=measured)
         core.daemon_id = registration.daemon_id

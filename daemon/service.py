@@ -6,6 +6,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 from google.protobuf.message import DecodeError
@@ -79,11 +80,7 @@ class DaemonServicer:
     def Execute(self, request, context):
         """`request`: an ExecuteRequest or its serialized bytes (see `_unpack`: parsed here, the tensors it feeds
         are decoded and the message let go of before the program runs)."""
-        cancelled = None
-        if context is not None:  # a caller that goes away (cancel, deadline) stops a long run between repetitions
-            ended = threading.Event()
-            if context.add_callback(ended.set):
-                cancelled = ended.is_set
+        cancelled = _cancelled(context)
         call = _unpack(request)
         del request
         return _reply(self.core.execute(**call, cancelled=cancelled))
@@ -95,12 +92,15 @@ class DaemonServicer:
         Repetitions that end within PROGRESS_INTERVAL_S of the last message share the next one: a message per
         step cost a sink-mode step of the seed MLP a third of its time (the CPU its compute needed)."""
         events: queue.SimpleQueue = queue.SimpleQueue()
+        cancelled = _cancelled(context, events)
         call = _unpack(request)
         del request
 
         def run():
             try:
-                result = self.core.execute(**call, progress=lambda repetition, values: events.put((repetition, values)))
+                result = self.core.execute(
+                    **call, progress=lambda repetition, values: events.put((repetition, values)), cancelled=cancelled
+                )
                 events.put(_reply(result, collected=False))
             except BaseException as exc:  # handed to the RPC thread, which reports it to the client
                 events.put(exc)
@@ -118,6 +118,8 @@ class DaemonServicer:
                 pending.append(event)
                 if time.monotonic() < sent_at + PROGRESS_INTERVAL_S:
                     continue
+            elif event is _GONE:  # the caller went away: the run stops between repetitions, nobody reads on
+                return
             elif event is not None:  # the reply, or the error the run ended with
                 if pending:
                     yield _progress(pending)
@@ -245,3 +247,21 @@ def serve_local(core: DaemonCore, token: str, max_request_bytes: int = rpc.DEFAU
     except (OSError, ConfigurationError) as exc:
         log.warning("no local Execute socket (%s); clients on this host use gRPC", exc)
         return None
+
+
+_GONE = object()  # ExecuteStream's queue item: the caller went away
+
+
+def _cancelled(context, events: queue.SimpleQueue | None = None) -> Callable[[], bool] | None:
+    """A check that the caller went away (cancelled, or past its deadline): a long run stops between repetitions.
+    With `events`, the RPC thread waiting on it is woken too. None without a gRPC context (the local socket)."""
+    if context is None:
+        return None
+    ended = threading.Event()
+
+    def gone() -> None:
+        ended.set()
+        if events is not None:
+            events.put(_GONE)
+
+    return ended.is_set if context.add_callback(gone) else None

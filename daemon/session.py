@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from tessel.core.errors import ConfigurationError, JobFailedError
 from tessel.core.plugin import Communicator, Handle
 
 WORLD_GROUP = "world"
+log = logging.getLogger("tessel.daemon")
 
 
 class TensorStore(dict):
@@ -164,6 +166,7 @@ class Session:
     culprit_rank: int = -1
     orphan_since: float | None = None  # since when the coordinator has not had this session's job run here
     reaping: bool = False
+    closed: bool = False  # set by close(), under `lock`
     # Held for the whole of an Execute: one program at a time per session, and cleanup waits for it.
     lock: threading.RLock = field(default_factory=threading.RLock)
 
@@ -173,6 +176,8 @@ class Session:
     def check_alive(self) -> None:
         if self.abort_cause is not None:
             raise JobFailedError(f"job {self.job_id!r} failed: {self.abort_cause}", self.culprit_rank)
+        if self.closed:  # closed while this call waited for the session's lock
+            raise ConfigurationError(f"{self.describe()} is closed (its job ended, or its client closed it)")
 
     def tensor(self, name: str) -> np.ndarray:
         try:
@@ -184,11 +189,17 @@ class Session:
             ) from None
 
     def tensor_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors.values())
+        # list() copies the values at once (under the GIL): the program's thread changes the store meanwhile
+        return sum(getattr(t, "nbytes", 0) for t in list(self.tensors.values()))
 
     def close(self) -> None:
-        for comm in self.groups.values():
-            comm.close()
+        """Free everything (under `lock`); later calls that waited for the lock find it closed (check_alive)."""
+        self.closed = True
+        for name, comm in list(self.groups.items()):
+            try:
+                comm.close()
+            except Exception as exc:  # the others and the tensors must go all the same
+                log.warning("closing group %r of %s: %s", name, self.describe(), exc)
         self.groups.clear()
         self.handles.clear()
         self.waited.clear()

@@ -201,13 +201,19 @@ def test_daemon_rejects_missing_token_malformed_and_oversized_requests_and_keeps
         client.PutTensors(
             daemon_pb2.PutTensorsRequest(session_id=session, tensors=[common_pb2.NamedTensor(name="x", tensor=bad)])
         )
-    with pytest.raises(ConfigurationError, match="exceeds this server's limit"):
+    with pytest.raises(ConfigurationError, match="exceeds this server's limit"):  # 1.6 MB: the handler says which
         client.PutTensors(
             daemon_pb2.PutTensorsRequest(
                 session_id=session,
-                tensors=[common_pb2.NamedTensor(name="big", tensor=to_proto(np.zeros(600_000, np.float32)))],
+                tensors=[common_pb2.NamedTensor(name="big", tensor=to_proto(np.zeros(400_000, np.float32)))],
             )
         )
+    huge = daemon_pb2.PutTensorsRequest(
+        session_id="none", tensors=[common_pb2.NamedTensor(name="big", tensor=to_proto(np.zeros(600_000, np.float32)))]
+    )
+    with pytest.raises(grpc.RpcError) as unread:  # over twice the limit: refused before it is buffered, token or not
+        put(huge.SerializeToString(), timeout=10)
+    assert unread.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert client.Status(common_pb2.Empty()).daemon_id == cluster.daemons[0][1]  # still serving
     client.close()
 

@@ -343,3 +343,53 @@ def test_a_device_that_cannot_give_memory_back_still_closes_the_session_and_says
     assert core.sessions() == []
     assert "could not release its cached memory: arena busy" in caplog.text
     core.close()
+
+
+def test_a_call_that_found_its_session_before_it_closed_finds_it_closed(core):
+    # an Execute (or CreateGroup) looked the session up, then CloseSession (or the reaper) closed it before the
+    # call had its lock: it must not run on the closed session, nor leave a communicator there no one closes
+    sid = core.open_session("late", 0, 1, [])
+    core.put(sid, {"x": np.ones(3, np.float32)})
+    session = core.session(sid)
+    core.close_session(sid)
+    core._sessions[sid] = session  # as if looked up before the close
+    try:
+        with pytest.raises(ConfigurationError, match=r"session .* is closed"):
+            core.execute(sid, _program({"copy": daemon_pb2.CopyOp(source="x", target="y")}), fetch=["y"])
+        with pytest.raises(ConfigurationError, match=r"session .* is closed"):
+            core.create_group(sid, "pair", [0])
+        assert session.tensors == {} and session.groups == {}
+    finally:
+        core._sessions.pop(sid, None)
+
+
+def test_a_stream_whose_caller_went_away_stops_its_run_and_frees_its_thread(core):
+    from tessel.daemon.service import DaemonServicer
+
+    class Context:  # a gRPC context whose caller cancels after the first progress message
+        def __init__(self):
+            self.callbacks = []
+
+        def add_callback(self, callback):
+            self.callbacks.append(callback)
+            return True
+
+    sid = core.open_session("gone", 0, 1, [])
+    core.put(sid, {"x": np.arange(3, dtype=np.float32)})
+    reduce = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, inputs=["x"], outputs=["x"])
+    program = _program({"collective": reduce})
+    request = daemon_pb2.ExecuteRequest(session_id=sid, program=program, repeat=10_000_000, collect=["x"])
+    context = Context()
+    replies = DaemonServicer(core).ExecuteStream(request.SerializeToString(), context)
+    assert next(replies).count >= 1  # the run goes on
+    for callback in context.callbacks:  # the caller cancels
+        callback()
+    drained = threading.Thread(target=lambda: [None for _ in replies], daemon=True)
+    drained.start()
+    drained.join(timeout=10)
+    assert not drained.is_alive(), "the stream went on after its caller went away"
+    session = core.session(sid)
+    assert session.lock.acquire(timeout=10), "the run went on after its caller went away"
+    session.lock.release()
+    assert session.steps < 10_000_000
+    core.close_session(sid)
