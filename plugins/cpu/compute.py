@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +232,10 @@ class CpuExecutable(Executable):
             raise ConfigurationError(f"input {name!r} must have shape {port.shape}, got {array.shape}")
 
 
+CACHED_SESSIONS = 256  # compiled models a CpuCompute keeps for later calls (and jobs)
+CACHED_MODEL_BYTES = 2 << 30  # and at most this many bytes of them (their weights' constants included)
+
+
 class CpuCompute(ComputePlugin):
     """Compiles ONNX models into cached ONNX Runtime sessions sharing one process-wide thread pool.
 
@@ -244,17 +249,28 @@ class CpuCompute(ComputePlugin):
             raise ConfigurationError(f"threads must be >= 1, got {threads}")
         _large_allocations_from_the_system()
         self.threads = _global_pool(threads)  # an earlier CpuCompute in this process may have fixed the size
-        self._sessions: dict[str, CpuExecutable] = {}
+        self._sessions: OrderedDict[str, tuple[CpuExecutable, int]] = OrderedDict()  # least recently used first
+        self._cached_bytes = 0
         self._lock = threading.Lock()
 
     def compile(self, onnx_bytes: bytes) -> CpuExecutable:
-        """A session for the model, cached by the model's content hash."""
+        """A session for the model, cached by the model's content hash: a daemon keeps its models warm from job to
+        job, the least recently used going once the cache holds CACHED_SESSIONS of them or CACHED_MODEL_BYTES of
+        models (a long-running daemon serves many jobs; a session in use lives on with its users)."""
         key = hashlib.sha256(onnx_bytes).hexdigest()
         with self._lock:
-            exe = self._sessions.get(key)
-            if exe is None:
-                exe = CpuExecutable(self._session(onnx_bytes), key)
-                self._sessions[key] = exe
+            cached = self._sessions.get(key)
+            if cached is not None:
+                self._sessions.move_to_end(key)
+                return cached[0]
+            exe = CpuExecutable(self._session(onnx_bytes), key)
+            self._sessions[key] = (exe, len(onnx_bytes))
+            self._cached_bytes += len(onnx_bytes)
+            while len(self._sessions) > 1 and (
+                len(self._sessions) > CACHED_SESSIONS or self._cached_bytes > CACHED_MODEL_BYTES
+            ):
+                _, (_, size) = self._sessions.popitem(last=False)
+                self._cached_bytes -= size
         return exe
 
     def _session(self, onnx_bytes: bytes) -> Any:

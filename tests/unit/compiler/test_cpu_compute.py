@@ -38,6 +38,21 @@ def test_sessions_are_cached_by_model_content(compute):
     assert compute.compile(AFFINE) is not compute.compile(model(lambda x: x * 2.0, TensorSpec((2,))))
 
 
+def test_the_cache_keeps_the_models_used_last_and_no_more(monkeypatch):
+    # a long-running daemon compiles models job after job: the least recently used go, by count and by bytes
+    monkeypatch.setattr("tessel.plugins.cpu.compute.CACHED_SESSIONS", 2)
+    compute = CpuCompute(threads=1)
+    models = [model(lambda x, k=k: x * float(k), TensorSpec((2,))) for k in range(3)]
+    first = compute.compile(models[0])
+    compute.compile(models[1])
+    assert compute.compile(models[0]) is first  # used last now: models[1] goes next
+    compute.compile(models[2])
+    assert len(compute._sessions) == 2 and compute.compile(models[0]) is first
+    monkeypatch.setattr("tessel.plugins.cpu.compute.CACHED_MODEL_BYTES", len(models[0]) + len(models[1]) - 1)
+    compute.compile(models[1])  # over the bytes: only the newest stays
+    assert list(compute._sessions) == [compute.compile(models[1]).key]
+
+
 def test_one_session_runs_any_batch_size(compute):
     exe = compute.compile(AFFINE)
     w = np.arange(6, dtype=np.float32).reshape(3, 2)
