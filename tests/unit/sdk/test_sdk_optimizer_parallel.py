@@ -66,28 +66,53 @@ def test_grad_accumulation_checks_its_arguments():
     assert ms.nn.GradAccumulation is ms.nn.GradAccumulationCell is GradAccumulation
 
 
-def _train(network_of, steps: int = 3) -> tuple[list[float], np.ndarray]:
+class OwnStep(nn.TrainOneStepCell):
+    """A construct of its own (MindSpore's pattern for gradient clipping and the like): not the fused step."""
+
+    def construct(self, *inputs):
+        return super().construct(*inputs)
+
+
+def _train(network_of, steps: int = 3, kind: str = "fused") -> tuple[list[float], np.ndarray]:
     ms.set_seed(4)
     dense = nn.Dense(6, 3)
     network = network_of(nn.WithLossCell(dense, nn.CrossEntropyLoss()))
-    step = nn.TrainOneStepCell(network, nn.Momentum(dense.trainable_params(), 0.1, 0.9))
+    optimizer = nn.Momentum(dense.trainable_params(), 0.1, 0.9)
+    if kind == "own":
+        step = OwnStep(network, optimizer)
+    else:
+        step = nn.TrainOneStepCell(network, optimizer, return_grad=kind == "return_grad")
     rng = np.random.default_rng(2)
     losses = []
     for _ in range(steps):
         x = rng.standard_normal((8, 6)).astype(np.float32)
         y = rng.integers(0, 3, 8).astype(np.int32)
-        losses.append(float(step(ms.Tensor(x), ms.Tensor(y)).asnumpy()))
+        out = step(ms.Tensor(x), ms.Tensor(y))
+        losses.append(float((out[0] if kind == "return_grad" else out).asnumpy()))
     return losses, dense.weight.asnumpy()
 
 
+@pytest.mark.parametrize("kind", ["fused", "return_grad", "own"])
 @pytest.mark.parametrize("by_context", [False, True])
-def test_accumulated_micro_batches_are_one_step_on_the_whole_batch(by_context):
+def test_accumulated_micro_batches_are_one_step_on_the_whole_batch(by_context, kind):
+    # fused or not (return_grad=True, a construct of its own), a train step scales the gradients by 1/micro_size
     want_losses, want = _train(lambda net: net)
     if by_context:
         ms.set_auto_parallel_context(grad_accumulation_step=4)
-        losses, got = _train(lambda net: net)
+        losses, got = _train(lambda net: net, kind=kind)
     else:
-        losses, got = _train(lambda net: GradAccumulation(net, 4))
+        losses, got = _train(lambda net: GradAccumulation(net, 4), kind=kind)
     # the logged loss sums the 4 micro-batches' mean losses; the update is the whole batch's
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert losses[0] == pytest.approx(4 * want_losses[0], rel=1e-5)
+
+
+def test_a_train_step_is_built_again_when_gradients_mean_changes():
+    # under DATA_PARALLEL the mean or sum of the ranks' gradients is part of the step's graph: a cached step built
+    # with the other setting would reduce N times too much or too little
+    from tessel.nn.wrap import _step_settings
+
+    ms.set_auto_parallel_context(gradients_mean=False)
+    summed = _step_settings()
+    ms.set_auto_parallel_context(gradients_mean=True)
+    assert _step_settings() != summed

@@ -76,10 +76,7 @@ class FusedTrainStep:
         self._placed: tuple = ()  # (engine id, id of the shards) whose layouts the parameters took
 
     def _forward(self, *inputs: Any) -> Any:
-        network, micro = self.network, _micro_size(self.network)
-        steps = context.get_auto_parallel_context("grad_accumulation_step")
-        if steps > 1 and micro == 1:  # set_auto_parallel_context(grad_accumulation_step=k)
-            network, micro = GradAccumulation(self.network, steps), steps
+        network, micro = accumulated(self.network)
         out = network(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
         # MindSpore's _TrainGradAccuStepCell: the micro-batches' summed loss is differentiated with sens 1/micro; the
@@ -226,6 +223,7 @@ def _step_settings() -> tuple:
     ctx = context.get_auto_parallel_context
     return (
         rank_step.parallel_mode(),
+        ctx("gradients_mean"),
         ctx("grad_accumulation_step"),
         ctx("enable_parallel_optimizer"),
         repr(ctx("parallel_optimizer_config")),
@@ -234,6 +232,18 @@ def _step_settings() -> tuple:
         ctx("enable_alltoall"),
         rank_step.gradient_weight(),  # an uneven batch split's weight of this rank's gradients
     )
+
+
+def accumulated(network: Cell) -> tuple[Cell, int]:
+    """(the network a train step differentiates, its micro-batches): `network` and the micro_size of the
+    GradAccumulation cell inside it, or, with set_auto_parallel_context(grad_accumulation_step=k) and none inside,
+    `network` wrapped in GradAccumulation(network, k). The step scales its gradients by 1/micro-batches (MindSpore's
+    _TrainGradAccuStepCell), fused or not."""
+    micro = _micro_size(network)
+    steps = context.get_auto_parallel_context("grad_accumulation_step")
+    if steps > 1 and micro == 1:
+        return GradAccumulation(network, steps), steps
+    return network, micro
 
 
 def _micro_size(network: Cell) -> int:
@@ -290,9 +300,10 @@ class TrainOneStepCell(Cell):
         object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens))
 
     def construct(self, *inputs):
-        loss = self.network(*inputs)
-        sens = F.fill(loss.dtype, loss.shape, self.sens)
-        grads = self.grad(self.network, self.weights)(*inputs, sens)
+        network, micro = accumulated(self.network)  # as the fused step: the micro-batches' gradients / micro_size
+        loss = network(*inputs)
+        sens = F.fill(loss.dtype, loss.shape, self.sens / micro)
+        grads = self.grad(network, self.weights)(*inputs, sens)
         grads = self.grad_reducer(grads)
         loss = F.depend(loss, self.optimizer(grads))
         if self.return_grad:
