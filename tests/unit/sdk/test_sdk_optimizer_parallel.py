@@ -47,6 +47,13 @@ def test_hsdp_and_its_companions_set_the_context():
     ms.reset_auto_parallel_context()
     net._apply()  # the wrapper's configuration is the job's again whenever it runs
     assert context.optimizer_shard_config() == ("level2", 8, 2)
+    other = AutoParallel(nn.Dense(4, 2))  # an eval network: none of the first wrapper's settings
+    other._apply()
+    assert ms.get_auto_parallel_context("enable_parallel_optimizer") is False
+    assert ms.get_auto_parallel_context("gradient_fp32_sync") is True
+    assert ms.get_auto_parallel_context("loss_repeated_mean") is True
+    net._apply()
+    assert ms.get_auto_parallel_context("gradient_fp32_sync") is False
     for kwargs, message in [
         ({"shard_size": 0}, "shard_size must be a positive integer or -1"),
         ({"threshold": -1}, "threshold must be a positive integer or 0"),

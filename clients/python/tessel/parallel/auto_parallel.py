@@ -75,10 +75,13 @@ class AutoParallel(Cell):
         settings["pipeline_stages"] = self._pipeline_stages
         settings["pipeline_config"] = dict(self._pipeline_config)
         settings["pipeline_result_broadcast"] = self._pipeline_broadcast
+        # Every setting this wrapper owns is written, set or not: a second AutoParallel (an eval network) must not
+        # run with the first one's optimizer sharding or sync options.
+        settings["enable_parallel_optimizer"] = self._optimizer_parallel is not None
         if self._optimizer_parallel is not None:
-            settings["enable_parallel_optimizer"] = True
             settings["parallel_optimizer_config"] = dict(self._optimizer_parallel)
-        settings.update(self._sync_options)
+        settings["gradient_fp32_sync"] = self._sync_options.get("gradient_fp32_sync", True)
+        settings["loss_repeated_mean"] = self._sync_options.get("loss_repeated_mean", True)
         settings["force_fp32_communication"] = getattr(self, "_fp32_communication", False)
         context.set_auto_parallel_context(**settings)
 
