@@ -39,6 +39,7 @@ from tessel.compiler.ir import Graph, Node, TensorType, Value
 from tessel.compiler.rank_rewrite import Rewriter
 from tessel.compiler.shapes import numel
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import log_once
 
 LEVELS = ("level1", "level2", "level3")
 
@@ -96,17 +97,21 @@ class ParamShard:
         return self.level == "level3"
 
 
-def split_group(replicas: Sequence[int], shard_size: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def split_group(replicas: Sequence[int], shard_size: int, rank: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """(shard group, ranks holding the same block) of `rank` in a replica group: runs of `shard_size` consecutive
-    members (MindSpore's optimizer_weight_shard_size; -1 or more than the group: the whole group)."""
+    members (MindSpore's optimizer_weight_shard_size; -1 or more than the group: the whole group). None where
+    `shard_size` does not divide the group: as MindSpore ("can not be applied"), the parameter stays whole, and a
+    warning says so once."""
     replicas = tuple(replicas)
     size = len(replicas) if shard_size == -1 or shard_size >= len(replicas) else shard_size
     if len(replicas) % size:
-        raise ConfigurationError(
-            f"optimizer_weight_shard_size={shard_size} does not divide the {len(replicas)} ranks {list(replicas)} that "
-            "hold a parameter whole; the rule: shard groups tile the replica group. Use a divisor of "
-            f"{len(replicas)}, or -1 for the whole group"
+        log_once(
+            f"optimizer-shard-size-{shard_size}-{len(replicas)}",
+            f"optimizer_weight_shard_size={shard_size} does not divide the {len(replicas)} ranks {list(replicas)} "
+            "that hold a parameter whole: such parameters are not sharded (shard groups tile the replica group). "
+            f"Use a divisor of {len(replicas)}, or -1 for the whole group",
         )
+        return None
     position = replicas.index(rank)
     start = position // size * size
     return replicas[start : start + size], replicas[position % size :: size]
@@ -137,7 +142,10 @@ def plan_shards(
             continue
         if numel(value.shape) * value.dtype.itemsize < config.threshold_kb * 1024:
             continue
-        group, same = split_group(replicas, config.shard_size, rank)
+        found = split_group(replicas, config.shard_size, rank)
+        if found is None:
+            continue
+        group, same = found
         if value.shape[0] % len(group):
             continue  # MindSpore leaves a parameter whose dim 0 the group does not divide whole
         shards[name] = ParamShard(
@@ -392,7 +400,10 @@ def block_of(layout, shape: Sequence[int], itemsize: int, config: ShardConfig, r
     local = layout.local_shape(tuple(shape))
     if layout.replicas == 1 or not local or math.prod(local) * itemsize < config.threshold_kb * 1024:
         return None
-    group, same = split_group(layout.mesh.group(rank, layout.replicated_axes), config.shard_size, rank)
+    found = split_group(layout.mesh.group(rank, layout.replicated_axes), config.shard_size, rank)
+    if found is None:
+        return None
+    group, same = found
     if local[0] % len(group):
         return None
     shard = ParamShard(name, config.level, tuple(local), group, group.index(rank), same, False)

@@ -142,6 +142,16 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     blocks = _state_blocks(plan, params, fixed, rank)
     if blocks:  # optimizer parallel: the optimizer's state takes its blocks, and the plan follows
         plan = plan_with({**fixed, **blocks})
+        level = context.optimizer_shard_config()[0]
+        if level != "level1":
+            from tessel.common.support import log_once
+
+            log_once(
+                "optimizer-level-functional",
+                f"optimizer_level={level}: an optimizer called on gradients in a compiled function (value_and_grad "
+                "+ optimizer(grads)) shards its state (level1) but keeps gradients and weights whole; Model.train "
+                f"and TrainOneStepCell run {level}",
+            )
     for key, p in params.items():
         p.place(plan.input_layout(key), eng.id)
     if where.pipelined:
