@@ -90,12 +90,16 @@ def test_gradients_left_on_the_daemon_update_like_host_gradients():
     np.testing.assert_allclose(results[0], results[1], rtol=1e-6)
 
 
-def test_weight_decay_skips_normalisation_parameters_and_groups_choose():
-    gamma = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="norm.gamma")
-    w = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="w")
-    opt = nn.SGD([gamma, w], learning_rate=1.0, weight_decay=0.5)
-    opt((ms.Tensor(np.zeros(2, np.float32)), ms.Tensor(np.zeros(2, np.float32))))
-    assert gamma.asnumpy().tolist() == [1.0, 1.0] and w.asnumpy().tolist() == [0.5, 0.5]
+def test_weight_decay_skips_normalisation_parameters_but_in_sgd_and_groups_choose():
+    # MindSpore: Momentum, Adam, ... leave beta/gamma undecayed (decay_filter); SGD hands its weight decay to every
+    # parameter's kernel (nn/optim/sgd.py: P.SGD(dampening, weight_decay, nesterov) per parameter)
+    for kind, gamma_after in ((nn.Momentum, 1.0), (nn.SGD, 0.5)):
+        gamma = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="norm.gamma")
+        w = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="w")
+        extra = {"momentum": 0.0} if kind is nn.Momentum else {}
+        opt = kind([gamma, w], learning_rate=1.0, weight_decay=0.5, **extra)
+        opt((ms.Tensor(np.zeros(2, np.float32)), ms.Tensor(np.zeros(2, np.float32))))
+        assert gamma.asnumpy().tolist() == [gamma_after] * 2 and w.asnumpy().tolist() == [0.5, 0.5], kind
     a = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="a")
     c = ms.Parameter(ms.Tensor(np.ones(2, np.float32)), name="c")
     opt = nn.SGD([{"params": [a], "weight_decay": 0.5}, {"params": [c]}], learning_rate=1.0)

@@ -35,8 +35,12 @@ def _decay_filter(p: Parameter) -> bool:
     return "beta" not in p.name and "gamma" not in p.name
 
 
-def _parse_params(parameters: Any, weight_decay: float) -> tuple[list[Parameter], set[str], float]:
-    """(parameters, names of those without decay, the weight decay) from a list or MindSpore parameter groups."""
+def _parse_params(
+    parameters: Any, weight_decay: float, filtered: bool = True
+) -> tuple[list[Parameter], set[str], float]:
+    """(parameters, names of those without decay, the weight decay) from a list or MindSpore parameter groups.
+    `filtered`: a plain list leaves normalisation scales and shifts undecayed (MindSpore's decay_filter, which
+    SGD does not apply)."""
     items = list(parameters)
     if not items:
         raise ConfigurationError("the optimizer got an empty parameter list; pass net.trainable_params()")
@@ -44,7 +48,7 @@ def _parse_params(parameters: Any, weight_decay: float) -> tuple[list[Parameter]
         bad = [type(p).__name__ for p in items if not isinstance(p, Parameter)]
         if bad:
             raise ConfigurationError(f"optimizer parameters must be Parameters, got {bad}")
-        return items, {p.key for p in items if not _decay_filter(p)}, float(weight_decay)
+        return items, {p.key for p in items if filtered and not _decay_filter(p)}, float(weight_decay)
     params, no_decay, decays, order = [], set(), {float(weight_decay)} - {0.0}, None
     for group in items:
         unknown = set(group) - {"params", "weight_decay", "order_params", "grad_centralization"}
@@ -119,10 +123,12 @@ class Optimizer(Cell):
     """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
 
     _slot_names: ClassVar[dict[str, str]] = {}  # compiler slot -> MindSpore checkpoint prefix
+    # MindSpore's optimizers decay every parameter but the beta/gamma ones (decay_filter); its SGD decays them all
+    _decay_filtered: ClassVar[bool] = True
 
     def __init__(self, learning_rate: Any, parameters: Any, weight_decay: float = 0.0, loss_scale: float = 1.0):
         super().__init__(auto_prefix=False)
-        params, no_decay, decay = _parse_params(parameters, weight_decay)
+        params, no_decay, decay = _parse_params(parameters, weight_decay, self._decay_filtered)
         if decay < 0 or loss_scale <= 0:
             raise ConfigurationError(f"weight_decay must be >= 0 and loss_scale > 0, got {decay}, {loss_scale}")
         self.parameters = ParameterTuple(params)
