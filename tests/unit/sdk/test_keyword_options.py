@@ -113,6 +113,9 @@ def test_pooling_cells_refuse_the_options_they_lack():
         pooled = nn.AvgPool2d(2, 2, pad_mode="pad", padding=1, count_include_pad=include)(x).asnumpy()
         corner[include] = pooled[0, 0, 0, 0]  # the corner window holds one real element, 1.0, and 3 of padding
     assert corner == {True: pytest.approx(0.25), False: pytest.approx(1.0)}
+    for include in (True, False):  # pad_mode='same': MindSpore's AvgPool never counts its padding
+        pooled = nn.AvgPool2d(3, 1, pad_mode="same", count_include_pad=include)(x).asnumpy()
+        assert pooled[0, 0, 0, 0] == pytest.approx((1 + 2 + 5 + 6) / 4), include
     for cell, options in (
         (nn.MaxPool2d, {"ceil_mode": True}),
         (nn.MaxPool2d, {"return_indices": True}),

@@ -130,7 +130,9 @@ class MaxPool2d(_Pool2d):
 
 
 class AvgPool2d(_Pool2d):
-    """Mean over kernel_size windows (count_include_pad=True by default, as MindSpore)."""
+    """Mean over kernel_size windows (count_include_pad=True by default, as MindSpore). With pad_mode='same' the
+    padding never counts, whatever count_include_pad says: MindSpore runs that case as the AvgPool primitive (or
+    AvgPool3D with its 'same' padding), whose mean is over the window's input elements only."""
 
     _unsupported: ClassVar = {
         "count_include_pad": ((True, False), ""),  # both work
@@ -139,7 +141,7 @@ class AvgPool2d(_Pool2d):
     }
 
     def construct(self, x):
-        include = self.options.get("count_include_pad", True)
+        include = self.options.get("count_include_pad", True) and self.pad_mode != "same"
         return pool2d(
             "AvgPool",
             x,
