@@ -193,7 +193,11 @@ def test_checkpoint_config_append_info_is_written_into_every_file(tmp_path):
         ({"exception_save": True}, NotSupportedYetError, "exception_save=True"),
         ({"enc_key": b"0" * 16}, NotSupportedYetError, "enc_key"),
         ({"remove_redundancy": "yes"}, ConfigurationError, "remove_redundancy must be a bool"),
-        ({"remove_redundancy": True, "save_checkpoint_seconds": 5}, ConfigurationError, "use save_checkpoint_steps"),
+        (
+            {"remove_redundancy": True, "save_checkpoint_steps": 0, "save_checkpoint_seconds": 5},
+            ConfigurationError,
+            "use save_checkpoint_steps",
+        ),
         ({"save_dir": "x"}, NotSupportedYetError, r"CheckpointConfig options \['save_dir'\]"),
     ):
         with pytest.raises(error, match=message):

@@ -126,6 +126,19 @@ def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
         np.testing.assert_array_equal(saved[p.name].asnumpy(), p.asnumpy())
     assert "moments.0.weight" in saved  # the optimizer's state is in the train network's checkpoint
     assert checkpoint.latest_ckpt_file_name.endswith("net-2_10.ckpt")
+    # MindSpore's rules: a new ModelCheckpoint in a directory holding "net-..." files saves as "net_1-..."; steps,
+    # when set, replace seconds; a resumed run (initial_epoch) saves at its first step, then every 4
+    again = train.ModelCheckpoint("net", str(tmp_path), train.CheckpointConfig(save_checkpoint_steps=4,
+                                                                              save_checkpoint_seconds=1))  # fmt: skip
+    assert again.prefix == "net_1" and again.config.save_checkpoint_seconds is None
+    model.train(3, dataset(), callbacks=[again], initial_epoch=2)
+    saved = sorted(p.name for p in tmp_path.glob("net_1-*"))  # steps 21, 25, 29 and the end, 30
+    assert saved == ["net_1-3_1.ckpt", "net_1-3_10.ckpt", "net_1-3_5.ckpt", "net_1-3_9.ckpt"]
+    assert train.ModelCheckpoint("net", str(tmp_path)).prefix == "net_2"
+    with pytest.raises(ConfigurationError, match="can't all be 0"):
+        train.CheckpointConfig(save_checkpoint_steps=0, keep_checkpoint_max=0)
+    assert train.CheckpointConfig(save_checkpoint_steps=0).keep_checkpoint_max == 5  # saved at the end only
+    assert train.CheckpointConfig(keep_checkpoint_max=0).keep_checkpoint_max == 1
 
 
 def test_checkpoint_config_hands_integrated_save_on_and_refuses_async_save():

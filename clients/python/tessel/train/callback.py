@@ -233,8 +233,14 @@ class CheckpointConfig:
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigurationError(f"CheckpointConfig: {name} must be an int >= 0, got {value!r}")
-        if not save_checkpoint_steps and not save_checkpoint_seconds:
-            raise ConfigurationError("CheckpointConfig: save_checkpoint_steps and save_checkpoint_seconds are both 0")
+        if not save_checkpoint_steps and not save_checkpoint_seconds and not keep_checkpoint_max:
+            raise ConfigurationError(
+                "CheckpointConfig: save_checkpoint_steps, save_checkpoint_seconds and keep_checkpoint_max can't all "
+                "be 0 (with steps and seconds 0, the checkpoint is saved once, at the end of training)"
+            )
+        if save_checkpoint_steps:  # MindSpore: steps, when set, replace seconds (which then read None)
+            save_checkpoint_seconds = None
+        keep_checkpoint_max = keep_checkpoint_max or 1  # MindSpore: 0 keeps 1 (without keep_checkpoint_per_n_minutes)
         keyword_options(
             "CheckpointConfig",
             {
@@ -269,6 +275,27 @@ _CHECKPOINT_UNSUPPORTED = {
 }
 
 
+def _unused_prefix(directory: str, prefix: str, extension: str) -> str:
+    """MindSpore's _chg_ckpt_file_name_if_same_exist: `prefix`, or "<prefix>_<n>" one past the highest n the
+    directory's checkpoints of this prefix use ("<prefix>-..." counts as 0), so a rerun does not overwrite them."""
+    if not os.path.isdir(directory):
+        return prefix
+    suffix = 0
+    for name in os.listdir(directory):
+        ext = os.path.splitext(name)[1]
+        if ext != f".{extension}" or not name.startswith(prefix) or len(name) <= len(prefix):
+            continue
+        rest = name[len(prefix) :]
+        if rest[0].isalpha():
+            continue
+        dash = rest.find("-")
+        if dash == 0:
+            suffix = max(suffix, 1)
+        elif dash > 0 and rest[1:dash].isdigit():
+            suffix = max(suffix, int(rest[1:dash]) + 1)
+    return f"{prefix}_{suffix}" if suffix else prefix
+
+
 def _check_append_info(append_info: Any) -> list:
     """MindSpore's append_info: a list of "epoch_num", "step_num" and dicts of str -> number or Tensor."""
     if append_info is None:
@@ -290,24 +317,32 @@ def _check_append_info(append_info: Any) -> list:
 
 
 class ModelCheckpoint(Callback):
-    """Save "<prefix>-<epoch>_<step>.ckpt" into `directory` every save_checkpoint_steps steps (and at the end),
-    keeping the newest keep_checkpoint_max files."""
+    """Save "<prefix>-<epoch>_<step>.ckpt" into `directory` every save_checkpoint_steps steps (else every
+    save_checkpoint_seconds; and at the end), keeping the newest keep_checkpoint_max files. As MindSpore's: where
+    the directory already holds checkpoints of this prefix, the prefix becomes "<prefix>_1" (then _2, ...), and a
+    step saves once save_checkpoint_steps steps passed since the last save (a resumed run saves at its first)."""
 
     def __init__(self, prefix: str = "CKP", directory: str | None = None, config: CheckpointConfig | None = None):
         if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):
             raise ConfigurationError(f"ModelCheckpoint: prefix {prefix!r} must be letters, digits, '_', '-', '.'")
-        self.prefix, self.directory = prefix, os.path.abspath(directory or ".")
+        self.directory = os.path.abspath(directory or ".")
         self.config = config or CheckpointConfig()
+        self.prefix = _unused_prefix(self.directory, prefix, self.config.format)
         self._saved: list[str] = []
         self._last_step, self._last_time = -1, time.monotonic()
+        self._last_triggered = 0  # the step of the last save by steps
         self.latest_ckpt_file_name = ""
 
     def on_train_step_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
         steps, seconds = self.config.save_checkpoint_steps, self.config.save_checkpoint_seconds
-        due = (steps and cb.cur_step_num % steps == 0) or (seconds and time.monotonic() - self._last_time >= seconds)
+        if steps:
+            due = cb.cur_step_num >= self._last_triggered + steps
+        else:
+            due = bool(seconds) and time.monotonic() - self._last_time >= seconds
         if due:
             self._save(cb)
+            self._last_triggered = cb.cur_step_num
 
     def on_train_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
