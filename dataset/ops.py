@@ -62,7 +62,8 @@ def concat_blocks(blocks: list[Block], where: str) -> Block:
 
 
 class MapDataset(Dataset):
-    """Apply a list of transforms to some columns; outputs replace the inputs in place."""
+    """Apply a list of transforms to some columns. As many outputs as inputs replace them in place; another number
+    of outputs come first, then the columns the map keeps in their order (MindSpore's MapOp::CreateFinalColMap)."""
 
     def __init__(self, child: Dataset, operations: Any, input_columns: Any, output_columns: Any):
         super().__init__(child)
@@ -78,10 +79,7 @@ class MapDataset(Dataset):
             renamed = dict(zip(self.input_columns, self.output_columns))
             self._names = [renamed.get(n, n) for n in names]
         else:
-            first = names.index(self.input_columns[0])
-            kept = [n for n in names if n not in self.input_columns]
-            before = [n for n in names[:first] if n not in self.input_columns]
-            self._names = before + self.output_columns + kept[len(before) :]
+            self._names = self.output_columns + [n for n in names if n not in self.input_columns]
         if len(set(self._names)) != len(self._names):
             raise ConfigurationError(
                 f"{where}: output_columns {self.output_columns} collide with other columns of {names}; pick new names"

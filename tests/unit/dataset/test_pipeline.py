@@ -72,8 +72,9 @@ def test_shuffle_buffer_permutes_rows_per_epoch():
 def test_map_replaces_columns_and_keeps_the_order():
     data = numbers(6).map(lambda x: x + 1, "x")
     assert data.get_col_names() == ["x", "y"] and column(data) == [1, 2, 3, 4, 5, 6]
+    # another number of outputs than inputs: the outputs first, then the columns kept (MindSpore's MapOp)
     split = numbers(6).map(lambda y: (y, -y), "y", ["pos", "neg"])
-    assert split.get_col_names() == ["x", "pos", "neg"] and column(split, "neg") == [0, -10, -20, -30, -40, -50]
+    assert split.get_col_names() == ["pos", "neg", "x"] and column(split, "neg") == [0, -10, -20, -30, -40, -50]
     merged = numbers(6).map(lambda x, y: x + y, ["x", "y"], "sum")
     assert merged.get_col_names() == ["sum"] and column(merged, "sum") == [11 * i for i in range(6)]
     assert numbers(6).map(lambda v: v * 2).get_col_names() == ["x", "y"]  # default: the first column
