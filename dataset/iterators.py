@@ -31,6 +31,7 @@ class _EpochIterator:
         self._epochs_left = None if num_epochs == -1 else num_epochs
         self._output_numpy = output_numpy
         self._rows: Iterator[list[np.ndarray]] | None = None
+        self._stopped = False  # stop() ended it early: later loops end at once
 
     def __iter__(self) -> _EpochIterator:
         return self
@@ -38,7 +39,13 @@ class _EpochIterator:
     def _next_row(self) -> list[Any]:
         if self._rows is None:
             if self._epochs_left == 0:
-                raise StopIteration
+                if self._stopped:
+                    raise StopIteration
+                raise ConfigurationError(  # MindSpore: "EOF buffer encountered. User tries to fetch data beyond ..."
+                    "the iterator ran all its epochs (num_epochs of create_tuple_iterator / create_dict_iterator); a "
+                    "loop over it beyond them gets no data. Pass num_epochs=-1 (endless) or the number of epochs "
+                    "you loop over, or create a new iterator"
+                )
             self._rows = self._dataset._iter_rows(self._dataset._claim_epoch(), self.columns)
         try:
             row = next(self._rows)
@@ -56,7 +63,7 @@ class _EpochIterator:
         if self._rows is not None:
             self._rows.close()  # type: ignore[attr-defined]
             self._rows = None
-        self._epochs_left = 0
+        self._epochs_left, self._stopped = 0, True
 
 
 class TupleIterator(_EpochIterator):
