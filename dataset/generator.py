@@ -122,12 +122,15 @@ class GeneratorDataset(Dataset):
             yield self._as_row(item)
 
     def _as_row(self, item: Any) -> tuple[np.ndarray, ...]:
-        values = item if isinstance(item, tuple) else (item,)
+        # MindSpore's _convert_row: a tuple or a list is one value per column, anything else one column; bytes are
+        # a uint8 array, a Tensor its numpy value
+        values = tuple(item) if isinstance(item, (tuple, list)) else (item,)
         if len(values) != len(self.column_names):
             raise ConfigurationError(
                 f"GeneratorDataset: the source yields {len(values)} value(s) per row but column_names has "
                 f"{len(self.column_names)}: {self.column_names}; yield a tuple with one value per column"
             )
+        values = tuple(_column_value(v) for v in values)
         if self.column_types is None:
             return tuple(np.asarray(v) for v in values)
         return tuple(np.asarray(v, dtype=t) for v, t in zip(values, self.column_types))
@@ -151,3 +154,9 @@ class GeneratorDataset(Dataset):
         except RaggedRowsError:
             for row in rows:  # rows of different shapes cannot share an array: one block per row
                 yield {name: value[None] for name, value in zip(self.column_names, row)}
+
+
+def _column_value(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return np.frombuffer(value, np.uint8)
+    return value.asnumpy() if hasattr(value, "asnumpy") else value

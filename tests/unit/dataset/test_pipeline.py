@@ -182,6 +182,12 @@ def test_generator_sources_and_their_errors():
         ds.GeneratorDataset(lambda: iter([]), ["v"], shuffle=True)
     with pytest.raises(ConfigurationError, match="yields 2 value"):
         column(ds.GeneratorDataset(Squares(), ["only"]), "only")
+    # MindSpore's _convert_row: a list is one value per column too; bytes are uint8; a Tensor its value
+    listed = ds.GeneratorDataset(lambda: iter([[np.array([i]), np.int64(i), b"ab"] for i in range(2)]), ["a", "b", "c"])
+    rows = list(listed.create_tuple_iterator(output_numpy=True))
+    assert [r[1].tolist() for r in rows] == [0, 1] and rows[0][2].dtype == np.uint8 and rows[0][2].tolist() == [97, 98]
+    with pytest.raises(ConfigurationError, match="yields 3 value"):
+        column(ds.GeneratorDataset(lambda: iter([[1, 2, 3]]), ["v"]), "v")
 
 
 def test_arrow_files_are_mapped_and_sharded_like_any_source(tmp_path: Path):
