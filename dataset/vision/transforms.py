@@ -235,11 +235,11 @@ class RandomCrop(Transform):
 
     def _pad(self, x: np.ndarray) -> np.ndarray:
         left, top, right, bottom = self.padding
-        if self.pad_if_needed:
+        if self.pad_if_needed:  # MindSpore's RandomCropOp::ImagePadding: each side by the whole shortfall
             extra_h = max(0, self.height - (x.shape[1] + top + bottom))
             extra_w = max(0, self.width - (x.shape[2] + left + right))
-            top, bottom = top + extra_h // 2, bottom + extra_h - extra_h // 2
-            left, right = left + extra_w // 2, right + extra_w - extra_w // 2
+            top, bottom = top + extra_h, bottom + extra_h
+            left, right = left + extra_w, right + extra_w
         if not any((left, top, right, bottom)):
             return x
         widths = [(0, 0), (top, bottom), (left, right)] + [(0, 0)] * (x.ndim - 3)

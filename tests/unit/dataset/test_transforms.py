@@ -140,6 +140,11 @@ def test_random_crop_pads_with_the_fill_value():
     np.testing.assert_array_equal(out[0], padded)
     edge = rowwise(ds.vision.RandomCrop(3, pad_if_needed=True, padding_mode=ds.vision.Border.EDGE), image)
     assert edge.shape == (1, 3, 3, 3) and (edge == 9).all()
+    # MindSpore's ImagePadding pads each side by the whole shortfall, then crops at random: the 2x2 image lands
+    # anywhere in the 4x4 crop, not always in its middle
+    many = rowwise(ds.vision.RandomCrop(4, pad_if_needed=True), np.repeat(image, 60, axis=0))
+    corners = {tuple(np.argwhere(m[..., 0] == 9).min(0)) for m in many}
+    assert corners == {(r, c) for r in range(3) for c in range(3)}
     with pytest.raises(ConfigurationError, match="at least 5x5"):
         rowwise(ds.vision.RandomCrop(5), image)
 
