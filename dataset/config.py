@@ -43,3 +43,33 @@ def get_cache_dir() -> Path:
     """Where sources are materialized as Arrow IPC files: $TESSEL_CACHE, else ~/.cache/tessel (read on each call)."""
     configured = os.environ.get("TESSEL_CACHE")
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "tessel"
+
+
+_workers = 8  # MindSpore's default
+_prefetch = 16  # MindSpore's default
+
+
+def set_num_parallel_workers(num: int) -> None:
+    """MindSpore's default worker count of every dataset op: checked as MindSpore checks it, then without effect
+    (tessel reads and maps rows in the process that consumes them: the rows are those a run with workers gives)."""
+    global _workers
+    from tessel.dataset.core import check_workers
+
+    check_workers("ds.config.set_num_parallel_workers", num)
+    _workers = num
+
+
+def get_num_parallel_workers() -> int:
+    return _workers
+
+
+def set_prefetch_size(size: int) -> None:
+    """MindSpore's per-op queue size: checked (an int >= 1), without effect (no op queues rows here)."""
+    global _prefetch
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise ConfigurationError(f"ds.config.set_prefetch_size: size must be an int >= 1, got {size!r}")
+    _prefetch = size
+
+
+def get_prefetch_size() -> int:
+    return _prefetch

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.options import keyword_options, log_once
+from tessel.core.options import keyword_options, log_once, not_supported_yet
 from tessel.dataset import config
 from tessel.dataset.sampling import random_stream, salt_of
 
@@ -200,6 +200,15 @@ class Dataset:
         from tessel.dataset.ops import RenameDataset
 
         return RenameDataset(self, input_columns, output_columns)
+
+    def filter(self, predicate: Any = None, input_columns: Any = None, num_parallel_workers: Any = None) -> Dataset:
+        raise not_supported_yet("Dataset.filter", "drop the rows before building the dataset, or map them instead")
+
+    def split(self, sizes: Any, randomize: bool = True) -> list[Dataset]:
+        raise not_supported_yet("Dataset.split", "build one dataset per part (e.g. NumpySlicesDataset of each slice)")
+
+    def padded_batch(self, batch_size: Any, *args: Any, **kwargs: Any) -> Dataset:
+        raise not_supported_yet("Dataset.padded_batch", "pad rows to one shape with map() before batch()")
 
     def zip(self, datasets: Dataset | Sequence[Dataset]) -> Dataset:
         """Rows side by side with those of `datasets` (column names must differ); as long as the shortest."""

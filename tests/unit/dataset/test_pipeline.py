@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import tessel.dataset as ds
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.dataset import core
 
 
@@ -218,3 +218,19 @@ def test_parquet_files_with_list_columns(tmp_path: Path):
     pq.write_table(pa.table({"v": [[1], [2, 3]]}), tmp_path / "ragged.parquet")
     with pytest.raises(ConfigurationError, match="lists of different lengths"):
         ds.ParquetDataset(tmp_path / "ragged.parquet").get_dataset_size()
+
+
+def test_mindspore_names_tessel_lacks_are_not_supported_yet_not_attribute_errors():
+    # core/options.py: a MindSpore API tessel does not map raises NotSupportedYetError naming it, never AttributeError
+    for get in (lambda: ds.ImageFolderDataset, lambda: ds.DistributedSampler, lambda: ds.vision.Decode,
+                lambda: numbers(2).filter(lambda x: True), lambda: numbers(2).split([1, 1]),
+                lambda: numbers(2).padded_batch(2)):  # fmt: skip
+        with pytest.raises(NotSupportedYetError, match="not supported yet"):
+            get()
+    with pytest.raises(AttributeError):
+        ds.NoSuchDataset  # noqa: B018
+    ds.config.set_num_parallel_workers(4)  # accepted as MindSpore checks it; rows are the same with or without
+    assert ds.config.get_num_parallel_workers() == 4
+    with pytest.raises(ConfigurationError, match="num_parallel_workers must be an int >= 1"):
+        ds.config.set_num_parallel_workers(0)
+    ds.config.set_num_parallel_workers(8)
