@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add("--node_rank", type=int, default=-1, help="index of this node; -1: ranks in order of arrival")
     add("--log_dir", default="", help="directory of scheduler.log and worker_<rank>.log (default: here)")
     add("--join", type=_boolean, default=False, help="wait for every process and exit with the job's status")
-    add("--cluster_time_out", type=int, default=600, help="seconds for all workers to join (default 600)")
+    add("--cluster_time_out", type=int, default=600, help="seconds for all workers to join (default 600; < 0: 7 days)")
     add("--bind_core", default="False", help='True, or a JSON dict {"device0": ["0-3"], ...}: pin workers to cores')
     add("--sim_level", type=int, default=-1, help="simulated compilation: 0 plans and compiles, starting no daemon")
     add("--sim_rank_id", type=int, default=-1, help="the rank simulated (default: each of this node's ranks)")
@@ -396,10 +396,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.sim_level != -1 or os.environ.get("MS_SIMULATION_LEVEL", "").strip():
         return simulate(args)
+    launch = None
     try:
         launch = Msrun(args)
         launch.start()
-    except ConfigurationError as exc:
+    except BaseException as exc:  # what started must not outlive a start that failed half way
+        if launch is not None:
+            launch.stop()
+        if not isinstance(exc, (ConfigurationError, OSError)):
+            raise
         print(f"tessel msrun: {exc}", file=sys.stderr)
         return 2
     if not args.join:

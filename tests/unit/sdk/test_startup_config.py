@@ -113,6 +113,9 @@ def test_dynamic_networking_variables(monkeypatch):
     monkeypatch.setenv("MS_TOPO_TIMEOUT", "300")
     cluster = DynamicCluster.from_environ()
     assert (cluster.rank(), cluster.timeout_s) == (3, 300.0)
+    monkeypatch.setenv("MS_TOPO_TIMEOUT", "-1")  # msrun --cluster_time_out=-1: MindSpore waits for ever
+    assert DynamicCluster.from_environ().timeout_s == 7 * 24 * 3600.0  # the longest any wait may be here
+    monkeypatch.setenv("MS_TOPO_TIMEOUT", "300")
     monkeypatch.setenv("MS_NODE_ID", "worker-a")  # a name, not a rank: ranks go in order of arrival
     assert DynamicCluster.from_environ().rank() == -1
     monkeypatch.setenv("MS_ROLE", "MS_PSERVER")

@@ -167,6 +167,7 @@ class Started:
         )
         line = _first_line(self.server, max(5.0, plan.deadline - time.monotonic()))
         if not line or ":" not in line:
+            self.server.kill()  # alive but silent (or saying something else): it must not hold this rank's init
             self.server.wait()
             raise ConfigurationError(f"{plan.what}: the job's coordinator did not start on {host}:{port}")
         self.coordinator = line.strip()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tessel.core import rpc
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.core.limits import Limits
 
 SCHEDULER, WORKER, PSERVER = "MS_SCHED", "MS_WORKER", "MS_PSERVER"
 DEFAULT_TOPO_TIMEOUT_S = 1800.0  # MindSpore's MS_TOPO_TIMEOUT default: 30 minutes
@@ -50,9 +51,11 @@ def topo_timeout_s() -> float:
         value = os.environ.get(name)
         if value:
             try:
-                return float(value)
+                seconds = float(value)
             except ValueError:
                 raise ConfigurationError(f"{name}={value!r} must be a number of seconds") from None
+            # MindSpore: a negative value waits for ever; here as long as any wait may (Limits.max_wait_s, 7 days)
+            return Limits().max_wait_s if seconds < 0 else seconds
     return DEFAULT_TOPO_TIMEOUT_S
 
 
