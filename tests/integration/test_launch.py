@@ -288,3 +288,29 @@ def test_a_rank_stuck_in_its_exit_ends_with_its_stacks_and_the_job_says_so(tmp_p
     assert "most recent call first" in run.stderr and "<lambda>" in run.stderr, run.stderr[-3000:]
     (rank_dir,) = tmp_path.glob("log_output/*/rank.1")
     assert "most recent call first" in (rank_dir / "stderr").read_text()
+
+
+LEAVES_WITHOUT_INIT = """
+import os, sys
+if os.environ["TESSEL_RANK"] == "1":
+    print("rank 1 leaves without init", flush=True)
+    sys.exit(0)
+from tessel.communication import init
+init()
+"""
+
+
+def test_a_rank_that_exits_0_without_joining_fails_the_job_at_once_naming_it(tmp_path):
+    # the others would wait in init() for their join deadline (here 60 s) and name it among the missing ranks
+    script = tmp_path / "leaves.py"
+    script.write_text(LEAVES_WITHOUT_INIT)
+    env = dict(os.environ, TESSEL_HOME=str(tmp_path / "home"), PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    run = subprocess.run(
+        _tessel("run", "-n", "2", "--join-timeout", "60", str(script)),
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert time.monotonic() - started < 30, run.stderr[-3000:]
+    assert run.returncode == 1, (run.returncode, run.stderr[-3000:])
+    assert "rank 1 failed the job (it exited with 0)" in run.stderr, run.stderr[-3000:]
+    assert "exited with status 0 before it joined the job (it never called init())" in run.stderr, run.stderr[-3000:]

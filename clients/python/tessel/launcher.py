@@ -275,6 +275,7 @@ class Launch:
         """Wait for every rank; on the first failure stop the others. Returns (exit code, failing rank, cause)."""
         pending = set(range(len(self.ranks)))
         self.signals_deferred = True  # from now on a signal only sets `stopping` (see __init__)
+        left, next_look = set(), 0.0  # ranks that exited 0 while the job may still be forming
         while pending:
             if self.stopping.is_set():
                 raise KeyboardInterrupt
@@ -286,6 +287,10 @@ class Launch:
                     if code != 0:
                         failed = rank
                         break
+                    left.add(rank)
+            if failed is None and left and pending and time.monotonic() >= next_look:
+                next_look = time.monotonic() + 0.5
+                failed = self._left_before_joining(job_id, left)
             dead_daemon = next((d for d, proc in enumerate(self.daemons) if proc.poll() is not None), None)
             if failed is None and pending and dead_daemon is not None:
                 # The ranks learn of a dead daemon from the coordinator within seconds and fail with the cause.
@@ -305,6 +310,27 @@ class Launch:
                 return (code or 1), rank, cause
             self.stopping.wait(0.02)
         return 0, -1, ""
+
+    def _left_before_joining(self, job_id: str, left: set[int]) -> int | None:
+        """A rank that exited 0 while the others wait for the job to form never joined it (init() returns only once
+        the job runs): it would keep them waiting until their join deadline, then be named among the missing. Fail
+        the job now, blaming it; returns that rank, or None (the job ran: those ranks finished their part)."""
+        from tessel.core.coordinator_client import CoordinatorClient
+
+        with CoordinatorClient(self.coordinator, self.token, timeout_s=2.0, grace_s=0.0) as client:
+            try:
+                state = client.get_job(job_id).state
+            except (TesselError, KeyError):
+                return None  # no rank joined yet, or the coordinator is gone (the ranks hear of that)
+            if state != "waiting":
+                left.clear()
+                return None
+            rank = min(left)
+            with contextlib.suppress(TesselError, KeyError):
+                client.fail_job(
+                    job_id, rank, "exited with status 0 before it joined the job (it never called init())", rank
+                )
+            return rank
 
     def _culprit(self, job_id: str, rank: int = -1, code: int | None = None, wait_s: float = 2.0) -> tuple[int, str]:
         """The rank the coordinator blames (the first to die or raise), and why; (-1, "") if it has no verdict.
@@ -440,7 +466,9 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"\ntessel run: the job failed with exit code {code}{because}")
             return code if code > 0 else 1
         rank_dir = log_root / f"rank.{failed}"
-        _say(f"\ntessel run: rank {failed} failed with exit code {code}{because}; last lines of {rank_dir}/stderr:")
+        own = launch.ranks[failed].returncode
+        how = f"failed with exit code {code}" if own in (code, None) else f"failed the job (it exited with {own})"
+        _say(f"\ntessel run: rank {failed} {how}{because}; last lines of {rank_dir}/stderr:")
         _say(_tail(rank_dir / "stderr") or _tail(rank_dir / "stdout"))
         return code if code > 0 else 1
     return 130 if launch.stopping.is_set() else 0
