@@ -111,6 +111,15 @@ def test_regression_losses(reduction):
     np.testing.assert_allclose(call(nn.BCEWithLogitsLoss(reduction), x, t), reduce(bce, reduction), rtol=1e-5)
 
 
+def test_bce_with_logits_gradient_is_sigmoid_minus_label_even_at_zero_logits():
+    # zero logits are common (a zero-initialised head); the gradient there is 0.5 - y, not 0 or -1
+    x = np.array([0.0, 0.0, 1.0, -1.0, 100.0, -100.0], np.float32)
+    y = np.array([0.0, 1.0, 1.0, 0.0, 0.0, 1.0], np.float32)
+    loss = nn.BCEWithLogitsLoss(reduction="sum")
+    grad = ms.grad(lambda z: loss(z, ms.Tensor(y)))(ms.Tensor(x)).asnumpy()
+    np.testing.assert_allclose(grad, 1.0 / (1.0 + np.exp(-x.astype(np.float64))) - y, rtol=1e-6, atol=1e-7)
+
+
 def test_cross_entropy_gradient_matches_finite_differences():
     loss = nn.CrossEntropyLoss(weight=ms.Tensor(WEIGHT.astype(np.float32)))
     grad = ms.grad(lambda z, y: loss(z, y))(ms.Tensor(LOGITS.astype(np.float32)), ms.Tensor(LABELS)).asnumpy()

@@ -438,11 +438,11 @@ def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
 def binary_cross_entropy_with_logits(
     logits: Any, label: Any, weight: Any = None, pos_weight: Any = None, reduction: str = "mean"
 ) -> Tensor:
-    """Sigmoid cross-entropy, computed stably: max(x, 0) - x*y + log(1 + exp(-|x|)) (pos_weight scales y terms)."""
-    from tessel.ops.functional import exp, log, maximum
-
+    """Sigmoid cross-entropy, computed stably: (1 - y) x + log(1 + exp(-x)) (pos_weight scales the y terms). The
+    second term is Softplus(-x), stable at both ends, whose gradient is -sigmoid(-x) everywhere; written as
+    log(1 + exp(-|x|)) + max(-x, 0) it had the wrong gradient at x = 0 (Abs and Maximum's tie: -1, not -0.5)."""
     x = logits
-    softplus_neg = log(exp(-abs(x)) + 1.0) + maximum(-x, 0.0)  # log(1 + exp(-x))
+    softplus_neg = apply_op("Softplus", apply_op("Neg", x))  # log(1 + exp(-x))
     if pos_weight is None:
         per = (1.0 - label) * x + softplus_neg
     else:
