@@ -136,8 +136,11 @@ def _lower_batch_norm(ctx, node, inputs, outputs):
     scaled = ctx.add1("Mul", [ctx.add1("Mul", [centered, rstd]), per_channel(inputs[1])])
     ctx.add("Add", [scaled, per_channel(inputs[2])], outputs[:1])
     flat = lambda name: ctx.add1("Reshape", [name, ctx.ints([-1])])  # noqa: E731
-    count = ctx.count([x.shape[i] for i in _stat_axes(x)], dtype)
-    unbiased = ctx.add1("Div", [ctx.add1("Mul", [flat(var), count]), ctx.add1("Sub", [count, c(1.0)])])
+    # n / (n - 1), in float32 for 16-bit inputs: a float16 count beyond 65504 is inf, and the running variance NaN
+    wide = DType.float32 if dtype.itemsize < 4 else dtype
+    count = ctx.count([x.shape[i] for i in _stat_axes(x)], wide)
+    ratio = ctx.add1("Div", [count, ctx.add1("Sub", [count, ctx.const(1.0, wide)])])
+    unbiased = ctx.add1("Mul", [flat(var), ctx.cast(ratio, wide, dtype)])
     m = float(a["momentum"])
     for running, batch, out in ((inputs[3], flat(mean), outputs[1]), (inputs[4], unbiased, outputs[2])):
         ctx.add("Add", [ctx.add1("Mul", [running, c(1.0 - m)]), ctx.add1("Mul", [batch, c(m)])], [out])

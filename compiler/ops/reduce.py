@@ -100,6 +100,9 @@ def _sum_grad(c):
 
 def _mean_grad(c):
     axes = reduced_axes(c.attrs, c.x.ndim)
+    if c.x.dtype.itemsize < 4:  # float16 holds counts up to 65504 (beyond: inf, a gradient of 0): 1/count is finer
+        count = op("DimSize", c.x, axes=axes, dtype=DType.float32)
+        return (op("BroadcastTo", _kept(c, c.g) * op("Cast", 1.0 / count, dtype=c.x.dtype), shape=c.x.shape),)
     count = op("DimSize", c.x, axes=axes, dtype=c.x.dtype)
     return (op("BroadcastTo", _kept(c, c.g) / count, shape=c.x.shape),)
 

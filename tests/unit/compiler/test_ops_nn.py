@@ -236,3 +236,17 @@ def test_a_training_dropout_whose_mask_nobody_reads_still_drops():
     assert [len(n.output) for n in model.graph.node if n.op_type == "Dropout"] == [1]  # the mask is not allocated
     (y,) = run_graph(graph, {"x": np.ones(4096, np.float32)})
     assert set(np.unique(y).tolist()) == {0.0, 2.0}
+
+
+def test_float16_statistics_over_more_elements_than_float16_counts():
+    # a float16 count beyond 65504 is inf: ReduceMean's gradient was 0 and BatchNorm's running variance NaN
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((70000,)).astype(np.float16)
+    g = grad_graph(op_graph("ReduceMean", [x], {"axis": None}, [np.ones((), np.float16)]), ["a0"])
+    _, dx = run_graph(g, feeds_of([x]))
+    np.testing.assert_allclose(dx.astype(np.float64), 1 / 70000, rtol=5e-3)  # float16 near its subnormals
+    x = rng.standard_normal((2, 2, 200, 200)).astype(np.float16)  # 80,000 values per channel
+    ins = [x, np.ones(2, np.float16), np.zeros(2, np.float16), np.zeros(2, np.float16), np.ones(2, np.float16)]
+    got = run_graph(op_graph("BatchNorm", ins, {"is_training": True}), feeds_of(ins))
+    want = batch_norm_train(*[a.astype(np.float64) for a in ins])
+    np.testing.assert_allclose(got[2].astype(np.float64), want[2], rtol=1e-3)  # the running variance
