@@ -39,8 +39,9 @@ def _extremum_grad(x_wins: str):
 def _pow_grad(c):
     x, y = c.inputs
     dx = c.g * y * x ** (y - 1.0)
-    # d/dy x^y = x^y log x, defined for x > 0; only built when the exponent needs a gradient.
-    dy = c.g * c.out * op("Log", x) if c.needs[1] else None
+    # d/dy x^y = x^y log x, defined for x > 0; only built when the exponent needs a gradient. A negative base
+    # counts as 1 there (log 0), as MindSpore's bprop sets it: one negative base must not NaN a learnt exponent.
+    dy = c.g * c.out * op("Log", op("Select", x < 0.0, 1.0, x)) if c.needs[1] else None
     return dx, dy
 
 

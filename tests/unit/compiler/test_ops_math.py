@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from compiler_testkit import check_forward, check_grad, erf
+from compiler_testkit import check_forward, check_grad, erf, feeds_of, op_graph, run_graph
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
+from tessel.compiler.autodiff import grad_graph
 
 rng = np.random.default_rng(42)
 
@@ -51,6 +53,12 @@ def test_pow_gradient_for_base_and_exponent():
     x, y = rand(2, 3, low=0.5, high=2.0), rand(3, low=-1.5, high=1.5)
     check_forward("Pow", [x, y], {}, np.power)
     check_grad("Pow", [x, y], {}, np.power)
+    # a negative base (integer exponent): its term of the exponent's gradient counts log 1 = 0 (MindSpore's bprop),
+    # where log of a negative base was NaN and took the whole gradient with it
+    base, power = np.array([-1.0, 2.0], np.float32), np.array(2.0, np.float32)
+    g = grad_graph(op_graph("Pow", [base, power], {}, [np.ones(2, np.float32)]), ["a1"])
+    (dpower,) = run_graph(g, feeds_of([base, power]))[1:]
+    assert float(dpower) == pytest.approx(4 * np.log(2.0), rel=1e-6)
 
 
 def test_mixed_dtypes_promote_like_mindspore():
