@@ -343,8 +343,12 @@ def _lower_one_hot(ctx, node, inputs, outputs):
     a = node.attrs
     values = ctx.const([a["off_value"], a["on_value"]], DType.float32)
     index = ctx.cast(inputs[0], node.inputs[0].dtype, DType.int64)
+    depth = ctx.const(a["depth"], DType.int64)
+    # ONNX counts a negative index from the end; MindSpore gives it all off_value (its CPU kernel), as ONNX does an
+    # index outside [-depth, depth): a negative one becomes depth.
+    index = ctx.add1("Where", [ctx.add1("Less", [index, ctx.const(0, DType.int64)]), depth, index])
     axis = normalize_axis(a["axis"], node.outputs[0].ndim)
-    hot = ctx.add1("OneHot", [index, ctx.const(a["depth"], DType.int64), values], axis=axis)
+    hot = ctx.add1("OneHot", [index, depth, values], axis=axis)
     ctx.add("Cast", [hot], outputs, to=node.outputs[0].dtype.onnx)
 
 

@@ -204,6 +204,10 @@ def test_one_hot():
     check_forward("OneHot", [idx], {"depth": 4}, lambda i: np.eye(4, dtype=np.float32)[i])
     fn = lambda i: np.moveaxis(np.where(np.eye(4, dtype=bool)[i], 5.0, -1.0), -1, 0)  # noqa: E731
     check_forward("OneHot", [idx], {"depth": 4, "on_value": 5.0, "off_value": -1.0, "axis": 0, "dtype": "float64"}, fn)
+    # a negative index (or one >= depth) is all off_value, as MindSpore's kernel (ONNX counts -1 from the end)
+    masked = np.array([-1, 2, 4], np.int32)
+    want = np.array([[0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]], np.float32)
+    check_forward("OneHot", [masked], {"depth": 4}, lambda i: want)
 
 
 def test_creation_ops():
