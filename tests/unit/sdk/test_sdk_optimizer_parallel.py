@@ -123,3 +123,13 @@ def test_a_train_step_is_built_again_when_gradients_mean_changes():
     summed = _step_settings()
     ms.set_auto_parallel_context(gradients_mean=True)
     assert _step_settings() != summed
+
+
+def test_the_context_accumulation_wraps_a_network_once():
+    # a wrapper made anew for every step would be traced and compiled anew, and cached without bound
+    from tessel.nn.wrap import accumulated
+
+    ms.set_auto_parallel_context(grad_accumulation_step=4)
+    net = nn.WithLossCell(nn.Dense(6, 3), nn.CrossEntropyLoss())
+    first, micro = accumulated(net)
+    assert micro == 4 and isinstance(first, GradAccumulation) and accumulated(net)[0] is first

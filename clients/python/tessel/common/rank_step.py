@@ -47,6 +47,21 @@ def set_gradient_weight(weight: float | None) -> None:
     _gradient_weight = None if weight is None else float(weight)
 
 
+def check_split_runs() -> None:
+    """batch_split applies to Model.train's epochs alone: a data-parallel train step run outside them (a loop of
+    the user's own) with batch_split set would run the even split. Checked as each step is called, not only as it
+    is traced: a step traced in Model.train may be called again by such a loop."""
+    if _gradient_weight is not None or parallel_mode() != _PARALLEL.DATA_PARALLEL or world_size() == 1:
+        return
+    setting = context.get_auto_parallel_context("batch_split")
+    if setting != "even":
+        raise NotSupportedYetError(
+            f"not supported yet: batch_split={setting!r} in a training loop of your own; Model.train splits the "
+            "batch (it asks the coordinator for each epoch's shares and reads them from the dataset), a loop of "
+            "your own would run the even split: use Model.train, or set batch_split='even'"
+        )
+
+
 def world_size() -> int:
     from tessel.common.engine import engine
 
@@ -116,13 +131,7 @@ def parallel_train_program(
         pipeline.current_mesh()  # pipeline_stages > 1 outside SEMI_AUTO / AUTO (or not dividing the world): an error
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
-        setting = context.get_auto_parallel_context("batch_split")
-        if _gradient_weight is None and setting != "even":
-            raise NotSupportedYetError(
-                f"not supported yet: batch_split={setting!r} in a training loop of your own; Model.train splits the "
-                "batch (it asks the coordinator for each epoch's shares and reads them from the dataset), a loop of "
-                "your own would run the even split: use Model.train, or set batch_split='even'"
-            )
+        check_split_runs()
         if gradient_weight() != 1.0:  # an uneven batch split (batch_split): see gradient_weight
             graph = weigh_gradients(graph, _gradient_weight)
         local = frozenset(local)

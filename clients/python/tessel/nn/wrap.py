@@ -6,6 +6,7 @@ PipelineGradReducer."""
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from tessel import context
@@ -221,6 +222,7 @@ def _sliced(parameters) -> dict:
 def _step_settings() -> tuple:
     """What a fused train step's graph depends on besides its inputs: a change retraces it."""
     ctx = context.get_auto_parallel_context
+    rank_step.check_split_runs()
     return (
         rank_step.parallel_mode(),
         ctx("gradients_mean"),
@@ -242,8 +244,15 @@ def accumulated(network: Cell) -> tuple[Cell, int]:
     micro = _micro_size(network)
     steps = context.get_auto_parallel_context("grad_accumulation_step")
     if steps > 1 and micro == 1:
-        return GradAccumulation(network, steps), steps
+        # One wrapper per (network, k): a new one per step would be traced, compiled and cached anew every step.
+        wrappers = _accumulating.setdefault(network, {})
+        if steps not in wrappers:
+            wrappers[steps] = GradAccumulation(network, steps)
+        return wrappers[steps], steps
     return network, micro
+
+
+_accumulating: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # network -> {k: GradAccumulation(network, k)}
 
 
 def _micro_size(network: Cell) -> int:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,6 +33,8 @@ from tessel.dataset.parallel import check_splittable, per_rank_batch, with_share
 
 log = logging.getLogger("tessel")
 _asked: dict[str, int] = {}  # job id -> how many times this rank asked for a split: the coordinator's rounds
+# dataset -> (shares, this rank's pipeline for them, the dataset's next epoch once that pipeline ran its last)
+_kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class BatchSplitter:
@@ -61,6 +64,9 @@ class BatchSplitter:
         self.pipeline: Any = None
         self.samples, self.last = 0, self._load()
         self.split = None
+        kept = _kept.get(dataset)
+        if kept is not None and kept[2] == dataset._next_epoch:  # the last call's pipeline, at this very epoch
+            self.split, self.pipeline = kept[0], kept[1]
 
     def _load(self) -> tuple[float, float]:
         return self.engine.daemon.load(self.engine.session)
@@ -97,6 +103,9 @@ class BatchSplitter:
         # The dataset goes on as the even split's epochs would (the next shuffle order), and so does the pipeline:
         # fed, it claims the same epoch; sunk, its reader reads one epoch after another from the one it opened at.
         self.dataset._claim_epoch()
+        # kept for the next Model.train call (model.train(1, ds) in a loop): its first epoch at the same shares goes
+        # on with this pipeline, and in sink mode its reader, instead of opening another on the daemon
+        _kept[self.dataset] = (shares, self.pipeline, self.dataset._next_epoch)
         rank_step.set_gradient_weight(self.world * shares[self.rank] / self.global_batch)
         return self.pipeline
 
