@@ -13,10 +13,12 @@ the user calls `set_seed`), tessel's default seed is a fixed value: data-paralle
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import log_once
 
 # MindSpore's config seed default (std::mt19937's default seed); here it is used as-is instead of meaning "random".
 DEFAULT_SEED = 5489
@@ -68,6 +70,11 @@ def set_prefetch_size(size: int) -> None:
     global _prefetch
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ConfigurationError(f"ds.config.set_prefetch_size: size must be an int >= 1, got {size!r}")
+    log_once(
+        "ds.config.set_prefetch_size",
+        f"ds.config.set_prefetch_size({size}) has no effect in tessel: no dataset op queues rows ahead",
+        logging.INFO,
+    )
     _prefetch = size
 
 

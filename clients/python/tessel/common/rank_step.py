@@ -131,7 +131,6 @@ def parallel_train_program(
         pipeline.current_mesh()  # pipeline_stages > 1 outside SEMI_AUTO / AUTO (or not dividing the world): an error
     if world > 1 and mode == _PARALLEL.DATA_PARALLEL:
         mean = bool(context.get_auto_parallel_context("gradients_mean"))
-        check_split_runs()
         if gradient_weight() != 1.0:  # an uneven batch split (batch_split): see gradient_weight
             graph = weigh_gradients(graph, _gradient_weight)
         local = frozenset(local)
