@@ -145,3 +145,16 @@ def test_schedules_give_the_rate_of_each_step():
         opt((ms.Tensor(np.ones(1, np.float32)),))
     assert w.asnumpy()[0] == pytest.approx(-(0 + 0.25 + 0.5))  # steps 0, 1, 2 of the warm-up
     assert opt.get_lr().asnumpy() == pytest.approx(0.75)
+
+
+def test_an_update_past_the_end_of_a_learning_rate_list_is_refused():
+    # MindSpore gathers each step's rate from the list; past its end that gather fails on CPU and GPU
+    w = ms.Parameter(ms.Tensor(np.zeros(1, np.float32)), name="w")
+    opt = nn.SGD([w], learning_rate=[0.5, 0.25])
+    for _ in range(2):
+        opt((ms.Tensor(np.ones(1, np.float32)),))
+    assert w.asnumpy()[0] == pytest.approx(-0.75)
+    with pytest.raises(ConfigurationError, match=r"2 per-step values, but update 3 .*one value per step"):
+        opt((ms.Tensor(np.ones(1, np.float32)),))
+    assert w.asnumpy()[0] == pytest.approx(-0.75)  # nothing applied
+    assert opt.get_lr().asnumpy() == pytest.approx(0.25)

@@ -171,7 +171,8 @@ class Optimizer(Cell):
         return f"{self.key}/learning_rate"
 
     def learning_rate_at(self, step: int) -> float:
-        """The learning rate used by update number `step` (0-based); per-step lists hold their last value."""
+        """The learning rate used by update number `step` (0-based). Past the end of a per-step list this reads
+        its last value; an update there is refused (`_lr_feed`)."""
         lr = self.learning_rate
         if isinstance(lr, LearningRateSchedule):
             return float(lr.lr_at(step))
@@ -183,6 +184,14 @@ class Optimizer(Cell):
         return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
 
     def _lr_feed(self) -> np.ndarray:
+        lr = self.learning_rate
+        if isinstance(lr, np.ndarray) and self._step >= len(lr):
+            # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an error
+            raise ConfigurationError(
+                f"{self.cls_name}'s learning_rate list has {len(lr)} per-step values, but update {self._step + 1} "
+                "is about to run; give one value per step of the whole training (e.g. nn.piecewise_constant_lr or "
+                "nn.cosine_decay_lr over total_step = epochs * steps per epoch), or a LearningRateSchedule"
+            )
         # The same (read-only) array while the rate stays the same: the daemon then need not bind it again.
         value = self.learning_rate_at(self._step)
         cached = self.__dict__.get("_lr_cached")
