@@ -123,8 +123,10 @@ class _GradFunction:
         if self.sens_param:
             args, sens = args[:-1], args[-1]
         positions = self._positions(len(args))
-        wrt = [_symbolic(trace, args[i], f"argument {i}") for i in positions]
-        wrt += [trace.param(w) for w in self.weights or ()]
+        inputs = [_symbolic(trace, args[i], f"argument {i}") for i in positions]
+        # an integer or bool input (labels, indices) has a zero gradient of its own dtype, as in MindSpore
+        differentiable = [x for x in inputs if x.dtype.is_float]
+        wrt = differentiable + [trace.param(w) for w in self.weights or ()]
         out = self.fn(*args)
         if self.has_aux:
             if not isinstance(out, (tuple, list)) or not out:
@@ -134,9 +136,12 @@ class _GradFunction:
             loss = out if isinstance(out, Tensor) else _sum_outputs(out)
         loss_sym = _symbolic(trace, loss, "the loss")
         seed = [] if sens is None else [_symbolic(trace, sens, "sens")]
-        grads = apply_all("GradientOf", loss_sym, *wrt, *seed, seeded=bool(seed)) if wrt else ()
-        grads = [Tensor._wrap_symbolic(g) for g in grads]
-        input_grads, weight_grads = tuple(grads[: len(positions)]), tuple(grads[len(positions) :])
+        grads = list(apply_all("GradientOf", loss_sym, *wrt, *seed, seeded=bool(seed)) if wrt else ())
+        found = iter(grads[: len(differentiable)])
+        input_grads = tuple(
+            Tensor._wrap_symbolic(next(found) if x.dtype.is_float else apply("ZerosLike", x)) for x in inputs
+        )
+        weight_grads = tuple(Tensor._wrap_symbolic(g) for g in grads[len(differentiable) :])
         if isinstance(self.positions, int):
             input_grads = input_grads[0]
         if self.single_weight:

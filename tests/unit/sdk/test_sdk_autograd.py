@@ -96,3 +96,18 @@ def test_bad_requests_are_clear_errors():
         ms.grad(f, grad_position=5)(ms.Tensor(X), ms.Tensor(Y))
     with pytest.raises(ConfigurationError, match="weights must be Parameters"):
         ms.value_and_grad(f, None, [ms.Tensor(X)])
+
+
+def test_integer_inputs_have_zero_gradients():
+    # MindArmour's pattern: GradOperation(get_all=True)(net_with_loss)(inputs, int labels)[0]
+    dense = nn.Dense(2, 3)
+    net = nn.WithLossCell(dense, nn.SoftmaxCrossEntropyWithLogits(sparse=True, reduction="sum"))
+    labels = np.array([0, 2, 1], np.int32)
+    dx, dlabels = ops.GradOperation(get_all=True)(net)(ms.Tensor(X), ms.Tensor(labels))
+    assert dlabels.dtype == ms.int32 and dlabels.asnumpy().tolist() == [0, 0, 0]
+    logits = X @ dense.weight.asnumpy().T + dense.bias.asnumpy()
+    p = np.exp(logits - logits.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    expected = (p - np.eye(3)[labels]) @ dense.weight.asnumpy()
+    np.testing.assert_allclose(dx.asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    assert ms.grad(lambda x, n: (x * x).sum(), grad_position=1)(ms.Tensor(X), ms.Tensor(labels)).asnumpy().any() == 0
