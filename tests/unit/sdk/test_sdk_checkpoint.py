@@ -65,7 +65,7 @@ def test_corrupt_and_wrong_files_are_clear_errors(tmp_path):
     with pytest.raises(ConfigurationError, match="is corrupt: its tensors do not match the checksum"):
         ms.load_checkpoint(str(path))
     path.write_bytes(bytes(data[: len(data) // 2]))
-    with pytest.raises(ConfigurationError, match="is corrupt"):
+    with pytest.raises(ConfigurationError, match="is truncated, corrupt"):
         ms.load_checkpoint(str(path))
     header = json.dumps({"__metadata__": {}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
@@ -135,3 +135,79 @@ def test_a_save_killed_midway_leaves_no_temp_file_after_the_next_save(tmp_path):
     live.touch()
     ms.save_checkpoint({"w": np.zeros(4, np.float32)}, str(target))
     assert other.exists() and live.exists()
+
+
+def test_append_dict_values_round_trip_as_mindspore_stores_them(tmp_path):
+    path = str(tmp_path / "extra.ckpt")
+    transposed = np.arange(6.0, dtype=np.float32).reshape(2, 3).T  # not C-contiguous
+    ms.save_checkpoint(
+        nn.Dense(2, 2),
+        path,
+        append_dict={
+            "t": transposed,
+            "tt": ms.Tensor(transposed),
+            "lr": 0.5,
+            "epoch": 3,
+            "done": True,
+            "model": "resnet",
+        },
+    )
+    loaded = ms.load_checkpoint(path)
+    np.testing.assert_array_equal(loaded["t"].asnumpy(), transposed)
+    np.testing.assert_array_equal(loaded["tt"].asnumpy(), transposed)
+    assert (loaded["lr"].dtype, loaded["epoch"].dtype, loaded["done"].dtype) == (ms.float32, ms.int64, ms.bool_)
+    assert loaded["model"] == "resnet"  # strings load back as str, as in MindSpore
+    with pytest.raises(ConfigurationError, match=r"append_dict\['bad'\] is a list; values must be int, float"):
+        ms.save_checkpoint(nn.Dense(2, 2), path, append_dict={"bad": [1, 2]})
+    with pytest.raises(ConfigurationError, match=r"append_info\['x'\] is a NoneType"):
+        ms.train.CheckpointConfig(append_info=[{"x": None}])
+    # a string altered in the file is caught like a tensor
+    with open(path, "rb") as source:
+        data = source.read().replace(b"resnet", b"resneX")
+    with open(path, "wb") as out:
+        out.write(data)
+    with pytest.raises(ConfigurationError, match="do not match the checksum"):
+        ms.load_checkpoint(path)
+
+
+def test_loading_casts_within_floats_or_integers_only(tmp_path):
+    net = nn.Dense(2, 2)
+    half = {name: ms.Tensor(p.asnumpy().astype(np.float16)) for name, p in net.parameters_and_names()}
+    not_loaded, _ = ms.load_param_into_net(net, half)
+    assert not_loaded == [] and net.weight.dtype == ms.float32
+    with pytest.raises(ConfigurationError, match="only floats cast to floats and integers to integers"):
+        ms.load_param_into_net(net, {"weight": ms.Tensor(np.ones((2, 2), np.int32))})
+    with pytest.raises(ConfigurationError, match="strict_load=True"):
+        ms.load_param_into_net(net, half, strict_load=True)
+
+
+def test_prefix_filters_override_choice_func_and_may_not_filter_out_everything(tmp_path):
+    path = str(tmp_path / "net.ckpt")
+    ms.save_checkpoint(Net(), path)
+    assert list(ms.load_checkpoint(path, specify_prefix="conv", choice_func=lambda n: False)) == [
+        "conv.weight",
+        "conv.bias",
+    ]
+    assert "bn.gamma" not in ms.load_checkpoint(path, choice_func=lambda n: not n.startswith("bn"))
+    with pytest.raises(ConfigurationError, match=r"nothing of .* is left after filter_prefix"):
+        ms.load_checkpoint(path, specify_prefix="zzz")
+    with pytest.raises(ConfigurationError, match="specify_prefix must be a non-empty str"):
+        ms.load_checkpoint(path, specify_prefix=("conv", ""))
+
+
+def test_a_mindspore_protobuf_checkpoint_is_named_as_such(tmp_path):
+    path = tmp_path / "mindspore.ckpt"
+    path.write_bytes(b"\n\x8a\x01\n\x0cconv1.weight\x12z\x08\x06\x08\x01\x08\x05\x08\x05\x10\x0b" + b"\0" * 64)
+    with pytest.raises(ConfigurationError, match=r"MindSpore's own \(protobuf\) .ckpt files are not supported yet"):
+        ms.load_checkpoint(str(path))
+
+
+def test_predict_strategy_must_be_the_networks_own_layouts(tmp_path):
+    path = str(tmp_path / "net.ckpt")
+    net = nn.Dense(2, 2)
+    ms.save_checkpoint(net, path)
+    with pytest.raises(ConfigurationError, match=r"has no compiled layouts yet; call model\.infer_predict_layout"):
+        ms.load_distributed_checkpoint(net, [path], predict_strategy={"weight": [[1], [-1, -1]]})
+    with pytest.raises(ConfigurationError, match="predict_strategy must be None or the dict"):
+        ms.load_distributed_checkpoint(net, [path], predict_strategy=[1])
+    ms.load_distributed_checkpoint(net, [path])

@@ -442,6 +442,9 @@ def merged(paths: Sequence[str], strategies: Mapping[str, dict] | None = None) -
             out[name] = tensors[name]
             continue
         layout, shape = layout_of(record), tuple(record["shape"])
+        if name not in layouts and tuple(tensors[name].shape) == shape:
+            out[name] = tensors[name]  # a whole value (e.g. files saved with integrated_save=True)
+            continue
         ranks = record.get("ranks") or list(range(layout.device_num))
         places = [_place(layout, shape, i) for i in range(len(ranks))]
         # a piece from any file holding it: files saved with remove_redundancy=True hold each piece once
@@ -476,10 +479,13 @@ def load_distributed_checkpoint(
 ) -> Any:
     """Load the slice files of every rank of a training job (in any order; each knows its rank and layouts) into
     `network`, whatever its world size and strategy now: every parameter is assembled whole, and each rank keeps
-    the slice its own layout asks for (MindSpore `load_distributed_checkpoint`)."""
+    the slice its own layout asks for (MindSpore `load_distributed_checkpoint`). The slices follow the layouts
+    the network was compiled with; a `predict_strategy` (infer_predict_layout's result) must be those layouts.
+    rank_id and max_process_num, as in MindSpore, apply only to unified_safetensors_dir (not supported yet)."""
     from tessel.train.serialization import check_file_options, load_param_into_net
 
     check_file_options("load_distributed_checkpoint", dec_key, dec_mode, format, "dec_key")
+    _check_predict_strategy(network, predict_strategy)
     if output_format not in ("ckpt", "safetensors"):
         raise ConfigurationError(
             f"load_distributed_checkpoint: output_format must be 'ckpt' or 'safetensors', got {output_format!r}"
@@ -503,6 +509,39 @@ def load_distributed_checkpoint(
         return {name: Parameter(value, name=name) for name, value in full.items()}
     load_param_into_net(network, full, strict_load)
     return None
+
+
+def _check_predict_strategy(network: Any, predict_strategy: Any) -> None:
+    """tessel cuts each parameter by the layout its network was compiled with: predict_strategy may only repeat
+    it (MindSpore's usage: model.infer_predict_layout(...) then load_distributed_checkpoint(..., layout))."""
+    if predict_strategy is None:
+        return
+    if isinstance(predict_strategy, str):
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            "load_distributed_checkpoint(predict_strategy=<a strategy file>)",
+            "pass model.infer_predict_layout(...)'s dict, or None: the network's compiled layouts are used",
+        )
+    if not isinstance(predict_strategy, dict):
+        raise ConfigurationError(
+            f"load_distributed_checkpoint: predict_strategy must be None or the dict infer_predict_layout returns, "
+            f"got {type(predict_strategy).__name__}"
+        )
+    own = network.parameter_layout_dict if network is not None else {}
+    if not own:
+        raise ConfigurationError(
+            "load_distributed_checkpoint(predict_strategy=...): the network has no compiled layouts yet; call "
+            "model.infer_predict_layout(*inputs) first (it compiles the network) and pass its result"
+        )
+    as_lists = lambda v: [as_lists(x) for x in v] if isinstance(v, (list, tuple)) else v  # noqa: E731
+    wrong = sorted(name for name, layout in predict_strategy.items() if as_lists(layout) != as_lists(own.get(name)))
+    if wrong:
+        raise ConfigurationError(
+            f"load_distributed_checkpoint: predict_strategy gives {wrong[:5]} layouts other than the ones the network "
+            "was compiled with; tessel cuts each parameter by the network's own layout: pass "
+            "model.infer_predict_layout(...)'s result for this network, or None"
+        )
 
 
 # --- offline transforms -------------------------------------------------------------------------------------------

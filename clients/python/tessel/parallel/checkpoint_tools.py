@@ -150,7 +150,10 @@ def parameter_broadcast(net: Any, layout: dict, cur_rank: int = 0, initial_rank:
 
 
 def unified_safetensors(src_dir: str, src_strategy_file: str, dst_dir: str, *args: Any, **kwargs: Any) -> None:
-    raise not_supported_yet("unified_safetensors", "tessel writes and reads its own .ckpt files, not safetensors")
+    raise not_supported_yet(
+        "unified_safetensors",
+        "tessel's checkpoints are checksummed safetensors files of its own; merge slices with transform_checkpoints",
+    )
 
 
 def restore_group_info_list(group_info_file_name: str) -> list:

@@ -17,6 +17,7 @@ import numpy as np
 
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
+from tessel.train.serialization import appended_values
 
 
 class CallbackParam(dict):
@@ -297,7 +298,7 @@ def _unused_prefix(directory: str, prefix: str, extension: str) -> str:
 
 
 def _check_append_info(append_info: Any) -> list:
-    """MindSpore's append_info: a list of "epoch_num", "step_num" and dicts of str -> number or Tensor."""
+    """MindSpore's append_info: a list of "epoch_num", "step_num" and dicts of str -> number, str or Tensor."""
     if append_info is None:
         return []
     if not isinstance(append_info, list):
@@ -307,8 +308,7 @@ def _check_append_info(append_info: Any) -> list:
         )
     for entry in append_info:
         if isinstance(entry, dict):
-            if not all(isinstance(k, str) for k in entry):
-                raise ConfigurationError(f"CheckpointConfig: append_info's dict keys must be str, got {entry!r}")
+            appended_values(entry, "CheckpointConfig", "append_info")  # the first save would find the same
         elif entry not in ("epoch_num", "step_num"):
             raise ConfigurationError(
                 f"CheckpointConfig: append_info entry {entry!r} is not 'epoch_num', 'step_num' or a dict"

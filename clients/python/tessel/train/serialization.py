@@ -35,13 +35,47 @@ from tessel.core.process import pid_alive
 FORMAT = "tessel-checkpoint-1"
 
 
-def _checksum(tensors: dict[str, np.ndarray]) -> str:
+def _checksum(tensors: dict[str, np.ndarray], strings: dict[str, str] | None = None) -> str:
     digest = hashlib.sha256()
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
         digest.update(array.tobytes())
+    for name in sorted(strings or {}):  # append_dict's str values (none in files of older versions)
+        digest.update(f"{name}|str|{len(strings[name])}|{strings[name]}".encode())
     return digest.hexdigest()
+
+
+def appended_values(
+    append_dict: Any, call: str = "save_checkpoint", field: str = "append_dict"
+) -> tuple[OrderedDict, dict[str, str]]:
+    """MindSpore's append_dict: str -> int, float, bool, str, Tensor or Parameter (numpy arrays too). Numbers
+    become 0-d tensors as MindSpore's Tensor(value) makes them (int64, float32, bool); strings are kept as strings
+    and load back as str. Returns (tensors, strings)."""
+    tensors, strings = OrderedDict(), {}
+    if append_dict is None:
+        return tensors, strings
+    if not isinstance(append_dict, dict):
+        raise ConfigurationError(f"{call}: {field} must be a dict of str -> value, got {type(append_dict).__name__}")
+    for name, value in append_dict.items():
+        if not isinstance(name, str):
+            raise ConfigurationError(f"{call}: {field}'s keys must be str, got {name!r}")
+        if isinstance(value, str):
+            strings[name] = value
+        elif isinstance(value, (bool, np.bool_)):
+            tensors[name] = np.array(value, np.bool_)
+        elif isinstance(value, (int, np.integer)):
+            tensors[name] = np.array(value, np.int64)
+        elif isinstance(value, (float, np.floating)):
+            tensors[name] = np.array(value, np.float32)
+        elif isinstance(value, (Tensor, np.ndarray)):
+            tensors[name] = contiguous(value.asnumpy() if isinstance(value, Tensor) else value)
+        else:
+            raise ConfigurationError(
+                f"{call}: {field}[{name!r}] is a {type(value).__name__}; values must be int, float, bool, str, "
+                "Tensor or Parameter"
+            )
+    return tensors, strings
 
 
 def _named(save_obj: Any) -> list[tuple[str, Any]]:
@@ -191,6 +225,7 @@ def save_checkpoint(
         raise not_supported_yet("save_checkpoint(async_save=True)", "checkpoints are written before save returns")
     check_file_options("save_checkpoint", enc_key, enc_mode, format, "enc_key")
     _no_more_options("save_checkpoint", options)
+    extra, strings = appended_values(append_dict)  # checked before any rank waits for the others
     path = _with_suffix(ckpt_file_name, format)
     items = _named(save_obj)
     if choice_func is not None:
@@ -213,16 +248,28 @@ def save_checkpoint(
             metadata = checkpoint.slice_metadata(items)
     else:
         tensors = _arrays(items)
-    for name, value in (append_dict or {}).items():
-        tensors[name] = np.asarray(value.asnumpy() if isinstance(value, Tensor) else value)
-    write_checkpoint(tensors, path, metadata)
+    tensors.update(extra)
+    write_checkpoint(tensors, path, metadata, strings)
 
 
-def write_checkpoint(tensors: dict[str, np.ndarray], path: str, metadata: dict[str, str] | None = None) -> None:
-    """Write named arrays as a checksummed safetensors checkpoint, atomically."""
+def write_checkpoint(
+    tensors: dict[str, np.ndarray],
+    path: str,
+    metadata: dict[str, str] | None = None,
+    strings: dict[str, str] | None = None,
+) -> None:
+    """Write named arrays (and named strings, kept in the header) as a checksummed safetensors checkpoint,
+    atomically."""
     from safetensors.numpy import save
 
-    metadata = {**(metadata or {}), "format": FORMAT, "sha256": _checksum(tensors), "order": json.dumps(list(tensors))}
+    metadata = {
+        **(metadata or {}),
+        "format": FORMAT,
+        "sha256": _checksum(tensors, strings),
+        "order": json.dumps([*tensors, *(strings or {})]),
+    }
+    if strings:
+        metadata["strings"] = json.dumps(strings)
     atomic_write(path, save(dict(tensors), metadata=metadata))
 
 
@@ -231,7 +278,11 @@ def _read_header(data: bytes, path: str) -> dict:
         raise ConfigurationError(f"checkpoint {path!r} is corrupt: {len(data)} bytes is too short for a header")
     (size,) = struct.unpack("<Q", data[:8])
     if size > len(data) - 8:
-        raise ConfigurationError(f"checkpoint {path!r} is corrupt or truncated: its header claims {size} bytes")
+        raise ConfigurationError(
+            f"checkpoint {path!r} is truncated, corrupt or not a tessel checkpoint: its header claims {size} bytes "
+            f"of {len(data)}. tessel writes safetensors files; MindSpore's own (protobuf) .ckpt files are not "
+            "supported yet: re-save the weights with tessel.save_checkpoint"
+        )
     try:
         return json.loads(data[8 : 8 + size]).get("__metadata__") or {}
     except (ValueError, UnicodeDecodeError):
@@ -275,7 +326,12 @@ def load_checkpoint(
     check_file_options("load_checkpoint", dec_key, dec_mode, format, "dec_key")
     _check_redundancy("load_checkpoint", remove_redundancy)
     _no_more_options("load_checkpoint", options)
+    filter_prefix = _prefixes("filter_prefix", filter_prefix)
+    specify_prefix = _prefixes("specify_prefix", specify_prefix)
+    if filter_prefix or specify_prefix:
+        choice_func = None  # MindSpore: either prefix argument overrides choice_func
     tensors, metadata = read_checkpoint(ckpt_file_name)
+    strings = json.loads(metadata.get("strings", "{}"))
     layouts = _json.loads(metadata.get("layouts", "{}"))
     rank = int(metadata["rank"]) if "rank" in metadata else None
     order = json.loads(metadata.get("order", "[]")) or sorted(tensors)
@@ -285,13 +341,24 @@ def load_checkpoint(
     if removed and rank is not None:
         params.saved_by = (rank, int(metadata.get("world", 1)))
     for name in order:
-        if _keep(name, filter_prefix, specify_prefix, choice_func):
+        if not _keep(name, filter_prefix, specify_prefix, choice_func):
+            continue
+        if name in strings:  # append_dict's str values load back as str, as in MindSpore
+            params[name] = strings[name]
+            continue
+        if name in tensors:
             params[name] = Parameter(tensors[name], name=name)
             if name in layouts:
                 params[name]._saved = (layouts[name], rank)
             params[name]._redundancy_removed = removed
             if params.saved_by is not None:
                 params[name]._saved_by = params.saved_by
+    if not params and (tensors or strings):
+        raise ConfigurationError(
+            f"load_checkpoint: nothing of {ckpt_file_name!r} is left after filter_prefix={filter_prefix!r}, "
+            f"specify_prefix={specify_prefix!r} and choice_func; check that they name the checkpoint's parameters "
+            f"(e.g. {next(iter(order))!r})"
+        )
     if net is not None:
         load_param_into_net(net, params, strict_load, remove_redundancy=removed)
     return params
@@ -314,8 +381,12 @@ def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[st
         raise ConfigurationError(f"checkpoint {path!r} is corrupt: {err}. Re-save it or use another one") from None
     expected = metadata.get("sha256")
     if expected is None:
-        raise ConfigurationError(f"checkpoint {path!r} has no checksum: it was not written by tessel.save_checkpoint")
-    if _checksum(tensors) != expected:
+        raise ConfigurationError(
+            f"checkpoint {path!r} has no checksum: it is a safetensors file not written by tessel.save_checkpoint "
+            "(MindSpore's and other frameworks' safetensors files are not supported yet); load it with the "
+            "safetensors package and pass the arrays to load_param_into_net as a dict of name -> Tensor"
+        )
+    if _checksum(tensors, json.loads(metadata.get("strings", "{}"))) != expected:
         raise ConfigurationError(
             f"checkpoint {path!r} is corrupt: its tensors do not match the checksum stored when it was saved. "
             "Re-save it or use another checkpoint"
@@ -323,11 +394,23 @@ def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[st
     return tensors, metadata
 
 
-def _keep(name: str, filter_prefix: Any, specify_prefix: Any, choice_func: Any) -> bool:
-    as_tuple = lambda v: (v,) if isinstance(v, str) else tuple(v or ())  # noqa: E731
-    if filter_prefix and name.startswith(as_tuple(filter_prefix)):
+def _prefixes(what: str, prefix: Any) -> tuple[str, ...]:
+    """MindSpore's filter_prefix / specify_prefix: None, a str, or a non-empty list/tuple of non-empty str."""
+    if prefix is None:
+        return ()
+    prefixes = (prefix,) if isinstance(prefix, str) else prefix
+    if not isinstance(prefixes, (list, tuple)) or not prefixes or not all(isinstance(p, str) and p for p in prefixes):
+        raise ConfigurationError(
+            f"load_checkpoint: {what} must be a non-empty str or a non-empty list/tuple of non-empty str, "
+            f"got {prefix!r}"
+        )
+    return tuple(prefixes)
+
+
+def _keep(name: str, filter_prefix: tuple[str, ...], specify_prefix: tuple[str, ...], choice_func: Any) -> bool:
+    if filter_prefix and name.startswith(filter_prefix):
         return False
-    if specify_prefix and not name.startswith(as_tuple(specify_prefix)):
+    if specify_prefix and not name.startswith(specify_prefix):
         return False
     return choice_func is None or bool(choice_func(name))
 
@@ -338,7 +421,8 @@ def load_param_into_net(
     """Copy checkpoint values into net's parameters by name; returns (net params not loaded, ckpt names unused).
 
     As MindSpore's: strict_load=True loads exact names only, and a value must have the parameter's dtype.
-    strict_load=False (the default) also casts a value to the parameter's dtype, and loads parameters whose
+    strict_load=False (the default) also casts a float value to a float parameter's dtype (an integer to an
+    integer one; other pairs are an error), and loads parameters whose
     checkpoint name has an extra prefix (a checkpoint saved from a wrapped network, "network.fc.weight" for
     "fc.weight"): the first unloaded parameter that ends a checkpoint name gives the prefix, every unloaded
     parameter found under prefix + its name is loaded, and this repeats while it finds new ones.
@@ -372,10 +456,18 @@ def load_param_into_net(
     def load(param: Parameter, name: str) -> None:
         value = parameter_dict[name]
         array = value.asnumpy() if isinstance(value, Tensor) else np.asarray(value)
-        if strict_load and array.dtype != param.dtype.numpy:
+        want = np.dtype(param.dtype.numpy)
+        if strict_load and array.dtype != want:
             raise ConfigurationError(
                 f"load_param_into_net(strict_load=True): {name!r} is {array.dtype} in the checkpoint but parameter "
-                f"{param.name!r} is {param.dtype.numpy}; strict loading keeps dtypes, pass strict_load=False to cast"
+                f"{param.name!r} is {want}; strict loading keeps dtypes, pass strict_load=False to cast"
+            )
+        if array.dtype != want and not (array.dtype.kind == want.kind and want.kind in "fi"):
+            # MindSpore casts float <-> float and signed int <-> signed int only (_type_convert)
+            raise ConfigurationError(
+                f"load_param_into_net: {name!r} is {array.dtype} in the checkpoint but parameter {param.name!r} is "
+                f"{want}; only floats cast to floats and integers to integers. Convert the value first "
+                f"(parameter_dict[{name!r}] = Tensor(value.asnumpy().astype(...)))"
             )
         saved, rank = getattr(value, "_saved", (None, None))
         checkpoint.load_value(param, array, saved, rank)
