@@ -115,6 +115,31 @@ def test_eval_and_predict_match_numpy():
     np.testing.assert_allclose(model.predict(ms.Tensor(DATA)).asnumpy(), logits, rtol=1e-4, atol=1e-5)
 
 
+def test_an_eval_network_without_eval_indexes_gives_every_metric_every_output():
+    # MindSpore's Model._update_metrics: metric.update(*outputs), a single Tensor output as a 1-tuple
+    net, _ = make()
+    per_sample = nn.WithLossCell(net, nn.CrossEntropyLoss(reduction="none"))
+    model = ms.Model(net, nn.CrossEntropyLoss(), metrics={"loss"}, eval_network=per_sample)
+    w0, b0, w1, b1 = (p.asnumpy().astype(np.float64) for p in net.trainable_params())
+    logits = np.maximum(DATA @ w0.T + b0, 0) @ w1.T + b1
+    losses = -log_softmax(logits)[np.arange(len(LABELS)), LABELS]
+    assert model.eval(dataset(batch=20))["loss"] == pytest.approx(np.mean([losses[:20].mean(), losses[20:].mean()]))
+
+    class LogitsAndLabel(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def construct(self, x, y):
+            return self.net(x), y
+
+    model = ms.Model(net, metrics={"accuracy"}, eval_network=LogitsAndLabel())
+    assert model.eval(dataset())["accuracy"] == pytest.approx((logits.argmax(1) == LABELS).mean())
+    model = ms.Model(net, metrics={"accuracy"}, eval_network=LogitsAndLabel(), eval_indexes=[0, 0, 1])
+    with pytest.raises(ConfigurationError, match=r"returned 2 output\(s\), but eval_indexes \[0, 0, 1\]"):
+        model.eval(dataset())
+
+
 def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
     net, model = make()
     config = train.CheckpointConfig(save_checkpoint_steps=4, keep_checkpoint_max=2)

@@ -302,20 +302,26 @@ class Model:
             cb["cur_step_num"] += 1
             for hook in hooks:
                 hook.on_eval_step_begin(run_context)
-            if indexes is None:
+            if indexes == "network":  # tessel's extension: no loss at all, the network's output is the prediction
                 outputs = net(*batch[:-1])
-                loss, prediction, label = None, outputs, batch[-1]
+                updates = {"loss": (), "other": (outputs, batch[-1])}
             else:
                 outputs = net(*batch)
-                loss, prediction, label = (outputs[i] for i in indexes)
+                found = outputs if isinstance(outputs, tuple) else (outputs,)
+                if indexes is None:  # MindSpore: an eval_network without eval_indexes gives every metric every output
+                    updates = {"loss": found, "other": found}
+                else:
+                    if len(found) < 3:
+                        raise ConfigurationError(
+                            f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
+                            f"{list(indexes)} pick (loss, prediction, label) from at least 3"
+                        )
+                    updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
             cb["net_outputs"] = outputs
             for hook in hooks:
                 hook.on_eval_step_end(run_context)
             for metric in self._metrics.values():
-                if isinstance(metric, Loss):
-                    metric.update(loss)
-                else:
-                    metric.update(prediction, label)
+                metric.update(*updates["loss" if isinstance(metric, Loss) else "other"])
             if run_context._stop_requested:
                 break
         cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
@@ -325,16 +331,18 @@ class Model:
             hook.on_eval_end(run_context)
         return cb["metrics"]
 
-    def _evaluator(self) -> tuple[Cell, tuple[int, int, int] | None]:
+    def _evaluator(self) -> tuple[Cell, Any]:
+        """The eval network and how its outputs feed the metrics: eval_indexes (loss, prediction, label), None
+        (every metric gets every output), or "network" (no loss: the network's output and the label)."""
         if self._eval_network is not None:
-            return self._eval_network, tuple(self._eval_indexes or (0, 1, 2))
+            return self._eval_network, None if self._eval_indexes is None else tuple(self._eval_indexes)
         if self._loss_fn is not None:
             return WithEvalCell(self._network, self._loss_fn), (0, 1, 2)
         if isinstance(self._network, WithLossCell):
             return WithEvalCell(self._network.backbone_network, self._network._loss_fn), (0, 1, 2)
         if any(isinstance(m, Loss) for m in self._metrics.values()):
             raise ConfigurationError("Model.eval: the 'loss' metric needs loss_fn or an eval_network")
-        return self._network, None
+        return self._network, "network"
 
     def predict(self, *predict_data: Any) -> Any:
         """network(*predict_data) in inference mode."""
