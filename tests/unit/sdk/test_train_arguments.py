@@ -53,6 +53,26 @@ def test_static_loss_scaling_updates_as_the_unscaled_step(scale):
         np.testing.assert_allclose(p.asnumpy(), want[p.name], rtol=1e-5, atol=1e-6, err_msg=p.name)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_weight_decay_applies_to_the_scaled_gradients_as_in_mindspore(fused):
+    # MindSpore's optimizers decay before dividing by loss_scale: the step is (S*g + wd*p) / S
+    scale, wd = 8.0, 0.5
+    ms.set_seed(0)
+    net = nn.Dense(4, 2)
+    start = {p.name: p.asnumpy().astype(np.float64) for p in net.trainable_params()}
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9, weight_decay=wd, loss_scale=scale)
+    if fused:
+        nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, sens=scale)(ms.Tensor(X), ms.Tensor(Y))
+    else:
+        grads = ms.grad(nn.WithLossCell(net, nn.MSELoss()), None, optimizer.parameters)(ms.Tensor(X), ms.Tensor(Y))
+        optimizer(tuple(g * scale for g in grads))
+    plain = _sgd_reference(start)  # lr * g, the first momentum step being lr * (g + decay)
+    for p in net.trainable_params():
+        g = (start[p.name] - plain[p.name]) / 0.1
+        want = start[p.name] - 0.1 * (scale * g + wd * start[p.name]) / scale
+        np.testing.assert_allclose(p.asnumpy(), want, rtol=1e-5, atol=1e-6, err_msg=p.name)
+
+
 def test_loss_scale_alone_divides_the_gradients():
     net, start, step = _step(loss_scale=4.0)
     step(ms.Tensor(X), ms.Tensor(Y))
@@ -148,3 +168,9 @@ def test_grad_reducer_fusion_type_zero_means_each_gradient_alone():
     for bad in (-1, 1.5, True):
         with pytest.raises(ConfigurationError, match="fusion_type must be an int >= 0"):
             nn.DistributedGradReducer(net.trainable_params(), fusion_type=bad)
+
+
+def test_a_zero_sens_is_refused():
+    net = nn.Dense(4, 2)
+    with pytest.raises(ConfigurationError, match="sens can not be 0"):
+        nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params()), sens=0)

@@ -304,6 +304,8 @@ class TrainOneStepCell(Cell):
         self.weights = optimizer.parameters
         self.grad = GradOperation(get_by_list=True, sens_param=True)
         self.sens = 1.0 if sens is None else float(sens)  # None is MindSpore 2.x's default: 1.0
+        if self.sens == 0.0:  # MindSpore refuses it too: every gradient would be zero, training nothing
+            raise ConfigurationError("TrainOneStepCell: sens can not be 0; use 1.0 (or the loss scale)")
         self.return_grad = return_grad
         self.grad_reducer = DistributedGradReducer(self.weights)
         object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens))

@@ -139,7 +139,9 @@ class Optimizer(Cell):
         self._step = 0
         self.insert_param_to_cell("global_step", _GlobalStep(self))
         self.__dict__["_global_step"] = self._params["global_step"]
-        self._rule: Rule = self._make_rule(decay)
+        # MindSpore decays the still-scaled gradients, then divides by loss_scale: (S*g + wd*p) / S = g + (wd/S)*p.
+        # tessel unscales first, so the rule decays by wd/S.
+        self._rule: Rule = self._make_rule(decay / self.loss_scale)
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
