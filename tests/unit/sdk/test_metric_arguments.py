@@ -60,7 +60,7 @@ class _RunContext:
 def test_time_monitor_divides_by_the_runs_steps_before_data_size(capsys):
     monitor = train.TimeMonitor(data_size=100)
     monitor.on_train_epoch_begin(_RunContext(batch_num=4))
-    monitor._start -= 1.0  # one second ago
+    monitor.epoch_time -= 1.0  # one second ago
     monitor.on_train_epoch_end(_RunContext(batch_num=4))
     printed = capsys.readouterr().out
     per_step = float(printed.split("per step time: ")[1].split(" ms")[0])
@@ -98,3 +98,35 @@ def test_he_initializers_take_every_linear_nonlinearity_mindspore_names():
     bound = np.sqrt(3.0 / 32)  # gain 1: sqrt(3 / fan_in)
     for name, values in draws.items():
         assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound, name
+
+
+def test_metric_base_class_as_mindspore_defines_it():
+    class Counter(train.Metric):  # MindSpore's pattern: the subclass sets its fields, then calls clear() itself
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+            self.clear()
+
+        def clear(self):
+            self.total = 0.0
+
+        @train.rearrange_inputs
+        def update(self, *inputs):
+            self.total += self.scale * float(np.sum(self._convert_data(inputs[0])))
+
+        def eval(self):
+            return self.total
+
+    assert Counter(2)([1.0, 2.0]) == 6.0  # __call__: clear, update, eval
+    picked = Counter(1).set_indexes([1])
+    picked.update(ms.Tensor(np.ones(3, np.float32)), np.array([5.0]))
+    assert picked.eval() == 5.0 and picked.indexes == [1]
+    accuracy = train.Accuracy().set_indexes([1, 2])  # built-in metrics honour set_indexes too
+    accuracy.update(None, np.array([[0.1, 0.9], [0.8, 0.2]]), np.array([1, 1]))
+    assert accuracy.eval() == 0.5
+    with pytest.raises(ConfigurationError, match=r"MAE\.update takes \(predicted value, true value\), got 1"):
+        train.MAE().update(np.ones(2))
+    with pytest.raises(ConfigurationError, match=r"MSE\.eval: no samples"):
+        train.MSE().eval()
+    with pytest.raises(ConfigurationError, match="set_indexes: indexes must be a list of int"):
+        train.Loss().set_indexes((0,))

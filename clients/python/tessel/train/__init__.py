@@ -19,6 +19,7 @@ from tessel.train.metrics import (
     Top1CategoricalAccuracy,
     Top5CategoricalAccuracy,
     TopKCategoricalAccuracy,
+    rearrange_inputs,
 )
 from tessel.train.model import Model
 from tessel.train.progress import ProgressBar
@@ -46,5 +47,6 @@ __all__ = [
     "export",
     "load_checkpoint",
     "load_param_into_net",
+    "rearrange_inputs",
     "save_checkpoint",
 ]

@@ -3,6 +3,8 @@ clear(), update(*outputs), eval()."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -16,10 +18,32 @@ def _np(x: Any) -> np.ndarray:
 
 
 class Metric:
-    """Base class: accumulate with update(), read with eval(), reset with clear()."""
+    """Base class, as MindSpore's: accumulate with update(), read with eval(), reset with clear(); calling a metric
+    does all three on one batch. set_indexes([i, j]) makes update (where decorated with rearrange_inputs, as every
+    built-in metric's is) read inputs i and j of what it is given. A subclass's __init__ calls clear() itself."""
 
     def __init__(self):
+        self._indexes: list[int] | None = None
+
+    @property
+    def indexes(self) -> list[int] | None:
+        return getattr(self, "_indexes", None)
+
+    def set_indexes(self, indexes: list[int]) -> Metric:
+        if not isinstance(indexes, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indexes):
+            raise ConfigurationError(f"set_indexes: indexes must be a list of int, got {indexes!r}")
+        self._indexes = indexes
+        return self
+
+    def _convert_data(self, data: Any) -> np.ndarray:
+        if isinstance(data, (Tensor, list, np.ndarray)):
+            return _np(data)
+        raise ConfigurationError(f"{type(self).__name__}: inputs must be Tensor, list or numpy.ndarray, got {data!r}")
+
+    def __call__(self, *inputs: Any) -> Any:
         self.clear()
+        self.update(*inputs)
+        return self.eval()
 
     def clear(self) -> None:
         raise NotImplementedError
@@ -31,6 +55,29 @@ class Metric:
         raise NotImplementedError
 
 
+def rearrange_inputs(func: Callable) -> Callable:
+    """MindSpore's decorator for Metric.update: with set_indexes, update gets only the inputs at those indexes."""
+
+    @functools.wraps(func)
+    def update(self: Metric, *inputs: Any) -> Any:
+        indexes = self.indexes
+        if indexes:
+            if any(not -len(inputs) <= i < len(inputs) for i in indexes):
+                raise ConfigurationError(
+                    f"{type(self).__name__}.update: set_indexes {indexes} picks beyond its {len(inputs)} inputs"
+                )
+            inputs = tuple(inputs[i] for i in indexes)
+        return func(self, *inputs)
+
+    return update
+
+
+class _Builtin(Metric):
+    def __init__(self):
+        super().__init__()
+        self.clear()
+
+
 def _one_hot(labels: np.ndarray) -> bool:
     """MindSpore's test for one-hot labels: 0/1 values that sum to 1 over the class axis (1)."""
     if labels.ndim < 2 or not np.equal(labels**2, labels).all():
@@ -38,7 +85,7 @@ def _one_hot(labels: np.ndarray) -> bool:
     return bool(np.equal(labels.sum(axis=1), 1).all())
 
 
-class Accuracy(Metric):
+class Accuracy(_Builtin):
     """Fraction of samples whose highest logit (over the class axis, 1) is the label, as MindSpore: labels are class
     indices shaped (N,) + logits.shape[2:], or one-hot like the logits."""
 
@@ -50,6 +97,7 @@ class Accuracy(Metric):
     def clear(self) -> None:
         self._correct, self._total = 0, 0
 
+    @rearrange_inputs
     def update(self, *inputs: Any) -> None:
         if len(inputs) != 2:
             raise ConfigurationError(f"Accuracy.update takes (logits, labels), got {len(inputs)} inputs")
@@ -82,6 +130,7 @@ class TopKCategoricalAccuracy(Accuracy):
         self.k = k
         super().__init__()
 
+    @rearrange_inputs
     def update(self, *inputs: Any) -> None:
         if len(inputs) != 2:
             raise ConfigurationError(f"TopKCategoricalAccuracy.update takes (logits, labels), got {len(inputs)} inputs")
@@ -109,12 +158,13 @@ class Top5CategoricalAccuracy(TopKCategoricalAccuracy):
         super().__init__(5)
 
 
-class Loss(Metric):
+class Loss(_Builtin):
     """Mean of the per-batch losses."""
 
     def clear(self) -> None:
         self._sum, self._count = 0.0, 0
 
+    @rearrange_inputs
     def update(self, *inputs: Any) -> None:
         """One batch's loss: a scalar, or a 1-D loss (reduction='none') that counts as its mean, as MindSpore."""
         if len(inputs) != 1:
@@ -131,29 +181,39 @@ class Loss(Metric):
         return self._sum / self._count
 
 
-class MAE(Metric):
+class MAE(_Builtin):
     """Mean absolute error as MindSpore defines it: the sum of |pred - label| over all elements divided by the
     number of samples (rows), so an output of k values per sample sums k errors per sample."""
 
     def clear(self) -> None:
         self._sum, self._count = 0.0, 0
 
+    @rearrange_inputs
     def update(self, *inputs: Any) -> None:
+        if len(inputs) != 2:
+            raise ConfigurationError(
+                f"{type(self).__name__}.update takes (predicted value, true value), got {len(inputs)} inputs"
+            )
         pred, label = _np(inputs[0]), _np(inputs[1])
-        self._sum += float(np.abs(pred - label.reshape(pred.shape)).sum())
+        self._sum += float(self._errors(pred - label.reshape(pred.shape)).sum())
         self._count += label.shape[0] if label.ndim else 1
 
+    @staticmethod
+    def _errors(difference: np.ndarray) -> np.ndarray:
+        return np.abs(difference)
+
     def eval(self) -> float:
+        if not self._count:
+            raise ConfigurationError(f"{type(self).__name__}.eval: no samples; call update() first")
         return self._sum / self._count
 
 
 class MSE(MAE):
     """Mean squared error, per sample as MAE."""
 
-    def update(self, *inputs: Any) -> None:
-        pred, label = _np(inputs[0]), _np(inputs[1])
-        self._sum += float(np.square(pred - label.reshape(pred.shape)).sum())
-        self._count += label.shape[0] if label.ndim else 1
+    @staticmethod
+    def _errors(difference: np.ndarray) -> np.ndarray:
+        return np.square(difference)
 
 
 _BY_NAME = {
