@@ -152,13 +152,13 @@ def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
     assert "moments.0.weight" in saved  # the optimizer's state is in the train network's checkpoint
     assert checkpoint.latest_ckpt_file_name.endswith("net-2_10.ckpt")
     # MindSpore's rules: a new ModelCheckpoint in a directory holding "net-..." files saves as "net_1-..."; steps,
-    # when set, replace seconds; a resumed run (initial_epoch) saves at its first step, then every 4
+    # when set, replace seconds; a resumed run (initial_epoch) counts its steps from 0, as MindSpore's cb_params
     again = train.ModelCheckpoint("net", str(tmp_path), train.CheckpointConfig(save_checkpoint_steps=4,
                                                                               save_checkpoint_seconds=1))  # fmt: skip
     assert again.prefix == "net_1" and again.config.save_checkpoint_seconds is None
     model.train(3, dataset(), callbacks=[again], initial_epoch=2)
-    saved = sorted(p.name for p in tmp_path.glob("net_1-*"))  # steps 21, 25, 29 and the end, 30
-    assert saved == ["net_1-3_1.ckpt", "net_1-3_10.ckpt", "net_1-3_5.ckpt", "net_1-3_9.ckpt"]
+    saved = sorted(p.name for p in tmp_path.glob("net_1-*"))  # steps 4, 8 and the end, 10, of this run
+    assert saved == ["net_1-3_10.ckpt", "net_1-3_4.ckpt", "net_1-3_8.ckpt"]
     assert train.ModelCheckpoint("net", str(tmp_path)).prefix == "net_2"
     with pytest.raises(ConfigurationError, match="can't all be 0"):
         train.CheckpointConfig(save_checkpoint_steps=0, keep_checkpoint_max=0)
@@ -203,4 +203,38 @@ def test_time_monitor_and_history_report_every_epoch(capsys):
     assert len(lines) == 2 and all(
         re.fullmatch(r"Train epoch time: \d+\.\d{3} ms, per step time: \d+\.\d{3} ms", line) for line in lines
     )
-    assert history.epoch == [1, 2] and len(history.history["net_output"]) == 2
+    assert history.epoch == {"epoch": [1, 2]} and len(history.history["net_output"]) == 2
+
+
+def test_callbacks_follow_mindspore_hooks_numbering_and_context_managers(capsys):
+    # MindSpore's Callback calls the 1.x hooks (begin, epoch_begin, step_end, ...) from the train and eval hooks
+    calls = []
+
+    class OldStyle(train.Callback):
+        def __enter__(self):
+            calls.append("enter")
+            return self
+
+        def __exit__(self, *exc):
+            calls.append("exit")
+
+        def step_end(self, run_context):
+            cb = run_context.original_args()
+            calls.append((cb.mode, cb.get("cur_epoch_num"), cb.cur_step_num))
+
+    class QuietLoss(train.LossMonitor):
+        def step_end(self, run_context):
+            calls.append("quiet")
+
+    _, model = make(metrics={"accuracy"})
+    lam = train.LambdaCallback(None, lambda rc: calls.append(("epoch", rc.original_args().epoch_num)))
+    model.train(3, dataset(batch=20), callbacks=[OldStyle(), QuietLoss(), lam], initial_epoch=1)
+    # as MindSpore's cb_params: epoch_num is the epochs this call runs, steps count from 0, epochs go on from 1
+    assert calls == ["enter", ("train", 2, 1), "quiet", ("train", 2, 2), "quiet", ("epoch", 2),
+                     ("train", 3, 3), "quiet", ("train", 3, 4), "quiet", ("epoch", 2), "exit"]  # fmt: skip
+    assert capsys.readouterr().out == ""  # QuietLoss replaced LossMonitor's printing
+    calls.clear()
+    model.eval(dataset(batch=20), callbacks=[OldStyle()])
+    assert calls == ["enter", ("eval", None, 1), ("eval", None, 2), "exit"]
+    with pytest.raises(ConfigurationError, match="unknown hook 'on_step_end'"):
+        train.LambdaCallback(on_step_end=print)

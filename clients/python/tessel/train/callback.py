@@ -8,9 +8,11 @@ on_train_epoch_end, and finally on_train_end; each receives a RunContext whose o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -50,7 +52,15 @@ class RunContext:
 
 
 class Callback:
-    """Base class; override any of on_train_* / on_eval_* (or MindSpore 1.x's begin/epoch_end/step_end/end)."""
+    """Base class; override any of on_train_* / on_eval_* or MindSpore 1.x's begin / epoch_begin / step_begin /
+    step_end / epoch_end / end, which both the train and the eval hooks call, as in MindSpore. Model.train and
+    Model.eval enter every callback as a context manager around the run (__enter__ / __exit__)."""
+
+    def __enter__(self) -> Callback:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        return None
 
     def on_train_begin(self, run_context: RunContext) -> None:
         self.begin(run_context)
@@ -71,22 +81,22 @@ class Callback:
         self.end(run_context)
 
     def on_eval_begin(self, run_context: RunContext) -> None:
-        pass
+        self.begin(run_context)
 
     def on_eval_epoch_begin(self, run_context: RunContext) -> None:
-        pass
+        self.epoch_begin(run_context)
 
     def on_eval_step_begin(self, run_context: RunContext) -> None:
-        pass
+        self.step_begin(run_context)
 
     def on_eval_step_end(self, run_context: RunContext) -> None:
-        pass
+        self.step_end(run_context)
 
     def on_eval_epoch_end(self, run_context: RunContext) -> None:
-        pass
+        self.epoch_end(run_context)
 
     def on_eval_end(self, run_context: RunContext) -> None:
-        pass
+        self.end(run_context)
 
     def begin(self, run_context: RunContext) -> None:
         pass
@@ -117,6 +127,13 @@ def as_callbacks(callbacks: Any) -> list[Callback]:
     return items
 
 
+@contextlib.contextmanager
+def entered(callbacks: list[Callback]) -> Iterator[list[Callback]]:
+    """Every callback entered as a context manager for a run, as MindSpore's _CallbackManager does."""
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(c) for c in callbacks]
+
+
 def loss_value(outputs: Any) -> float | None:
     """The scalar loss in net_outputs (the first output, averaged), as LossMonitor reads it."""
     if isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], Tensor):
@@ -135,21 +152,25 @@ class LossMonitor(Callback):
             raise ConfigurationError(f"LossMonitor: per_print_times must be an int >= 0, got {per_print_times!r}")
         self._per_print_times, self._last_print_time = per_print_times, 0
 
-    def on_train_step_end(self, run_context: RunContext) -> None:
+    def step_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
         loss = loss_value(cb.net_outputs)
+        epoch = cb.get("cur_epoch_num", 1)
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
         if loss is not None and not np.isfinite(loss):
             # MindSpore raises ValueError; ConfigurationError is one (divergence usually means bad hyper-parameters).
-            raise ConfigurationError(
-                f"epoch: {cb.cur_epoch_num} step: {step_in_epoch}. Invalid loss, terminating training."
-            )
+            raise ConfigurationError(f"epoch: {epoch} step: {step_in_epoch}. Invalid loss, terminating training.")
+        # a new run counts its steps from 0 again: MindSpore steps the last print back until it is behind
+        while self._per_print_times and cb.cur_step_num <= self._last_print_time:
+            self._last_print_time -= max(self._per_print_times, cb.batch_num if cb.get("dataset_sink_mode") else 1)
         if self._per_print_times and cb.cur_step_num - self._last_print_time >= self._per_print_times:
             self._last_print_time = cb.cur_step_num
-            print(f"epoch: {cb.cur_epoch_num} step: {step_in_epoch}, loss is {loss}", flush=True)
+            print(f"epoch: {epoch} step: {step_in_epoch}, loss is {loss}", flush=True)
 
-    def on_train_begin(self, run_context: RunContext) -> None:
-        self._last_print_time = run_context.original_args().cur_step_num
+    def on_train_epoch_end(self, run_context: RunContext) -> None:
+        metrics = run_context.original_args().get("metrics")
+        if metrics:
+            print(f"Eval result: epoch {run_context.original_args().cur_epoch_num}, metrics: {metrics}", flush=True)
 
 
 class TimeMonitor(Callback):
@@ -159,42 +180,82 @@ class TimeMonitor(Callback):
     def __init__(self, data_size: int | None = None):
         if data_size is not None and (isinstance(data_size, bool) or not isinstance(data_size, int) or data_size < 1):
             raise ConfigurationError(f"TimeMonitor: data_size must be a positive int or None, got {data_size!r}")
-        self.data_size, self._start = data_size, 0.0
+        self.data_size, self.epoch_time = data_size, 0.0
 
-    def on_train_epoch_begin(self, run_context: RunContext) -> None:
-        self._start = time.perf_counter()
+    def epoch_begin(self, run_context: RunContext) -> None:
+        self.epoch_time = time.perf_counter()
 
-    def on_train_epoch_end(self, run_context: RunContext) -> None:
+    def epoch_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
-        elapsed_ms = (time.perf_counter() - self._start) * 1000
+        elapsed_ms = (time.perf_counter() - self.epoch_time) * 1000
         batch_num = cb.get("batch_num")
         steps = batch_num if isinstance(batch_num, int) and batch_num > 0 else (self.data_size or 1)
+        mode = str(cb.get("mode", "")).title()
         print(
-            f"Train epoch time: {elapsed_ms:5.3f} ms, per step time: {elapsed_ms / max(steps, 1):5.3f} ms", flush=True
+            f"{mode} epoch time: {elapsed_ms:5.3f} ms, per step time: {elapsed_ms / max(steps, 1):5.3f} ms", flush=True
         )
 
 
-class LambdaCallback(Callback):
-    """A callback from functions: LambdaCallback(on_train_step_end=lambda run_context: ...)."""
+_LAMBDA_HOOKS = (
+    "on_train_epoch_begin",
+    "on_train_epoch_end",
+    "on_train_step_begin",
+    "on_train_step_end",
+    "on_train_begin",
+    "on_train_end",
+    "on_eval_epoch_begin",
+    "on_eval_epoch_end",
+    "on_eval_step_begin",
+    "on_eval_step_end",
+    "on_eval_begin",
+    "on_eval_end",
+)
 
-    def __init__(self, **hooks: Any):
-        for name, fn in hooks.items():
-            if not name.startswith(("on_train_", "on_eval_")) or not hasattr(Callback, name):
-                raise ConfigurationError(f"LambdaCallback: unknown hook {name!r}")
-            setattr(self, name, fn)
+
+class LambdaCallback(Callback):
+    """A callback from functions, MindSpore's argument order: LambdaCallback(on_train_epoch_begin,
+    on_train_epoch_end, on_train_step_begin, on_train_step_end, on_train_begin, on_train_end, on_eval_...); a hook
+    left None does nothing."""
+
+    def __init__(self, *hooks: Any, **named: Any):
+        if len(hooks) > len(_LAMBDA_HOOKS):
+            raise ConfigurationError(f"LambdaCallback takes at most {len(_LAMBDA_HOOKS)} hooks, got {len(hooks)}")
+        given = dict(zip(_LAMBDA_HOOKS, hooks))
+        for name, fn in named.items():
+            if name not in _LAMBDA_HOOKS:
+                raise ConfigurationError(f"LambdaCallback: unknown hook {name!r}; the hooks are {list(_LAMBDA_HOOKS)}")
+            if name in given:
+                raise ConfigurationError(f"LambdaCallback: hook {name!r} given twice")
+            given[name] = fn
+        for name, fn in given.items():
+            if fn is not None and not callable(fn):
+                raise ConfigurationError(f"LambdaCallback: {name} must be callable or None, got {fn!r}")
+            setattr(self, name, fn if fn is not None else _no_hook)
+
+
+def _no_hook(run_context: RunContext) -> None:
+    return None
 
 
 class History(Callback):
-    """Records the loss of every epoch's last step in .epoch and .history["net_output"]."""
+    """As MindSpore's: .epoch is {"epoch": [numbers]} (reset as a run begins) and .history holds, per epoch end,
+    "net_output" (the first output, averaged) and every metric in cb_params.metrics."""
 
     def __init__(self):
-        self.epoch: list[int] = []
-        self.history: dict[str, list] = {"net_output": []}
+        self.history: dict[str, list] = {}
+        self.epoch: dict[str, list] | None = None
 
-    def on_train_epoch_end(self, run_context: RunContext) -> None:
+    def begin(self, run_context: RunContext) -> None:
+        self.epoch = {"epoch": []}
+
+    def epoch_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
-        self.epoch.append(cb.cur_epoch_num)
-        self.history["net_output"].append(loss_value(cb.net_outputs))
+        if self.epoch is None:
+            self.epoch = {"epoch": []}
+        self.epoch["epoch"].append(cb.get("cur_epoch_num", 1))
+        current = {"net_output": loss_value(cb.get("net_outputs")), **(cb.get("metrics") or {})}
+        for key, value in current.items():
+            self.history.setdefault(key, []).append(value)
 
 
 class CheckpointConfig:
@@ -320,7 +381,8 @@ class ModelCheckpoint(Callback):
     """Save "<prefix>-<epoch>_<step>.ckpt" into `directory` every save_checkpoint_steps steps (else every
     save_checkpoint_seconds; and at the end), keeping the newest keep_checkpoint_max files. As MindSpore's: where
     the directory already holds checkpoints of this prefix, the prefix becomes "<prefix>_1" (then _2, ...), and a
-    step saves once save_checkpoint_steps steps passed since the last save (a resumed run saves at its first)."""
+    step saves once save_checkpoint_steps steps passed since the last save (steps counted over the train call, as
+    MindSpore's cur_step_num, from 0 also in a run resumed at initial_epoch)."""
 
     def __init__(self, prefix: str = "CKP", directory: str | None = None, config: CheckpointConfig | None = None):
         if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):

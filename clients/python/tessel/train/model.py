@@ -37,7 +37,7 @@ from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
 from tessel.train import batch_split
-from tessel.train.callback import CallbackParam, RunContext, as_callbacks
+from tessel.train.callback import CallbackParam, RunContext, as_callbacks, entered
 from tessel.train.metrics import Loss, get_metrics
 from tessel.train.progress import terminal_progress
 
@@ -147,10 +147,11 @@ class Model:
             network=self._network,
             optimizer=self._optimizer,
             loss_fn=self._loss_fn,
-            epoch_num=epoch,
+            epoch_num=epoch - initial_epoch,  # as MindSpore: the epochs this call runs, its steps counted from 0
+            initial_epoch=initial_epoch,
             batch_num=steps,
             cur_epoch_num=initial_epoch,
-            cur_step_num=initial_epoch * steps,
+            cur_step_num=0,
             net_outputs=None,
             train_dataset=train_dataset,
             dataset_sink_mode=dataset_sink_mode,
@@ -169,7 +170,7 @@ class Model:
             batches = _sunk_epochs(train_dataset, sink_size) if sinking else _epochs(train_dataset)
             epochs = (_fed_steps(step, batches) for _ in numbers)
         try:
-            with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks:
+            with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks, entered(run_callbacks):
                 _run_epochs(epochs, numbers, cb, run_callbacks)
         finally:
             if split is not None:
@@ -294,42 +295,43 @@ class Model:
             dataset_sink_mode=dataset_sink_mode,
         )
         run_context, hooks = RunContext(cb), as_callbacks(callbacks)
-        for hook in hooks:
-            hook.on_eval_begin(run_context)
-        for hook in hooks:
-            hook.on_eval_epoch_begin(run_context)
-        for batch in next(_epochs(valid_dataset)):
-            cb["cur_step_num"] += 1
+        with entered(hooks):
             for hook in hooks:
-                hook.on_eval_step_begin(run_context)
-            if indexes == "network":  # tessel's extension: no loss at all, the network's output is the prediction
-                outputs = net(*batch[:-1])
-                updates = {"loss": (), "other": (outputs, batch[-1])}
-            else:
-                outputs = net(*batch)
-                found = outputs if isinstance(outputs, tuple) else (outputs,)
-                if indexes is None:  # MindSpore: an eval_network without eval_indexes gives every metric every output
-                    updates = {"loss": found, "other": found}
+                hook.on_eval_begin(run_context)
+            for hook in hooks:
+                hook.on_eval_epoch_begin(run_context)
+            for batch in next(_epochs(valid_dataset)):
+                cb["cur_step_num"] += 1
+                for hook in hooks:
+                    hook.on_eval_step_begin(run_context)
+                if indexes == "network":  # tessel's extension: no loss at all, the network's output is the prediction
+                    outputs = net(*batch[:-1])
+                    updates = {"loss": (), "other": (outputs, batch[-1])}
                 else:
-                    if len(found) < 3:
-                        raise ConfigurationError(
-                            f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
-                            f"{list(indexes)} pick (loss, prediction, label) from at least 3"
-                        )
-                    updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
-            cb["net_outputs"] = outputs
+                    outputs = net(*batch)
+                    found = outputs if isinstance(outputs, tuple) else (outputs,)
+                    if indexes is None:  # MindSpore: no eval_indexes, every metric gets every output
+                        updates = {"loss": found, "other": found}
+                    else:
+                        if len(found) < 3:
+                            raise ConfigurationError(
+                                f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
+                                f"{list(indexes)} pick (loss, prediction, label) from at least 3"
+                            )
+                        updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
+                cb["net_outputs"] = outputs
+                for hook in hooks:
+                    hook.on_eval_step_end(run_context)
+                for metric in self._metrics.values():
+                    metric.update(*updates["loss" if isinstance(metric, Loss) else "other"])
+                if run_context._stop_requested:
+                    break
+            cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
             for hook in hooks:
-                hook.on_eval_step_end(run_context)
-            for metric in self._metrics.values():
-                metric.update(*updates["loss" if isinstance(metric, Loss) else "other"])
-            if run_context._stop_requested:
-                break
-        cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
-        for hook in hooks:
-            hook.on_eval_epoch_end(run_context)
-        for hook in hooks:
-            hook.on_eval_end(run_context)
-        return cb["metrics"]
+                hook.on_eval_epoch_end(run_context)
+            for hook in hooks:
+                hook.on_eval_end(run_context)
+            return cb["metrics"]
 
     def _evaluator(self) -> tuple[Cell, Any]:
         """The eval network and how its outputs feed the metrics: eval_indexes (loss, prediction, label), None

@@ -96,7 +96,8 @@ class ProgressBar(Callback):
         steps = max(int(cb.batch_num), 1)
         step_in_epoch = (cb.cur_step_num - 1) % steps + 1 if cb.cur_step_num else 0
         filled = _WIDTH * step_in_epoch // steps
-        parts = [f"epoch {cb.cur_epoch_num}/{cb.epoch_num} [{'#' * filled}{'.' * (_WIDTH - filled)}]"]
+        last_epoch = cb.get("initial_epoch", 0) + cb.epoch_num
+        parts = [f"epoch {cb.cur_epoch_num}/{last_epoch} [{'#' * filled}{'.' * (_WIDTH - filled)}]"]
         parts.append(f"{step_in_epoch:>{len(str(steps))}}/{steps}")
         loss = loss_value(cb.net_outputs)
         if loss is not None:
@@ -106,7 +107,7 @@ class ProgressBar(Callback):
             rate = done / elapsed
             if self._samples_per_step:
                 parts.append(f"{rate * self._samples_per_step:,.0f} samples/s")
-            left = (cb.epoch_num - cb.cur_epoch_num) * steps + (steps - step_in_epoch)
+            left = (last_epoch - cb.cur_epoch_num) * steps + (steps - step_in_epoch)
             parts.append(f"{_duration(left / rate)} left")
         return "  ".join(parts)
 
