@@ -397,3 +397,48 @@ def test_lazy_inline_rejects_what_mindspore_rejects():
         ms.lazy_inline(policy="back")
     with pytest.raises(ValueError, match="attrs"):
         ms.lazy_inline(attrs=3)
+
+
+def test_parameter_names_are_attribute_paths_as_mindspore_names_them(tmp_path):
+    class EncoderDecoder(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.enc, self.dec = nn.CellList(), nn.CellList()  # filled after assignment: named under their prefixes
+            for _ in range(2):
+                self.enc.append(nn.Dense(2, 2))
+                self.dec.append(nn.Dense(2, 2))
+            self.head = nn.SequentialCell(nn.Dense(2, 2))
+            self.head.insert(0, nn.Dense(2, 2))
+
+    net = EncoderDecoder()
+    names = [p.name for p in net.get_parameters()]
+    assert names == [path for path, _ in net.parameters_and_names()]
+    assert names[:2] == ["enc.0.weight", "enc.0.bias"] and "dec.1.bias" in names and "head.1.weight" in names
+    ms.save_checkpoint(net, str(tmp_path / "net.ckpt"))  # used to fail: both lists named their weights "0.weight"
+    wrapped = nn.SequentialCell(nn.SequentialCell(nn.Dense(2, 2)))  # paths, not prefixes piled up per assignment
+    assert [p.name for p in wrapped.get_parameters()] == ["0.0.weight", "0.0.bias"]
+
+
+def test_assigning_to_a_parameter_attribute_sets_its_data_or_is_an_error():
+    dense = nn.Dense(2, 2)
+    weight = dense.weight
+    dense.weight = ms.Tensor(np.eye(2, dtype=np.float32))  # MindSpore: set_data, the Parameter stays trained
+    assert dense.weight is weight and np.array_equal(weight.asnumpy(), np.eye(2))
+    np.testing.assert_allclose(dense(ms.Tensor(np.ones((1, 2), np.float32))).asnumpy()[0], 1 + dense.bias.asnumpy())
+    with pytest.raises(ConfigurationError, match=r"Dense\.bias is a Parameter: assign a Parameter, a Tensor"):
+        dense.bias = 3
+    with pytest.raises(ConfigurationError, match=r"child_name must be a non-empty str without '\.'"):
+        nn.SequentialCell().insert_child_to_cell("a.b", nn.ReLU())
+
+
+def test_a_parameter_tuple_names_unnamed_parameters_and_refuses_repeated_names():
+    class Holder(nn.Cell):
+        def __init__(self, *params):
+            super().__init__()
+            self.ps = ms.ParameterTuple(params)
+
+    unnamed = Holder(ms.Parameter(ms.Tensor(np.ones(2, np.float32))), ms.Parameter(ms.Tensor(np.ones(3, np.float32))))
+    assert [p.name for p in unnamed.get_parameters()] == ["Parameter$0", "Parameter$1"]
+    w = np.ones(2, np.float32)
+    with pytest.raises(ConfigurationError, match="two parameters of a ParameterTuple are named 'w'"):
+        Holder(ms.Parameter(ms.Tensor(w), name="w"), ms.Parameter(ms.Tensor(w), name="w"))

@@ -215,7 +215,7 @@ def test_callbacks_follow_mindspore_hooks_numbering_and_context_managers(capsys)
             calls.append("enter")
             return self
 
-        def __exit__(self, *exc):
+        def __exit__(self, exc_type, exc_value, traceback):
             calls.append("exit")
 
         def step_end(self, run_context):

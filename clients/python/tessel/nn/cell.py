@@ -63,11 +63,42 @@ class Cell:
             self.__dict__.pop(name, None)
         elif value is None and (name in params or name in cells):
             (params if name in params else cells)[name] = None
+        elif name in params and params[name] is not None:
+            # MindSpore: a Tensor assigned to a parameter's attribute sets its data; anything else is an error
+            if not isinstance(value, Tensor):
+                raise ConfigurationError(
+                    f"{type(self).__name__}.{name} is a Parameter: assign a Parameter, a Tensor (which sets its data) "
+                    f"or None, not a {type(value).__name__}"
+                )
+            params[name].set_data(value)
+        elif name in cells and cells[name] is not None:
+            raise ConfigurationError(
+                f"{type(self).__name__}.{name} is a child cell: assign a Cell or None, not a {type(value).__name__}"
+            )
         else:
             if isinstance(value, ParameterTuple):
-                for p in value:
-                    params.setdefault(p.name, p)
+                self._register_tuple(value)
             object.__setattr__(self, name, value)
+
+    def _register_tuple(self, value: ParameterTuple) -> None:
+        """MindSpore's ParameterTuple attribute: each parameter registered under its name; unnamed ones become
+        "Parameter$N", and two different parameters of one name are an error."""
+        params, seen, names = self._params, set(), set()
+        for p in value:
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            if p.name == DEFAULT_NAME:
+                serial = self.__dict__.get("_tuple_serial", 0)
+                object.__setattr__(self, "_tuple_serial", serial + 1)
+                p.name = f"{DEFAULT_NAME}${serial}"
+            if p.name in names or (params.get(p.name) is not None and params[p.name] is not p):
+                raise ConfigurationError(
+                    f"{type(self).__name__}: two parameters of a ParameterTuple are named {p.name!r}; give each "
+                    "parameter a unique name"
+                )
+            names.add(p.name)
+            params[p.name] = p
 
     def __getattr__(self, name: str) -> Any:
         for store in ("_params", "_cells"):
@@ -84,6 +115,10 @@ class Cell:
         object.__delattr__(self, name)
 
     def insert_child_to_cell(self, child_name: str, child_cell: Cell) -> None:
+        if not isinstance(child_name, str) or not child_name or "." in child_name:
+            raise ConfigurationError(
+                f"insert_child_to_cell: child_name must be a non-empty str without '.', got {child_name!r}"
+            )
         if not isinstance(child_cell, Cell):
             raise ConfigurationError(f"insert_child_to_cell: {child_name!r} must be a Cell, got {type(child_cell)}")
         setattr(self, child_name, child_cell)
@@ -94,9 +129,21 @@ class Cell:
         setattr(self, param_name, param)
 
     def update_parameters_name(self, prefix: str = "", recurse: bool = True) -> None:
-        """Prefix the names of this cell's parameters (what assigning a child cell does)."""
-        for p in self.get_parameters(expand=recurse):
-            p.name = prefix + p.name
+        """Name every parameter prefix + its attribute path in this cell, as MindSpore does (what assigning this
+        cell to a parent's attribute does, with the parent's prefix and the attribute's name). Each cell keeps its
+        prefix, so a cell appended to a container later is named under it too."""
+        if not isinstance(prefix, str):
+            raise ConfigurationError(f"update_parameters_name: prefix must be a str, got {prefix!r}")
+        for path, cell in self.cells_and_names() if recurse else [("", self)]:
+            object.__setattr__(cell, "_name_prefix", prefix + (path + "." if path else ""))
+        for path, p in self.parameters_and_names(expand=recurse):
+            p.name = prefix + path
+
+    def check_names_and_refresh_name(self) -> None:
+        """Where two parameters share a name, name every parameter by its attribute path (MindSpore's)."""
+        names = [p.name for p in self.get_parameters()]
+        if len(set(names)) < len(names):
+            self.update_parameters_name()
 
     # --- traversal ----------------------------------------------------------------------------------------------------
     def cells_and_names(self, cells: set | None = None, name_prefix: str = "") -> Iterator[tuple[str, Cell]]:

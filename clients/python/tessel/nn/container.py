@@ -16,6 +16,22 @@ def _check(cell: Any, where: str) -> Cell:
     return cell
 
 
+def _add(container: Cell, key: str, cell: Cell) -> None:
+    """A child appended to a container is named under the container's own prefix ("layers.3.weight" where the
+    container is a network's "layers"): MindSpore finds that prefix from the names of the children already there
+    (and renames all by their paths on the first call when names repeat); tessel knows it."""
+    container.insert_child_to_cell(key, cell)
+    if container._auto_prefix:
+        cell.update_parameters_name(container.__dict__.get("_name_prefix", "") + key + ".")
+
+
+def _renumber(container: Cell, cells: list[Cell]) -> None:
+    """Children "0", "1", … again after an insertion."""
+    container._cells.clear()
+    for i, cell in enumerate(cells):
+        _add(container, str(i), cell)
+
+
 class SequentialCell(Cell):
     """Cells applied one after the other; children are named "0", "1", … (or by an OrderedDict's keys).
 
@@ -43,7 +59,13 @@ class SequentialCell(Cell):
         return iter(self._cells.values())
 
     def append(self, cell: Cell) -> SequentialCell:
-        self.insert_child_to_cell(str(len(self._cells)), _check(cell, "SequentialCell.append"))
+        _add(self, str(len(self._cells)), _check(cell, "SequentialCell.append"))
+        return self
+
+    def insert(self, index: int, cell: Cell) -> SequentialCell:
+        cells = list(self._cells.values())
+        cells.insert(index, _check(cell, "SequentialCell.insert"))
+        _renumber(self, cells)
         return self
 
     def construct(self, x):
@@ -71,12 +93,18 @@ class CellList(Cell):
         return iter(self._cells.values())
 
     def append(self, cell: Cell) -> CellList:
-        self.insert_child_to_cell(str(len(self._cells)), _check(cell, "CellList.append"))
+        _add(self, str(len(self._cells)), _check(cell, "CellList.append"))
         return self
 
     def extend(self, cells: Iterable[Cell]) -> CellList:
         for cell in cells:
             self.append(cell)
+        return self
+
+    def insert(self, index: int, cell: Cell) -> CellList:
+        cells = list(self._cells.values())
+        cells.insert(index, _check(cell, "CellList.insert"))
+        _renumber(self, cells)
         return self
 
     def construct(self, *inputs):

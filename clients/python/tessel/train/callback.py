@@ -59,7 +59,7 @@ class Callback:
     def __enter__(self) -> Callback:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         return None
 
     def on_train_begin(self, run_context: RunContext) -> None:
