@@ -78,8 +78,10 @@ _SHORT = {
     DType.float64: "f64",
 }
 _BY_NUMPY = {d.numpy: d for d in DType}
-# Promotion priority: a higher rank wins; kinds are ordered bool < int < float.
-_RANK = {d: i for i, d in enumerate(DType)}
+# Promotion priority, MindSpore's: bool < uint8 < int8 < int16 < int32 < int64 < float16 < float32 < float64 (a
+# higher rank wins), with uint8 and int8 meeting in int16, which holds both.
+_ORDER = ("bool_", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64")
+_RANK = {DType[name]: i for i, name in enumerate(_ORDER)}
 
 DEFAULT_FLOAT = DType.float32
 DEFAULT_INT = DType.int64
@@ -100,8 +102,8 @@ def promote(a: DType, b: DType) -> DType:
     """The dtype two tensors combine into (MindSpore: bool < int < float, wider wins within a kind)."""
     if a == b:
         return a
-    if a.is_float != b.is_float:
-        return a if a.is_float else b
+    if {a, b} == {DType.uint8, DType.int8}:
+        return DType.int16
     return a if _RANK[a] >= _RANK[b] else b
 
 

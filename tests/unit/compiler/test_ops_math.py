@@ -66,6 +66,12 @@ def test_mixed_dtypes_promote_like_mindspore():
     (got,) = check_forward("Mul", [x, k], {}, lambda a, b: a * b.astype(np.float32))
     assert got.dtype == np.float32
     check_grad("Mul", [x, k], {}, lambda a, b: a * b, wrt=[0])
+    # uint8 ranks below every signed integer (it used to win and wrap: int32 1000 + uint8 200 gave uint8 176)
+    big, small = np.array([1000, -5], np.int32), np.array([200, 100], np.uint8)
+    (got,) = check_forward("Add", [big, small], {}, lambda a, b: a.astype(np.int64) + b)
+    assert got.dtype == np.int32 and got.tolist() == [1200, 95]
+    (got,) = check_forward("Add", [np.array([-100], np.int8), small[:1]], {}, lambda a, b: a.astype(np.int16) + b)
+    assert got.dtype == np.int16 and got.tolist() == [100]  # int8 and uint8 meet in int16
 
 
 @pytest.mark.parametrize(
