@@ -24,7 +24,15 @@ _POOL_ATTRS = {"kernel_size": REQUIRED, "strides": 1, "pad_mode": "valid", "pad"
 
 
 def _pair(v) -> tuple[int, int]:
-    return (int(v), int(v)) if isinstance(v, int) else tuple(int(i) for i in v)
+    """An (h, w) pair from an int, a pair, or MindSpore's four-element (1, 1, h, w) form of stride/dilation."""
+    if isinstance(v, int):
+        return int(v), int(v)
+    values = tuple(int(i) for i in v)
+    if len(values) == 4:
+        require(values[:2] == (1, 1), f"a four-element stride/dilation {values} must be (1, 1, h, w)")
+        values = values[2:]
+    require(len(values) == 2, f"expected an int or an (h, w) pair, got {values}")
+    return values
 
 
 def geometry(hw, kernel, stride, dilation, pad_mode: str, pad) -> tuple[tuple[int, int, int, int], tuple[int, int]]:

@@ -327,8 +327,9 @@ def test_dropout_primitive_mask_marks_the_kept_elements_even_where_x_is_zero():
     for seeds in ((0, 0), (3, 4)):
         ms.set_seed(1)
         out, mask = ops.Dropout(0.5, *seeds)(ms.Tensor(x))
-        kept = mask.asnumpy()
-        assert kept.dtype == np.bool_ and 0.2 < kept.mean() < 0.8
+        assert mask.dtype == ms.float32  # MindSpore's CPU/GPU mask has x's dtype
+        kept = mask.asnumpy().astype(bool)
+        assert 0.2 < kept.mean() < 0.8
         assert (kept & (x == 0)).any()  # a kept zero is in the mask (out != 0 would drop it)
         np.testing.assert_allclose(out.asnumpy(), np.where(kept, x / 0.5, 0.0), rtol=1e-6)
 
@@ -372,3 +373,30 @@ def test_partly_honoured_arguments_of_the_second_audit():
         ms.Tensor(np.array([2**25 + 1, -7], np.int64)), ms.Tensor(np.array([1, 2], np.int64)), rounding_mode="trunc"
     )
     np.testing.assert_array_equal(exact.asnumpy(), [2**25 + 1, -3])  # through float32 it was 2**25
+
+
+# --- MindSpore signatures and conventions found in a review ---------------------------------------------------------
+
+
+def test_ops_follow_mindspores_signatures_and_outputs():
+    x = rand(2, 3, 4).astype(np.float32)
+    index = ops.argmin(t(x), axis=1, keepdims=True)  # MindSpore: axis/keepdims and P.Argmin's int32
+    assert index.dtype == ms.int32 and np.array_equal(index.asnumpy(), x.argmin(1)[:, None])
+    assert ms.mint.argmin(t(x), 1).dtype == ms.int64  # torch's form keeps int64
+    np.testing.assert_array_equal(ops.transpose(t(x), (0, -1, 1)).asnumpy(), x.transpose(0, 2, 1))  # negative perm
+    assert ops.unsqueeze(t(x), dim=0).shape == (1, 2, 3, 4) and ops.permute(t(x), axis=(2, 0, 1)).shape == (4, 2, 3)
+    assert [p.shape for p in ops.split(t(x), np.int64(2), 2)] == [(2, 3, 2), (2, 3, 2)]
+    gamma, beta = np.ones((3, 4), np.float32), np.zeros((3, 4), np.float32)
+    _, mean, rstd = ops.LayerNorm(1, 1)(t(x), t(gamma), t(beta))  # MindSpore 2.3+: rstd, not the variance
+    flat = x.reshape(2, -1).astype(np.float64)
+    np.testing.assert_allclose(rstd.asnumpy().reshape(-1), 1 / np.sqrt(flat.var(1) + 1e-7), rtol=1e-5)
+    np.testing.assert_allclose(mean.asnumpy().reshape(-1), flat.mean(1), rtol=1e-5)
+    _, mask = ops.Dropout(0.5)(t(x))
+    assert mask.dtype == ms.float32  # CPU/GPU: the mask has x's dtype
+
+
+def test_conv2d_takes_mindspores_four_element_stride_and_dilation():
+    x, w = rand(1, 2, 9, 9).astype(np.float32), rand(3, 2, 3, 3).astype(np.float32)
+    four = ops.Conv2D(3, 3, stride=(1, 1, 2, 2), dilation=(1, 1, 2, 2))(t(x), t(w))
+    two = ops.Conv2D(3, 3, stride=2, dilation=2)(t(x), t(w))
+    np.testing.assert_allclose(four.asnumpy(), two.asnumpy())

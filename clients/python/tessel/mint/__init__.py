@@ -182,7 +182,8 @@ def argmax(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
 
 
 def argmin(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
-    return F.argmin(input, dim, keepdim)
+    """Index of the minimum (of the flattened input when dim is None), int64 (torch's; ops.argmin gives int32)."""
+    return F._arg("Argmin", input, dim, keepdim)
 
 
 def _extreme(values, indices, elementwise, input: Any, dim: Any, keepdim: bool, other: Any) -> Any:
@@ -201,7 +202,7 @@ def max(input: Any, dim: Any = None, keepdim: bool = False, *, other: Any = None
 
 def min(input: Any, dim: Any = None, keepdim: bool = False, *, other: Any = None) -> Any:
     """min(input), min(input, dim, keepdim=False) -> (values, indices), min(input, other)."""
-    return _extreme(F.amin, F.argmin, F.minimum, input, dim, keepdim, other)
+    return _extreme(F.amin, argmin, F.minimum, input, dim, keepdim, other)
 
 
 # --- shapes ---------------------------------------------------------------------------------------------------------

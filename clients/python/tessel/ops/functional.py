@@ -190,10 +190,10 @@ def amin(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
     return apply_op("ReduceMin", input, axis=_axis(axis), keep_dims=bool(keepdims))
 
 
-def _arg(op: str, input: Any, dim: Any, keepdim: bool) -> Tensor:
+def _arg(op: str, input: Any, dim: Any, keepdim: bool, output_type: DType = DType.int64) -> Tensor:
     if dim is None:
-        return apply_op(op, reshape(input, (-1,)), axis=0, keep_dims=False, output_type=DType.int64)
-    return apply_op(op, input, axis=int(dim), keep_dims=bool(keepdim), output_type=DType.int64)
+        return apply_op(op, reshape(input, (-1,)), axis=0, keep_dims=False, output_type=output_type)
+    return apply_op(op, input, axis=int(dim), keep_dims=bool(keepdim), output_type=output_type)
 
 
 def argmax(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
@@ -201,8 +201,10 @@ def argmax(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
     return _arg("Argmax", input, dim, keepdim)
 
 
-def argmin(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
-    return _arg("Argmin", input, dim, keepdim)
+def argmin(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
+    """Index of the minimum (over the flattened tensor when axis is None), int32: MindSpore's ops.argmin takes
+    axis/keepdims and returns P.Argmin's int32, unlike argmax (mint.argmin is torch's: dim/keepdim, int64)."""
+    return _arg("Argmin", input, axis, keepdims, DType.int32)
 
 
 def cast(input: Any, dtype: Any) -> Tensor:
@@ -220,17 +222,21 @@ def reshape(input: Any, shape: Any) -> Tensor:
 
 
 def transpose(input: Any, input_perm: Sequence[int]) -> Tensor:
-    return apply_op("Transpose", input, perm=tuple(int(p) for p in input_perm))
+    """The dims of `input` in the order `input_perm`; a negative entry counts from the end (MindSpore's CPU/GPU)."""
+    ndim = len(input.shape) if isinstance(input, Tensor) else np.ndim(input)
+    return apply_op("Transpose", input, perm=tuple(int(p) + ndim if int(p) < 0 else int(p) for p in input_perm))
 
 
-permute = transpose
+def permute(input: Any, axis: Sequence[int]) -> Tensor:
+    return transpose(input, axis)
 
 
 def expand_dims(input_x: Any, axis: int) -> Tensor:
     return apply_op("ExpandDims", input_x, axis=int(axis))
 
 
-unsqueeze = expand_dims
+def unsqueeze(input: Any, dim: int) -> Tensor:
+    return expand_dims(input, dim)
 
 
 def squeeze(input: Any, axis: Any = None) -> Tensor:
@@ -289,6 +295,8 @@ def stack(tensors: Sequence[Any], axis: int = 0) -> Tensor:
 def split(tensor: Any, split_size_or_sections: Any, axis: int = 0) -> tuple[Tensor, ...]:
     """Split along `axis` into chunks of `split_size_or_sections` (an int; the last may be smaller) or sizes."""
     dim = tensor.shape[axis]
+    if isinstance(split_size_or_sections, np.integer):
+        split_size_or_sections = int(split_size_or_sections)
     if isinstance(split_size_or_sections, int):
         step = split_size_or_sections
         sizes = tuple(min(step, dim - i) for i in range(0, dim, step))

@@ -539,19 +539,19 @@ class Dropout(Primitive):
             scale = eager_dropout(ones, p, self._stream)
         else:
             scale = F.dropout(ones, p, training=True, seed=self.seed)
-        return x * scale, F.not_equal(scale, 0.0)
+        return x * scale, F.cast(F.not_equal(scale, 0.0), scale.dtype)  # MindSpore CPU/GPU: the mask has x dtype
 
 
 class LayerNorm(Primitive):
-    """(y, mean, variance) over dims begin_norm_axis..; gamma/beta shaped like x.shape[begin_params_axis:]."""
+    """(y, mean, rstd) over dims begin_norm_axis..; gamma/beta shaped like x.shape[begin_params_axis:]. rstd is
+    1 / sqrt(variance + epsilon), MindSpore's third output since 2.3 (2.2 and before gave the variance)."""
 
     def __init__(self, begin_norm_axis: int = 1, begin_params_axis: int = 1, epsilon: float = 1e-7):
         super().__init__()
         self.attrs.update(begin_norm_axis=begin_norm_axis, begin_params_axis=begin_params_axis, epsilon=epsilon)
 
     def __call__(self, x, gamma, beta):
-        y, mean, rstd = apply_op("LayerNorm", x, gamma, beta, **self.attrs)
-        return y, mean, F.reciprocal(F.square(rstd)) - self.attrs["epsilon"]
+        return apply_op("LayerNorm", x, gamma, beta, **self.attrs)
 
 
 class Print(Primitive):
