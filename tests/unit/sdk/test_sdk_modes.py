@@ -62,6 +62,22 @@ def test_pynative_runs_data_dependent_python_but_graph_mode_names_the_line():
         Branchy()(x)
 
 
+def test_code_that_branches_on_the_batch_size_sees_the_real_size_in_graph_mode():
+    # the graph is traced once for any batch size; a comparison on its symbolic batch dim used to be silently
+    # False (the 'N' == 4 of a str), so the wrong branch was compiled for every batch size
+    class BySize(nn.Cell):
+        def construct(self, x):
+            if x.shape[0] == 4:
+                return x * 2.0
+            return x[0] if x.shape[0] == 1 else x * 3.0
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = BySize()
+    for batch, want in ((4, 2.0), (5, 3.0), (1, None)):
+        out = net(ms.Tensor(np.ones((batch, 2), np.float32))).asnumpy()
+        assert out.shape == ((2,) if want is None else (batch, 2)) and (want is None or (out == want).all())
+
+
 def test_shape_mismatch_names_the_cell_the_op_and_both_shapes():
     class Net(nn.Cell):
         def __init__(self):
@@ -192,3 +208,70 @@ def test_to_float_computes_the_cell_in_half_precision():
     _, (dw, _) = ms.value_and_grad(lambda t: dense(t).sum(), None, dense.trainable_params())(ms.Tensor(x))
     assert dw.dtype == ms.float32  # parameters stay float32; their gradients flow back through the casts
     np.testing.assert_allclose(dw.asnumpy(), np.broadcast_to(x.sum(0), (3, 4)), rtol=5e-3)
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_assign_is_seen_by_later_reads_in_code_order(mode):
+    # MindSpore's side-effect order: reads after ops.assign see the new value; the last of two writes is kept
+    class Accumulate(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.c = ms.Parameter(ms.Tensor(np.zeros(2, np.float32)), name="c", requires_grad=False)
+
+        def construct(self, x):
+            ops.assign(self.c, self.c + x)
+            first = self.c * 1
+            ops.assign_add(self.c, x)
+            self.c += x  # a parameter attribute assigned in construct: an Assign too
+            return first, self.c * 1
+
+    ms.set_context(mode=mode)
+    net, x = Accumulate(), ms.Tensor(np.ones(2, np.float32))
+    for step in range(2):
+        first, last = net(x)
+        assert first.asnumpy().tolist() == [3 * step + 1] * 2 and last.asnumpy().tolist() == [3 * step + 3] * 2
+    assert net.c.asnumpy().tolist() == [6.0, 6.0]
+
+
+def test_jit_binds_parameter_arguments_scalar_types_and_the_cells_mode():
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+    @ms.jit
+    def write(p, x):
+        ops.assign(p, x)
+        return p + 1  # a Parameter argument is the Parameter, not a copy of its value
+
+    p = ms.Parameter(ms.Tensor(np.zeros(2, np.float32)), name="p")
+    assert write(p, ms.Tensor(np.ones(2, np.float32))).asnumpy().tolist() == [2.0, 2.0]
+    assert p.asnumpy().tolist() == [1.0, 1.0]
+
+    class Scale(nn.Cell):
+        def construct(self, x, s):
+            return x * s
+
+    ints = ms.Tensor(np.array([1, 2], np.int32))
+    net = Scale()
+    assert net(ints, 1).dtype == ms.int32 and net(ints, 1.0).dtype == ms.float32  # 1 and 1.0 are two graphs
+
+    class Mode(nn.Cell):
+        @ms.jit
+        def construct(self, x):
+            return x * 2.0 if self.training else x
+
+    cell, x = Mode(), ms.Tensor(np.ones(2, np.float32))
+    cell.set_train(True)
+    assert cell(x).asnumpy().tolist() == [2.0, 2.0]
+    cell.set_train(False)
+    assert cell(x).asnumpy().tolist() == [1.0, 1.0]
+
+
+def test_a_tensor_made_outside_indexes_inside_a_graph():
+    index = ms.Tensor(np.array([0, 2], np.int32))
+
+    class Pick(nn.Cell):
+        def construct(self, x):
+            return x[index]
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    np.testing.assert_array_equal(Pick()(ms.Tensor(x)).asnumpy(), x[[0, 2]])

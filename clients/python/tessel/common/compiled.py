@@ -65,7 +65,9 @@ def assigned_inputs(graph: Graph) -> list[str]:
 
 
 def is_tensor(x: Any) -> bool:
-    return isinstance(x, (Tensor, np.ndarray))
+    """A data leaf of a call, fed by value. A Parameter passed as an argument is not: the graph reads (and may
+    assign) the Parameter itself, as MindSpore's jit does with parameters among the top graph's inputs."""
+    return isinstance(x, (Tensor, np.ndarray)) and not isinstance(x, P.Parameter)
 
 
 def host_array(x: Any) -> np.ndarray:
@@ -113,7 +115,10 @@ class Call:
     def key(self, symbolic: bool) -> tuple:
         parts = []
         for leaf, spec, name, resident in zip(self.leaves, self.specs(symbolic), self.names, self.resident):
-            parts.append(("value", _hashable(leaf)) if spec is None else (*spec, name) if resident else spec)
+            if spec is None:  # a Python value: 1, 1.0 and True trace differently though they compare equal
+                parts.append(("value", type(leaf).__name__, _hashable(leaf)))
+            else:
+                parts.append((*spec, name) if resident else spec)
         return (symbolic, tuple(parts))
 
     def batch_size(self) -> int | None:
@@ -137,6 +142,8 @@ def _leaf_names(base: str, value: Any) -> list[str]:
 
 
 def _hashable(value: Any) -> Any:
+    if isinstance(value, P.Parameter):  # the graph is bound to this Parameter (MindSpore keys on its id too)
+        return ("parameter", id(value), tuple(value.shape), str(value.dtype))
     try:
         hash(value)
         return value
@@ -462,7 +469,12 @@ def jit(
     from tessel.common.tracing import current
 
     def wrap(fn: Callable) -> Callable:
-        compiled = CompiledFunction(fn, getattr(fn, "__name__", "jit"))
+        def traced(*args: Any, **kwargs: Any) -> Any:
+            if args and hasattr(args[0], "graph_modes"):  # a jit construct: the cell's own train/eval mode counts
+                current().note_cell(args[0])
+            return fn(*args, **kwargs)
+
+        compiled = CompiledFunction(traced, getattr(fn, "__name__", "jit"), arg_names=arg_names_of(fn))
 
         @functools.wraps(fn)
         def run(*args: Any, **kwargs: Any) -> Any:

@@ -25,6 +25,36 @@ from tessel.core.errors import ConfigurationError
 from tessel.dataset import core as _dataset_core
 
 
+class SymbolicDim(str):
+    """A dim of a traced tensor's `.shape` that is not known while tracing: the batch dim of a graph compiled once
+    for every batch size ("N"). Passing it on (reshape, broadcast) works; comparing it with a number or doing
+    arithmetic on it raises, and the graph is then traced again with the call's own sizes, so user code that
+    branches on a size sees the real one instead of a comparison that is silently False."""
+
+    def _unknown(self, other: Any = None) -> Any:
+        raise TraceError(f"dim {str(self)!r} is the batch size of a graph traced for any batch size; it has no value")
+
+    def __eq__(self, other: Any) -> bool:
+        return str.__eq__(self, other) if isinstance(other, str) else self._unknown(other)
+
+    def __ne__(self, other: Any) -> bool:
+        return str.__ne__(self, other) if isinstance(other, str) else self._unknown(other)
+
+    __hash__ = str.__hash__
+    __lt__ = __le__ = __gt__ = __ge__ = _unknown
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _unknown
+    __truediv__ = __rtruediv__ = __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = _unknown
+
+    def __int__(self) -> int:
+        return self._unknown()
+
+    __index__ = __int__
+
+
+def _user_shape(shape: tuple) -> tuple:
+    return tuple(SymbolicDim(d) if isinstance(d, str) and not isinstance(d, SymbolicDim) else d for d in shape)
+
+
 class DeviceRef:
     """A tensor living in the daemon's store under `name`. Under SEMI_AUTO/AUTO parallelism a handle may be
     sharded: `shape` is the global shape and the store holds this rank's piece of `layout` (a compiler Layout)."""
@@ -127,7 +157,7 @@ class Tensor:
     @property
     def shape(self) -> tuple:
         if self._sym is not None:
-            return tuple(self._sym.shape)
+            return _user_shape(self._sym.shape)
         return self._array.shape if self._array is not None else self._ref.shape
 
     @property
@@ -241,7 +271,7 @@ class Tensor:
             sym = trace.to_symbolic(self)
             if not isinstance(sym, SymbolicTensor):
                 sym = SymbolicTensor(trace.builder, trace.builder.constant(sym))
-            return Tensor._wrap_symbolic(sym[_map_key(key, trace.to_symbolic)])
+            return Tensor._wrap_symbolic(sym[_map_key(key, lambda k: _traced_index(trace, k))])
         return Tensor._wrap(np.array(self.asnumpy()[_map_key(key, _as_index)]))
 
     def __setitem__(self, key: Any, value: Any) -> None:
@@ -482,6 +512,15 @@ def _varargs(args: tuple) -> tuple:
 
 def _as_index(x: Any) -> Any:
     return x.asnumpy() if isinstance(x, Tensor) else x
+
+
+def _traced_index(trace: Any, key: Tensor) -> Any:
+    """A Tensor index inside a trace: its symbol, or a constant one for a Tensor made outside (a 0-d one stays a
+    number, a slice position)."""
+    index = trace.to_symbolic(key)
+    if isinstance(index, np.ndarray) and index.ndim > 0:
+        return SymbolicTensor(trace.builder, trace.builder.constant(index))
+    return index
 
 
 def _map_key(key: Any, convert) -> Any:

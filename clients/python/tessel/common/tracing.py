@@ -53,6 +53,8 @@ class SdkTrace:
         self.trace = Trace(name)
         self.builder = self.trace.builder
         self.params: dict[int, tuple[Any, SymbolicTensor]] = {}
+        # ops.assign in the trace: the value each Parameter was last given, what later reads of it see
+        self.assigned: dict[int, SymbolicTensor] = {}
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
@@ -90,6 +92,24 @@ class SdkTrace:
             sym = self.trace.input(parameter.key, parameter.shape, parameter.dtype)
             found = self.params[id(parameter)] = (parameter, sym)
         return found[1]
+
+    def assign(self, parameter, value: Any) -> Any:
+        """ops.assign(parameter, value) in code order, as MindSpore's side-effect ordering: later reads of the
+        parameter in this graph see `value`, and where the graph assigns it twice the last write is the one kept
+        (the earlier Assign becomes a plain use of its value)."""
+        from tessel.compiler import registry
+        from tessel.compiler.ir import Node
+
+        previous = self.assigned.get(id(parameter))
+        if previous is not None:
+            nodes = self.builder.nodes
+            for i, node in enumerate(nodes):
+                if node.op == "Assign" and node.outputs[0] is previous.value:
+                    depend = registry.get("Depend").bind({})
+                    nodes[i] = Node("Depend", node.inputs[1:], depend, node.outputs, node.source, node.recompute)
+        out = apply_op("Assign", self.param(parameter), value)
+        self.assigned[id(parameter)] = out._sym
+        return out
 
     def note_cell(self, cell: Any) -> None:
         self.cells.setdefault(id(cell), cell)
@@ -203,10 +223,13 @@ class SdkTrace:
         from tessel.common.tensor import Tensor
 
         if isinstance(x, Parameter):
+            current_value = self.assigned.get(id(x))
+            if current_value is None:
+                current_value = self.param(x)
             dtype = compute_dtype()
             if dtype is not None and x.dtype.is_float and x.dtype != dtype:
-                return apply_all("Cast", self.param(x), dtype=dtype)[0]
-            return self.param(x)
+                return apply_all("Cast", current_value, dtype=dtype)[0]
+            return current_value
         if isinstance(x, Tensor):
             if x._sym is not None:
                 if x._sym.builder is not self.builder:

@@ -70,7 +70,12 @@ class Cell:
                     f"{type(self).__name__}.{name} is a Parameter: assign a Parameter, a Tensor (which sets its data) "
                     f"or None, not a {type(value).__name__}"
                 )
-            params[name].set_data(value)
+            if value._sym is not None:  # inside a traced construct (self.w = expr, self.w += x): an Assign
+                from tessel.ops import functional as F
+
+                F.assign(params[name], value)
+            else:
+                params[name].set_data(value)
         elif name in cells and cells[name] is not None:
             raise ConfigurationError(
                 f"{type(self).__name__}.{name} is a child cell: assign a Cell or None, not a {type(value).__name__}"

@@ -391,10 +391,21 @@ def depend(value: Any, expr: Any) -> Any:
 
 def assign(variable: Any, value: Any) -> Any:
     """Write `value` into Parameter `variable` (a state update of the compiled graph when tracing)."""
-    if current() is not None:
-        return apply_op("Assign", variable, cast(value, variable.dtype))
+    trace = current()
+    if trace is not None:
+        return trace.assign(variable, cast(value, variable.dtype))
     variable.set_data(value)
     return variable
+
+
+def assign_add(variable: Any, value: Any) -> Any:
+    """variable += value (MindSpore ops.assign_add)."""
+    return assign(variable, variable + value)
+
+
+def assign_sub(variable: Any, value: Any) -> Any:
+    """variable -= value (MindSpore ops.assign_sub)."""
+    return assign(variable, variable - value)
 
 
 def shape(input_x: Any) -> tuple:

@@ -475,6 +475,16 @@ class Assign(Primitive):
         return F.assign(variable, value)
 
 
+class AssignAdd(Primitive):
+    def __call__(self, variable, value):
+        return F.assign_add(variable, value)
+
+
+class AssignSub(Primitive):
+    def __call__(self, variable, value):
+        return F.assign_sub(variable, value)
+
+
 class Zeros(Primitive):
     def __call__(self, size, type=None):
         return F.zeros(size, type)
