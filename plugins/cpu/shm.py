@@ -71,15 +71,16 @@ class ShmCommunicator(Communicator):
 
     def __init__(self, context: GroupContext):
         super().__init__(context)
-        # all_reduce up to this size takes the one-round algorithm: measured crossovers on 2 cores were about
-        # 512 KiB at 2 ranks, 256 KiB at 3, 192 KiB at 4 and 128 KiB at 8 (the one-round work grows with size**2).
-        self.small_bytes = min(256 << 10, (768 << 10) // context.size)
         # all_gather (output size) and broadcast from these sizes on take the pipelines: measured crossovers on
         # 2 cores were 256-512 KiB for all_gather and about 1 MiB for broadcast, at 2 and 4 ranks.
         self.gather_bytes = 512 << 10
         self.broadcast_bytes = 1 << 20
         self._engine = Engine(context)
         layout = self._engine.layout
+        # all_reduce up to this size takes the one-round algorithm: measured crossovers on 2 cores were about
+        # 512 KiB at 2 ranks, 256 KiB at 3, 192 KiB at 4 and 128 KiB at 8 (the one-round work grows with size**2);
+        # never more than a rank's slot holds, which a small TESSEL_SHM_CHUNK_KIB makes smaller
+        self.small_bytes = min(256 << 10, (768 << 10) // context.size, layout.group_half)
         self._arena = Arena(layout.arena_start(context.group_rank), layout.arena, self._engine.segment.reserve)
         self._problems: dict[tuple[np.dtype, str | None], str] = {}
         self._views: dict[tuple, tuple] = {}

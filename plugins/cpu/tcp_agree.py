@@ -192,8 +192,8 @@ def check_agreement(blocks: Sequence[Block], context: GroupContext, what: str) -
     """
     descriptors = [b.descriptor for b in blocks]
     for field, attribute in _FIELDS:
-        if field == "shape" and descriptors[0].kind == "neighbor_exchange":
-            continue
+        if field in ("shape", "dtype") and descriptors[0].kind == "neighbor_exchange":
+            continue  # per pair, below: each rank's recv dtype need only match what its senders send
         values = [getattr(d, attribute) for d in descriptors]
         reference = max(values, key=lambda v: (values.count(v), -values.index(v)))
         for rank, value in enumerate(values):

@@ -385,6 +385,29 @@ def test_a_stale_segment_is_never_joined_and_is_replaced():
         stale.close()
 
 
+def test_a_small_chunk_keeps_the_one_round_all_reduce_within_each_ranks_slot(monkeypatch):
+    # with a 4 KiB chunk a rank's slot holds 12 KiB at 2 ranks: a 200 KB all_reduce used to take the one-round
+    # path, copy past its slot into the others' and return wrong sums
+    monkeypatch.setenv("TESSEL_SHM_CHUNK_KIB", "4")
+    comms = _pair("small-chunk")
+    try:
+        assert comms[0].small_bytes == comms[0]._engine.layout.group_half == 3 * 4096
+        out: dict[int, list] = {0: [], 1: []}
+
+        def run(rank: int) -> None:
+            for step in range(10):
+                out[rank].append(comms[rank].all_reduce(np.full(50_000, float(rank + 1 + step), np.float32)))
+
+        threads = [threading.Thread(target=run, args=(r,)) for r in (0, 1)]
+        [t.start() for t in threads]
+        [t.join(timeout=30) for t in threads]
+        for rank in (0, 1):
+            assert [float(np.unique(y)[0]) for y in out[rank]] == [3.0 + 2 * step for step in range(10)]
+            assert all(np.unique(y).size == 1 for y in out[rank])
+    finally:
+        [c.close() for c in comms.values()]
+
+
 def _pair(name: str, local_ranks: int = 0) -> dict[int, ShmCommunicator]:
     made: dict[int, ShmCommunicator] = {}
     threads = [

@@ -307,6 +307,19 @@ def test_send_and_recv_between_two_ranks_run_at_the_same_time():
     np.testing.assert_array_equal(out[1], x[0])
 
 
+def test_a_neighbor_exchange_checks_dtypes_per_pair_as_over_shared_memory():
+    # rank 2 takes no part and passes another recv dtype (comm_func's default float32): that is not a mismatch
+    def body(comm, rank: int):
+        if rank == 0:
+            return comm.neighbor_exchange([np.ones(3, np.float16)], [1], [], [], np.float16)
+        if rank == 1:
+            return comm.neighbor_exchange([], [], [0], [(3,)], np.float16)
+        return comm.neighbor_exchange([], [], [], [], np.float32)
+
+    out = _threads(3, body)
+    assert out[0] == [] and out[2] == [] and out[1][0].dtype == np.float16 and out[1][0].tolist() == [1.0] * 3
+
+
 def test_one_rank_group_works_locally_and_returns_new_arrays():
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     (values,) = _threads(1, lambda c, r: [c.all_reduce(x, "mean"), c.all_to_all(x, 1, 0), c.broadcast(x)])
