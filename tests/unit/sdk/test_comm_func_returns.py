@@ -325,3 +325,50 @@ def test_create_group_without_options_still_works(world_of_2):
     comm.create_group("pair", [0, 1], None)
     assert rt.current().groups["pair"] == (0, 1)
     assert world_of_2.ops == [("create_group", "pair", (0, 1))]
+
+
+def test_primitive_rank_ids_are_group_ranks_as_mindspores_kernels_read_them(world_of_1):
+    from tessel.ops import comm as comm_ops
+
+    # MindSpore's Broadcast and NeighborExchange kernels give root_rank / the rank ids to the group's communicator
+    # (comm_func.broadcast converts its global src first): in group (2, 3), rank 0 is global rank 2
+    assert ms.ops.Broadcast(0, group="sp")._traced_attrs((2, 3)) == {"root": 0}
+    with pytest.raises(ConfigurationError, match=r"root_rank 2 is not a rank of its group of 2 .*0\.\.1"):
+        ms.ops.Broadcast(2, group="sp")._traced_attrs((2, 3))
+    with pytest.raises(ConfigurationError, match="recv rank 1 is not a rank of its group of 1"):
+        comm_ops.exchange([_tensor()], [0], [1], [(2, 8)], ms.float32, WORLD)
+
+    class SendOnly(ms.nn.Cell):
+        def construct(self, x):
+            return comm_ops.exchange([x], [0], [], [], ms.float32, WORLD)
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    with pytest.raises(NotSupportedYetError, match="NeighborExchange that only sends inside a compiled graph"):
+        SendOnly()(_tensor())
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_comm_func_collectives_trace_into_graphs_and_gradients(world_of_1, mode):
+    # MindSpore's comm_func builds the collective primitives, so they work under jit and value_and_grad
+    class Net(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = ms.Parameter(ms.Tensor(np.array([1.0, 2.0], np.float32)), name="w")
+
+        def construct(self, x):
+            y, handle = comm_func.all_reduce(x * self.w)
+            gathered, _ = comm_func.all_gather_into_tensor(y)
+            scattered, _ = comm_func.reduce_scatter_tensor(gathered)
+            return comm_func.broadcast(scattered, 0).sum() + (0.0 if handle is None else 1.0)
+
+    ms.set_context(mode=mode)
+    net, x = Net(), _tensor(np.array([3.0, 4.0], np.float32))
+    loss, (dw,) = ms.value_and_grad(net, None, net.trainable_params())(x)
+    assert float(loss.asnumpy()) == 11.0 and dw.asnumpy().tolist() == [3.0, 4.0]
+
+
+def test_collective_primitives_check_their_arguments_on_one_device_too(world_of_1):
+    with pytest.raises(ConfigurationError, match="split_count=8 must equal the group size 1"):
+        ms.ops.AlltoAll(8, 0, 0)(_tensor())
+    with pytest.raises(ConfigurationError, match="root_rank 5 is not a rank of its group of 1"):
+        ms.ops.Broadcast(5)((_tensor(),))

@@ -169,10 +169,28 @@ def _reduced(call: str, spec: daemon_pb2.CollectiveOp, x: np.ndarray, shape: tup
     return _tensor(out.asnumpy().astype(np.float16)), None
 
 
+def _in_graph(call: str, async_op: bool) -> bool:
+    """Whether this call is traced into a compiled graph (GRAPH_MODE, jit, value_and_grad): it is then the
+    collective primitive's op, differentiable, as MindSpore's comm_func builds its primitives."""
+    from tessel.common.tracing import current
+
+    if current() is None:
+        return False
+    if async_op:
+        raise not_supported_yet(
+            f"{call}(async_op=True) inside a compiled graph", "a graph waits where the result is read; drop async_op"
+        )
+    return True
+
+
 def all_reduce(tensor, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
     """Reduce `tensor` over `group`; returns (Tensor, CommHandle), the handle None unless async_op=True."""
     kind = _check_op("all_reduce", op)
     async_op = _check_async("all_reduce", async_op)
+    if _in_graph("all_reduce", async_op):
+        from tessel.ops.comm import AllReduce
+
+        return AllReduce(op, group)(tensor), None
     x = _host(tensor)
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_REDUCE, op=kind, group=_group_name(group))
     return _reduced("all_reduce", spec, x, x.shape, async_op)
@@ -181,6 +199,10 @@ def all_reduce(tensor, op: str = ReduceOp.SUM, group: str = GlobalComm.WORLD_COM
 def all_gather_into_tensor(tensor, group: str = GlobalComm.WORLD_COMM_GROUP, async_op: bool = False):
     """Concatenate every group rank's `tensor` along dim 0; returns (Tensor, CommHandle)."""
     async_op = _check_async("all_gather_into_tensor", async_op)
+    if _in_graph("all_gather_into_tensor", async_op):
+        from tessel.ops.comm import AllGather
+
+        return AllGather(group)(tensor), None
     x = _host(tensor)
     shape = (x.shape[0] * len(_ranks(group)), *x.shape[1:]) if x.ndim else x.shape
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.ALL_GATHER, group=_group_name(group))
@@ -194,6 +216,10 @@ def reduce_scatter_tensor(
     """Reduce over `group`, then group rank r keeps block r of dim 0; returns (Tensor, CommHandle)."""
     kind = _check_op("reduce_scatter_tensor", op)
     async_op = _check_async("reduce_scatter_tensor", async_op)
+    if _in_graph("reduce_scatter_tensor", async_op):
+        from tessel.ops.comm import ReduceScatter
+
+        return ReduceScatter(op, group)(tensor), None
     x = _host(tensor)
     shape = (x.shape[0] // len(_ranks(group)), *x.shape[1:]) if x.ndim else x.shape
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.REDUCE_SCATTER, op=kind, group=_group_name(group))
@@ -203,6 +229,10 @@ def reduce_scatter_tensor(
 def broadcast(tensor, src: int = 0, group: str = GlobalComm.WORLD_COMM_GROUP):
     """Every rank gets world rank `src`'s `tensor`; returns a Tensor (MindSpore's broadcast has no async_op)."""
     root = _group_rank(_check_int("broadcast", "src", src), group, "src")
+    if _in_graph("broadcast", False):
+        from tessel.ops.comm import Broadcast
+
+        return Broadcast(root, group)((tensor,))[0]
     x = _host(tensor)
     spec = daemon_pb2.CollectiveOp(kind=collective_pb2.BROADCAST, root=root, group=_group_name(group))
     (out,), _ = _collective(spec, [x], [(x.shape, x.dtype)], False)

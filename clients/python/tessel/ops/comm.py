@@ -39,10 +39,14 @@ def group_ranks(group: str) -> tuple[int, ...]:
     return communication._ranks(group)
 
 
-def _group_index(ranks: tuple[int, ...], rank: int, what: str, name: str) -> int:
-    if rank not in ranks:
-        raise ConfigurationError(f"{name}: {what} {rank} is not a member of the group (global ranks {list(ranks)})")
-    return ranks.index(rank)
+def _group_rank(ranks: tuple[int, ...], rank: int, what: str, name: str) -> int:
+    """A rank id of a primitive's attributes: a rank of its group, as MindSpore's kernels read it (0..size-1)."""
+    if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < len(ranks):
+        raise ConfigurationError(
+            f"{name}: {what} {rank!r} is not a rank of its group of {len(ranks)} (global ranks {list(ranks)}); "
+            f"rank ids of this primitive are group ranks, 0..{len(ranks) - 1} (get_group_rank_from_world_rank)"
+        )
+    return int(rank)
 
 
 def _host(x: Any) -> np.ndarray:
@@ -61,11 +65,15 @@ class _Collective(Primitive):
 
     def __call__(self, x: Any) -> Any:
         ranks = group_ranks(self.group)
+        self._check(ranks)  # on one device too, as MindSpore checks the primitive's arguments against the group
         if len(ranks) == 1:
             return x
         if current() is not None:
             return apply_op(self._op, x, group=ranks, **self._traced_attrs(ranks))
         return Tensor._wrap(np.asarray(self._eager(_host(x))))
+
+    def _check(self, ranks: tuple[int, ...]) -> None:
+        return None
 
     def _traced_attrs(self, ranks: tuple[int, ...]) -> dict[str, Any]:
         return {}
@@ -127,7 +135,9 @@ class ReduceScatter(_Collective):
 
 
 class Broadcast(_Collective):
-    """Every rank gets root_rank's tensors (root_rank is a global rank); takes and returns a tuple (MindSpore)."""
+    """Every rank gets root_rank's tensors; takes and returns a tuple (MindSpore). root_rank is a rank of the group
+    (MindSpore's kernels read it so, and comm_func.broadcast converts its global src to it); in the world group
+    the two are the same."""
 
     _op = "Broadcast"
 
@@ -139,13 +149,18 @@ class Broadcast(_Collective):
             raise ConfigurationError("Broadcast takes a tuple of tensors, e.g. ops.Broadcast(0)((x,))")
         return tuple(super(Broadcast, self).__call__(t) for t in x)
 
+    def _check(self, ranks):
+        _group_rank(ranks, self.attrs["root_rank"], "root_rank", "Broadcast")
+
     def _traced_attrs(self, ranks):
-        return {"root": _group_index(ranks, self.attrs["root_rank"], "root_rank", "Broadcast")}
+        return {"root": _group_rank(ranks, self.attrs["root_rank"], "root_rank", "Broadcast")}
 
     def _eager(self, array):
         from tessel.communication import comm_func
 
-        return comm_func.broadcast(array, self.attrs["root_rank"], self.group).asnumpy()
+        ranks = group_ranks(self.group)
+        root = ranks[_group_rank(ranks, self.attrs["root_rank"], "root_rank", "Broadcast")]
+        return comm_func.broadcast(array, root, self.group).asnumpy()
 
 
 class AlltoAll(_Collective):
@@ -174,8 +189,9 @@ class AlltoAll(_Collective):
 
 
 class NeighborExchange(Primitive):
-    """Send inputs[i] to global rank send_rank_ids[i]; receive recv_shapes[j] from recv_rank_ids[j] (MindSpore's
-    signature: a tuple in, a tuple out). Differentiable: the gradient runs the reverse exchange."""
+    """Send inputs[i] to group rank send_rank_ids[i]; receive recv_shapes[j] from group rank recv_rank_ids[j]
+    (MindSpore's signature: a tuple in, a tuple out; its kernels read the ids as ranks of the group). A rank may
+    only send (no recv_rank_ids). Differentiable: the gradient runs the reverse exchange."""
 
     def __init__(
         self,
@@ -213,23 +229,33 @@ class NeighborExchange(Primitive):
         )  # fmt: skip
 
 
-def exchange(inputs, send_ids, recv_ids, recv_shapes, recv_type, group: str) -> tuple:
-    """NeighborExchange over global rank ids: traced in a graph, run on the daemon otherwise."""
+def exchange(inputs, send_ids, recv_ids, recv_shapes, recv_type, group: str, name: str = "NeighborExchange") -> tuple:
+    """NeighborExchange over group rank ids: traced in a graph, run on the daemon otherwise."""
     from tessel.common.dtype import to_dtype
 
     ranks = group_ranks(group)
     dtype = np.dtype(to_dtype(recv_type).numpy)
-    if not recv_ids:
+    send_ranks = tuple(_group_rank(ranks, r, "send rank", name) for r in send_ids)
+    recv_ranks = tuple(_group_rank(ranks, r, "recv rank", name) for r in recv_ids)
+    if not send_ranks and not recv_ranks:
         return ()
     if current() is not None:
+        if not recv_ranks:
+            from tessel.common.support import not_supported_yet
+
+            raise not_supported_yet(
+                f"{name} that only sends inside a compiled graph (its result, empty, would drop it from the graph)",
+                "call it in PYNATIVE_MODE, or pair it with ops.Send / ops.Receive",
+            )
         out = apply_op(
-            "NeighborExchange", *inputs,
-            send_ranks=tuple(_group_index(ranks, r, "send rank", "NeighborExchange") for r in send_ids),
-            recv_ranks=tuple(_group_index(ranks, r, "recv rank", "NeighborExchange") for r in recv_ids),
+            "NeighborExchange", *inputs, send_ranks=send_ranks, recv_ranks=recv_ranks,
             recv_shapes=tuple(recv_shapes), recv_dtype=str(dtype), group=ranks,
         )  # fmt: skip
         return out if isinstance(out, tuple) else (out,)
     from tessel.communication import comm_func
 
-    got, _ = comm_func.neighbor_exchange([_host(x) for x in inputs], send_ids, recv_ids, recv_shapes, dtype, group)
+    got, _ = comm_func.neighbor_exchange(
+        [_host(x) for x in inputs], [ranks[r] for r in send_ranks], [ranks[r] for r in recv_ranks], recv_shapes,
+        dtype, group,
+    )  # fmt: skip
     return got

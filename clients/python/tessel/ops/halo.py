@@ -81,7 +81,7 @@ def _extent(length_index: int | None, lens: tuple[int, ...], size: int) -> int:
 class NeighborExchangeV2(Primitive):
     """Exchange the borders of an NCHW block with up to 8 neighbours; returns the block padded with their halos.
 
-    Args (MindSpore's order): send_rank_ids, recv_rank_ids (8 global rank ids, -1 = none, see `DIRECTIONS`),
+    Args (MindSpore's order): send_rank_ids, recv_rank_ids (8 group rank ids, -1 = none, see `DIRECTIONS`),
     send_lens, recv_lens ([top, bottom, left, right]), data_format ("NCHW" only), group.
     """
 
@@ -127,7 +127,7 @@ class NeighborExchangeV2(Primitive):
         pieces = [self._border(x, d) for d in send_to]
         got = exchange(
             pieces, [sends[d] for d in send_to], [recvs[d] for d in recv_from],
-            [self._halo_shape(shape, d) for d in recv_from], x.dtype, self.group,
+            [self._halo_shape(shape, d) for d in recv_from], x.dtype, self.group, "NeighborExchangeV2",
         )  # fmt: skip
         halos = dict(zip(recv_from, got))
         return self._assemble(x, halos)
