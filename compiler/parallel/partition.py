@@ -50,7 +50,7 @@ from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.parallel import redistribution
 from tessel.compiler.parallel.layout import Layout, piece
 from tessel.compiler.parallel.redistribution import ALL_STEPS, Redistribution
-from tessel.compiler.parallel.strategy import Placement, StrategyError, follow, resolve
+from tessel.compiler.parallel.strategy import Placement, StrategyError, check_devices, follow, resolve
 from tessel.compiler.shapes import format_shape, is_static
 from tessel.compiler.sharding import ShardingSpec
 from tessel.core.errors import ConfigurationError
@@ -395,6 +395,7 @@ def dataset_layouts(data: list[Value], device_num: int, dataset) -> list[Layout]
     for v, entry in zip(data, entries):
         layout = Layout.replicated(v.ndim, device_num) if entry is None else entry
         layout = layout if isinstance(layout, Layout) else Layout.from_strategy(tuple(layout), device_num)
+        check_devices(layout, device_num, f"dataset_strategy's layout of input {v.name!r}")
         layout.check(v.shape, f"input {v.name!r}")
         out.append(layout)
     return out

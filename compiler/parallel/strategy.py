@@ -278,6 +278,17 @@ def place(node: Node, spec: ShardingSpec, cuts: Mapping[str, int], device_num: i
     return Placement(node.op, _as_strategy(node, spec, cuts), origin, matrix, tuple(axis_of.items()), inputs, outputs)
 
 
+def check_devices(layout: Layout, device_num: int, what: str) -> None:
+    """MindSpore's rule for a Layout: its device matrix multiplies to the devices of the stage."""
+    size = math.prod(layout.device_matrix)
+    if size != device_num:
+        raise StrategyError(
+            f"{what} has device matrix {tuple(layout.device_matrix)} ({size} devices), but the plan has "
+            f"{device_num}; the rule: a Layout's device matrix multiplies to the device count (of a pipeline stage). "
+            f"Fix: build the Layout for {device_num} devices"
+        )
+
+
 def follow(node: Node, spec: ShardingSpec, index: int, layout: Layout) -> Placement | None:
     """The placement under which input `index` is used as it is laid out (its device matrix and mesh axes kept),
     or None when the op's rule cannot: a label it may not split, a size that does not divide, or two dims of the
@@ -357,6 +368,10 @@ def resolve(
     DATA_PARALLEL (and replicated when the op cannot split its batch dim)."""
     strategy = None if given is None or given == DATA_PARALLEL else Strategy.of(given)
     if strategy is not None and strategy.in_layouts is not None:
+        for kind, layouts in (("in_strategy", strategy.in_layouts), ("out_strategy", strategy.out_layouts or ())):
+            for i, layout in enumerate(layouts):
+                if layout is not None:
+                    check_devices(layout, device_num, f"{node.op}{_where(node)}: {kind} layout {i}")
         placement = from_layouts(node, spec, strategy.in_layouts)
         if strategy.out_layouts is None:
             return placement

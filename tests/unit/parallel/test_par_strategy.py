@@ -186,3 +186,17 @@ def test_a_whole_input_read_only_in_slices_arrives_sliced_with_slice_whole_input
     want = single_device(graph, feeds)[0]
     close(parallel_forward(sliced, feeds)[0], want, what="sliced")
     close(parallel_forward(whole, feeds)[0], want, what="whole")
+
+
+def test_a_layout_for_another_device_count_is_refused_naming_the_rule():
+    from tessel.parallel import Layout as UserLayout
+
+    graph = traced(lambda x, w: apply("MatMul", x, w), (16, 16), (16, 16))
+    for matrix in ((2, 2), (4, 4)):  # 4 and 16 devices on a plan of 8: used to run wrong or fail deep inside
+        user = UserLayout(matrix, ("dp", "mp"))
+        strategy = (user("dp", "None").compiler_layout(), user("None", "mp").compiler_layout())
+        with pytest.raises(StrategyError, match=r"multiplies to the device count .* for 8 devices"):
+            parallelize(graph, {0: strategy}, 8, parameters=["x", "w"], dataset="full_batch")
+    with pytest.raises(StrategyError, match="dataset_strategy's layout of input 'x'"):
+        wrong = UserLayout((2, 2), ("dp", "mp"))
+        parallelize(graph, {}, 8, parameters=["w"], dataset=(wrong("dp", "None").compiler_layout(),))

@@ -92,3 +92,20 @@ def test_shard_outside_parallel_modes_is_the_function_itself():
     np.testing.assert_array_equal(matmul(ms.Tensor(x), ms.Tensor(w)).asnumpy(), x @ w)
     with pytest.raises(ConfigurationError, match="needs a Cell"):
         shard(ops.matmul, in_strategy=((2, 1), (1, 2)), parameter_plan={"self.w": (2, 1)})
+
+
+def test_shard_arguments_are_checked_as_mindspore_checks_them(caplog):
+    layout = Layout((2, 4), ("dp", "mp"))
+    with pytest.raises(ConfigurationError, match="in_strategy and out_strategy must be of one kind"):
+        ops.MatMul().shard(((2, 1), (1, 4)), (layout("dp", "mp"),))
+    with pytest.raises(ConfigurationError, match=r"out_strategy .* needs an in_strategy"):
+        ops.MatMul().shard(None, ((2, 1),))
+    assert layout(("dp", "None"), "mp").to_dict()["tensor_map"] == (1, 0)  # "None" in a tuple splits nothing
+    with pytest.raises(ConfigurationError, match="device must be a str"):
+        shard(ops.matmul, in_strategy=((2, 1), (1, 2)), device=3)
+    with pytest.raises(ConfigurationError, match="level must be an int"):
+        nn.Dense(4, 4).shard(in_strategy=((2, 1),), level="a")
+    dense = nn.Dense(4, 6)
+    dense.shard(in_strategy=((2, 1),), parameter_plan={"weight": (2, 1)})
+    dense.shard(in_strategy=((2, 1),), parameter_plan={"weight": (1, 2)})  # MindSpore keeps the first, warns
+    assert dense.weight._requested == (2, 1) and "already has strategy (2, 1)" in caplog.text

@@ -231,8 +231,9 @@ class Cell:
 
             >>> block.shard(in_strategy=((2, 1),), parameter_plan={"self.dense.weight": (2, 1)})
         """
-        from tessel.parallel.shard import check_in_strategy, log, plan_parameters
+        from tessel.parallel.shard import check_device_and_level, check_in_strategy, log, plan_parameters
 
+        check_device_and_level(device, level, f"{self.cls_name}.shard")
         if device != "Ascend" or level != 0:
             log.info(
                 "%s.shard: device=%r and level=%r are MindSpore backend hints; tessel plans every device alike",
@@ -447,6 +448,11 @@ class Cell:
             from tessel.parallel.shard import constrain
 
             strategies = self._shard["in_strategy"]
+            if len(strategies) > len(args):
+                raise ConfigurationError(
+                    f"{self.cls_name}.shard: in_strategy has {len(strategies)} entries but the cell got {len(args)} "
+                    "positional inputs; give one entry per input"
+                )
             args = tuple(constrain(a, s) for a, s in zip(args, strategies)) + args[len(strategies) :]
         if self._float_dtype is None:
             return self.construct(*args, **kwargs)

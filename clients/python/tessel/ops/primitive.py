@@ -35,6 +35,10 @@ def _check_strategy(strategy: Any, what: str, name: str) -> tuple | None:
         ) from None
 
 
+def _is_layout(entry: Any) -> bool:
+    return not isinstance(entry, tuple)
+
+
 def _recorded(call: Callable) -> Callable:
     """`call` that, while tracing, tells the trace which Primitive created the ops it applies (so the parallel pass
     finds each op's shard() strategy)."""
@@ -77,8 +81,19 @@ class Primitive:
 
             >>> matmul = ops.MatMul().shard(((1, 1), (1, 2)))   # the weight's dim 1 cut in two
         """
-        self.in_strategy = _check_strategy(in_strategy, "in_strategy", self.name)
-        self.out_strategy = _check_strategy(out_strategy, "out_strategy", self.name)
+        in_checked = _check_strategy(in_strategy, "in_strategy", self.name)
+        out_checked = _check_strategy(out_strategy, "out_strategy", self.name)
+        if out_checked is not None and in_checked is None:  # MindSpore refuses it too
+            raise ConfigurationError(
+                f"{self.name}.shard: out_strategy {out_strategy!r} needs an in_strategy; give both, e.g. "
+                "shard(((1, 1), (1, 2)), ((1, 2),))"
+            )
+        if in_checked and out_checked and _is_layout(in_checked[0]) != _is_layout(out_checked[0]):
+            raise ConfigurationError(
+                f"{self.name}.shard: in_strategy and out_strategy must be of one kind, tuples of split counts or "
+                f"Layouts, got {in_strategy!r} and {out_strategy!r}"
+            )
+        self.in_strategy, self.out_strategy = in_checked, out_checked
         return self
 
     def add_prim_attr(self, name: str, value: Any) -> Primitive:

@@ -71,6 +71,7 @@ class Layout:
         entries: list[int | tuple[int, ...]] = []
         for dim in tensor_map:
             names = dim if isinstance(dim, tuple) else (dim,)
+            names = tuple(n for n in names if n != _NONE) or (_NONE,)  # "None" inside a tuple splits nothing
             if names == (_NONE,):
                 entries.append(-1)
                 continue

@@ -78,6 +78,14 @@ def _partitioning() -> bool:
     return partition.active()
 
 
+def check_device_and_level(device: Any, level: Any, where: str) -> None:
+    """MindSpore's checks of shard's backend hints: device a str, level an int."""
+    if not isinstance(device, str):
+        raise ConfigurationError(f"{where}: device must be a str (e.g. 'Ascend'), got {device!r}")
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise ConfigurationError(f"{where}: level must be an int (e.g. 0), got {level!r}")
+
+
 def plan_parameters(cell: Any, parameter_plan: dict | None, where: str) -> None:
     """Give the cell's parameters named in `parameter_plan` their strategy (MindSpore strips "self." and matches
     the rest against the parameter names; unknown names are warned about and ignored, as in MindSpore)."""
@@ -99,6 +107,10 @@ def plan_parameters(cell: Any, parameter_plan: dict | None, where: str) -> None:
                 f"{where}: parameter_plan strategy {checked} for {name!r} of shape {found.shape}: one cut per dim, "
                 "each dividing its dim"
             )
+        earlier = getattr(found, "_requested", None)
+        if earlier is not None and earlier != checked:  # MindSpore keeps the first and warns
+            log.warning("%s: parameter %r already has strategy %s; %s is ignored", where, name, earlier, checked)
+            continue
         found._requested = checked
 
 
@@ -116,6 +128,7 @@ def shard(
 
     if isinstance(fn, Cell):
         return fn.shard(in_strategy, out_strategy, parameter_plan, device, level)
+    check_device_and_level(device, level, "shard")
     if not callable(fn):
         raise ConfigurationError(f"shard: fn must be a function or a Cell, got {type(fn).__name__}")
     strategies = check_in_strategy(in_strategy, "shard")
