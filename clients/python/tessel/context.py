@@ -30,7 +30,7 @@ _CONTEXT_DEFAULTS: dict[str, Any] = {
     "jit_level": "O0",
     "runtime_num_threads": 30,
     "inter_op_parallel_num": 0,
-    "jit_config": None,
+    "jit_config": {},
     "print_file_path": None,
     "env_config_path": None,
     "precompile_only": False,
@@ -126,9 +126,9 @@ def set_context(**kwargs: Any) -> None:
         previous, was_explicit = _context[key], key in _explicit_context
         _context[key] = value
         _explicit_context.add(key)
+        plugin_before = os.environ.get("TESSEL_PLUGIN")
         if key == "device_target":
-            # Picks the plugin of the daemon this process starts for itself; a launcher's choice wins.
-            os.environ.setdefault("TESSEL_PLUGIN", _DEVICE_PLUGINS[value])
+            _choose_plugin(_DEVICE_PLUGINS[value])
         if key in ("device_target", "device_id") and _bound_daemon is not None:
             try:
                 _check_daemon(*_bound_daemon)
@@ -136,12 +136,34 @@ def set_context(**kwargs: Any) -> None:
                 _context[key] = previous  # a refused value is not kept
                 if not was_explicit:
                     _explicit_context.discard(key)
+                _restore_plugin(plugin_before)
                 raise
     profiling = {key: _validate(key, kwargs[key]) for key in _PROFILING if key in kwargs}
     if profiling:
-        _profiling({**_context, **profiling})
+        _profiling({**_context, **profiling}, starts_or_stops="enable_profiling" in profiling)
         _context.update(profiling)
         _explicit_context.update(profiling)
+
+
+# The plugin set_context(device_target=...) chose for the daemon this process starts for itself (None: none yet).
+# A launcher's TESSEL_PLUGIN wins; one chosen here follows the last device_target set.
+_plugin_chosen: str | None = None
+
+
+def _choose_plugin(plugin: str) -> None:
+    global _plugin_chosen
+    current = os.environ.get("TESSEL_PLUGIN")
+    if current is None or current == _plugin_chosen:
+        os.environ["TESSEL_PLUGIN"] = _plugin_chosen = plugin
+
+
+def _restore_plugin(before: str | None) -> None:
+    global _plugin_chosen
+    if before is None:
+        os.environ.pop("TESSEL_PLUGIN", None)
+        _plugin_chosen = None
+    else:
+        os.environ["TESSEL_PLUGIN"] = before
 
 
 # What init() learnt: (plugins of the job's daemons by rank, this rank's daemon plugin, its device id, the world).
@@ -187,19 +209,45 @@ def _requested_device() -> int | None:
     return _context["device_id"] if "device_id" in _explicit_context else None
 
 
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _validate(key: str, value: Any) -> Any:
-    if key == "mode" and value not in (GRAPH_MODE, PYNATIVE_MODE):
+    if key == "mode" and (not _is_int(value) or value not in (GRAPH_MODE, PYNATIVE_MODE)):
         raise ConfigurationError(f"set_context: mode must be GRAPH_MODE (0) or PYNATIVE_MODE (1), got {value!r}")
     if key == "device_target" and value not in _DEVICE_PLUGINS:
         raise ConfigurationError(f"set_context: device_target must be one of {list(_DEVICE_PLUGINS)}, got {value!r}")
-    if key == "device_id" and (not isinstance(value, int) or value < 0):
-        raise ConfigurationError(f"set_context: device_id must be a non-negative int, got {value!r}")
-    if key == "save_graphs" and not isinstance(value, (bool, int)):
-        raise ConfigurationError(f"set_context: save_graphs must be a bool or 0-3, got {value!r}")
+    if key == "device_id" and (not _is_int(value) or not 0 <= value <= 4095):
+        raise ConfigurationError(f"set_context: device_id must be an int in [0, 4095], got {value!r}")
+    if key == "save_graphs" and not (isinstance(value, bool) or (_is_int(value) and 0 <= value <= 3)):
+        raise ConfigurationError(f"set_context: save_graphs must be a bool or an int 0-3, got {value!r}")
+    if key == "jit_config":
+        if not isinstance(value, dict):
+            raise ConfigurationError(
+                f"set_context: jit_config must be a dict such as {{'jit_level': 'O0'}}, got {value!r}"
+            )
+        if all(k == "jit_level" and v in ("", "O0") for k, v in value.items()):
+            return {}  # MindSpore's default compilation, the one tessel has
     if key == "enable_profiling" and not isinstance(value, bool):
         raise ConfigurationError(f"set_context: enable_profiling must be True or False, got {value!r}")
-    if key == "save_graphs_path" and not isinstance(value, str):
-        raise ConfigurationError(f"set_context: save_graphs_path must be a str, got {value!r}")
+    if key == "save_graphs_path" and (not isinstance(value, str) or not value):
+        raise ConfigurationError(f"set_context: save_graphs_path must be a non-empty str, got {value!r}")
+    # options with no effect on CPU are still checked as MindSpore checks them, so a typo is not carried along
+    if key in ("enable_graph_kernel", "pynative_synchronize", "enable_reduce_precision") and not isinstance(
+        value, bool
+    ):
+        raise ConfigurationError(f"set_context: {key} must be True or False, got {value!r}")
+    if key == "memory_optimize_level" and value not in ("O0", "O1"):
+        raise ConfigurationError(f"set_context: memory_optimize_level must be 'O0' or 'O1', got {value!r}")
+    if key == "op_timeout" and (not _is_int(value) or value < 0):
+        raise ConfigurationError(f"set_context: op_timeout must be an int >= 0 (seconds), got {value!r}")
+    if key in ("graph_kernel_flags", "max_device_memory", "mempool_block_size", "variable_memory_max_size") and (
+        not isinstance(value, str)
+    ):
+        raise ConfigurationError(f"set_context: {key} must be a str (e.g. {_IGNORED[key]!r}), got {value!r}")
+    if key in ("ascend_config", "gpu_config") and value is not None and not isinstance(value, dict):
+        raise ConfigurationError(f"set_context: {key} must be a dict, got {value!r}")
     if key != "save_graphs" and isinstance(_CONTEXT_DEFAULTS.get(key), bool) and not isinstance(value, bool):
         raise ConfigurationError(f"set_context: {key} must be True or False, got {value!r}")
     if key == "exec_order" and value not in ("bfs", "dfs", "gpto"):
@@ -225,9 +273,10 @@ def _check_aoe_config(value: Any) -> None:
 _PROFILING = ("enable_profiling", "profiling_options")
 
 
-def _profiling(settings: dict[str, Any]) -> None:
+def _profiling(settings: dict[str, Any], starts_or_stops: bool = True) -> None:
     """MindSpore's set_context(enable_profiling=True, profiling_options='{"output": DIR}'): the timeline of
-    tessel.profiler, written into DIR (default ./data); enable_profiling=False stops and writes it."""
+    tessel.profiler, written into DIR (default ./data); enable_profiling=False stops and writes it. Setting only
+    profiling_options checks and stores them (as MindSpore), starting or stopping nothing."""
     import json
 
     from tessel import profiler
@@ -236,13 +285,19 @@ def _profiling(settings: dict[str, Any]) -> None:
     try:
         parsed = json.loads(options) if isinstance(options, str) else dict(options)
     except (ValueError, TypeError):
-        raise ConfigurationError(f"set_context: profiling_options must be a JSON object, got {options!r}") from None
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise ConfigurationError(
+            f'set_context: profiling_options must be a JSON object such as \'{{"output": "./data"}}\', got {options!r}'
+        )
     other = sorted(set(parsed) - {"output"})
     if other:
         raise ConfigurationError(
             f"set_context: profiling_options {other} are not supported yet; only 'output' (the directory of the "
             "timeline files) is"
         )
+    if not starts_or_stops:
+        return
     if settings["enable_profiling"]:
         recorder = profiler.active()
         directory = os.path.realpath(parsed.get("output", "./data"))
@@ -286,7 +341,7 @@ _PARALLEL_DEFAULTS: dict[str, Any] = {
     "parallel_optimizer_config": None,
     "strategy_ckpt_load_file": "",
     "strategy_ckpt_save_file": "",
-    "strategy_ckpt_config": None,
+    "strategy_ckpt_config": {"load_file": "", "save_file": "", "only_trainable_params": True},
     "all_reduce_fusion_config": [],
     "grad_accumulation_step": 1,
     "comm_fusion": None,
@@ -333,13 +388,23 @@ def _validate_parallel(key: str, value: Any) -> Any:
         value = value.lower() if isinstance(value, str) else value
         if value not in ParallelMode.MODE_LIST:
             raise ConfigurationError(f"parallel_mode must be one of {list(ParallelMode.MODE_LIST)}, got {value!r}")
-    elif key == "strategy_ckpt_config" and value is not None:
+    elif key == "strategy_ckpt_config":
         unknown = set(value) - {"load_file", "save_file", "only_trainable_params"} if isinstance(value, dict) else 1
         if unknown:
             raise ConfigurationError(
                 "strategy_ckpt_config must be a dict with load_file, save_file and only_trainable_params, e.g. "
                 f"{{'save_file': './strategy.json'}}; got {value!r}"
             )
+        value = {**_STRATEGY_CKPT_DEFAULTS, **value}  # MindSpore fills in the keys not given
+        for name in ("load_file", "save_file"):
+            if not isinstance(value[name], str):
+                raise ConfigurationError(f"strategy_ckpt_config's {name} must be a str path, got {value[name]!r}")
+        if not isinstance(value["only_trainable_params"], bool):
+            raise ConfigurationError(
+                f"strategy_ckpt_config's only_trainable_params must be a bool, got {value['only_trainable_params']!r}"
+            )
+    elif key in ("strategy_ckpt_load_file", "strategy_ckpt_save_file") and not isinstance(value, str):
+        raise ConfigurationError(f"{key} must be a str path, got {value!r}")
     elif key == "search_mode" and value not in SEARCH_MODES:
         raise ConfigurationError(f"search_mode must be one of {list(SEARCH_MODES)}, got {value!r}")
     elif key in ("device_num", "pipeline_stages", "grad_accumulation_step"):
@@ -348,7 +413,9 @@ def _validate_parallel(key: str, value: Any) -> Any:
         raise ConfigurationError(f"global_rank must be a non-negative int, got {value!r}")
     elif key == "dataset_strategy":
         value = _dataset_strategy(value)
-    elif key == "all_reduce_fusion_config" and not all(isinstance(i, int) for i in value):
+    elif key == "all_reduce_fusion_config" and (
+        not isinstance(value, (list, tuple)) or not all(isinstance(i, int) for i in value)
+    ):
         raise ConfigurationError(f"all_reduce_fusion_config must be a list of int indices, got {value!r}")
     elif key == "comm_fusion" and value is not None:
         _comm_fusion(value)
@@ -546,6 +613,7 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
             sys.modules["tessel.common.engine"].check_fp32_communication_change(value)
         _parallel[key] = value
         _explicit.add(key)
+        _sync_strategy_files(key, value)
     if {"device_num", "global_rank"} & set(kwargs):
         try:
             _check_parallel_against_world()
@@ -560,8 +628,24 @@ def set_auto_parallel_context(**kwargs: Any) -> None:
         _parallel["full_batch"] = _parallel["dataset_strategy"] == "full_batch"
 
 
+_STRATEGY_CKPT_DEFAULTS = {"load_file": "", "save_file": "", "only_trainable_params": True}
+
+
+def _sync_strategy_files(key: str, value: Any) -> None:
+    """strategy_ckpt_config and the older strategy_ckpt_load_file / _save_file set the same files (in MindSpore,
+    the same fields): the last one set wins."""
+    if key == "strategy_ckpt_config":
+        _parallel["strategy_ckpt_load_file"] = value["load_file"]
+        _parallel["strategy_ckpt_save_file"] = value["save_file"]
+    elif key in ("strategy_ckpt_load_file", "strategy_ckpt_save_file"):
+        field = "load_file" if key.endswith("load_file") else "save_file"
+        _parallel["strategy_ckpt_config"] = {**_parallel["strategy_ckpt_config"], field: value}
+
+
 def get_auto_parallel_context(attr_key: str) -> Any:
     """One parallel option; device_num and global_rank default to the running world once it is initialised."""
+    if attr_key == "auto_parallel_search_mode":  # MindSpore's older name
+        attr_key = "search_mode"
     if attr_key not in _PARALLEL_DEFAULTS:
         raise ConfigurationError(f"get_auto_parallel_context: unknown option {attr_key!r}")
     if attr_key in ("device_num", "global_rank") and attr_key not in _explicit:
@@ -570,7 +654,8 @@ def get_auto_parallel_context(attr_key: str) -> Any:
         if runtime.is_initialized():
             rt = runtime.current()
             return rt.world_size if attr_key == "device_num" else rt.rank
-    return _parallel[attr_key]
+    value = _parallel[attr_key]
+    return dict(value) if isinstance(value, dict) else value
 
 
 def reset_auto_parallel_context() -> None:

@@ -4,6 +4,7 @@ CPU" ones are accepted and logged once, "not supported yet" ones accept only the
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -68,7 +69,7 @@ OTHER_VALUE = {
     "parallel_optimizer_config": {"optimizer_level": "level3", "parallel_optimizer_threshold": 0},
     "strategy_ckpt_load_file": "strategy.ckpt",
     "strategy_ckpt_save_file": "strategy.ckpt",
-    "strategy_ckpt_config": {"save_file": "strategy.json"},
+    "strategy_ckpt_config": {"load_file": "", "save_file": "strategy.json", "only_trainable_params": False},
     "all_reduce_fusion_config": [20, 35],
     "grad_accumulation_step": 4,
     "comm_fusion": {"allreduce": {"mode": "size", "config": 32}},
@@ -212,3 +213,66 @@ def test_unset_device_options_report_the_daemons_and_set_ones_must_match_the_job
 def test_a_value_mindspore_would_refuse_is_an_error_not_the_default(option, value, says):
     with pytest.raises(ConfigurationError, match=says):
         ms.set_context(**{option: value})
+
+
+def test_the_last_device_target_picks_the_plugin_unless_a_launcher_chose(monkeypatch):
+    import os
+
+    monkeypatch.delenv("TESSEL_PLUGIN")
+    monkeypatch.setattr(context, "_plugin_chosen", None)
+    ms.set_context(device_target="GPU")
+    ms.set_context(device_target="CPU")  # the first value used to stick for good
+    assert os.environ["TESSEL_PLUGIN"] == "cpu"
+    monkeypatch.setenv("TESSEL_PLUGIN", "gpu")  # a launcher's choice
+    ms.set_context(device_target="CPU")
+    assert os.environ["TESSEL_PLUGIN"] == "gpu"
+
+
+def test_profiling_options_alone_start_and_stop_nothing(tmp_path):
+    from tessel import profiler
+
+    recorder = profiler.start(str(tmp_path / "timeline"))
+    ms.set_context(profiling_options=json.dumps({"output": str(tmp_path / "other")}))
+    assert profiler.active() is recorder  # MindSpore only checks and stores them
+    for bad in ("[]", "null", '"abc"'):
+        with pytest.raises(ConfigurationError, match="profiling_options must be a JSON object"):
+            ms.set_context(profiling_options=bad)
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("memory_optimize_level", "O9"),
+        ("op_timeout", -3),
+        ("enable_graph_kernel", "yes"),
+        ("pynative_synchronize", "yes"),
+        ("max_device_memory", 5),
+        ("ascend_config", "x"),
+        ("save_graphs", 7),
+        ("device_id", 4096),
+        ("mode", True),
+        ("save_graphs_path", ""),
+    ],
+)
+def test_values_mindspore_refuses_are_refused_even_where_the_option_has_no_effect(option, value):
+    with pytest.raises(ConfigurationError, match=f"set_context: {option} must be"):
+        ms.set_context(**{option: value})
+    with pytest.raises(ConfigurationError, match="all_reduce_fusion_config must be a list"):
+        ms.set_auto_parallel_context(all_reduce_fusion_config=5)
+
+
+def test_strategy_file_names_are_one_setting_as_in_mindspore():
+    ms.set_auto_parallel_context(strategy_ckpt_config={"save_file": "a.json"})
+    assert ms.get_auto_parallel_context("strategy_ckpt_config") == {
+        "load_file": "",
+        "save_file": "a.json",
+        "only_trainable_params": True,
+    }
+    assert ms.get_auto_parallel_context("strategy_ckpt_save_file") == "a.json"
+    ms.set_auto_parallel_context(strategy_ckpt_save_file="b.json")  # the last one set wins
+    assert ms.get_auto_parallel_context("strategy_ckpt_config")["save_file"] == "b.json"
+    assert ms.get_auto_parallel_context("auto_parallel_search_mode") == ms.get_auto_parallel_context("search_mode")
+    with pytest.raises(ConfigurationError, match="load_file must be a str path, got 5"):
+        ms.set_auto_parallel_context(strategy_ckpt_config={"load_file": 5})
+    with pytest.raises(ConfigurationError, match="only_trainable_params must be a bool"):
+        ms.set_auto_parallel_context(strategy_ckpt_config={"only_trainable_params": "no"})

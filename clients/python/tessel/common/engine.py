@@ -90,7 +90,7 @@ class Engine:
             _compiled_with_fp32_communication.setdefault(widened, name)
             if widened:
                 graph = _reduced_in_fp32(graph, phases)
-        _save_graph(name, graph)
+        _save_graph(name, graph, self.runtime.rank)
         if collective:
             # The program prefix comes from the graph's name: per-batch-size copies of one graph must not share it.
             named = Graph(graph.inputs, graph.nodes, graph.outputs, name)
@@ -257,13 +257,14 @@ class _DaemonCompute:
         return [fetched[n] for n in outputs]
 
 
-def _save_graph(name: str, graph: Graph) -> None:
-    """With set_context(save_graphs=...) write the graph's text dump, one file per compiled segment."""
+def _save_graph(name: str, graph: Graph, rank: int) -> None:
+    """With set_context(save_graphs=...) write the graph's text dump, one file per compiled segment, into
+    save_graphs_path/rank_<rank>/ as MindSpore does (ranks on one host would overwrite each other's files)."""
     from tessel import context
 
     if not context.get_context("save_graphs"):
         return
-    folder = context.get_context("save_graphs_path") or "."
+    folder = os.path.join(context.get_context("save_graphs_path") or ".", f"rank_{rank}")
     os.makedirs(folder, exist_ok=True)
     safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
     with open(os.path.join(folder, f"{safe}.ir"), "w", encoding="utf-8") as out:
