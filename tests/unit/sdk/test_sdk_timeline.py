@@ -82,7 +82,7 @@ def test_set_context_enable_profiling_maps_to_the_timeline(tmp_path):
     ms.set_context(profiling_options="")
 
 
-@pytest.mark.parametrize("option", [{"profile_memory": True}, {"aicore_metrics": 1}, {"l2_cache": True},
+@pytest.mark.parametrize("option", [{"profile_memory": True}, {"aicore_metrics": 0}, {"l2_cache": True},
                                     {"op_time": False}, {"no_such_option": 1}])  # fmt: skip
 def test_profiler_options_it_cannot_honour_say_not_supported_yet(option, tmp_path):
     with pytest.raises(ConfigurationError, match="not supported yet"):
@@ -98,6 +98,28 @@ def test_profiler_start_and_stop_follow_mindspores_rules(tmp_path):
         recorder.start()
     recorder.stop()
     assert (tmp_path / "timeline_rank0.json").exists()
+    recorder.analyse(pretty=True)  # after stop (MindSpore's StopAtStep pattern): the file is written indented
+    assert (tmp_path / "timeline_rank0.json").read_text().startswith('{\n "traceEvents"')
+    with pytest.raises(ConfigurationError, match="would overwrite it"):
+        recorder.start()  # MindSpore refuses repeated start/stop; tessel would lose the first window
+    with pytest.raises(ConfigurationError, match="start_profile must be a bool"):
+        ms.Profiler(output_path=str(tmp_path), start_profile="no")
+    first = ms.Profiler(output_path=str(tmp_path / "first"))
+    with pytest.raises(ConfigurationError, match="a timeline is being recorded already"):
+        ms.Profiler(output_path=str(tmp_path / "second"))
+    first.stop()
+    with pytest.raises(ConfigurationError, match="holds no event"):
+        ms.Profiler(output_path=str(tmp_path), timeline_limit=1e-6)
+
+
+def test_a_profiler_started_before_init_writes_the_launchers_rank(tmp_path, monkeypatch):
+    from tessel.communication import runtime
+
+    monkeypatch.setattr(runtime, "_runtime", None)  # before init()
+    monkeypatch.setenv("RANK_ID", "3")  # MindSpore's Profiler reads RANK_ID; tessel run sets TESSEL_RANK too
+    monkeypatch.setenv("TESSEL_RANK", "3")
+    ms.Profiler(output_path=str(tmp_path)).stop()
+    assert [p.name for p in tmp_path.iterdir()] == ["timeline_rank3.json"]
 
 
 def _event(index, kind, start, end, **fields):
@@ -204,3 +226,19 @@ def test_pipeline_bubble_is_the_idle_share_of_the_window_of_the_actions_with_ove
     plain = _stage_trace(0, (0, 5), [(0, 5, None)])
     (tmp_path / "other" / "timeline_rank0.json").write_text(json.dumps(plain))
     assert pipeline_bubble(tmp_path / "other") is None  # no schedule actions: not a pipeline
+
+
+def test_tessel_timeline_names_a_bad_file_and_says_when_events_were_dropped(tmp_path, capsys):
+    from tessel.profiler import report
+
+    assert report.main([str(tmp_path / "missing")]) == 1
+    assert "is not a directory" in capsys.readouterr().err
+    (tmp_path / "timeline_rank0.json").write_text("{not json")
+    assert report.main([str(tmp_path)]) == 1
+    assert "timeline_rank0.json is not a timeline tessel wrote" in capsys.readouterr().err
+    recorder = Recorder(tmp_path, rank=0, limit=1)
+    recorder.span("a", "compute", 0, 1000, 1)
+    recorder.span("b", "compute", 1000, 2000, 1)  # past the limit: dropped
+    recorder.write()
+    assert report.main([str(tmp_path)]) == 0
+    assert "reached the recorder's event limit" in capsys.readouterr().out

@@ -52,9 +52,21 @@ def execute(daemon: Any, session: str, program: Any, **kwargs: Any) -> Any:
 
 
 def _rank() -> int:
+    """This process's rank: the runtime's once init() ran, before that the launcher's variables (tessel run,
+    msrun, mpirun, a rank table's RANK_ID), as MindSpore's Profiler reads RANK_ID; 0 for a single process."""
     from tessel.communication import runtime
 
-    return runtime._runtime.rank if runtime._runtime is not None else 0
+    if runtime._runtime is not None:
+        return runtime._runtime.rank
+    try:
+        return runtime._env_int(runtime._RANK_VARS) or 0
+    except ConfigurationError:
+        return 0
+
+
+def _written(recorder: Recorder, pretty: bool = False) -> str:
+    recorder.rank = _rank()  # known by now if init() ran after the recording started
+    return str(recorder.write(pretty))
 
 
 def active() -> Recorder | None:
@@ -72,7 +84,7 @@ def start(directory: str | os.PathLike) -> Recorder:
     """Record this rank's timeline into `directory` (written by stop(), and at exit)."""
     global _recorder
     if _recorder is not None and _recorder.enabled:
-        _recorder.write()
+        _written(_recorder)
     _recorder = Recorder(directory, _rank())
     atexit.register(_write_at_exit, _recorder)
     return _recorder
@@ -85,17 +97,17 @@ def stop(pretty: bool = False) -> str | None:
         return None
     recorder, _recorder = _recorder, None
     recorder.enabled = False
-    return str(recorder.write(pretty))
+    return _written(recorder, pretty)
 
 
 def _write_at_exit(recorder: Recorder) -> None:
     if recorder.enabled:
-        recorder.write()
+        _written(recorder)
 
 
 _NOT_SUPPORTED = {  # MindSpore Profiler options that need device counters, with their "off" value
     "profile_memory": False,
-    "aicore_metrics": 0,
+    "aicore_metrics": -1,  # MindSpore: -1 collects no AI Core data, 0 and up pick a metric
     "l2_cache": False,
     "hbm_ddr": False,
     "pcie": False,
@@ -132,6 +144,14 @@ class Profiler:
                 raise ConfigurationError(
                     f"Profiler: unknown option {key!r} (not supported yet); accepted: {sorted(_ACCEPTED)}"
                 )
+        start_profile = kwargs.get("start_profile", True)
+        if not isinstance(start_profile, bool):
+            raise ConfigurationError(f"Profiler: start_profile must be a bool, got {start_profile!r}")
+        if active() is not None:  # MindSpore: "Do not init twice in the profiler"
+            raise ConfigurationError(
+                "Profiler: a timeline is being recorded already (another Profiler, set_context(enable_profiling=True) "
+                "or TESSEL_TIMELINE); stop it first, or use that one"
+            )
         if kwargs.get("op_time", True) is not True:
             raise ConfigurationError("Profiler(op_time=False) is not supported yet: segments are always timed")
         self.output_path = os.path.realpath(str(kwargs.get("output_path", "./data")))
@@ -139,13 +159,20 @@ class Profiler:
         if isinstance(limit, bool) or not isinstance(limit, (int, float)) or limit <= 0:
             raise ConfigurationError(f"Profiler: timeline_limit must be a positive size in MB, got {limit!r}")
         self._events = int(limit * 2**20 / 200)  # about 200 bytes per event in the file
+        if self._events < 1:
+            raise ConfigurationError(f"Profiler: timeline_limit={limit} MB holds no event; give at least 0.001")
         self._recorder: Recorder | None = None
-        if kwargs.get("start_profile", True):
+        if start_profile:
             self.start()
 
     def start(self) -> None:
         if self._recorder is not None and self._recorder.enabled:
             raise ConfigurationError("Profiler.start(): the profiler is already recording")
+        if self._recorder is not None:  # MindSpore refuses repeated start/stop too; the second would overwrite
+            raise ConfigurationError(
+                "Profiler.start(): this profiler recorded and wrote its timeline already; a second start would "
+                "overwrite it. Create another Profiler with its own output_path for another window"
+            )
         self._recorder = start(self.output_path)
         self._recorder.limit = self._events
 
@@ -159,7 +186,7 @@ class Profiler:
             stop(pretty)
         else:
             self._recorder.enabled = False
-            self._recorder.write(pretty)
+            _written(self._recorder, pretty)
 
     def analyse(
         self, offline_path: Any = None, pretty: bool = False, step_list: Any = None, mode: str = "sync"
@@ -178,6 +205,8 @@ class Profiler:
             raise ConfigurationError(f"Profiler.analyse: mode must be 'sync' or 'async', got {mode!r}")
         if self._recorder is not None and self._recorder.enabled:
             self._finish(pretty)
+        elif self._recorder is not None and pretty:  # stopped already (MindSpore's StopAtStep callback): indent it
+            _written(self._recorder, pretty=True)
 
     def op_analyse(self, op_name: Any, device_id: int | None = None) -> str:
         raise ConfigurationError(

@@ -165,6 +165,8 @@ class Recorder:
             meta.append({"name": "thread_sort_index", "ph": "M", "pid": self.rank, "tid": track,
                          "args": {"sort_index": track}})  # fmt: skip
         other = {"rank": self.rank, "steps": self.steps, "dropped_events": self.dropped}
+        for event in self.events:  # the rank may be known only now (a recorder started before init())
+            event["pid"] = self.rank
         return {"traceEvents": meta + self.events, "displayTimeUnit": "ms", "otherData": other}
 
     def write(self, pretty: bool = False) -> Path:

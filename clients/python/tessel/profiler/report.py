@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tessel.core.errors import ConfigurationError
 
 Interval = tuple[float, float]
 CATEGORIES = ("compute", "communication", "data loading", "host transfers", "other")
@@ -41,6 +44,7 @@ class RankSummary:
     step_spans_us: tuple[float, ...] = ()  # each step's span (first instruction to last)
     step_compute_us: tuple[float, ...] = ()  # ... and the time segments computed in it
     peak_growth_bytes: int = 0  # the most the daemon's store grew above its low point within one step
+    dropped_events: int = 0  # events the recorder left out past its limit (the summary then misses them)
 
     @property
     def idle_share(self) -> float | None:
@@ -135,7 +139,7 @@ def summarize_trace(trace: dict) -> RankSummary:
     growth = _store_growth(trace.get("traceEvents", []), steps)
     return RankSummary(
         rank, len(steps), length(whole), breakdown, length(communication), hidden, length(merged["compute"]), spans,
-        computed, growth,
+        computed, growth, int(other.get("dropped_events", 0)),
     )  # fmt: skip
 
 
@@ -186,7 +190,7 @@ class PipelineBubble:
 def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
     """The bubble of the pipeline whose ranks' timelines are in `directory` (see PipelineBubble); None if its
     segments carry no schedule action (not a pipeline)."""
-    traces = [json.loads(f.read_text()) for f in sorted(Path(directory).glob("timeline_rank*.json"))]
+    traces = [_read(f) for f in sorted(Path(directory).glob("timeline_rank*.json"))]
     per_rank, all_named = [], []
     for trace in traces:
         events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
@@ -201,29 +205,53 @@ def pipeline_bubble(directory: str | Path) -> PipelineBubble | None:
         return None
     chosen = range(1, count) if count > 1 else range(count)
     window = work = waiting = span = outside = 0.0
+    used = []
     for k in chosen:
         mine = [(steps[k], intersect(actions, [steps[k]]), waits) for steps, actions, waits in per_rank]
         started = [a[0][0] for _, a, _ in mine if a]
         ended = [a[-1][1] for _, a, _ in mine if a]
+        if not started:  # a step that ran no schedule action (an eval run): no pipeline window
+            continue
+        used.append(k)
         whole = [(min(started), max(ended))]
         window += whole[0][1] - whole[0][0]
         work += sum(length(intersect(a, whole)) for _, a, _ in mine)
         waiting += sum(length(intersect(w, whole)) for _, _, w in mine)
         span += sum(step[1] - step[0] for step, _, _ in mine) / len(mine)
         outside += sum(step[1] - step[0] - length(intersect([step], whole)) for step, _, _ in mine) / len(mine)
-    n = len(chosen)
+    if not used:
+        return None
+    n = len(used)
     timed: dict[str, float] = {}
     for named, (steps, _, _) in zip(all_named, per_rank):
         for e in named:
-            if any(steps[k][0] <= e["ts"] <= steps[k][1] for k in chosen):
+            if any(steps[k][0] <= e["ts"] <= steps[k][1] for k in used):
                 timed[e["args"]["action"]] = timed.get(e["args"]["action"], 0.0) + e["dur"] / n
     return PipelineBubble(len(per_rank), n, window / n, work / n, waiting / n, span / n, outside / n, timed)
 
 
+def _read(path: Path) -> dict:
+    """A timeline file's trace; a file that is not one is a clear error naming it."""
+    try:
+        trace = json.loads(path.read_text())
+        if not isinstance(trace, dict):
+            raise ValueError("not a JSON object")
+        for event in trace.get("traceEvents", []):
+            if event.get("ph") == "X" and not {"ts", "dur"} <= set(event):
+                raise ValueError(f"a complete event without ts/dur: {event}")
+        return trace
+    except (OSError, ValueError, AttributeError) as err:
+        raise ConfigurationError(
+            f"{path} is not a timeline tessel wrote ({err}); remove it or write it again"
+        ) from None
+
+
 def summarize(directory: str | Path) -> list[RankSummary]:
     """A RankSummary per timeline_rank<r>.json in `directory`, by rank."""
+    if not Path(directory).is_dir():
+        raise ConfigurationError(f"{directory} is not a directory of timeline_rank*.json files")
     files = sorted(Path(directory).glob("timeline_rank*.json"))
-    return sorted((summarize_trace(json.loads(f.read_text())) for f in files), key=lambda s: s.rank)
+    return sorted((summarize_trace(_read(f)) for f in files), key=lambda s: s.rank)
 
 
 def table(summaries: Sequence[RankSummary]) -> str:
@@ -238,6 +266,12 @@ def table(summaries: Sequence[RankSummary]) -> str:
         idle = "-" if s.idle_share is None else f"{s.idle_share:.0%}"
         lines.append(f"{s.rank:>4} {s.steps:>6} {s.span_us / per:9.3f} | {cells} | {s.communication_us / per:9.3f} "
                      f"{hidden:>7} | {idle:>5} {s.peak_growth_bytes / 2**20:10.2f}")  # fmt: skip
+    cut = [s.rank for s in summaries if s.dropped_events]
+    if cut:
+        lines.append(
+            f"NOTE: rank(s) {cut} reached the recorder's event limit and left events out (see dropped_events in "
+            "their files): their figures cover only the start of the run. Raise Profiler(timeline_limit=...)."
+        )
     lines.append(
         "ms per step; each instant is counted once, under the first of: compute, communication no segment hides, "
         "data loading, host transfers, other. comm ms: time the communicators moved data; hidden: the share of it "
@@ -253,7 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", help="where TESSEL_TIMELINE (or Profiler(output_path=...)) wrote the files")
     parser.add_argument("--json", action="store_true", help="print the summaries as JSON instead of a table")
     args = parser.parse_args(argv)
-    summaries = summarize(args.directory)
+    try:
+        summaries = summarize(args.directory)
+    except ConfigurationError as err:
+        print(f"tessel timeline: {err}", file=sys.stderr, flush=True)
+        return 1
     if not summaries:
         print(f"tessel timeline: no timeline_rank*.json in {args.directory}", flush=True)
         return 1
