@@ -71,7 +71,13 @@ def infer_same(types: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType,
     return (types[0],)
 
 
-def infer_broadcast(result: DType | None = None, float_only: bool = False) -> Callable:
+# ONNX ops without bool kernels whose bool meaning is numpy's: Add and Max are a logical or, Mul and Min an and
+# (computed in uint8, then back to bool); Sub and Div of bools are refused, as numpy refuses them.
+_BOOL_THROUGH_UINT8 = ("Add", "Mul", "Max", "Min")
+_NO_BOOL = ("Sub", "Div")
+
+
+def infer_broadcast(result: DType | None = None, float_only: bool = False, onnx_op: str = "") -> Callable:
     """Inference for an element-wise op: broadcast shapes, promote dtypes (or return `result`, e.g. bool)."""
 
     def infer(types: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType, ...]:
@@ -79,6 +85,10 @@ def infer_broadcast(result: DType | None = None, float_only: bool = False) -> Ca
         dtype = operand_dtype(types)
         if float_only:
             require(dtype.is_float, f"inputs must be float tensors, got {dtype.value}; Cast to float32 first")
+        require(
+            not (dtype == DType.bool_ and onnx_op in _NO_BOOL),
+            f"{onnx_op} of bool tensors is not defined; cast them to a number type first (x.astype(ms.int32))",
+        )
         return (TensorType(shape, result or dtype),)
 
     return infer
@@ -88,9 +98,13 @@ def lower_as(onnx_op: str, promote_inputs: bool = True, **fixed: Any) -> Callabl
     """Lowering to one ONNX op of the same arity; inputs are cast to the promoted dtype when they differ."""
 
     def lower(ctx, node: Node, inputs: list[str], outputs: list[str]) -> None:
+        dtype = operand_dtype(tuple(v.type for v in node.inputs)) if node.inputs else None
         if promote_inputs and len(node.inputs) > 1:
-            dtype = operand_dtype(tuple(v.type for v in node.inputs))
             inputs = [ctx.cast(name, v.dtype, dtype) for name, v in zip(inputs, node.inputs)]
+        if dtype == DType.bool_ and onnx_op in _BOOL_THROUGH_UINT8:
+            wide = [ctx.cast(name, DType.bool_, DType.uint8) for name in inputs]
+            ctx.add("Cast", [ctx.add1(onnx_op, wide, **fixed)], outputs, to=DType.bool_.onnx)
+            return
         ctx.add(onnx_op, inputs, outputs, **fixed)
 
     return lower
@@ -109,7 +123,7 @@ def elementwise(
     """Register an element-wise op with broadcasting, promotion and a one-to-one ONNX lowering."""
     return register(
         name,
-        infer=infer_broadcast(result, float_only),
+        infer=infer_broadcast(result, float_only, onnx_op),
         sharding=pointwise,
         lower=lower_as(onnx_op),
         grad=grad,

@@ -28,6 +28,11 @@ def reduced_axes(attrs, rank: int) -> tuple[int, ...]:
     return normalize_axes(None if axis == () else axis, rank)
 
 
+def _infer_reduce_numbers(types, attrs):
+    require(types[0].dtype != DType.bool_, "a sum or mean of a bool tensor: cast it to a number type first")
+    return _infer_reduce(types, attrs)
+
+
 def _infer_reduce(types, attrs):
     (x,) = types
     axes = reduced_axes(attrs, x.ndim)
@@ -46,6 +51,11 @@ def _lower_reduce(onnx_op: str):
             return
         if onnx_op == "ReduceSum" and _rows_as_product(node.inputs[0], axes):
             _lower_rows_sum(ctx, node, inputs[0], outputs)
+            return
+        if node.inputs[0].dtype == DType.bool_:  # max is any, min is all: through uint8, ONNX has no bool kernel
+            wide = ctx.cast(inputs[0], DType.bool_, DType.uint8)
+            out = ctx.add1(onnx_op, [wide, ctx.ints(axes)], keepdims=int(node.attrs["keep_dims"]))
+            ctx.add("Cast", [out], outputs, to=DType.bool_.onnx)
             return
         ctx.add(onnx_op, [inputs[0], ctx.ints(axes)], outputs, keepdims=int(node.attrs["keep_dims"]))
 
@@ -150,7 +160,7 @@ for _name, _onnx, _grad, _sharding in [
 ]:
     register(
         _name,
-        infer=_infer_reduce,
+        infer=_infer_reduce if _name in ("ReduceMax", "ReduceMin") else _infer_reduce_numbers,
         sharding=_sharding,
         lower=_lower_reduce(_onnx),
         grad=_grad,

@@ -442,3 +442,25 @@ def test_a_parameter_tuple_names_unnamed_parameters_and_refuses_repeated_names()
     w = np.ones(2, np.float32)
     with pytest.raises(ConfigurationError, match="two parameters of a ParameterTuple are named 'w'"):
         Holder(ms.Parameter(ms.Tensor(w), name="w"), ms.Parameter(ms.Tensor(w), name="w"))
+
+
+def test_bool_tensors_count_and_combine_as_numpy_and_mindspore_do():
+    pred, labels = ms.Tensor(np.array([1, 2, 3, 4])), ms.Tensor(np.array([1, 0, 3, 0]))
+    hits = pred == labels
+    assert hits.sum().asnumpy() == 2 and hits.sum().dtype == ms.int64  # the accuracy idiom: a count
+    a, b = ms.Tensor(np.array([True, False, True])), ms.Tensor(np.array([True, True, False]))
+    assert (a + b).asnumpy().tolist() == [True, True, True] and (a * b).asnumpy().tolist() == [True, False, False]
+    assert bool(a.max().asnumpy()) and not bool(a.min().asnumpy())
+    with pytest.raises(ms.compiler.ShapeInferenceError, match="Sub of bool tensors is not defined"):
+        a - b
+
+
+def test_embedding_takes_mindspores_dtype_and_pads_a_table_drawn_later():
+    from tessel.common.initializer import no_init_parameters
+
+    table = nn.Embedding(5, 3, use_one_hot=True, dtype=ms.float32)  # MindSpore's default dtype
+    ids = ms.Tensor(np.array([[1, 4]], np.int32))
+    np.testing.assert_allclose(table(ids).asnumpy()[0], table.embedding_table.asnumpy()[[1, 4]], rtol=1e-6)
+    with no_init_parameters():
+        padded = nn.Embedding(5, 3, padding_idx=2)
+    assert padded.embedding_table.asnumpy()[2].tolist() == [0.0, 0.0, 0.0]

@@ -237,6 +237,7 @@ def test_load_distributed_checkpoint_checks_its_file_options_and_embedding_its_i
     ):
         with pytest.raises(error, match=message):
             load_distributed_checkpoint(net, ["a.ckpt"], **options)
+    nn.Embedding(4, 2, dtype=ms.float32)  # MindSpore's default: the one-hot path's on/off values
     nn.Embedding(4, 2, dtype=ms.int64)
-    with pytest.raises(ConfigurationError, match="dtype is the ids' dtype and must be an int type"):
-        nn.Embedding(4, 2, dtype=ms.float32)
+    with pytest.raises(ConfigurationError, match="dtype must be a number type"):
+        nn.Embedding(4, 2, dtype=ms.bool_)

@@ -8,6 +8,8 @@ import logging
 import math
 from typing import Any
 
+import numpy as np
+
 from tessel.common.dtype import DType, ms_name, to_dtype
 from tessel.common.initializer import HeUniform, Uniform, init_array
 from tessel.common.parameter import Parameter
@@ -145,7 +147,7 @@ class Embedding(Cell):
         embedding_size: int,
         use_one_hot: bool = False,
         embedding_table: Any = "normal",
-        dtype: Any = DType.int32,
+        dtype: Any = DType.float32,
         padding_idx: int | None = None,
     ):
         super().__init__()
@@ -155,11 +157,14 @@ class Embedding(Cell):
         if padding_idx is not None:
             if not 0 <= padding_idx < vocab_size:
                 raise ConfigurationError(f"Embedding: padding_idx {padding_idx} is outside [0, {vocab_size})")
+            if not isinstance(table, np.ndarray):  # drawn later (no_init_parameters): MindSpore draws it first too
+                table = table.full()
             table[padding_idx] = 0
         self.embedding_table = Parameter(table, name="embedding_table")
-        self.dtype = to_dtype(dtype)  # MindSpore: the dtype of the ids, an int type (construct checks the ids)
-        if not self.dtype.is_int:
-            raise ConfigurationError(f"Embedding: dtype is the ids' dtype and must be an int type, got {dtype!r}")
+        # MindSpore's dtype (default float32) is the dtype of the one-hot path's on/off values; the ids are ints
+        self.dtype = to_dtype(dtype)
+        if not (self.dtype.is_int or self.dtype.is_float):
+            raise ConfigurationError(f"Embedding: dtype must be a number type (default float32), got {dtype!r}")
 
     def construct(self, ids):
         if not ids.dtype.is_int:
@@ -167,7 +172,8 @@ class Embedding(Cell):
                 f"Embedding input 'ids' must be an int tensor, got {ms_name(ids.dtype)}; cast with ids.astype(ms.int32)"
             )
         if self.use_one_hot:
-            hot = F.one_hot(ids, self.vocab_size, 1.0, 0.0)
+            on, off = np.array(1, self.dtype.numpy), np.array(0, self.dtype.numpy)  # MindSpore's on/off values
+            hot = F.one_hot(ids, self.vocab_size, on, off)
             return F.matmul(F.reshape(hot, (-1, self.vocab_size)), self.embedding_table).reshape(
                 (*ids.shape, self.embedding_size)
             )
