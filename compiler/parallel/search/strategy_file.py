@@ -12,13 +12,15 @@ came from. Loading into another net fails on the first op that differs, naming b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 
 from tessel.compiler import registry
-from tessel.compiler.ir import Graph, Node
+from tessel.compiler.ir import ConstArray, Graph, Node
 from tessel.compiler.parallel.partition import ParallelPlan
 from tessel.compiler.parallel.search.planner import SearchResult
 from tessel.compiler.parallel.strategy import DATA_PARALLEL, Strategy
@@ -77,7 +79,13 @@ def strategy_document(
         )
     return {
         "format": FORMAT,
-        "graph": {"name": graph.name, "hash": graph.hash, "inputs": _input_lines(graph), "nodes": len(graph.nodes)},
+        "graph": {
+            "name": graph.name,
+            "hash": graph.hash,
+            "portable_hash": portable_hash(graph),
+            "inputs": _input_lines(graph),
+            "nodes": len(graph.nodes),
+        },
         "device_num": device_num,
         "ops": ops,
     }
@@ -95,7 +103,7 @@ def strategies_of_document(document: dict, graph: Graph, path: Any = "the strate
     if document.get("format") != FORMAT:
         raise ConfigurationError(f"{path} is not a tessel strategy file (format {document.get('format')!r})")
     saved = document["graph"]
-    if saved["hash"] != graph.hash:
+    if saved["hash"] != graph.hash and saved.get("portable_hash") != portable_hash(graph):
         raise ConfigurationError(_mismatch(path, document, graph))
     out: dict[Node, Any] = {}
     for entry, node in zip(document["ops"], graph.nodes):
@@ -142,6 +150,16 @@ def _mismatch(path, document: dict, graph: Graph) -> str:
 
 def _node_lines(graph: Graph) -> list[str]:
     return [line.strip() for line in graph.dump(sources=False).splitlines()[1 : 1 + len(graph.nodes)]]
+
+
+def portable_hash(graph: Graph) -> str:
+    """The graph's hash without the process's parameter serials ("w1#0" is "w1#3" in a process that made three
+    Parameters first): the same net hashes alike in another run or script."""
+    constants = "".join(
+        f"\n{v!r}={v.digest}" for n in graph.nodes for v in n.attrs.values() if isinstance(v, ConstArray)
+    )
+    text = re.sub(r"#\d+\b", "#", graph.dump(sources=False)) + constants
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _input_lines(graph: Graph) -> list[str]:

@@ -74,3 +74,18 @@ def test_a_file_saved_for_another_net_names_the_first_op_that_differs(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"format": "something else"}))
     with pytest.raises(ConfigurationError, match="is not a tessel strategy file"):
         load_strategy_file(tmp_path / "bad.json", graph)
+
+
+def test_a_file_loads_where_the_parameters_serials_differ(tmp_path):
+    # parameter inputs are named "<name>#<serial>", and the serial counts Parameters made in the process: another
+    # run or script numbers the same net's parameters otherwise
+    from tessel.common.compiled import rename_inputs
+
+    graph, params = mlp_graph()
+    numbered = {name: f"{name}#0" for name in params}
+    first = rename_inputs(graph, numbered)
+    path = tmp_path / "mlp.json"
+    save_strategy_file(parallelize(first, {}, 2, list(numbered.values())), path)
+    later = rename_inputs(graph, {name: f"{name}#7" for name in params})
+    assert later.hash != first.hash
+    assert len(load_strategy_file(path, later)) == len(load_strategy_file(path, first))

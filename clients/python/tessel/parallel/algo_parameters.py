@@ -1,11 +1,11 @@
 """MindSpore's `set_algo_parameters` / `get_algo_parameters` / `reset_algo_parameters`: knobs of the
 AUTO_PARALLEL strategy search.
 
-Every key takes MindSpore's default, which is what tessel's search does: it weighs strategies that leave some
-devices as repeated copies (fully_use_devices=False), does not force element-wise ops onto the strategy of the ops
-after them, searches every candidate (no approximation) and does not align MatMul slices. Another value of a key is
-checked as MindSpore checks it and then raises NotSupportedYetError: the search cannot honour it yet, and a
-setting that changed nothing would mislead.
+Every key takes the value tessel's search follows: it weighs strategies that leave some devices as repeated copies
+(fully_use_devices=False, where MindSpore's default is True: the one key whose default differs), does not force
+element-wise ops onto the strategy of the ops after them, searches every candidate (no approximation) and does not
+align MatMul slices (MindSpore's defaults). Another value of a key is checked as MindSpore checks it and then raises
+NotSupportedYetError: the search cannot honour it yet, and a setting that changed nothing would mislead.
 
     >>> ms.set_algo_parameters(fully_use_devices=False)
     >>> ms.get_algo_parameters("algo_approxi_epsilon")

@@ -167,8 +167,19 @@ def _saved_graph(graph: Graph) -> dict[Node, Any] | None:
     _, load = _files()
     if not load:
         return None
-    saved = _document(load)["graphs"].get(graph.name)
+    graphs = _document(load)["graphs"]
+    saved = graphs.get(_graph_key(graph))
+    if saved is None:  # files of earlier versions: one entry per graph name
+        saved = graphs.get(graph.name)
     return None if saved is None else strategies_of_document(saved, graph, load)
+
+
+def _graph_key(graph: Graph) -> str:
+    """A graph's entry in a strategy file: its name and portable hash, so the same net compiled for two input
+    shapes keeps two entries (one name would keep the last only)."""
+    from tessel.compiler.parallel.search.strategy_file import portable_hash
+
+    return f"{graph.name}@{portable_hash(graph)[:16]}"
 
 
 def loaded_layouts() -> dict[str, Any]:
@@ -209,7 +220,7 @@ def record(plan: Any, params: list[Any], rank: int) -> None:
     for p in params:
         if p.layout is not None and (p.requires_grad or not trainable_only):
             document["parameters"][p.name] = layout_record(p.layout, p.shape)
-    document["graphs"][plan.graph.name] = strategy_document(plan)
+    document["graphs"][_graph_key(plan.graph)] = strategy_document(plan)
     folder = os.path.dirname(os.path.abspath(save))
     os.makedirs(folder, exist_ok=True)
     atomic_write(save, json.dumps(document, indent=1).encode())
