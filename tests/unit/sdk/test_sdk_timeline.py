@@ -242,3 +242,16 @@ def test_tessel_timeline_names_a_bad_file_and_says_when_events_were_dropped(tmp_
     recorder.write()
     assert report.main([str(tmp_path)]) == 0
     assert "reached the recorder's event limit" in capsys.readouterr().out
+
+
+def test_an_op_run_eagerly_is_no_step(tmp_path):
+    class Eager:  # a PYNATIVE op on a daemon of its own: one Execute of one eager segment
+        def execute(self, session, program, **kwargs):
+            return Result({}, {}, [], [_event(0, "run_segment", 1, 2, name="eager/0123456789abcdef")])
+
+    recorder = Recorder(tmp_path, rank=0)
+    recorder.execute(Eager(), "session", daemon_pb2.Program())
+    recorder.execute(_FakeDaemon(), "session", daemon_pb2.Program())
+    assert recorder.steps == 1 and [e["name"] for e in recorder.trace()["traceEvents"] if e.get("cat") == "step"] == [
+        "step 0"
+    ]

@@ -119,8 +119,12 @@ class Recorder:
             by_step.setdefault(e.repetition, []).append(e)
         for repetition in sorted(by_step):
             step = by_step[repetition]
-            self.span(f"step {self.steps}", "step", min(e.start_ns for e in step), max(e.end_ns for e in step), STEPS)
-            self.steps += 1
+            segments = [e.name for e in step if e.kind == "run_segment"]
+            if not (segments and all(name.startswith("eager/") for name in segments)):  # one op run eagerly: no step
+                self.span(
+                    f"step {self.steps}", "step", min(e.start_ns for e in step), max(e.end_ns for e in step), STEPS
+                )
+                self.steps += 1
             for e in step:
                 self._daemon_event(e, issued)
 
