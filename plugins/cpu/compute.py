@@ -8,6 +8,7 @@ next consumer reads them, and feeds of exactly the model's dtypes (ONNX Runtime 
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError, MissingRuntimeError
+from tessel.core.errors import ConfigurationError, MissingRuntimeError, NotSupportedYetError
 from tessel.core.plugin import ComputePlugin, Executable
 
 _ORT_TYPES = {
@@ -280,6 +281,12 @@ class CpuCompute(ComputePlugin):
                 onnx_bytes, options, providers=["CPUExecutionProvider"], disabled_optimizers=disabled
             )
         except Exception as err:  # ONNX Runtime raises its own exception types
+            missing = re.search(r"NOT_IMPLEMENTED : Could not find an implementation for (\w+)", str(err))
+            if missing:  # a kernel ONNX Runtime's CPU provider lacks (float64 Conv or Erf): name it, with the fix
+                raise NotSupportedYetError(
+                    f"not supported yet: {missing.group(1)} for these input dtypes on the CPU plugin (ONNX Runtime "
+                    f"has no CPU kernel for it); compute it in float32 (x.astype(ms.float32)). ({err})"
+                ) from err
             raise ConfigurationError(f"ONNX Runtime rejected the model: {err}") from err
 
     def run(self, executable: Executable, inputs: Mapping[str, np.ndarray]) -> list[np.ndarray]:

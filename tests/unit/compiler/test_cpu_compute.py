@@ -81,6 +81,19 @@ def test_a_model_runtime_rejects_is_a_clear_error(compute):
         compute.compile(b"not a model")
 
 
+def test_a_kernel_onnx_runtime_lacks_is_not_supported_yet_naming_the_op(compute):
+    from onnx import TensorProto, helper
+
+    from tessel.core.errors import NotSupportedYetError
+
+    x = helper.make_tensor_value_info("x", TensorProto.DOUBLE, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.DOUBLE, [2])
+    graph = helper.make_graph([helper.make_node("Erf", ["x"], ["y"])], "erf64", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(NotSupportedYetError, match="not supported yet: Erf for these input dtypes on the CPU plugin"):
+        compute.compile(model.SerializeToString())
+
+
 def test_binding_writes_outputs_into_caller_buffers(compute):
     exe = compute.compile(AFFINE)
     binding = compute.bind(exe)
