@@ -212,7 +212,7 @@ def _no_plan_fits(problem: Problem, budget: float, minimum: float | None = None)
         f"no plan of graph {problem.graph.name!r} on {problem.device_num} devices fits the memory budget of "
         f"{_mib(budget)} per device: the smallest memory any plan needs is {_mib(minimum)} per device ({minimum:.0f} "
         "bytes: parameters with their gradients and optimizer state, activations kept for the backward, data). "
-        "Fix: use more devices, a smaller batch, or a larger memory budget",
+        "Fix: use more devices, a smaller batch, or a larger memory budget (ms.runtime.set_memory(max_size=...))",
         minimum,
         budget,
     )

@@ -230,3 +230,15 @@ def test_model_train_wraps_it_in_a_train_step_and_reports_the_summed_loss():
     close(net.mlp.w2.asnumpy(), want_w2, what="w2")
     close(seen[0], numpy_copies(k, 1)[0], what="first loss (the sum of two copies' losses)")
     assert type(model.train_network).__name__ == "TrainOneStepCell"
+
+
+def test_a_plan_made_in_this_process_is_bounded_by_this_hosts_memory_unless_set(monkeypatch):
+    # the generic CPU cost model's 8 GiB describes no real device; without ms.runtime.set_memory the budget of a
+    # plan made here (explain, a world of 1, a simulated rank) is the host's memory
+    from tessel.compiler.parallel.search.planner import MemoryBudgetError
+    from tessel.parallel import planning
+
+    monkeypatch.setattr(planning, "_host_memory", lambda: 1024)  # a host of 1 KiB: no plan fits
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.AUTO_PARALLEL, full_batch=True)
+    with pytest.raises(MemoryBudgetError, match=r"memory budget of 0\.00 MiB .*ms\.runtime\.set_memory"):
+        explain(LossNet(1, 2), X, Y, device_num=2, show=False)

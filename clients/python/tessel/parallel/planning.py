@@ -46,6 +46,11 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
     from tessel.coordinator.plan_client import plan_remotely_or_locally
 
     client, job_id = _coordinator(device_num)
+    budget = _memory_budget()
+    if budget is None and client is None:
+        # planned here, priced with a generic CPU model: its memory size (8 GiB) describes no real device, so
+        # without ms.runtime.set_memory(max_size=...) the budget is this host's memory
+        budget = _host_memory()
     plan = plan_remotely_or_locally(
         forward_part(graph),
         mode=context.get_auto_parallel_context("search_mode"),
@@ -53,7 +58,7 @@ def strategies(graph: Graph, sdk_trace: Any, parameters: list[str], device_num: 
         fixed=user,
         parameters=parameters,
         dataset=_dataset_arg(dataset),
-        memory_budget=_memory_budget(),
+        memory_budget=budget,
         client=client,
         job_id=job_id,
         alltoall=context.get_auto_parallel_context("enable_alltoall"),
@@ -124,6 +129,13 @@ def forward_part(graph: Graph) -> Graph:
     produced = {o for n in kept for o in n.outputs} | set(graph.inputs)
     outputs = [v for v in (*losses, *graph.outputs) if v in produced and v not in after]
     return Graph(graph.inputs, tuple(kept), tuple(dict.fromkeys(outputs)), graph.name)
+
+
+def _host_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _memory_budget() -> int | None:
