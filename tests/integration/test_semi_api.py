@@ -18,7 +18,7 @@ SCRIPT = ROOT / "tests" / "integration" / "scripts" / "semi_api.py"
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("variant", ["layout", "cellshard", "fnshard", "autoparallel", "exchange"])
+@pytest.mark.parametrize("variant", ["layout", "cellshard", "cellshard_step", "fnshard", "autoparallel", "exchange"])
 def test_sharding_apis_train_like_standalone(tmp_path, variant):
     reference = tmp_path / "reference.json"
     alone = subprocess.run(

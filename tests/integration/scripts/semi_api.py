@@ -55,13 +55,13 @@ class Block(nn.Cell):
 
 def network(variant: str, world: int) -> nn.Cell:
     if world == 1:
-        return Block() if variant == "cellshard" else Mlp()
+        return Block() if variant.startswith("cellshard") else Mlp()
     if variant == "layout":  # Megatron, written with named axes
         layout = Layout((world // 2, 2), ("dp", "mp"))
         matmul1 = ops.MatMul().shard((layout("dp", "None"), layout("None", "mp")))
         matmul2 = ops.MatMul().shard((layout("dp", "mp"), layout("mp", "None")))
         return Mlp(matmul1, matmul2)
-    if variant == "cellshard":
+    if variant.startswith("cellshard"):
         block = Block()
         plan = {"self.inner.w1": (1, 2), "self.inner.w2": (2, 1)}
         block.shard(in_strategy=((world, 1),), parameter_plan=plan)
@@ -89,7 +89,12 @@ def train(variant: str, world: int, rank: int) -> list[float]:
         optimizer(grads)
         return loss
 
-    step = AutoParallel(train_step, parallel_mode="semi_auto") if variant == "autoparallel" else ms.jit(train_step)
+    if variant == "autoparallel":
+        step = AutoParallel(train_step, parallel_mode="semi_auto")
+    elif variant == "cellshard_step":  # the parameter_plan through TrainOneStepCell (Model.train's step)
+        step = nn.TrainOneStepCell(nn.WithLossCell(net, loss_fn), optimizer)
+    else:
+        step = ms.jit(train_step)
     rng = np.random.default_rng(11)
     share = BATCH // world
     losses = []
