@@ -104,8 +104,11 @@ def inplace_safe(model: onnx.ModelProto, state: Iterable[str]) -> list[str]:
     return safe
 
 
-# ONNX ops whose result ONNX Runtime may make a view of their input's buffer instead of a copy.
-VIEWS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+# ONNX ops whose result ONNX Runtime may make a view of their input's buffer instead of a copy. Cast counts too:
+# where a kernel lacks the cast-to type (float16 MatMul on CPU) ONNX Runtime casts back and removes the pair, and
+# the reader then reads the state's own buffer (measured: a to_float(float16) layer's weight, updated in place,
+# was read updated by the backward pass of the layers before it).
+VIEWS = frozenset({"Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Cast"})
 
 
 def _aliases(name: str, readers: dict[str, list[onnx.NodeProto]]) -> set[str]:
