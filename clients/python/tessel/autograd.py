@@ -127,7 +127,8 @@ class _GradFunction:
         # an integer or bool input (labels, indices) has a zero gradient of its own dtype, as in MindSpore
         differentiable = [x for x in inputs if x.dtype.is_float]
         wrt = differentiable + [trace.param(w) for w in self.weights or ()]
-        out = self.fn(*args)
+        with trace.gradient_forward():
+            out = self.fn(*args)
         if self.has_aux:
             if not isinstance(out, (tuple, list)) or not out:
                 raise ConfigurationError("has_aux=True: the function must return (loss, aux, ...)")

@@ -192,3 +192,38 @@ def test_a_float16_layer_after_the_first_is_not_read_updated_by_the_backward_pas
     grad_w1 = (dout @ w2).T @ X
     step_w1 = (w1 - first.weight.asnumpy()) / 0.5
     np.testing.assert_allclose(step_w1, grad_w1, rtol=0.02, atol=2e-3)
+
+
+def test_batchnorm_statistics_move_once_per_step_when_the_step_runs_the_forward_twice():
+    # MindSpore's TrainOneStepCell pattern: loss = network(x); grads = grad(network)(x, sens). The gradient's
+    # forward repeated BatchNorm's moving-statistics update in the same graph (momentum applied twice)
+    def moving_mean(return_grad: bool) -> np.ndarray:
+        ms.set_seed(2)
+        net = nn.SequentialCell(nn.Dense(4, 3), nn.BatchNorm1d(3), nn.Dense(3, 2))
+        net.set_train()
+        step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params(), 0.1),
+                                   return_grad=return_grad)  # fmt: skip
+        step(ms.Tensor(X), ms.Tensor(Y))
+        return net[1].moving_mean.asnumpy()
+
+    ms.set_seed(2)
+    reference = nn.SequentialCell(nn.Dense(4, 3), nn.BatchNorm1d(3), nn.Dense(3, 2))
+    hidden = X.astype(np.float64) @ reference[0].weight.asnumpy().T + reference[0].bias.asnumpy()
+    once = 0.1 * hidden.mean(0)  # MindSpore's momentum 0.9: moving = 0.9 * 0 + 0.1 * batch mean
+    np.testing.assert_allclose(moving_mean(False), once, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(moving_mean(True), once, rtol=1e-5, atol=1e-7)
+
+
+def test_to_float_computes_the_cells_tensors_in_its_dtype_too():
+    class Scaled(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.scale = ms.Tensor(np.full(4, 3.0, np.float32))
+
+        def construct(self, x):
+            return x * self.scale + ms.Tensor(np.float32(1.0))
+
+    for mode in (ms.GRAPH_MODE, ms.PYNATIVE_MODE):
+        ms.set_context(mode=mode)
+        out = Scaled().to_float(ms.float16)(ms.Tensor(np.ones((2, 4), np.float32)))
+        assert out.dtype == ms.float16 and out.asnumpy().tolist() == [[4.0] * 4] * 2, mode

@@ -55,6 +55,9 @@ class SdkTrace:
         self.params: dict[int, tuple[Any, SymbolicTensor]] = {}
         # ops.assign in the trace: the value each Parameter was last given, what later reads of it see
         self.assigned: dict[int, SymbolicTensor] = {}
+        # while a gradient function re-runs a forward already traced in this graph (TrainOneStepCell's
+        # loss = network(...); grads = grad(network)(...)): the parameters assigned before it began
+        self._assigned_before_gradient: set[int] | None = None
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
@@ -100,6 +103,10 @@ class SdkTrace:
         from tessel.compiler import registry
         from tessel.compiler.ir import Node
 
+        if self._assigned_before_gradient is not None and id(parameter) in self._assigned_before_gradient:
+            # the gradient's forward repeats a forward whose state writes (BatchNorm's moving statistics) this
+            # step made already: one update per step, as MindSpore's TrainOneStepCell gives
+            return value
         previous = self.assigned.get(id(parameter))
         if previous is not None:
             nodes = self.builder.nodes
@@ -110,6 +117,16 @@ class SdkTrace:
         out = apply_op("Assign", self.param(parameter), value)
         self.assigned[id(parameter)] = out._sym
         return out
+
+    @contextlib.contextmanager
+    def gradient_forward(self) -> Iterator[None]:
+        """A gradient function's forward pass is traced inside: see `assign`."""
+        saved = self._assigned_before_gradient
+        self._assigned_before_gradient = set(self.assigned) if saved is None else saved
+        try:
+            yield
+        finally:
+            self._assigned_before_gradient = saved
 
     def note_cell(self, cell: Any) -> None:
         self.cells.setdefault(id(cell), cell)
@@ -237,7 +254,11 @@ class SdkTrace:
                         "a tensor traced in another function was used here; pass it in as an argument instead"
                     )
                 return x._sym
-            return x.asnumpy()
+            constant = x.asnumpy()
+            dtype = compute_dtype()  # Cell.to_float casts a cell's Tensors too (MindSpore: its Tensor inputs)
+            if dtype is not None and constant.dtype.kind == "f" and constant.dtype != dtype.numpy:
+                constant = constant.astype(dtype.numpy)
+            return constant
         if isinstance(x, (list, tuple)):
             if any(isinstance(i, Tensor) for i in x):
                 raise TraceError("a list of tensors cannot be one op input; stack or concat them first")
@@ -337,7 +358,7 @@ def _host(x: Any) -> Any:
 
     if isinstance(x, Tensor):
         array = x.asnumpy()
-        dtype = compute_dtype() if x.__class__.__name__ == "Parameter" else None
+        dtype = compute_dtype()  # inside Cell.to_float: its Parameters and Tensors computed in that dtype
         return array.astype(dtype.numpy) if dtype is not None and array.dtype.kind == "f" else array
     if isinstance(x, np.generic):
         return np.asarray(x)

@@ -422,8 +422,9 @@ class MicroBatchInterleaved(Cell):
     copies' outputs (as MindSpore measures: twice the loss with two copies). The network must return one Tensor.
 
     Copy i takes rows i, i + k, i + 2k, ... (k = interleave_num), a StridedSlice on dim 0 in the traced graph. For
-    the usual outputs (a mean loss) the sum equals that of a contiguous split; the interleaved one lets any
-    data-parallel cut of the batch cut every copy in place: each rank's rows of a copy are its own rows' i-th of
+    the usual outputs (a mean loss) the sum equals that of MindSpore's contiguous split; ops that couple the rows
+    of a copy (BatchNorm's batch statistics) see other rows than in MindSpore. What the interleaved split buys: any
+    data-parallel cut of the batch cuts every copy in place: each rank's rows of a copy are its own rows' i-th of
     each k, so SEMI_AUTO/AUTO_PARALLEL partition each copy with no communication, DATA_PARALLEL splits each rank's
     batch the same way, and N ranks compute exactly what one device computes with the same k. The copies share no
     op until the final sum, forward and backward, so the rank program's schedule overlaps one copy's
@@ -438,7 +439,9 @@ class MicroBatchInterleaved(Cell):
         name = f"MicroBatchInterleaved({getattr(network, 'cls_name', type(network).__name__)})"
         if not isinstance(network, Cell):
             raise ConfigurationError(f"{name}: network must be a Cell, got {type(network).__name__}")
-        if isinstance(interleave_num, bool) or not isinstance(interleave_num, int) or interleave_num < 1:
+        if isinstance(interleave_num, bool) or not isinstance(interleave_num, int):
+            raise TypeError(f"{name}: interleave_num must be an int, got {type(interleave_num).__name__}")
+        if interleave_num < 1:
             raise ConfigurationError(
                 f"{name}: interleave_num must be an int >= 1 (the number of copies the batch is split into), got "
                 f"{interleave_num!r}; use e.g. interleave_num=2"
