@@ -244,7 +244,14 @@ def bucket_allreduce(graph: Graph, bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> 
             late.append(node)
         else:
             early.append(node)
-    return _Fuser(graph, start_after).run(early + late)
+    try:
+        return _Fuser(graph, start_after).run(early + late)
+    except _Cycle:  # fusing would make two buckets wait on each other: the reductions run one by one, as written
+        return graph
+
+
+class _Cycle(Exception):
+    pass
 
 
 class _Fuser:
@@ -253,15 +260,36 @@ class _Fuser:
         self.rewriter = Rewriter(graph)
 
     def run(self, order: list[Node]) -> Graph:
+        """The nodes in `order`, each bucket started after its last input; a node that reads a reduced value of a
+        bucket not started yet waits until it is (a late node can come before the last input of the bucket it
+        reads, where one bucket's inputs are computed from another's results)."""
+        self.available = set(self.graph.inputs)
         for bucket in self.start_after.get(None, []):
             self._start(bucket)
+        pending: list[Node] = []
         for node in order:
-            self.rewriter.keep(node)
-            for bucket in self.start_after.get(node, []):
-                self._start(bucket)
+            pending.append(node)
+            progress = True
+            while progress:
+                progress = False
+                for i, waiting in enumerate(pending):
+                    if all(v in self.available for v in waiting.inputs):
+                        del pending[i]
+                        self._keep(waiting)
+                        progress = True
+                        break
+        if pending:  # buckets that wait on each other's results (a cycle across reduce ops or dtypes)
+            raise _Cycle()
         return self.rewriter.build()
 
+    def _keep(self, node: Node) -> None:
+        self.rewriter.keep(node)
+        self.available.update(node.outputs)
+        for bucket in self.start_after.get(node, []):
+            self._start(bucket)
+
     def _start(self, bucket: Bucket) -> None:
+        self.available.update(n.outputs[0] for n in bucket.reductions)
         first = bucket.reductions[0]
         if len(bucket.reductions) == 1:
             self.rewriter.keep(first)

@@ -553,7 +553,9 @@ def _mirror_grad(c):
     reduce = "mean" if c.attrs["mean"] else "sum"
     g = c.g
     if c.attrs["fp32_sync"] and g.dtype == DType.float16:  # MindSpore's gradient_fp32_sync
-        summed = op("AllReduce", g.astype(DType.float32), reduce_op=reduce, group=c.attrs["group"])
+        summed = op(
+            "AllReduce", g.astype(DType.float32), reduce_op=reduce, group=c.attrs["group"], fusion=c.attrs["fusion"]
+        )  # fused with the other float32 reductions of its index, as the parameter's comm_fusion says
         return (summed.astype(DType.float16),)
     return (op("AllReduce", g, reduce_op=reduce, group=c.attrs["group"], fusion=c.attrs["fusion"]),)
 

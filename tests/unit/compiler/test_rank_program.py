@@ -447,6 +447,39 @@ def test_bucket_size_must_be_positive():
         plan_buckets(graph, 0)
 
 
+def _fused(body, *specs) -> float:
+    graph = bucket_allreduce(trace(body, *specs).graph)
+    program = lower_rank_program(graph, world_size=2)
+    feeds = [{"a": np.ones(3), "b": np.full(3, 2.0)}, {"a": np.full(3, 3.0), "b": np.full(3, 4.0)}]
+    return float(simulate([program] * 2, feeds, compute())[0][program.outputs[0]])
+
+
+def test_buckets_whose_inputs_come_from_other_buckets_keep_every_value_produced():
+    # r3's input is computed from r1's result and read before r4's input exists: bucket {r3, r4} used to start
+    # after z read r3, which then read an AllReduce output nothing produced
+    def chained(a, b):
+        r1 = apply("AllReduce", a, group=(0, 1), fusion=1)
+        r2 = apply("AllReduce", b, group=(0, 1), fusion=1)
+        y = r1 * 2.0
+        r3 = apply("AllReduce", y * 3.0, group=(0, 1), fusion=1)
+        z = r3 + 1.0
+        r4 = apply("AllReduce", apply("Tanh", y) * 5.0, group=(0, 1), fusion=1)
+        return (z * r2).sum() + r4.sum()
+
+    def crossed(a, b):  # two buckets (sum, max) that each read the other's results: they cannot fuse
+        r1 = apply("AllReduce", a, reduce_op="sum", group=(0, 1), fusion=1)
+        r4 = apply("AllReduce", b, reduce_op="max", group=(0, 1), fusion=1)
+        r2 = apply("AllReduce", r1 * 2.0, reduce_op="max", group=(0, 1), fusion=1)
+        r3 = apply("AllReduce", r4 * 3.0, reduce_op="sum", group=(0, 1), fusion=1)
+        return r2.sum() + r3.sum()
+
+    specs = (TensorSpec((3,), "float64"), TensorSpec((3,), "float64"))
+    r1, r2 = 4.0, 6.0  # the sums of a and b over the two ranks
+    want = 3 * ((2 * (2 * r1) * 3.0 + 1.0) * r2) + 3 * 2 * np.tanh(2 * r1) * 5.0
+    assert _fused(chained, *specs) == pytest.approx(want)
+    assert _fused(crossed, *specs) == pytest.approx(3 * (2 * r1) + 3 * (2 * 4.0 * 3.0))  # max(b) = 4
+
+
 def test_donated_inputs_are_freed_after_the_run():
     graph = trace(lambda x: apply("AllReduce", x * 2.0, group=(0, 1)) + 1.0, TensorSpec((3,), "float64")).graph
     program = lower_rank_program(graph, donate=["x"], world_size=2)

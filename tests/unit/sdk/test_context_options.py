@@ -276,3 +276,14 @@ def test_strategy_file_names_are_one_setting_as_in_mindspore():
         ms.set_auto_parallel_context(strategy_ckpt_config={"load_file": 5})
     with pytest.raises(ConfigurationError, match="only_trainable_params must be a bool"):
         ms.set_auto_parallel_context(strategy_ckpt_config={"only_trainable_params": "no"})
+
+
+def test_uneven_batch_split_turns_spmd_scheduling_off():
+    # a graph traced with a rank's own batch size has other static shapes on other ranks: the schedule's cost
+    # estimates could then start an SPMD block's collectives in another order on another rank
+    from tessel.common import engine
+
+    ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL)
+    assert engine._spmd()
+    ms.set_auto_parallel_context(batch_split="speed")
+    assert not engine._spmd()

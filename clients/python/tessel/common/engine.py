@@ -227,6 +227,11 @@ def _spmd() -> bool:
         context.ParallelMode.SEMI_AUTO_PARALLEL,
         context.ParallelMode.AUTO_PARALLEL,
     )
+    if context.get_auto_parallel_context("batch_split") != "even":
+        # uneven shares: a graph traced with a rank's own batch size (not a symbolic one) has other static shapes
+        # on other ranks, and the schedule's cost estimates (which start collectives in an SPMD block in the order
+        # their inputs exist) could then order the collectives differently on different ranks
+        return False
     return context.get_auto_parallel_context("parallel_mode") in modes
 
 
