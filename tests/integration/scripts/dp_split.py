@@ -5,7 +5,8 @@ SPLIT: weights such as `1,2` or `1,1,3` (batch_split=(1, 2)), or `speed` (the co
 measurements, then by the job's step times). MODE: model (feed mode) or sink (dataset_sink_mode=True), with
 optional flags after commas: `shuffle` (a shuffled dataset: each epoch must read that epoch's order, as one device
 does), `loop` (Model.train(1, ...) once per epoch instead of one call), `custom` (a TrainOneStepCell subclass:
-refused on every rank), `own` (a training loop of the script's own: refused on every rank).
+refused on every rank), `own` (a training loop of the script's own: refused on every rank), `layerwise` (a
+layerwise_parallel parameter: refused on every rank).
 Prints `split ok on rank r of n: relative error E, shares S` (S: this rank's rows per step, epoch by epoch).
 """
 
@@ -112,6 +113,14 @@ if "custom" in FLAGS or "own" in FLAGS:
         sys.exit(0)
     raise SystemExit("batch_split with a step of its own ran")
 model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
+if "layerwise" in FLAGS:  # a parameter no rank's gradient reduction averages: its update would keep the share weight
+    net.w1.layerwise_parallel = True
+    try:
+        model.train(1, source.batch(PER_RANK), dataset_sink_mode=False)
+    except NotSupportedYetError as error:
+        print(f"split refused on rank {rank}: {error}", flush=True)
+        sys.exit(0)
+    raise SystemExit("batch_split with a layerwise_parallel parameter ran")
 shares = []
 
 

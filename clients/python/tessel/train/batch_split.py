@@ -35,6 +35,9 @@ log = logging.getLogger("tessel")
 _asked: dict[str, int] = {}  # job id -> how many times this rank asked for a split: the coordinator's rounds
 # dataset -> (shares, this rank's pipeline for them, the dataset's next epoch once that pipeline ran its last)
 _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# job id -> (busy seconds, samples) of the last epoch of the last Model.train call, reported with the next call's
+# first ask (model.train(1, ds) in a loop would otherwise report nothing, and the split would never adapt)
+_unreported: dict[str, tuple[float, int]] = {}
 
 
 class BatchSplitter:
@@ -63,6 +66,7 @@ class BatchSplitter:
         self.global_batch = per_rank_batch(dataset) * self.world
         self.pipeline: Any = None
         self.samples, self.last = 0, self._load()
+        self.unreported = _unreported.pop(runtime.job_id, None)
         self.split = None
         kept = _kept.get(dataset)
         if kept is not None and kept[2] == dataset._next_epoch:  # the last call's pipeline, at this very epoch
@@ -78,6 +82,9 @@ class BatchSplitter:
         busy = max(0.0, ran - blocked)
         self.last = (run_s, blocked_s)
         samples, self.samples = self.samples, 0
+        if not samples and self.unreported is not None:  # the last call's last epoch
+            busy, samples = self.unreported
+        self.unreported = None
         log.debug("batch split: rank %d ran %.3f s (%.3f s blocked), %d samples", self.rank, ran, blocked, samples)
         runtime = self.engine.runtime
         asked = _asked.get(runtime.job_id, 0)  # the coordinator's round: every rank asks in the same order
@@ -109,6 +116,14 @@ class BatchSplitter:
         rank_step.set_gradient_weight(self.world * shares[self.rank] / self.global_batch)
         return self.pipeline
 
+    def finish(self) -> None:
+        """The run ends: its last epoch's busy time and samples wait for the next run's first ask (not the time
+        between the runs, an evaluation perhaps, which is no training)."""
+        if self.samples:
+            run_s, blocked_s = self._load()
+            busy = max(0.0, (run_s - self.last[0]) - (blocked_s - self.last[1]))
+            _unreported[self.engine.runtime.job_id] = (busy, self.samples)
+
     def counted(self, steps: Iterator[Callable]) -> Iterator[Callable]:
         """`steps`, counting the samples this rank processes in them (reported with the next ask)."""
         share = self.split[self.rank]
@@ -135,6 +150,13 @@ def splitter(dataset: Any, sink_size: int, network: Any, fused: bool) -> BatchSp
     if sink_size != -1:
         raise NotSupportedYetError(
             "not supported yet: batch_split with sink_size (the split follows whole epochs); leave sink_size=-1"
+        )
+    local = [p.name for p in network.get_parameters() if getattr(p, "layerwise_parallel", False)]
+    if local:  # reduced by no one, a local parameter's gradient would keep this rank's share weight
+        raise NotSupportedYetError(
+            f"not supported yet: batch_split={setting!r} with layerwise_parallel parameters {local[:3]}: their "
+            "gradients are not averaged over the ranks, so the share weight would scale their updates; use "
+            "batch_split='even'"
         )
     if not fused:  # a custom construct (or return_grad=True) reduces its gradients itself: an unweighted mean
         raise NotSupportedYetError(

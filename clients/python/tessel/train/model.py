@@ -174,6 +174,7 @@ class Model:
                 _run_epochs(epochs, numbers, cb, run_callbacks)
         finally:
             if split is not None:
+                split.finish()
                 rank_step.set_gradient_weight(None)
                 train_dataset.resume_at_epoch(numbers[-1])
 
