@@ -278,3 +278,18 @@ def test_a_splits_first_epoch_warms_up_and_its_step_times_fit_nothing():
     assert predicted_step(fitted.shares, true) == pytest.approx(_best(true, 128))
     # a new global batch (the last, shorter one) is decided at once, not held
     assert "warmed up" not in _ask(balancer, 2, 5, batch=64, reports=warming(fitted.shares)).source
+
+
+def test_shares_move_to_multiples_of_the_rows_a_step_splits_a_share_into():
+    # MicroBatchInterleaved(k) / GradAccumulation(k) split each rank's share into k parts: 21:43 with k = 2 used to
+    # fail at whatever epoch the split changed to it
+    from tessel.train.batch_split import in_units
+
+    for shares, unit, want in [
+        ((21, 43), 2, (22, 42)),
+        ((8, 4), 4, (8, 4)),
+        ((1, 11), 2, (2, 10)),
+        ((5, 6, 1), 2, (4, 6, 2)),
+    ]:
+        got = in_units(shares, unit)
+        assert got == want and sum(got) == sum(shares) and all(s % unit == 0 and s > 0 for s in got)

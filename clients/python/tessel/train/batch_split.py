@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,10 +41,41 @@ _kept: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _unreported: dict[str, tuple[float, int]] = {}
 
 
+def _unit(network: Any) -> int:
+    """The rows a rank's share must be a multiple of: the copies and micro-batches its step splits its batch into
+    (MicroBatchInterleaved, GradAccumulation / grad_accumulation_step, PipelineCell)."""
+    from tessel.nn.wrap import accumulated
+
+    unit = accumulated(network)[1]
+    for _, cell in network.cells_and_names():
+        for attribute in ("interleave_num", "micro_size"):
+            k = cell.__dict__.get(attribute)
+            if isinstance(k, int) and k > 1:
+                unit = math.lcm(unit, k)
+    return unit
+
+
+def in_units(shares: tuple[int, ...], unit: int) -> tuple[int, ...]:
+    """`shares` moved to multiples of `unit` rows with the same sum (largest remainders first, then the lowest
+    rank; the same on every rank), each at least `unit`."""
+    if unit == 1 or all(s % unit == 0 for s in shares):
+        return shares
+    total = sum(shares)
+    units = [max(1, s // unit) for s in shares]
+    extra = total // unit - sum(units)
+    order = sorted(range(len(shares)), key=lambda r: (-(shares[r] / unit - units[r]), r))
+    for r in order[: max(extra, 0)]:
+        units[r] += 1
+    while sum(units) > total // unit:  # the minimum of one unit each took more than there was
+        r = max(range(len(units)), key=lambda i: (units[i], -i))
+        units[r] -= 1
+    return tuple(u * unit for u in units)
+
+
 class BatchSplitter:
     """One training run's uneven split: per epoch, this rank's pipeline and gradient weight."""
 
-    def __init__(self, dataset: Any, setting: Any):
+    def __init__(self, dataset: Any, setting: Any, unit: int = 1):
         from tessel.common.engine import engine
 
         self.engine = engine()
@@ -62,7 +94,7 @@ class BatchSplitter:
             )
         if len(set(self.weights)) != 1:  # the split may be uneven: refuse now, not at the epoch it first is
             check_splittable(dataset, self.world, self.rank)
-        self.dataset = dataset
+        self.dataset, self.unit = dataset, unit
         self.global_batch = per_rank_batch(dataset) * self.world
         self.pipeline: Any = None
         self.samples, self.last = 0, self._load()
@@ -92,7 +124,7 @@ class BatchSplitter:
         split = runtime.coordinator.balance_batch(
             runtime.job_id, self.rank, asked, self.global_batch, self.weights, busy if samples else 0.0, samples
         )
-        shares = tuple(split.shares)
+        shares = in_units(tuple(split.shares), self.unit)  # each rank's step splits its share into unit parts
         if self.rank == 0:
             speeds = ":".join(f"{s:.3g}" for s in split.speeds)
             log.info(
@@ -165,4 +197,4 @@ def splitter(dataset: Any, sink_size: int, network: Any, fused: bool) -> BatchSp
             "reduction would average the ranks' uneven shares unweighted, not the one-device gradient. Use "
             "Model(net, loss_fn, optimizer) or a plain TrainOneStepCell, or batch_split='even'"
         )
-    return BatchSplitter(dataset, setting)
+    return BatchSplitter(dataset, setting, _unit(network))
