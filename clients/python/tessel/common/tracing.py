@@ -58,6 +58,7 @@ class SdkTrace:
         # while a gradient function re-runs a forward already traced in this graph (TrainOneStepCell's
         # loss = network(...); grads = grad(network)(...)): the parameters assigned before it began
         self._assigned_before_gradient: set[int] | None = None
+        self._seed_calls: dict[int, int] = {}  # Dropout cell -> its calls so far in this graph (call_seed)
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
@@ -120,13 +121,24 @@ class SdkTrace:
 
     @contextlib.contextmanager
     def gradient_forward(self) -> Iterator[None]:
-        """A gradient function's forward pass is traced inside: see `assign`."""
-        saved = self._assigned_before_gradient
+        """A gradient function's forward pass is traced inside: see `assign`; and it draws the masks a forward
+        traced before it in this graph drew (call_seed counts again from 0), so that the loss and the gradient
+        of loss = network(x); grads = grad(network)(x) see the same Dropout masks."""
+        saved, calls = self._assigned_before_gradient, self._seed_calls
         self._assigned_before_gradient = set(self.assigned) if saved is None else saved
+        self._seed_calls = {}
         try:
             yield
         finally:
             self._assigned_before_gradient = saved
+            self._seed_calls = {k: max(calls.get(k, 0), n) for k, n in {**calls, **self._seed_calls}.items()}
+
+    def call_seed(self, owner: Any, seed: int) -> int:
+        """The seed of `owner`'s n-th call in this graph: its own for the first, then one derived from (seed, n),
+        so that a Dropout cell called twice (two micro-batches, two copies) draws two masks, as it does eagerly."""
+        n = self._seed_calls.get(id(owner), 0)
+        self._seed_calls[id(owner)] = n + 1
+        return seed if n == 0 else int(np.random.default_rng((seed, n)).integers(1, 2**31 - 1))
 
     def note_cell(self, cell: Any) -> None:
         self.cells.setdefault(id(cell), cell)

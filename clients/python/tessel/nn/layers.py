@@ -14,6 +14,7 @@ from tessel.common.dtype import DType, ms_name, to_dtype
 from tessel.common.initializer import HeUniform, Uniform, init_array
 from tessel.common.parameter import Parameter
 from tessel.common.support import log_once, not_supported_yet
+from tessel.common.tracing import current
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
@@ -132,7 +133,9 @@ class Dropout(Cell):
     def construct(self, x):
         if not self.training or self.p == 0.0:
             return x
-        return F.dropout(x, self.p, training=True, seed=self.seed)
+        trace = current()
+        seed = self.seed if trace is None else trace.call_seed(self, self.seed)  # a new mask per call in a graph
+        return F.dropout(x, self.p, training=True, seed=seed)
 
     def extend_repr(self) -> str:
         return f"p={self.p}"
