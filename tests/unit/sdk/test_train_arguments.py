@@ -210,8 +210,10 @@ def test_batchnorm_statistics_move_once_per_step_when_the_step_runs_the_forward_
     reference = nn.SequentialCell(nn.Dense(4, 3), nn.BatchNorm1d(3), nn.Dense(3, 2))
     hidden = X.astype(np.float64) @ reference[0].weight.asnumpy().T + reference[0].bias.asnumpy()
     once = 0.1 * hidden.mean(0)  # MindSpore's momentum 0.9: moving = 0.9 * 0 + 0.1 * batch mean
-    np.testing.assert_allclose(moving_mean(False), once, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(moving_mean(True), once, rtol=1e-5, atol=1e-7)
+    for mode in (ms.GRAPH_MODE, ms.PYNATIVE_MODE):
+        ms.set_context(mode=mode)
+        np.testing.assert_allclose(moving_mean(False), once, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(moving_mean(True), once, rtol=1e-5, atol=1e-7)
 
 
 def test_to_float_computes_the_cells_tensors_in_its_dtype_too():

@@ -317,10 +317,16 @@ class TrainOneStepCell(Cell):
         object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens))
 
     def construct(self, *inputs):
+        from tessel.autograd import value_and_grad
+
         network, micro = accumulated(self.network)  # as the fused step: the micro-batches' gradients / micro_size
-        loss = network(*inputs)
-        sens = F.fill(loss.dtype, loss.shape, self.sens / micro)
-        grads = self.grad(network, self.weights)(*inputs, sens)
+        scale = self.sens / micro
+
+        def scaled(*args):  # the loss and its gradient from one forward (in PYNATIVE_MODE too: one BatchNorm update)
+            loss = network(*args)
+            return loss * scale, loss
+
+        (_, loss), grads = value_and_grad(scaled, None, self.weights, has_aux=True)(*inputs)
         grads = self.grad_reducer(grads)
         loss = F.depend(loss, self.optimizer(grads))
         if self.return_grad:
