@@ -166,3 +166,30 @@ def test_parameter_values_change_only_through_set_data():
         p.asnumpy()[0] = 1.0
     p[0] = 2.0  # item assignment goes through set_data
     assert p.asnumpy().tolist() == [2.0, 0.0]
+
+
+def test_tensor_methods_as_mindspore_defines_them():
+    from tessel.core.errors import ConfigurationError, NotSupportedYetError
+
+    x = ms.Tensor(np.zeros((2, 3), np.float32))
+    x[0][1] = 5  # MindSpore writes through an indexed part into its tensor
+    row = x[1]
+    row[2] = 7
+    assert x.asnumpy().tolist() == [[0, 5, 0], [0, 0, 7]]
+    assert (x == None) is False and (x != None) is True and x not in [None, "a"]  # noqa: E711
+    copy = x.astype(ms.float32)  # a new tensor unless copy=False
+    copy[0, 0] = 99
+    assert x.asnumpy()[0, 0] == 0
+    assert float(ms.Tensor([2.5])) == 2.5 and int(ms.Tensor(np.array([3]))) == 3
+    with pytest.raises(ConfigurationError, match="Float32 tensor is no index"):
+        [10, 20][ms.Tensor(1.7)]
+    a, b = ms.Tensor(np.array([True, False])), ms.Tensor(np.array([True, True]))
+    assert (a ^ b).asnumpy().tolist() == [False, True] and (a & b).asnumpy().tolist() == [True, False]
+    with pytest.raises(NotSupportedYetError, match="the bitwise & of Int64 and Int64 tensors"):
+        ms.Tensor(np.array([1, 2])) & ms.Tensor(np.array([3, 1]))
+
+
+def test_small_integer_tensors_sum_as_int64_counts():
+    pixels = ms.Tensor(np.array([[200, 100], [255, 1]], np.uint8))
+    total = pixels.sum()
+    assert total.dtype == ms.int64 and int(total) == 556  # not wrapped in uint8, not an ONNX Runtime error

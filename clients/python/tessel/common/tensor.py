@@ -12,6 +12,7 @@ are symbolic: their values exist only when the compiled graph runs, so reading o
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import numpy as np
@@ -81,7 +82,7 @@ _TENSOR_UNSUPPORTED = {
 class Tensor:
     """A tensor (MindSpore `Tensor(input_data=None, dtype=None, shape=None, init=None)`)."""
 
-    __slots__ = ("__weakref__", "_array", "_ref", "_sym")
+    __slots__ = ("__weakref__", "_array", "_parent", "_ref", "_sym")
     __array_ufunc__ = None  # `ndarray + Tensor` uses our reflected operators
 
     def __new__(cls, input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, **_: Any):
@@ -234,13 +235,27 @@ class Tensor:
         return bool(self._sym) if self._sym is not None else bool(self.asnumpy())
 
     def __int__(self) -> int:
-        return int(self._sym) if self._sym is not None else int(self.asnumpy())
+        return int(self._sym) if self._sym is not None else int(self._one_value("int"))
 
     def __float__(self) -> float:
-        return float(self._sym) if self._sym is not None else float(self.asnumpy())
+        return float(self._sym) if self._sym is not None else float(self._one_value("float"))
 
     def __index__(self) -> int:
-        return self._sym.__index__() if self._sym is not None else int(self.asnumpy())
+        if self._sym is not None:
+            return self._sym.__index__()
+        value = self._one_value("index")
+        if value.dtype.kind not in "iub":  # MindSpore: only an integer tensor is an index
+            raise ConfigurationError(f"a {ms_name(self.dtype)} tensor is no index; only integer tensors are")
+        return int(value)
+
+    def _one_value(self, what: str) -> np.ndarray:
+        """The value of a tensor of one element (shape () or (1,), ...), as MindSpore's scalar conversions take."""
+        array = self.asnumpy()
+        if array.size != 1:
+            raise ConfigurationError(
+                f"{what}() of a tensor of shape {array.shape}: only a tensor of one element has one"
+            )
+        return array.reshape(())
 
     def __len__(self) -> int:
         if self._sym is not None:
@@ -272,7 +287,9 @@ class Tensor:
             if not isinstance(sym, SymbolicTensor):
                 sym = SymbolicTensor(trace.builder, trace.builder.constant(sym))
             return Tensor._wrap_symbolic(sym[_map_key(key, lambda k: _traced_index(trace, k))])
-        return Tensor._wrap(np.array(self.asnumpy()[_map_key(key, _as_index)]))
+        part = Tensor._wrap(np.array(self.asnumpy()[_map_key(key, _as_index)]))
+        part._parent = (weakref.ref(self), key)  # a write into the part writes through into self, as MindSpore's
+        return part
 
     def __setitem__(self, key: Any, value: Any) -> None:
         if self._sym is not None or current() is not None:
@@ -283,6 +300,10 @@ class Tensor:
         array = np.array(self.asnumpy())
         array[_map_key(key, _as_index)] = value.asnumpy() if isinstance(value, Tensor) else value
         self._set_host(array)
+        parent = getattr(self, "_parent", None)  # self is x[i] of a tensor x: x[i][j] = v writes into x as well
+        owner = parent[0]() if parent is not None else None
+        if owner is not None:
+            owner[parent[1]] = self
 
     def _set_host(self, array: np.ndarray) -> None:
         self._array, self._ref = array, None
@@ -355,23 +376,42 @@ class Tensor:
         return apply_op("GreaterEqual", self, o)
 
     def __eq__(self, o):  # type: ignore[override]
+        if not _comparable(o):  # MindSpore: a Tensor equals no None, str or other object
+            return False
         return apply_op("Equal", self, o)
 
     def __ne__(self, o):  # type: ignore[override]
+        if not _comparable(o):
+            return True
         return apply_op("NotEqual", self, o)
 
     def __and__(self, o):
-        return apply_op("LogicalAnd", self, o)
+        return apply_op("LogicalAnd", *_bool_operands("&", self, o))
+
+    def __rand__(self, o):
+        return apply_op("LogicalAnd", *_bool_operands("&", o, self))
 
     def __or__(self, o):
-        return apply_op("LogicalOr", self, o)
+        return apply_op("LogicalOr", *_bool_operands("|", self, o))
+
+    def __ror__(self, o):
+        return apply_op("LogicalOr", *_bool_operands("|", o, self))
+
+    def __xor__(self, o):
+        return apply_op("NotEqual", *_bool_operands("^", self, o))
+
+    def __rxor__(self, o):
+        return apply_op("NotEqual", *_bool_operands("^", o, self))
 
     def __invert__(self):
         return apply_op("LogicalNot", self)
 
     # --- methods (each one functional op) ----------------------------------------------------------------------------
     def astype(self, dtype: Any, copy: bool = True) -> Tensor:
-        return F.cast(self, dtype)
+        out = F.cast(self, dtype)
+        if out is self and copy and current() is None:  # MindSpore: a new tensor unless copy=False
+            return Tensor._wrap(np.array(self.asnumpy()))
+        return out
 
     def to(self, dtype: Any) -> Tensor:
         return F.cast(self, dtype)
@@ -521,6 +561,27 @@ def _traced_index(trace: Any, key: Tensor) -> Any:
     if isinstance(index, np.ndarray) and index.ndim > 0:
         return SymbolicTensor(trace.builder, trace.builder.constant(index))
     return index
+
+
+def _bool_operands(symbol: str, a: Any, b: Any) -> tuple[Any, Any]:
+    """&, | and ^ of bool tensors (MindSpore's bitwise ops on bools are the logical ones); of integers, bitwise,
+    which tessel has not yet."""
+    if all(F.dtype_of(v) == DType.bool_ for v in (a, b)):
+        return a, b
+    from tessel.common.support import not_supported_yet
+
+    raise not_supported_yet(
+        f"the bitwise {symbol} of {ms_name(F.dtype_of(a))} and {ms_name(F.dtype_of(b))} tensors",
+        "tessel computes &, | and ^ of bool tensors (logical) only; compare first, e.g. (x > 0) & (y > 0)",
+    )
+
+
+def _comparable(other: Any) -> bool:
+    return (
+        other is not None
+        and not isinstance(other, str)
+        and (isinstance(other, (Tensor, bool, int, float, np.ndarray, np.generic, list, tuple)))
+    )
 
 
 def _map_key(key: Any, convert) -> Any:

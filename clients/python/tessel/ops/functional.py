@@ -175,8 +175,8 @@ def _axis(axis: Any) -> Any:
 def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """The sum over `dim`; with `dtype` the input is cast first, so the sum is taken in that type (as MindSpore).
     A bool tensor is summed as int64, a count ((pred == y).sum()), as MindSpore's sum_ext and mint.sum do."""
-    if dtype is None and dtype_of(input) == DType.bool_:
-        dtype = DType.int64
+    if dtype is None and dtype_of(input) in (DType.bool_, DType.uint8, DType.int8, DType.int16):
+        dtype = DType.int64  # as MindSpore's sum_ext promotes them (and ONNX has no ReduceSum for them)
     source = input if dtype is None else cast(input, dtype)
     return apply_op("ReduceSum", source, axis=_axis(dim), keep_dims=bool(keepdim))
 
