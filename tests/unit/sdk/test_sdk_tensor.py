@@ -193,3 +193,16 @@ def test_small_integer_tensors_sum_as_int64_counts():
     pixels = ms.Tensor(np.array([[200, 100], [255, 1]], np.uint8))
     total = pixels.sum()
     assert total.dtype == ms.int64 and int(total) == 556  # not wrapped in uint8, not an ONNX Runtime error
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_integer_powers_stay_integers(mode):
+    class Powers(nn.Cell):
+        def construct(self, x):
+            return x**2, 2**x
+
+    ms.set_context(mode=mode)
+    squares, twos = Powers()(ms.Tensor(np.array([1, 2, 3], np.int32)))
+    assert (
+        squares.dtype == ms.int32 and squares.asnumpy().tolist() == [1, 4, 9] and twos.asnumpy().tolist() == [2, 4, 8]
+    )

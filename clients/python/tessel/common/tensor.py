@@ -343,10 +343,10 @@ class Tensor:
         return F.remainder(self, o)
 
     def __pow__(self, o):
-        return apply_op("Pow", self, o)
+        return F.pow(self, o)
 
     def __rpow__(self, o):
-        return apply_op("Pow", o, self)
+        return F.pow(o, self)
 
     def __matmul__(self, o):
         return F.matmul(self, o)

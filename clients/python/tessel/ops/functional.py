@@ -56,7 +56,17 @@ ones_like = _unary("OnesLike", "Ones of x's shape and dtype.")
 add = _binary("Add", "x + y with broadcasting.")
 sub = _binary("Sub", "x - y with broadcasting.")
 mul = _binary("Mul", "x * y with broadcasting.")
-pow = _binary("Pow", "x ** y with broadcasting.")
+
+
+def pow(input: Any, exponent: Any) -> Tensor:
+    """input ** exponent with broadcasting. Integers raised to integers stay integers (MindSpore's and torch's),
+    computed in float64 (exact below 2**53) and rounded back."""
+    if dtype_of(input).is_int and dtype_of(exponent).is_int:
+        out_dtype = dtype_of(input) if isinstance(input, Tensor) else dtype_of(exponent)
+        wide = apply_op("Pow", cast(input, DType.float64), cast(exponent, DType.float64))
+        return cast(apply_op("Round", wide), out_dtype)
+    return apply_op("Pow", input, exponent)
+
 maximum = _binary("Maximum", "Element-wise maximum.")
 minimum = _binary("Minimum", "Element-wise minimum.")
 equal = _binary("Equal", "x == y (bool).")
