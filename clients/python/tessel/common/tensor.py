@@ -22,7 +22,7 @@ from tessel.common.support import keyword_options
 from tessel.common.symbol import Symbol, is_dynamic_shape, split_shape
 from tessel.common.tracing import apply_op, current
 from tessel.compiler import SymbolicTensor, TraceError, as_dtype
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.dataset import core as _dataset_core
 
 
@@ -494,8 +494,64 @@ class Tensor:
     def matmul(self, other) -> Tensor:
         return F.matmul(self, other)
 
-    def clip(self, xmin=None, xmax=None) -> Tensor:
-        return F.clamp(self, xmin, xmax)
+    def clip(self, min=None, max=None) -> Tensor:
+        return F.clamp(self, min, max)
+
+    def clamp(self, min=None, max=None) -> Tensor:
+        return F.clamp(self, min, max)
+
+    def add(self, other) -> Tensor:
+        return F.add(self, other)
+
+    def sub(self, other) -> Tensor:
+        return F.sub(self, other)
+
+    def mul(self, value) -> Tensor:
+        return F.mul(self, value)
+
+    def div(self, value, rounding_mode=None) -> Tensor:
+        return F.div(self, value, rounding_mode=rounding_mode)
+
+    def pow(self, exponent) -> Tensor:
+        return F.pow(self, exponent)
+
+    def gather(self, input_indices, axis, batch_dims: int = 0) -> Tensor:
+        return F.gather(self, input_indices, axis, batch_dims)
+
+    def chunk(self, chunks: int, axis: int = 0) -> tuple:
+        return F.chunk(self, chunks, axis)
+
+    def split(self, split_size_or_sections, axis: int = 0) -> tuple:
+        return F.split(self, split_size_or_sections, axis)
+
+    def sigmoid(self) -> Tensor:
+        return F.sigmoid(self)
+
+    def tanh(self) -> Tensor:
+        return F.tanh(self)
+
+    def round(self) -> Tensor:
+        return F.round(self)
+
+    def floor(self) -> Tensor:
+        return F.floor(self)
+
+    def ceil(self) -> Tensor:
+        return F.ceil(self)
+
+    def sign(self) -> Tensor:
+        return F.sign(self)
+
+    def isnan(self) -> Tensor:
+        return F.isnan(self)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in _MINDSPORE_METHODS_NOT_YET:
+            raise _MissingMethod(
+                f"not supported yet: Tensor.{name} (a MindSpore Tensor method tessel lacks); use the ops function "
+                f"or numpy on x.asnumpy() meanwhile"
+            )
+        raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
 
     def broadcast_to(self, shape) -> Tensor:
         return F.broadcast_to(self, shape)
@@ -561,6 +617,60 @@ def _traced_index(trace: Any, key: Tensor) -> Any:
     if isinstance(index, np.ndarray) and index.ndim > 0:
         return SymbolicTensor(trace.builder, trace.builder.constant(index))
     return index
+
+
+# MindSpore Tensor methods tessel has not yet: asking for one says so, where a bare AttributeError would not
+_MINDSPORE_METHODS_NOT_YET = frozenset(
+    [
+        "all",
+        "any",
+        "std",
+        "var",
+        "cumsum",
+        "cumprod",
+        "masked_fill",
+        "clone",
+        "expand",
+        "expand_as",
+        "repeat",
+        "tile",
+        "norm",
+        "isinf",
+        "isfinite",
+        "softmax",
+        "log_softmax",
+        "where",
+        "relu",
+        "logsumexp",
+        "sort",
+        "topk",
+        "unique",
+        "nonzero",
+        "scatter",
+        "index_select",
+        "index_add",
+        "narrow",
+        "roll",
+        "flip",
+        "triu",
+        "tril",
+        "diag",
+        "trace",
+        "inverse",
+        "det",
+        "lerp",
+        "addmm",
+        "addmv",
+        "outer",
+        "cross",
+        "bincount",
+        "histc",
+    ]
+)
+
+
+class _MissingMethod(NotSupportedYetError, AttributeError):
+    """A MindSpore Tensor method tessel lacks: not supported yet, and an AttributeError to hasattr()."""
 
 
 def _bool_operands(symbol: str, a: Any, b: Any) -> tuple[Any, Any]:

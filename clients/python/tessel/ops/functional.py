@@ -67,6 +67,7 @@ def pow(input: Any, exponent: Any) -> Tensor:
         return cast(apply_op("Round", wide), out_dtype)
     return apply_op("Pow", input, exponent)
 
+
 maximum = _binary("Maximum", "Element-wise maximum.")
 minimum = _binary("Minimum", "Element-wise minimum.")
 equal = _binary("Equal", "x == y (bool).")
