@@ -176,7 +176,8 @@ def check_port_free(host: str, port: int) -> None:
     """Raise a clear error if host:port cannot be bound (gRPC alone reports it obscurely)."""
     if port == 0:
         return
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET  # an IPv6 address ("::", "::1") too
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))

@@ -206,10 +206,17 @@ class Segment:
         """Attach if a valid segment of this group exists now; None if not (yet), so the caller retries."""
         path = segment_path(context)
         try:
-            fd = os.open(path, os.O_RDWR)
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
         except FileNotFoundError:
             return None
         try:
+            owner = os.fstat(fd)
+            if owner.st_uid != os.getuid() or owner.st_mode & 0o077:  # not the job's own: another user's file
+                raise ConfigurationError(
+                    f"shared-memory segment {path} belongs to uid {owner.st_uid} with mode "
+                    f"{oct(owner.st_mode & 0o777)}, not to this user alone; remove it (another user may have made "
+                    "it to read or change this group's data) or use TESSEL_TRANSPORT=tcp"
+                )
             layout = _read_valid_header(fd, context)
             if layout is None:
                 os.close(fd)

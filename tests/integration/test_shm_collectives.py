@@ -771,3 +771,16 @@ def test_a_send_run_on_the_calling_thread_reports_a_mismatch_through_its_handle_
         np.testing.assert_array_equal(errors[-1], np.full(3, 2.0, np.float32))
     finally:
         [c.close() for c in comms.values()]
+
+
+def test_a_segment_others_may_write_is_never_joined():
+    # the segment's name is derived from the job's nonce: where another user could create or open it, a rank must
+    # not attach to what they wrote
+    context = _context("exposed", size=2, rank=1)
+    owner = Segment.create(_context("exposed", size=2, rank=0), Layout(2, 4096, 4096, 0))
+    try:
+        os.chmod(segment_path(context), 0o666)
+        with pytest.raises(ConfigurationError, match="not to this user alone"):
+            Segment.try_attach(context)
+    finally:
+        owner.close()

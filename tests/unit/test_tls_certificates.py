@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from tessel.core import errors, rpc, tls
+from tessel.core.errors import ConfigurationError
 from tessel.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 
@@ -84,3 +85,20 @@ def test_a_client_talks_to_servers_of_the_cluster_ca_only(monkeypatch):
     finally:
         client.close()
         theirs.stop(0)
+
+
+def test_a_blank_token_is_refused_not_taken_as_no_authentication(tmp_path, monkeypatch):
+    from tessel.core import token
+
+    monkeypatch.setenv("TESSEL_HOME", str(tmp_path))
+    monkeypatch.setenv("TESSEL_TOKEN", "  ")
+    with pytest.raises(ConfigurationError, match="TESSEL_TOKEN is blank"):
+        token.cluster_token()
+    monkeypatch.delenv("TESSEL_TOKEN")
+    (tmp_path / "token").write_text("\n")  # echo $UNSET > ~/.tessel/token
+    with pytest.raises(ConfigurationError, match=r"token file .* is empty"):
+        token.cluster_token()
+    (tmp_path / "token").unlink()
+    fresh = tmp_path / "fresh"
+    monkeypatch.setenv("TESSEL_HOME", str(fresh))
+    assert token.cluster_token(create=True) and (fresh.stat().st_mode & 0o777) == 0o700
