@@ -111,3 +111,24 @@ def test_integer_inputs_have_zero_gradients():
     expected = (p - np.eye(3)[labels]) @ dense.weight.asnumpy()
     np.testing.assert_allclose(dx.asnumpy(), expected, rtol=1e-5, atol=1e-6)
     assert ms.grad(lambda x, n: (x * x).sum(), grad_position=1)(ms.Tensor(X), ms.Tensor(labels)).asnumpy().any() == 0
+
+
+@pytest.mark.parametrize("mode", [ms.GRAPH_MODE, ms.PYNATIVE_MODE])
+def test_a_cells_custom_bprop_is_refused_where_it_would_be_skipped(mode):
+    from tessel.core.errors import NotSupportedYetError
+
+    class Custom(nn.Cell):
+        def construct(self, x):
+            return x * 3.0
+
+        def bprop(self, x, out, dout):  # MindSpore calls it for the gradient; tessel would differentiate construct
+            return (dout * 100.0,)
+
+    ms.set_context(mode=mode)
+    x = ms.Tensor(np.ones(2, np.float32))
+    assert Custom()(x).asnumpy().tolist() == [3.0, 3.0]  # the forward alone is fine
+    with pytest.raises(NotSupportedYetError, match=r"Custom\.bprop \(a custom backward of a Cell\)"):
+        ms.grad(Custom())(x)
+    net = nn.SequentialCell(nn.Dense(2, 2), Custom())
+    with pytest.raises(NotSupportedYetError, match="custom backward"):
+        nn.TrainOneStepCell(nn.WithLossCell(net, nn.MSELoss()), nn.SGD(net.trainable_params()))(x[None], x[None])

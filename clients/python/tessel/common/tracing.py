@@ -59,6 +59,7 @@ class SdkTrace:
         # loss = network(...); grads = grad(network)(...)): the parameters assigned before it began
         self._assigned_before_gradient: set[int] | None = None
         self._seed_calls: dict[int, int] = {}  # Dropout cell -> its calls so far in this graph (call_seed)
+        self.differentiated = False  # what is traced here is differentiated (a gradient function, a train step)
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
@@ -124,13 +125,13 @@ class SdkTrace:
         """A gradient function's forward pass is traced inside: see `assign`; and it draws the masks a forward
         traced before it in this graph drew (call_seed counts again from 0), so that the loss and the gradient
         of loss = network(x); grads = grad(network)(x) see the same Dropout masks."""
-        saved, calls = self._assigned_before_gradient, self._seed_calls
+        saved, calls, differentiated = self._assigned_before_gradient, self._seed_calls, self.differentiated
         self._assigned_before_gradient = set(self.assigned) if saved is None else saved
-        self._seed_calls = {}
+        self._seed_calls, self.differentiated = {}, True
         try:
             yield
         finally:
-            self._assigned_before_gradient = saved
+            self._assigned_before_gradient, self.differentiated = saved, differentiated
             self._seed_calls = {k: max(calls.get(k, 0), n) for k, n in {**calls, **self._seed_calls}.items()}
 
     def call_seed(self, owner: Any, seed: int) -> int:

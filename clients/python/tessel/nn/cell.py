@@ -431,6 +431,14 @@ class Cell:
         try:
             trace = current()
             if trace is not None:
+                if trace.differentiated and "bprop" in type(self).__dict__:
+                    from tessel.common.support import not_supported_yet
+
+                    raise not_supported_yet(
+                        f"{self.cls_name}.bprop (a custom backward of a Cell)",
+                        "tessel differentiates construct itself and would not call bprop; write the backward as "
+                        "ops in construct (e.g. x + ops.stop_gradient(f(x) - x) for a straight-through estimator)",
+                    )
                 return trace.call_cell(self, self._construct, *args, **kwargs)
             declared = self.__dict__.get("_declared_inputs")
             if declared is not None:  # checked on the outermost call only, as MindSpore checks the compiled cell

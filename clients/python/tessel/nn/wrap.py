@@ -78,6 +78,7 @@ class FusedTrainStep:
 
     def _forward(self, *inputs: Any) -> Any:
         network, micro = accumulated(self.network)
+        current().differentiated = True  # the train step differentiates this forward
         out = network(*inputs)
         loss = out[0] if isinstance(out, (tuple, list)) else out
         # MindSpore's _TrainGradAccuStepCell: the micro-batches' summed loss is differentiated with sens 1/micro; the
