@@ -70,7 +70,7 @@ _NOT_SUPPORTED: dict[str, str] = {
     "TESSEL_THREADS)",
     "inter_op_parallel_num": "each daemon runs a step's operators with one ONNX Runtime thread pool",
     "jit_config": "every graph is compiled one way (ONNX Runtime with all graph optimizations)",
-    "print_file_path": "there is no ops.Print to redirect yet",
+    "print_file_path": "ops.Print writes to standard output, which cannot be redirected to a file yet",
     "env_config_path": "there is no debug environment configuration file",
     "precompile_only": "compiling a network without running it is not wired to set_context",
     "check_bprop": "custom bprop functions are not supported",

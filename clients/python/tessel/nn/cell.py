@@ -281,8 +281,8 @@ class Cell:
         if kwargs.get("parallel_optimizer_comm_recompute"):
             raise not_supported_yet(
                 f"{self.cls_name}.recompute(parallel_optimizer_comm_recompute=True)",
-                "optimizer parallelism (enable_parallel_optimizer) is not implemented, so there are no "
-                "optimizer-shard AllGathers to recompute; leave it False",
+                "the AllGathers of optimizer-sharded weights (enable_parallel_optimizer) are not recomputed; "
+                "leave it False",
             )
         if kwargs.get("recompute_slice_activation"):
             raise not_supported_yet(
