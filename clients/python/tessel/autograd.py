@@ -126,7 +126,8 @@ class _GradFunction:
         inputs = [_symbolic(trace, args[i], f"argument {i}") for i in positions]
         # an integer or bool input (labels, indices) has a zero gradient of its own dtype, as in MindSpore
         differentiable = [x for x in inputs if x.dtype.is_float]
-        wrt = differentiable + [trace.param(w) for w in self.weights or ()]
+        # a weight this graph assigned already: its current value is what the forward reads and is differentiated
+        wrt = differentiable + [_current(trace, w) for w in self.weights or ()]
         with trace.gradient_forward():
             out = self.fn(*args)
         if self.has_aux:
@@ -155,6 +156,11 @@ class _GradFunction:
             structured = (input_grads, weight_grads)
         value = tuple(out) if isinstance(out, list) else out
         return value, structured
+
+
+def _current(trace, weight: Parameter) -> SymbolicTensor:
+    assigned = trace.assigned.get(id(weight))
+    return trace.param(weight) if assigned is None else assigned
 
 
 def _symbolic(trace, x: Any, what: str) -> SymbolicTensor:

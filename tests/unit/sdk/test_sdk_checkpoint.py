@@ -211,3 +211,21 @@ def test_predict_strategy_must_be_the_networks_own_layouts(tmp_path):
     with pytest.raises(ConfigurationError, match="predict_strategy must be None or the dict"):
         ms.load_distributed_checkpoint(net, [path], predict_strategy=[1])
     ms.load_distributed_checkpoint(net, [path])
+
+
+def test_a_checkpoint_of_the_earlier_names_still_loads(tmp_path, caplog):
+    # before parameters were named by attribute path, a CellList filled after assignment named its weights 0.weight
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.CellList()
+            for _ in range(2):
+                self.layers.append(nn.Dense(2, 2))
+
+    source, target = Net(), Net()
+    old = {p.name.removeprefix("layers."): p for p in source.get_parameters()}
+    ms.save_checkpoint(old, str(tmp_path / "old.ckpt"))
+    not_loaded, unused = ms.load_param_into_net(target, ms.load_checkpoint(str(tmp_path / "old.ckpt")))
+    assert not_loaded == [] and unused == [] and "its name in a checkpoint of an earlier tessel" in caplog.text
+    for a, b in zip(source.get_parameters(), target.get_parameters()):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())

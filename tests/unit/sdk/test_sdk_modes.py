@@ -293,3 +293,50 @@ def test_a_dropout_cell_called_twice_in_a_graph_draws_two_masks_as_eagerly():
         net.set_train()
         first, second = (out.asnumpy() != 0 for out in net(x))
         assert 0.3 < (first != second).mean() < 0.7, mode  # independent masks (same masks used to be 0 in graphs)
+
+
+def test_assigned_weights_keep_their_gradients_and_two_gradients_update_state_twice():
+    ms.set_context(mode=ms.GRAPH_MODE)
+    w = ms.Parameter(ms.Tensor(np.zeros(3, np.float32)), name="w")
+    x = ms.Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+
+    @ms.jit
+    def step(x):
+        ops.assign(w, ops.fill(ms.float32, (3,), 5.0))
+        return ms.grad(lambda v: (w * v).sum(), None, [w])(x)
+
+    (grad,) = step(x)
+    assert grad.asnumpy().tolist() == [1.0, 2.0, 3.0] and w.asnumpy().tolist() == [5.0] * 3  # not a zero gradient
+    bn = nn.BatchNorm1d(2, momentum=0.5)
+    bn.set_train()
+    value_and_grad = ms.value_and_grad(lambda v: bn(v).sum(), None, bn.trainable_params())
+
+    @ms.jit
+    def two(a, b):  # two gradients in one graph (accumulation): BatchNorm's statistics move twice
+        value_and_grad(a)
+        return value_and_grad(b)[0]
+
+    two(ms.Tensor(np.full((4, 2), 20.0, np.float32)), ms.Tensor(np.full((4, 2), 20.0, np.float32)))
+    np.testing.assert_allclose(bn.moving_mean.asnumpy(), [15.0, 15.0])  # 0 -> 10 -> 15 with momentum 0.5
+
+
+def test_the_batch_size_passed_on_in_shapes_keeps_one_graph_for_every_batch_size():
+    class Flat(nn.Cell):
+        def construct(self, x):
+            return ops.reshape(x, (x.shape[0], -1)) * 2.0
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    net = Flat()
+    for batch in (4, 3):
+        assert net(ms.Tensor(np.ones((batch, 2, 3), np.float32))).shape == (batch, 6)
+    compiled = net.__dict__.get("_compiled")
+    assert compiled is not None and not compiled.static  # compiled once, for any batch size
+
+
+def test_indexed_parts_pickle_and_negative_integer_powers_are_refused():
+    import pickle
+
+    x = ms.Tensor(np.arange(6, dtype=np.float32).reshape(2, 3))
+    assert pickle.loads(pickle.dumps(x[0])).asnumpy().tolist() == [0.0, 1.0, 2.0]
+    with pytest.raises(ConfigurationError, match="negative power -1 is not an integer"):
+        ms.Tensor(np.array([2, 3])) ** -1

@@ -291,6 +291,12 @@ class Tensor:
         part._parent = (weakref.ref(self), key)  # a write into the part writes through into self, as MindSpore's
         return part
 
+    def __getstate__(self) -> Any:  # an indexed part pickles without its link to the tensor it came from
+        state = object.__getstate__(self)
+        if isinstance(state, tuple) and state[1] and "_parent" in state[1]:
+            state = (state[0], {k: v for k, v in state[1].items() if k != "_parent"})
+        return state
+
     def __setitem__(self, key: Any, value: Any) -> None:
         if self._sym is not None or current() is not None:
             raise TraceError(

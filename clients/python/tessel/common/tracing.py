@@ -55,10 +55,12 @@ class SdkTrace:
         self.params: dict[int, tuple[Any, SymbolicTensor]] = {}
         # ops.assign in the trace: the value each Parameter was last given, what later reads of it see
         self.assigned: dict[int, SymbolicTensor] = {}
-        # while a gradient function re-runs a forward already traced in this graph (TrainOneStepCell's
-        # loss = network(...); grads = grad(network)(...)): the parameters assigned before it began
-        self._assigned_before_gradient: set[int] | None = None
-        self._seed_calls: dict[int, int] = {}  # Dropout cell -> its calls so far in this graph (call_seed)
+        # Dropout cell -> its calls so far in this graph (call_seed), outside and inside gradient functions' forwards
+        self._seed_calls: dict[int, int] = {}
+        self._gradient_seed_calls: dict[int, int] = {}
+        self._in_gradient = False
+        self._assigned_plain: set[int] = set()  # parameters assigned outside any gradient function's forward
+        self._assign_index: dict[int, int] = {}  # parameter -> the builder index of its Assign node
         self.differentiated = False  # what is traced here is differentiated (a gradient function, a train step)
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
@@ -105,19 +107,26 @@ class SdkTrace:
         from tessel.compiler import registry
         from tessel.compiler.ir import Node
 
-        if self._assigned_before_gradient is not None and id(parameter) in self._assigned_before_gradient:
-            # the gradient's forward repeats a forward whose state writes (BatchNorm's moving statistics) this
-            # step made already: one update per step, as MindSpore's TrainOneStepCell gives
+        if self._in_gradient and id(parameter) in self._assigned_plain:
+            # the gradient's forward repeats a plain forward whose state writes (BatchNorm's moving statistics)
+            # this graph made already: one update per step, as MindSpore's TrainOneStepCell gives
             return value
         previous = self.assigned.get(id(parameter))
         if previous is not None:
             nodes = self.builder.nodes
-            for i, node in enumerate(nodes):
+            at = self._assign_index.get(id(parameter), -1)
+            candidates = [at] if 0 <= at < len(nodes) and nodes[at].outputs[0] is previous.value else range(len(nodes))
+            for i in candidates:
+                node = nodes[i]
                 if node.op == "Assign" and node.outputs[0] is previous.value:
                     depend = registry.get("Depend").bind({})
                     nodes[i] = Node("Depend", node.inputs[1:], depend, node.outputs, node.source, node.recompute)
+                    break
+        self._assign_index[id(parameter)] = len(self.builder.nodes)
         out = apply_op("Assign", self.param(parameter), value)
         self.assigned[id(parameter)] = out._sym
+        if not self._in_gradient:
+            self._assigned_plain.add(id(parameter))
         return out
 
     @contextlib.contextmanager
@@ -125,20 +134,21 @@ class SdkTrace:
         """A gradient function's forward pass is traced inside: see `assign`; and it draws the masks a forward
         traced before it in this graph drew (call_seed counts again from 0), so that the loss and the gradient
         of loss = network(x); grads = grad(network)(x) see the same Dropout masks."""
-        saved, calls, differentiated = self._assigned_before_gradient, self._seed_calls, self.differentiated
-        self._assigned_before_gradient = set(self.assigned) if saved is None else saved
-        self._seed_calls, self.differentiated = {}, True
+        was, differentiated = self._in_gradient, self.differentiated
+        self._in_gradient, self.differentiated = True, True
         try:
             yield
         finally:
-            self._assigned_before_gradient, self.differentiated = saved, differentiated
-            self._seed_calls = {k: max(calls.get(k, 0), n) for k, n in {**calls, **self._seed_calls}.items()}
+            self._in_gradient, self.differentiated = was, differentiated
 
     def call_seed(self, owner: Any, seed: int) -> int:
         """The seed of `owner`'s n-th call in this graph: its own for the first, then one derived from (seed, n),
-        so that a Dropout cell called twice (two micro-batches, two copies) draws two masks, as it does eagerly."""
-        n = self._seed_calls.get(id(owner), 0)
-        self._seed_calls[id(owner)] = n + 1
+        so that a Dropout cell called twice (two micro-batches, two copies) draws two masks, as it does eagerly.
+        Calls inside gradient functions' forwards are counted apart: the gradient of loss = network(x);
+        grads = grad(network)(x) sees the loss's masks, and two gradient calls draw two masks."""
+        calls = self._gradient_seed_calls if self._in_gradient else self._seed_calls
+        n = calls.get(id(owner), 0)
+        calls[id(owner)] = n + 1
         return seed if n == 0 else int(np.random.default_rng((seed, n)).integers(1, 2**31 - 1))
 
     def note_cell(self, cell: Any) -> None:
@@ -354,6 +364,7 @@ def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:
 
     trace = current()
     if trace is not None:
+        attrs = {key: _plain_dims(value) for key, value in attrs.items()}
         outs = apply_all(op, *(trace.to_symbolic(x) for x in inputs), **attrs)
         trace.record(op, outs)
         wrapped = tuple(Tensor._wrap_symbolic(o) for o in outs)
@@ -364,6 +375,18 @@ def apply_op(op: str, *inputs: Any, **attrs: Any) -> Any:
         result = engine().eager.run(op, *arrays, **attrs)
         wrapped = tuple(Tensor._wrap(np.asarray(r)) for r in (result if isinstance(result, tuple) else (result,)))
     return wrapped[0] if len(wrapped) == 1 else wrapped
+
+
+def _plain_dims(value: Any) -> Any:
+    """An op attribute with the user-facing symbolic dims of Tensor.shape (which refuse comparisons in user code)
+    back as the compiler's plain symbols, which compare unequal to any number."""
+    if isinstance(value, str) and type(value) is not str:
+        return str(value)
+    if isinstance(value, tuple):
+        return tuple(_plain_dims(v) for v in value)
+    if isinstance(value, list):
+        return [_plain_dims(v) for v in value]
+    return value
 
 
 def _host(x: Any) -> Any:

@@ -62,6 +62,10 @@ def pow(input: Any, exponent: Any) -> Tensor:
     """input ** exponent with broadcasting. Integers raised to integers stay integers (MindSpore's and torch's),
     computed in float64 (exact below 2**53) and rounded back."""
     if dtype_of(input).is_int and dtype_of(exponent).is_int:
+        if isinstance(exponent, (int, np.integer)) and exponent < 0:
+            raise ConfigurationError(
+                f"an integer tensor to the negative power {exponent} is not an integer; cast it to float first"
+            )
         out_dtype = dtype_of(input) if isinstance(input, Tensor) else dtype_of(exponent)
         wide = apply_op("Pow", cast(input, DType.float64), cast(exponent, DType.float64))
         return cast(apply_op("Round", wide), out_dtype)

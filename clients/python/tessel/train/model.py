@@ -22,6 +22,7 @@ On a terminal, rank 0 shows a progress bar (epoch, step, loss, samples/s, time l
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Iterator
@@ -174,9 +175,10 @@ class Model:
                 _run_epochs(epochs, numbers, cb, run_callbacks)
         finally:
             if split is not None:
-                split.finish()
                 rank_step.set_gradient_weight(None)
                 train_dataset.resume_at_epoch(numbers[-1])
+                with contextlib.suppress(Exception):  # after a failure (a daemon gone) the run's error is the one
+                    split.finish()
 
     def _split_epoch(self, split: batch_split.BatchSplitter, step, sink: bool, steps: int) -> Iterator:
         """An epoch of an uneven split: asks for the split as the epoch starts."""

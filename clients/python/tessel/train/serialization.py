@@ -490,6 +490,24 @@ def load_param_into_net(
             load(param, prefix + param.name)
         loaded_now = {id(p) for p in found}
         not_loaded = [p for p in not_loaded if id(p) not in loaded_now]
+    if not strict_load and not_loaded:  # files of tessel before its names were attribute paths ("0.weight")
+        unused = [key for key in parameter_dict if key not in used and parameter_dict.get(key) is not None]
+        older = {}
+        for param in not_loaded:
+            found = [key for key in unused if param.name.endswith("." + key)]
+            if len(found) == 1:
+                older.setdefault(found[0], []).append(param)
+        for key, params in older.items():
+            if len(params) == 1:
+                logging.getLogger("tessel").warning(
+                    "load_param_into_net: %r loaded from %r, its name in a checkpoint of an earlier tessel",
+                    params[0].name,
+                    key,
+                )
+                load(params[0], key)
+        not_loaded = [
+            p for p in not_loaded if not any(p is q for q in (ps[0] for ps in older.values() if len(ps) == 1))
+        ]
     names = [p.name for p in not_loaded]
     if names:
         logging.getLogger("tessel").warning(
