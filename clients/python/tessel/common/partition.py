@@ -18,7 +18,7 @@ training loop partitions exactly as `Model.train` does:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from tessel import context
@@ -81,14 +81,7 @@ def make_entry(graph, out_tree, trace, call, name: str, device_result: bool, ext
     world, rank, dataset = where.devices, where.index, dataset_setting()
     inputs = {v.name for v in graph.inputs}
     params = {p.key: p for p in (*trace.parameters(), *extra_params) if p.key in inputs}
-    fixed = {key: p.layout for key, p in params.items() if p.layout is not None and p._layout_engine == eng.id}
-    loaded = planning.loaded_layouts()  # strategy_ckpt_config's load_file
-    for key, p in params.items():
-        requested = getattr(p, "_requested", None)  # Cell.shard's parameter_plan
-        if key not in fixed and requested is not None:
-            fixed[key] = _requested_layout(requested, world)
-        elif key not in fixed and p.name in loaded:
-            fixed[key] = loaded[p.name]
+    fixed = parameter_layouts(params.values(), world, eng.id, lambda p: p.layout)
     handles = {n: leaf._ref for leaf, n, resident in zip(call.leaves, call.names, call.resident) if resident}
     for n, ref in handles.items():
         fixed[n] = ref.layout if ref.layout is not None else Layout.replicated(len(ref.shape), world)
@@ -201,6 +194,26 @@ def _state_blocks(plan, params: dict, fixed: dict, rank: int) -> dict:
         if found is not None:
             blocks[key] = found[1]
     return blocks
+
+
+def parameter_layouts(params: Iterable[Any], world: int, engine_id: int, current: Callable[[Any], Any]) -> dict:
+    """key -> the layout each parameter must keep in a plan: the one an earlier plan of this engine gave it
+    (`current(p)`), else Cell.shard's parameter_plan, else strategy_ckpt_config's load_file."""
+    from tessel.parallel import planning
+
+    loaded = planning.loaded_layouts()
+    fixed = {}
+    for p in params:
+        requested = getattr(p, "_requested", None)
+        if p.layout is not None and p._layout_engine == engine_id:
+            layout = current(p)
+        elif requested is not None:
+            layout = _requested_layout(requested, world)
+        else:
+            layout = loaded.get(p.name)
+        if layout is not None:
+            fixed[p.key] = layout
+    return fixed
 
 
 def _requested_layout(requested: Any, world: int):

@@ -210,20 +210,12 @@ def _sliced(parameters) -> dict:
     """The layouts of the parameters an earlier plan of the current job sliced (for a parameter optimizer parallel
     stores as a block, the layout the plan computes with)."""
     from tessel.common.engine import engine
-    from tessel.common.partition import _requested_layout
-    from tessel.parallel import pipeline, planning
+    from tessel.common.partition import parameter_layouts
+    from tessel.parallel import pipeline
 
     eng = engine()
-    current, loaded = eng.id, planning.loaded_layouts()  # strategy_ckpt_config's load_file
-    fixed = {p.key: loaded[p.name] for p in parameters if p.name in loaded}
     world = pipeline.mesh(eng.world_size, eng.runtime.rank).devices
-    for p in parameters:
-        requested = getattr(p, "_requested", None)  # Cell.shard's parameter_plan (over a loaded file, as below)
-        if requested is not None:
-            fixed[p.key] = _requested_layout(requested, world)
-        if p.layout is not None and p._layout_engine == current:
-            fixed[p.key] = getattr(p, "_compute_layout", None) or p.layout
-    return {key: layout for key, layout in fixed.items() if layout is not None}
+    return parameter_layouts(parameters, world, eng.id, lambda p: getattr(p, "_compute_layout", None) or p.layout)
 
 
 def _step_settings() -> tuple:
