@@ -248,26 +248,36 @@ def test_msrun_on_one_node_writes_msruns_logs_and_exits_with_the_jobs_status(tmp
 
 
 def test_ctrl_c_on_msrun_stops_the_scheduler_and_workers_and_exits_130(tmp_path):
-    """Ctrl-C on a joined msrun: it stops what it started and exits 130, promptly (the wait loop ends on the
-    signal's flag: a KeyboardInterrupt raised inside Popen.poll could have left stopping blocked for ever)."""
+    """Ctrl-C on a joined msrun once its workers run: it stops what it started and exits 130, promptly (the wait loop
+    ends on the signal's flag: a KeyboardInterrupt raised inside Popen.poll could have left stopping blocked for ever).
+    Should stopping or msrun's own end hang, its threads' stacks reach stderr after TESSEL_EXIT_TIMEOUT seconds and
+    this test shows them."""
     script = tmp_path / "sleepy.py"
     script.write_text("from tessel.communication import init\nimport time\ninit()\nprint('up', flush=True)\n"
                       "time.sleep(300)\n")  # fmt: skip
     cmd = [sys.executable, "-m", "tessel.cli", "msrun", "--worker_num=2", "--local_worker_num=2",
            f"--master_port={free_port()}", "--log_dir=msrun_log", "--join=True", str(script)]  # fmt: skip
-    proc = subprocess.Popen(cmd, cwd=tmp_path, env=user_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    env = user_env(tmp_path, TESSEL_EXIT_TIMEOUT="10")
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        log = tmp_path / "msrun_log" / "worker_1.log"
+        logs = [tmp_path / "msrun_log" / f"worker_{index}.log" for index in range(2)]
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (log.exists() and "up" in log.read_text(errors="replace")):
+        while time.monotonic() < deadline and not all(log.exists() and "up" in log.read_text().split() for log in logs):
             time.sleep(0.1)
-        assert log.exists() and "up" in log.read_text(errors="replace"), "worker 1 did not start within 60 s"
+        assert all("up" in log.read_text().split() for log in logs), "the workers did not start within 60 s"
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(30) == 130
-        assert b"interrupted; stopping the scheduler and workers" in proc.stderr.read()
+        try:
+            code = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = None
+        stderr = proc.stderr.read().decode(errors="replace")
+        assert code == 130, stderr
+        assert "interrupted; stopping the scheduler and workers" in stderr
     finally:
         if proc.poll() is None:
             proc.kill()
+        proc.stderr.close()
 
 
 def test_msrun_on_two_nodes_joins_node_rank_1_to_the_scheduler_of_node_rank_0(tmp_path):

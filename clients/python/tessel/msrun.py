@@ -417,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
             failures = launch.wait()
         except KeyboardInterrupt:
             print("tessel msrun: interrupted; stopping the scheduler and workers", file=sys.stderr)
+            failures = None
+        # What remains (stopping the processes, this interpreter's end) is bounded: should it hang, every thread's
+        # stack goes to stderr after TESSEL_EXIT_TIMEOUT seconds and msrun exits 1.
+        from tessel.communication.supervision import bound_exit
+
+        bound_exit()
+        if failures is None:
             launch.stop()
             return 130
     for follower in followers:
