@@ -473,6 +473,12 @@ class Tensor:
     def min(self, axis=None, keepdims: bool = False) -> Tensor:
         return F.amin(self, axis, keepdims)
 
+    def all(self, axis=None, keep_dims: bool = False) -> Tensor:
+        return F.all(self, axis, keep_dims)
+
+    def any(self, axis=None, keep_dims: bool = False) -> Tensor:
+        return F.any(self, axis, keep_dims)
+
     def argmax(self, axis=None, keepdims: bool = False) -> Tensor:
         return F.argmax(self, axis, keepdims)
 
@@ -628,8 +634,6 @@ def _traced_index(trace: Any, key: Tensor) -> Any:
 # MindSpore Tensor methods tessel has not yet: asking for one says so, where a bare AttributeError would not
 _MINDSPORE_METHODS_NOT_YET = frozenset(
     [
-        "all",
-        "any",
         "std",
         "var",
         "cumsum",

@@ -11,6 +11,8 @@ from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborE
 from tessel.ops.functional import *  # noqa: F403 - the functional forms are ops.<name>
 from tessel.ops.functional import (  # explicit names that star-import would skip or that shadow builtins
     abs,
+    all,
+    any,
     pow,
     round,
     sum,
@@ -31,4 +33,4 @@ def __getattr__(name: str):
 
 __all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "NeighborExchange", "NeighborExchangeV2", "Primitive"]
 __all__ += ["ReduceOp", "ReduceScatter", "functional"]
-__all__ += ["abs", "pow", "round", "sum"]
+__all__ += ["abs", "all", "any", "pow", "round", "sum"]

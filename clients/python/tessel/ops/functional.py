@@ -6,6 +6,7 @@ works alike when tracing (graph mode, autodiff) and eagerly (PYNATIVE_MODE). Pyt
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Sequence
 from typing import Any
 
@@ -208,6 +209,22 @@ def amin(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
     return apply_op("ReduceMin", input, axis=_axis(axis), keep_dims=bool(keepdims))
 
 
+def all(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
+    """Whether every element over `axis` (every dim when None) is true (non-zero), a bool tensor (MindSpore's
+    ops.all)."""
+    return amin(_as_bool(input), axis, keep_dims)
+
+
+def any(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
+    """Whether any element over `axis` (every dim when None) is true (non-zero), a bool tensor (MindSpore's
+    ops.any)."""
+    return amax(_as_bool(input), axis, keep_dims)
+
+
+def _as_bool(input: Any) -> Any:
+    return input if dtype_of(input) == DType.bool_ else not_equal(input, 0)
+
+
 def _arg(op: str, input: Any, dim: Any, keepdim: bool, output_type: DType = DType.int64) -> Tensor:
     if dim is None:
         return apply_op(op, reshape(input, (-1,)), axis=0, keep_dims=False, output_type=output_type)
@@ -294,7 +311,7 @@ def flatten(input: Any, order: str = "C", *, start_dim: int = 1, end_dim: int = 
     if start == end:
         return input
     merged = shape[start : end + 1]
-    if any(isinstance(d, str) for d in merged):
+    if builtins.any(isinstance(d, str) for d in merged):  # ops.any is this module's
         raise ConfigurationError(f"flatten: cannot merge symbolic dims {merged}; flatten dims of known size")
     return reshape(input, (*shape[:start], int(np.prod(merged)), *shape[end + 1 :]))
 
