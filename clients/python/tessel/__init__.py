@@ -20,6 +20,7 @@ import sys
 from typing import Any
 
 _SUBMODULES = {
+    "amp",
     "autograd",
     "common",
     "communication",
@@ -94,6 +95,9 @@ _NAMES = {
     "grad": "tessel.autograd",
     "GradOperation": "tessel.autograd",
     "Model": "tessel.train.model",
+    "LossScaleManager": "tessel.train.loss_scale_manager",
+    "FixedLossScaleManager": "tessel.train.loss_scale_manager",
+    "DynamicLossScaleManager": "tessel.train.loss_scale_manager",
     "Profiler": "tessel.profiler",
     "save_checkpoint": "tessel.train.serialization",
     "load_checkpoint": "tessel.train.serialization",

@@ -42,12 +42,15 @@ from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate sched
 from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.wrap import (
     DistributedGradReducer,
+    DynamicLossScaleUpdateCell,
+    FixedLossScaleUpdateCell,
     GradAccumulation,
     GradAccumulationCell,
     MicroBatchInterleaved,
     PipelineCell,
     PipelineGradReducer,
     TrainOneStepCell,
+    TrainOneStepWithLossScaleCell,
     WithEvalCell,
     WithLossCell,
 )
@@ -87,6 +90,8 @@ __all__ = [
     "CrossEntropyLoss",
     "Dense",
     "DistributedGradReducer",
+    "DynamicLossScaleUpdateCell",
+    "FixedLossScaleUpdateCell",
     "Dropout",
     "Embedding",
     "Flatten",
@@ -114,6 +119,7 @@ __all__ = [
     "SoftmaxCrossEntropyWithLogits",
     "Tanh",
     "TrainOneStepCell",
+    "TrainOneStepWithLossScaleCell",
     "WithEvalCell",
     "WithLossCell",
     "get_activation",

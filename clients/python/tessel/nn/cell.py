@@ -40,6 +40,7 @@ class Cell:
         object.__setattr__(self, "training", False)
         object.__setattr__(self, "requires_grad", False)
         object.__setattr__(self, "_float_dtype", None)
+        object.__setattr__(self, "_output_dtype", None)  # set by tessel.amp: float outputs cast to it on return
         object.__setattr__(self, "_compiled", None)
         object.__setattr__(self, "_pipeline_stage", -1)
         object.__setattr__(self, "_shard", None)
@@ -463,10 +464,13 @@ class Cell:
                 )
             args = tuple(constrain(a, s) for a, s in zip(args, strategies)) + args[len(strategies) :]
         if self._float_dtype is None:
-            return self.construct(*args, **kwargs)
-        args = tuple(_cast_float(a, self._float_dtype) for a in args)
-        with compute_in(self._float_dtype):
-            return self.construct(*args, **kwargs)
+            out = self.construct(*args, **kwargs)
+        else:
+            args = tuple(_cast_float(a, self._float_dtype) for a in args)
+            with compute_in(self._float_dtype):
+                out = self.construct(*args, **kwargs)
+        output_dtype = self.__dict__.get("_output_dtype")
+        return out if output_dtype is None else cast_float_outputs(out, output_dtype)
 
     def _graph_call(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_function()(*args, **kwargs)
@@ -537,6 +541,14 @@ def _cast_float(value: Any, dtype) -> Any:
     if isinstance(value, Tensor) and value.dtype.is_float and value.dtype != dtype:
         return value.astype(dtype)
     return value
+
+
+def cast_float_outputs(value: Any, dtype) -> Any:
+    """Every float Tensor in `value` (a Tensor, or tuples and lists of them) cast to `dtype`; the rest as it is
+    (MindSpore's mixed_precision_cast)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(cast_float_outputs(v, dtype) for v in value)
+    return _cast_float(value, dtype)
 
 
 def _named(err: Exception, cell: Cell, stack: list) -> Exception:

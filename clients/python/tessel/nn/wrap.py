@@ -16,7 +16,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
 from tessel.compiler import Graph, apply, bucket_allreduce
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
 
@@ -48,6 +48,34 @@ class WithEvalCell(Cell):
         if self.add_cast_fp32:
             outputs = F.cast(outputs, "float32")
         return self._loss_fn(outputs, label), outputs, label
+
+
+_LOSS_SCALE_CELLS = (
+    "not supported yet: nn.{name} (MindSpore's update that a step whose gradients overflowed skips; MindSpore refuses "
+    "it on device CPU too); scale the loss by a fixed value with TrainOneStepCell(network, optimizer, sens=S) and the "
+    "optimizer's loss_scale=S, or use amp.DynamicLossScaler with amp.all_finite in a PYNATIVE_MODE training loop"
+)
+
+
+class TrainOneStepWithLossScaleCell(Cell):
+    """MindSpore's train step with overflow checks and a dynamic loss scale: not supported yet."""
+
+    def __init__(self, network: Cell, optimizer, scale_sense):
+        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
+
+
+class DynamicLossScaleUpdateCell(Cell):
+    """The loss-scale update TrainOneStepWithLossScaleCell runs: not supported yet."""
+
+    def __init__(self, loss_scale_value: float, scale_factor: int, scale_window: int):
+        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
+
+
+class FixedLossScaleUpdateCell(Cell):
+    """The fixed loss scale TrainOneStepWithLossScaleCell runs with: not supported yet."""
+
+    def __init__(self, loss_scale_value: float):
+        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
 
 
 class FusedTrainStep:

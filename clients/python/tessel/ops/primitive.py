@@ -45,10 +45,17 @@ def _recorded(call: Callable) -> Callable:
 
     @functools.wraps(call)
     def wrapper(self: Primitive, *args: Any, **kwargs: Any) -> Any:
+        amp = self.__dict__.get("_amp_dtype")
+        if amp is not None:  # on tessel.amp's O1 white list: float inputs in `amp`, float outputs back in float32
+            from tessel.nn.cell import cast_float_outputs
+
+            args = cast_float_outputs(args, amp)
         if current() is None:
-            return call(self, *args, **kwargs)
-        with created_by(self):
-            return call(self, *args, **kwargs)
+            out = call(self, *args, **kwargs)
+        else:
+            with created_by(self):
+                out = call(self, *args, **kwargs)
+        return out if amp is None else cast_float_outputs(out, DType.float32)
 
     wrapper._tessel_recorded = True  # type: ignore[attr-defined]
     return wrapper

@@ -10,6 +10,7 @@ from tessel.train.callback import (
     RunContext,
     TimeMonitor,
 )
+from tessel.train.loss_scale_manager import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 from tessel.train.metrics import (
     MAE,
     MSE,
@@ -31,10 +32,13 @@ __all__ = [
     "Accuracy",
     "Callback",
     "CheckpointConfig",
+    "DynamicLossScaleManager",
+    "FixedLossScaleManager",
     "History",
     "LambdaCallback",
     "Loss",
     "LossMonitor",
+    "LossScaleManager",
     "Metric",
     "Model",
     "ModelCheckpoint",

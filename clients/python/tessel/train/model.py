@@ -34,7 +34,7 @@ from tessel import context, profiler
 from tessel.common import rank_step
 from tessel.common.support import keyword_options
 from tessel.common.tensor import Tensor
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.nn.cell import Cell
 from tessel.nn.wrap import FusedTrainStep, TrainOneStepCell, WithEvalCell, WithLossCell
 from tessel.train import batch_split
@@ -49,19 +49,9 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return value
 
 
-# MindSpore's Model(**kwargs): keep_batchnorm_fp32 and boost_config_dict act only with amp_level / boost_level above
-# 'O0', which tessel refuses; a loss scale manager is not supported yet.
-_MODEL_HINTS = {
-    "keep_batchnorm_fp32": "it acts only with amp_level above 'O0'",
-    "boost_config_dict": "it acts only with boost_level above 'O0'",
-}
-_MODEL_UNSUPPORTED = {
-    "loss_scale_manager": (
-        (None,),
-        "for a fixed loss scale S, train TrainOneStepCell(WithLossCell(net, loss_fn), optimizer, sens=S) with the "
-        "optimizer's loss_scale=S",
-    ),
-}
+# MindSpore's Model(**kwargs): boost_config_dict acts only with boost_level above 'O0', which tessel refuses
+_MODEL_HINTS = {"boost_config_dict": "it acts only with boost_level above 'O0'"}
+_MODEL_AMP_OPTIONS = ("keep_batchnorm_fp32", "loss_scale_manager")
 
 
 class Model:
@@ -81,9 +71,15 @@ class Model:
     ):
         if not isinstance(network, Cell):
             raise ConfigurationError(f"Model: network must be a Cell, got {type(network).__name__}")
-        keyword_options("Model", kwargs, _MODEL_HINTS, _MODEL_UNSUPPORTED)
-        if amp_level != "O0" or boost_level != "O0":
-            raise ConfigurationError("Model: only amp_level='O0' and boost_level='O0' are supported; use to_float()")
+        amp_options = {k: kwargs.pop(k) for k in _MODEL_AMP_OPTIONS if k in kwargs}
+        keyword_options("Model", kwargs, _MODEL_HINTS, {})
+        if boost_level != "O0":
+            raise NotSupportedYetError(f"Model: boost_level {boost_level!r} is not supported yet; use 'O0'")
+        if optimizer is None and amp_level != "O0":  # MindSpore's check
+            raise ConfigurationError(f"Model: amp_level {amp_level!r} needs an optimizer; without one use 'O0'")
+        if optimizer is None and amp_options.get("loss_scale_manager") is not None:
+            raise ConfigurationError("Model: loss_scale_manager needs an optimizer")
+        self._amp_level, self._amp_options = amp_level, amp_options
         if eval_indexes is not None and (len(eval_indexes) != 3 or eval_network is None):
             raise ConfigurationError("Model: eval_indexes needs eval_network and 3 indexes (loss, prediction, label)")
         self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
@@ -95,6 +91,12 @@ class Model:
     def _build_train_network(self) -> Cell | None:
         if self._optimizer is None:
             return self._network if isinstance(self._network, TrainOneStepCell) else None
+        if self._amp_level != "O0" or self._amp_options:  # as MindSpore: amp.build_train_network
+            from tessel import amp
+
+            return amp.build_train_network(
+                self._network, self._optimizer, self._loss_fn, level=self._amp_level, **self._amp_options
+            )
         loss_net = WithLossCell(self._network, self._loss_fn) if self._loss_fn is not None else self._network
         return TrainOneStepCell(loss_net, self._optimizer)
 
@@ -341,8 +343,8 @@ class Model:
         (every metric gets every output), or "network" (no loss: the network's output and the label)."""
         if self._eval_network is not None:
             return self._eval_network, None if self._eval_indexes is None else tuple(self._eval_indexes)
-        if self._loss_fn is not None:
-            return WithEvalCell(self._network, self._loss_fn), (0, 1, 2)
+        if self._loss_fn is not None:  # O2 / O3 ran the network in float16: its outputs enter the loss as float32
+            return WithEvalCell(self._network, self._loss_fn, self._amp_level in ("O2", "O3")), (0, 1, 2)
         if isinstance(self._network, WithLossCell):
             return WithEvalCell(self._network.backbone_network, self._network._loss_fn), (0, 1, 2)
         if any(isinstance(m, Loss) for m in self._metrics.values()):
