@@ -15,7 +15,7 @@ import numpy as np
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 
 def _unary(op: str, doc: str):
@@ -148,6 +148,77 @@ def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
 
 
 clip = clamp
+
+
+def clip_by_value(x: Any, clip_value_min: Any = None, clip_value_max: Any = None) -> Any:
+    """x (a Tensor, or a tuple or list of them) limited to [clip_value_min, clip_value_max], the bounds cast to x's
+    dtype (MindSpore's ops.clip_by_value; min above max gives max)."""
+    if clip_value_min is None and clip_value_max is None:
+        raise ConfigurationError("clip_by_value: give clip_value_min, clip_value_max or both")
+    if isinstance(x, (tuple, list)):
+        return type(x)(clip_by_value(t, clip_value_min, clip_value_max) for t in x)
+    if not isinstance(x, Tensor):
+        raise ConfigurationError(f"clip_by_value: x must be a Tensor, or a tuple or list of them: {type(x).__name__}")
+    out = x
+    if clip_value_min is not None:
+        out = maximum(out, cast(clip_value_min, x.dtype))
+    if clip_value_max is not None:
+        out = minimum(out, cast(clip_value_max, x.dtype))
+    return out
+
+
+def _clip_tensors(x: Any, who: str) -> list:
+    tensors = [x] if isinstance(x, Tensor) else list(x) if isinstance(x, (tuple, list)) else None
+    if not tensors or not builtins.all(isinstance(t, Tensor) for t in tensors):
+        raise ConfigurationError(f"{who}: x must be a Tensor or a non-empty tuple or list of Tensors")
+    return tensors
+
+
+def clip_by_global_norm(x: Any, clip_norm: float = 1.0, use_norm: Any = None) -> tuple:
+    """Every tensor of x times clip_norm / max(global norm, clip_norm), the global norm being the L2 norm of all of
+    them together (MindSpore's ops.clip_by_global_norm). Under SEMI_AUTO/AUTO_PARALLEL the tensors are the whole
+    ones, so the norm is the global one as MindSpore's all-reduce makes it."""
+    if use_norm is not None:
+        raise ConfigurationError(f"clip_by_global_norm: use_norm only supports None (as MindSpore), got {use_norm!r}")
+    if isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float)) or not clip_norm > 0:
+        raise ConfigurationError(f"clip_by_global_norm: clip_norm must be a number > 0, got {clip_norm!r}")
+    if not isinstance(x, (tuple, list)):
+        raise ConfigurationError(f"clip_by_global_norm: x must be a tuple or list of Tensors, got {type(x).__name__}")
+    tensors = _clip_tensors(x, "clip_by_global_norm")
+    squares = [cast(sum(square(t)), DType.float32) for t in tensors]
+    total = squares[0]
+    for part in squares[1:]:
+        total = total + part
+    norm = maximum(sqrt(total), float(clip_norm))
+    return tuple(cast(t * float(clip_norm) / norm, t.dtype) for t in tensors)
+
+
+def clip_by_norm(x: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Any:
+    """x (a Tensor, or a tuple or list of them) scaled by max_norm / (total norm + 1e-6) when that is below 1; the
+    total norm is the norm of the tensors' own norms (MindSpore's ops.clip_by_norm, whose norm of order p is
+    (sum x^p)^(1/p), taken here the same way; order inf is the largest |x|)."""
+    tensors = _clip_tensors(x, "clip_by_norm")
+    p = float(norm_type)
+    if p == float("inf"):
+        norms = [amax(abs(t)) for t in tensors]
+        total = norms[0]
+        for part in norms[1:]:
+            total = maximum(total, part)
+    else:
+        norms = [cast(pow(sum(pow(t, p)), 1.0 / p), t.dtype) for t in tensors]
+        stacked = stack(norms)
+        total = cast(pow(sum(pow(stacked, p)), 1.0 / p), stacked.dtype)
+    if error_if_nonfinite:
+        if current() is not None:
+            raise NotSupportedYetError(
+                "clip_by_norm: error_if_nonfinite=True inside a graph is not supported yet (it needs the norm's "
+                "value while the graph is traced); check ops.isfinite on the result instead"
+            )
+        if not np.isfinite(total.asnumpy()).all():
+            raise RuntimeError(f"clip_by_norm: the total norm of order {norm_type} of the input is not finite")
+    coef = minimum(float(max_norm) / (total + 1e-6), 1.0)  # x * 1.0 is x: MindSpore leaves x as it is there
+    clipped = [t * cast(coef, t.dtype) for t in tensors]
+    return clipped[0] if isinstance(x, Tensor) else type(x)(clipped)
 
 
 def isnan(input: Any) -> Tensor:
