@@ -268,9 +268,10 @@ def build_train_network(
     boost_level: str = "O0",
     **kwargs: Any,
 ) -> nn.Cell:
-    """The train step of `network` (with `loss_fn` when given) at mixed-precision `level`: a TrainOneStepCell
-    whose gradients are scaled by the loss scale manager's scale. kwargs: cast_model_type, keep_batchnorm_fp32,
-    loss_scale_manager, each overriding what `level` implies."""
+    """The train step of `network` (with `loss_fn` when given) at mixed-precision `level`: a TrainOneStepCell whose
+    gradients are scaled by the loss scale manager's scale, or, for a manager that drops overflowing updates (O2's
+    default), a TrainOneStepWithLossScaleCell with the manager's update cell. kwargs: cast_model_type,
+    keep_batchnorm_fp32, loss_scale_manager, each overriding what `level` implies."""
     _check_network(network, "build_train_network")
     if not isinstance(optimizer, nn.Optimizer):
         raise ConfigurationError(f"build_train_network: optimizer must be an nn.Optimizer, got {type(optimizer)}")
@@ -318,5 +319,7 @@ def build_train_network(
     loss_scale = None
     if manager is not None:
         loss_scale = manager.get_loss_scale()
-        manager.get_update_cell()  # a manager that drops overflowing updates: not supported yet, said here
+        update_cell = manager.get_update_cell()
+        if update_cell is not None:  # overflowing steps are skipped (MindSpore refuses this on CPU; tessel runs it)
+            return nn.TrainOneStepWithLossScaleCell(network, optimizer, scale_sense=update_cell).set_train()
     return nn.TrainOneStepCell(network, optimizer, loss_scale).set_train()

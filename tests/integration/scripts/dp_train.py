@@ -4,7 +4,9 @@ against a float64 numpy reference of 1-rank training on the N-times global batch
 MODE: model (Model.train, feed mode), sink (Model.train, dataset_sink_mode=True), loop (custom loop:
 value_and_grad + DistributedGradReducer + optimizer), pynative (the custom loop in PYNATIVE_MODE), sum
 (gradients_mean=False: the reference gets the sum of the N ranks' gradients), amp (Model.train at amp_level O2 with a
-fixed loss scale of 128: float16 compute, so the reference is met to float16's rounding, 2e-3 relative).
+fixed loss scale of 128: float16 compute, so the reference is met to float16's rounding, 2e-3 relative), lossscale
+(Model.train with DynamicLossScaleManager(2**10): TrainOneStepWithLossScaleCell traced as one program, its overflow
+check on the all-reduced gradients).
 Prints `dp <mode> ok on rank r of n: relative error E, losses L0 ... L19`; any mismatch raises.
 """
 
@@ -87,16 +89,21 @@ net = Net()
 loss_fn = nn.CrossEntropyLoss()
 optimizer = nn.Momentum(net.trainable_params(), LR, MOMENTUM)
 losses = []
-if MODE in ("model", "sink", "sum", "amp"):
+if MODE in ("model", "sink", "sum", "amp", "lossscale"):
 
     class Record(LossMonitor):
         def on_train_step_end(self, run_context):
-            losses.append(float(run_context.original_args().net_outputs.asnumpy()))
+            outputs = run_context.original_args().net_outputs  # (loss, overflow, scale) from a loss-scaled step
+            losses.append(float((outputs[0] if isinstance(outputs, tuple) else outputs).asnumpy()))
 
     if MODE == "amp":
         optimizer = nn.Momentum(net.trainable_params(), LR, MOMENTUM, loss_scale=128.0)
         scale = ms.FixedLossScaleManager(128.0, drop_overflow_update=False)
         model = ms.Model(net, loss_fn=loss_fn, optimizer=optimizer, amp_level="O2", loss_scale_manager=scale)
+    elif MODE == "lossscale":
+        scale = ms.DynamicLossScaleManager(2**10, 2, 50)
+        model = ms.Model(net, loss_fn=loss_fn, optimizer=optimizer, loss_scale_manager=scale)
+        assert isinstance(model.train_network, nn.TrainOneStepWithLossScaleCell)
     else:
         model = ms.Model(net, loss_fn=loss_fn, optimizer=optimizer)
     model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=MODE == "sink")

@@ -177,17 +177,73 @@ def test_loss_scale_managers_follow_mindspores_rules():
         seen.append(manager.get_loss_scale())
     assert seen == [16, 32, 16, 16, 32, 32]  # up every scale_window steps after the last overflow
     assert manager.get_drop_overflow_update() is True
-    with pytest.raises(NotSupportedYetError, match="TrainOneStepWithLossScaleCell"):
-        manager.get_update_cell()
+    cell = manager.get_update_cell()
+    assert isinstance(cell, nn.DynamicLossScaleUpdateCell) and cell.get_loss_scale() == 32
     fixed = ms.FixedLossScaleManager(1024.0, drop_overflow_update=False)
     assert fixed.get_loss_scale() == 1024.0 and fixed.get_update_cell() is None
+    assert isinstance(ms.FixedLossScaleManager(64.0).get_update_cell(), nn.FixedLossScaleUpdateCell)
     with pytest.raises(ConfigurationError, match="loss_scale must be >= 1"):
         ms.FixedLossScaleManager(0.5)
     with pytest.raises(ConfigurationError, match="scale_window must be an int > 0"):
         ms.DynamicLossScaleManager(scale_window=0)
-    with pytest.raises(NotSupportedYetError, match=r"nn\.TrainOneStepWithLossScaleCell"):
-        nn.TrainOneStepWithLossScaleCell(Net(), nn.SGD(Net().trainable_params(), 0.1), ms.Tensor(np.float32(1)))
     assert ms.train.FixedLossScaleManager is ms.amp.FixedLossScaleManager is ms.FixedLossScaleManager
+
+
+def _update_cell_rule(flags, scale, factor, window):
+    """MindSpore's DynamicLossScaleUpdateCell.construct in plain Python: the scale after each step."""
+    cur, last, seen = 1, 0, []
+    for overflow in flags:
+        lowered = max(scale / factor, 1.0) if overflow else scale
+        grow = window <= cur - last
+        last = cur if (overflow or grow) else last
+        scale = lowered * factor if (grow and not overflow) else lowered
+        cur += 1
+        seen.append(scale)
+    return seen
+
+
+@MODES
+def test_train_one_step_with_loss_scale_skips_overflowing_steps_and_follows_the_update_cell(mode):
+    ms.set_context(mode=getattr(ms, mode))
+    labels = ms.Tensor(Y * 100)
+
+    def network():
+        ms.set_seed(0)
+        net = nn.Dense(4, 2)
+        return net, nn.Momentum(net.trainable_params(), 0.01, 0.9)
+
+    net, optimizer = network()
+    update = nn.DynamicLossScaleUpdateCell(loss_scale_value=2.0**124, scale_factor=4, scale_window=3)
+    step = nn.TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, scale_sense=update)
+    flags, scales = [], []
+    for _ in range(12):
+        loss, overflow, _ = step(ms.Tensor(X), labels)
+        flags.append(bool(overflow.asnumpy()))
+        scales.append(float(step.scale_sense.asnumpy()))
+        assert np.isfinite(float(loss.asnumpy()))  # the unscaled loss
+    assert True in flags and False in flags  # at 2**124 the gradients overflow; a few steps down they do not
+    assert scales == _update_cell_rule(flags, 2.0**124, 4, 3)
+    assert optimizer.global_step.asnumpy().tolist() == [flags.count(False)]  # skipped steps are not counted
+    plain_net, plain_optimizer = network()
+    plain = nn.TrainOneStepCell(nn.WithLossCell(plain_net, nn.MSELoss()), plain_optimizer)
+    for _ in range(flags.count(False)):
+        plain(ms.Tensor(X), labels)
+    for a, b in zip(net.trainable_params(), plain_net.trainable_params()):  # power-of-two scales: exact
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+
+
+def test_train_one_step_with_a_tensor_scale_and_its_errors():
+    net = nn.Dense(4, 2)
+    optimizer = nn.SGD(net.trainable_params(), 0.1)
+    step = nn.TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, ms.Tensor([1024.0]))
+    _, overflow, scale = step(ms.Tensor(X), ms.Tensor(Y))
+    assert not bool(overflow.asnumpy()) and scale.asnumpy().tolist() == [1024.0]
+    step.set_sense_scale(ms.Tensor([1.0]))
+    assert step(ms.Tensor(X), ms.Tensor(Y))[2].asnumpy().tolist() == [1.0]
+    with pytest.raises(ConfigurationError, match=r"scale_sense must have shape \(\) or \(1,\)"):
+        nn.TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, ms.Tensor([1.0, 2.0]))
+    with pytest.raises(ConfigurationError, match="scale_sense must be a Cell or a Tensor"):
+        nn.TrainOneStepWithLossScaleCell(nn.WithLossCell(net, nn.MSELoss()), optimizer, 1024.0)
 
 
 def _model_weights(amp_level, optimizer_scale=1.0, **kwargs):
@@ -199,7 +255,7 @@ def _model_weights(amp_level, optimizer_scale=1.0, **kwargs):
     return model, [p.asnumpy() for p in net.trainable_params()]
 
 
-def test_model_amp_levels_train_with_a_fixed_loss_scale_and_refuse_what_mindspore_refuses_on_cpu():
+def test_model_amp_levels_train_with_loss_scale_managers():
     _, o0 = _model_weights("O0")
     _, plain = _model_weights("O2", loss_scale_manager=None)
     model, scaled = _model_weights("O2", 128.0, loss_scale_manager=ms.FixedLossScaleManager(128.0, False))
@@ -212,7 +268,11 @@ def test_model_amp_levels_train_with_a_fixed_loss_scale_and_refuse_what_mindspor
     assert model.predict(ms.Tensor(X)).dtype == DType.float16  # the predict network is the float16 network
     loss = model.eval(ds.NumpySlicesDataset({"x": X, "y": Y}, shuffle=False).batch(4))["loss"]
     assert np.isfinite(loss)
-    with pytest.raises(NotSupportedYetError, match=r"DynamicLossScaleManager needs nn\.TrainOneStepWithLossScaleCell"):
-        _model_weights("O2")  # O2's default manager is dynamic: MindSpore refuses it on CPU
-    with pytest.raises(NotSupportedYetError, match=r"FixedLossScaleManager\(drop_overflow_update=True\)"):
-        _model_weights("O3", loss_scale_manager=ms.FixedLossScaleManager(128.0))
+    # O2's default manager is dynamic (2**24): a train step that skips overflowing updates, MindSpore's on Ascend/GPU
+    dynamic, default = _model_weights("O2")
+    assert isinstance(dynamic.train_network, nn.TrainOneStepWithLossScaleCell)
+    dropping, fixed = _model_weights("O3", loss_scale_manager=ms.FixedLossScaleManager(128.0))
+    assert isinstance(dropping.train_network.loss_scaling_manager, nn.FixedLossScaleUpdateCell)
+    for a, b in zip(plain, default):
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)  # no step overflowed: the same training
+    assert all(np.isfinite(w).all() for w in fixed)

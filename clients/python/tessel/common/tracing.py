@@ -64,6 +64,9 @@ class SdkTrace:
         self.differentiated = False  # what is traced here is differentiated (a gradient function, a train step)
         self.feeders: dict[str, Callable[[], np.ndarray]] = {}
         self.after_run: list[Callable[[], None]] = []
+        # A bool scalar while an update may not apply (TrainOneStepWithLossScaleCell after an overflow): the
+        # optimizer's assigns keep the old values where it is false.
+        self.update_gate: SymbolicTensor | None = None
         self.cells: dict[int, Any] = {}  # cells traced through: their train/eval modes select compiled entries
         # For the parallel pass (tessel.parallel): the Primitive whose call created a node, and the nodes created
         # inside a cell set with set_data_parallel(), both keyed by the node's first output (graph rewrites that

@@ -9,6 +9,8 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import numpy as np
+
 from tessel import context
 from tessel.common import rank_step
 from tessel.common.compiled import Call, CompiledFunction, arg_names_of, rename_inputs
@@ -16,7 +18,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
 from tessel.compiler import Graph, apply, bucket_allreduce
-from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import functional as F
 
@@ -48,34 +50,6 @@ class WithEvalCell(Cell):
         if self.add_cast_fp32:
             outputs = F.cast(outputs, "float32")
         return self._loss_fn(outputs, label), outputs, label
-
-
-_LOSS_SCALE_CELLS = (
-    "not supported yet: nn.{name} (MindSpore's update that a step whose gradients overflowed skips; MindSpore refuses "
-    "it on device CPU too); scale the loss by a fixed value with TrainOneStepCell(network, optimizer, sens=S) and the "
-    "optimizer's loss_scale=S, or use amp.DynamicLossScaler with amp.all_finite in a PYNATIVE_MODE training loop"
-)
-
-
-class TrainOneStepWithLossScaleCell(Cell):
-    """MindSpore's train step with overflow checks and a dynamic loss scale: not supported yet."""
-
-    def __init__(self, network: Cell, optimizer, scale_sense):
-        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
-
-
-class DynamicLossScaleUpdateCell(Cell):
-    """The loss-scale update TrainOneStepWithLossScaleCell runs: not supported yet."""
-
-    def __init__(self, loss_scale_value: float, scale_factor: int, scale_window: int):
-        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
-
-
-class FixedLossScaleUpdateCell(Cell):
-    """The fixed loss scale TrainOneStepWithLossScaleCell runs with: not supported yet."""
-
-    def __init__(self, loss_scale_value: float):
-        raise NotSupportedYetError(_LOSS_SCALE_CELLS.format(name=type(self).__name__))
 
 
 class FusedTrainStep:
@@ -366,6 +340,132 @@ class TrainOneStepCell(Cell):
         if self._runs_fused() and not kwargs:
             return self._fused.prepare(*args)
         return super()._compiled_entry(args, kwargs)
+
+
+class DynamicLossScaleUpdateCell(Cell):
+    """MindSpore's dynamic loss scale update, run by TrainOneStepWithLossScaleCell: called with the scale Parameter
+    and the step's overflow flag, it divides the scale by `scale_factor` (at least 1) after an overflow and multiplies
+    it by `scale_factor` once `scale_window` steps passed since the last overflow or increase. Returns `overflow`."""
+
+    def __init__(self, loss_scale_value: float, scale_factor: int, scale_window: int):
+        super().__init__()
+        from tessel.common.parameter import Parameter
+
+        if isinstance(scale_window, bool) or not isinstance(scale_window, int) or scale_window <= 0:
+            raise ConfigurationError(
+                f"DynamicLossScaleUpdateCell: scale_window must be an int > 0, got {scale_window!r}"
+            )
+        self.scale_window = Tensor(np.int32(scale_window))
+        self.scale_factor = Tensor(np.float32(scale_factor))
+        self.loss_scale_value = loss_scale_value
+        self.cur_iter = Parameter(Tensor(np.int32(1)), name="current_iterator_step")
+        self.last_overflow_iter = Parameter(Tensor(np.int32(0)), name="last_overflow_iterator_step")
+
+    def get_loss_scale(self) -> float:
+        return self.loss_scale_value
+
+    def construct(self, loss_scale, overflow):
+        lowered = F.maximum(loss_scale * F.reciprocal(self.scale_factor), 1.0)
+        on_overflow = F.select(overflow, lowered, loss_scale)
+        should_inc = F.less_equal(self.scale_window, self.cur_iter - self.last_overflow_iter)
+        last = F.select(F.logical_or(overflow, should_inc), self.cur_iter, self.last_overflow_iter)
+        F.assign(self.last_overflow_iter, last)
+        grow = F.logical_and(should_inc, F.logical_not(overflow))
+        F.assign(loss_scale, F.select(grow, on_overflow * self.scale_factor, on_overflow))
+        F.assign(self.cur_iter, self.cur_iter + 1)
+        return overflow
+
+
+class FixedLossScaleUpdateCell(Cell):
+    """A fixed loss scale for TrainOneStepWithLossScaleCell: the scale never changes; returns `overflow`."""
+
+    def __init__(self, loss_scale_value: float):
+        super().__init__()
+        self.loss_scale_value = loss_scale_value
+
+    def get_loss_scale(self) -> float:
+        return self.loss_scale_value
+
+    def construct(self, loss_scale, overflow):
+        return overflow
+
+
+class TrainOneStepWithLossScaleCell(TrainOneStepCell):
+    """A train step with loss scaling and overflow checks (MindSpore's): the gradients of loss * scale are divided
+    by the scale and reduced; when any is not finite the step's update is skipped (the weights, the optimizer's state
+    and its step count stay as they were), and `scale_sense` (an update cell such as DynamicLossScaleUpdateCell, or a
+    Tensor of shape () or (1,) that set_sense_scale changes) gives and updates the scale. Returns (loss, overflow,
+    the scale the step used). In a graph the skipped update is a select, so it runs as one program; MindSpore runs
+    this cell on Ascend and GPU only."""
+
+    def __init__(self, network: Cell, optimizer, scale_sense):
+        super().__init__(network, optimizer, sens=None)
+        from tessel.common.parameter import Parameter
+
+        self.loss_scaling_manager = None
+        if isinstance(scale_sense, Cell):
+            self.loss_scaling_manager = scale_sense
+            self.scale_sense = Parameter(Tensor(np.float32(scale_sense.get_loss_scale())), name="scale_sense")
+        elif isinstance(scale_sense, Tensor):
+            if tuple(scale_sense.shape) not in ((), (1,)):
+                raise ConfigurationError(
+                    f"TrainOneStepWithLossScaleCell: scale_sense must have shape () or (1,), got {scale_sense.shape}"
+                )
+            self.scale_sense = Parameter(scale_sense, name="scale_sense")
+        else:
+            raise ConfigurationError(
+                "TrainOneStepWithLossScaleCell: scale_sense must be a Cell or a Tensor, got "
+                f"{type(scale_sense).__name__}"
+            )
+
+    def construct(self, *inputs):
+        from tessel.amp import all_finite
+        from tessel.autograd import value_and_grad
+
+        network, micro = accumulated(self.network)
+        scaling_sens = self.scale_sense
+
+        def scaled(*args):
+            loss = network(*args)
+            return loss * F.cast(scaling_sens, loss.dtype) / micro, loss
+
+        (_, loss), grads = value_and_grad(scaled, None, self.weights, has_aux=True)(*inputs)
+        inverse = F.reciprocal(scaling_sens)
+        grads = self.grad_reducer(tuple(g * F.cast(inverse, g.dtype) for g in grads))
+        cond = F.logical_not(all_finite(grads))  # the reduced gradients: every rank decides alike
+        overflow = self.process_loss_scale(cond)
+        trace = current()
+        if trace is None:
+            object.__setattr__(self, "_gated", False)
+            if not overflow:
+                self.optimizer(grads)
+        else:  # one program: the update's assigns keep the old values where the step overflowed
+            object.__setattr__(self, "_gated", True)
+            gate, trace.update_gate = trace.update_gate, trace.to_symbolic(F.logical_not(overflow))
+            try:
+                self.optimizer(grads)
+            finally:
+                trace.update_gate = gate
+        return loss, cond, scaling_sens
+
+    def process_loss_scale(self, overflow):
+        """The update cell's verdict on the step (it updates the scale), or `overflow` without one."""
+        if self.loss_scaling_manager is None:
+            return overflow
+        return self.loss_scaling_manager(self.scale_sense, overflow)
+
+    def set_sense_scale(self, sens: Tensor) -> None:
+        """A new loss scale (a Tensor of the scale's shape)."""
+        if not isinstance(sens, Tensor):
+            raise ConfigurationError(f"TrainOneStepWithLossScaleCell: sens must be a Tensor, got {type(sens).__name__}")
+        self.scale_sense.set_data(sens)
+
+    def __call__(self, *inputs: Any) -> Any:
+        out = super().__call__(*inputs)
+        if current() is None and self.__dict__.get("_gated") and bool(out[1]):
+            # the program counted the skipped update as a step (the count lives on the host): take it back
+            self.optimizer.__dict__["_step"] -= 1
+        return out
 
 
 class DistributedGradReducer(Cell):

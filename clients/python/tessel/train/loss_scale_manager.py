@@ -1,24 +1,13 @@
 """MindSpore's loss scale managers (`mindspore.train.loss_scale_manager`, also `mindspore.amp` and the top level):
-what `Model(loss_scale_manager=...)` and `amp.build_train_network` scale the loss by.
-
-A fixed scale with `drop_overflow_update=False` trains: the gradients are scaled by it and the optimizer (given the
-same `loss_scale`) unscales them. Dropping the update of a step whose gradients overflowed needs
-TrainOneStepWithLossScaleCell, which tessel does not have yet; MindSpore refuses it on CPU too
-(`build_train_network`: only `None` or `FixedLossScaleManager(drop_overflow_update=False)` on device CPU).
+what `Model(loss_scale_manager=...)` and `amp.build_train_network` scale the loss by, and the update cell
+(`get_update_cell`) with which nn.TrainOneStepWithLossScaleCell skips a step whose gradients overflowed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tessel.core.errors import ConfigurationError, NotSupportedYetError
-
-_NO_UPDATE_CELL = (
-    "not supported yet: {what} needs nn.TrainOneStepWithLossScaleCell, which skips the update of a step whose "
-    "gradients overflowed (MindSpore refuses it on device CPU too); use FixedLossScaleManager(loss_scale, "
-    "drop_overflow_update=False) with the optimizer's loss_scale set to the same value, or amp.DynamicLossScaler "
-    "with amp.all_finite in a PYNATIVE_MODE training loop"
-)
+from tessel.core.errors import ConfigurationError
 
 
 def _number(owner: str, name: str, value: Any) -> float:
@@ -63,10 +52,13 @@ class FixedLossScaleManager(LossScaleManager):
     def update_loss_scale(self, overflow: bool) -> None:
         """The scale is fixed: nothing changes."""
 
-    def get_update_cell(self) -> None:
+    def get_update_cell(self) -> Any:
+        """None without dropping overflowing updates; else the cell TrainOneStepWithLossScaleCell runs."""
         if not self._drop_overflow_update:
             return None
-        raise NotSupportedYetError(_NO_UPDATE_CELL.format(what="FixedLossScaleManager(drop_overflow_update=True)"))
+        from tessel import nn
+
+        return nn.FixedLossScaleUpdateCell(self._loss_scale)
 
 
 class DynamicLossScaleManager(LossScaleManager):
@@ -114,5 +106,8 @@ class DynamicLossScaleManager(LossScaleManager):
     def get_drop_overflow_update(self) -> bool:
         return True
 
-    def get_update_cell(self) -> None:
-        raise NotSupportedYetError(_NO_UPDATE_CELL.format(what="DynamicLossScaleManager"))
+    def get_update_cell(self) -> Any:
+        """The cell TrainOneStepWithLossScaleCell updates the scale with, from the current scale."""
+        from tessel import nn
+
+        return nn.DynamicLossScaleUpdateCell(self.loss_scale, self.scale_factor, self.scale_window)

@@ -119,6 +119,13 @@ class _GlobalStep(Parameter):
         return self
 
 
+def _assign(trace: Any, target: Any, value: Any) -> None:
+    """target = value, or where the trace gates updates (an overflowing loss-scaled step) the old value when the gate
+    is false."""
+    gate = trace.update_gate
+    apply("Assign", target, value if gate is None else apply("Select", gate, value, target))
+
+
 class Optimizer(Cell):
     """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
 
@@ -279,11 +286,11 @@ class Optimizer(Cell):
             slots = {name: trace.param(made[i]) for name, made in self._slots.items()}
             decay = p.key not in self._no_decay
             new_p, new_slots = self._rule.update(p_sym, g_sym.astype(p.dtype), slots, glob, lr.astype(p.dtype), decay)
-            apply("Assign", p_sym, new_p)
+            _assign(trace, p_sym, new_p)
             for name, value in new_slots.items():
-                apply("Assign", slots[name], value)
+                _assign(trace, slots[name], value)
         for name, value in self._rule.update_globals(glob).items():
-            apply("Assign", glob[name], value)
+            _assign(trace, glob[name], value)
         return True
 
     def extend_repr(self) -> str:
