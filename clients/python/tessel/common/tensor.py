@@ -557,6 +557,56 @@ class Tensor:
     def isnan(self) -> Tensor:
         return F.isnan(self)
 
+    def isfinite(self) -> Tensor:
+        return F.isfinite(self)
+
+    # --- composed ops (tessel/ops/composed.py), with MindSpore's Tensor-method signatures ---------------------------
+    def masked_fill(self, mask: Any, value: Any) -> Tensor:
+        return C.masked_fill(self, mask, value)
+
+    def cumsum(self, axis: int | None = None, dtype: Any = None) -> Tensor:
+        """Running sums along `axis`; over the flattened tensor when axis is None."""
+        return C.cumsum(F.reshape(self, (-1,)) if axis is None else self, 0 if axis is None else axis, dtype)
+
+    def tile(self, reps: Any) -> Tensor:
+        return C.tile(self, reps)
+
+    def flip(self, dims: Any) -> Tensor:
+        return C.flip(self, dims)
+
+    def roll(self, shifts: Any, dims: Any = None) -> Tensor:
+        return C.roll(self, shifts, dims)
+
+    def tril(self, diagonal: int = 0) -> Tensor:
+        return C.tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> Tensor:
+        return C.triu(self, diagonal)
+
+    def narrow(self, axis: int, start: int, length: int) -> Tensor:
+        return C.narrow(self, axis, start, length)
+
+    def index_select(self, axis: int, index: Any) -> Tensor:
+        return C.index_select(self, axis, index)
+
+    def lerp(self, end: Any, weight: Any) -> Tensor:
+        return C.lerp(self, end, weight)
+
+    def logsumexp(self, axis: Any, keepdims: bool = False) -> Tensor:
+        return C.logsumexp(self, axis, keepdims)
+
+    def trace(self) -> Tensor:
+        return C.trace(self)
+
+    def outer(self, vec2: Any) -> Tensor:
+        return C.outer(self, vec2)
+
+    def log1p(self) -> Tensor:
+        return C.log1p(self)
+
+    def expm1(self) -> Tensor:
+        return C.expm1(self)
+
     def __getattr__(self, name: str) -> Any:
         if name in _MINDSPORE_METHODS_NOT_YET:
             raise _MissingMethod(
@@ -636,42 +686,28 @@ _MINDSPORE_METHODS_NOT_YET = frozenset(
     [
         "std",
         "var",
-        "cumsum",
         "cumprod",
-        "masked_fill",
         "clone",
         "expand",
         "expand_as",
         "repeat",
-        "tile",
         "norm",
         "isinf",
-        "isfinite",
         "softmax",
         "log_softmax",
         "where",
         "relu",
-        "logsumexp",
         "sort",
         "topk",
         "unique",
         "nonzero",
         "scatter",
-        "index_select",
         "index_add",
-        "narrow",
-        "roll",
-        "flip",
-        "triu",
-        "tril",
         "diag",
-        "trace",
         "inverse",
         "det",
-        "lerp",
         "addmm",
         "addmv",
-        "outer",
         "cross",
         "bincount",
         "histc",
@@ -726,4 +762,5 @@ def _dataset_tensor(array: np.ndarray) -> Tensor:
 # Dataset iterators (output_numpy=False) yield SDK Tensors.
 _dataset_core.to_tensor = _dataset_tensor
 
-from tessel.ops import functional as F  # noqa: E402 - the functional ops need Tensor defined first
+from tessel.ops import composed as C  # noqa: E402 - the functional ops need Tensor defined first
+from tessel.ops import functional as F  # noqa: E402

@@ -11,19 +11,24 @@ from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
 from tessel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
 from tessel.nn.layers import (
+    ELU,
     GELU,
     Dense,
     Dropout,
     Embedding,
     Flatten,
+    HSigmoid,
+    HSwish,
     Identity,
     LeakyReLU,
     LogSoftmax,
+    Mish,
     ReLU,
     ReLU6,
     Sigmoid,
     SiLU,
     Softmax,
+    Softplus,
     Tanh,
     get_activation,
 )
@@ -77,6 +82,11 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "Softplus",
+    "Mish",
+    "HSwish",
+    "HSigmoid",
+    "ELU",
     "GELU",
     "AvgPool2d",
     "GradAccumulation",

@@ -17,6 +17,7 @@ from tessel.common.support import log_once, not_supported_yet
 from tessel.common.tracing import current
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
+from tessel.ops import composed as C
 from tessel.ops import functional as F
 from tessel.ops import primitive
 
@@ -229,7 +230,7 @@ def _check_gelu(cell: Cell) -> None:
 
 def _check_alpha(cell: Cell) -> None:
     if isinstance(cell.alpha, bool) or not isinstance(cell.alpha, (int, float)):
-        raise TypeError(f"LeakyReLU: alpha must be an int or a float, got {cell.alpha!r}")
+        raise TypeError(f"{cell.cls_name}: alpha must be an int or a float, got {cell.alpha!r}")
 
 
 def _int_axis(name: str, value: Any) -> int:
@@ -274,8 +275,26 @@ LogSoftmax = _activation_cell(
     lambda c: _int_axis("LogSoftmax", c.axis),
     axis=-1,
 )
+ELU = _activation_cell(
+    "ELU", lambda c, x: C.elu(x, c.alpha), "x where x > 0, else alpha * (e^x - 1).", _check_alpha, alpha=1.0
+)
+Softplus = _activation_cell(
+    "Softplus",
+    lambda c, x: C.softplus(x, c.beta, c.threshold),
+    "log(1 + e^(beta x)) / beta; x where beta * x > threshold.",
+    beta=1,
+    threshold=20,
+)
+Mish = _activation_cell("Mish", lambda c, x: C.mish(x), "x * tanh(softplus(x)).")
+HSwish = _activation_cell("HSwish", lambda c, x: C.hardswish(x), "x * relu6(x + 3) / 6.")
+HSigmoid = _activation_cell("HSigmoid", lambda c, x: C.hardsigmoid(x), "relu6(x + 3) / 6.")
 
 _ACTIVATIONS = {
+    "elu": ELU,
+    "hsigmoid": HSigmoid,
+    "hswish": HSwish,
+    "mish": Mish,
+    "softplus": Softplus,
     "relu": ReLU,
     "relu6": ReLU6,
     "sigmoid": Sigmoid,

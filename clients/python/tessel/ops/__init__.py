@@ -8,6 +8,7 @@ communication primitives (`ops.AllReduce`) and `ops.ReduceOp`.
 from tessel.communication.comm_func import ReduceOp
 from tessel.ops import functional
 from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborExchange, ReduceScatter
+from tessel.ops.composed import *  # noqa: F403 - composed functional forms are ops.<name> too
 from tessel.ops.functional import *  # noqa: F403 - the functional forms are ops.<name>
 from tessel.ops.functional import (  # explicit names that star-import would skip or that shadow builtins
     abs,

@@ -1,0 +1,388 @@
+"""MindSpore functional ops that tessel composes from its registered ops (`ops.masked_fill`, `ops.cumsum`,
+`ops.logsumexp`, ...): each lowers, differentiates and shards as the ops it is made of, in graphs and eagerly.
+
+Index patterns (a flip, a roll, a lower triangle) are constants made from the static shape; creation ops (`arange`,
+`eye`, `linspace`) give constant tensors. The formulas are the numerically careful ones (log1p and expm1 by
+Kahan's correction, logsumexp from the maximum), checked against numpy in float64.
+"""
+
+from __future__ import annotations
+
+import builtins
+from typing import Any
+
+import numpy as np
+
+from tessel.common.dtype import DType, to_dtype
+from tessel.common.tensor import Tensor
+from tessel.core.errors import ConfigurationError
+from tessel.ops import functional as F
+from tessel.ops.nn_functional import relu6, tanh
+
+__all__ = [
+    "addcdiv",
+    "addcmul",
+    "arange",
+    "cumsum",
+    "elu",
+    "expm1",
+    "eye",
+    "flip",
+    "hardsigmoid",
+    "hardswish",
+    "index_select",
+    "inner",
+    "isclose",
+    "lerp",
+    "linspace",
+    "log1p",
+    "logical_xor",
+    "logsumexp",
+    "masked_fill",
+    "meshgrid",
+    "mish",
+    "mm",
+    "narrow",
+    "numel",
+    "outer",
+    "roll",
+    "softplus",
+    "tile",
+    "trace",
+    "tril",
+    "triu",
+    "unbind",
+]
+
+
+def _shape(x: Any, who: str) -> tuple[int, ...]:
+    shape = tuple(x.shape) if isinstance(x, Tensor) else np.shape(x)
+    if any(not isinstance(d, (int, np.integer)) for d in shape):
+        raise ConfigurationError(f"ops.{who}: needs a tensor of known shape, got {shape}")
+    return tuple(int(d) for d in shape)
+
+
+def _dim(axis: int, ndim: int, who: str) -> int:
+    if not -ndim <= axis < builtins.max(ndim, 1):
+        raise ConfigurationError(f"ops.{who}: dim {axis} is out of range for a {ndim}-D tensor")
+    return axis % builtins.max(ndim, 1)
+
+
+def _constant(array: np.ndarray) -> Tensor:
+    return Tensor._wrap(np.ascontiguousarray(array))
+
+
+# --- creation --------------------------------------------------------------------------------------------------
+
+
+def arange(start: Any = 0, end: Any = None, step: Any = 1, *, dtype: Any = None) -> Tensor:
+    """[start, end) by step (one argument: [0, start)); int64 when start, end and step are all ints, float32
+    otherwise, unless `dtype` says."""
+    if end is None:
+        start, end = 0, start
+    values = [v.asnumpy().item() if isinstance(v, Tensor) else v for v in (start, end, step)]
+    if builtins.any(isinstance(v, bool) or not isinstance(v, (int, float, np.number)) for v in values):
+        raise ConfigurationError(f"ops.arange: start, end and step must be numbers, got {values}")
+    if values[2] == 0:
+        raise ConfigurationError("ops.arange: step must not be 0")
+    ints = builtins.all(isinstance(v, (int, np.integer)) for v in values)
+    out = to_dtype(dtype) if dtype is not None else (DType.int64 if ints else DType.float32)
+    return _constant(np.arange(*values, dtype=np.float64 if not ints else np.int64).astype(out.numpy))
+
+
+def linspace(start: Any, end: Any, steps: int) -> Tensor:
+    """`steps` evenly spaced float32 values from start to end, both included."""
+    start, end = (v.asnumpy().item() if isinstance(v, Tensor) else v for v in (start, end))
+    if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
+        raise ConfigurationError(f"ops.linspace: steps must be an int >= 1, got {steps!r}")
+    return _constant(np.linspace(float(start), float(end), int(steps)).astype(np.float32))
+
+
+def eye(n: int, m: int | None = None, dtype: Any = None) -> Tensor:
+    """An n x m matrix with ones on the diagonal (float32 unless `dtype` says)."""
+    out = to_dtype(dtype) if dtype is not None else DType.float32
+    return _constant(np.eye(int(n), int(n if m is None else m), dtype=out.numpy))
+
+
+def meshgrid(*inputs: Any, indexing: str = "xy") -> tuple[Tensor, ...]:
+    """Coordinate grids of 1-D tensors: 'xy' (Cartesian, the first two dims swapped) or 'ij' (matrix) indexing."""
+    if len(inputs) == 1 and isinstance(inputs[0], (tuple, list)):
+        inputs = tuple(inputs[0])
+    if indexing not in ("xy", "ij"):
+        raise ConfigurationError(f"ops.meshgrid: indexing must be 'xy' or 'ij', got {indexing!r}")
+    sizes = [_shape(t, "meshgrid") for t in inputs]
+    if builtins.any(len(s) != 1 for s in sizes):
+        raise ConfigurationError(f"ops.meshgrid: every input must be 1-D, got shapes {sizes}")
+    lengths = [s[0] for s in sizes]
+    if indexing == "xy" and len(lengths) >= 2:
+        lengths[0], lengths[1] = lengths[1], lengths[0]
+    grids = []
+    for i, t in enumerate(inputs):
+        axis = (1 - i if i < 2 else i) if indexing == "xy" and len(inputs) >= 2 else i
+        view = [1] * len(inputs)
+        view[axis] = -1
+        grids.append(F.broadcast_to(F.reshape(t, tuple(view)), tuple(lengths)))
+    return tuple(grids)
+
+
+# --- element-wise --------------------------------------------------------------------------------------------
+
+
+def log1p(input: Any) -> Tensor:
+    """ln(1 + x), exact for small x too (Kahan: log(u) * x / (u - 1) with u = 1 + x)."""
+    u = input + 1.0
+    d = u - 1.0
+    safe = F.select(F.equal(d, 0.0), F.ones_like(d), d)
+    return F.select(F.equal(d, 0.0), input, F.log(u) * input / safe)
+
+
+def expm1(input: Any) -> Tensor:
+    """e^x - 1, exact for small x too (Kahan: (u - 1) * x / log(u) with u = e^x)."""
+    u = F.exp(input)
+    d = u - 1.0
+    lu = F.log(u)
+    small = F.equal(d, 0.0)
+    safe = F.select(F.equal(lu, 0.0), F.ones_like(lu), lu)
+    exact = F.select(F.equal(d, -1.0), d, d * input / safe)
+    return F.select(small, input, F.select(F.isfinite(u), exact, u))
+
+
+def softplus(input: Any, beta: float = 1, threshold: float = 20) -> Tensor:
+    """log(1 + e^(beta x)) / beta, and x where beta * x > threshold."""
+    scaled = input * float(beta)
+    # max(z, 0) + log1p(e^-|z|): no overflow for large z, no cancellation for small
+    soft = (F.maximum(scaled, 0.0) + log1p(F.exp(-F.abs(scaled)))) / float(beta)
+    return F.select(F.greater(scaled, float(threshold)), input, soft)
+
+
+def elu(input_x: Any, alpha: float = 1.0) -> Tensor:
+    """x where x > 0, alpha * (e^x - 1) elsewhere."""
+    return F.select(F.greater(input_x, 0.0), input_x, expm1(F.minimum(input_x, 0.0)) * float(alpha))
+
+
+def mish(input: Any) -> Tensor:
+    """x * tanh(softplus(x))."""
+    return input * tanh(softplus(input))
+
+
+def hardsigmoid(input: Any) -> Tensor:
+    """relu6(x + 3) / 6."""
+    return relu6(input + 3.0) / 6.0
+
+
+def hardswish(x: Any) -> Tensor:
+    """x * relu6(x + 3) / 6."""
+    return x * relu6(x + 3.0) / 6.0
+
+
+def lerp(input: Any, end: Any, weight: Any) -> Tensor:
+    """input + weight * (end - input)."""
+    return input + weight * (end - input)
+
+
+def addcmul(input: Any, tensor1: Any, tensor2: Any, value: Any = 1) -> Tensor:
+    """input + value * tensor1 * tensor2."""
+    return input + tensor1 * tensor2 * value
+
+
+def addcdiv(input: Any, tensor1: Any, tensor2: Any, value: Any = 1) -> Tensor:
+    """input + value * tensor1 / tensor2."""
+    return input + tensor1 / tensor2 * value
+
+
+def isclose(x1: Any, x2: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|x1 - x2| <= atol + rtol * |x2| element-wise (bool); equal infinities are close; NaNs only with equal_nan."""
+    close = F.less_equal(F.abs(x1 - x2), atol + rtol * F.abs(x2))
+    close = F.logical_or(close, F.equal(x1, x2))
+    if equal_nan:
+        close = F.logical_or(close, F.logical_and(F.isnan(x1), F.isnan(x2)))
+    return close
+
+
+def logical_xor(input: Any, other: Any) -> Tensor:
+    """input xor other, element-wise (bool)."""
+    a = input if _is_bool(input) else F.not_equal(input, 0)
+    b = other if _is_bool(other) else F.not_equal(other, 0)
+    return F.logical_and(F.logical_or(a, b), F.logical_not(F.logical_and(a, b)))
+
+
+def _is_bool(x: Any) -> bool:
+    return F.dtype_of(x) == DType.bool_
+
+
+def masked_fill(input_x: Any, mask: Any, value: Any) -> Tensor:
+    """`value` where `mask` is true, input_x elsewhere (mask broadcasts to input_x)."""
+    if isinstance(value, Tensor):
+        return F.select(mask, F.cast(value, input_x.dtype), input_x)
+    return F.select(mask, _constant(np.asarray(value, input_x.dtype.numpy)), input_x)
+
+
+# --- reductions ------------------------------------------------------------------------------------------------
+
+
+def logsumexp(input: Any, axis: Any, keep_dims: bool = False) -> Tensor:
+    """log(sum(e^x)) over `axis`, computed from the maximum so that it neither overflows nor underflows."""
+    top = F.stop_gradient(F.amax(input, axis, True))
+    top = F.select(F.isfinite(top), top, F.zeros_like(top))
+    out = F.log(F.sum(F.exp(input - top), axis, True)) + top
+    return out if keep_dims else F.squeeze(out, axis)
+
+
+def cumsum(x: Any, axis: int, dtype: Any = None) -> Tensor:
+    """Running sums along `axis` (a product with a triangle of ones: exact for integers below 2**53)."""
+    source = x if dtype is None else F.cast(x, dtype)
+    shape = _shape(source, "cumsum")
+    axis = _dim(int(axis), len(shape), "cumsum")
+    n = shape[axis] if shape else 1
+    kind = source.dtype
+    wide = F.cast(source, DType.float64) if kind.is_int or kind == DType.bool_ else source
+    moved = F.transpose(wide, [*[d for d in range(len(shape)) if d != axis], axis]) if shape else F.reshape(wide, (1,))
+    triangle = _constant(np.triu(np.ones((n, n), wide.dtype.numpy)))
+    summed = F.matmul(moved, triangle)
+    back = list(range(len(shape) - 1))
+    back.insert(axis, len(shape) - 1)
+    out = F.transpose(summed, back) if shape else F.reshape(summed, ())
+    if kind.is_int or kind == DType.bool_:
+        out = F.cast(F.round(out), DType.int64 if kind == DType.bool_ else kind)
+    return out
+
+
+def trace(input: Any) -> Tensor:
+    """The sum of the main diagonal of a 2-D tensor."""
+    shape = _shape(input, "trace")
+    if len(shape) != 2:
+        raise ConfigurationError(f"ops.trace: input must be 2-D, got shape {shape}")
+    return F.sum(input * _constant(np.eye(*shape, dtype=input.dtype.numpy)))
+
+
+def numel(input: Any) -> int:
+    """The number of elements."""
+    return int(np.prod(_shape(input, "numel")))
+
+
+# --- shapes and indices ----------------------------------------------------------------------------------------
+
+
+def _triangle(input: Any, diagonal: int, lower: bool, who: str) -> Tensor:
+    shape = _shape(input, who)
+    if len(shape) < 2:
+        raise ConfigurationError(f"ops.{who}: input must be at least 2-D, got shape {shape}")
+    rows, cols = shape[-2:]
+    keep = (np.tril if lower else np.triu)(np.ones((rows, cols), bool), int(diagonal))
+    return F.select(_constant(keep), input, F.zeros_like(input))
+
+
+def tril(input: Any, diagonal: int = 0) -> Tensor:
+    """The lower triangle of the last two dims (on and below the `diagonal`-th diagonal); zeros elsewhere."""
+    return _triangle(input, diagonal, True, "tril")
+
+
+def triu(input: Any, diagonal: int = 0) -> Tensor:
+    """The upper triangle of the last two dims (on and above the `diagonal`-th diagonal); zeros elsewhere."""
+    return _triangle(input, diagonal, False, "triu")
+
+
+def _dims(dims: Any) -> list[int]:
+    return [int(dims)] if isinstance(dims, (int, np.integer)) else [int(d) for d in dims]
+
+
+def flip(input: Any, dims: Any) -> Tensor:
+    """input with the order of elements reversed along each of `dims`."""
+    shape = _shape(input, "flip")
+    out = input
+    for d in _dims(dims):
+        axis = _dim(d, len(shape), "flip")
+        out = F.gather(out, _constant(np.arange(shape[axis] - 1, -1, -1, dtype=np.int64)), axis)
+    return out
+
+
+def roll(input: Any, shifts: Any, dims: Any = None) -> Tensor:
+    """Elements shifted along `dims` by `shifts` (wrapping around); with dims None the flattened tensor, reshaped
+    back."""
+    shape = _shape(input, "roll")
+    if dims is None:
+        total = int(np.prod(shape))
+        flat = F.reshape(input, (total,))
+        step = _dims(shifts)
+        if len(step) != 1:
+            raise ConfigurationError("ops.roll: with dims None, shifts must be one int")
+        index = (np.arange(total) - step[0]) % builtins.max(total, 1)
+        return F.reshape(F.gather(flat, _constant(index.astype(np.int64)), 0), shape)
+    steps, axes = _dims(shifts), _dims(dims)
+    if len(steps) != len(axes):
+        raise ConfigurationError(f"ops.roll: shifts {steps} and dims {axes} must have the same length")
+    out = input
+    for step, d in zip(steps, axes):
+        axis = _dim(d, len(shape), "roll")
+        index = (np.arange(shape[axis]) - step) % builtins.max(shape[axis], 1)
+        out = F.gather(out, _constant(index.astype(np.int64)), axis)
+    return out
+
+
+def tile(input: Any, dims: Any) -> Tensor:
+    """input repeated dims[i] times along dim i; a shorter dims counts from the last dim, a longer one adds leading
+    dims of size 1 to input."""
+    shape = _shape(input, "tile")
+    reps = _dims(dims)
+    if builtins.any(r < 0 for r in reps):
+        raise ConfigurationError(f"ops.tile: dims must be >= 0, got {reps}")
+    ndim = builtins.max(len(shape), len(reps))
+    shape = (1,) * (ndim - len(shape)) + shape
+    reps = [1] * (ndim - len(reps)) + reps
+    x = F.reshape(input, tuple(v for d in shape for v in (1, d)))
+    x = F.broadcast_to(x, tuple(v for r, d in zip(reps, shape) for v in (r, d)))
+    return F.reshape(x, tuple(r * d for r, d in zip(reps, shape)))
+
+
+def unbind(input: Any, dim: int = 0) -> tuple[Tensor, ...]:
+    """The slices of input along `dim`, that dim removed."""
+    shape = _shape(input, "unbind")
+    axis = _dim(int(dim), len(shape), "unbind")
+    return tuple(F.squeeze(part, axis) for part in F.split(input, 1, axis))
+
+
+def narrow(input: Any, axis: int, start: int, length: int) -> Tensor:
+    """`length` elements of input along `axis` from `start`."""
+    shape = _shape(input, "narrow")
+    axis = _dim(int(axis), len(shape), "narrow")
+    if not 0 <= start <= shape[axis] or length < 0 or start + length > shape[axis]:
+        raise ConfigurationError(
+            f"ops.narrow: start {start} and length {length} must lie within dim {axis} of size {shape[axis]}"
+        )
+    return F.gather(input, _constant(np.arange(start, start + length, dtype=np.int64)), axis)
+
+
+def index_select(input: Any, axis: int, index: Any) -> Tensor:
+    """The entries of input along `axis` at the 1-D int `index`."""
+    if len(_shape(index, "index_select")) != 1:
+        raise ConfigurationError(f"ops.index_select: index must be 1-D, got shape {_shape(index, 'index_select')}")
+    return F.gather(input, index, int(axis))
+
+
+# --- products --------------------------------------------------------------------------------------------------
+
+
+def outer(input: Any, vec2: Any) -> Tensor:
+    """The outer product of two 1-D tensors."""
+    if len(_shape(input, "outer")) != 1 or len(_shape(vec2, "outer")) != 1:
+        raise ConfigurationError("ops.outer: both inputs must be 1-D")
+    return F.reshape(input, (-1, 1)) * F.reshape(vec2, (1, -1))
+
+
+def inner(input: Any, other: Any) -> Tensor:
+    """Sums of products over the last dims (a number times a tensor when either is 0-D)."""
+    a, b = _shape(input, "inner"), _shape(other, "inner")
+    if not a or not b:
+        return input * other
+    if a[-1] != b[-1]:
+        raise ConfigurationError(f"ops.inner: the last dims differ: {a} and {b}")
+    lead = F.reshape(input, (-1, a[-1]))
+    out = F.matmul(lead, F.transpose(F.reshape(other, (-1, b[-1])), [1, 0]))
+    return F.reshape(out, a[:-1] + b[:-1])
+
+
+def mm(input: Any, mat2: Any) -> Tensor:
+    """The matrix product of two 2-D tensors."""
+    if len(_shape(input, "mm")) != 2 or len(_shape(mat2, "mm")) != 2:
+        raise ConfigurationError("ops.mm: both inputs must be 2-D")
+    return F.matmul(input, mat2)

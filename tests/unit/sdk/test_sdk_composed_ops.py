@@ -1,0 +1,166 @@
+"""ops composed from registered ops (tessel/ops/composed.py): float64 numpy references in PYNATIVE_MODE and in a
+graph, gradients where they are smooth, and the errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel import ops
+from tessel.core.errors import ConfigurationError
+
+RNG = np.random.default_rng(7)
+A = RNG.standard_normal((3, 4)).astype(np.float32)
+B = RNG.standard_normal((3, 4)).astype(np.float32)
+MODES = pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+
+
+def run(mode, fn, *arrays):
+    """fn on Tensors of `arrays`: eagerly, or traced as one graph."""
+    ms.set_context(mode=getattr(ms, mode))
+    tensors = [ms.Tensor(a) for a in arrays]
+    out = ms.jit(fn)(*tensors) if mode == "GRAPH_MODE" else fn(*tensors)
+    return [o.asnumpy() for o in out] if isinstance(out, (tuple, list)) else out.asnumpy()
+
+
+@MODES
+def test_element_wise_ops_match_float64(mode):
+    x = np.array([-30.0, -5.0, -1e-6, 0.0, 1e-7, 0.5, 3.0, 25.0], np.float32)
+    x64 = x.astype(np.float64)
+    softplus = np.where(x64 > 20, x64, np.log1p(np.exp(x64)))
+    cases = {
+        "log1p": (lambda t: ops.log1p(ops.abs(t)), np.log1p(np.abs(x64))),
+        "expm1": (ops.expm1, np.expm1(x64)),
+        "softplus": (ops.softplus, softplus),
+        "elu": (lambda t: ops.elu(t, 0.7), np.where(x64 > 0, x64, 0.7 * np.expm1(x64))),
+        "mish": (ops.mish, x64 * np.tanh(softplus)),
+        "hardswish": (ops.hardswish, x64 * np.clip(x64 + 3, 0, 6) / 6),
+        "hardsigmoid": (ops.hardsigmoid, np.clip(x64 + 3, 0, 6) / 6),
+    }
+    for name, (fn, want) in cases.items():
+        got = run(mode, fn, x)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-30, err_msg=name)  # small x exact: Kahan's forms
+    got = run(mode, lambda a, b: ops.lerp(a, b, 0.25), A, B)
+    np.testing.assert_allclose(got, A + 0.25 * (B - A), rtol=1e-6)
+    got = run(mode, lambda a, b: ops.addcdiv(a, a, b + 4.0, value=0.5), A, B)
+    np.testing.assert_allclose(got, A + 0.5 * A / (B + 4.0), rtol=1e-6)
+    got = run(mode, lambda a, b: ops.addcmul(a, a, b, value=2), A, B)
+    np.testing.assert_allclose(got, A + 2 * A * B, rtol=1e-6)
+    near = np.array([1.0, np.inf, np.nan, 1.0, 2.0], np.float32)
+    other = np.array([1.0 + 1e-6, np.inf, np.nan, 1.1, 2.0], np.float32)
+    assert run(mode, ops.isclose, near, other).tolist() == [True, True, False, False, True]
+    assert run(mode, lambda a, b: ops.isclose(a, b, equal_nan=True), near, other).tolist()[2] is True
+    bools = run(mode, ops.logical_xor, np.array([1, 0, 2, 0], np.int32), np.array([1, 1, 0, 0], np.int32))
+    assert bools.tolist() == [False, True, True, False]
+    mask = A > 0
+    np.testing.assert_array_equal(run(mode, lambda a, m: ops.masked_fill(a, m, -1.5), A, mask), np.where(mask, -1.5, A))
+
+
+@MODES
+def test_reductions_and_index_patterns_match_numpy(mode):
+    big = np.array([[1000.0, 1000.0, -1000.0], [-np.inf, 0.0, 1.0]], np.float32)
+    want = np.log(np.exp(big.astype(np.float64) - big.max(1, keepdims=True)).sum(1)) + big.max(1)
+    np.testing.assert_allclose(run(mode, lambda t: ops.logsumexp(t, 1), big), want, rtol=1e-6)
+    assert run(mode, lambda t: ops.logsumexp(t, 0, keep_dims=True), A).shape == (1, 4)
+    np.testing.assert_allclose(
+        run(mode, lambda t: ops.cumsum(t, 1), A), np.cumsum(A.astype(np.float64), 1), rtol=1e-5, atol=1e-6
+    )
+    ints = np.array([[2**40, 1, -3], [7, 8, 9]], np.int64)
+    got = run(mode, lambda t: ops.cumsum(t, 0), ints)
+    assert got.dtype == np.int64 and got.tolist() == np.cumsum(ints, 0).tolist()
+    assert run(mode, lambda t: ops.cumsum(t, -1, dtype=ms.float32), ints).dtype == np.float32
+    square = RNG.standard_normal((4, 4)).astype(np.float32)
+    np.testing.assert_allclose(run(mode, ops.trace, square), np.trace(square), rtol=1e-6)
+    cube = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    for diagonal in (-1, 0, 2):
+        np.testing.assert_array_equal(run(mode, lambda t, d=diagonal: ops.tril(t, d), cube), np.tril(cube, diagonal))
+        np.testing.assert_array_equal(run(mode, lambda t, d=diagonal: ops.triu(t, d), cube), np.triu(cube, diagonal))
+    np.testing.assert_array_equal(run(mode, lambda t: ops.flip(t, (0, 2)), cube), np.flip(cube, (0, 2)))
+    np.testing.assert_array_equal(
+        run(mode, lambda t: ops.roll(t, (1, -2), (1, 2)), cube), np.roll(cube, (1, -2), (1, 2))
+    )
+    np.testing.assert_array_equal(run(mode, lambda t: ops.roll(t, 5), cube), np.roll(cube, 5))
+    for reps in ((2, 1, 3), (2,), (2, 1, 1, 2)):
+        np.testing.assert_array_equal(run(mode, lambda t, r=reps: ops.tile(t, r), cube), np.tile(cube, reps))
+    parts = run(mode, lambda t: ops.unbind(t, 1), cube)
+    assert len(parts) == 3 and all(np.array_equal(p, cube[:, i]) for i, p in enumerate(parts))
+    np.testing.assert_array_equal(run(mode, lambda t: ops.narrow(t, 2, 1, 2), cube), cube[:, :, 1:3])
+    picked = run(mode, lambda t, i: ops.index_select(t, 1, i), cube, np.array([2, 0], np.int32))
+    np.testing.assert_array_equal(picked, cube[:, [2, 0]])
+    v, w = A[0], B[1]
+    np.testing.assert_allclose(run(mode, ops.outer, v, w), np.outer(v, w), rtol=1e-6)
+    np.testing.assert_allclose(run(mode, ops.inner, A, B), np.inner(A, B), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(run(mode, lambda a, b: ops.mm(a, ops.transpose(b, (1, 0))), A, B), A @ B.T, rtol=1e-5)
+
+
+def test_creation_ops_give_mindspores_dtypes():
+    assert ops.arange(5).dtype == ms.int64 and ops.arange(5).asnumpy().tolist() == [0, 1, 2, 3, 4]
+    assert ops.arange(1, 2, 0.25).dtype == ms.float32 and ops.arange(1, 2, 0.25).asnumpy().tolist() == [
+        1,
+        1.25,
+        1.5,
+        1.75,
+    ]
+    assert ops.arange(0, 3, dtype=ms.float32).dtype == ms.float32
+    assert ops.linspace(0, 1, 5).asnumpy().tolist() == [0, 0.25, 0.5, 0.75, 1]
+    assert ops.eye(2, 3).asnumpy().tolist() == [[1, 0, 0], [0, 1, 0]] and ops.eye(2).dtype == ms.float32
+    x, y = ops.meshgrid(ms.Tensor(np.arange(3)), ms.Tensor(np.arange(2)))
+    nx, ny = np.meshgrid(np.arange(3), np.arange(2))
+    assert x.asnumpy().tolist() == nx.tolist() and y.asnumpy().tolist() == ny.tolist()
+    i, j = ops.meshgrid(ms.Tensor(np.arange(3)), ms.Tensor(np.arange(2)), indexing="ij")
+    ni, nj = np.meshgrid(np.arange(3), np.arange(2), indexing="ij")
+    assert i.asnumpy().tolist() == ni.tolist() and j.asnumpy().tolist() == nj.tolist()
+    assert ops.numel(ms.Tensor(A)) == 12
+
+
+@MODES
+def test_gradients_flow_through_the_compositions(mode):
+    ms.set_context(mode=getattr(ms, mode))
+    x = ms.Tensor(A)
+
+    def loss(t):
+        return ops.sum(ops.logsumexp(t, 1)) + ops.sum(ops.cumsum(t, 0) * ops.flip(t, 1)) + ops.sum(ops.softplus(t))
+
+    grad = ms.grad(loss)(x).asnumpy()
+    a = A.astype(np.float64)
+    soft = np.exp(a) / np.exp(a).sum(1, keepdims=True)
+    rev = np.flip(a, 1)
+    # d/da sum(cumsum(a,0) * flip(a,1)): cumsum's adjoint is a reverse cumsum; flip's is a flip
+    from_cumsum = np.flip(np.cumsum(np.flip(rev, 0), 0), 0)
+    from_flip = np.flip(np.cumsum(a, 0), 1)
+    want = soft + from_cumsum + from_flip + 1 / (1 + np.exp(-a))
+    np.testing.assert_allclose(grad, want, rtol=1e-5, atol=1e-6)
+
+
+def test_errors_name_the_rule():
+    with pytest.raises(ConfigurationError, match="must be at least 2-D"):
+        ops.tril(ms.Tensor(A[0]))
+    with pytest.raises(ConfigurationError, match="dim 3 is out of range for a 2-D tensor"):
+        ops.flip(ms.Tensor(A), 3)
+    with pytest.raises(ConfigurationError, match="must lie within dim 1 of size 4"):
+        ops.narrow(ms.Tensor(A), 1, 3, 2)
+    with pytest.raises(ConfigurationError, match="step must not be 0"):
+        ops.arange(0, 3, 0)
+    with pytest.raises(ConfigurationError, match=r"shifts .* and dims .* must have the same length"):
+        ops.roll(ms.Tensor(A), (1, 2), 0)
+    with pytest.raises(ConfigurationError, match="indexing must be 'xy' or 'ij'"):
+        ops.meshgrid(ms.Tensor(A[0]), indexing="yx")
+
+
+def test_activation_cells_built_on_them():
+    x = np.array([-2.0, 0.5, 30.0], np.float32)
+    x64 = x.astype(np.float64)
+    soft = np.where(x64 > 20, x64, np.log1p(np.exp(x64)))
+    cases = [
+        (ms.nn.ELU(alpha=0.5), np.where(x64 > 0, x64, 0.5 * np.expm1(x64))),
+        (ms.nn.Softplus(beta=2, threshold=10), np.where(2 * x64 > 10, x64, np.log1p(np.exp(2 * x64)) / 2)),
+        (ms.nn.Mish(), x64 * np.tanh(soft)),
+        (ms.nn.HSwish(), x64 * np.clip(x64 + 3, 0, 6) / 6),
+        (ms.nn.HSigmoid(), np.clip(x64 + 3, 0, 6) / 6),
+        (ms.nn.get_activation("mish"), x64 * np.tanh(soft)),
+    ]
+    for cell, want in cases:
+        np.testing.assert_allclose(cell(ms.Tensor(x)).asnumpy(), want, rtol=2e-6, err_msg=cell.cls_name)
+    with pytest.raises(TypeError, match="ELU: alpha must be an int or a float"):
+        ms.nn.ELU(alpha="1")
