@@ -164,3 +164,40 @@ def test_activation_cells_built_on_them():
         np.testing.assert_allclose(cell(ms.Tensor(x)).asnumpy(), want, rtol=2e-6, err_msg=cell.cls_name)
     with pytest.raises(TypeError, match="ELU: alpha must be an int or a float"):
         ms.nn.ELU(alpha="1")
+
+
+@MODES
+def test_statistics_and_norms_match_numpy(mode):
+    cube = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    c64 = cube.astype(np.float64)
+    for axis, ddof, keep in [(None, 0, False), (1, 1, False), ((0, 2), True, True), (-1, 0, True)]:
+        np_axis = tuple(axis) if isinstance(axis, tuple) else axis
+        got = run(mode, lambda t, a=axis, d=ddof, k=keep: ops.std(t, a, d, k), cube)
+        np.testing.assert_allclose(got, c64.std(np_axis, ddof=int(ddof), keepdims=keep), rtol=1e-5)
+        v, m = run(mode, lambda t, a=axis, d=ddof, k=keep: ops.var_mean(t, a, d, k), cube)
+        np.testing.assert_allclose(v, c64.var(np_axis, ddof=int(ddof), keepdims=keep), rtol=1e-5)
+        np.testing.assert_allclose(m, c64.mean(np_axis, keepdims=keep), rtol=1e-5, atol=1e-7)
+    for ord_, dim in [(None, None), (None, 1), (1, 2), (float("inf"), 0), (0, 1), (3, -1), (float("-inf"), 1)]:
+        got = run(mode, lambda t, o=ord_, d=dim: ops.norm(t, o, d), cube)
+        want = np.linalg.norm(c64.reshape(-1)) if dim is None else np.linalg.norm(c64, ord_, dim)
+        np.testing.assert_allclose(got, want, rtol=1e-5, err_msg=f"ord {ord_} dim {dim}")
+    square = c64[0]
+    for ord_ in ("fro", 1, -1, float("inf"), float("-inf")):
+        got = run(mode, lambda t, o=ord_: ops.norm(t, o), cube[0])
+        np.testing.assert_allclose(got, np.linalg.norm(square, ord_), rtol=1e-5, err_msg=f"matrix ord {ord_}")
+    got = run(mode, lambda t, o=1: ops.norm(t, o, (1, 2), True), cube)
+    np.testing.assert_allclose(got, np.linalg.norm(c64, 1, (1, 2), True), rtol=1e-5)
+    a, b = A.astype(np.float64), B.astype(np.float64)
+    want = (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
+    np.testing.assert_allclose(run(mode, ops.cosine_similarity, A, B), want, rtol=1e-5)
+
+
+def test_norm_errors_say_what_is_missing():
+    from tessel.core.errors import NotSupportedYetError
+
+    with pytest.raises(NotSupportedYetError, match="ord='nuc'"):
+        ops.norm(ms.Tensor(A), "nuc")
+    with pytest.raises(ConfigurationError, match="is a matrix norm; give dim two dims"):
+        ops.norm(ms.Tensor(A), "fro", 1)
+    with pytest.raises(ConfigurationError, match="ddof must be an int or a bool"):
+        ops.std(ms.Tensor(A), ddof=0.5)

@@ -604,6 +604,15 @@ class Tensor:
     def log1p(self) -> Tensor:
         return C.log1p(self)
 
+    def std(self, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
+        return C.std(self, axis, ddof, keepdims)
+
+    def var(self, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
+        return C.var(self, axis, ddof, keepdims)
+
+    def norm(self, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+        return C.norm(self, ord, dim, keepdim, dtype=dtype)
+
     def expm1(self) -> Tensor:
         return C.expm1(self)
 
@@ -684,14 +693,11 @@ def _traced_index(trace: Any, key: Tensor) -> Any:
 # MindSpore Tensor methods tessel has not yet: asking for one says so, where a bare AttributeError would not
 _MINDSPORE_METHODS_NOT_YET = frozenset(
     [
-        "std",
-        "var",
         "cumprod",
         "clone",
         "expand",
         "expand_as",
         "repeat",
-        "norm",
         "isinf",
         "softmax",
         "log_softmax",

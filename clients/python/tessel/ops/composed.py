@@ -23,6 +23,7 @@ __all__ = [
     "addcdiv",
     "addcmul",
     "arange",
+    "cosine_similarity",
     "cumsum",
     "elu",
     "expm1",
@@ -43,15 +44,20 @@ __all__ = [
     "mish",
     "mm",
     "narrow",
+    "norm",
     "numel",
     "outer",
     "roll",
     "softplus",
+    "std",
+    "std_mean",
     "tile",
     "trace",
     "tril",
     "triu",
     "unbind",
+    "var",
+    "var_mean",
 ]
 
 
@@ -226,6 +232,102 @@ def logsumexp(input: Any, axis: Any, keep_dims: bool = False) -> Tensor:
     top = F.select(F.isfinite(top), top, F.zeros_like(top))
     out = F.log(F.sum(F.exp(input - top), axis, True)) + top
     return out if keep_dims else F.squeeze(out, axis)
+
+
+def _ddof(ddof: Any, who: str) -> int:
+    if isinstance(ddof, bool):  # MindSpore: True is the unbiased estimate
+        return int(ddof)
+    if not isinstance(ddof, (int, np.integer)):
+        raise ConfigurationError(f"ops.{who}: ddof must be an int or a bool, got {ddof!r}")
+    return int(ddof)
+
+
+def _count(shape: tuple[int, ...], axis: Any) -> int:
+    if axis is None or axis == () or axis == []:
+        return int(np.prod(shape))
+    axes = _dims(axis)
+    return int(np.prod([shape[_dim(a, len(shape), "var")] for a in axes]))
+
+
+def var_mean(input: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> tuple[Tensor, Tensor]:
+    """(variance, mean) over `axis` (every dim when None); the variance divides by N - ddof."""
+    shape = _shape(input, "var_mean")
+    n = _count(shape, axis) - _ddof(ddof, "var_mean")
+    mean = F.mean(input, axis, True)
+    var = F.sum(F.square(input - mean), axis, keepdims) / float(n)
+    return var, (mean if keepdims else F.mean(input, axis, False))
+
+
+def var(input: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
+    """The variance over `axis` (every dim when None), dividing by N - ddof (ddof True: 1)."""
+    return var_mean(input, axis, ddof, keepdims)[0]
+
+
+def std_mean(input: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> tuple[Tensor, Tensor]:
+    """(standard deviation, mean) over `axis`."""
+    variance, mean = var_mean(input, axis, ddof, keepdims)
+    return F.sqrt(variance), mean
+
+
+def std(input: Any, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
+    """The standard deviation over `axis` (every dim when None), dividing by N - ddof (ddof True: 1)."""
+    return F.sqrt(var(input, axis, ddof, keepdims))
+
+
+def _vector_norm(x: Any, ord: Any, dim: Any, keepdim: bool) -> Tensor:
+    if ord is None or ord == 2:
+        return F.sqrt(F.sum(F.square(x), dim, keepdim))
+    if ord == float("inf"):
+        return F.amax(F.abs(x), dim, keepdim)
+    if ord == float("-inf"):
+        return F.amin(F.abs(x), dim, keepdim)
+    if ord == 0:
+        return F.sum(F.cast(F.not_equal(x, 0), x.dtype), dim, keepdim)
+    if ord == 1:
+        return F.sum(F.abs(x), dim, keepdim)
+    p = float(ord)
+    return F.pow(F.sum(F.pow(F.abs(x), p), dim, keepdim), 1.0 / p)
+
+
+def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """Vector norms (dim an int, or None with ord None: all elements) and matrix norms (dim two ints, or None on a
+    2-D input with ord given): ord None/2/inf/-inf/0/p for vectors; 'fro', 1, -1, inf, -inf for matrices ('nuc',
+    2 and -2 need singular values: not supported yet)."""
+    x = A if dtype is None else F.cast(A, dtype)
+    shape = _shape(x, "norm")
+    if dim is None and ord is None:
+        return _vector_norm(x, None, None, keepdim)
+    if dim is None:
+        dim = (0, 1) if len(shape) == 2 else 0 if len(shape) == 1 else None
+        if dim is None:
+            raise ConfigurationError(
+                f"ops.norm: with ord {ord!r} and no dim, the input must be 1-D or 2-D, got {shape}"
+            )
+    dims = _dims(dim)
+    if len(dims) == 1:
+        if isinstance(ord, str):
+            raise ConfigurationError(f"ops.norm: ord {ord!r} is a matrix norm; give dim two dims")
+        return _vector_norm(x, ord, dims[0], keepdim)
+    if len(dims) != 2:
+        raise ConfigurationError(f"ops.norm: dim must be an int or two ints, got {dim!r}")
+    rows, cols = (_dim(d, len(shape), "norm") for d in dims)
+    if ord is None or ord == "fro":
+        return F.sqrt(F.sum(F.square(x), (rows, cols), keepdim))
+    if ord in (1, -1, float("inf"), float("-inf")):
+        summed, kept = (rows, cols) if ord in (1, -1) else (cols, rows)
+        sums = F.sum(F.abs(x), summed, True)
+        out = (F.amax if ord in (1, float("inf")) else F.amin)(sums, kept, True)
+        return out if keepdim else F.squeeze(out, (rows, cols))
+    from tessel.common.support import not_supported_yet
+
+    raise not_supported_yet(f"mindspore.ops.norm(ord={ord!r}) of a matrix", "it needs singular values")
+
+
+def cosine_similarity(x1: Any, x2: Any, dim: int = 1, eps: float = 1e-08) -> Tensor:
+    """sum(x1 * x2) / max(|x1| * |x2|, eps) along `dim`."""
+    dot = F.sum(x1 * x2, dim)
+    lengths = F.sqrt(F.sum(F.square(x1), dim)) * F.sqrt(F.sum(F.square(x2), dim))
+    return dot / F.maximum(lengths, float(eps))
 
 
 def cumsum(x: Any, axis: int, dtype: Any = None) -> Tensor:
