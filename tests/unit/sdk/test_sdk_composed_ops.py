@@ -201,3 +201,24 @@ def test_norm_errors_say_what_is_missing():
         ops.norm(ms.Tensor(A), "fro", 1)
     with pytest.raises(ConfigurationError, match="ddof must be an int or a bool"):
         ops.std(ms.Tensor(A), ddof=0.5)
+
+
+@MODES
+def test_group_norm_matches_float64_and_trains_its_affine_parameters(mode):
+    ms.set_context(mode=getattr(ms, mode))
+    x = RNG.standard_normal((2, 6, 3, 2)).astype(np.float32)
+    cell = ms.nn.GroupNorm(3, 6)
+    cell.gamma.set_data(ms.Tensor(np.arange(1, 7, dtype=np.float32)))
+    cell.beta.set_data(ms.Tensor(np.full(6, 0.5, np.float32)))
+    g = x.astype(np.float64).reshape(2, 3, -1)
+    normed = ((g - g.mean(2, keepdims=True)) / np.sqrt(g.var(2, keepdims=True) + 1e-5)).reshape(x.shape)
+    want = normed * np.arange(1, 7).reshape(1, 6, 1, 1) + 0.5
+    np.testing.assert_allclose(cell(ms.Tensor(x)).asnumpy(), want, rtol=1e-5, atol=1e-6)
+    grads = ms.grad(lambda t: ops.sum(cell(t)), None, cell.trainable_params())(ms.Tensor(x))
+    np.testing.assert_allclose(grads[0].asnumpy(), normed.sum((0, 2, 3)), atol=1e-5)  # d/dgamma
+    np.testing.assert_allclose(grads[1].asnumpy(), np.full(6, 12.0), rtol=1e-6)  # d/dbeta: N * H * W
+    assert not ms.nn.GroupNorm(2, 4, affine=False).trainable_params()
+    with pytest.raises(ConfigurationError, match="num_channels 6 must divide by num_groups 4"):
+        ms.nn.GroupNorm(4, 6)
+    with pytest.raises(ConfigurationError, match=r"expects input \(N, 6, \.\.\.\)"):
+        cell(ms.Tensor(x[:, :4]))

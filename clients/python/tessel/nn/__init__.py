@@ -42,7 +42,7 @@ from tessel.nn.loss import (
     NLLLoss,
     SoftmaxCrossEntropyWithLogits,
 )
-from tessel.nn.norm import BatchNorm1d, BatchNorm2d, LayerNorm
+from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.wrap import (
@@ -82,6 +82,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "GroupNorm",
     "Softplus",
     "Mish",
     "HSwish",

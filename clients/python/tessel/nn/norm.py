@@ -1,4 +1,4 @@
-"""Normalisation layers: LayerNorm, BatchNorm1d and BatchNorm2d (MindSpore's names, defaults and momentum:
+"""Normalisation layers: LayerNorm, GroupNorm, BatchNorm1d and BatchNorm2d (MindSpore's names, defaults and momentum:
 moving = momentum * moving + (1 - momentum) * batch, momentum=0.9)."""
 
 from __future__ import annotations
@@ -52,6 +52,50 @@ class LayerNorm(Cell):
 
     def extend_repr(self) -> str:
         return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
+
+
+class GroupNorm(Cell):
+    """Normalise each of `num_groups` channel groups of an (N, C, *) input over its channels and positions (biased
+    variance, eps inside the square root), then scale by gamma and shift by beta per channel (MindSpore's)."""
+
+    def __init__(
+        self,
+        num_groups: int,
+        num_channels: int,
+        eps: float = 1e-05,
+        affine: bool = True,
+        gamma_init: Any = "ones",
+        beta_init: Any = "zeros",
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        for name, value in (("num_groups", num_groups), ("num_channels", num_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"GroupNorm: {name} must be an int >= 1, got {value!r}")
+        if num_channels % num_groups:
+            raise ConfigurationError(f"GroupNorm: num_channels {num_channels} must divide by num_groups {num_groups}")
+        if not isinstance(affine, bool):
+            raise ConfigurationError(f"GroupNorm: affine must be a bool, got {affine!r}")
+        self.num_groups, self.num_channels, self.eps, self.affine = num_groups, num_channels, float(eps), affine
+        self.gamma = make_parameter(gamma_init, (num_channels,), dtype, "gamma")
+        self.beta = make_parameter(beta_init, (num_channels,), dtype, "beta")
+        self.gamma.requires_grad = self.beta.requires_grad = affine
+
+    def construct(self, x):
+        require_float(self, x)
+        shape = tuple(x.shape)
+        if len(shape) < 2 or shape[1] != self.num_channels:
+            raise ConfigurationError(f"GroupNorm: expects input (N, {self.num_channels}, ...), got shape {shape}")
+        grouped = F.reshape(x, (shape[0], self.num_groups, -1))
+        mean = F.mean(grouped, 2, True)
+        centered = grouped - mean
+        var = F.mean(F.square(centered), 2, True)
+        normed = F.reshape(centered / F.sqrt(var + self.eps), shape)
+        view = (1, self.num_channels) + (1,) * (len(shape) - 2)
+        return normed * F.reshape(self.gamma, view) + F.reshape(self.beta, view)
+
+    def extend_repr(self) -> str:
+        return f"num_groups={self.num_groups}, num_channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
 
 
 class _BatchNorm(Cell):
