@@ -52,8 +52,9 @@ def test_static_loss_scaling_updates_as_the_unscaled_step(scale):
 
 
 @pytest.mark.parametrize("fused", [True, False])
-def test_weight_decay_applies_to_the_scaled_gradients_as_in_mindspore(fused):
-    # MindSpore's optimizers decay before dividing by loss_scale: the step is (S*g + wd*p) / S
+def test_weight_decay_is_the_same_under_loss_scaling_as_in_mindspore(fused):
+    # MindSpore multiplies weight_decay by loss_scale, decays the scaled gradients and divides by loss_scale:
+    # (S*g + S*wd*p) / S = g + wd*p (nn/optim/optimizer.py, _preprocess_weight_decay and group weight decays)
     scale, wd = 8.0, 0.5
     ms.set_seed(0)
     net = nn.Dense(4, 2)
@@ -67,7 +68,7 @@ def test_weight_decay_applies_to_the_scaled_gradients_as_in_mindspore(fused):
     plain = _sgd_reference(start)  # lr * g, the first momentum step being lr * (g + decay)
     for p in net.trainable_params():
         g = (start[p.name] - plain[p.name]) / 0.1
-        want = start[p.name] - 0.1 * (scale * g + wd * start[p.name]) / scale
+        want = start[p.name] - 0.1 * (scale * g + scale * wd * start[p.name]) / scale
         np.testing.assert_allclose(p.asnumpy(), want, rtol=1e-5, atol=1e-6, err_msg=p.name)
 
 

@@ -146,9 +146,10 @@ class Optimizer(Cell):
         self._step = 0
         self.insert_param_to_cell("global_step", _GlobalStep(self))
         self.__dict__["_global_step"] = self._params["global_step"]
-        # MindSpore decays the still-scaled gradients, then divides by loss_scale: (S*g + wd*p) / S = g + (wd/S)*p.
-        # tessel unscales first, so the rule decays by wd/S.
-        self._rule: Rule = self._make_rule(decay / self.loss_scale)
+        # MindSpore scales the weight decay by loss_scale too (Optimizer._preprocess_weight_decay and group decays:
+        # weight_decay * self.loss_scale), decays the still-scaled gradients and divides: (S*g + S*wd*p) / S, so
+        # g + wd*p whatever S. tessel unscales first and decays by wd.
+        self._rule: Rule = self._make_rule(decay)
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
