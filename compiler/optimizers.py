@@ -83,7 +83,7 @@ class SGD(Optimizer):
         if not self.momentum:
             return p - lr * g, {}
         # stat is 1 on the first step only: then the accumulator starts as the gradient itself.
-        scale = 1.0 - self.dampening * (1.0 - glob["stat"])
+        scale = _like(1.0 - self.dampening * (1.0 - glob["stat"]), g)
         accum = self.momentum * slots["accum"] + scale * g
         step = g + self.momentum * accum if self.nesterov else accum
         return p - lr * step, {"accum": accum}
@@ -116,6 +116,11 @@ class Momentum(Optimizer):
         return p - lr * step, {"moments": v}
 
 
+def _like(x: T, ref: T) -> T:
+    """x in ref's dtype: the float32 globals (beta powers, the first-step flag) meet float16 parameters."""
+    return x if x.dtype == ref.dtype else apply("Cast", x, dtype=ref.dtype)
+
+
 def _moments(opt, g: T, slots: dict[str, T]) -> tuple[T, T]:
     m = opt.beta1 * slots["moment1"] + (1.0 - opt.beta1) * g
     v = opt.beta2 * slots["moment2"] + (1.0 - opt.beta2) * g * g
@@ -140,7 +145,7 @@ class Adam(Optimizer):
         g = self._decayed(p, g, decay)
         m, v = _moments(self, g, slots)
         b1t, b2t = glob["beta1_power"] * self.beta1, glob["beta2_power"] * self.beta2
-        lr_t = lr * apply("Sqrt", 1.0 - b2t) / (1.0 - b1t)
+        lr_t = lr * _like(apply("Sqrt", 1.0 - b2t) / (1.0 - b1t), lr)
         direction = self.beta1 * m + (1.0 - self.beta1) * g if self.use_nesterov else m
         return p - lr_t * direction / (apply("Sqrt", v) + self.eps), {"moment1": m, "moment2": v}
 

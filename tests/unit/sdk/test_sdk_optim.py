@@ -10,7 +10,7 @@ from sdk_testkit import rand
 
 import tessel as ms
 from tessel import nn
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 STEPS = 3
 GRADS = [[rand(3, 2, seed=10 + s), rand(2, seed=20 + s)] for s in range(STEPS)]
@@ -158,3 +158,53 @@ def test_an_update_past_the_end_of_a_learning_rate_list_is_refused():
         opt((ms.Tensor(np.ones(1, np.float32)),))
     assert w.asnumpy()[0] == pytest.approx(-0.75)  # nothing applied
     assert opt.get_lr().asnumpy() == pytest.approx(0.25)
+
+
+def test_float16_parameters_update_with_momentum_sgd_and_adam():
+    # the float32 globals (the first-step flag, the beta powers) met float16 slots: Assign(f16, f32) failed
+    for mode in (ms.PYNATIVE_MODE, ms.GRAPH_MODE):
+        ms.set_context(mode=mode)
+        for make, want in [
+            (lambda ps: nn.SGD(ps, 0.1, momentum=0.9), [0.855, -2.0725, 3.29, -0.08]),  # accum g then 1.9 g
+            (lambda ps: nn.Adam(ps, 0.01), [0.98, -2.02, 3.02, 0.48]),  # two steps of lr * sign(g)
+        ]:
+            w = ms.Parameter(ms.Tensor(np.array([1.0, -2.0, 3.0, 0.5], np.float16)), "w")
+            optimizer = make([w])
+            g = ms.Tensor(np.array([0.5, 0.25, -1.0, 2.0], np.float16))
+            optimizer((g,))
+            optimizer((g,))
+            assert w.dtype == ms.float16
+            np.testing.assert_allclose(w.asnumpy().astype(np.float64), want, atol=2e-3)
+
+
+def test_optimizer_and_schedule_arguments_are_checked_as_mindspore_does():
+    net = nn.Dense(3, 2)
+    a, b = net.weight, net.bias
+    refused = [
+        (lambda: nn.Momentum([{"params": [a]}, {"params": [b]}, {"order_params": [a]}], 0.1, 0.9), "order_params"),
+        (lambda: nn.Momentum([{"params": [a]}, {"order_params": [a], "weight_decay": 0.1}], 0.1, 0.9), "only the key"),
+        (lambda: nn.SGD([a], 0.1, dampening=-1.0), "dampening must be >= 0"),
+        (lambda: nn.Adam([a], beta1=0.0), r"beta1 must be in \(0\.0, 1\.0\)"),
+        (lambda: nn.AdamWeightDecay([a], beta2=0.0), r"beta2 must be in \(0\.0, 1\.0\)"),
+        (lambda: nn.ExponentialDecayLR(-0.1, 0.9, 4), "learning_rate must be > 0"),
+        (lambda: nn.ExponentialDecayLR(0.1, 0.9, 4, is_stair=1), "is_stair must be a bool"),
+        (lambda: nn.exponential_decay_lr(0.1, -0.9, 10, 2, 2), "decay_rate must be > 0"),
+        (lambda: nn.CosineDecayLR(0.1, 0.01, 4), "min_lr must be below max_lr"),
+        (lambda: nn.cosine_decay_lr(0.1, 0.1, 10, 2, 2), "min_lr must be below max_lr"),
+        (lambda: nn.PolynomialDecayLR(0.1, 0.01, 4, -1.0), "power must be > 0"),
+    ]
+    for make, message in refused:
+        with pytest.raises(ConfigurationError, match=message):
+            make()
+    with pytest.raises(NotSupportedYetError, match="a weight_decay that is a Cell"):
+        nn.Momentum([a], 0.1, 0.9, weight_decay=nn.WarmUpLR(0.1, 2))
+
+    class Mine(nn.Optimizer):
+        def __init__(self, params):
+            super().__init__(0.1, params)
+
+    with pytest.raises(NotSupportedYetError, match="an optimizer of your own"):
+        Mine([a])
+    assert nn.piecewise_constant_lr([2, 2, 5], [0.1, 0.05, 0.01]) == [0.1, 0.1, 0.01, 0.01, 0.01]  # MindSpore's
+    ordered = nn.Momentum([{"params": [a]}, {"params": [b]}, {"order_params": [b, a]}], 0.1, 0.9)
+    assert list(ordered.parameters) == [b, a]

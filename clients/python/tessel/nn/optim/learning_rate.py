@@ -19,10 +19,34 @@ def _check_positive(**values) -> None:
             raise ConfigurationError(f"{name} must be a positive int, got {value!r}")
 
 
+def _check_rates(positive: dict[str, float], non_negative: dict[str, float] | None = None) -> None:
+    """MindSpore's checks of rates and powers (learning_rate_schedule._check_inputs, dynamic_lr): numbers, > 0 (or
+    >= 0 for a lowest rate)."""
+    for name, value in {**positive, **(non_negative or {})}.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigurationError(f"{name} must be a number, got {value!r}")
+        if value <= 0 and name in positive:
+            raise ConfigurationError(f"{name} must be > 0, got {value}")
+        if value < 0:
+            raise ConfigurationError(f"{name} must be >= 0, got {value}")
+
+
+def _check_stair(is_stair: object) -> None:
+    if not isinstance(is_stair, bool):
+        raise ConfigurationError(f"is_stair must be a bool, got {is_stair!r}")
+
+
+def _check_cosine(min_lr: float, max_lr: float) -> None:
+    _check_rates({"max_lr": max_lr}, {"min_lr": min_lr})
+    if min_lr >= max_lr:
+        raise ConfigurationError(f"min_lr must be below max_lr, got min_lr {min_lr} and max_lr {max_lr}")
+
+
 def piecewise_constant_lr(milestone: list[int], learning_rates: list[float]) -> list[float]:
-    """Rate learning_rates[j] for steps in [milestone[j-1], milestone[j])."""
-    if len(milestone) != len(learning_rates) or any(b <= a for a, b in zip([0, *milestone], milestone)):
-        raise ConfigurationError("milestone must increase strictly and have one entry per learning rate")
+    """Rate learning_rates[j] for steps in [milestone[j-1], milestone[j]) (equal milestones give a rate no step)."""
+    if len(milestone) != len(learning_rates) or any(b < a for a, b in zip([0, *milestone], milestone)):
+        raise ConfigurationError("milestone must not decrease and must have one entry per learning rate")
+    _check_positive(**{f"milestone[{i}]": m for i, m in enumerate(milestone)})
     out, start = [], 0
     for end, rate in zip(milestone, learning_rates):
         out += [float(rate)] * (end - start)
@@ -38,6 +62,8 @@ def _per_step(total_step: int, step_per_epoch: int, rate) -> list[float]:
 def exponential_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, decay_epoch, is_stair=False):
     """learning_rate * decay_rate ** (epoch / decay_epoch) (floored with is_stair)."""
     _check_positive(decay_epoch=decay_epoch)
+    _check_rates({"learning_rate": learning_rate, "decay_rate": decay_rate})
+    _check_stair(is_stair)
     power = (lambda e: math.floor(e / decay_epoch)) if is_stair else (lambda e: e / decay_epoch)
     return _per_step(total_step, step_per_epoch, lambda e: learning_rate * decay_rate ** power(e))
 
@@ -45,6 +71,8 @@ def exponential_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, 
 def natural_exp_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, decay_epoch, is_stair=False):
     """learning_rate * exp(-decay_rate * epoch / decay_epoch)."""
     _check_positive(decay_epoch=decay_epoch)
+    _check_rates({"learning_rate": learning_rate, "decay_rate": decay_rate})
+    _check_stair(is_stair)
     power = (lambda e: math.floor(e / decay_epoch) * decay_epoch) if is_stair else (lambda e: e)
     return _per_step(total_step, step_per_epoch, lambda e: learning_rate * math.exp(-decay_rate * power(e)))
 
@@ -52,6 +80,8 @@ def natural_exp_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, 
 def inverse_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, decay_epoch, is_stair=False):
     """learning_rate / (1 + decay_rate * epoch / decay_epoch)."""
     _check_positive(decay_epoch=decay_epoch)
+    _check_rates({"learning_rate": learning_rate, "decay_rate": decay_rate})
+    _check_stair(is_stair)
     power = (lambda e: math.floor(e / decay_epoch)) if is_stair else (lambda e: e / decay_epoch)
     return _per_step(total_step, step_per_epoch, lambda e: learning_rate / (1 + decay_rate * power(e)))
 
@@ -59,6 +89,7 @@ def inverse_decay_lr(learning_rate, decay_rate, total_step, step_per_epoch, deca
 def cosine_decay_lr(min_lr, max_lr, total_step, step_per_epoch, decay_epoch):
     """min_lr + (max_lr - min_lr) * (1 + cos(pi * min(epoch, decay_epoch) / decay_epoch)) / 2."""
     _check_positive(decay_epoch=decay_epoch)
+    _check_cosine(min_lr, max_lr)
     return _per_step(
         total_step,
         step_per_epoch,
@@ -71,6 +102,7 @@ def polynomial_decay_lr(
 ):
     """(learning_rate - end) * (1 - min(epoch, decay_epoch) / decay_epoch) ** power + end."""
     _check_positive(decay_epoch=decay_epoch)
+    _check_rates({"learning_rate": learning_rate, "power": power}, {"end_learning_rate": end_learning_rate})
 
     def rate(e):
         span = decay_epoch * max(1, math.ceil(e / decay_epoch)) if update_decay_epoch else decay_epoch
@@ -82,6 +114,7 @@ def polynomial_decay_lr(
 def warmup_lr(learning_rate, total_step, step_per_epoch, warmup_epoch):
     """learning_rate * min(epoch, warmup_epoch) / warmup_epoch."""
     _check_positive(warmup_epoch=warmup_epoch)
+    _check_rates({"learning_rate": learning_rate})
     return _per_step(total_step, step_per_epoch, lambda e: learning_rate * min(e, warmup_epoch) / warmup_epoch)
 
 
@@ -104,6 +137,8 @@ class _Decay(LearningRateSchedule):
     def __init__(self, learning_rate: float, decay_rate: float, decay_steps: int, is_stair: bool = False):
         super().__init__()
         _check_positive(decay_steps=decay_steps)
+        _check_rates({"learning_rate": learning_rate, "decay_rate": decay_rate})
+        _check_stair(is_stair)
         self.learning_rate, self.decay_rate, self.decay_steps, self.is_stair = (
             learning_rate,
             decay_rate,
@@ -138,6 +173,7 @@ class CosineDecayLR(LearningRateSchedule):
     def __init__(self, min_lr: float, max_lr: float, decay_steps: int):
         super().__init__()
         _check_positive(decay_steps=decay_steps)
+        _check_cosine(min_lr, max_lr)
         self.min_lr, self.max_lr, self.decay_steps = min_lr, max_lr, decay_steps
 
     def lr_at(self, step: int) -> float:
@@ -156,6 +192,9 @@ class PolynomialDecayLR(LearningRateSchedule):
     ):
         super().__init__()
         _check_positive(decay_steps=decay_steps)
+        _check_rates({"learning_rate": learning_rate, "power": power}, {"end_learning_rate": end_learning_rate})
+        if not isinstance(update_decay_steps, bool):
+            raise ConfigurationError(f"update_decay_steps must be a bool, got {update_decay_steps!r}")
         self.learning_rate, self.end_learning_rate = learning_rate, end_learning_rate
         self.decay_steps, self.power, self.update_decay_steps = decay_steps, power, update_decay_steps
 
@@ -171,6 +210,7 @@ class WarmUpLR(LearningRateSchedule):
     def __init__(self, learning_rate: float, warmup_steps: int):
         super().__init__()
         _check_positive(warmup_steps=warmup_steps)
+        _check_rates({"learning_rate": learning_rate})
         self.learning_rate, self.warmup_steps = learning_rate, warmup_steps
 
     def lr_at(self, step: int) -> float:

@@ -23,7 +23,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
 from tessel.compiler import SymbolicTensor, apply
 from tessel.compiler.optimizers import Optimizer as Rule
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.nn.cell import Cell
 from tessel.nn.optim.learning_rate import LearningRateSchedule
 
@@ -62,6 +62,11 @@ def _parse_params(
                 "gradients are applied as computed; drop the key or set it to False",
             )
         if "order_params" in group:
+            if set(group) != {"order_params"}:  # MindSpore's _check_group_params
+                raise ConfigurationError(
+                    f"the order_params dict of the parameter groups takes only the key 'order_params', got "
+                    f"{sorted(group)}"
+                )
             order = list(group["order_params"])
             continue
         decay = float(group.get("weight_decay", weight_decay))
@@ -72,9 +77,13 @@ def _parse_params(
             decays.add(decay)
     if len(decays) > 1:
         raise ConfigurationError(f"parameter groups use different nonzero weight decays {sorted(decays)}; use one")
-    if order is not None:
-        ids = {id(p) for p in params}
-        params = [p for p in order if id(p) in ids]
+    if order is not None:  # MindSpore's _order_and_adjust_group_params: the same parameters, in this order
+        if len(order) != len(params) or {id(p) for p in order} != {id(p) for p in params}:
+            raise ConfigurationError(
+                f"order_params must list exactly the parameters of the groups ({len(params)}), in the order wanted; "
+                f"got {len(order)} that are not the same"
+            )
+        params = order
     return params, no_decay, decays.pop() if decays else 0.0
 
 
@@ -135,6 +144,17 @@ class Optimizer(Cell):
 
     def __init__(self, learning_rate: Any, parameters: Any, weight_decay: float = 0.0, loss_scale: float = 1.0):
         super().__init__(auto_prefix=False)
+        if type(self)._make_rule is Optimizer._make_rule:
+            raise NotSupportedYetError(
+                f"{type(self).__name__}: an optimizer of your own (a subclass of nn.Optimizer with its own construct) "
+                "is not supported yet; tessel compiles the update rules of its optimizers (SGD, Momentum, Adam, "
+                "AdamWeightDecay); meanwhile update the parameters with ops.assign in your training step"
+            )
+        if isinstance(weight_decay, Cell):
+            raise NotSupportedYetError(
+                f"{type(self).__name__}: a weight_decay that is a Cell (a dynamic weight decay) is not supported yet; "
+                "give a number"
+            )
         params, no_decay, decay = _parse_params(parameters, weight_decay, self._decay_filtered)
         if decay < 0 or loss_scale <= 0:
             raise ConfigurationError(f"weight_decay must be >= 0 and loss_scale > 0, got {decay}, {loss_scale}")

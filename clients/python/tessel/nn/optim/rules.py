@@ -23,10 +23,10 @@ from tessel.nn.optim.optimizer import Optimizer
 # Hyper-parameters are set (through vars) before Optimizer.__init__, which builds the rule from them.
 
 
-def _in_range(name: str, value: float, low: float, high: float, closed_high: bool = False) -> None:
-    ok = low <= value <= high if closed_high else low <= value < high
-    if not ok:
-        raise ConfigurationError(f"{name} must be in [{low}, {high}{']' if closed_high else ')'}, got {value}")
+def _open_unit(name: str, value: float) -> None:
+    """MindSpore's beta check (optim/adam.py _check_param_value: INC_NEITHER): 0 < value < 1."""
+    if not 0.0 < value < 1.0:
+        raise ConfigurationError(f"{name} must be in (0.0, 1.0), got {value}")
 
 
 def _bools(optimizer: str, **values: Any) -> None:
@@ -55,6 +55,8 @@ class SGD(Optimizer):
         _bools("SGD", nesterov=nesterov)
         if momentum < 0 or (nesterov and (momentum <= 0 or dampening != 0)):
             raise ConfigurationError("SGD: momentum must be >= 0; nesterov needs momentum > 0 and dampening = 0")
+        if dampening < 0:  # MindSpore's sgd.py
+            raise ConfigurationError(f"SGD: dampening must be >= 0, got {dampening}")
         vars(self).update(momentum=float(momentum), dampening=float(dampening), nesterov=nesterov)
         super().__init__(learning_rate, params, weight_decay, loss_scale)
 
@@ -113,8 +115,8 @@ class Adam(Optimizer):
     ):
         keyword_options("Adam", kwargs, unsupported=_ADAM_OPTIONS)
         _bools("Adam", use_locking=use_locking, use_nesterov=use_nesterov, use_amsgrad=use_amsgrad)
-        _in_range("beta1", beta1, 0.0, 1.0)
-        _in_range("beta2", beta2, 0.0, 1.0)
+        _open_unit("beta1", beta1)
+        _open_unit("beta2", beta2)
         if eps <= 0:
             raise ConfigurationError(f"Adam: eps must be > 0, got {eps}")
         if use_amsgrad:
@@ -150,8 +152,8 @@ class AdamWeightDecay(Optimizer):
         eps: float = 1e-6,
         weight_decay: float = 0.0,
     ):
-        _in_range("beta1", beta1, 0.0, 1.0)
-        _in_range("beta2", beta2, 0.0, 1.0)
+        _open_unit("beta1", beta1)
+        _open_unit("beta2", beta2)
         if eps <= 0:
             raise ConfigurationError(f"AdamWeightDecay: eps must be > 0, got {eps}")
         vars(self).update(beta1=beta1, beta2=beta2, eps=eps)
