@@ -49,6 +49,7 @@ def job_record(job: Job) -> bytes:
             "nonce": job.nonce,
             "once": job.once,
             "how_to_fix": job.how_to_fix,
+            "form_timeout_s": job.form_timeout_s if job.form_deadline is not None else None,
         }
     ).encode()
 
@@ -61,6 +62,8 @@ def job_from_record(raw: bytes) -> Job:
     job.members = [common_pb2.Member.FromString(base64.b64decode(m)) for m in data["members"]]
     job.daemon_ids = list(data["daemon_ids"])
     job.once, job.how_to_fix = bool(data.get("once", False)), data.get("how_to_fix") or job.how_to_fix
+    if data.get("form_timeout_s") is not None:  # announced by expect_job: it has a deadline to form by
+        job.form_timeout_s = float(data["form_timeout_s"])
     return job
 
 
@@ -145,9 +148,10 @@ class DurableMixin:
         self._write("put", store.JOB, job.job_id, job_record(job))
 
     def _forget_job(self, job_id: str) -> None:
-        self._write("delete", store.JOB, job_id)
-        self._write("delete_prefix", store.RANK, _job_prefix(job_id))
-        self._forget_rendezvous(job_id)
+        with self._batched():  # one transaction: no rank record outlives its job (a job id is used again)
+            self._write("delete", store.JOB, job_id)
+            self._write("delete_prefix", store.RANK, _job_prefix(job_id))
+            self._forget_rendezvous(job_id)
 
     def _forget_rendezvous(self, job_id: str) -> None:
         self._write("delete_prefix", store.GROUP, _job_prefix(job_id))
@@ -191,6 +195,9 @@ class DurableMixin:
                 # Every rank must heartbeat again within the grace (liveness.py: _check_first_beats).
                 job.running_since = now + self.recovery_grace_s - self.first_beat_s
                 job.recovered = True
+            elif job.state == jobs.WAITING and job.form_timeout_s:
+                # Announced jobs form within their timeout again, from the restart (the clock before it is gone).
+                job.form_deadline = now + self.recovery_grace_s + job.form_timeout_s
             self._jobs[job.job_id] = job
         for key, raw in found[store.GROUP].items():
             job_id, name = json.loads(key)

@@ -220,10 +220,11 @@ class LivenessMixin:
         log.warning("%s is dead: %s", record.where(), why)
         record.info.state = DEAD
         record.died_at = self._clock()
-        if job is not None and not job.ended:
-            self._fail(job, f"rank {record.info.rank} ({record.where()}) {why}", record.info.rank)
-        record.info.job_id, record.info.rank = "", -1
-        self._save_daemon(record)
+        with self._batched():  # the job's failure and the daemon's death: one transaction, never one without the other
+            if job is not None and not job.ended:
+                self._fail(job, f"rank {record.info.rank} ({record.where()}) {why}", record.info.rank)
+            record.info.job_id, record.info.rank = "", -1
+            self._save_daemon(record)
 
     def _client_died(self, sub: Subscriber, why: str) -> None:
         job = sub.job

@@ -52,7 +52,15 @@ class RendezvousMixin:
             group.arrived.add(rank)
             self._save_group(job, group)
             self._cond.notify_all()
-            if not self._wait(group.complete, deadline, job, is_active):
+            try:
+                complete = self._wait(group.complete, deadline, job, is_active)
+            except BaseException:  # the call was cancelled or the job failed: this rank is not there any more
+                if not group.complete() and rank in group.arrived:
+                    group.arrived.discard(rank)
+                    if not job.ended:
+                        self._save_group(job, group)
+                raise
+            if not complete:
                 missing = [r for r in group.ranks if r not in group.arrived]
                 group.arrived.discard(rank)
                 raise errors.RendezvousTimeoutError(
@@ -91,7 +99,13 @@ class RendezvousMixin:
                 barrier.arrived.clear()
                 self._cond.notify_all()
                 return
-            if not self._wait(lambda: barrier.generation != generation, deadline, job, is_active):
+            try:
+                passed = self._wait(lambda: barrier.generation != generation, deadline, job, is_active)
+            except BaseException:  # the call was cancelled or the job failed: this rank is not at the barrier now
+                if barrier.generation == generation:
+                    barrier.arrived.discard(rank)
+                raise
+            if not passed:
                 missing = [r for r in barrier.ranks if r not in barrier.arrived]
                 barrier.arrived.discard(rank)
                 raise errors.RendezvousTimeoutError(

@@ -112,8 +112,9 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             self.limits.check_id(f"JoinJob: {name}", getattr(request, name))
         with self._cond:
             job = self._jobs.get(request.job_id)
-            if job is not None and job.state == RUNNING and self._rejoins(job, request):
-                return self._join_reply(job, request.rank)  # its first reply was lost with a restarted coordinator
+            again = self._rejoined_rank(job, request) if job is not None and job.state == RUNNING else None
+            if again is not None:
+                return self._join_reply(job, again)  # its first reply was lost with a restarted coordinator
             job = self._job_for_join(request)
             rank = self._take_rank(job, request)
             self._start_waiting_jobs()
@@ -131,12 +132,18 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             return self._join_reply(job, rank)
 
     @staticmethod
-    def _rejoins(job: Job, request: coordinator_pb2.JoinJobRequest) -> bool:
-        """The same process asks again for the rank it holds (a retry after the coordinator restarted)."""
-        joiner = job.joiners.get(request.rank)
-        return (
-            joiner is not None and joiner.restored and (joiner.pid, joiner.hostname) == (request.pid, request.hostname)
-        )
+    def _rejoined_rank(job: Job, request: coordinator_pb2.JoinJobRequest) -> int | None:
+        """The rank the same process holds from before the coordinator restarted, which it now asks for again (its
+        retry), or None. A process that asked for any rank (-1) is known by its pid and host."""
+        candidates = list(job.joiners.values()) if request.rank == -1 else [job.joiners.get(request.rank)]
+        for joiner in candidates:
+            if (
+                joiner is not None
+                and joiner.restored
+                and (joiner.pid, joiner.hostname) == (request.pid, request.hostname)
+            ):
+                return joiner.rank
+        return None
 
     @staticmethod
     def _join_reply(job: Job, rank: int) -> coordinator_pb2.JoinJobReply:
@@ -190,12 +197,13 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 )
             self._check_rank(job, rank, "FinishRank")
             job.finished.add(rank)
-            self._save_rank(job, rank)
-            if len(job.finished) == job.world_size:
-                job.state = FINISHED
-                log.info("job '%s' finished (%d ranks)", job_id, job.world_size)
-                self._publish(job)
-                self._job_ended(job)
+            with self._batched():  # the last rank's finish and the job's end: one transaction
+                self._save_rank(job, rank)
+                if len(job.finished) == job.world_size:
+                    job.state = FINISHED
+                    log.info("job '%s' finished (%d ranks)", job_id, job.world_size)
+                    self._publish(job)
+                    self._job_ended(job)
 
     def fail_job(self, job_id: str, rank: int, cause: str, culprit: int | None = None) -> None:
         """A rank reports a failure. Without `culprit`, its own (an exception it raised): the job fails now,
@@ -211,18 +219,24 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
                 return  # a rank tells its story once (its launcher may repeat it as an exit status)
             if rank >= 0:
                 self._check_rank(job, rank, "FailJob")
-                job.reported.add(rank)
-                if rank in job.joiners:
-                    self._save_rank(job, rank)
-            who = job.describe_rank(rank) if rank >= 0 else "a client"
-            if culprit is None:
-                self._fail(job, f"{who} reported: {cause}", rank)
-            elif job.suspect is None:
-                blamed = culprit if 0 <= culprit < job.world_size else rank
-                claim = f"{who} reported: {cause}"
-                if blamed != rank:
-                    claim = f"{job.describe_rank(blamed)} failed, as {who} reported: {cause}"
-                job.suspect = (blamed, claim, self._clock() + self.suspect_grace_s)
+            with self._batched():  # the report and the failure it causes: one transaction
+                self._report(job, rank, cause, culprit)
+
+    def _report(self, job: Job, rank: int, cause: str, culprit: int | None) -> None:
+        """A rank's failure report (fail_job): recorded, then the job fails now or the claim awaits its grace."""
+        if rank >= 0:
+            job.reported.add(rank)
+            if rank in job.joiners:
+                self._save_rank(job, rank)
+        who = job.describe_rank(rank) if rank >= 0 else "a client"
+        if culprit is None:
+            self._fail(job, f"{who} reported: {cause}", rank)
+        elif job.suspect is None:
+            blamed = culprit if 0 <= culprit < job.world_size else rank
+            claim = f"{who} reported: {cause}"
+            if blamed != rank:
+                claim = f"{job.describe_rank(blamed)} failed, as {who} reported: {cause}"
+            job.suspect = (blamed, claim, self._clock() + self.suspect_grace_s)
 
     def cluster_status(self) -> coordinator_pb2.ClusterStatusReply:
         with self._cond:
@@ -335,6 +349,9 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
         return job
 
     def _take_rank(self, job: Job, request: coordinator_pb2.JoinJobRequest) -> int:
+        again = self._rejoined_rank(job, request)
+        if again is not None:
+            return again  # the same process, again: its first call was lost with a restarted coordinator
         rank = request.rank
         if rank == -1:
             free = job.first_free_rank()
@@ -346,8 +363,6 @@ class CoordinatorState(LivenessMixin, RendezvousMixin, DurableMixin):
             rank = free
         self._check_rank(job, rank, "JoinJob")
         other = job.joiners.get(rank)
-        if other is not None and self._rejoins(job, request):
-            return rank  # the same process, again: its first call was lost with a restarted coordinator
         if other is not None:
             raise errors.ConfigurationError(
                 f"JoinJob: rank {rank} of job '{job.job_id}' already joined (pid {other.pid} on host "

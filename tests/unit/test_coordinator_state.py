@@ -460,3 +460,19 @@ def test_an_announced_job_outlives_a_joiner_that_went_away(state):
         state.join(join_request("ms", 2, 0), 10.0, is_active=lambda: False)
     with pytest.raises(errors.ConfigurationError, match=r"started with world_size 2 but this process asks for 3"):
         state.join(join_request("ms", 3, 0), TIMEOUT_S)  # still the announced job: its size holds
+
+
+def test_a_cancelled_barrier_or_group_call_leaves_no_arrival_behind():
+    # Rank 0's call was cancelled (its client went away): rank 1 must not pass the barrier alone.
+    state = CoordinatorState(heartbeat_timeout_s=1000.0)
+    for port in (1, 2):
+        state.register_daemon(daemon_info(port))
+    start_job(state, "j", 2)
+    with pytest.raises(errors.TesselError):
+        state.barrier("j", "b", 0, [], 5.0, is_active=lambda: False)
+    with pytest.raises(errors.RendezvousTimeoutError, match="missing ranks \\[0\\]"):
+        state.barrier("j", "b", 1, [], 0.3)
+    with pytest.raises(errors.TesselError):
+        state.create_group("j", "g", [0, 1], 0, 5.0, is_active=lambda: False)
+    with pytest.raises(errors.RendezvousTimeoutError, match="missing ranks \\[0\\]"):
+        state.create_group("j", "g", [0, 1], 1, 0.3)

@@ -273,3 +273,83 @@ def test_a_restored_daemon_gets_no_new_job_until_it_heartbeats_again(tmp_path):
     after.subscribe(coordinator_pb2.HeartbeatRequest(daemon_id="d0"), queue.SimpleQueue())
     assert waiting.result().daemon.daemon_id == "d0"
     after.store.close()
+
+
+def test_a_process_that_asked_for_any_rank_gets_its_rank_back_after_a_restart(tmp_path):
+    # It joined with rank -1 and was waiting for the others when the coordinator died; its retry must not take a
+    # second rank (a ghost rank 0 that never heartbeats, and the real second process refused as one too many).
+    url = f"sqlite:{tmp_path / 'c.db'}"
+    before = _state(url)
+    for port in (1, 2):
+        before.register_daemon(daemon_info(port))
+
+    def request(pid: int) -> coordinator_pb2.JoinJobRequest:
+        return coordinator_pb2.JoinJobRequest(job_id="j", world_size=2, rank=-1, pid=pid, hostname="h0")
+
+    Call(before.join, request(111), 5.0)  # blocks, waiting for rank 1
+    deadline = time.monotonic() + 5
+    while not before.store.load()[stores.RANK] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before.store.close()  # the coordinator dies while process 111 waits
+    after = _state(url)
+    for port in (1, 2):
+        after.register_daemon(daemon_info(port))  # its daemons come back
+    retry, other = Call(after.join, request(111), 5.0), Call(after.join, request(222), 5.0)
+    assert (retry.result().rank, other.result().rank) == (0, 1)
+    assert {r: j.pid for r, j in after._jobs["j"].joiners.items()} == {0: 111, 1: 222}
+    after.store.close()
+
+
+class _Transactions(stores.SqliteStore):
+    """An SQLite store that keeps the operations of each transaction (a kill -9 falls between two of them)."""
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.transactions: list[list[tuple]] = []
+
+    def apply(self, ops: list[tuple]) -> None:
+        self.transactions.append([op[:3] for op in ops])
+        super().apply(ops)
+
+
+def test_one_logical_change_is_one_transaction(tmp_path):
+    # Between two transactions a killed coordinator left a finished job running with busy daemons, a failed job's
+    # dead daemon busy, or the rank records of a forgotten job that a reused job id then took as its own.
+    store = _Transactions(tmp_path / "c.db")
+    state = CoordinatorState(heartbeat_timeout_s=1000.0, store=store, limits=Limits(keep_ended_jobs=0))
+    for port in (1, 2, 3):
+        state.register_daemon(daemon_info(port))
+    start_job(state, "done", 2)
+    state.finish_rank("done", 0)
+    count = len(store.transactions)
+    state.finish_rank("done", 1)  # the job ends, its daemons are freed, and (history 0) it is forgotten
+    assert len(store.transactions) == count + 1
+    kinds = {op[1] for op in store.transactions[-1]}
+    assert {stores.RANK, stores.DAEMON, stores.JOB} <= kinds
+    start_job(state, "dies", 2)
+    count = len(store.transactions)
+    with state._cond:
+        state._daemon_died(state._daemons["d0"], "test")
+    assert len(store.transactions) == count + 1
+    start_job(state, "reports", 1)
+    count = len(store.transactions)
+    state.fail_job("reports", 0, "boom")
+    assert len(store.transactions) == count + 1
+    store.close()
+
+
+def test_a_restored_announced_job_still_has_a_deadline_to_form_by(tmp_path):
+    url = f"sqlite:{tmp_path / 'c.db'}"
+    before = _state(url)
+    before.expect_job("sched", 4, timeout_s=5.0, how_to_fix="scale up", once=True)
+    Call(before.join, coordinator_pb2.JoinJobRequest(job_id="sched", world_size=4, rank=0, pid=7, hostname="h0"), 9.0)
+    deadline = time.monotonic() + 5
+    while not before.store.load()[stores.RANK] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    before.store.close()
+    after = _state(url, grace_s=1.0)
+    assert after.job_info("sched").state == "waiting"
+    after.expire(now=after._clock() + 7.0)  # the grace and the timeout, from the restart
+    info = after.job_info("sched")
+    assert info.state == "failed" and "has 1 of 4 ranks" in info.cause and "scale up" in info.cause, info
+    after.store.close()
