@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tessel.core import hooks
 from tessel.core.errors import ConfigurationError
 from tessel.core.options import keyword_options, log_once, not_supported_yet
 from tessel.dataset import config
@@ -74,8 +75,9 @@ def check_workers(call: str, num_parallel_workers: Any) -> None:
 
 
 def to_tensor(array: np.ndarray) -> Any:
-    """What iterators return for each column when output_numpy=False (numpy now; the SDK's Tensor later)."""
-    return array
+    """What iterators return for each column when output_numpy=False: the SDK's Tensor once `import tessel` ran
+    (which any `import tessel.dataset` does), whatever the script imported next; else the numpy array."""
+    return hooks.dataset_output(array)
 
 
 @dataclass(frozen=True)

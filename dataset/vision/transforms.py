@@ -94,8 +94,10 @@ class Normalize(Transform):
             raise ConfigurationError(
                 f"vision.Normalize: mean {mean} and std {std} need one value per channel, the same number of each"
             )
-        if any(s <= 0 for s in std):
-            raise ConfigurationError(f"vision.Normalize: std values must be > 0, got {std}")
+        if any(not 0 < s <= 255 for s in std) or any(not 0 <= m <= 255 for m in mean):  # MindSpore's check
+            raise ConfigurationError(
+                f"vision.Normalize: mean values must be in [0, 255] and std values in (0, 255], got {mean}, {std}"
+            )
         self.is_hwc = bool(is_hwc)
         self.mean, self.std = np.float32(mean), np.float32(std)
         self._params = {"mean": mean, "std": std, "is_hwc": self.is_hwc}
@@ -103,14 +105,16 @@ class Normalize(Transform):
     def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         _check_image(self, x)
         channels = 1 if x.ndim == 3 else x.shape[-1] if self.is_hwc else x.shape[1]
-        if channels != len(self.mean):
+        mean, std = self.mean, self.std
+        if len(mean) == 1 and channels > 1:  # MindSpore copies one mean/std to every channel
+            mean, std = np.repeat(mean, channels), np.repeat(std, channels)
+        if channels != len(mean):
             layout = "HWC" if self.is_hwc else "CHW"
             raise self.reject(
                 x,
                 f"{len(self.mean)} channel(s) in {layout} layout to match mean/std",
                 "give one mean/std per channel or set is_hwc to the image layout",
             )
-        mean, std = self.mean, self.std
         if x.ndim == 4 and not self.is_hwc:
             mean, std = mean[:, None, None], std[:, None, None]
         out = np.subtract(x, mean, out=_float32_result(x), dtype=np.float32)
@@ -165,9 +169,10 @@ class Resize(Transform):
     def _target(self, height: int, width: int) -> tuple[int, int]:
         if not isinstance(self.size, int):
             return self.size
+        # MindSpore's resize_op.cc: std::lround((float)long_side / short_side * size), in float32
         if height <= width:
-            return self.size, max(1, int(width * self.size / height))
-        return max(1, int(height * self.size / width)), self.size
+            return self.size, max(1, _lround(np.float32(width) / np.float32(height) * np.float32(self.size)))
+        return max(1, _lround(np.float32(height) / np.float32(width) * np.float32(self.size))), self.size
 
     def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         _check_image(self, x)
@@ -186,10 +191,16 @@ class Resize(Transform):
         rows = top + (bottom - top) * wy
         left, right = rows[:, :, x0], rows[:, :, x1]
         out = left + (right - left) * wx
-        if x.dtype.kind in "iub":
+        if x.dtype.kind in "iub":  # OpenCV's fixed-point resize rounds halves up
             info = np.iinfo(x.dtype) if x.dtype.kind != "b" else None
-            out = np.rint(out) if info is None else np.clip(np.rint(out), info.min, info.max)
+            rounded = np.floor(out + 0.5)
+            out = rounded if info is None else np.clip(rounded, info.min, info.max)
         return out.astype(x.dtype, copy=False)
+
+
+def _lround(value: np.floating) -> int:
+    """C's lround: to the nearest integer, halves away from zero."""
+    return int(np.floor(abs(value) + 0.5)) * (1 if value >= 0 else -1)
 
 
 def _padding_widths(padding: int | Sequence[int] | None, where: str) -> tuple[int, int, int, int]:

@@ -19,6 +19,8 @@ import importlib
 import sys
 from typing import Any
 
+from tessel.core import hooks as _hooks
+
 _SUBMODULES = {
     "amp",
     "autograd",
@@ -120,6 +122,16 @@ def _bound_interpreter_end() -> None:
 
 
 atexit.register(_bound_interpreter_end)
+
+
+def _dataset_tensor(array: Any) -> Any:
+    from tessel.common.tensor import dataset_tensor
+
+    return dataset_tensor(array)
+
+
+# Dataset iterators (output_numpy=False) yield SDK Tensors, as MindSpore's do, whatever a script imports first.
+_hooks.dataset_output = _dataset_tensor
 
 
 def __getattr__(name: str) -> Any:

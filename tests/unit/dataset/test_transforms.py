@@ -3,6 +3,9 @@ matters), applied both eagerly to one sample and vectorized over a block of rows
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -48,12 +51,26 @@ def test_normalize_does_not_touch_the_callers_array_but_reuses_pipeline_blocks()
 
 
 def test_normalize_channel_count_and_rank_errors():
-    with pytest.raises(ConfigurationError, match="1 channel"):
-        rowwise(ds.vision.Normalize((0.5,), (0.5,)), IMAGES)
+    # MindSpore copies one mean/std to every channel (image_utils.cc Normalize); two for three channels is an error
+    one = rowwise(ds.vision.Normalize((0.5,), (2.0,)), IMAGES)
+    np.testing.assert_allclose(one, (IMAGES.astype(np.float32) - 0.5) / 2.0)
+    with pytest.raises(ConfigurationError, match="2 channel"):
+        rowwise(ds.vision.Normalize((0.5, 0.5), (0.5, 0.5)), IMAGES)
     with pytest.raises(ConfigurationError, match=r"<H, W> or <H, W, C>.*rows of shape \(4, 9, 7, 3\)"):
         rowwise(ds.vision.Normalize((0.5,) * 3, (0.5,) * 3), IMAGES[None].repeat(4, 0).swapaxes(0, 1))
-    with pytest.raises(ConfigurationError, match="std values must be > 0"):
+    with pytest.raises(ConfigurationError, match=r"std values in \(0, 255\]"):
         ds.vision.Normalize((0.5,), (0.0,))
+    with pytest.raises(ConfigurationError, match=r"mean values must be in \[0, 255\]"):
+        ds.vision.Normalize((-1.0,), (1.0,))
+
+
+def test_resize_rounds_the_long_side_as_mindspore_and_uint8_halves_up():
+    # resize_op.cc: std::lround((float)w / h * size); 375x500 to 224 is 224x299 (int() gave 298)
+    assert ds.vision.Resize(224)(np.zeros((375, 500, 3), np.uint8)).shape == (224, 299, 3)
+    assert ds.vision.Resize(299)(np.zeros((640, 480), np.uint8)).shape == (399, 299)
+    # a 2x downscale averages pixel pairs; OpenCV rounds .5 up (np.rint took 1.5 -> 2 but 2.5 -> 2)
+    row = np.array([[1, 2, 4, 5]], np.uint8).repeat(2, 0)
+    assert ds.vision.Resize((1, 2))(row).tolist() == [[2, 5]]
 
 
 def test_hwc2chw_transposes_and_leaves_2d_images_alone():
@@ -215,3 +232,16 @@ def test_seed_pipeline_batches_equal_the_numpy_computation(mnist_dir):
     np.testing.assert_allclose(np.concatenate([b[0] for b in batches]), expected, rtol=1e-5, atol=1e-6)
     assert np.concatenate([b[1] for b in batches]).dtype == np.int32
     np.testing.assert_array_equal(np.concatenate([b[1] for b in batches]), labels)
+
+
+def test_iterators_yield_tensors_whatever_the_script_imported_first():
+    # The hook that makes Tensors was set only once tessel.common.tensor had been imported (by `from tessel import
+    # nn`, say): a data-only script got numpy arrays and `.asnumpy()` failed.
+    script = (
+        "import numpy as np, tessel as ms, tessel.dataset as ds\n"
+        "d = ds.NumpySlicesDataset({'label': np.arange(3, dtype=np.int32)}, shuffle=False)\n"
+        "row = next(d.create_dict_iterator())\n"
+        "print(type(row['label']).__name__, row['label'].asnumpy())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.split() == ["Tensor", "0"], out.stdout + out.stderr

@@ -23,7 +23,6 @@ from tessel.common.symbol import Symbol, is_dynamic_shape, split_shape
 from tessel.common.tracing import apply_op, current
 from tessel.compiler import SymbolicTensor, TraceError, as_dtype
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
-from tessel.dataset import core as _dataset_core
 
 
 class SymbolicDim(str):
@@ -761,12 +760,10 @@ def _check_dtype(array: np.ndarray) -> None:
         ) from None
 
 
-def _dataset_tensor(array: np.ndarray) -> Tensor:
+def dataset_tensor(array: np.ndarray) -> Tensor:
+    """A dataset iterator's column (output_numpy=False) as the Tensor MindSpore's iterators yield."""
     return Tensor._wrap(array)
 
-
-# Dataset iterators (output_numpy=False) yield SDK Tensors.
-_dataset_core.to_tensor = _dataset_tensor
 
 from tessel.ops import composed as C  # noqa: E402 - the functional ops need Tensor defined first
 from tessel.ops import functional as F  # noqa: E402
