@@ -23,11 +23,17 @@ from tessel.dataset.transforms.base import Transform, register, resolve_dtype
 
 
 class Inter(enum.Enum):
-    """Interpolation modes of Resize (MindSpore `vision.Inter`); BILINEAR is LINEAR."""
+    """Interpolation modes of Resize (MindSpore `vision.Inter`); BILINEAR is LINEAR. The others are MindSpore's
+    names, refused by Resize as not supported yet."""
 
     LINEAR = "LINEAR"
     BILINEAR = "LINEAR"
     NEAREST = "NEAREST"
+    CUBIC = "CUBIC"
+    BICUBIC = "CUBIC"
+    AREA = "AREA"
+    PILCUBIC = "PILCUBIC"
+    ANTIALIAS = "ANTIALIAS"
 
 
 class Border(enum.Enum):
@@ -164,6 +170,13 @@ class Resize(Transform):
         self.size = size if isinstance(size, int) else _size_pair(size, "vision.Resize")
         _size_pair(size, "vision.Resize")
         self.interpolation = _enum(Inter, interpolation, "vision.Resize interpolation")
+        if self.interpolation not in (Inter.LINEAR, Inter.NEAREST):
+            from tessel.core.options import not_supported_yet
+
+            raise not_supported_yet(
+                f"mindspore.dataset.vision.Resize(interpolation=Inter.{self.interpolation.name})",
+                "tessel resizes with Inter.LINEAR (BILINEAR) or Inter.NEAREST",
+            )
         self._params = {"size": self.size, "interpolation": self.interpolation.name}
 
     def _target(self, height: int, width: int) -> tuple[int, int]:

@@ -245,3 +245,14 @@ def test_iterators_yield_tensors_whatever_the_script_imported_first():
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.split() == ["Tensor", "0"], out.stdout + out.stderr
+
+
+def test_mindspore_names_tessel_lacks_say_not_supported_yet():
+    from tessel.core.errors import NotSupportedYetError
+
+    with pytest.raises(NotSupportedYetError, match=r"mindspore\.dataset\.transforms\.Duplicate"):
+        ds.transforms.Duplicate()
+    with pytest.raises(NotSupportedYetError, match=r"Resize\(interpolation=Inter\.CUBIC\)"):
+        ds.vision.Resize(4, ds.vision.Inter.CUBIC)
+    with pytest.raises(AttributeError):
+        ds.transforms.NoSuchTransform  # noqa: B018 - not a MindSpore name: the usual AttributeError
