@@ -208,3 +208,31 @@ def test_optimizer_and_schedule_arguments_are_checked_as_mindspore_does():
     assert nn.piecewise_constant_lr([2, 2, 5], [0.1, 0.05, 0.01]) == [0.1, 0.1, 0.01, 0.01, 0.01]  # MindSpore's
     ordered = nn.Momentum([{"params": [a]}, {"params": [b]}, {"order_params": [b, a]}], 0.1, 0.9)
     assert list(ordered.parameters) == [b, a]
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_learning_rate_scheduler_changes_a_fixed_rate_as_mindspore(sink):
+    import tessel.dataset as ds
+
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(6, 4)
+    y = np.stack([x.sum(1), x[:, 0] - x[:, 3]], 1).astype(np.float32)
+
+    def trained(optimizer_for, callbacks):
+        ms.set_seed(0)
+        net = nn.Dense(4, 2)
+        model = ms.Model(net, nn.MSELoss(), optimizer_for(net.trainable_params()))
+        data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(2)
+        model.train(1, data, callbacks=callbacks, dataset_sink_mode=sink)
+        return [p.asnumpy() for p in net.trainable_params()], model
+
+    halve = ms.train.LearningRateScheduler(lambda lr, step: lr * 0.5)
+    got, model = trained(lambda ps: nn.SGD(ps, 0.1), [halve])
+    want, _ = trained(lambda ps: nn.SGD(ps, [0.1, 0.05, 0.025]), [])
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+    rate = model._optimizer.learning_rate
+    assert float(rate.asnumpy()) == pytest.approx(0.0125)  # changed after the last step too, as MindSpore's
+    rate.set_data(ms.Tensor(np.float32(0.5)))
+    assert float(model._optimizer.learning_rate) == 0.5
+    with pytest.raises(ConfigurationError, match="must be a fixed number"):
+        trained(lambda ps: nn.SGD(ps, [0.1, 0.05, 0.025]), [halve])

@@ -212,6 +212,32 @@ _LAMBDA_HOOKS = (
 )
 
 
+class LearningRateScheduler(Callback):
+    """Change the optimizer's learning rate after each step to learning_rate_function(lr, cur_step_num)
+    (MindSpore's): for a fixed rate; a per-step list or a schedule already says the rate of every step."""
+
+    def __init__(self, learning_rate_function: Any):
+        if not callable(learning_rate_function):
+            raise ConfigurationError(
+                f"LearningRateScheduler: learning_rate_function must be callable, got {learning_rate_function!r}"
+            )
+        self.learning_rate_function = learning_rate_function
+
+    def on_train_step_end(self, run_context: RunContext) -> None:
+        cb = run_context.original_args()
+        optimizer = cb.optimizer
+        rate = getattr(optimizer, "learning_rate", None)
+        if not hasattr(rate, "set_data") or isinstance(rate, Tensor):
+            raise ConfigurationError(
+                "LearningRateScheduler: the optimizer's learning_rate must be a fixed number; a per-step list or a "
+                "LearningRateSchedule already gives the rate of every step"
+            )
+        lr = float(rate)
+        new_lr = float(self.learning_rate_function(lr, cb.cur_step_num))
+        if not np.isclose(lr, new_lr, rtol=1e-10, atol=0.0):
+            rate.set_data(new_lr)
+
+
 class LambdaCallback(Callback):
     """A callback from functions, MindSpore's argument order: LambdaCallback(on_train_epoch_begin,
     on_train_epoch_end, on_train_step_begin, on_train_step_end, on_train_begin, on_train_end, on_eval_...); a hook

@@ -87,6 +87,33 @@ def _parse_params(
     return params, no_decay, decays.pop() if decays else 0.0
 
 
+class LearningRate(float):
+    """A fixed learning rate, read and set as MindSpore's optimizer.learning_rate Parameter is: `asnumpy()`,
+    `set_data(value)` (a callback changing the rate mid-training). The rate is fed to the update every step, so a new
+    one takes effect at the next step and compiles nothing."""
+
+    def __new__(cls, value: float, optimizer: Any = None):
+        made = super().__new__(cls, value)
+        made._optimizer = optimizer
+        return made
+
+    def asnumpy(self) -> np.ndarray:
+        return np.array(float(self), np.float32)
+
+    @property
+    def shape(self) -> tuple:
+        return ()
+
+    def set_data(self, data: Any, slice_shape: bool = False) -> LearningRate:
+        value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data, np.float64).reshape(-1)
+        if value.size != 1 or not np.isfinite(value[0]) or value[0] < 0:
+            raise ConfigurationError(f"learning_rate.set_data takes one non-negative rate, got {data!r}")
+        if self._optimizer is None:
+            raise ConfigurationError("this learning rate belongs to no optimizer; set optimizer.learning_rate")
+        self._optimizer.learning_rate = LearningRate(float(value[0]), self._optimizer)
+        return self._optimizer.learning_rate
+
+
 def _lr_source(learning_rate: Any) -> Any:
     if isinstance(learning_rate, LearningRateSchedule):
         return learning_rate
@@ -161,7 +188,8 @@ class Optimizer(Cell):
         self.parameters = ParameterTuple(params)
         object.__setattr__(self, "_no_decay", frozenset(no_decay))
         self.weight_decay, self.loss_scale = decay, float(loss_scale)
-        self.learning_rate = _lr_source(learning_rate)
+        source = _lr_source(learning_rate)
+        self.learning_rate = LearningRate(source, self) if isinstance(source, float) else source
         self.key = f"optimizer{next(_serials)}"
         self._step = 0
         self.insert_param_to_cell("global_step", _GlobalStep(self))
