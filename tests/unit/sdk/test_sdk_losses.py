@@ -137,3 +137,17 @@ def test_label_errors_name_the_problem():
         call(nn.CrossEntropyLoss(), LOGITS, np.zeros((6, 4), np.int32))
     with pytest.raises(ConfigurationError, match="reduction must be one of"):
         nn.MSELoss("average")
+
+
+def test_shape_mismatches_that_would_broadcast_are_errors():
+    # A (N, 1) output against (N,) labels broadcast to (N, N): a wrong loss and gradient with no error (MindSpore's
+    # BCEWithLogitsLoss requires equal shapes); float class indices were taken as probabilities and broadcast.
+    from tessel import ops
+
+    logits = ms.Tensor(np.array([[0.5], [-1.0], [2.0]], np.float32))
+    labels = ms.Tensor(np.array([1.0, 0.0, 1.0], np.float32))
+    with pytest.raises(ConfigurationError, match=r"logits \(3, 1\) and label \(3,\) must have the same shape"):
+        nn.BCEWithLogitsLoss()(logits, labels)
+    scores = ms.Tensor(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
+    with pytest.raises(ConfigurationError, match=r"float target holds class probabilities .* pass an int target"):
+        ops.cross_entropy(scores, ms.Tensor(np.array([1.0, 0.0, 3.0, 2.0], np.float32)))

@@ -365,6 +365,12 @@ def cross_entropy(
     logits = _class_last(input)
     classes = logits.shape[-1]
     if target.dtype.is_float:  # probabilities
+        if tuple(target.shape) != tuple(input.shape):  # MindSpore: class probabilities have the logits' shape
+            raise ConfigurationError(
+                f"cross_entropy: a float target holds class probabilities and must have the input's shape "
+                f"{tuple(input.shape)}, got {tuple(target.shape)}; for class indices pass an int target "
+                "(target.astype(ms.int32))"
+            )
         target = _class_last(target)
         if label_smoothing:
             target = target * (1.0 - label_smoothing) + label_smoothing / classes
@@ -441,6 +447,12 @@ def binary_cross_entropy_with_logits(
     """Sigmoid cross-entropy, computed stably: (1 - y) x + log(1 + exp(-x)) (pos_weight scales the y terms). The
     second term is Softplus(-x), stable at both ends, whose gradient is -sigmoid(-x) everywhere; written as
     log(1 + exp(-|x|)) + max(-x, 0) it had the wrong gradient at x = 0 (Abs and Maximum's tie: -1, not -0.5)."""
+    shapes = tuple(getattr(logits, "shape", ())), tuple(getattr(label, "shape", ()))
+    if shapes[0] != shapes[1]:  # MindSpore's BCEWithLogitsLoss infer: the two must be equal, not broadcast
+        raise ConfigurationError(
+            f"binary_cross_entropy_with_logits: logits {shapes[0]} and label {shapes[1]} must have the same shape "
+            "(a (N, 1) output against (N,) labels would broadcast to (N, N)); reshape one to the other's shape"
+        )
     x = logits
     softplus_neg = apply_op("Softplus", apply_op("Neg", x))  # log(1 + exp(-x))
     if pos_weight is None:
