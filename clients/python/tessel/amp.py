@@ -24,6 +24,7 @@ from tessel.common.dtype import DType, to_dtype
 from tessel.common.parameter import Parameter
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
+from tessel.nn.layers import positive_int
 from tessel.train.loss_scale_manager import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 
 __all__ = [
@@ -74,7 +75,9 @@ def init_status() -> Tensor:
 
 
 def all_finite(inputs: Any, status: Any = None) -> Tensor:
-    """A bool scalar Tensor: whether every element of every tensor in `inputs` (gradients) is finite."""
+    """A bool scalar Tensor: whether every element of every tensor in `inputs` (gradients) is finite. `status` is
+    MindSpore's Ascend overflow register (init_status); tessel checks the values themselves, on every device, so it
+    changes nothing here (MindSpore's CPU and GPU ignore it too)."""
     tensors = list(inputs) if isinstance(inputs, (tuple, list)) else [inputs]
     if not tensors:
         raise ConfigurationError("amp.all_finite: inputs is empty; pass the gradients (a tuple of tensors)")
@@ -94,12 +97,6 @@ def _scale_value(scale_value: Any, owner: str) -> Parameter:
     if scale_value < 1.0:
         raise ConfigurationError(f"{owner}: scale_value must be >= 1, got {scale_value}")
     return Parameter(Tensor(np.float32(scale_value)), name="scale_value")
-
-
-def _positive_int(owner: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigurationError(f"{owner}: {name} must be an int > 0, got {value!r}")
-    return value
 
 
 class LossScaler(ABC):
@@ -145,8 +142,8 @@ class DynamicLossScaler(_ScalerBase):
 
     def __init__(self, scale_value: float, scale_factor: int, scale_window: int):
         self.scale_value = _scale_value(scale_value, "DynamicLossScaler")
-        self.scale_window = _positive_int("DynamicLossScaler", "scale_window", scale_window)
-        self.scale_factor = _positive_int("DynamicLossScaler", "scale_factor", scale_factor)
+        self.scale_window = positive_int("DynamicLossScaler", "scale_window", scale_window)
+        self.scale_factor = positive_int("DynamicLossScaler", "scale_factor", scale_factor)
         self.counter = Parameter(Tensor(np.int32(0)), name="counter")
 
     def adjust(self, grads_finite: Any) -> bool:

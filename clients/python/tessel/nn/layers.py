@@ -40,6 +40,13 @@ def _positive(cell: str, **values: int) -> None:
             raise ConfigurationError(f"{cell}: {name} must be a positive int, got {value!r}")
 
 
+def positive_int(owner: str, name: str, value: Any) -> int:
+    """`value` if it is an int > 0 (not a bool); else a ConfigurationError naming `owner` and `name`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigurationError(f"{owner}: {name} must be an int > 0, got {value!r}")
+    return value
+
+
 def make_parameter(init: Any, shape: tuple, dtype: Any, name: str, requires_grad: bool = True) -> Parameter:
     return Parameter(init_array(init, shape, dtype), name=name, requires_grad=requires_grad)
 

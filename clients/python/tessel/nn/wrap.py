@@ -20,6 +20,7 @@ from tessel.communication import GlobalComm
 from tessel.compiler import Graph, apply, bucket_allreduce
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
+from tessel.nn.layers import positive_int
 from tessel.ops import functional as F
 
 
@@ -351,11 +352,7 @@ class DynamicLossScaleUpdateCell(Cell):
         super().__init__()
         from tessel.common.parameter import Parameter
 
-        if isinstance(scale_window, bool) or not isinstance(scale_window, int) or scale_window <= 0:
-            raise ConfigurationError(
-                f"DynamicLossScaleUpdateCell: scale_window must be an int > 0, got {scale_window!r}"
-            )
-        self.scale_window = Tensor(np.int32(scale_window))
+        self.scale_window = Tensor(np.int32(positive_int("DynamicLossScaleUpdateCell", "scale_window", scale_window)))
         self.scale_factor = Tensor(np.float32(scale_factor))
         self.loss_scale_value = loss_scale_value
         self.cur_iter = Parameter(Tensor(np.int32(1)), name="current_iterator_step")

@@ -456,8 +456,9 @@ def narrow(input: Any, axis: int, start: int, length: int) -> Tensor:
 
 def index_select(input: Any, axis: int, index: Any) -> Tensor:
     """The entries of input along `axis` at the 1-D int `index`."""
-    if len(_shape(index, "index_select")) != 1:
-        raise ConfigurationError(f"ops.index_select: index must be 1-D, got shape {_shape(index, 'index_select')}")
+    shape = _shape(index, "index_select")
+    if len(shape) != 1:
+        raise ConfigurationError(f"ops.index_select: index must be 1-D, got shape {shape}")
     return F.gather(input, index, int(axis))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessel.core.errors import ConfigurationError
+from tessel.nn.layers import positive_int
 
 
 def _number(owner: str, name: str, value: Any) -> float:
@@ -68,8 +69,7 @@ class DynamicLossScaleManager(LossScaleManager):
     def __init__(self, init_loss_scale: float = 2**24, scale_factor: int = 2, scale_window: int = 2000):
         if _number("DynamicLossScaleManager", "init_loss_scale", init_loss_scale) < 1:
             raise ConfigurationError(f"DynamicLossScaleManager: init_loss_scale must be >= 1, got {init_loss_scale}")
-        if isinstance(scale_window, bool) or not isinstance(scale_window, int) or scale_window <= 0:
-            raise ConfigurationError(f"DynamicLossScaleManager: scale_window must be an int > 0, got {scale_window!r}")
+        positive_int("DynamicLossScaleManager", "scale_window", scale_window)
         if _number("DynamicLossScaleManager", "scale_factor", scale_factor) <= 0:
             raise ConfigurationError(f"DynamicLossScaleManager: scale_factor must be > 0, got {scale_factor}")
         self.loss_scale = init_loss_scale
