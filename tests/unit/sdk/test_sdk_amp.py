@@ -186,6 +186,8 @@ def test_loss_scale_managers_follow_mindspores_rules():
         ms.FixedLossScaleManager(0.5)
     with pytest.raises(ConfigurationError, match="scale_window must be an int > 0"):
         ms.DynamicLossScaleManager(scale_window=0)
+    with pytest.raises(ConfigurationError, match="DynamicLossScaleUpdateCell: scale_window must be an int > 0"):
+        nn.DynamicLossScaleUpdateCell(1024.0, 2, True)
     assert ms.train.FixedLossScaleManager is ms.amp.FixedLossScaleManager is ms.FixedLossScaleManager
 
 

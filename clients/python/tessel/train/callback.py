@@ -227,7 +227,7 @@ class LearningRateScheduler(Callback):
         cb = run_context.original_args()
         optimizer = cb.optimizer
         rate = getattr(optimizer, "learning_rate", None)
-        if not hasattr(rate, "set_data") or isinstance(rate, Tensor):
+        if not isinstance(rate, float):  # a fixed rate (optimizer.LearningRate, or a float the script assigned)
             raise ConfigurationError(
                 "LearningRateScheduler: the optimizer's learning_rate must be a fixed number; a per-step list or a "
                 "LearningRateSchedule already gives the rate of every step"
@@ -235,7 +235,9 @@ class LearningRateScheduler(Callback):
         lr = float(rate)
         new_lr = float(self.learning_rate_function(lr, cb.cur_step_num))
         if not np.isclose(lr, new_lr, rtol=1e-10, atol=0.0):
-            rate.set_data(new_lr)
+            from tessel.nn.optim.optimizer import LearningRate
+
+            optimizer.learning_rate = LearningRate(new_lr, optimizer)
 
 
 class LambdaCallback(Callback):
