@@ -24,21 +24,30 @@ from tessel.core.options import log_once
 DEFAULT_SEED = 5489
 _MAX_SEED = 2**32 - 1
 _seed = DEFAULT_SEED
+_eager_calls = 0
 
 
 def set_seed(seed: int) -> None:
     """Set the seed of every dataset shuffle, sampler and random transform (MindSpore `ds.config.set_seed`)."""
-    global _seed
+    global _seed, _eager_calls
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= _MAX_SEED:
         raise ConfigurationError(
             f"ds.config.set_seed: seed must be an int in [0, {_MAX_SEED}], got {seed!r}; pass e.g. set_seed(1)"
         )
     _seed = seed
+    _eager_calls = 0
 
 
 def get_seed() -> int:
     """The seed in effect (`DEFAULT_SEED` unless `set_seed` was called)."""
     return _seed
+
+
+def next_eager_call() -> tuple[int, int]:
+    """(seed, n) for the n-th eager transform call since the seed was last set: its random numbers' stream."""
+    global _eager_calls
+    _eager_calls += 1
+    return _seed, _eager_calls
 
 
 def get_cache_dir() -> Path:

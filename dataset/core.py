@@ -6,6 +6,10 @@ batch-rows by reshaping. An epoch is a pure function of (seed, epoch): sources p
 operations draw from streams derived from it, so every rank and every process (the daemon rebuilding a pipeline
 from its spec) sees the same data.
 
+Every block also carries its rows' ids in the hidden column ROW_ID (see `tessel.dataset.sampling.RowRandom`): random
+transforms draw by row id, so a row is augmented alike whichever shard or block it travels in. Operations keep the
+column with the rows; iteration leaves it out.
+
 Iteration hands each output array to `to_tensor`, the one hook that decides what users receive.
 """
 
@@ -22,7 +26,7 @@ from tessel.core import hooks
 from tessel.core.errors import ConfigurationError
 from tessel.core.options import keyword_options, log_once, not_supported_yet
 from tessel.dataset import config
-from tessel.dataset.sampling import random_stream, salt_of
+from tessel.dataset.sampling import random_stream, salt_of, stream_key
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -31,6 +35,9 @@ if TYPE_CHECKING:
     from tessel.v1 import dataset_pb2
 
 Block = dict[str, np.ndarray]
+
+# The hidden column of row ids (uint64; batch-rows hold one id per row batched). No user column can be named so.
+ROW_ID = "\x00row_id"
 
 # Sources cut blocks of about this many bytes: large enough to amortize per-block Python work, small enough that a
 # block and its float32 transforms stay in the L2 cache (measured: 128 KiB beats 1 MiB by ~1.3x on MNIST).
@@ -91,6 +98,10 @@ class EpochContext:
     def rng(self, salt: int) -> np.random.Generator:
         return random_stream(self.seed, self.epoch, salt)
 
+    def stream_key(self, salt: int) -> int:
+        """The key of the per-row random numbers (`RowRandom`) of the operation `salt` in this epoch."""
+        return stream_key(self.seed, self.epoch, salt)
+
     def with_epoch(self, epoch: int) -> EpochContext:
         return replace(self, epoch=epoch)
 
@@ -103,6 +114,17 @@ def block_rows(row_bytes: int, row_multiple: int) -> int:
 
 def block_length(block: Block) -> int:
     return len(next(iter(block.values())))
+
+
+def row_keys(block: Block) -> np.ndarray:
+    """One id per row of `block` (a batch-row is named by its first row's id)."""
+    ids = block[ROW_ID]
+    return ids if ids.ndim == 1 else ids.reshape(len(ids), -1)[:, 0]
+
+
+def user_columns(block: Block) -> Block:
+    """The block without its hidden row ids."""
+    return {name: values for name, values in block.items() if name != ROW_ID}
 
 
 def block_row_bytes(block: Block) -> int:
@@ -332,11 +354,12 @@ class Dataset:
         epoch = self._claim_epoch() if epoch is None else epoch
         batched = self._rows_are_batches()
         for block in self._iter_blocks(EpochContext(self._effective_seed(), epoch)):
+            columns = user_columns(block)
             if not batched:
-                yield to_record_batch(block)
+                yield to_record_batch(columns)
                 continue
             for i in range(block_length(block)):
-                yield to_record_batch({name: values[i] for name, values in block.items()})
+                yield to_record_batch({name: values[i] for name, values in columns.items()})
 
     # -- sink mode ---------------------------------------------------------------------------------------------
     def to_spec(self) -> dataset_pb2.DatasetSpec:

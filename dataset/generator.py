@@ -17,7 +17,7 @@ import numpy as np
 
 from tessel.core.errors import ConfigurationError
 from tessel.core.options import keyword_options, not_supported_yet
-from tessel.dataset.core import WORKER_HINTS, Block, Dataset, EpochContext, block_rows, check_workers
+from tessel.dataset.core import ROW_ID, WORKER_HINTS, Block, Dataset, EpochContext, block_rows, check_workers
 from tessel.dataset.ops import column_list
 from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
 from tessel.dataset.transforms.base import RaggedRowsError, resolve_dtype, stack_rows
@@ -96,8 +96,8 @@ class GeneratorDataset(Dataset):
 
     def _signature(self) -> str:
         name = getattr(self.source, "__qualname__", type(self.source).__qualname__)
-        shares = f",{self.shard_shares.describe()}" if self.shard_shares is not None else ""
-        return f"{name},{self.shuffle_flag},{self.num_samples},{self.num_shards}/{self.shard_id}{shares}"
+        # Sharding is left out: the random streams it names must be those of one device reading every shard.
+        return f"{name},{self.shuffle_flag},{self.num_samples}"
 
     def _num_rows(self) -> int:
         if self.random_access:
@@ -111,15 +111,16 @@ class GeneratorDataset(Dataset):
     def _items(self) -> Iterator[Any]:
         return iter(self.source() if callable(self.source) and not hasattr(self.source, "__iter__") else self.source)
 
-    def _rows(self, ctx: EpochContext) -> Iterator[tuple[np.ndarray, ...]]:
+    def _rows(self, ctx: EpochContext) -> Iterator[tuple[int, tuple[np.ndarray, ...]]]:
+        """(row id, row): the index the row was read at, or its position in the iterable's stream."""
         if self.random_access:
             for index in sharded_rows(self, len(self.source), ctx.seed, ctx.epoch):
-                yield self._as_row(self.source[int(index)])
+                yield int(index), self._as_row(self.source[int(index)])
             return
         for count, item in enumerate(self._items()):
             if self.num_samples and count >= self.num_samples:
                 return
-            yield self._as_row(item)
+            yield count, self._as_row(item)
 
     def _as_row(self, item: Any) -> tuple[np.ndarray, ...]:
         # MindSpore's _convert_row: a tuple or a list is one value per column, anything else one column; bytes are
@@ -136,24 +137,27 @@ class GeneratorDataset(Dataset):
         return tuple(np.asarray(v, dtype=t) for v, t in zip(values, self.column_types))
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
+        ids: list[int] = []
         pending: list[tuple[np.ndarray, ...]] = []
         size = 0
-        for row in self._rows(ctx):
+        for row_id, row in self._rows(ctx):
             if not pending:
                 size = block_rows(sum(v.nbytes for v in row), ctx.row_multiple)
+            ids.append(row_id)
             pending.append(row)
             if len(pending) >= size:
-                yield from self._blocks(pending)
-                pending = []
+                yield from self._blocks(ids, pending)
+                ids, pending = [], []
         if pending:
-            yield from self._blocks(pending)
+            yield from self._blocks(ids, pending)
 
-    def _blocks(self, rows: list[tuple[np.ndarray, ...]]) -> Iterator[Block]:
+    def _blocks(self, ids: list[int], rows: list[tuple[np.ndarray, ...]]) -> Iterator[Block]:
+        row_ids = np.array(ids, dtype=np.uint64)
         try:
-            yield dict(zip(self.column_names, stack_rows(rows, "GeneratorDataset")))
+            yield {**dict(zip(self.column_names, stack_rows(rows, "GeneratorDataset"))), ROW_ID: row_ids}
         except RaggedRowsError:
-            for row in rows:  # rows of different shapes cannot share an array: one block per row
-                yield {name: value[None] for name, value in zip(self.column_names, row)}
+            for i, row in enumerate(rows):  # rows of different shapes cannot share an array: one block per row
+                yield {**{name: value[None] for name, value in zip(self.column_names, row)}, ROW_ID: row_ids[i : i + 1]}
 
 
 def _column_value(value: Any) -> Any:

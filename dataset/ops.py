@@ -6,6 +6,7 @@ Each is a `Dataset` node over its children's blocks of rows (see `tessel.dataset
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from typing import Any
@@ -13,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.dataset.core import Block, Dataset, EpochContext, block_length
+from tessel.core.options import log_once
+from tessel.dataset.core import ROW_ID, Block, Dataset, EpochContext, block_length, row_keys
+from tessel.dataset.sampling import RowRandom, combine_ids, tag_ids
 from tessel.dataset.transforms.base import RaggedRowsError, as_operations
 
 
@@ -39,6 +42,12 @@ def positive_int(value: Any, where: str, argument: str, minimum: int = 1) -> int
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
         raise ConfigurationError(f"{where}: {argument} must be an int >= {minimum}, got {value!r}")
     return int(value)
+
+
+def _subtree(node: Dataset) -> Iterator[Dataset]:
+    yield node
+    for child in node.children:
+        yield from _subtree(child)
 
 
 def slice_block(block: Block, start: int, stop: int | None = None) -> Block:
@@ -95,12 +104,13 @@ class MapDataset(Dataset):
         return f"{self.operations!r},{self.input_columns},{self.output_columns}"
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
-        rng = ctx.rng(self._salt())
+        key = ctx.stream_key(self._salt())
         for block in self.children[0]._iter_blocks(ctx):
-            yield from self._apply(block, rng)
+            yield from self._apply(block, key)
 
-    def _apply(self, block: Block, rng: np.random.Generator) -> Iterator[Block]:
+    def _apply(self, block: Block, key: int) -> Iterator[Block]:
         arrays = tuple(block[c] for c in self.input_columns)
+        rng = RowRandom(key, row_keys(block))
         try:
             for op in self.operations:
                 arrays = op.apply(arrays, rng)
@@ -108,7 +118,7 @@ class MapDataset(Dataset):
             if block_length(block) == 1:
                 raise
             for i in range(block_length(block)):  # rows of different shapes: one block per row
-                yield from self._apply(slice_block(block, i, i + 1), rng)
+                yield from self._apply(slice_block(block, i, i + 1), key)
             return
         except ConfigurationError as exc:
             raise ConfigurationError(f"Dataset.map(input_columns={self.input_columns}): {exc}") from exc
@@ -126,7 +136,7 @@ class MapDataset(Dataset):
                     f"return one output row per input row"
                 )
             out[name] = values
-        yield {name: out[name] for name in self._names}
+        yield {**{name: out[name] for name in self._names}, ROW_ID: block[ROW_ID]}
 
 
 class BatchDataset(Dataset):
@@ -177,6 +187,14 @@ class ShuffleDataset(Dataset):
     def __init__(self, child: Dataset, buffer_size: int):
         super().__init__(child)
         self.buffer_size = positive_int(buffer_size, "Dataset.shuffle", "buffer_size", minimum=2)
+        if any((getattr(node, "num_shards", None) or 1) > 1 for node in _subtree(child)):
+            log_once(
+                "Dataset.shuffle.sharded",
+                "Dataset.shuffle(buffer_size) over a sharded source shuffles within each shard's buffer, as "
+                "MindSpore does, so N ranks' batches are not one device's global batches; for that, drop "
+                "shuffle() and let the source shuffle (shuffle=True): its order is global",
+                logging.WARNING,
+            )
 
     def get_col_names(self) -> list[str]:
         return self.children[0].get_col_names()
@@ -228,7 +246,7 @@ class RepeatDataset(Dataset):
             produced = False
             for block in self.children[0]._iter_blocks(ctx.with_epoch(ctx.epoch * stride + r)):
                 produced = True
-                yield block
+                yield {**block, ROW_ID: tag_ids(block[ROW_ID], r)}
             if not produced:
                 raise ConfigurationError("Dataset.repeat: the repeated pipeline yields no rows; it would never end")
 
@@ -308,7 +326,7 @@ class ProjectDataset(Dataset):
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
         for block in self.children[0]._iter_blocks(ctx):
-            yield {name: block[name] for name in self.columns}
+            yield {**{name: block[name] for name in self.columns}, ROW_ID: block[ROW_ID]}
 
 
 class RenameDataset(Dataset):
@@ -323,8 +341,8 @@ class RenameDataset(Dataset):
             raise ConfigurationError(f"{where}: input_columns and output_columns need the same number of names")
         names = child.get_col_names()
         check_columns_exist(self.input_columns, names, where, "input_columns")
-        mapping = dict(zip(self.input_columns, self.output_columns))
-        self._names = [mapping.get(n, n) for n in names]
+        self._mapping = dict(zip(self.input_columns, self.output_columns))
+        self._names = [self._mapping.get(n, n) for n in names]
         if len(set(self._names)) != len(self._names):
             raise ConfigurationError(f"{where}: renaming {names} gives duplicate column names {self._names}")
 
@@ -339,7 +357,7 @@ class RenameDataset(Dataset):
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
         for block in self.children[0]._iter_blocks(ctx):
-            yield dict(zip(self._names, block.values()))
+            yield {self._mapping.get(name, name): values for name, values in block.items()}
 
 
 class ZipDataset(Dataset):
@@ -375,9 +393,13 @@ class ZipDataset(Dataset):
                         return
             rows = min(block_length(h) for h in heads)  # type: ignore[arg-type]
             out: Block = {}
+            ids = None
             for i, head in enumerate(heads):
-                out.update(slice_block(head, 0, rows))  # type: ignore[arg-type]
+                part = slice_block(head, 0, rows)  # type: ignore[arg-type]
+                ids = row_keys(part) if ids is None else combine_ids(ids, row_keys(part))
+                out.update(part)
                 heads[i] = slice_block(head, rows) if block_length(head) > rows else None  # type: ignore[arg-type]
+            out[ROW_ID] = ids
             yield out
 
 
@@ -407,5 +429,6 @@ class ConcatDataset(Dataset):
         return ""
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
-        for child in self.children:
-            yield from child._iter_blocks(ctx)
+        for i, child in enumerate(self.children):
+            for block in child._iter_blocks(ctx):
+                yield {**block, ROW_ID: tag_ids(block[ROW_ID], i)}

@@ -16,6 +16,16 @@ device's step-j batch. Every shard has the same number of batches: the epoch's c
 
 >>> share_rows(12, ShardShares((2, 4)), shard_id=0, shuffle=False, seed=0, epoch=0).tolist()
 [0, 3, 6, 9]
+
+Random transforms draw through `RowRandom`: each row's numbers are a function of (seed, epoch, the operation, the
+row's id) — its index in the source, tagged by the repeat, concat and zip it went through — and never of the block
+or the shard the row travels in. So a row is cropped and flipped alike on one device and on any shard of N ranks,
+and N-rank training with augmentation equals one-device training on the global batch.
+
+>>> a = RowRandom(stream_key(1, 0, 7), np.array([3, 4, 5], dtype=np.uint64)).random()
+>>> b = RowRandom(stream_key(1, 0, 7), np.array([5], dtype=np.uint64)).random()
+>>> bool(a[2] == b[0])
+True
 """
 
 from __future__ import annotations
@@ -32,6 +42,62 @@ from tessel.core.errors import ConfigurationError
 def random_stream(seed: int, epoch: int, *salt: int) -> np.random.Generator:
     """A generator that depends only on (seed, epoch, salt…): the same on every rank and in every process."""
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, *salt])))
+
+
+def stream_key(seed: int, epoch: int, *salt: int) -> int:
+    """A 64-bit key that depends only on (seed, epoch, salt…), for `RowRandom`."""
+    return int(np.random.SeedSequence([seed, epoch, *salt]).generate_state(1, np.uint64)[0])
+
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, SplitMix64's increment
+
+
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer on a uint64 array: a bijection whose every output bit depends on every input bit."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def tag_ids(ids: np.ndarray, tag: int) -> np.ndarray:
+    """Row ids for another instance of the same rows (repetition `tag`, concat child `tag`): distinct per tag."""
+    return mix64(ids + np.uint64(tag + 1) * _GOLDEN)
+
+
+def combine_ids(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The id of a row made of two rows side by side (zip)."""
+    return mix64(first ^ mix64(second + _GOLDEN))
+
+
+class RowRandom:
+    """Random numbers for one block of rows: each call returns one value per row, and a row's value depends only
+    on the stream key, the row's id and how many calls came before it — so a transform must make the same calls
+    whatever the block holds (draw for every row, then use what it needs). Counter-based like SplitMix64."""
+
+    def __init__(self, key: int, ids: np.ndarray):
+        self._rows = mix64(np.asarray(ids, dtype=np.uint64).reshape(-1) ^ np.uint64(key))
+        self._calls = 0
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def _bits(self) -> np.ndarray:
+        self._calls += 1
+        return mix64(self._rows + np.uint64(self._calls) * _GOLDEN)
+
+    def random(self) -> np.ndarray:
+        """One float64 per row, uniform in [0, 1) (53 random bits)."""
+        return (self._bits() >> np.uint64(11)).astype(np.float64) * 2.0**-53
+
+    def integers(self, low: int, high: int) -> np.ndarray:
+        """One int64 per row, uniform in [low, high)."""
+        if high <= low:
+            raise ValueError(f"RowRandom.integers: high ({high}) must exceed low ({low})")
+        return low + np.minimum(np.floor(self.random() * (high - low)), high - low - 1).astype(np.int64)
+
+    def uniform(self, low: float, high: float) -> np.ndarray:
+        """One float64 per row, uniform in [low, high)."""
+        return low + (high - low) * self.random()
 
 
 def salt_of(description: str) -> int:
@@ -110,9 +176,6 @@ class ShardShares:
     @property
     def global_batch(self) -> int:
         return sum(self.shares)
-
-    def describe(self) -> str:
-        return f"shares={':'.join(map(str, self.shares))}{',drop' if self.drop_remainder else ''}"
 
 
 def window_owners(shares: tuple[int, ...]) -> np.ndarray:

@@ -24,7 +24,15 @@ import pyarrow.ipc as ipc
 
 from tessel.core.errors import ConfigurationError
 from tessel.core.options import keyword_options
-from tessel.dataset.core import SOURCE_UNSUPPORTED, Block, Dataset, EpochContext, block_rows, check_workers
+from tessel.dataset.core import (
+    ROW_ID,
+    SOURCE_UNSUPPORTED,
+    Block,
+    Dataset,
+    EpochContext,
+    block_rows,
+    check_workers,
+)
 from tessel.dataset.formats import (
     CIFAR10_TEST_FILES,
     find_idx_file,
@@ -90,11 +98,8 @@ class MappableSource(Dataset):
         return False
 
     def _sampling_signature(self) -> str:
-        shares = f",{self.shard_shares.describe()}" if self.shard_shares is not None else ""
-        return (
-            f"shuffle={self.shuffle_flag},num_samples={self.num_samples},shards={self.num_shards}/{self.shard_id}"
-            f"{shares}"
-        )
+        # Sharding is left out: the random streams it names must be those of one device reading every shard.
+        return f"shuffle={self.shuffle_flag},num_samples={self.num_samples}"
 
     def _where(self) -> str:
         return self.where
@@ -104,7 +109,8 @@ class MappableSource(Dataset):
         rows = sharded_rows(self, table.num_rows, ctx.seed, ctx.epoch)
         step = block_rows(table.row_bytes, ctx.row_multiple)
         for start in range(0, len(rows), step):
-            yield table.gather(rows[start : start + step])
+            picked = rows[start : start + step]
+            yield {**table.gather(picked), ROW_ID: picked.astype(np.uint64)}
 
 
 class MnistDataset(MappableSource):

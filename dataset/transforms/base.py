@@ -30,8 +30,11 @@ from typing import Any, ClassVar
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.dataset import config
+from tessel.dataset.sampling import RowRandom, salt_of, stream_key
 
 _REGISTRY: dict[str, type[Transform]] = {}
+_EAGER_SALT = salt_of("eager")
 
 # Element types a dataset column can be cast to, by the names MindSpore and numpy both use.
 _DTYPE_NAMES = {
@@ -61,7 +64,7 @@ class Transform:
         """Constructor keyword arguments (plain values) that rebuild this transform."""
         return dict(self._params)
 
-    def apply(self, arrays: Sequence[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    def apply(self, arrays: Sequence[np.ndarray], rng: RowRandom) -> tuple[np.ndarray, ...]:
         """Apply to blocks of rows (one array per input column); returns one array per output column."""
         if len(arrays) != 1:
             raise ConfigurationError(
@@ -69,12 +72,15 @@ class Transform:
             )
         return (self.apply_rows(arrays[0], rng),)
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         raise NotImplementedError
 
     def __call__(self, *samples: Any) -> Any:
-        """Eager mode: apply to one sample (one argument per input column), as `vision.Rescale(...)(image)`."""
-        outputs = self.apply(tuple(np.asarray(s)[None] for s in samples), np.random.default_rng())
+        """Eager mode: apply to one sample (one argument per input column), as `vision.Rescale(...)(image)`. Random
+        transforms draw from the dataset seed: the n-th eager call after `ds.config.set_seed(s)` draws the same."""
+        seed, call = config.next_eager_call()
+        rng = RowRandom(stream_key(seed, call, _EAGER_SALT), np.zeros(1, dtype=np.uint64))
+        outputs = self.apply(tuple(np.asarray(s)[None] for s in samples), rng)
         outputs = tuple(out[0] for out in outputs)
         return outputs[0] if len(outputs) == 1 else outputs
 
@@ -122,7 +128,7 @@ class PyFunc(Transform):
         self.function = function
         self._params = {"function": getattr(function, "__qualname__", repr(function))}
 
-    def apply(self, arrays: Sequence[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    def apply(self, arrays: Sequence[np.ndarray], rng: RowRandom) -> tuple[np.ndarray, ...]:
         rows = []
         for i in range(len(arrays[0])):
             out = self.function(*(a[i] for a in arrays))

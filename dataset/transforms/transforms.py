@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.dataset.sampling import RowRandom
 from tessel.dataset.transforms.base import Transform, as_operations, register, resolve_dtype
 
 
@@ -25,7 +26,7 @@ class TypeCast(Transform):
         self.dtype = resolve_dtype(data_type, "transforms.TypeCast")
         self._params = {"data_type": self.dtype.name}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         if x.dtype.kind in "USO":
             raise self.reject(x, "numeric rows", "decode strings to numbers before casting")
         return x.astype(self.dtype, copy=False)
@@ -47,7 +48,7 @@ class OneHot(Transform):
         self.num_classes, self.smoothing_rate = num_classes, float(smoothing_rate)
         self._params = {"num_classes": num_classes, "smoothing_rate": self.smoothing_rate}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         if x.dtype.kind not in "iu":
             raise self.reject(x, "integer class labels", "cast the labels with transforms.TypeCast(ms.int32) first")
         if x.size and (x.min() < 0 or x.max() >= self.num_classes):

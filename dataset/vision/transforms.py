@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.dataset.sampling import RowRandom
 from tessel.dataset.transforms.base import Transform, register, resolve_dtype
 
 
@@ -81,7 +82,7 @@ class Rescale(Transform):
         self.rescale, self.shift = np.float32(rescale), np.float32(shift)
         self._params = {"rescale": float(rescale), "shift": float(shift)}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         if x.dtype.kind not in "uifb":
             raise self.reject(x, "numeric rows", "decode the images first")
         out = np.multiply(x, self.rescale, out=_float32_result(x), dtype=np.float32)
@@ -108,7 +109,7 @@ class Normalize(Transform):
         self.mean, self.std = np.float32(mean), np.float32(std)
         self._params = {"mean": mean, "std": std, "is_hwc": self.is_hwc}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
         channels = 1 if x.ndim == 3 else x.shape[-1] if self.is_hwc else x.shape[1]
         mean, std = self.mean, self.std
@@ -135,7 +136,7 @@ class HWC2CHW(Transform):
     def __init__(self):
         self._params = {}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
         return x if x.ndim == 3 else np.ascontiguousarray(np.moveaxis(x, 3, 1))
 
@@ -148,7 +149,7 @@ class ToTensor(Transform):
         self.dtype = resolve_dtype(output_type, "vision.ToTensor")
         self._params = {"output_type": self.dtype.name}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
         chw = x[:, None] if x.ndim == 3 else np.moveaxis(x, 3, 1)
         out = np.divide(chw, np.float32(255.0), dtype=np.float32)
@@ -187,7 +188,7 @@ class Resize(Transform):
             return self.size, max(1, _lround(np.float32(width) / np.float32(height) * np.float32(self.size)))
         return max(1, _lround(np.float32(height) / np.float32(width) * np.float32(self.size))), self.size
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
         out_h, out_w = self._target(x.shape[1], x.shape[2])
         in_h, in_w = x.shape[1:3]
@@ -276,7 +277,7 @@ class RandomCrop(Transform):
             out[:, mask] = self.fill_value
         return out
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
         x = self._pad(x)
         rows, height, width = x.shape[:3]
@@ -286,8 +287,8 @@ class RandomCrop(Transform):
                 f"images of at least {self.height}x{self.width} after padding {self.padding}",
                 "pass a smaller size, padding, or pad_if_needed=True",
             )
-        tops = rng.integers(0, height - self.height + 1, size=rows)
-        lefts = rng.integers(0, width - self.width + 1, size=rows)
+        tops = rng.integers(0, height - self.height + 1)
+        lefts = rng.integers(0, width - self.width + 1)
         row_index = (tops[:, None] + np.arange(self.height))[:, :, None]
         col_index = (lefts[:, None] + np.arange(self.width))[:, None, :]
         return x[np.arange(rows)[:, None, None], row_index, col_index]
@@ -305,9 +306,9 @@ class RandomHorizontalFlip(Transform):
         self.prob = float(prob)
         self._params = {"prob": self.prob}
 
-    def apply_rows(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
         _check_image(self, x)
-        flip = rng.random(len(x)) < self.prob
+        flip = rng.random() < self.prob
         return np.where(flip.reshape((-1,) + (1,) * (x.ndim - 1)), x[:, :, ::-1], x)
 
 
@@ -371,7 +372,7 @@ class SlicePatches(Transform):
             "fill_value": self.fill_value,
         }
 
-    def apply(self, arrays: Sequence[np.ndarray], rng: np.random.Generator) -> tuple[np.ndarray, ...]:
+    def apply(self, arrays: Sequence[np.ndarray], rng: RowRandom) -> tuple[np.ndarray, ...]:
         if len(arrays) != 1:
             raise ConfigurationError(f"{self!r} takes 1 input column (the image), got {len(arrays)}")
         x = arrays[0]

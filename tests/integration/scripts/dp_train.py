@@ -6,7 +6,8 @@ value_and_grad + DistributedGradReducer + optimizer), pynative (the custom loop 
 (gradients_mean=False: the reference gets the sum of the N ranks' gradients), amp (Model.train at amp_level O2 with a
 fixed loss scale of 128: float16 compute, so the reference is met to float16's rounding, 2e-3 relative), lossscale
 (Model.train with DynamicLossScaleManager(2**10): TrainOneStepWithLossScaleCell traced as one program, its overflow
-check on the all-reduced gradients).
+check on the all-reduced gradients), augment (sink mode over a shuffled source whose rows are flipped at random: the
+reference trains on what one device's pipeline yields, so each rank must flip each of its rows as one device does).
 Prints `dp <mode> ok on rank r of n: relative error E, losses L0 ... L19`; any mismatch raises.
 """
 
@@ -52,14 +53,32 @@ class Net(nn.Cell):
         self.matmul, self.relu = ops.MatMul(), nn.ReLU()
 
     def construct(self, x):
+        if MODE == "augment":
+            x = x.reshape(-1, IN)
         return self.matmul(self.relu(self.matmul(x, self.w1) + self.b1), self.w2) + self.b2
+
+
+def source(**sharding):
+    x, y = data()
+    if MODE != "augment":
+        return ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, **sharding)
+    images = ds.NumpySlicesDataset({"x": x.reshape(-1, 1, IN, 1), "y": y}, **sharding)  # 1 x IN images
+    return images.map(ds.vision.RandomHorizontalFlip(), "x")
+
+
+def global_batches():
+    """What one device's pipeline yields, batch by batch of PER_RANK * world rows."""
+    if MODE != "augment":
+        return data()
+    x, y = zip(*source().batch(PER_RANK * world).create_tuple_iterator(output_numpy=True))
+    return np.concatenate(x).reshape(-1, IN), np.concatenate(y)
 
 
 def reference():
     """float64 numpy: Momentum on batches of PER_RANK * world rows (the mean over them; sum mode: world x)."""
     p = {k: v.astype(np.float64) for k, v in initial().items()}
     v = {k: np.zeros_like(a) for k, a in p.items()}
-    x_all, y_all = data()
+    x_all, y_all = global_batches()
     losses, rows = [], PER_RANK * world
     for step in range(STEPS):
         x, y = x_all[step * rows : (step + 1) * rows].astype(np.float64), y_all[step * rows : (step + 1) * rows]
@@ -80,16 +99,14 @@ def reference():
 
 
 def dataset():
-    x, y = data()
-    source = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False, num_shards=world, shard_id=rank)
-    return source.batch(PER_RANK)
+    return source(num_shards=world, shard_id=rank).batch(PER_RANK)
 
 
 net = Net()
 loss_fn = nn.CrossEntropyLoss()
 optimizer = nn.Momentum(net.trainable_params(), LR, MOMENTUM)
 losses = []
-if MODE in ("model", "sink", "sum", "amp", "lossscale"):
+if MODE in ("model", "sink", "sum", "amp", "lossscale", "augment"):
 
     class Record(LossMonitor):
         def on_train_step_end(self, run_context):
@@ -106,7 +123,7 @@ if MODE in ("model", "sink", "sum", "amp", "lossscale"):
         assert isinstance(model.train_network, nn.TrainOneStepWithLossScaleCell)
     else:
         model = ms.Model(net, loss_fn=loss_fn, optimizer=optimizer)
-    model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=MODE == "sink")
+    model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=MODE in ("sink", "augment"))
 else:
 
     def forward(x, y):

@@ -129,3 +129,80 @@ def test_bad_shard_arguments_are_clear_errors(mnist_dir, kwargs, message):
     with pytest.raises(ConfigurationError, match=message) as error:
         ds.MnistDataset(mnist_dir[0], **kwargs)
     assert "MnistDataset" in str(error.value)
+
+
+def augmented_rows(shards: int, epochs: int = 2, batch: int = 4, layout: str = "map-repeat", source: str = "slices"):
+    """{(epoch, row): [its images in order of appearance]} over all shards: each row's image is cropped and flipped
+    at random, and its row number rides along in a column the transforms do not touch."""
+    images = np.arange(40 * 6 * 5, dtype=np.uint8).reshape(40, 6, 5, 1)  # every image differs from every other
+    augment = [ds.vision.RandomCrop(4, padding=1), ds.vision.RandomHorizontalFlip()]
+    seen: dict[tuple[int, int], list[np.ndarray]] = {}
+    for k in range(shards):
+        sharding = {"num_shards": shards, "shard_id": k} if shards > 1 else {}
+        if source == "slices":
+            data = ds.NumpySlicesDataset({"image": images, "row": np.arange(40)}, **sharding)
+        else:
+            data = ds.GeneratorDataset(list(zip(images, np.arange(40))), ["image", "row"], **sharding)
+        if layout == "map-repeat":
+            data = data.map(augment, "image").repeat(2)
+        elif layout == "repeat-map":
+            data = data.repeat(2).map(augment, "image")
+        elif layout == "concat":
+            data = (data + data).map(augment, "image")
+        else:  # zip: the rows side by side with a second reading of the same source
+            other = data.rename(["image", "row"], ["image2", "row2"])
+            data = ds.zip((data, other)).map(augment, "image").project(["image", "row"])
+        iterator = data.batch(batch).create_tuple_iterator(num_epochs=epochs, output_numpy=True)
+        for epoch in range(epochs):
+            for image_batch, row_batch in iterator:
+                for image, row in zip(image_batch, row_batch):
+                    seen.setdefault((epoch, int(row)), []).append(image)
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["map-repeat", "repeat-map", "concat", "zip"])
+@pytest.mark.parametrize("source", ["slices", "generator"])
+def test_random_transforms_give_each_row_what_one_device_gives_it(layout, source):
+    """DESIGN's contract for augmentation: a row is cropped and flipped alike on one device and on any shard of N
+    ranks, whatever the batch (so the block) it travels in."""
+    ds.config.set_seed(11)
+    single = augmented_rows(1, batch=8, layout=layout, source=source)
+    for shards in (2, 4):
+        sharded = augmented_rows(shards, layout=layout, source=source)
+        assert sorted(sharded) == sorted(single) == [(e, r) for e in range(2) for r in range(40)]
+        for key, images in single.items():
+            assert len(sharded[key]) == len(images) == (1 if layout == "zip" else 2)  # repeat, concat: 2 instances
+            # a row's two instances may sit on different shards, so they compare as a multiset
+            assert sorted(i.tobytes() for i in sharded[key]) == sorted(i.tobytes() for i in images), key
+    # ...and the augmentation is random: the instances of a row (another epoch, repetition or concat child) differ
+    distinct = [len({image.tobytes() for e in range(2) for image in single[e, r]}) for r in range(40)]
+    assert np.mean(distinct) > (1.5 if layout == "zip" else 3), distinct
+    ds.config.set_seed(12)
+    other_seed = augmented_rows(1, layout=layout, source=source)
+    assert any(not np.array_equal(other_seed[key][0], single[key][0]) for key in single)
+
+
+def test_random_transforms_draw_evenly():
+    """The per-row streams are uniform: crops land on every offset about equally, flips follow prob."""
+    images = np.zeros((6000, 8, 8, 1), dtype=np.uint8)
+    images[:, 0, 0] = 255  # a marker at the top-left corner shows the crop offset and the flip
+    data = ds.NumpySlicesDataset({"image": images}, shuffle=False)
+    out = next(
+        data.map([ds.vision.RandomCrop(6), ds.vision.RandomHorizontalFlip(0.25)])
+        .batch(6000)
+        .create_tuple_iterator(output_numpy=True)
+    )[0]
+    marker = np.argwhere(out[..., 0] == 255)  # rows whose crop kept the corner: offset (0, 0)
+    assert abs(len(marker) / 6000 - 1 / 9) < 0.02  # 3 x 3 offsets
+    flipped = marker[:, 2] == 5
+    assert abs(flipped.mean() - 0.25) < 0.07
+
+
+def test_a_buffered_shuffle_over_shards_says_it_is_per_shard(caplog, monkeypatch):
+    from tessel.core import options
+
+    monkeypatch.setattr(options, "_logged", set())
+    rows(10).shuffle(4)
+    assert not caplog.records  # one device: the buffer sees every row
+    rows(10, num_shards=2, shard_id=0).map(lambda r: r).shuffle(4)
+    assert "shuffles within each shard's buffer" in caplog.text and "shuffle=True" in caplog.text
