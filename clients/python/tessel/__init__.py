@@ -75,8 +75,62 @@ _PARALLEL_NAMES = {
     "merge_pipeline_strategys",
     "sync_pipeline_shared_parameters",
 }
+# mindspore.train's names MindSpore re-exports at the top level (`from mindspore.train import *`) that tessel has
+_TRAIN_NAMES = {
+    "Accuracy",
+    "Callback",
+    "CheckpointConfig",
+    "History",
+    "LambdaCallback",
+    "LearningRateScheduler",
+    "Loss",
+    "LossMonitor",
+    "MAE",
+    "MSE",
+    "Metric",
+    "ModelCheckpoint",
+    "RunContext",
+    "TimeMonitor",
+    "Top1CategoricalAccuracy",
+    "Top5CategoricalAccuracy",
+    "TopKCategoricalAccuracy",
+    "rearrange_inputs",
+}
+# mindspore.runtime's names MindSpore re-exports at the top level (the same objects)
+_RUNTIME_NAMES = {
+    "Event",
+    "Stream",
+    "StreamCtx",
+    "communication_stream",
+    "current_stream",
+    "default_stream",
+    "dispatch_threads_num",
+    "empty_cache",
+    "launch_blocking",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "memory_allocated",
+    "memory_replay",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_max_memory_allocated",
+    "reset_max_memory_reserved",
+    "reset_peak_memory_stats",
+    "set_cpu_affinity",
+    "set_cur_stream",
+    "set_kernel_launch_capture",
+    "set_kernel_launch_group",
+    "set_memory",
+    "synchronize",
+}
 _NAMES = {
     "Tensor": "tessel.common.tensor",
+    "tensor": "tessel.common.tensor",
+    "from_numpy": "tessel.common.tensor",
+    "is_tensor": "tessel.common.tensor",
+    "set_device": "tessel.context",
+    "build_train_network": "tessel.amp",
     "Parameter": "tessel.common.parameter",
     "ParameterTuple": "tessel.common.parameter",
     "Symbol": "tessel.common.symbol",
@@ -110,6 +164,8 @@ _NAMES = {
     # __all__ with parallel.__all__)
     **dict.fromkeys(_PARALLEL_NAMES, "tessel.parallel"),
     "reshard": "tessel.parallel.function",
+    **dict.fromkeys(_TRAIN_NAMES, "tessel.train"),
+    **dict.fromkeys(_RUNTIME_NAMES, "tessel.runtime"),
 }
 
 
@@ -142,7 +198,10 @@ def __getattr__(name: str) -> Any:
     elif name in _NAMES:
         value = getattr(importlib.import_module(_NAMES[name]), name)
     else:
-        raise AttributeError(f"module 'tessel' has no attribute {name!r}")
+        from tessel.common.mindspore_names import MINDSPORE
+        from tessel.common.support import unsupported_names
+
+        unsupported_names("mindspore", MINDSPORE, "tessel does not map this name yet (README: the API table)")(name)
     globals()[name] = value
     return value
 

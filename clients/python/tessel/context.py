@@ -105,6 +105,18 @@ def _refuse_unsupported(option: str, value: Any, default: Any, table: dict[str, 
         raise _not_supported(f"{option}={value!r}", why)
 
 
+def set_device(device_target: str, device_id: int | None = None) -> None:
+    """MindSpore 2.5+'s `ms.set_device`: `set_context(device_target=..., device_id=...)`; without device_id the
+    rank keeps its daemon's device."""
+    if device_target not in _DEVICE_PLUGINS:
+        raise ConfigurationError(
+            f"set_device: device_target must be one of {sorted(_DEVICE_PLUGINS)}, got {device_target!r}"
+        )
+    if device_id is not None and (isinstance(device_id, bool) or not isinstance(device_id, int) or device_id < 0):
+        raise ConfigurationError(f"set_device: device_id must be an int >= 0, got {device_id!r}")
+    set_context(device_target=device_target, **({} if device_id is None else {"device_id": device_id}))
+
+
 def set_context(**kwargs: Any) -> None:
     """Set execution options: mode (GRAPH_MODE/PYNATIVE_MODE), device_target ("CPU"/"GPU"/"Ascend": the plugin of
     the daemons; a job whose daemons provide none of it fails at init()), device_id, save_graphs (graph dumps of

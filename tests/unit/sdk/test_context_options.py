@@ -287,3 +287,18 @@ def test_uneven_batch_split_turns_spmd_scheduling_off():
     assert engine._spmd()
     ms.set_auto_parallel_context(batch_split="speed")
     assert not engine._spmd()
+
+
+def test_set_device_is_set_context_of_target_and_id():
+    """MindSpore 2.5+'s ms.set_device(device_target, device_id=None)."""
+    ms.set_device("CPU")
+    assert ms.get_context("device_target") == "CPU"
+    context._bind_daemon(["cpu", "gpu"], "gpu", 1, 2)  # a mixed job: this rank's daemon runs GPU 1
+    ms.set_device("GPU", 1)
+    assert ms.get_context("device_id") == 1
+    with pytest.raises(ConfigurationError, match=r"device_id=0\): this rank's daemon runs device 1"):
+        ms.set_device("GPU", 0)
+    with pytest.raises(ConfigurationError, match=r"set_device: device_target must be one of \[.Ascend."):
+        ms.set_device("NPU")
+    with pytest.raises(ConfigurationError, match="set_device: device_id must be an int >= 0, got -1"):
+        ms.set_device("GPU", -1)

@@ -24,6 +24,7 @@ def unsupported_names(module: str, names: Iterable[str], why: str) -> Any:
 
     def __getattr__(name: str) -> Any:
         if name in known:
+            # not an AttributeError: `from module import name` would turn that into a bare "cannot import name"
             raise not_supported_yet(f"{module}.{name}", why)
         raise AttributeError(f"module {module.replace('mindspore', 'tessel', 1)!r} has no attribute {name!r}")
 

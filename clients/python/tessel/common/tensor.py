@@ -767,3 +767,19 @@ def dataset_tensor(array: np.ndarray) -> Tensor:
 
 from tessel.ops import composed as C  # noqa: E402 - the functional ops need Tensor defined first
 from tessel.ops import functional as F  # noqa: E402
+
+
+def tensor(input_data: Any = None, dtype: Any = None, shape: Any = None, init: Any = None, const_arg: bool = False):
+    """MindSpore 2.x's `ms.tensor(...)`: a Tensor, from the same arguments (also inside a compiled construct)."""
+    options = {"const_arg": const_arg} if const_arg else {}
+    return Tensor(input_data, dtype, shape, init, **options)
+
+
+def from_numpy(array: np.ndarray) -> Tensor:
+    """MindSpore's `ms.from_numpy`: a Tensor sharing the memory of `array`."""
+    return Tensor.from_numpy(array)
+
+
+def is_tensor(obj: Any) -> bool:
+    """MindSpore's `ms.is_tensor`: whether `obj` is a Tensor (a Parameter is one)."""
+    return isinstance(obj, Tensor)

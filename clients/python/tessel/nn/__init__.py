@@ -5,7 +5,9 @@
 >>> optimizer = nn.Momentum(net.trainable_params(), learning_rate=0.01, momentum=0.9)
 """
 
+from tessel.common.mindspore_names import NN
 from tessel.common.parameter import Parameter, ParameterTuple
+from tessel.common.support import unsupported_names
 from tessel.nn import utils
 from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
@@ -72,13 +74,18 @@ _METRICS = (
 )
 
 
+_missing = unsupported_names(
+    "mindspore.nn", NN, "tessel has no such layer, loss, optimizer or wrapper yet (README: the API table lists them)"
+)
+
+
 def __getattr__(name: str):
     # MindSpore 1.x kept metrics in nn; they live in tessel.train.metrics.
     if name in _METRICS:
         from tessel.train import metrics
 
         return getattr(metrics, name)
-    raise AttributeError(f"module 'tessel.nn' has no attribute {name!r}")
+    return _missing(name)
 
 
 __all__ = [

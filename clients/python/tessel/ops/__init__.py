@@ -5,6 +5,8 @@ communication primitives (`ops.AllReduce`) and `ops.ReduceOp`.
     >>> matmul = ops.MatMul().shard(((1, 1), (1, 2)))     # the strategy is kept for the parallel pass
 """
 
+from tessel.common.mindspore_names import OPS
+from tessel.common.support import unsupported_names
 from tessel.communication.comm_func import ReduceOp
 from tessel.ops import functional
 from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborExchange, ReduceScatter
@@ -22,6 +24,10 @@ from tessel.ops.halo import NeighborExchangeV2
 from tessel.ops.primitive import *  # noqa: F403
 from tessel.ops.primitive import Primitive
 
+_missing = unsupported_names(
+    "mindspore.ops", OPS, "tessel does not implement it yet (README: the API table lists the ops that run)"
+)
+
 
 def __getattr__(name: str):
     # Autodiff lives in tessel.autograd, which imports nn-level code; load it on first use.
@@ -29,7 +35,7 @@ def __getattr__(name: str):
         from tessel import autograd as _grad
 
         return getattr(_grad, name)
-    raise AttributeError(f"module 'tessel.ops' has no attribute {name!r}")
+    return _missing(name)
 
 
 __all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "NeighborExchange", "NeighborExchangeV2", "Primitive"]

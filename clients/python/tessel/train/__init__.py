@@ -1,5 +1,9 @@
 """`tessel.train` — MindSpore's `mindspore.train`: Model, callbacks, metrics, checkpoints and export."""
 
+import importlib
+
+from tessel.common.mindspore_names import TRAIN
+from tessel.common.support import unsupported_names
 from tessel.train.callback import (
     Callback,
     CheckpointConfig,
@@ -56,3 +60,19 @@ __all__ = [
     "rearrange_inputs",
     "save_checkpoint",
 ]
+
+# MindSpore re-exports these in mindspore.train; tessel keeps them where their work is done
+_ELSEWHERE = {
+    "build_train_network": "tessel.amp",
+    "build_searched_strategy": "tessel.parallel",
+    "load_distributed_checkpoint": "tessel.parallel",
+    "merge_sliced_parameter": "tessel.parallel",
+    "restore_group_info_list": "tessel.parallel",
+}
+_missing = unsupported_names("mindspore.train", TRAIN, "tessel does not map this name yet (README: the API table)")
+
+
+def __getattr__(name: str):
+    if name in _ELSEWHERE:
+        return getattr(importlib.import_module(_ELSEWHERE[name]), name)
+    return _missing(name)
