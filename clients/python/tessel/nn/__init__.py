@@ -35,13 +35,17 @@ from tessel.nn.layers import (
     get_activation,
 )
 from tessel.nn.loss import (
+    BCELoss,
     BCEWithLogitsLoss,
     CrossEntropyLoss,
+    HuberLoss,
+    KLDivLoss,
     L1Loss,
     LossBase,
     MAELoss,
     MSELoss,
     NLLLoss,
+    SmoothL1Loss,
     SoftmaxCrossEntropyWithLogits,
 )
 from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
@@ -64,6 +68,11 @@ from tessel.nn.wrap import (
 
 _METRICS = (
     "Accuracy",
+    "ConfusionMatrix",
+    "F1",
+    "Fbeta",
+    "Precision",
+    "Recall",
     "Loss",
     "Metric",
     "MAE",
@@ -99,7 +108,11 @@ __all__ = [
     "AvgPool2d",
     "GradAccumulation",
     "GradAccumulationCell",
+    "BCELoss",
     "BCEWithLogitsLoss",
+    "HuberLoss",
+    "KLDivLoss",
+    "SmoothL1Loss",
     "BatchNorm1d",
     "BatchNorm2d",
     "Cell",

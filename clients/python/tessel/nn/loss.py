@@ -1,5 +1,6 @@
 """Loss cells (MindSpore `nn.CrossEntropyLoss`, `nn.SoftmaxCrossEntropyWithLogits`, `nn.MSELoss`, `nn.L1Loss`,
-`nn.MAELoss`, `nn.NLLLoss`, `nn.BCEWithLogitsLoss`): construct(logits, labels) → the loss, reduced by `reduction`."""
+`nn.MAELoss`, `nn.NLLLoss`, `nn.BCEWithLogitsLoss`, `nn.BCELoss`, `nn.SmoothL1Loss`, `nn.HuberLoss`,
+`nn.KLDivLoss`): construct(logits, labels) → the loss, reduced by `reduction`."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
+from tessel.ops import composed
 from tessel.ops import functional as F
 from tessel.ops.nn_functional import check_reduction, reduce_loss
 
@@ -123,3 +125,53 @@ class BCEWithLogitsLoss(LossBase):
 
     def construct(self, logits, labels):
         return F.binary_cross_entropy_with_logits(logits, labels, self.weight, self.pos_weight, self.reduction)
+
+
+class BCELoss(LossBase):
+    """Binary cross-entropy of probabilities (`logits`, in [0, 1]) against targets of the same shape; `weight`, of
+    that shape too, rescales each element."""
+
+    def __init__(self, weight: Any = None, reduction: str = "mean"):
+        super().__init__(reduction)
+        self.weight = weight
+
+    def construct(self, logits, labels):
+        return composed.binary_cross_entropy(logits, labels, self.weight, self.reduction)
+
+
+class SmoothL1Loss(LossBase):
+    """Squared error below `beta`, absolute error above it; unreduced by default, as MindSpore."""
+
+    def __init__(self, beta: float = 1.0, reduction: str = "none"):
+        super().__init__(reduction)
+        self.beta = composed.positive_number(beta, "SmoothL1Loss", "beta")
+
+    def construct(self, logits, labels):
+        return composed.smooth_l1_loss(logits, labels, self.beta, self.reduction)
+
+
+class HuberLoss(LossBase):
+    """Squared error below `delta`, `delta` times the absolute error above it (less half of delta)."""
+
+    def __init__(self, reduction: str = "mean", delta: float = 1.0):
+        super().__init__(reduction)
+        self.delta = composed.positive_number(delta, "HuberLoss", "delta")
+
+    def construct(self, logits, labels):
+        return composed.huber_loss(logits, labels, self.reduction, self.delta)
+
+
+class KLDivLoss(LossBase):
+    """Kullback-Leibler divergence of log-probabilities `logits` from `labels`; reduction 'batchmean' gives the
+    divergence proper, 'mean' (the default) averages over every element, as MindSpore."""
+
+    def __init__(self, reduction: str = "mean"):
+        super().__init__()
+        if reduction not in ("none", "mean", "batchmean", "sum"):
+            raise ConfigurationError(
+                f"KLDivLoss: reduction must be 'none', 'mean', 'batchmean' or 'sum', got {reduction!r}"
+            )
+        self.reduction = reduction
+
+    def construct(self, logits, labels):
+        return composed.kl_div(logits, labels, self.reduction)

@@ -17,12 +17,13 @@ from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
-from tessel.ops.nn_functional import relu6, tanh
+from tessel.ops.nn_functional import check_reduction, reduce_loss, relu6, tanh
 
 __all__ = [
     "addcdiv",
     "addcmul",
     "arange",
+    "binary_cross_entropy",
     "cosine_similarity",
     "cumsum",
     "elu",
@@ -31,9 +32,11 @@ __all__ = [
     "flip",
     "hardsigmoid",
     "hardswish",
+    "huber_loss",
     "index_select",
     "inner",
     "isclose",
+    "kl_div",
     "lerp",
     "linspace",
     "log1p",
@@ -48,6 +51,7 @@ __all__ = [
     "numel",
     "outer",
     "roll",
+    "smooth_l1_loss",
     "softplus",
     "std",
     "std_mean",
@@ -489,3 +493,75 @@ def mm(input: Any, mat2: Any) -> Tensor:
     if len(_shape(input, "mm")) != 2 or len(_shape(mat2, "mm")) != 2:
         raise ConfigurationError("ops.mm: both inputs must be 2-D")
     return F.matmul(input, mat2)
+
+
+# --- losses (MindSpore's formulas; their nn cells are in tessel.nn.loss) ----------------------------------------
+
+
+def positive_number(value: Any, who: str, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigurationError(f"{who}: {name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+def _same_shapes(who: str, **tensors: Any) -> None:
+    (a, x), (b, y) = tensors.items()
+    if _shape(x, who) != _shape(y, who):
+        raise ConfigurationError(
+            f"{who}: {a} {_shape(x, who)} and {b} {_shape(y, who)} must have the same shape (MindSpore does not "
+            "broadcast them); reshape one to the other's shape"
+        )
+
+
+def smooth_l1_loss(input: Any, target: Any, beta: float = 1.0, reduction: str = "none") -> Tensor:
+    """0.5 d^2 / beta where |d| < beta, else |d| - 0.5 beta, for d = input - target (same shapes)."""
+    who = "smooth_l1_loss"
+    beta = positive_number(beta, who, "beta")  # MindSpore's CPU and GPU kernels need beta > 0
+    check_reduction(reduction)
+    _same_shapes(who, input=input, target=target)
+    d = F.abs(input - F.cast(target, input.dtype))
+    return reduce_loss(F.select(F.less(d, beta), d * d * (0.5 / beta), d - 0.5 * beta), reduction)
+
+
+def huber_loss(input: Any, target: Any, reduction: str = "mean", delta: float = 1.0) -> Tensor:
+    """0.5 d^2 where |d| < delta, else delta (|d| - 0.5 delta), for d = input - target (broadcast)."""
+    delta = positive_number(delta, "huber_loss", "delta")
+    check_reduction(reduction)
+    d = F.abs(input - target)
+    return reduce_loss(F.select(F.less(d, delta), d * d * 0.5, (d - 0.5 * delta) * delta), reduction)
+
+
+_BCE_EPSILON = 1e-12  # MindSpore's BinaryCrossEntropy kernel clamps the logarithms' arguments here
+
+
+def binary_cross_entropy(logits: Any, labels: Any, weight: Any = None, reduction: str = "mean") -> Tensor:
+    """-weight (y log x + (1 - y) log(1 - x)) for probabilities x (`logits`) and targets y, each log taken of at
+    least 1e-12 as MindSpore's kernel does (a certain wrong answer costs 27.63, not infinity)."""
+    who = "binary_cross_entropy"
+    check_reduction(reduction)
+    _same_shapes(who, logits=logits, labels=labels)
+    y = F.cast(labels, logits.dtype)
+    log_x = F.log(F.maximum(logits, _BCE_EPSILON))
+    log_not_x = F.log(F.maximum(1.0 - logits, _BCE_EPSILON))
+    per = -(y * log_x + (1.0 - y) * log_not_x)
+    if weight is not None:
+        _same_shapes(who, logits=logits, weight=weight)
+        per = per * F.cast(weight, logits.dtype)
+    return reduce_loss(per, reduction)
+
+
+def kl_div(logits: Any, labels: Any, reduction: str = "mean") -> Tensor:
+    """labels (log labels - logits) for log-probabilities `logits` (0 where labels are 0); reduction 'mean' over
+    every element, 'batchmean' the sum over the first dimension's length (the divergence proper), 'sum', 'none'."""
+    who = "kl_div"
+    if reduction not in ("none", "mean", "batchmean", "sum"):
+        raise ConfigurationError(f"{who}: reduction must be 'none', 'mean', 'batchmean' or 'sum', got {reduction!r}")
+    _same_shapes(who, logits=logits, labels=labels)
+    y = F.cast(labels, logits.dtype)
+    positive = F.greater(y, 0.0)
+    per = F.select(positive, y * (F.log(F.select(positive, y, F.ones_like(y))) - logits), F.zeros_like(y))
+    if reduction != "batchmean":
+        return reduce_loss(per, reduction)
+    if not _shape(logits, who):
+        raise ConfigurationError(f"{who}: reduction='batchmean' needs logits with a batch dimension, got a scalar")
+    return F.sum(per) / float(_shape(logits, who)[0])

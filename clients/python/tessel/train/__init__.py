@@ -17,11 +17,16 @@ from tessel.train.callback import (
 )
 from tessel.train.loss_scale_manager import DynamicLossScaleManager, FixedLossScaleManager, LossScaleManager
 from tessel.train.metrics import (
+    F1,
     MAE,
     MSE,
     Accuracy,
+    ConfusionMatrix,
+    Fbeta,
     Loss,
     Metric,
+    Precision,
+    Recall,
     Top1CategoricalAccuracy,
     Top5CategoricalAccuracy,
     TopKCategoricalAccuracy,
@@ -32,12 +37,15 @@ from tessel.train.progress import ProgressBar
 from tessel.train.serialization import export, load_checkpoint, load_param_into_net, save_checkpoint
 
 __all__ = [
+    "F1",
     "MAE",
     "MSE",
     "Accuracy",
     "Callback",
     "CheckpointConfig",
+    "ConfusionMatrix",
     "DynamicLossScaleManager",
+    "Fbeta",
     "FixedLossScaleManager",
     "History",
     "LambdaCallback",
@@ -48,7 +56,9 @@ __all__ = [
     "Metric",
     "Model",
     "ModelCheckpoint",
+    "Precision",
     "ProgressBar",
+    "Recall",
     "RunContext",
     "TimeMonitor",
     "Top1CategoricalAccuracy",

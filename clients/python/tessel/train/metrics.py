@@ -1,9 +1,10 @@
-"""Evaluation metrics (MindSpore `train.Accuracy`, `Loss`, `TopKCategoricalAccuracy`, `MAE`, `MSE`):
-clear(), update(*outputs), eval()."""
+"""Evaluation metrics (MindSpore `train.Accuracy`, `Loss`, `TopKCategoricalAccuracy`, `MAE`, `MSE`, `Precision`,
+`Recall`, `Fbeta`, `F1`, `ConfusionMatrix`): clear(), update(*outputs), eval()."""
 
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -216,6 +217,187 @@ class MSE(MAE):
         return np.square(difference)
 
 
+_EPS = sys.float_info.min  # MindSpore's: keeps x / (0 + eps) at 0 for a class never predicted or present
+
+
+def _class_indices(metric: Metric, logits: np.ndarray, labels: np.ndarray, classes: int) -> np.ndarray:
+    """Labels as class indices (one-hot labels like the logits are read by their argmax), checked against logits
+    (N, C, d1, ...) as MindSpore's classification metrics check them."""
+    name = type(metric).__name__
+    if logits.ndim == labels.ndim and _one_hot(labels):
+        labels = labels.argmax(axis=1)
+    if logits.ndim < 2 or labels.shape != (logits.shape[0], *logits.shape[2:]):
+        raise ConfigurationError(
+            f"{name}.update: logits {logits.shape} (the class axis is 1) take labels of shape "
+            f"{(logits.shape[0], *logits.shape[2:]) if logits.ndim >= 2 else '(N,)'} (class indices) or one-hot labels "
+            f"like the logits, got {labels.shape}"
+        )
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise ConfigurationError(
+            f"{name}.update: labels must be class indices in [0, {classes - 1}] for logits of {classes} classes, got "
+            f"values in [{labels.min()}, {labels.max()}]"
+        )
+    return labels.reshape(-1).astype(np.int64)
+
+
+class _ClassCounts(_Builtin):
+    """Per-class counts over every update: predicted (argmax) positives, actual positives, true positives."""
+
+    def clear(self) -> None:
+        self._classes = 0
+        self._predicted = self._actual = self._true = np.zeros(0)
+
+    @rearrange_inputs
+    def update(self, *inputs: Any) -> None:
+        name = type(self).__name__
+        if len(inputs) != 2:
+            raise ConfigurationError(f"{name}.update takes (logits, labels), got {len(inputs)} inputs")
+        logits, labels = self._convert_data(inputs[0]), self._convert_data(inputs[1])
+        classes = logits.shape[1] if logits.ndim >= 2 else 0
+        if self._classes and classes != self._classes:
+            raise ConfigurationError(
+                f"{name}.update: logits of {classes} classes after updates with {self._classes}; clear() first"
+            )
+        labels = _class_indices(self, logits, labels, classes)
+        predicted = np.moveaxis(logits, 1, -1).reshape(-1, classes).argmax(axis=1)
+        if not self._classes:
+            self._classes = classes
+            self._predicted = self._actual = self._true = np.zeros(classes)
+        self._predicted = self._predicted + np.bincount(predicted, minlength=classes)
+        self._actual = self._actual + np.bincount(labels, minlength=classes)
+        self._true = self._true + np.bincount(labels[predicted == labels], minlength=classes)
+
+    def _counts(self, average: Any) -> None:
+        if not isinstance(average, bool):
+            raise ConfigurationError(f"{type(self).__name__}.eval: average must be a bool, got {average!r}")
+        if not self._classes:
+            raise ConfigurationError(f"{type(self).__name__}.eval: no samples; call update() first")
+
+
+def _classification_only(name: str, eval_type: str) -> None:
+    if eval_type == "multilabel":
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(f"{name}(eval_type='multilabel')", "only eval_type='classification' is implemented")
+    if eval_type != "classification":
+        raise ConfigurationError(f"{name}: eval_type must be 'classification' or 'multilabel', got {eval_type!r}")
+
+
+class Precision(_ClassCounts):
+    """Per class, the fraction of the samples predicted as it (argmax) that are it; eval(average=True) their mean."""
+
+    def __init__(self, eval_type: str = "classification"):
+        _classification_only("Precision", eval_type)
+        super().__init__()
+
+    def eval(self, average: bool = False) -> Any:
+        self._counts(average)
+        result = self._true / (self._predicted + _EPS)
+        return result.mean() if average else result
+
+
+class Recall(_ClassCounts):
+    """Per class, the fraction of its samples predicted as it (argmax); eval(average=True) their mean."""
+
+    def __init__(self, eval_type: str = "classification"):
+        _classification_only("Recall", eval_type)
+        super().__init__()
+
+    def eval(self, average: bool = False) -> Any:
+        self._counts(average)
+        result = self._true / (self._actual + _EPS)
+        return result.mean() if average else result
+
+
+class Fbeta(_ClassCounts):
+    """Per class, (1 + beta^2) precision recall / (beta^2 precision + recall), from the counts as MindSpore."""
+
+    def __init__(self, beta: float):
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)) or not beta > 0:
+            raise ConfigurationError(f"Fbeta: beta must be a number > 0, got {beta!r}")
+        self.beta = float(beta)
+        super().__init__()
+
+    def eval(self, average: bool = False) -> Any:
+        self._counts(average)
+        b2 = self.beta**2
+        result = (1.0 + b2) * self._true / (b2 * self._actual + self._predicted + _EPS)
+        return result.mean() if average else result
+
+
+class F1(Fbeta):
+    """Fbeta with beta 1: the harmonic mean of precision and recall, per class."""
+
+    def __init__(self):
+        super().__init__(1.0)
+
+
+class ConfusionMatrix(_Builtin):
+    """counts[true class, predicted class] over every update. Predictions are logits (N, C, ...) read by argmax,
+    or class indices shaped like the labels; float ones are binary scores cut at `threshold`. normalize: 'no_norm',
+    'target' (rows sum to 1), 'prediction' (columns) or 'all'; an empty row or column reads 0."""
+
+    def __init__(self, num_classes: int, normalize: str = "no_norm", threshold: float = 0.5):
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ConfigurationError(f"ConfusionMatrix: num_classes must be an int >= 1, got {num_classes!r}")
+        if normalize not in ("target", "prediction", "all", "no_norm"):
+            raise ConfigurationError(
+                f"ConfusionMatrix: normalize must be 'target', 'prediction', 'all' or 'no_norm', got {normalize!r}"
+            )
+        if not isinstance(threshold, float):
+            raise ConfigurationError(f"ConfusionMatrix: threshold must be a float, got {threshold!r}")
+        self.num_classes, self.normalize, self.threshold = num_classes, normalize, threshold
+        super().__init__()
+
+    def clear(self) -> None:
+        self._matrix = np.zeros((self.num_classes, self.num_classes))
+        self._updated = False
+
+    @rearrange_inputs
+    def update(self, *inputs: Any) -> None:
+        if len(inputs) != 2:
+            raise ConfigurationError(f"ConfusionMatrix.update takes (predictions, labels), got {len(inputs)} inputs")
+        predicted, labels = self._convert_data(inputs[0]), self._convert_data(inputs[1])
+        if predicted.ndim == labels.ndim + 1:
+            predicted = predicted.argmax(axis=1)
+        elif predicted.ndim != labels.ndim:
+            raise ConfigurationError(
+                f"ConfusionMatrix.update: predictions {predicted.shape} must be logits with a class axis 1 more than "
+                f"the labels {labels.shape}, or shaped like them"
+            )
+        elif predicted.dtype.kind == "f":
+            predicted = (predicted >= self.threshold).astype(np.int64)
+        if predicted.shape != labels.shape:
+            raise ConfigurationError(
+                f"ConfusionMatrix.update: predictions give classes of shape {predicted.shape} for labels of shape "
+                f"{labels.shape}"
+            )
+        for what, values in (("labels", labels), ("predicted classes", predicted)):
+            if values.size and (values.min() < 0 or values.max() >= self.num_classes or (values % 1).any()):
+                raise ConfigurationError(
+                    f"ConfusionMatrix.update: {what} must be class indices in [0, {self.num_classes - 1}], got "
+                    f"values in [{values.min()}, {values.max()}]"
+                )
+        pairs = labels.reshape(-1).astype(np.int64) * self.num_classes + predicted.reshape(-1).astype(np.int64)
+        counts = np.bincount(pairs, minlength=self.num_classes**2)
+        self._matrix += counts.reshape(self.num_classes, self.num_classes)
+        self._updated = True
+
+    def eval(self) -> np.ndarray:
+        if not self._updated:
+            raise ConfigurationError("ConfusionMatrix.eval: no samples; call update() first")
+        matrix = self._matrix.astype(float)
+        if self.normalize == "no_norm":
+            return matrix
+        total = {
+            "target": matrix.sum(axis=1, keepdims=True),
+            "prediction": matrix.sum(axis=0, keepdims=True),
+            "all": matrix.sum(),
+        }[self.normalize]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.nan_to_num(matrix / total, nan=0.0)
+
+
 _BY_NAME = {
     "accuracy": Accuracy,
     "acc": Accuracy,
@@ -224,6 +406,9 @@ _BY_NAME = {
     "mse": MSE,
     "top_1_accuracy": Top1CategoricalAccuracy,
     "top_5_accuracy": Top5CategoricalAccuracy,
+    "precision": Precision,
+    "recall": Recall,
+    "F1": F1,
 }
 
 
