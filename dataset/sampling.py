@@ -49,7 +49,12 @@ def stream_key(seed: int, epoch: int, *salt: int) -> int:
     return int(np.random.SeedSequence([seed, epoch, *salt]).generate_state(1, np.uint64)[0])
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # 2**64 / golden ratio, SplitMix64's increment
+_GOLDEN = 0x9E3779B97F4A7C15  # 2**64 / golden ratio, SplitMix64's increment
+
+
+def _golden_times(n: int) -> np.uint64:
+    """n * _GOLDEN mod 2**64 (in Python ints: numpy warns on a scalar product that wraps)."""
+    return np.uint64(n * _GOLDEN % 2**64)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -61,12 +66,12 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 def tag_ids(ids: np.ndarray, tag: int) -> np.ndarray:
     """Row ids for another instance of the same rows (repetition `tag`, concat child `tag`): distinct per tag."""
-    return mix64(ids + np.uint64(tag + 1) * _GOLDEN)
+    return mix64(ids + _golden_times(tag + 1))
 
 
 def combine_ids(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """The id of a row made of two rows side by side (zip)."""
-    return mix64(first ^ mix64(second + _GOLDEN))
+    return mix64(first ^ mix64(second + _golden_times(1)))
 
 
 class RowRandom:
@@ -83,7 +88,7 @@ class RowRandom:
 
     def _bits(self) -> np.ndarray:
         self._calls += 1
-        return mix64(self._rows + np.uint64(self._calls) * _GOLDEN)
+        return mix64(self._rows + _golden_times(self._calls))
 
     def random(self) -> np.ndarray:
         """One float64 per row, uniform in [0, 1) (53 random bits)."""

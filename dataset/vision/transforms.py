@@ -271,10 +271,13 @@ class RandomCrop(Transform):
         if self.padding_mode is not Border.CONSTANT:
             return np.pad(x, widths, mode=self.padding_mode.value)
         out = np.pad(x, widths, mode="constant")
-        if np.any(self.fill_value):
+        fill = self.fill_value
+        if not isinstance(fill, int) and (x.ndim == 3 or x.shape[3] != 3):
+            fill = fill[0]  # MindSpore pads an image of one channel (or none) with the first of the three values
+        if np.any(fill):
             mask = np.ones(out.shape[1:3], dtype=bool)
             mask[top : top + x.shape[1], left : left + x.shape[2]] = False
-            out[:, mask] = self.fill_value
+            out[:, mask] = fill
         return out
 
     def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:

@@ -274,3 +274,20 @@ def test_eager_random_transforms_follow_the_dataset_seed():
     assert calls() == first
     ds.config.set_seed(22)
     assert calls() != first
+
+
+def test_random_crop_fills_a_one_channel_image_with_the_first_value():
+    """MindSpore 2.7.0 pads a (H, W, 1) or (H, W) image given fill_value=(1, 2, 3) with 1."""
+    for image in (np.full((3, 3, 1), 9, np.uint8), np.full((3, 3), 9, np.uint8)):
+        out = ds.vision.RandomCrop(5, padding=1, fill_value=(1, 2, 3))(image).reshape(5, 5)
+        assert (out[0] == 1).all() and (out[:, 0] == 1).all() and (out[1:4, 1:4] == 9).all()
+
+
+def test_row_random_numbers_wrap_without_warnings():
+    import warnings
+
+    rng = RowRandom(2**64 - 1, np.array([0, 2**64 - 1], dtype=np.uint64))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy warns when a uint64 scalar product wraps; none may be left
+        draws = np.stack([rng.random() for _ in range(50)])
+    assert ((draws >= 0) & (draws < 1)).all() and len(np.unique(draws)) == draws.size
