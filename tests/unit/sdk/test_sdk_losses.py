@@ -151,3 +151,31 @@ def test_shape_mismatches_that_would_broadcast_are_errors():
     scores = ms.Tensor(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
     with pytest.raises(ConfigurationError, match=r"float target holds class probabilities .* pass an int target"):
         ops.cross_entropy(scores, ms.Tensor(np.array([1.0, 0.0, 3.0, 2.0], np.float32)))
+
+
+@pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+def test_a_custom_loss_on_loss_base_as_mindsporess_tutorial_writes_it(mode):
+    """MindSpore's custom-loss tutorial: a LossBase subclass whose construct ends in self.get_loss(x); get_loss
+    reduces in float32 and returns the input's dtype; get_axis and the reduce_mean primitive are there too."""
+    ms.set_context(mode=getattr(ms, mode))
+
+    class MAELoss(nn.LossBase):
+        def __init__(self, reduction="mean"):
+            super().__init__(reduction)
+            self.abs = ms.ops.Abs()
+
+        def construct(self, base, target):
+            return self.get_loss(self.abs(base - target), ms.Tensor(np.float32([2.0, 1.0])))
+
+    base = np.array([[1.0, 2.0], [3.0, 4.5]], np.float16)
+    target = np.zeros((2, 2), np.float16)
+    weighted = np.abs(base.astype(np.float64)) * [2.0, 1.0]
+    for reduction, want in (("mean", weighted.mean()), ("sum", weighted.sum()), ("none", weighted)):
+        loss = MAELoss(reduction)
+        out = loss(ms.Tensor(base), ms.Tensor(target))
+        assert out.dtype == ms.float16
+        np.testing.assert_allclose(out.asnumpy(), want, rtol=1e-3)
+    loss = MAELoss()
+    assert (loss.average, loss.reduce, MAELoss("sum").average, MAELoss("none").reduce) == (True, True, False, False)
+    assert loss.get_axis(ms.Tensor(base)) == (0, 1)
+    assert float(loss.reduce_mean(ms.Tensor(np.float32([1, 2, 6])), 0).asnumpy()) == 3.0

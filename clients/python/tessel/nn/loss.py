@@ -6,26 +6,41 @@ from __future__ import annotations
 
 from typing import Any
 
+from tessel.common import dtype as mstype
+from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.ops import composed
 from tessel.ops import functional as F
+from tessel.ops import primitive as P
 from tessel.ops.nn_functional import check_reduction, reduce_loss
 
 
 class LossBase(Cell):
-    """Base of losses: `get_loss(x, weights)` applies weights and the reduction ('mean', 'sum' or 'none')."""
+    """Base of losses, as MindSpore's: `get_loss(x, weights)` applies weights and the reduction ('mean', 'sum' or
+    'none') in float32 and returns x's dtype; `get_axis(x)` is every axis of x. A custom loss also finds MindSpore's
+    `average` / `reduce` flags and its `reduce_mean`, `reduce_sum`, `mul`, `cast` primitives."""
 
     def __init__(self, reduction: str = "mean"):
         super().__init__()
         check_reduction(reduction)
         self.reduction = reduction
+        self.average, self.reduce = reduction != "sum", reduction != "none"
+        self.reduce_mean, self.reduce_sum = P.ReduceMean(), P.ReduceSum()
+        self.mul, self.cast = P.Mul(), P.Cast()
+
+    def get_axis(self, x) -> tuple[int, ...]:
+        return tuple(range(len(x.shape)))
 
     def get_loss(self, x, weights: Any = 1.0):
+        dtype = x.dtype
+        if dtype != mstype.float32:
+            x = F.cast(x, mstype.float32)
         if not (isinstance(weights, float) and weights == 1.0):
-            x = x * weights
-        return reduce_loss(x, self.reduction)
+            x = x * (F.cast(weights, mstype.float32) if isinstance(weights, Tensor) else weights)
+        x = reduce_loss(x, self.reduction)
+        return x if dtype == mstype.float32 else F.cast(x, dtype)
 
     def extend_repr(self) -> str:
         return f"reduction={self.reduction}"
