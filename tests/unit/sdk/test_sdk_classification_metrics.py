@@ -121,3 +121,26 @@ def test_class_count_may_not_change_between_updates():
         metric.update(X[:, :2], np.zeros(5, int))
     with pytest.raises(ConfigurationError, match="average must be a bool"):
         metric.eval(average="yes")
+
+
+def test_accuracy_multilabel_and_a_class_count_that_changes():
+    """MindSpore 2.7.0: multilabel accuracy 0.5 for both inputs below; a second update with another class count
+    is a ValueError there."""
+    metric = train.Accuracy("multilabel")
+    metric.update(
+        np.array([[1, 0, 1], [0, 1, 0], [1, 1, 0], [0, 0, 1]]), np.array([[1, 0, 1], [0, 1, 1], [1, 1, 0], [0, 0, 0]])
+    )
+    assert metric.eval() == 0.5
+    per_pixel = train.Accuracy("multilabel")
+    per_pixel.update(np.array([[[1, 0], [0, 1], [1, 1]]]), np.array([[[1, 0], [0, 1], [1, 0]]]))
+    assert per_pixel.eval() == 0.5
+    with pytest.raises(ConfigurationError, match="predictions must be 0 or 1"):
+        train.Accuracy("multilabel").update(np.array([[0.3, 0.7]]), np.array([[0, 1]]))
+    with pytest.raises(ConfigurationError, match=r"predictions \(1, 2\) and labels \(1, 3\) must have the same shape"):
+        train.Accuracy("multilabel").update(np.array([[0, 1]]), np.array([[0, 1, 0]]))
+    accuracy = train.Accuracy()
+    accuracy.update(np.ones((2, 3)), np.array([0, 1]))
+    with pytest.raises(ConfigurationError, match="logits of 4 classes after updates with 3"):
+        accuracy.update(np.ones((2, 4)), np.array([0, 1]))
+    with pytest.raises(ConfigurationError, match="eval_type must be 'classification' or 'multilabel'"):
+        train.Accuracy("binary")

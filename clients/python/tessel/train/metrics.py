@@ -87,33 +87,64 @@ def _one_hot(labels: np.ndarray) -> bool:
 
 
 class Accuracy(_Builtin):
-    """Fraction of samples whose highest logit (over the class axis, 1) is the label, as MindSpore: labels are class
-    indices shaped (N,) + logits.shape[2:], or one-hot like the logits."""
+    """Fraction of samples classified right, as MindSpore. 'classification': the highest logit (over the class
+    axis, 1) is the label; labels are class indices shaped (N,) + logits.shape[2:], or one-hot like the logits.
+    'multilabel': predictions and labels of 0/1, the same shape (N, C, ...), and a sample is right when all its
+    classes are."""
 
     def __init__(self, eval_type: str = "classification"):
-        if eval_type != "classification":
-            raise ConfigurationError(f"Accuracy: only eval_type='classification' is supported, got {eval_type!r}")
+        if eval_type not in ("classification", "multilabel"):
+            raise ConfigurationError(f"Accuracy: eval_type must be 'classification' or 'multilabel', got {eval_type!r}")
+        self._type = eval_type
         super().__init__()
 
     def clear(self) -> None:
-        self._correct, self._total = 0, 0
+        self._correct, self._total, self._classes = 0, 0, 0
 
     @rearrange_inputs
     def update(self, *inputs: Any) -> None:
         if len(inputs) != 2:
             raise ConfigurationError(f"Accuracy.update takes (logits, labels), got {len(inputs)} inputs")
         logits, labels = _np(inputs[0]), _np(inputs[1])
-        if logits.ndim == labels.ndim and _one_hot(labels):
-            labels = labels.argmax(axis=1)
-        want = (logits.shape[0], *logits.shape[2:]) if logits.ndim >= 2 else None
-        if want is None or labels.shape != want:
+        classes = logits.shape[1] if logits.ndim >= 2 else 0
+        if self._classes and classes != self._classes:
             raise ConfigurationError(
-                f"Accuracy.update: logits {logits.shape} take labels of shape {want} (class indices; the class axis "
-                f"is 1) or one-hot labels like the logits, got {labels.shape}; e.g. labels.reshape(-1) for (N, 1)"
+                f"Accuracy.update: logits of {classes} classes after updates with {self._classes}; clear() first"
             )
-        hits = np.equal(logits.argmax(axis=1), labels).reshape(-1)
+        if self._type == "multilabel":
+            hits = self._multilabel_hits(logits, labels)
+        else:
+            if logits.ndim == labels.ndim and _one_hot(labels):
+                labels = labels.argmax(axis=1)
+            want = (logits.shape[0], *logits.shape[2:]) if logits.ndim >= 2 else None
+            if want is None or labels.shape != want:
+                raise ConfigurationError(
+                    f"Accuracy.update: logits {logits.shape} take labels of shape {want} (class indices; the class "
+                    f"axis is 1) or one-hot labels like the logits, got {labels.shape}; e.g. labels.reshape(-1) for "
+                    "(N, 1)"
+                )
+            hits = np.equal(logits.argmax(axis=1), labels).reshape(-1)
+        self._classes = classes
         self._correct += int(hits.sum())
         self._total += hits.size
+
+    @staticmethod
+    def _multilabel_hits(predicted: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        if predicted.shape != labels.shape or predicted.ndim < 2:
+            raise ConfigurationError(
+                f"Accuracy(eval_type='multilabel').update: predictions {predicted.shape} and labels {labels.shape} "
+                "must have the same shape (N, C, ...)"
+            )
+        for what, values in (("predictions", predicted), ("labels", labels)):
+            if not np.equal(values**2, values).all():
+                raise ConfigurationError(
+                    f"Accuracy(eval_type='multilabel').update: {what} must be 0 or 1 (threshold scores first)"
+                )
+        classes = predicted.shape[1]
+        last = predicted.ndim - 1
+        predicted = predicted.swapaxes(1, last).reshape(-1, classes)
+        labels = labels.swapaxes(1, last).reshape(-1, classes)
+        return np.equal(predicted, labels).all(axis=1)
 
     def eval(self) -> float:
         if not self._total:
