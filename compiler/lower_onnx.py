@@ -221,7 +221,9 @@ def _lower_node(ctx: LoweringContext, node: Node, names: dict[Value, str]) -> No
     opdef = registry.get(node.op)
     before = len(ctx.nodes)
     opdef.lower(ctx, node, [names[v] for v in node.inputs], [names[v] for v in node.outputs])
-    for proto in ctx.nodes[before:]:
+    for index, proto in enumerate(ctx.nodes[before:], before):
+        # runtime errors quote the node's name: it says which tessel op, made where, the failing node belongs to
+        proto.name = f"{node.op}#{index}" + (f"@{node.source}" if node.source else "")
         if node.source:
             proto.doc_string = node.source
 

@@ -22,6 +22,11 @@ class NotSupportedYetError(TesselError, NotImplementedError):
     """
 
 
+class ExecutionError(TesselError):
+    """A compiled program failed while it ran: the runtime refused a value (an index out of range, such as a label
+    of a class the logits do not have). The message names the tessel op and the user's line that made it."""
+
+
 class MissingRuntimeError(TesselError, ImportError):
     """A runtime dependency (ONNX Runtime build, CUDA, CANN) is not installed or not usable."""
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from tessel.core.errors import ConfigurationError, MissingRuntimeError, NotSupportedYetError
+from tessel.core.errors import ConfigurationError, ExecutionError, MissingRuntimeError, NotSupportedYetError
 from tessel.core.plugin import ComputePlugin, Executable
 
 _ORT_TYPES = {
@@ -302,7 +302,10 @@ class CpuCompute(ComputePlugin):
         if exe.shared_arena and shapes not in exe.run_shapes:
             _release_shared_arena()  # shapes not run before, as Binding.run: blocks sized for other shapes go back
             exe.run_shapes.add(shapes)
-        return exe.session.run(None, feeds)
+        try:
+            return exe.session.run(None, feeds, _quiet_run())
+        except Exception as err:
+            raise runtime_failure(err) from err
 
     def bind(self, executable: Executable) -> Binding:
         """An IOBinding for repeated runs onto fixed numpy buffers (see Binding)."""
@@ -383,7 +386,10 @@ class Binding:
             # released arena instead.
             _release_shared_arena()
         self._new_shapes = False
-        self.exe.session.run_with_iobinding(self._binding)
+        try:
+            self.exe.session.run_with_iobinding(self._binding, _quiet_run())
+        except Exception as err:
+            raise runtime_failure(err) from err
         if not any(a is None and name not in fresh for name, a in self._outputs.items()):
             for name in fresh:
                 self._bind_fresh(name)
@@ -431,6 +437,49 @@ def _contiguous(name: str, array: np.ndarray) -> np.ndarray:
     if not array.flags.c_contiguous:
         raise ConfigurationError(f"buffer {name!r} must be C-contiguous to bind; pass np.ascontiguousarray(...)")
     return array
+
+
+# ONNX Runtime's text for a node that failed while running: "... running <OnnxOp> node. Name:'<name>' Status
+# Message: <where in its sources> <what>"; lower_onnx names each node "<tessel op>#<index>@<user file:line>".
+_FAILED_NODE = re.compile(r"running (\w+) node\. Name:'([^']*)' Status Message: (.*)", re.S)
+_HINTS = {
+    "out of range": "an index is outside its axis: a loss's labels must be class indices in [0, classes), and "
+    "Gather / Embedding indices must be smaller than the axis they index",
+    "out of data bounds": "an index is outside its axis: a loss's labels must be class indices in [0, classes), "
+    "and Gather / Embedding indices must be smaller than the axis they index",
+}
+
+
+_quiet: Any = None
+
+
+def _quiet_run() -> Any:
+    """RunOptions that keep ONNX Runtime from logging a failed node: runtime_failure raises it in tessel's terms."""
+    global _quiet
+    if _quiet is None:
+        _quiet = _ort().RunOptions()
+        _quiet.log_severity_level = 4
+    return _quiet
+
+
+def runtime_failure(err: BaseException) -> BaseException:
+    """ONNX Runtime's exception for a failed run, told in tessel's terms: an ExecutionError naming the tessel op and
+    the user's line that made the failing node (any other exception is returned as it is)."""
+    text = str(err)
+    found = _FAILED_NODE.search(text)
+    # run() raises ONNX Runtime's own classes; run_with_iobinding a RuntimeError("Error in execution: ...")
+    if not type(err).__module__.startswith("onnxruntime") and found is None:
+        return err
+    if found is None:
+        return ExecutionError(f"ONNX Runtime failed running a compiled program: {text}")
+    onnx_op, name, detail = found.groups()
+    detail = detail.strip().rsplit("] ", 1)[-1] if "onnxruntime_src" in detail else detail.strip()
+    op, _, source = name.partition("@")
+    where = f"op {op.split('#')[0]}" + (f" (made at {source})" if source else "") if op else "a node"
+    hint = next((h for key, h in _HINTS.items() if key in detail.lower()), None)
+    return ExecutionError(
+        f"the compiled program failed at {where}, in its ONNX {onnx_op}: {detail}" + (f"; {hint}" if hint else "")
+    )
 
 
 def _cpu(executable: Executable) -> CpuExecutable:

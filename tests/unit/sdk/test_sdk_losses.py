@@ -179,3 +179,19 @@ def test_a_custom_loss_on_loss_base_as_mindsporess_tutorial_writes_it(mode):
     assert (loss.average, loss.reduce, MAELoss("sum").average, MAELoss("none").reduce) == (True, True, False, False)
     assert loss.get_axis(ms.Tensor(base)) == (0, 1)
     assert float(loss.reduce_mean(ms.Tensor(np.float32([1, 2, 6])), 0).asnumpy()) == 3.0
+
+
+@pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+def test_a_label_beyond_the_classes_is_an_error_naming_the_op_and_the_line(mode):
+    """ONNX Runtime's failure (a GatherElements index out of range, in an unnamed node) comes back as an
+    ExecutionError that names the tessel op, the user's line that made it, and what to check."""
+    from tessel.core.errors import ExecutionError
+
+    ms.set_context(mode=getattr(ms, mode))
+    loss = nn.CrossEntropyLoss()
+    logits = ms.Tensor(np.zeros((2, 3), np.float32))
+    with pytest.raises(ExecutionError) as raised:
+        loss(logits, ms.Tensor(np.array([3, 0], np.int32)))
+    message = str(raised.value)
+    assert "failed at op SparseSoftmaxCrossEntropy (made at " in message and "test_sdk_losses.py:" in message
+    assert "labels must be class indices in [0, classes)" in message
