@@ -198,7 +198,11 @@ def _cross_entropy_grad(c):
     g = op("ExpandDims", c.g, axis=-1)
     p = op("Softmax", logits, axis=-1)
     if labels.dtype.is_int:
-        target = op("OneHot", labels, depth=logits.shape[-1], dtype=logits.dtype)
+        # the forward's GatherElements, transposed: 1 at each label's class (any rank of labels, a symbolic class
+        # count, and a negative label counted from the end as the forward counts it)
+        index = op("ExpandDims", op("Cast", labels, dtype=DType.int64), axis=-1)
+        ones = op("OnesLike", op("Cast", index, dtype=logits.dtype))
+        target = op("ScatterAdd", op("ZerosLike", logits), index, ones, axis=logits.ndim - 1)
         return (p - target) * g, None
     return (p - labels) * g, -op("LogSoftmax", logits, axis=-1) * g
 

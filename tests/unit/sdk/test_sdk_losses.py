@@ -195,3 +195,20 @@ def test_a_label_beyond_the_classes_is_an_error_naming_the_op_and_the_line(mode)
     message = str(raised.value)
     assert "failed at op SparseSoftmaxCrossEntropy (made at " in message and "test_sdk_losses.py:" in message
     assert "labels must be class indices in [0, classes)" in message
+
+
+@pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+def test_cross_entropy_of_one_unbatched_sample_differentiates(mode):
+    """Logits (C,) and a 0-d label: MindSpore 2.7.0 gives loss 1.3425353 and gradient [0.2138, 0.2363, -0.7388,
+    0.2887]; the gradient raised on a symbolic class count (OneHot of a 0-d label) here."""
+    ms.set_context(mode=getattr(ms, mode))
+    z = ms.Tensor(np.array([0.1, 0.2, 0.3, 0.4], np.float32))
+    label = ms.Tensor(np.array(2, np.int32))
+    loss, grad = ms.value_and_grad(lambda t: nn.CrossEntropyLoss()(t, label))(z)
+    p = np.exp([0.1, 0.2, 0.3, 0.4]) / np.exp([0.1, 0.2, 0.3, 0.4]).sum()
+    np.testing.assert_allclose(loss.asnumpy(), -np.log(p[2]), rtol=1e-6)
+    np.testing.assert_allclose(grad.asnumpy(), p - np.eye(4)[2], rtol=1e-5, atol=1e-7)
+    smoothed = nn.CrossEntropyLoss(weight=ms.Tensor(np.float32([1, 2, 3, 4])), label_smoothing=0.1)
+    _, grad = ms.value_and_grad(lambda t: smoothed(t, label))(z)
+    # MindSpore 2.7.0: [2.01940686e-01, 2.15722352e-01, -6.68170333e-01, 2.50507295e-01]
+    np.testing.assert_allclose(grad.asnumpy(), [0.201940686, 0.215722352, -0.668170333, 0.250507295], rtol=1e-5)
