@@ -36,11 +36,11 @@ def _bools(optimizer: str, **values: Any) -> None:
 
 
 class SGD(Optimizer):
-    """Stochastic gradient descent with optional momentum, dampening and Nesterov. Its weight decay applies to
-    every parameter, normalisation scales and shifts too (MindSpore's SGD passes it to each parameter's kernel)."""
+    """Stochastic gradient descent with optional momentum, dampening and Nesterov. Its weight decay skips the
+    parameters named beta or gamma, as every optimizer's (MindSpore 2.x's SGD decays through the base class's
+    filter; its kernel gets a weight decay of 0)."""
 
     _slot_names: ClassVar[dict[str, str]] = {"accum": "accum"}
-    _decay_filtered: ClassVar[bool] = False
 
     def __init__(
         self,
