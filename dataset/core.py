@@ -273,11 +273,12 @@ class Dataset:
         return (node.count or -1) if isinstance(node, RepeatDataset) else 1
 
     def output_shapes(self) -> list[list[int]]:
-        """Shape of each output column of one row (of one batch, once batched)."""
+        """Shape of each output column of one row (of one batch, once batched); [] when the pipeline yields no rows,
+        as MindSpore."""
         return [list(a.shape) for a in self._first_row()]
 
     def output_types(self) -> list[np.dtype]:
-        """Element type of each output column."""
+        """Element type of each output column ([] when the pipeline yields no rows)."""
         return [a.dtype for a in self._first_row()]
 
     def _first_row(self) -> list[np.ndarray]:
@@ -285,9 +286,7 @@ class Dataset:
             rows = self._iter_rows(self._next_epoch, self.get_col_names())
             first = next(rows, None)
             rows.close()
-            if first is None:
-                raise ConfigurationError(f"{self._where()}: the pipeline yields no rows, so it has no output shapes")
-            self._probe = first
+            self._probe = [] if first is None else first
         return self._probe
 
     def _where(self) -> str:

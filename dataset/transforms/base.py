@@ -131,7 +131,7 @@ class PyFunc(Transform):
     def apply(self, arrays: Sequence[np.ndarray], rng: RowRandom) -> tuple[np.ndarray, ...]:
         rows = []
         for i in range(len(arrays[0])):
-            out = self.function(*(a[i] for a in arrays))
+            out = self.function(*(a[i, ...] for a in arrays))  # a 0-d array for a scalar, as MindSpore passes
             rows.append(tuple(np.asarray(o) for o in out) if isinstance(out, tuple) else (np.asarray(out),))
         return stack_rows(rows, str(self))
 

@@ -36,8 +36,8 @@ class TypeCast(Transform):
 class OneHot(Transform):
     """One-hot encode integer labels of any shape into (..., num_classes); optional label smoothing.
 
-    With smoothing_rate s the hot entry is 1 - s + s/num_classes and the others s/num_classes (float32 output);
-    without smoothing the output keeps the label dtype, like MindSpore.
+    With smoothing_rate s the hot entry is 1 - s + s/num_classes and the others s/num_classes (float64 output, as
+    MindSpore 2.7.0 gives); without smoothing the output keeps the label dtype, like MindSpore.
     """
 
     def __init__(self, num_classes: int, smoothing_rate: float = 0.0):
@@ -60,7 +60,7 @@ class OneHot(Transform):
         hot = np.arange(self.num_classes) == x[..., None]
         if self.smoothing_rate:
             off = self.smoothing_rate / self.num_classes
-            return np.where(hot, 1.0 - self.smoothing_rate + off, off).astype(np.float32)
+            return np.where(hot, 1.0 - self.smoothing_rate + off, off)  # float64
         return hot.astype(x.dtype)
 
 

@@ -148,6 +148,20 @@ def test_metadata_queries():
     assert data.get_dataset_size() == 3 and data.get_batch_size() == 4
     assert data.output_shapes() == [[4, 3, 4, 4], [4]]
     assert data.output_types() == [np.dtype(np.uint8), np.dtype(np.int32)]
+    empty = ds.NumpySlicesDataset({"x": np.arange(5)}).skip(50)
+    assert empty.output_shapes() == [] and empty.output_types() == []  # MindSpore 2.7.0 gives [] too
+
+
+def test_a_python_function_in_map_gets_a_0d_array_for_a_scalar_column():
+    """MindSpore 2.7.0 hands a pyfunc a 0-d numpy.ndarray per scalar value, not a numpy scalar."""
+    seen = []
+
+    def record(y):
+        seen.append((type(y), y.shape, y.dtype))
+        return y
+
+    list(numbers(3).map(record, "x").create_tuple_iterator(output_numpy=True))
+    assert seen and all(kind is np.ndarray and shape == () for kind, shape, _ in seen)
 
 
 def test_numpy_slices_inputs_and_errors():

@@ -65,10 +65,12 @@ def test_normalize_channel_count_and_rank_errors():
         ds.vision.Normalize((-1.0,), (1.0,))
 
 
-def test_resize_rounds_the_long_side_as_mindspore_and_uint8_halves_up():
-    # resize_op.cc: std::lround((float)w / h * size); 375x500 to 224 is 224x299 (int() gave 298)
-    assert ds.vision.Resize(224)(np.zeros((375, 500, 3), np.uint8)).shape == (224, 299, 3)
-    assert ds.vision.Resize(299)(np.zeros((640, 480), np.uint8)).shape == (399, 299)
+def test_resize_truncates_the_long_side_as_mindspore_and_uint8_halves_up():
+    # MindSpore 2.7.0's Resize(size) measured: the long side is (int)(long / short * size)
+    for (h, w), size, want in [((375, 500), 224, (224, 298)), ((480, 640), 224, (224, 298)), ((2, 3), 3, (3, 4))]:
+        assert ds.vision.Resize(size)(np.zeros((h, w, 3), np.uint8)).shape == (*want, 3)
+    assert ds.vision.Resize(299)(np.zeros((640, 480), np.uint8)).shape == (398, 299)
+    assert ds.vision.Resize(16)(np.zeros((13, 5), np.uint8)).shape == (41, 16)
     # a 2x downscale averages pixel pairs; OpenCV rounds .5 up (np.rint took 1.5 -> 2 but 2.5 -> 2)
     row = np.array([[1, 2, 4, 5]], np.uint8).repeat(2, 0)
     assert ds.vision.Resize((1, 2))(row).tolist() == [[2, 5]]
@@ -203,7 +205,8 @@ def test_one_hot_matches_an_identity_matrix_lookup():
     out = rowwise(ds.transforms.OneHot(4), labels)
     np.testing.assert_array_equal(out, np.eye(4, dtype=np.int32)[labels])
     smooth = rowwise(ds.transforms.OneHot(4, smoothing_rate=0.2), labels)
-    np.testing.assert_allclose(smooth, np.eye(4)[labels] * 0.8 + 0.05, rtol=1e-6)
+    np.testing.assert_allclose(smooth, np.eye(4)[labels] * 0.8 + 0.05, rtol=1e-15)
+    assert smooth.dtype == np.float64  # MindSpore 2.7.0's OneHot(n, smoothing_rate > 0) gives float64
     with pytest.raises(ConfigurationError, match=r"labels in \[0, 3\]"):
         rowwise(ds.transforms.OneHot(4), np.array([4]))
     with pytest.raises(ConfigurationError, match="integer class labels"):
