@@ -132,6 +132,25 @@ def test_pooling_cells_refuse_the_options_they_lack():
         nn.MaxPool2d(2, 2, data_format="CHW")
 
 
+@pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+def test_pooling_cells_take_mindsporess_positional_order_and_an_unbatched_input(mode):
+    """MaxPool2d(kernel, stride, pad_mode, padding, dilation, return_indices, ceil_mode, data_format) and
+    AvgPool2d(kernel, stride, pad_mode, padding, ceil_mode, count_include_pad, divisor_override, data_format), as
+    MindSpore 2.7.0; a (C, H, W) input pools as a batch of one (outputs checked equal to MindSpore's)."""
+    ms.set_context(mode=getattr(ms, mode))
+    x = (np.arange(2 * 7 * 7, dtype=np.float32).reshape(1, 2, 7, 7) % 11) - 3
+    batched = nn.MaxPool2d(3, 2, "pad", 1, 1)(ms.Tensor(x)).asnumpy()
+    assert batched.shape == (1, 2, 4, 4)
+    np.testing.assert_array_equal(nn.MaxPool2d(3, 2, "pad", 1, 1)(ms.Tensor(x[0])).asnumpy(), batched[0])
+    excluded = nn.AvgPool2d(3, 2, "pad", 1, False, False)(ms.Tensor(x[0])).asnumpy()
+    included = nn.AvgPool2d(3, 2, "pad", 1, False, True)(ms.Tensor(x)).asnumpy()[0]
+    padded = np.pad(x[0], ((0, 0), (1, 1), (1, 1)))
+    counts = np.pad(np.ones((7, 7)), 1)
+    window = np.s_[:, 0:3, 2:5]  # output (0, 1): rows -1..1, columns 1..3 of the input
+    np.testing.assert_allclose(included[:, 0, 1], padded[window].sum((1, 2)) / 9, rtol=1e-6)
+    np.testing.assert_allclose(excluded[:, 0, 1], padded[window].sum((1, 2)) / counts[0:3, 2:5].sum(), rtol=1e-6)
+
+
 def test_save_checkpoint_takes_trainable_params_choice_func_and_format(tmp_path):
     ms.set_seed(1)
     net = nn.SequentialCell(nn.Dense(3, 2), nn.ReLU(), nn.Dense(2, 1))

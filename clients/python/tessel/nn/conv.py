@@ -11,6 +11,7 @@ from tessel.common.support import keyword_options
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
+from tessel.ops import functional as F
 from tessel.ops import primitive
 from tessel.ops.nn_functional import check_data_format, pool2d
 
@@ -95,18 +96,9 @@ class Conv2d(Cell):
 
 
 class _Pool2d(Cell):
-    _fn = None
     _unsupported: ClassVar[dict[str, tuple[tuple[Any, ...], str]]] = {}  # MindSpore's other options, "off" values
 
-    def __init__(
-        self,
-        kernel_size: Any = 1,
-        stride: Any = 1,
-        pad_mode: str = "valid",
-        padding: Any = 0,
-        data_format: str = "NCHW",
-        **options: Any,
-    ):
+    def __init__(self, kernel_size: Any, stride: Any, pad_mode: str, padding: Any, data_format: str, options: dict):
         super().__init__()
         name = type(self).__name__
         check_data_format(f"nn.{name}", data_format)
@@ -115,9 +107,18 @@ class _Pool2d(Cell):
         self.pad_mode, self.padding = _pad_mode(pad_mode, padding), padding
         self.options = options
 
+    def _pool(self, x, kind: str, **attrs: Any):
+        # MindSpore takes an unbatched (C, H, W) input too: it pools it as a batch of one
+        unbatched = len(x.shape) == 3
+        if unbatched:
+            x = F.expand_dims(x, 0)
+        out = pool2d(kind, x, self.kernel_size, self.stride, self.padding, self.pad_mode, type(self).__name__, **attrs)
+        return F.squeeze(out, 0) if unbatched else out
+
 
 class MaxPool2d(_Pool2d):
-    """Max over kernel_size windows, moving by stride."""
+    """Max over kernel_size windows, moving by stride; input (N, C, H, W) or (C, H, W). MindSpore's arguments, in
+    its order."""
 
     _unsupported: ClassVar = {
         "dilation": ((1, (1, 1)), "tessel pools over adjacent elements; drop dilation"),
@@ -125,14 +126,29 @@ class MaxPool2d(_Pool2d):
         "ceil_mode": ((False,), "output sizes round down; pad the input with pad_mode='pad' instead"),
     }
 
+    def __init__(
+        self,
+        kernel_size: Any = 1,
+        stride: Any = 1,
+        pad_mode: str = "valid",
+        padding: Any = 0,
+        dilation: Any = 1,
+        return_indices: bool = False,
+        ceil_mode: bool = False,
+        data_format: str = "NCHW",
+    ):
+        options = {"dilation": dilation, "return_indices": return_indices, "ceil_mode": ceil_mode}
+        super().__init__(kernel_size, stride, pad_mode, padding, data_format, options)
+
     def construct(self, x):
-        return pool2d("MaxPool", x, self.kernel_size, self.stride, self.padding, self.pad_mode, "MaxPool2d")
+        return self._pool(x, "MaxPool")
 
 
 class AvgPool2d(_Pool2d):
-    """Mean over kernel_size windows (count_include_pad=True by default, as MindSpore). With pad_mode='same' the
-    padding never counts, whatever count_include_pad says: MindSpore runs that case as the AvgPool primitive (or
-    AvgPool3D with its 'same' padding), whose mean is over the window's input elements only."""
+    """Mean over kernel_size windows (count_include_pad=True by default, as MindSpore); input (N, C, H, W) or
+    (C, H, W). With pad_mode='same' the padding never counts, whatever count_include_pad says: MindSpore runs that
+    case as the AvgPool primitive (or AvgPool3D with its 'same' padding), whose mean is over the window's input
+    elements only."""
 
     _unsupported: ClassVar = {
         "count_include_pad": ((True, False), ""),  # both work
@@ -140,15 +156,20 @@ class AvgPool2d(_Pool2d):
         "divisor_override": ((None, 0), "AvgPool2d divides by the window's size"),
     }
 
+    def __init__(
+        self,
+        kernel_size: Any = 1,
+        stride: Any = 1,
+        pad_mode: str = "valid",
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+        divisor_override: Any = None,
+        data_format: str = "NCHW",
+    ):
+        options = {"ceil_mode": ceil_mode, "count_include_pad": count_include_pad, "divisor_override": divisor_override}
+        super().__init__(kernel_size, stride, pad_mode, padding, data_format, options)
+
     def construct(self, x):
-        include = self.options.get("count_include_pad", True) and self.pad_mode != "same"
-        return pool2d(
-            "AvgPool",
-            x,
-            self.kernel_size,
-            self.stride,
-            self.padding,
-            self.pad_mode,
-            "AvgPool2d",
-            count_include_pad=include,
-        )
+        include = self.options["count_include_pad"] and self.pad_mode != "same"
+        return self._pool(x, "AvgPool", count_include_pad=include)
