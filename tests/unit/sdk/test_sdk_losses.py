@@ -212,3 +212,17 @@ def test_cross_entropy_of_one_unbatched_sample_differentiates(mode):
     _, grad = ms.value_and_grad(lambda t: smoothed(t, label))(z)
     # MindSpore 2.7.0: [2.01940686e-01, 2.15722352e-01, -6.68170333e-01, 2.50507295e-01]
     np.testing.assert_allclose(grad.asnumpy(), [0.201940686, 0.215722352, -0.668170333, 0.250507295], rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["PYNATIVE_MODE", "GRAPH_MODE"])
+def test_dense_softmax_cross_entropy_gives_its_labels_no_gradient_as_mindspore(mode):
+    """MindSpore 2.7.0: grad w.r.t. (logits, labels) of SoftmaxCrossEntropyWithLogits(reduction='sum') is
+    (softmax - labels, 0): its primitive's bprop returns zeros for the labels."""
+    ms.set_context(mode=getattr(ms, mode))
+    logits = np.array([[0.5, -1.0, 2.0], [0.0, 0.3, 0.1]], np.float32)
+    labels = np.array([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]], np.float32)
+    loss = nn.SoftmaxCrossEntropyWithLogits(reduction="sum")
+    g_logits, g_labels = ms.grad(lambda a, b: loss(a, b), grad_position=(0, 1))(ms.Tensor(logits), ms.Tensor(labels))
+    soft = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
+    np.testing.assert_allclose(g_logits.asnumpy(), soft - labels, rtol=1e-5, atol=1e-7)
+    assert not g_labels.asnumpy().any()

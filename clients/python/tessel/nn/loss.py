@@ -106,7 +106,9 @@ class SoftmaxCrossEntropyWithLogits(LossBase):
                 f"SoftmaxCrossEntropyWithLogits(sparse=False): labels {tuple(labels.shape)} must be one-hot/"
                 f"probabilities shaped like logits {tuple(logits.shape)}; pass sparse=True for class indices"
             )
-        return self.get_loss(apply_op("SoftmaxCrossEntropy", logits, F.cast(labels, logits.dtype)))
+        # MindSpore runs its SoftmaxCrossEntropyWithLogits primitive, whose bprop gives the labels no gradient
+        labels = F.stop_gradient(F.cast(labels, logits.dtype))
+        return self.get_loss(apply_op("SoftmaxCrossEntropy", logits, labels))
 
 
 class MSELoss(LossBase):

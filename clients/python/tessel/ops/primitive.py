@@ -465,12 +465,14 @@ class AvgPool(MaxPool):
 
 
 class SoftmaxCrossEntropyWithLogits(Primitive):
-    """(per-sample loss, gradient softmax(logits) - labels) for probability labels."""
+    """(per-sample loss, gradient softmax(logits) - labels) for probability labels. As MindSpore's bprop: the loss
+    differentiates through the logits only (the labels get no gradient), the second output not at all."""
 
     _op = "SoftmaxCrossEntropy"
 
     def __call__(self, logits, labels):
-        return apply_op("SoftmaxCrossEntropy", logits, labels), F.softmax(logits, -1) - labels
+        labels = F.stop_gradient(labels)
+        return apply_op("SoftmaxCrossEntropy", logits, labels), F.stop_gradient(F.softmax(logits, -1) - labels)
 
 
 class SparseSoftmaxCrossEntropyWithLogits(Primitive):
