@@ -46,12 +46,21 @@ _activation(
     4,
     doc="Softplus(x) = log(1 + exp(x)), element-wise (MindSpore ops.Softplus).",
 )
+
+
+def _leaky_relu_grad(c):
+    below = op("Select", c.x < 0.0, c.g * c.attrs["alpha"], c.g * c.attrs["zero_slope"])
+    return (op("Select", c.x > 0.0, c.g, below),)
+
+
 _activation(
     "LeakyReLU",
     lambda ctx, node, i, o: ctx.add("LeakyRelu", i, o, alpha=float(node.attrs["alpha"])),
-    lambda c: (op("Select", c.x > 0.0, c.g, c.g * c.attrs["alpha"]),),
+    _leaky_relu_grad,
     1,
-    {"alpha": 0.2},
+    {"alpha": 0.2, "zero_slope": 0.2},
+    doc="LeakyReLU(x, alpha, zero_slope): x, alpha * x below 0; its slope at exactly 0 is zero_slope (MindSpore's "
+    "ops.leaky_relu: (1 + alpha) / 2, the tie of its maximum; torch's: alpha).",
 )
 
 # GELU: "none" is exact, x * Phi(x); "tanh" is the tanh approximation (MindSpore's GeLU primitive).

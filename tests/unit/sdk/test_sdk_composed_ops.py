@@ -222,3 +222,23 @@ def test_group_norm_matches_float64_and_trains_its_affine_parameters(mode):
         ms.nn.GroupNorm(4, 6)
     with pytest.raises(ConfigurationError, match=r"expects input \(N, 6, \.\.\.\)"):
         cell(ms.Tensor(x[:, :4]))
+
+
+@MODES
+def test_activation_slopes_at_their_kinks_are_mindsporess(mode):
+    """MindSpore 2.7.0's gradients at x = -3, 0, 3 (measured): LeakyReLU splits the tie of its maximum at 0,
+    HSwish's middle piece holds at both ends, HSigmoid's at neither; mint.leaky_relu keeps torch's slope."""
+    ms.set_context(mode=getattr(ms, mode))
+    x = ms.Tensor(np.array([-3.0, 0.0, 3.0, 6.0], np.float32))
+    slopes = {
+        "leaky": (ms.nn.LeakyReLU(0.2), [0.2, 0.6, 1.0, 1.0]),
+        "leaky1.5": (ms.nn.LeakyReLU(1.5), [1.5, 1.25, 1.0, 1.0]),
+        "hswish": (ms.nn.HSwish(), [-0.5, 0.5, 1.5, 1.0]),
+        "hsigmoid": (ms.nn.HSigmoid(), [0.0, 1 / 6, 0.0, 0.0]),
+        "mint.leaky_relu": (lambda t: ms.mint.nn.functional.leaky_relu(t, 0.2), [0.2, 0.2, 1.0, 1.0]),
+    }
+    for name, (fn, want) in slopes.items():
+        grad = ms.grad(lambda t, f=fn: ops.sum(f(t)))(x).asnumpy()
+        np.testing.assert_allclose(grad, want, rtol=1e-6, err_msg=name)
+    np.testing.assert_allclose(ms.nn.HSwish()(x).asnumpy(), [0.0, 0.0, 3.0, 6.0])
+    np.testing.assert_allclose(ms.nn.HSigmoid()(x).asnumpy(), [0.0, 0.5, 1.0, 1.0])

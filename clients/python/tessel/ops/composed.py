@@ -17,7 +17,7 @@ from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
-from tessel.ops.nn_functional import check_reduction, reduce_loss, relu6, tanh
+from tessel.ops.nn_functional import check_reduction, reduce_loss, tanh
 
 __all__ = [
     "addcdiv",
@@ -176,13 +176,16 @@ def mish(input: Any) -> Tensor:
 
 
 def hardsigmoid(input: Any) -> Tensor:
-    """relu6(x + 3) / 6."""
-    return relu6(input + 3.0) / 6.0
+    """relu6(x + 3) / 6, whose slope is 1/6 inside (-3, 3) and 0 at -3 and 3 too (MindSpore's HSigmoidGrad)."""
+    inside = F.logical_and(F.greater(input, -3.0), F.less(input, 3.0))
+    edge = F.select(F.greater_equal(input, 3.0), F.ones_like(input), F.zeros_like(input))
+    return F.select(inside, (input + 3.0) / 6.0, edge)
 
 
 def hardswish(x: Any) -> Tensor:
-    """x * relu6(x + 3) / 6."""
-    return x * relu6(x + 3.0) / 6.0
+    """x * relu6(x + 3) / 6, whose slope is (2x + 3) / 6 on [-3, 3], ends included (MindSpore's HSwishGrad)."""
+    inside = F.logical_and(F.greater_equal(x, -3.0), F.less_equal(x, 3.0))
+    return F.select(inside, x * (x + 3.0) / 6.0, F.select(F.greater(x, 3.0), x, F.zeros_like(x)))
 
 
 def lerp(input: Any, end: Any, weight: Any) -> Tensor:

@@ -68,7 +68,9 @@ def gelu(input_x: Any, approximate: str = "none") -> Tensor:
 
 
 def leaky_relu(input: Any, alpha: float = 0.2) -> Tensor:
-    return apply_op("LeakyReLU", input, alpha=float(alpha))
+    """x, alpha * x below 0; the slope at exactly 0 is (1 + alpha) / 2, as MindSpore's (its gradient splits the tie
+    of maximum(alpha * x, x))."""
+    return apply_op("LeakyReLU", input, alpha=float(alpha), zero_slope=(1.0 + float(alpha)) / 2.0)
 
 
 def softmax(input: Any, axis: Any = -1, *, dtype: Any = None) -> Tensor:

@@ -14,6 +14,7 @@ import numpy as np
 
 from tessel.common.support import not_supported_yet, unsupported_names
 from tessel.common.tensor import Tensor
+from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN_FUNCTIONAL
 from tessel.ops import functional as ops
@@ -58,7 +59,9 @@ def gelu(input: Any, approximate: str = "none") -> Tensor:
 
 
 def leaky_relu(input: Any, negative_slope: float = 0.01) -> Tensor:
-    return ops.leaky_relu(input, negative_slope)
+    """torch's leaky_relu, whose slope at exactly 0 is negative_slope."""
+    slope = float(negative_slope)
+    return apply_op("LeakyReLU", input, alpha=slope, zero_slope=slope)
 
 
 def softmax(input: Any, dim: int | None = None, dtype: Any = None) -> Tensor:
