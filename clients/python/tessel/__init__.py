@@ -195,9 +195,26 @@ def _dataset_tensor(array: Any) -> Any:
 _hooks.dataset_output = _dataset_tensor
 
 
+# MindSpore's other names of the dtypes tessel has (ms.bool is Bool, ms.int Int32, ms.float Float32, ...); the
+# dtype module cannot define them, as they would shadow Python's bool, int and float there
+_DTYPE_ALIASES = {
+    "bool": "bool_",
+    "int": "int32",
+    "float": "float32",
+    "long": "int64",
+    "intp": "int64",
+    "short": "int16",
+    "byte": "int8",
+    "ubyte": "uint8",
+    "intc": "int32",
+}
+
+
 def __getattr__(name: str) -> Any:
     if name == "dtype":  # the dtype module, as mindspore.dtype (mstype)
         value: Any = importlib.import_module("tessel.common.dtype")
+    elif name in _DTYPE_ALIASES:
+        value = getattr(importlib.import_module("tessel.common.dtype"), _DTYPE_ALIASES[name])
     elif name in _SUBMODULES:
         value = importlib.import_module(f"tessel.{name}")
     elif name in _NAMES:
@@ -212,7 +229,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_SUBMODULES, *_NAMES, "dtype"})
+    return sorted({*globals(), *_SUBMODULES, *_NAMES, *_DTYPE_ALIASES, "dtype"})
 
 
 __all__ = sorted({*_SUBMODULES, *_NAMES, "dtype"})

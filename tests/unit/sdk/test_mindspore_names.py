@@ -56,3 +56,12 @@ def test_tensor_from_numpy_and_is_tensor():
     array[0] = 7
     assert shared.asnumpy()[0] == 7  # the memory is shared, as MindSpore's from_numpy
     assert ms.is_tensor(shared) and ms.is_tensor(ms.Parameter(shared, "p")) and not ms.is_tensor(array)
+
+
+def test_mindsporess_other_dtype_names():
+    """MindSpore 2.7.0: ms.bool is Bool, ms.int Int32, ms.float Float32, ms.long / ms.intp Int64, ms.short Int16,
+    ms.byte Int8, ms.ubyte UInt8, ms.intc Int32 (not in its __all__, but scripts write them)."""
+    want = {"bool": ms.bool_, "int": ms.int32, "float": ms.float32, "long": ms.int64, "intp": ms.int64}
+    want |= {"short": ms.int16, "byte": ms.int8, "ubyte": ms.uint8, "intc": ms.int32}
+    assert {name: getattr(ms, name) for name in want} == want
+    assert ms.Tensor([1, 2], ms.int).dtype == ms.int32 and "bool" in dir(ms)
