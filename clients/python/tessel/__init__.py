@@ -210,7 +210,49 @@ _DTYPE_ALIASES = {
 }
 
 
+# MindSpore's subpackages tessel has no counterpart of: `import tessel.numpy` (or ms.numpy) says so, naming it,
+# instead of "No module named 'tessel.numpy'"
+_MISSING_SUBPACKAGES = {
+    "boost": "MindSpore's boost (automatic acceleration) has no counterpart here",
+    "dryrun": "for a dry run set MS_SIMULATION_LEVEL (or msrun --sim_level), which tessel honours",
+    "device_context": "tessel's devices are configured per daemon (tessel daemon --plugin, --threads)",
+    "device_manager": "tessel's devices are configured per daemon (tessel daemon --plugin, --threads)",
+    "experimental": "MindSpore's experimental APIs are not mirrored",
+    "hal": "use tessel.runtime (MindSpore 2.6+'s home of the same functions)",
+    "log": "tessel logs through Python's logging ('tessel' logger)",
+    "mindrecord": "read Arrow, Parquet or numpy data (tessel.dataset) instead of MindRecord files",
+    "multiprocessing": "MindSpore's multiprocessing helpers are not mirrored",
+    "numpy": "mindspore.numpy has no counterpart yet; use tessel.ops / tessel.mint functions",
+    "rewrite": "MindSpore's network rewriting API is not mirrored",
+    "safeguard": "MindSpore's model obfuscation is not mirrored",
+    "scipy": "mindspore.scipy has no counterpart yet",
+    "utils": "mindspore.utils is not mirrored",
+}
+
+
+class _MissingSubpackages:
+    """A meta path finder: importing one of _MISSING_SUBPACKAGES raises NotSupportedYetError naming it."""
+
+    @staticmethod
+    def find_spec(fullname: str, path: Any = None, target: Any = None) -> None:
+        package, _, rest = fullname.partition(".")
+        if package == "tessel" and rest.split(".")[0] in _MISSING_SUBPACKAGES:
+            from tessel.core.options import not_supported_yet
+
+            name = rest.split(".")[0]
+            raise not_supported_yet(f"mindspore.{rest}", _MISSING_SUBPACKAGES[name])
+
+
+sys.meta_path.append(_MissingSubpackages())
+
+
 def __getattr__(name: str) -> Any:
+    if name in _MISSING_SUBPACKAGES:
+        _MissingSubpackages.find_spec(f"tessel.{name}")
+    if name == "__version__":  # the installed package's
+        from importlib.metadata import version
+
+        return version("tessel")
     if name == "dtype":  # the dtype module, as mindspore.dtype (mstype)
         value: Any = importlib.import_module("tessel.common.dtype")
     elif name in _DTYPE_ALIASES:

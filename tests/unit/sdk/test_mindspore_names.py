@@ -65,3 +65,29 @@ def test_mindsporess_other_dtype_names():
     want |= {"short": ms.int16, "byte": ms.int8, "ubyte": ms.uint8, "intc": ms.int32}
     assert {name: getattr(ms, name) for name in want} == want
     assert ms.Tensor([1, 2], ms.int).dtype == ms.int32 and "bool" in dir(ms)
+
+
+def test_mindsporess_subpackages_tessel_lacks_say_so_at_import():
+    import subprocess
+    import sys
+
+    code = (
+        "import tessel as ms\n"
+        "from tessel.core.errors import NotSupportedYetError\n"
+        "for line in ('import tessel.numpy as mnp', 'from tessel import mindrecord', 'import tessel.scipy.linalg'):\n"
+        "    try:\n"
+        "        exec(line)\n"
+        "    except NotSupportedYetError as exc:\n"
+        "        print(exc)\n"
+        "try:\n"
+        "    import tessel.no_such_module\n"
+        "except ModuleNotFoundError:\n"
+        "    print('plain')\n"
+        "print(ms.__version__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "not supported yet: mindspore.numpy, " in out and "not supported yet: mindspore.mindrecord, " in out
+    assert "not supported yet: mindspore.scipy, " in out and "plain" in out
+    from importlib.metadata import version
+
+    assert out.strip().endswith(version("tessel"))
