@@ -123,6 +123,23 @@ def test_learning_rate_lists_match_mindspore_examples():
     assert nn.inverse_decay_lr(0.1, 0.5, 6, 2, 2, True) == pytest.approx([0.1] * 4 + [0.1 / 1.5] * 2)
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: nn.piecewise_constant_lr([3], [1]), r"learning_rates\[0\] must be a float"),
+        (lambda: nn.exponential_decay_lr(1, 0.9, 6, 2, 1), "learning_rate must be a float"),
+        (lambda: nn.cosine_decay_lr(0, 1.0, 6, 2, 1), "min_lr must be a float"),
+        (lambda: nn.warmup_lr(1, 6, 2, 1), "learning_rate must be a float"),
+        (lambda: nn.ExponentialDecayLR(0.1, 1, 2), "decay_rate must be a float"),
+        (lambda: nn.PolynomialDecayLR(1.0, 0.0, 2, 1), "power must be a float"),
+    ],
+)
+def test_rates_must_be_floats_as_mindspore_checks_them(call, message):
+    # MindSpore 2.7.0 raises TypeError for each of these ints (validator.check_is_float / check_positive_float)
+    with pytest.raises(TypeError, match=message):
+        call()
+
+
 def test_schedules_give_the_rate_of_each_step():
     cases = [
         (nn.ExponentialDecayLR(0.1, 0.9, 4), lambda s: 0.1 * 0.9 ** (s / 4)),

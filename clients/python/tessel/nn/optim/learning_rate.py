@@ -20,11 +20,13 @@ def _check_positive(**values) -> None:
 
 
 def _check_rates(positive: dict[str, float], non_negative: dict[str, float] | None = None) -> None:
-    """MindSpore's checks of rates and powers (learning_rate_schedule._check_inputs, dynamic_lr): numbers, > 0 (or
-    >= 0 for a lowest rate)."""
+    """MindSpore's checks of rates and powers (learning_rate_schedule._check_inputs, dynamic_lr): floats (an int is
+    a TypeError there too: write 1.0), > 0 (or >= 0 for a lowest rate)."""
     for name, value in {**positive, **(non_negative or {})}.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigurationError(f"{name} must be a number, got {value!r}")
+        if not isinstance(value, float):
+            raise TypeError(f"{name} must be a float, as in MindSpore, got {value!r}; write e.g. {name}=0.1")
+        if not math.isfinite(value):
+            raise ConfigurationError(f"{name} must be a finite number, got {value!r}")
         if value <= 0 and name in positive:
             raise ConfigurationError(f"{name} must be > 0, got {value}")
         if value < 0:
@@ -47,6 +49,9 @@ def piecewise_constant_lr(milestone: list[int], learning_rates: list[float]) -> 
     if len(milestone) != len(learning_rates) or any(b < a for a, b in zip([0, *milestone], milestone)):
         raise ConfigurationError("milestone must not decrease and must have one entry per learning rate")
     _check_positive(**{f"milestone[{i}]": m for i, m in enumerate(milestone)})
+    for i, rate in enumerate(learning_rates):
+        if not isinstance(rate, float):
+            raise TypeError(f"piecewise_constant_lr: learning_rates[{i}] must be a float, got {rate!r}")
     out, start = [], 0
     for end, rate in zip(milestone, learning_rates):
         out += [float(rate)] * (end - start)
