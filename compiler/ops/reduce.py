@@ -202,3 +202,48 @@ for _name, _onnx in (("Argmax", "ArgMax"), ("Argmin", "ArgMin")):
         num_inputs=1,
         doc=f"{_name}(x, axis=-1, keep_dims=False, output_type=int32): index of the extreme value.",
     )
+
+
+# TopK: the indices of the k largest (or smallest) elements along an axis, in order, ties lower index first (ONNX
+# TopK's rule, which MindSpore's TopK and Sort follow too). Values are the input gathered at them (GatherElements,
+# whose gradient scatters back), so this op itself has no gradient. k=None sorts the whole axis.
+def _infer_topk(types, attrs):
+    (x,) = types
+    require(x.ndim > 0, "needs at least one dim")
+    axis = normalize_axis(attrs["axis"], x.ndim)
+    size, k = x.shape[axis], attrs["k"]
+    if k is None:
+        k = size
+    else:
+        require(isinstance(k, int) and k >= 0, f"k must be an int >= 0, got {k!r}")
+        require(not isinstance(size, int) or k <= size, f"k={k} exceeds the {size} elements of axis {axis}")
+    return (TensorType(tuple(k if i == axis else d for i, d in enumerate(x.shape)), DType.int64),)
+
+
+def _lower_topk(ctx, node, inputs, outputs):
+    x = node.inputs[0]
+    axis = normalize_axis(node.attrs["axis"], x.ndim)
+    k = ctx.dim(x.shape[axis]) if node.attrs["k"] is None else ctx.ints([node.attrs["k"]])
+    values = ctx.fresh("topk_values")
+    ctx.add("TopK", [inputs[0], k], [values, outputs[0]], axis=axis, largest=int(node.attrs["largest"]), sorted=1)
+
+
+def _topk_sharding(node: Node) -> ShardingSpec:
+    x = node.inputs[0]
+    axis = normalize_axis(node.attrs["axis"], x.ndim)
+    names = tuple(f"d{i}" for i in range(x.ndim))
+    out = tuple("k" if i == axis else n for i, n in enumerate(names))
+    return ShardingSpec((names,), (out,), frozenset({"k", names[axis]}), "the sorted axis", None)
+
+
+register(
+    "TopK",
+    infer=_infer_topk,
+    sharding=_topk_sharding,
+    lower=_lower_topk,
+    grad=ZERO_GRAD,
+    attrs={"k": None, "axis": -1, "largest": True},
+    num_inputs=1,
+    doc="TopK(x, k=None, axis=-1, largest=True): int64 indices of the k largest (smallest) along axis, sorted, "
+    "ties lower index first; k=None sorts the whole axis.",
+)

@@ -70,6 +70,12 @@ CASES = {
     "reduce_mean_all": Case(unary("ReduceMean"), {"x": f32(8, 6)}, {"ReduceMean": ((2, 2),)}),
     "reduce_max_split": Case(unary("ReduceMax", axis=0, keep_dims=True), {"x": f32(8, 6)}, {"ReduceMax": ((4, 1),)}),
     "argmax": Case(unary("Argmax", axis=1), {"x": f32(8, 6)}, {"Argmax": ((4, 1),)}),
+    "topk_rows_split": Case(unary("TopK", k=3, axis=1), {"x": f32(8, 6)}, {"TopK": ((4, 1),)}),
+    "topk_values_gathered": Case(
+        lambda x: apply("GatherElements", x, apply("TopK", x, k=2, axis=0, largest=False), axis=0),
+        {"x": f32(6, 8)},
+        {"TopK": ((1, 4),)},
+    ),
     "layer_norm": Case(
         lambda x, g, b: apply("LayerNorm", x, g, b)[0],
         {"x": f32(8, 6), "g": f32(6), "b": f32(6)},
@@ -244,6 +250,7 @@ EXPECTED = {
     "transpose": {"AllGather": 1},
     "batch_norm_training_replicated": {"AllGather": 1},
     "dim_size_replicated": {"AllGather": 1},
+    "topk_values_gathered": {"AllGather": 1},  # GatherElements, given no strategy, runs whole: its index gathered
 }
 
 

@@ -560,6 +560,15 @@ class Tensor:
         return F.isfinite(self)
 
     # --- composed ops (tessel/ops/composed.py), with MindSpore's Tensor-method signatures ---------------------------
+    def topk(self, k: int, dim: Any = None, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+        return C.topk(self, k, dim, largest, sorted)
+
+    def sort(self, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+        return C.sort(self, axis, descending)
+
+    def argsort(self, axis: int = -1, descending: bool = False) -> Tensor:
+        return C.argsort(self, axis, descending)
+
     def masked_fill(self, mask: Any, value: Any) -> Tensor:
         return C.masked_fill(self, mask, value)
 

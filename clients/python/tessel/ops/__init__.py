@@ -11,6 +11,7 @@ from tessel.communication.comm_func import ReduceOp
 from tessel.ops import functional
 from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborExchange, ReduceScatter
 from tessel.ops.composed import *  # noqa: F403 - composed functional forms are ops.<name> too
+from tessel.ops.composed import max, min  # shadow builtins: named explicitly
 from tessel.ops.functional import *  # noqa: F403 - the functional forms are ops.<name>
 from tessel.ops.functional import (  # explicit names that star-import would skip or that shadow builtins
     abs,
@@ -40,4 +41,4 @@ def __getattr__(name: str):
 
 __all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "NeighborExchange", "NeighborExchangeV2", "Primitive"]
 __all__ += ["ReduceOp", "ReduceScatter", "functional"]
-__all__ += ["abs", "all", "any", "pow", "round", "sum"]
+__all__ += ["abs", "all", "any", "max", "min", "pow", "round", "sum"]

@@ -15,6 +15,7 @@ import numpy as np
 
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
+from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.ops import functional as F
 from tessel.ops.nn_functional import check_reduction, reduce_loss, tanh
@@ -23,6 +24,7 @@ __all__ = [
     "addcdiv",
     "addcmul",
     "arange",
+    "argsort",
     "binary_cross_entropy",
     "cosine_similarity",
     "cumsum",
@@ -43,7 +45,9 @@ __all__ = [
     "logical_xor",
     "logsumexp",
     "masked_fill",
+    "max",
     "meshgrid",
+    "min",
     "mish",
     "mm",
     "narrow",
@@ -53,9 +57,11 @@ __all__ = [
     "roll",
     "smooth_l1_loss",
     "softplus",
+    "sort",
     "std",
     "std_mean",
     "tile",
+    "topk",
     "trace",
     "tril",
     "triu",
@@ -79,7 +85,7 @@ def _dim(axis: int, ndim: int, who: str) -> int:
 
 
 def _constant(array: np.ndarray) -> Tensor:
-    return Tensor._wrap(np.ascontiguousarray(array))
+    return Tensor._wrap(np.asarray(array, order="C"))  # (np.ascontiguousarray makes a 0-d array 1-d)
 
 
 # --- creation --------------------------------------------------------------------------------------------------
@@ -568,3 +574,59 @@ def kl_div(logits: Any, labels: Any, reduction: str = "mean") -> Tensor:
     if not _shape(logits, who):
         raise ConfigurationError(f"{who}: reduction='batchmean' needs logits with a batch dimension, got a scalar")
     return F.sum(per) / float(_shape(logits, who)[0])
+
+
+# --- ordering (the TopK op gives the indices; the values are the input gathered there, so they differentiate) -----
+
+
+def _ordered(input: Any, k: int | None, axis: int, largest: bool) -> tuple[Tensor, Tensor]:
+    index = apply_op("TopK", input, k=k, axis=int(axis), largest=bool(largest))
+    return F.gather_elements(input, axis, index), index
+
+
+def topk(input: Any, k: int, dim: Any = None, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+    """(values, int32 indices) of the k largest (largest=False: smallest) elements along `dim` (the last when None),
+    in order; equal elements keep their order (MindSpore's ops.topk; sorted=False may return any order, and this
+    returns them sorted)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ConfigurationError(f"ops.topk: k must be an int, got {k!r}")
+    if not isinstance(largest, bool):
+        raise ConfigurationError(f"ops.topk: largest must be a bool, got {largest!r}")
+    values, index = _ordered(input, int(k), -1 if dim is None else dim, largest)
+    return values, F.cast(index, DType.int32)
+
+
+def sort(input_x: Any, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
+    """(sorted values, int32 indices into the input) along `axis`; equal elements keep their order (MindSpore's
+    ops.sort)."""
+    values, index = _ordered(input_x, None, axis, descending)
+    return values, F.cast(index, DType.int32)
+
+
+def argsort(input: Any, axis: int = -1, descending: bool = False) -> Tensor:
+    """The int32 indices that sort `input` along `axis` (MindSpore's ops.argsort)."""
+    return sort(input, axis, descending)[1]
+
+
+def _extremum(who: str, input: Any, axis: Any, keepdims: bool, initial: Any, where: Any) -> tuple[Tensor, Tensor]:
+    if initial is not None or where is not None:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(f"ops.{who}(initial=..., where=...)", "reduce a masked_fill of the input instead")
+    reduce, arg = (F.amax, F.argmax) if who == "max" else (F.amin, F.argmin)
+    if not _shape(input, who) or axis is None:
+        # MindSpore's ops.max / ops.min: a 0-d input or axis=None give index 0, not the flat position
+        return reduce(input), _constant(np.array(0, np.int64))
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
+        raise ConfigurationError(f"ops.{who}: axis must be an int or None, got {axis!r}")
+    return reduce(input, int(axis), keepdims), F.cast(arg(input, int(axis), keepdims), DType.int64)
+
+
+def max(input: Any, axis: Any = None, keepdims: bool = False, *, initial: Any = None, where: Any = None):
+    """(maximum along `axis`, its int64 index, the first among equals) as MindSpore's ops.max."""
+    return _extremum("max", input, axis, keepdims, initial, where)
+
+
+def min(input: Any, axis: Any = None, keepdims: bool = False, *, initial: Any = None, where: Any = None):
+    """(minimum along `axis`, its int64 index, the first among equals) as MindSpore's ops.min."""
+    return _extremum("min", input, axis, keepdims, initial, where)

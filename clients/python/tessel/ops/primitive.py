@@ -620,3 +620,61 @@ class Print(Primitive):
 def print_(*input_x: Any) -> None:
     """`ops.print_`: `ops.Print()(*input_x)`."""
     return Print()(*input_x)
+
+
+def _composed() -> Any:
+    from tessel.ops import composed  # composed builds on Tensor, which imports this module
+
+    return composed
+
+
+class TopK(Primitive):
+    """TopK(sorted=True)(x, k): (values, int32 indices) of the k largest along the last axis, in order."""
+
+    _op = "TopK"
+
+    def __init__(self, sorted: bool = True):
+        super().__init__()
+        if not isinstance(sorted, bool):
+            raise ConfigurationError(f"TopK: sorted must be a bool, got {sorted!r}")
+        self.attrs["sorted"] = sorted  # unsorted may come in any order: tessel's always come sorted
+
+    def __call__(self, input_x, k):
+        return _composed().topk(input_x, k)
+
+
+class Sort(Primitive):
+    """Sort(axis=-1, descending=False)(x): (sorted values, int32 indices), equal elements in their order."""
+
+    _op = "TopK"
+
+    def __init__(self, axis: int = -1, descending: bool = False):
+        super().__init__()
+        self.attrs.update(axis=axis, descending=descending)
+
+    def __call__(self, x):
+        return _composed().sort(x, self.attrs["axis"], self.attrs["descending"])
+
+
+class ArgMaxWithValue(Primitive):
+    """ArgMaxWithValue(axis=0, keep_dims=False)(x): (int64 index of the maximum, the maximum) along axis."""
+
+    _op = "Argmax"
+
+    def __init__(self, axis: int = 0, keep_dims: bool = False):
+        super().__init__()
+        self.attrs.update(axis=axis, keep_dims=keep_dims)
+
+    def __call__(self, x):
+        values, index = _composed().max(x, self.attrs["axis"], self.attrs["keep_dims"])
+        return index, values
+
+
+class ArgMinWithValue(ArgMaxWithValue):
+    """ArgMinWithValue(axis=0, keep_dims=False)(x): (int64 index of the minimum, the minimum) along axis."""
+
+    _op = "Argmin"
+
+    def __call__(self, x):
+        values, index = _composed().min(x, self.attrs["axis"], self.attrs["keep_dims"])
+        return index, values
