@@ -144,8 +144,8 @@ class _GradFunction:
             Tensor._wrap_symbolic(next(found) if x.dtype.is_float else apply("ZerosLike", x)) for x in inputs
         )
         weight_grads = tuple(Tensor._wrap_symbolic(g) for g in grads[len(differentiable) :])
-        if isinstance(self.positions, int):
-            input_grads = input_grads[0]
+        if not isinstance(self.positions, _AllPositions) and len(input_grads) == 1:
+            input_grads = input_grads[0]  # grad_position=0 and (0,) alike: MindSpore turns an int into (n,)
         if self.single_weight:
             weight_grads = weight_grads[0]
         if self.positions is None:
