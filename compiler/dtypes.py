@@ -29,6 +29,13 @@ class DType(enum.Enum):
     def __repr__(self) -> str:
         return f"tessel.{self.value}"
 
+    def __str__(self) -> str:
+        """MindSpore's printed name: Float32, Int64, UInt8, Bool (print(ms.float32) shows Float32 there)."""
+        return "Bool" if self.value == "bool" else self.value.capitalize().replace("Uint", "UInt")
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)  # f"{dtype}" in messages stays numpy's name ("float32")
+
     @property
     def numpy(self) -> np.dtype:
         return np.dtype(self.value)

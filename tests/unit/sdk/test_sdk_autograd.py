@@ -29,7 +29,7 @@ def test_grad_position_selects_inputs():
     dy = ms.grad(f, grad_position=(1,))(ms.Tensor(X), ms.Tensor(Y))
     assert isinstance(dy, ms.Tensor)
     w = ms.Parameter(ms.Tensor(np.float32(2.0)), name="w")
-    dx, (dw,) = ms.grad(lambda x, y: f(x, y) * w, grad_position=(0,), weights=[w])(ms.Tensor(X), ms.Tensor(Y))
+    dx, (_,) = ms.grad(lambda x, y: f(x, y) * w, grad_position=(0,), weights=[w])(ms.Tensor(X), ms.Tensor(Y))
     np.testing.assert_allclose(dx.asnumpy(), 4 * X * Y, rtol=1e-5)
     assert isinstance(ops.GradOperation(get_all=True)(lambda x: (x * x).sum())(ms.Tensor(X)), tuple)
 

@@ -280,6 +280,12 @@ class Parameter(Tensor):
             f"requires_grad={self.requires_grad})"
         )
 
+    __str__ = __repr__  # print(param) shows its description in MindSpore, not its values
+
+    def copy(self) -> Parameter:
+        """A new Parameter of the same value and name (MindSpore's: clone(init='same'))."""
+        return self.clone(init="same")
+
     __hash__ = object.__hash__
 
 

@@ -127,7 +127,10 @@ class Cell:
             )
         if not isinstance(child_cell, Cell):
             raise ConfigurationError(f"insert_child_to_cell: {child_name!r} must be a Cell, got {type(child_cell)}")
-        setattr(self, child_name, child_cell)
+        # MindSpore's: the child is registered as it is, its parameters keep their names (no prefix, unlike setattr)
+        self._cells[child_name] = child_cell
+        self._params.pop(child_name, None)
+        self.__dict__.pop(child_name, None)
 
     def insert_param_to_cell(self, param_name: str, param: Parameter, check_name_contain_dot: bool = True) -> None:
         if check_name_contain_dot and "." in param_name:
@@ -427,6 +430,11 @@ class Cell:
         raise NotImplementedError(f"{self.cls_name} must define construct()")
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.__dict__.get("_names_checked"):
+            # MindSpore's _self_check on a cell's first call: parameters that share a name (cells built with
+            # auto_prefix=False, two Parameter(name='x')) are renamed by their attribute paths
+            self.check_names_and_refresh_name()
+            object.__setattr__(self, "_names_checked", True)
         stack = _calls.__dict__.setdefault("stack", [])
         stack.append(self)
         try:

@@ -32,6 +32,15 @@ def _renumber(container: Cell, cells: list[Cell]) -> None:
         _add(container, str(i), cell)
 
 
+def _index(container: Cell, index: Any) -> int:
+    """An int index into the container's cells, checked as MindSpore checks it."""
+    if isinstance(index, bool) or not isinstance(index, int):
+        raise TypeError(f"{type(container).__name__} indices must be an int or a slice, got {type(index).__name__}")
+    if not -len(container._cells) <= index < len(container._cells):
+        raise IndexError(f"{type(container).__name__} index {index} is out of range for {len(container._cells)} cells")
+    return index % len(container._cells)
+
+
 class SequentialCell(Cell):
     """Cells applied one after the other; children are named "0", "1", … (or by an OrderedDict's keys).
 
@@ -44,13 +53,23 @@ class SequentialCell(Cell):
         cells = args[0] if len(args) == 1 and isinstance(args[0], (list, tuple, OrderedDict, dict)) else args
         items = cells.items() if isinstance(cells, dict) else ((str(i), c) for i, c in enumerate(cells))
         for name, cell in items:
-            self.insert_child_to_cell(name, _check(cell, "SequentialCell"))
+            _add(self, name, _check(cell, "SequentialCell"))
 
     def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):  # MindSpore's: a SequentialCell of the same keys (its cells renamed by them)
+            return SequentialCell(OrderedDict(list(self._cells.items())[index]))
+        return list(self._cells.values())[_index(self, index)]
+
+    def __setitem__(self, index: int, cell: Cell) -> None:
+        key = list(self._cells)[_index(self, index)]
+        _add(self, key, _check(cell, "SequentialCell[index] = cell"))
+
+    def __delitem__(self, index: int | slice) -> None:
         cells = list(self._cells.values())
-        if isinstance(index, slice):
-            return SequentialCell(cells[index])
-        return cells[index]
+        del cells[index if isinstance(index, slice) else _index(self, index)]
+        # MindSpore renumbers the rest "0", "1", ... too (and renames their parameters; its names lose the
+        # attribute after the index, 'seq.1.', which tessel does not copy: 'seq.1.weight')
+        _renumber(self, cells)
 
     def __len__(self) -> int:
         return len(self._cells)
@@ -84,7 +103,18 @@ class CellList(Cell):
 
     def __getitem__(self, index: int | slice) -> Any:
         cells = list(self._cells.values())
-        return CellList(cells[index]) if isinstance(index, slice) else cells[index]
+        return CellList(cells[index]) if isinstance(index, slice) else cells[_index(self, index)]
+
+    def __setitem__(self, index: int, cell: Cell) -> None:
+        _add(self, list(self._cells)[_index(self, index)], _check(cell, "CellList[index] = cell"))
+
+    def __delitem__(self, index: int | slice) -> None:
+        cells = list(self._cells.values())
+        del cells[index if isinstance(index, slice) else _index(self, index)]
+        _renumber(self, cells)  # MindSpore renumbers the rest "0", "1", ... and renames their parameters
+
+    def __iadd__(self, cells: Iterable[Cell]) -> CellList:
+        return self.extend(cells)
 
     def __len__(self) -> int:
         return len(self._cells)
