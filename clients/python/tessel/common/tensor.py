@@ -345,7 +345,10 @@ class Tensor:
         return F.floor_divide(o, self)
 
     def __mod__(self, o):
-        return F.remainder(self, o)
+        return F.floor_mod(self, o)
+
+    def __rmod__(self, o):
+        return F.floor_mod(o, self)
 
     def __pow__(self, o):
         return F.pow(self, o)

@@ -15,6 +15,7 @@ import numpy as np
 from tessel.common.dtype import DType, to_dtype
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
+from tessel.compiler.dtypes import promote, scalar_dtype
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 
@@ -61,15 +62,14 @@ mul = _binary("Mul", "x * y with broadcasting.")
 
 def pow(input: Any, exponent: Any) -> Tensor:
     """input ** exponent with broadcasting. Integers raised to integers stay integers (MindSpore's and torch's),
-    computed in float64 (exact below 2**53) and rounded back."""
+    of the wider of the two, computed in float64 (exact below 2**53) and rounded back."""
     if dtype_of(input).is_int and dtype_of(exponent).is_int:
         if isinstance(exponent, (int, np.integer)) and exponent < 0:
             raise ConfigurationError(
                 f"an integer tensor to the negative power {exponent} is not an integer; cast it to float first"
             )
-        out_dtype = dtype_of(input) if isinstance(input, Tensor) else dtype_of(exponent)
         wide = apply_op("Pow", cast(input, DType.float64), cast(exponent, DType.float64))
-        return cast(apply_op("Round", wide), out_dtype)
+        return cast(apply_op("Round", wide), _result_dtype(input, exponent))
     return apply_op("Pow", input, exponent)
 
 
@@ -88,6 +88,24 @@ less_equal = _binary("LessEqual", "x <= y (bool).")
 le = less_equal
 logical_and = _binary("LogicalAnd", "x and y, element-wise.")
 logical_or = _binary("LogicalOr", "x or y, element-wise.")
+
+
+def _result_dtype(input: Any, other: Any) -> DType:
+    """The dtype a binary op of these operands gives: the tensors' promoted dtype, Python scalars weak (an int next
+    to an int tensor takes its dtype, a float next to an int tensor is float32), as MindSpore."""
+    partner = None
+    for value in (input, other):
+        if _is_tensor(value):
+            partner = dtype_of(value) if partner is None else promote(partner, dtype_of(value))
+    for value in (input, other):
+        if not _is_tensor(value):
+            scalar = scalar_dtype(value, partner)
+            partner = scalar if partner is None else promote(partner, scalar)
+    return partner
+
+
+def _in_float64(value: Any) -> Any:
+    return cast(value, DType.float64) if _is_tensor(value) else float(value)
 
 
 def dtype_of(x: Any) -> DType:
@@ -116,8 +134,8 @@ def div(input: Any, other: Any, rounding_mode: str | None = None) -> Tensor:
             f"ops.div: rounding_mode must be None, 'floor' or 'trunc', got {rounding_mode!r}; "
             "e.g. ops.div(x, y, rounding_mode='floor')"
         )
-    if dtype_of(input).is_int and dtype_of(other).is_int:
-        input, other = cast(input, DType.float32), (cast(other, DType.float32) if _is_tensor(other) else other)
+    if not _result_dtype(input, other).is_float:  # integers and bools divide as float32, as MindSpore
+        input, other = (cast(v, DType.float32) if _is_tensor(v) else float(v) for v in (input, other))
     return apply_op("Div", input, other)
 
 
@@ -125,17 +143,34 @@ true_divide = div
 
 
 def floor_divide(input: Any, other: Any) -> Tensor:
-    """floor(x / y); integers keep their dtype (computed exactly through float64)."""
-    if dtype_of(input).is_int and dtype_of(other).is_int:
-        out_dtype = dtype_of(input) if _is_tensor(input) else dtype_of(other)
-        wide = [cast(v, DType.float64) if _is_tensor(v) else float(v) for v in (input, other)]
-        return cast(apply_op("Floor", apply_op("Div", *wide)), out_dtype)
-    return apply_op("Floor", apply_op("Div", input, other))
+    """floor(x / y) in the operands' promoted dtype. Integers (and bools) are divided exactly through float64;
+    float16/float32 too, so that the quotient floors as MindSpore's (and numpy's) do: 1.0 // 0.1 is 9, where
+    floor(float32(1.0 / 0.1)) would give 10."""
+    out = _result_dtype(input, other)
+    if out == DType.float64:
+        return apply_op("Floor", apply_op("Div", input, other))
+    return cast(apply_op("Floor", apply_op("Div", _in_float64(input), _in_float64(other))), out)
+
+
+floor_div = floor_divide
 
 
 def remainder(input: Any, other: Any) -> Tensor:
-    """x - floor(x / y) * y (the sign follows y, as Python's %)."""
-    return sub(input, mul(floor_divide(input, other), other))
+    """input - floor_divide(input, other) * other in the operands' dtype, as MindSpore's ops.remainder computes it
+    (1.0 - 9 * 0.1 rounds to 0.09999996 in float32); the % operator is floor_mod, MindSpore's FloorMod."""
+    out = _result_dtype(input, other)
+    x, y = (cast(v, out) if _is_tensor(v) else v for v in (input, other))
+    return sub(x, mul(floor_divide(x, y), y))
+
+
+def floor_mod(x: Any, y: Any) -> Tensor:
+    """x - floor(x / y) * y exactly, its sign following y (MindSpore's FloorMod, Tensor %): float16/float32 are
+    computed in float64, where the product and the difference are exact (1.0 % 0.1 is 0.0999999866, as numpy)."""
+    out = _result_dtype(x, y)
+    if out == DType.float64:
+        return sub(x, mul(floor_divide(x, y), y))
+    x, y = _in_float64(x), _in_float64(y)
+    return cast(sub(x, mul(apply_op("Floor", apply_op("Div", x, y)), y)), out)
 
 
 def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
