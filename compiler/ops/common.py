@@ -73,7 +73,8 @@ def infer_same(types: tuple[TensorType, ...], attrs: Attrs) -> tuple[TensorType,
 
 # ONNX ops without bool kernels whose bool meaning is numpy's: Add and Max are a logical or, Mul and Min an and
 # (computed in uint8, then back to bool); Sub and Div of bools are refused, as numpy refuses them.
-_BOOL_THROUGH_UINT8 = ("Add", "Mul", "Max", "Min")
+# ONNX has no bool kernel for these: bools go through uint8 (comparisons of bools, abs of a bool)
+_BOOL_THROUGH_UINT8 = ("Add", "Mul", "Max", "Min", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Abs")
 _NO_BOOL = ("Sub", "Div")
 
 

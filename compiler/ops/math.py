@@ -27,11 +27,18 @@ from tessel.compiler.sharding import pointwise
 
 
 def _extremum_grad(x_wins: str):
-    """Maximum/Minimum: the cotangent goes to the input that was taken (x on ties)."""
+    """Maximum/Minimum: the cotangent goes to the input that was taken, halved between the two on ties (MindSpore's
+    MaximumGrad / MinimumGrad: max(x, y) at x == y gives each 0.5)."""
 
     def grad(c):
-        take_x = op(x_wins, *c.inputs)
-        return op("Select", take_x, c.g, 0.0), op("Select", take_x, 0.0, c.g)
+        x, y = c.inputs
+        half = c.g * 0.5
+        tie = op("Equal", x, y)
+        take_x = op(x_wins, x, y)
+        return (
+            op("Select", take_x, c.g, op("Select", tie, half, 0.0)),
+            op("Select", take_x, 0.0, op("Select", tie, half, c.g)),
+        )
 
     return grad
 
@@ -51,8 +58,8 @@ elementwise("Sub", "Sub", lambda c: (c.g, -c.g), 2)
 elementwise("Mul", "Mul", lambda c: (c.g * c.inputs[1], c.g * c.inputs[0]), 2)
 elementwise("Div", "Div", lambda c: (c.g / c.inputs[1], -c.g * c.out / c.inputs[1]), 2)
 elementwise("Pow", "Pow", _pow_grad, 2, float_only=True, flops=4)
-elementwise("Maximum", "Max", _extremum_grad("GreaterEqual"), 2)
-elementwise("Minimum", "Min", _extremum_grad("LessEqual"), 2)
+elementwise("Maximum", "Max", _extremum_grad("Greater"), 2)
+elementwise("Minimum", "Min", _extremum_grad("Less"), 2)
 
 # Comparisons and logic produce bool tensors; nothing flows back through them.
 for _name, _onnx in [

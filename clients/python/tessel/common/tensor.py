@@ -412,7 +412,7 @@ class Tensor:
         return apply_op("NotEqual", *_bool_operands("^", o, self))
 
     def __invert__(self):
-        return apply_op("LogicalNot", self)
+        return F.logical_not(self)  # MindSpore 2.7: ~ of a number tensor is its logical not too (bool)
 
     # --- methods (each one functional op) ----------------------------------------------------------------------------
     def astype(self, dtype: Any, copy: bool = True) -> Tensor:
@@ -469,10 +469,17 @@ class Tensor:
     def mean(self, axis=None, keep_dims: bool = False) -> Tensor:
         return F.mean(self, axis, keep_dims)
 
-    def max(self, axis=None, keepdims: bool = False) -> Tensor:
+    def max(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        """MindSpore 2.7's two forms: t.max(), t.max(axis=a, keepdims=k) give the values; t.max(dim[, keepdim])
+        (positional) gives (values, int64 indices)."""
+        if dim_keepdim:
+            return C.max(self, *_dim_keepdim("max", dim_keepdim))
         return F.amax(self, axis, keepdims)
 
-    def min(self, axis=None, keepdims: bool = False) -> Tensor:
+    def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False) -> Any:
+        """As max: t.min(dim[, keepdim]) gives (values, int64 indices), the keyword form the values."""
+        if dim_keepdim:
+            return C.min(self, *_dim_keepdim("min", dim_keepdim))
         return F.amin(self, axis, keepdims)
 
     def all(self, axis=None, keep_dims: bool = False) -> Tensor:
@@ -795,3 +802,9 @@ def from_numpy(array: np.ndarray) -> Tensor:
 def is_tensor(obj: Any) -> bool:
     """MindSpore's `ms.is_tensor`: whether `obj` is a Tensor (a Parameter is one)."""
     return isinstance(obj, Tensor)
+
+
+def _dim_keepdim(method: str, given: tuple) -> tuple[Any, bool]:
+    if len(given) > 2:
+        raise TypeError(f"Tensor.{method}(dim, keepdim) takes at most 2 positional arguments, got {len(given)}")
+    return given[0], bool(given[1]) if len(given) == 2 else False

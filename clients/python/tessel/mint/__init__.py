@@ -304,7 +304,7 @@ def ones(size: Any, *, dtype: Any = None) -> Tensor:
 
 def full(size: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:
     """A tensor of `fill_value`; its dtype follows fill_value (int64, float32 or bool) unless given."""
-    return F.full(size, fill_value, dtype=dtype)
+    return F.full(size, fill_value, dtype=F.dtype_of(fill_value) if dtype is None else dtype)
 
 
 def _like(input: Any, dtype: Any) -> Tensor:

@@ -38,6 +38,7 @@ __all__ = [
     "index_select",
     "inner",
     "isclose",
+    "isinf",
     "kl_div",
     "lerp",
     "linspace",
@@ -145,11 +146,19 @@ def meshgrid(*inputs: Any, indexing: str = "xy") -> tuple[Tensor, ...]:
 
 
 def log1p(input: Any) -> Tensor:
-    """ln(1 + x), exact for small x too (Kahan: log(u) * x / (u - 1) with u = 1 + x)."""
+    """ln(1 + x), exact for small x too (Kahan: log(u) * (x / (u - 1)) with u = 1 + x; the ratio is near 1, so a
+    float16 65000 does not overflow), and inf at inf."""
     u = input + 1.0
     d = u - 1.0
-    safe = F.select(F.equal(d, 0.0), F.ones_like(d), d)
-    return F.select(F.equal(d, 0.0), input, F.log(u) * input / safe)
+    infinite = isinf(u)
+    safe = F.select(F.logical_or(F.equal(d, 0.0), infinite), F.ones_like(d), d)
+    # tiny x (u rounds to 1): x itself; x = inf: ln(u) = inf
+    return F.select(F.equal(d, 0.0), input, F.select(infinite, F.log(u), F.log(u) * (input / safe)))
+
+
+def isinf(input: Any) -> Tensor:
+    """Whether each element is +inf or -inf (bool)."""
+    return F.logical_and(F.logical_not(F.isfinite(input)), F.equal(input, input))
 
 
 def expm1(input: Any) -> Tensor:
@@ -173,7 +182,9 @@ def softplus(input: Any, beta: float = 1, threshold: float = 20) -> Tensor:
 
 def elu(input_x: Any, alpha: float = 1.0) -> Tensor:
     """x where x > 0, alpha * (e^x - 1) elsewhere."""
-    return F.select(F.greater(input_x, 0.0), input_x, expm1(F.minimum(input_x, 0.0)) * float(alpha))
+    positive = F.greater(input_x, 0.0)
+    # the negative piece reads x itself (not min(x, 0), whose tie would halve the slope alpha at 0)
+    return F.select(positive, input_x, expm1(F.select(positive, F.zeros_like(input_x), input_x)) * float(alpha))
 
 
 def mish(input: Any) -> Tensor:
@@ -181,6 +192,19 @@ def mish(input: Any) -> Tensor:
     return input * tanh(softplus(input))
 
 
+def _keep_int(function):
+    """An integer input computed in float32 and truncated back, as MindSpore's kernels give integers."""
+
+    def on(x: Any) -> Tensor:
+        if F.dtype_of(x).is_float:
+            return function(x)
+        return F.cast(function(F.cast(x, DType.float32)), F.dtype_of(x))
+
+    on.__name__, on.__doc__ = function.__name__, function.__doc__
+    return on
+
+
+@_keep_int
 def hardsigmoid(input: Any) -> Tensor:
     """relu6(x + 3) / 6, whose slope is 1/6 inside (-3, 3) and 0 at -3 and 3 too (MindSpore's HSigmoidGrad)."""
     inside = F.logical_and(F.greater(input, -3.0), F.less(input, 3.0))
@@ -188,6 +212,7 @@ def hardsigmoid(input: Any) -> Tensor:
     return F.select(inside, (input + 3.0) / 6.0, edge)
 
 
+@_keep_int
 def hardswish(x: Any) -> Tensor:
     """x * relu6(x + 3) / 6, whose slope is (2x + 3) / 6 on [-3, 3], ends included (MindSpore's HSwishGrad)."""
     inside = F.logical_and(F.greater_equal(x, -3.0), F.less_equal(x, 3.0))
@@ -619,7 +644,13 @@ def _extremum(who: str, input: Any, axis: Any, keepdims: bool, initial: Any, whe
         return reduce(input), _constant(np.array(0, np.int64))
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)):
         raise ConfigurationError(f"ops.{who}: axis must be an int or None, got {axis!r}")
-    return reduce(input, int(axis), keepdims), F.cast(arg(input, int(axis), keepdims), DType.int64)
+    index = F.cast(arg(input, int(axis), True), DType.int64)
+    # the value is read at its index, so the gradient goes to that one element (MindSpore's ArgMaxWithValue),
+    # not shared among equal maxima as amax's is
+    values = F.gather_elements(input, int(axis), index)
+    if not keepdims:
+        values, index = F.squeeze(values, int(axis)), F.squeeze(index, int(axis))
+    return values, index
 
 
 def max(input: Any, axis: Any = None, keepdims: bool = False, *, initial: Any = None, where: Any = None):

@@ -50,7 +50,13 @@ ceil = _unary("Ceil", "ceil x, element-wise.")
 round = _unary("Round", "x rounded half to even, element-wise.")
 sign = _unary("Sign", "sign x, element-wise.")
 reciprocal = _unary("Reciprocal", "1 / x, element-wise.")
-logical_not = _unary("LogicalNot", "not x, element-wise.")
+
+
+def logical_not(input: Any) -> Tensor:
+    """not x, element-wise (bool); a number is true where it is non-zero, as MindSpore."""
+    return apply_op("LogicalNot", _as_bool(input))
+
+
 stop_gradient = _unary("StopGradient", "x, with no gradient flowing back through it.")
 zeros_like = _unary("ZerosLike", "Zeros of x's shape and dtype.")
 ones_like = _unary("OnesLike", "Ones of x's shape and dtype.")
@@ -86,8 +92,16 @@ less = _binary("Less", "x < y (bool).")
 lt = less
 less_equal = _binary("LessEqual", "x <= y (bool).")
 le = less_equal
-logical_and = _binary("LogicalAnd", "x and y, element-wise.")
-logical_or = _binary("LogicalOr", "x or y, element-wise.")
+
+
+def logical_and(input: Any, other: Any) -> Tensor:
+    """x and y, element-wise (bool); numbers are true where non-zero, as MindSpore."""
+    return apply_op("LogicalAnd", _as_bool(input), _as_bool(other))
+
+
+def logical_or(input: Any, other: Any) -> Tensor:
+    """x or y, element-wise (bool); numbers are true where non-zero, as MindSpore."""
+    return apply_op("LogicalOr", _as_bool(input), _as_bool(other))
 
 
 def _result_dtype(input: Any, other: Any) -> DType:
@@ -174,11 +188,17 @@ def floor_mod(x: Any, y: Any) -> Tensor:
 
 
 def clamp(input: Any, min: Any = None, max: Any = None) -> Tensor:
+    """input limited to [min, max]; an integer input stays integer, Python float bounds truncated to it (MindSpore
+    2.7.0: clamp(int32 [-3, 0, 5], -1.5, 2.5) is int32 [-1, 0, 2])."""
+    if _is_tensor(input) and not dtype_of(input).is_float:
+        min, max = (int(b) if isinstance(b, float) else b for b in (min, max))
+    # selects, not maximum/minimum: an input at a bound keeps its slope 1 (MindSpore's clamp; clip_by_value,
+    # built from maximum and minimum, halves it there)
     out = input
     if min is not None:
-        out = maximum(out, min)
+        out = select(less(out, min), min, out)
     if max is not None:
-        out = minimum(out, max)
+        out = select(greater(out, max), max, out)
     return out
 
 
@@ -297,8 +317,8 @@ def _axis(axis: Any) -> Any:
 def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """The sum over `dim`; with `dtype` the input is cast first, so the sum is taken in that type (as MindSpore).
     A bool tensor is summed as int64, a count ((pred == y).sum()), as MindSpore's sum_ext and mint.sum do."""
-    if dtype is None and dtype_of(input) in (DType.bool_, DType.uint8, DType.int8, DType.int16):
-        dtype = DType.int64  # as MindSpore's sum_ext promotes them (and ONNX has no ReduceSum for them)
+    if dtype is None and dtype_of(input) in (DType.bool_, DType.uint8, DType.int8, DType.int16, DType.int32):
+        dtype = DType.int64  # as MindSpore's sum_ext promotes them (and ONNX has no ReduceSum for some)
     source = input if dtype is None else cast(input, dtype)
     return apply_op("ReduceSum", source, axis=_axis(dim), keep_dims=bool(keepdim))
 
@@ -328,10 +348,14 @@ def any(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
 
 
 def _as_bool(input: Any) -> Any:
+    if not _is_tensor(input):
+        return builtins.bool(input)
     return input if dtype_of(input) == DType.bool_ else not_equal(input, 0)
 
 
 def _arg(op: str, input: Any, dim: Any, keepdim: bool, output_type: DType = DType.int64) -> Tensor:
+    if dtype_of(input) == DType.bool_:  # ONNX's ArgMax has no bool kernel; the order is False < True
+        input = cast(input, DType.uint8)
     if dim is None:
         return apply_op(op, reshape(input, (-1,)), axis=0, keep_dims=False, output_type=output_type)
     return apply_op(op, input, axis=int(dim), keep_dims=bool(keepdim), output_type=output_type)
@@ -381,7 +405,14 @@ def unsqueeze(input: Any, dim: int) -> Tensor:
 
 
 def squeeze(input: Any, axis: Any = None) -> Tensor:
-    return apply_op("Squeeze", input, axis=() if axis is None else _axis(axis))
+    """input without its size-1 dims (those of `axis`); a named dim of another size stays, as MindSpore 2.7's
+    squeeze leaves it."""
+    if axis is None:
+        return apply_op("Squeeze", input, axis=())
+    axes = _axis(axis)
+    shape = tuple(input.shape)
+    ones = tuple(a for a in ((axes,) if isinstance(axes, int) else axes) if shape[a] == 1)
+    return apply_op("Squeeze", input, axis=ones) if ones else input
 
 
 def flatten(input: Any, order: str = "C", *, start_dim: int = 1, end_dim: int = -1) -> Tensor:
@@ -430,6 +461,9 @@ cat = concat
 
 
 def stack(tensors: Sequence[Any], axis: int = 0) -> Tensor:
+    """The tensors joined along a new `axis`; a single Tensor is a list of one, as MindSpore takes it."""
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
     return concat([expand_dims(t, axis) for t in tensors], axis)
 
 
@@ -514,7 +548,9 @@ def ones(size: Any, dtype: Any = None) -> Tensor:
 
 
 def full(size: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:
-    return _filled(size, fill_value, dtype or dtype_of(fill_value))
+    """A tensor of `fill_value`, int64 unless `dtype` says otherwise (MindSpore 2.7's ops.full: full((2,), 3.5) is
+    int64 [3, 3]; mint.full follows the fill value instead)."""
+    return _filled(size, fill_value, DType.int64 if dtype is None else dtype)
 
 
 def fill(type: Any, shape: Any, value: Any) -> Tensor:

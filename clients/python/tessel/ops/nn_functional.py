@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common import seed as _seed
+from tessel.common.dtype import DType
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op, current
 from tessel.core.errors import ConfigurationError
@@ -46,7 +47,8 @@ def relu(input: Any) -> Tensor:
 
 
 def relu6(x: Any) -> Tensor:
-    return apply_op("Minimum", apply_op("ReLU", x), 6.0)
+    # min(relu(x), 6) whose slope at 6 is 1, as MindSpore's ReLU6Grad (a Minimum would halve it at the tie)
+    return apply_op("Select", apply_op("LessEqual", x, 6.0), apply_op("ReLU", x), 6.0)
 
 
 def sigmoid(input: Any) -> Tensor:
@@ -436,7 +438,11 @@ def _class_index_loss(
 
 
 def mse_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
-    return reduce_loss(apply_op("Square", apply_op("Sub", input, target)), reduction)
+    """(input - target)^2, reduced; integer inputs in float32, as MindSpore gives it."""
+    diff = apply_op("Sub", input, target)
+    if not diff.dtype.is_float:
+        diff = apply_op("Cast", diff, dtype=DType.float32)
+    return reduce_loss(apply_op("Square", diff), reduction)
 
 
 def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
