@@ -1,14 +1,18 @@
 """`tensor[key]` on SymbolicTensors: basic numpy indexing lowered to StridedSlice + Reshape, or Gather.
 
-Supported keys: ints, slices, `None` (new axis), `...`, and one int tensor (gathered along its axis, every other
-entry a full slice). Boolean masks are data-dependent shapes and raise TraceError.
+Supported keys: ints, slices, `None` (new axis), `...`, and one int tensor or list of ints (gathered along its
+axis, every other entry a full slice; a constant list of bools picks its true positions). Boolean mask tensors are
+data-dependent shapes and raise TraceError.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from tessel.compiler.builder import SymbolicTensor, apply
+import numpy as np
+
+from tessel.compiler.builder import SymbolicTensor, apply, constant_like
+from tessel.compiler.dtypes import DType
 from tessel.compiler.errors import TraceError
 from tessel.compiler.shapes import format_shape
 
@@ -26,8 +30,21 @@ def _expand_ellipsis(key: tuple, ndim: int) -> tuple:
     return key[:at] + (slice(None),) * (ndim - consumed) + key[at + 1 :]
 
 
+def _constant_index(x: SymbolicTensor, k: Any) -> Any:
+    """A list or numpy array in a key: an int64 constant index (a bool one: the positions where it is true)."""
+    if not isinstance(k, (list, np.ndarray)):
+        return k
+    array = np.asarray(k)
+    if array.dtype == np.bool_:
+        array = np.flatnonzero(array) if array.ndim == 1 else None
+    if array is None or array.dtype.kind not in "iu":
+        raise TraceError(f"an index list must hold ints (or be a 1-D list of bools), got {k!r}")
+    return constant_like(x, array.astype(np.int64), DType.int64)
+
+
 def getitem(x: SymbolicTensor, key: Any) -> SymbolicTensor:
-    key = _expand_ellipsis(key if isinstance(key, tuple) else (key,), x.ndim)
+    key = key if isinstance(key, tuple) else (key,)
+    key = _expand_ellipsis(tuple(_constant_index(x, k) for k in key), x.ndim)
     tensors = [i for i, k in enumerate(key) if isinstance(k, SymbolicTensor)]
     if tensors:
         return _gather(x, key, tensors)

@@ -217,3 +217,18 @@ def test_tensor_method_names_of_mindspore():
     assert not hasattr(t, "cumprod")  # a MindSpore method tessel lacks: an AttributeError to hasattr ...
     with pytest.raises(NotSupportedYetError, match=r"not supported yet: Tensor\.cumprod"):  # ... saying so
         t.cumprod(0)
+
+
+def test_list_and_array_indices_inside_a_graph_gather_as_in_pynative():
+    """x[[0, 2]], x[:, [0, -1]], a numpy index and a constant bool list, traced (they raised 'int() argument must
+    be ... not list'); the gradient scatters back, repeated rows adding up."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    keys = [[0, 2], (slice(None), [0, -1]), np.array([2, 0]), [True, False, True], (Ellipsis, [1])]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    for key in keys:
+        eager = ms.Tensor(x)[key]
+        traced = ms.jit(lambda t, k=key: t[k])(ms.Tensor(x))
+        np.testing.assert_array_equal(traced.asnumpy(), eager.asnumpy(), err_msg=str(key))
+        np.testing.assert_array_equal(traced.asnumpy(), x[key])
+    grad = ms.grad(ms.jit(lambda t: t[[0, 0, 2]].sum()))(ms.Tensor(x)).asnumpy()
+    np.testing.assert_array_equal(grad, np.array([[2.0] * 4, [0.0] * 4, [1.0] * 4]))
