@@ -88,3 +88,32 @@ def _gather(x: SymbolicTensor, key: tuple, tensors: list[int]) -> SymbolicTensor
             "cannot hold. Use ops.Select (where) to choose elements, or an int index tensor"
         )
     return apply("Gather", x, index, axis=axis)
+
+
+def setitem(x: SymbolicTensor, key: Any, value: Any) -> SymbolicTensor:
+    """x with x[key] = value, as a new value (a graph cannot write in place): a constant mask of the positions the
+    key names (numpy's rules, on x's static shape) selects value there. A tensor value is broadcast to x[key]'s
+    shape and scattered to those positions; the gradient reaches x outside them and value inside."""
+    if not all(isinstance(d, int) for d in x.shape):
+        raise TraceError(f"x[key] = value in a graph needs a static shape, got {format_shape(x.shape)}")
+    if any(isinstance(k, SymbolicTensor) for k in (key if isinstance(key, tuple) else (key,))):
+        raise TraceError(
+            "x[key] = value in a graph takes constant keys (ints, slices, lists); for a tensor mask use "
+            "ops.masked_fill(x, mask, value) or ops.select"
+        )
+    positions = np.arange(int(np.prod(x.shape, dtype=np.int64))).reshape(x.shape)
+    try:
+        picked = positions[key]
+    except (IndexError, TypeError) as exc:
+        raise TraceError(f"x[{key!r}] = ...: {exc} (x is {format_shape(x.shape)})") from None
+    mask = np.zeros(positions.size, dtype=bool)
+    mask[picked.reshape(-1)] = True
+    flat = apply("Reshape", x, shape=(positions.size,))
+    if isinstance(value, SymbolicTensor):
+        if value.dtype != x.dtype:
+            value = apply("Cast", value, dtype=x.dtype)
+        spread = apply("Reshape", apply("BroadcastTo", value, shape=picked.shape), shape=(picked.size,))
+        index = constant_like(x, picked.reshape(-1).astype(np.int64), DType.int64)
+        value = apply("ScatterAdd", apply("ZerosLike", flat), index, spread, axis=0)
+    written = apply("Select", constant_like(x, mask, DType.bool_), value, flat)
+    return apply("Reshape", written, shape=tuple(x.shape))

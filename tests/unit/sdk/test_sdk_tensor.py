@@ -232,3 +232,35 @@ def test_list_and_array_indices_inside_a_graph_gather_as_in_pynative():
         np.testing.assert_array_equal(traced.asnumpy(), x[key])
     grad = ms.grad(ms.jit(lambda t: t[[0, 0, 2]].sum()))(ms.Tensor(x)).asnumpy()
     np.testing.assert_array_equal(grad, np.array([[2.0] * 4, [0.0] * 4, [1.0] * 4]))
+
+
+def test_item_assignment_inside_a_graph_writes_a_new_value():
+    """t[0] = 5, t[1:, ::2] = v, t[..., -1] = tensor in a jit function equal PYNATIVE's; the gradient reaches the
+    untouched elements of t and every copy of v; a traced mask or a Parameter slice is a clear TraceError."""
+    x = np.arange(12, dtype=np.float32).reshape(3, 4)
+    v = np.array([[10.0, 20.0]], np.float32)
+
+    def write(t, value):
+        t = t * 1.0
+        t[0] = 5.0
+        t[1:, ::2] = value
+        t[..., -1] = ops.ones((3,), ms.float32) * 7
+        return t
+
+    eager = write(ms.Tensor(x), ms.Tensor(v)).asnumpy()
+    assert eager.tolist() == [[5, 5, 5, 7], [10, 5, 20, 7], [10, 9, 20, 7]]
+    ms.set_context(mode=ms.GRAPH_MODE)
+    np.testing.assert_array_equal(ms.jit(write)(ms.Tensor(x), ms.Tensor(v)).asnumpy(), eager)
+    weights = ms.Tensor(x)  # 0..11: the gradient reads the weight of each position a value landed on
+    gx, gv = ms.grad(ms.jit(lambda t, value: (write(t, value) * weights).sum()), grad_position=(0, 1))(
+        ms.Tensor(x), ms.Tensor(v)
+    )
+    assert gx.asnumpy().tolist() == [[0, 0, 0, 0], [0, 5, 0, 0], [0, 9, 0, 0]] and gv.asnumpy().tolist() == [[12, 16]]
+
+    def masked(t):
+        t = t * 1.0
+        t[t > 3] = 0.0
+        return t
+
+    with pytest.raises(ConfigurationError, match=r"ops\.masked_fill\(x, mask, value\)"):
+        ms.jit(masked)(ms.Tensor(x))

@@ -297,11 +297,10 @@ class Tensor:
         return state
 
     def __setitem__(self, key: Any, value: Any) -> None:
-        if self._sym is not None or current() is not None:
-            raise TraceError(
-                "in-place assignment to a tensor cannot be traced; build the new value with ops.select or "
-                "ops.concat instead, or run in PYNATIVE_MODE"
-            )
+        trace = current()
+        if self._sym is not None or trace is not None:
+            self._set_traced(trace, key, value)
+            return
         array = np.array(self.asnumpy())
         array[_map_key(key, _as_index)] = value.asnumpy() if isinstance(value, Tensor) else value
         self._set_host(array)
@@ -309,6 +308,27 @@ class Tensor:
         owner = parent[0]() if parent is not None else None
         if owner is not None:
             owner[parent[1]] = self
+
+    def _set_traced(self, trace: Any, key: Any, value: Any) -> None:
+        """x[key] = value in a traced construct: this tensor now stands for the written copy (a Parameter's slice
+        is a state write, which the graph cannot express this way)."""
+        from tessel.common.parameter import Parameter
+        from tessel.compiler.indexing import setitem
+
+        if trace is None or isinstance(self, Parameter):
+            raise TraceError(
+                "x[key] = value on a Parameter (or outside its trace) cannot be traced; build the new value "
+                "(ops.select, ops.concat) and ops.assign it, or run in PYNATIVE_MODE"
+            )
+        sym = trace.to_symbolic(self)
+        if not isinstance(sym, SymbolicTensor):
+            sym = SymbolicTensor(trace.builder, trace.builder.constant(sym))
+        if isinstance(value, Tensor):
+            value = trace.to_symbolic(value)
+            if not isinstance(value, SymbolicTensor):
+                value = SymbolicTensor(trace.builder, trace.builder.constant(value))
+        key = _map_key(key, lambda k: k.asnumpy() if k._sym is None else trace.to_symbolic(k))
+        self._sym, self._array, self._ref = setitem(sym, key, value), None, None
 
     def _set_host(self, array: np.ndarray) -> None:
         self._array, self._ref = array, None
