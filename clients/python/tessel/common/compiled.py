@@ -309,6 +309,15 @@ def _gather_stored_blocks(graph: Graph, params: Sequence[P.Parameter]) -> Graph:
     return gather_blocks(graph, blocks)
 
 
+# Bumped when a Cell's forward hook is added or removed: hooks run while a graph is traced, so graphs traced
+# before the change are not reused after it (MindSpore's _update_hook_version).
+_hooks_version = [0]
+
+
+def hooks_changed() -> None:
+    _hooks_version[0] += 1
+
+
 class CompiledFunction:
     """`fn` compiled per input signature and run on the daemon (GRAPH_MODE cells, value_and_grad, jit).
 
@@ -376,7 +385,7 @@ class CompiledFunction:
             call = Call.of(args, kwargs, self.arg_names, engine().id)
             signature = call.key(not static)
         # Settings the graph depends on are read at every call (cheap): a change builds another entry.
-        settings = (self.key_extra(), partition.plan_settings() if sharded else None)
+        settings = (self.key_extra(), partition.plan_settings() if sharded else None, _hooks_version[0])
         for entry in self.entries.get((signature, settings, sharded), ()):
             if all(c.graph_modes() == modes for c, modes in entry.modes):
                 break

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from tessel import context
-from tessel.common.compiled import CompiledFunction, arg_names_of
+from tessel.common.compiled import CompiledFunction, arg_names_of, hooks_changed
 from tessel.common.parameter import DEFAULT_NAME, Parameter, ParameterTuple
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import compute_in, current
@@ -471,6 +471,9 @@ class Cell:
                     "positional inputs; give one entry per input"
                 )
             args = tuple(constrain(a, s) for a, s in zip(args, strategies)) + args[len(strategies) :]
+        hooks = self.__dict__.get("_hooks")
+        if hooks is not None:
+            args, kwargs = hooks.before(self, args, kwargs)
         if self._float_dtype is None:
             out = self.construct(*args, **kwargs)
         else:
@@ -478,7 +481,46 @@ class Cell:
             with compute_in(self._float_dtype):
                 out = self.construct(*args, **kwargs)
         output_dtype = self.__dict__.get("_output_dtype")
-        return out if output_dtype is None else cast_float_outputs(out, output_dtype)
+        out = out if output_dtype is None else cast_float_outputs(out, output_dtype)
+        return out if hooks is None else hooks.after(self, args, kwargs, out)
+
+    # --- hooks (MindSpore's forward hooks; in GRAPH_MODE they run while the network is traced) ---------------------
+    def register_forward_pre_hook(self, hook_fn: Callable, with_kwargs: bool = False) -> HookHandle:
+        """hook_fn(cell, args) (with_kwargs: (cell, args, kwargs)) runs before construct; a value it returns
+        replaces the inputs (a non-tuple is one input; with_kwargs: (new_args, new_kwargs)). Returns a handle
+        whose remove() takes the hook off."""
+        return self._hook_table().add("pre", hook_fn, with_kwargs)
+
+    def register_forward_hook(self, hook_fn: Callable, with_kwargs: bool = False) -> HookHandle:
+        """hook_fn(cell, args, output) (with_kwargs: (cell, args, kwargs, output)) runs after construct; a value it
+        returns replaces the output."""
+        return self._hook_table().add("post", hook_fn, with_kwargs)
+
+    def register_backward_hook(self, hook_fn: Callable) -> None:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            f"{self.cls_name}.register_backward_hook", "tessel's backward pass is compiled and calls no Python hook"
+        )
+
+    def register_backward_pre_hook(self, hook_fn: Callable) -> None:
+        from tessel.common.support import not_supported_yet
+
+        raise not_supported_yet(
+            f"{self.cls_name}.register_backward_pre_hook", "tessel's backward pass is compiled and calls no Python hook"
+        )
+
+    def _hook_table(self) -> _Hooks:
+        if self.__dict__.get("_hooks") is None:
+            object.__setattr__(self, "_hooks", _Hooks())
+        return self._hooks
+
+    def apply(self, fn: Callable[[Cell], Any]) -> Cell:
+        """fn(cell) on every child cell (depth first), then on this one (MindSpore's Cell.apply); returns self."""
+        for cell in self.cells():
+            cell.apply(fn)
+        fn(self)
+        return self
 
     def _graph_call(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_function()(*args, **kwargs)
@@ -571,3 +613,55 @@ def _named(err: Exception, cell: Cell, stack: list) -> Exception:
     named = type(err)(f"in cell {where}: {err}")
     named._tessel_named = True
     return named.with_traceback(err.__traceback__)
+
+
+class HookHandle:
+    """What register_forward_(pre_)hook returns: remove() takes the hook off its cell."""
+
+    def __init__(self, table: dict, key: int):
+        self._table, self.handle_id = table, key
+
+    def remove(self) -> None:
+        if self._table.pop(self.handle_id, None) is not None:
+            hooks_changed()
+
+
+class _Hooks:
+    """A cell's forward hooks, run in the order they were registered."""
+
+    def __init__(self):
+        self.pre: dict[int, tuple[Callable, bool]] = {}
+        self.post: dict[int, tuple[Callable, bool]] = {}
+        self._next = 0
+
+    def add(self, kind: str, hook_fn: Callable, with_kwargs: bool) -> HookHandle:
+        if not callable(hook_fn):
+            raise TypeError(f"a hook must be a function, got {type(hook_fn).__name__}")
+        self._next += 1
+        table = getattr(self, kind)
+        table[self._next] = (hook_fn, bool(with_kwargs))
+        hooks_changed()
+        return HookHandle(table, self._next)
+
+    def before(self, cell: Cell, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        for hook_fn, with_kwargs in list(self.pre.values()):
+            if with_kwargs:
+                got = hook_fn(cell, args, kwargs)
+                if got is not None:
+                    if not (isinstance(got, tuple) and len(got) == 2):
+                        raise ConfigurationError(
+                            f"{cell.cls_name}: a forward pre hook with kwargs must return None or (args, kwargs)"
+                        )
+                    args, kwargs = got
+            else:
+                got = hook_fn(cell, args)
+                if got is not None:
+                    args = got if isinstance(got, tuple) else (got,)
+        return args, kwargs
+
+    def after(self, cell: Cell, args: tuple, kwargs: dict, out: Any) -> Any:
+        for hook_fn, with_kwargs in list(self.post.values()):
+            got = hook_fn(cell, args, kwargs, out) if with_kwargs else hook_fn(cell, args, out)
+            if got is not None:
+                out = got
+        return out
