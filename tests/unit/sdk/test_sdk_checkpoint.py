@@ -67,9 +67,14 @@ def test_corrupt_and_wrong_files_are_clear_errors(tmp_path):
     path.write_bytes(bytes(data[: len(data) // 2]))
     with pytest.raises(ConfigurationError, match="is truncated, corrupt"):
         ms.load_checkpoint(str(path))
+    # another writer's safetensors (MindSpore's): loaded as MindSpore loads it, its crc_num checked when present
     header = json.dumps({"__metadata__": {}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
-    with pytest.raises(ConfigurationError, match="has no checksum"):
+    assert ms.load_checkpoint(str(path))["w"].asnumpy().tolist() == [0.0]
+    metadata = {"crc_num": "12345"}
+    header = json.dumps({"__metadata__": metadata, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    path.write_bytes(struct.pack("<Q", len(header)) + header.encode() + b"\0" * 4)
+    with pytest.raises(ConfigurationError, match="crc_num does not match its tensors"):
         ms.load_checkpoint(str(path))
     with pytest.raises(ConfigurationError, match="does not exist"):
         ms.load_checkpoint(str(tmp_path / "missing.ckpt"))
@@ -195,10 +200,10 @@ def test_prefix_filters_override_choice_func_and_may_not_filter_out_everything(t
         ms.load_checkpoint(path, specify_prefix=("conv", ""))
 
 
-def test_a_mindspore_protobuf_checkpoint_is_named_as_such(tmp_path):
-    path = tmp_path / "mindspore.ckpt"
+def test_a_broken_mindspore_protobuf_checkpoint_is_named_as_such(tmp_path):
+    path = tmp_path / "mindspore.ckpt"  # a MindSpore checkpoint's first bytes, then garbage
     path.write_bytes(b"\n\x8a\x01\n\x0cconv1.weight\x12z\x08\x06\x08\x01\x08\x05\x08\x05\x10\x0b" + b"\0" * 64)
-    with pytest.raises(ConfigurationError, match=r"MindSpore's own \(protobuf\) .ckpt files are not supported yet"):
+    with pytest.raises(ConfigurationError, match=r"nor a readable MindSpore \(protobuf\) checkpoint"):
         ms.load_checkpoint(str(path))
 
 

@@ -3,7 +3,9 @@
 Checkpoints are safetensors files (no pickle), written atomically (temp file + fsync + rename) with a SHA-256 of
 every tensor's name, dtype, shape and bytes in the metadata; loading checks it, so a truncated or altered file is
 a clear error instead of silently wrong weights. Parameters are saved under their MindSpore names
-("dense_relu_sequential.0.weight", optimizer slots as "moments.<name>").
+("dense_relu_sequential.0.weight", optimizer slots as "moments.<name>"). MindSpore reads the files written with
+format="safetensors"; tessel reads MindSpore's checkpoints too: its protobuf .ckpt (CRC-32 trailer checked when
+present, protos/tessel/v1/mindspore_checkpoint.proto) and its safetensors (crc_num checked when present).
 
 `export(net, *inputs, file_name, file_format="ONNX")` writes a self-contained ONNX model (parameters as
 initializers) that runs in plain onnxruntime.
@@ -279,9 +281,8 @@ def _read_header(data: bytes, path: str) -> dict:
     (size,) = struct.unpack("<Q", data[:8])
     if size > len(data) - 8:
         raise ConfigurationError(
-            f"checkpoint {path!r} is truncated, corrupt or not a tessel checkpoint: its header claims {size} bytes "
-            f"of {len(data)}. tessel writes safetensors files; MindSpore's own (protobuf) .ckpt files are not "
-            "supported yet: re-save the weights with tessel.save_checkpoint"
+            f"checkpoint {path!r} is truncated, corrupt or not a checkpoint: its header claims {size} bytes of "
+            f"{len(data)} (tessel reads its own safetensors files and MindSpore's .ckpt and safetensors files)"
         )
     try:
         return json.loads(data[8 : 8 + size]).get("__metadata__") or {}
@@ -365,7 +366,9 @@ def load_checkpoint(
 
 
 def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """A checkpoint's tensors and metadata, verified against its checksum."""
+    """A checkpoint's tensors and metadata, verified against its checksum: tessel's (safetensors with a SHA-256),
+    MindSpore's protobuf .ckpt (its CRC-32 trailer checked when present) or MindSpore's safetensors (its crc_num
+    checked when present)."""
     from safetensors import SafetensorError
     from safetensors.numpy import load
 
@@ -374,24 +377,112 @@ def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[st
         raise ConfigurationError(f"checkpoint file {path!r} does not exist")
     with open(path, "rb") as source:
         data = source.read()
+    if _is_mindspore_protobuf(data):
+        return _read_mindspore_protobuf(data, path)
     metadata = _read_header(data, path)
     try:
         tensors = load(data)
     except (SafetensorError, ValueError) as err:
         raise ConfigurationError(f"checkpoint {path!r} is corrupt: {err}. Re-save it or use another one") from None
     expected = metadata.get("sha256")
-    if expected is None:
-        raise ConfigurationError(
-            f"checkpoint {path!r} has no checksum: it is a safetensors file not written by tessel.save_checkpoint "
-            "(MindSpore's and other frameworks' safetensors files are not supported yet); load it with the "
-            "safetensors package and pass the arrays to load_param_into_net as a dict of name -> Tensor"
-        )
+    if expected is None:  # another writer's safetensors (MindSpore's): its own CRC, when it has one
+        _check_mindspore_crc(tensors, metadata, path)
+        return tensors, {**metadata, "order": json.dumps(sorted(tensors))}
     if _checksum(tensors, json.loads(metadata.get("strings", "{}"))) != expected:
         raise ConfigurationError(
             f"checkpoint {path!r} is corrupt: its tensors do not match the checksum stored when it was saved. "
             "Re-save it or use another checkpoint"
         )
     return tensors, metadata
+
+
+# MindSpore's tensor_type names (train/serialization.py tensor_to_ms_type) of the dtypes tessel holds
+_MINDSPORE_TYPES = {
+    "Bool": np.bool_,
+    "Int8": np.int8,
+    "Int16": np.int16,
+    "Int32": np.int32,
+    "Int64": np.int64,
+    "UInt8": np.uint8,
+    "Float16": np.float16,
+    "Float32": np.float32,
+    "Float64": np.float64,
+}
+_CRC_MARK = b"crc_num"  # MindSpore's trailer: the mark, then a 10-byte big-endian CRC-32 of what comes before
+
+
+def _is_mindspore_protobuf(data: bytes) -> bool:
+    """A MindSpore .ckpt starts with field 1 (Checkpoint.value, length-delimited): byte 0x0A; a safetensors file
+    with an 8-byte header size and then its JSON header ('{')."""
+    return data[:1] == b"\n" and data[8:9] != b"{"
+
+
+def _read_mindspore_protobuf(data: bytes, path: str) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """MindSpore's protobuf checkpoint: Checkpoint messages one after another (a large parameter in slices of one
+    tag), and with crc_check a CRC-32 trailer, which is verified."""
+    import binascii
+
+    from google.protobuf.message import DecodeError
+
+    from tessel.v1.mindspore_checkpoint_pb2 import MindSporeCheckpoint
+
+    body = data
+    if data[-17:-10] == _CRC_MARK:
+        body = data[:-17]
+        if binascii.crc32(body) != int.from_bytes(data[-10:], "big"):
+            raise ConfigurationError(
+                f"checkpoint {path!r} is corrupt: its CRC-32 does not match the one MindSpore stored when it was "
+                "saved. Re-save it or use another checkpoint"
+            )
+    try:
+        values = MindSporeCheckpoint.FromString(body).value
+    except DecodeError as err:
+        raise ConfigurationError(
+            f"checkpoint {path!r} is neither a tessel (safetensors) nor a readable MindSpore (protobuf) checkpoint: "
+            f"{err}. It may be truncated or encrypted (dec_key is not supported yet)"
+        ) from None
+    parts: dict[str, list] = OrderedDict()
+    for value in values:
+        if value.WhichOneof("value") != "tensor":
+            raise NotSupportedYetError(
+                f"not supported yet: MindSpore's MapParameter {value.tag!r} in checkpoint {path!r}; tessel loads "
+                "dense tensors only"
+            )
+        parts.setdefault(value.tag, []).append(value.tensor)
+    tensors: OrderedDict[str, np.ndarray] = OrderedDict()
+    strings: dict[str, str] = {}
+    for name, pieces in parts.items():
+        kind, dims = pieces[0].tensor_type, list(pieces[0].dims)
+        content = b"".join(piece.tensor_content for piece in pieces)
+        if kind == "str":  # append_dict text: UTF-32, as numpy's 'U' dtype
+            strings[name] = str(np.frombuffer(content, f"U{len(content) // 4}")[0]) if content else ""
+            continue
+        if kind not in _MINDSPORE_TYPES:
+            raise NotSupportedYetError(
+                f"not supported yet: parameter {name!r} of checkpoint {path!r} is {kind}, a dtype tessel does not "
+                f"hold (it holds {', '.join(_MINDSPORE_TYPES)}); cast it in MindSpore before saving"
+            )
+        shape = () if dims == [0] else tuple(dims)  # MindSpore writes a 0-d tensor's dims as [0]
+        tensors[name] = np.frombuffer(content, _MINDSPORE_TYPES[kind]).reshape(shape).copy()
+    metadata = {"order": json.dumps(list(parts))}
+    if strings:
+        metadata["strings"] = json.dumps(strings)
+    return tensors, metadata
+
+
+def _check_mindspore_crc(tensors: dict[str, np.ndarray], metadata: dict[str, str], path: str) -> None:
+    """MindSpore's safetensors CRC: CRC-32 over each name then its bytes, names in sorted order."""
+    import binascii
+
+    if "crc_num" not in metadata:
+        return
+    crc = 0
+    for name in sorted(tensors):
+        crc = binascii.crc32(tensors[name].tobytes(), binascii.crc32(name.encode(), crc))
+    if crc != int(metadata["crc_num"]):
+        raise ConfigurationError(
+            f"checkpoint {path!r} is corrupt: its crc_num does not match its tensors. Re-save it or use another one"
+        )
 
 
 def _prefixes(what: str, prefix: Any) -> tuple[str, ...]:

@@ -1,0 +1,72 @@
+"""Checkpoints MindSpore 2.7.0 wrote (tests/unit/sdk/data, made by make_mindspore_checkpoints.py there) load into
+tessel: its protobuf .ckpt with and without the CRC trailer and append_dict values, and its safetensors; every
+parameter holds the pattern the script set (arange * 0.25 + its index in MindSpore's parameter order)."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessel as ms
+from tessel import nn
+from tessel.core.errors import ConfigurationError
+
+DATA = Path(__file__).parent / "data"
+MINDSPORE_ORDER = [
+    "conv.weight", "conv.bias", "bn.moving_mean", "bn.moving_variance", "bn.gamma", "bn.beta", "fc.weight", "fc.bias",
+]  # fmt: skip
+
+
+class Net(nn.Cell):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(1, 2, 3, has_bias=True)
+        self.bn = nn.BatchNorm2d(2)
+        self.fc = nn.Dense(8, 3)
+
+    def construct(self, x):
+        return self.fc(self.bn(self.conv(x)).reshape(x.shape[0], -1))
+
+
+def expected(name: str, shape: tuple) -> np.ndarray:
+    index = MINDSPORE_ORDER.index(name)
+    return (np.arange(int(np.prod(shape))) * 0.25 + index).reshape(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("file", ["plain.ckpt", "crc.ckpt", "weights.safetensors"])
+def test_mindsporess_checkpoints_load_into_the_same_network(file):
+    net = Net()
+    kind = "safetensors" if file.endswith("safetensors") else "ckpt"
+    params = ms.load_checkpoint(str(DATA / file), format=kind)
+    not_loaded, unused = ms.load_param_into_net(net, params)
+    assert not_loaded == [] and sorted(k for k in unused) == (["epoch_num", "lr", "note"] if file == "crc.ckpt" else [])
+    for name, param in net.parameters_and_names():
+        np.testing.assert_array_equal(param.asnumpy(), expected(name, tuple(param.shape)), err_msg=name)
+    if kind == "ckpt":
+        assert list(params)[: len(MINDSPORE_ORDER)] == MINDSPORE_ORDER  # the file's order
+    if file == "crc.ckpt":  # append_dict: an int, a float and a str
+        assert int(params["epoch_num"].asnumpy()) == 3 and float(params["lr"].asnumpy()) == 0.5
+        assert params["note"] == "hello"
+
+
+def test_a_damaged_mindspore_checkpoint_is_a_clear_error(tmp_path):
+    damaged = tmp_path / "crc.ckpt"
+    data = bytearray((DATA / "crc.ckpt").read_bytes())
+    data[40] ^= 0xFF  # inside the first tensor's bytes: only the CRC notices
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(ConfigurationError, match="its CRC-32 does not match"):
+        ms.load_checkpoint(str(damaged))
+    cut = tmp_path / "plain.ckpt"
+    cut.write_bytes((DATA / "plain.ckpt").read_bytes()[:-5])
+    with pytest.raises(ConfigurationError, match=r"neither a tessel .* nor a readable MindSpore"):
+        ms.load_checkpoint(str(cut))
+    changed = tmp_path / "weights.safetensors"
+    shutil.copy(DATA / "weights.safetensors", changed)
+    raw = bytearray(changed.read_bytes())
+    raw[-3] ^= 0xFF
+    changed.write_bytes(bytes(raw))
+    with pytest.raises(ConfigurationError, match="crc_num does not match"):
+        ms.load_checkpoint(str(changed), format="safetensors")
