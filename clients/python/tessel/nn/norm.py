@@ -128,10 +128,12 @@ class _BatchNorm(Cell):
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.use_batch_statistics = use_batch_statistics
         shape = (num_features,)
-        self.gamma = make_parameter(gamma_init, shape, dtype, "gamma", requires_grad=affine)
-        self.beta = make_parameter(beta_init, shape, dtype, "beta", requires_grad=affine)
+        # MindSpore's order (nn/layer/normalization.py): the moving statistics first, so get_parameters() and a
+        # checkpoint list them before gamma and beta
         self.moving_mean = make_parameter(moving_mean_init, shape, dtype, "moving_mean", requires_grad=False)
         self.moving_variance = make_parameter(moving_var_init, shape, dtype, "moving_variance", requires_grad=False)
+        self.gamma = make_parameter(gamma_init, shape, dtype, "gamma", requires_grad=affine)
+        self.beta = make_parameter(beta_init, shape, dtype, "beta", requires_grad=affine)
 
     def construct(self, x):
         require_float(self, x)
