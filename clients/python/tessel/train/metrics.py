@@ -298,11 +298,14 @@ class _ClassCounts(_Builtin):
         self._actual = self._actual + np.bincount(labels, minlength=classes)
         self._true = self._true + np.bincount(labels[predicted == labels], minlength=classes)
 
-    def _counts(self, average: Any) -> None:
+    def _per_class(self, numerator: np.ndarray, denominator: np.ndarray, average: Any) -> Any:
+        """numerator / denominator per class (a class with neither reads 0), or their mean with average=True."""
         if not isinstance(average, bool):
             raise ConfigurationError(f"{type(self).__name__}.eval: average must be a bool, got {average!r}")
         if not self._classes:
             raise ConfigurationError(f"{type(self).__name__}.eval: no samples; call update() first")
+        result = numerator / (denominator + _EPS)
+        return result.mean() if average else result
 
 
 def _classification_only(name: str, eval_type: str) -> None:
@@ -322,9 +325,7 @@ class Precision(_ClassCounts):
         super().__init__()
 
     def eval(self, average: bool = False) -> Any:
-        self._counts(average)
-        result = self._true / (self._predicted + _EPS)
-        return result.mean() if average else result
+        return self._per_class(self._true, self._predicted, average)
 
 
 class Recall(_ClassCounts):
@@ -335,9 +336,7 @@ class Recall(_ClassCounts):
         super().__init__()
 
     def eval(self, average: bool = False) -> Any:
-        self._counts(average)
-        result = self._true / (self._actual + _EPS)
-        return result.mean() if average else result
+        return self._per_class(self._true, self._actual, average)
 
 
 class Fbeta(_ClassCounts):
@@ -350,10 +349,8 @@ class Fbeta(_ClassCounts):
         super().__init__()
 
     def eval(self, average: bool = False) -> Any:
-        self._counts(average)
         b2 = self.beta**2
-        result = (1.0 + b2) * self._true / (b2 * self._actual + self._predicted + _EPS)
-        return result.mean() if average else result
+        return self._per_class((1.0 + b2) * self._true, b2 * self._actual + self._predicted, average)
 
 
 class F1(Fbeta):
