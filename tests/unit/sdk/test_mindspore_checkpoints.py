@@ -75,3 +75,23 @@ def test_a_damaged_mindspore_checkpoint_is_a_clear_error(tmp_path):
     changed.write_bytes(bytes(raw))
     with pytest.raises(ConfigurationError, match="crc_num does not match"):
         ms.load_checkpoint(str(changed), format="safetensors")
+
+
+def test_tessels_ckpt_is_mindsporess_protobuf_format(tmp_path):
+    """A plain .ckpt is MindSpore's layout (MindSpore 2.7.0 loaded one with crc_check=True): Checkpoint messages,
+    a 0-d value's dims as [0], text as UTF-32, then b"crc_num" and a 10-byte big-endian CRC-32."""
+    import binascii
+
+    from tessel.v1.mindspore_checkpoint_pb2 import MindSporeCheckpoint
+
+    path = tmp_path / "net.ckpt"
+    ms.save_checkpoint(Net(), str(path), append_dict={"epoch_num": 3, "note": "hi"})
+    data = path.read_bytes()
+    assert data[-17:-10] == b"crc_num" and int.from_bytes(data[-10:], "big") == binascii.crc32(data[:-17])
+    values = {v.tag: v.tensor for v in MindSporeCheckpoint.FromString(data[:-17]).value}
+    assert list(values)[: len(MINDSPORE_ORDER)] == MINDSPORE_ORDER
+    assert values["fc.weight"].tensor_type == "Float32" and list(values["fc.weight"].dims) == [3, 8]
+    assert values["epoch_num"].tensor_type == "Int64" and list(values["epoch_num"].dims) == [0]
+    assert values["note"].tensor_type == "str" and values["note"].tensor_content == "hi".encode("utf-32-le")
+    loaded = ms.load_checkpoint(str(path))
+    assert loaded["note"] == "hi" and int(loaded["epoch_num"].asnumpy()) == 3

@@ -1,4 +1,4 @@
-"""Checkpoints (safetensors, atomic, checksummed) and ONNX export."""
+"""Checkpoints (MindSpore's protobuf .ckpt or safetensors; atomic, checksummed) and ONNX export."""
 
 from __future__ import annotations
 
@@ -55,18 +55,25 @@ def test_saved_values_are_the_trained_ones(tmp_path):
     np.testing.assert_array_equal(ms.load_checkpoint(str(tmp_path / "w.ckpt"))["w"].asnumpy(), net.weight.asnumpy())
 
 
+@pytest.mark.parametrize("suffix", ["ckpt", "safetensors"])
+def test_a_flipped_bit_or_a_cut_is_a_clear_error(tmp_path, suffix):
+    """.ckpt is MindSpore's protobuf with its CRC-32 trailer, .safetensors tessel's with a SHA-256: either way a
+    changed byte or a truncated file is an error, never other weights."""
+    path = tmp_path / f"net.{suffix}"
+    ms.save_checkpoint(nn.Dense(3, 2), str(path), format=suffix)
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0xFF  # one flipped byte of tensor data (before .ckpt's 17-byte trailer)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigurationError, match=r"is corrupt: its (tensors|CRC-32) do(es)? not match"):
+        ms.load_checkpoint(str(path), format=suffix)
+    path.write_bytes(bytes(data[: len(data) // 2]))
+    with pytest.raises(ConfigurationError, match=r"is truncated, corrupt|nor a readable MindSpore"):
+        ms.load_checkpoint(str(path), format=suffix)
+
+
 def test_corrupt_and_wrong_files_are_clear_errors(tmp_path):
     net = nn.Dense(3, 2)
     path = tmp_path / "net.ckpt"
-    ms.save_checkpoint(net, str(path))
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 0xFF  # one flipped bit of tensor data
-    path.write_bytes(bytes(data))
-    with pytest.raises(ConfigurationError, match="is corrupt: its tensors do not match the checksum"):
-        ms.load_checkpoint(str(path))
-    path.write_bytes(bytes(data[: len(data) // 2]))
-    with pytest.raises(ConfigurationError, match="is truncated, corrupt"):
-        ms.load_checkpoint(str(path))
     # another writer's safetensors (MindSpore's): loaded as MindSpore loads it, its crc_num checked when present
     header = json.dumps({"__metadata__": {}, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
@@ -167,11 +174,11 @@ def test_append_dict_values_round_trip_as_mindspore_stores_them(tmp_path):
     with pytest.raises(ConfigurationError, match=r"append_info\['x'\] is a NoneType"):
         ms.train.CheckpointConfig(append_info=[{"x": None}])
     # a string altered in the file is caught like a tensor
-    with open(path, "rb") as source:
-        data = source.read().replace(b"resnet", b"resneX")
+    with open(path, "rb") as source:  # a .ckpt holds text as MindSpore does: UTF-32
+        data = source.read().replace("resnet".encode("utf-32-le"), "resneX".encode("utf-32-le"))
     with open(path, "wb") as out:
         out.write(data)
-    with pytest.raises(ConfigurationError, match="do not match the checksum"):
+    with pytest.raises(ConfigurationError, match="its CRC-32 does not match"):
         ms.load_checkpoint(path)
 
 

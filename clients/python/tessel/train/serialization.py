@@ -1,11 +1,12 @@
 """Checkpoints and export.
 
-Checkpoints are safetensors files (no pickle), written atomically (temp file + fsync + rename) with a SHA-256 of
-every tensor's name, dtype, shape and bytes in the metadata; loading checks it, so a truncated or altered file is
-a clear error instead of silently wrong weights. Parameters are saved under their MindSpore names
-("dense_relu_sequential.0.weight", optimizer slots as "moments.<name>"). MindSpore reads the files written with
-format="safetensors"; tessel reads MindSpore's checkpoints too: its protobuf .ckpt (CRC-32 trailer checked when
-present, protos/tessel/v1/mindspore_checkpoint.proto) and its safetensors (crc_num checked when present).
+Checkpoints are written atomically (temp file + fsync + rename), never with pickle, and always checksummed, so a
+truncated or altered file is a clear error instead of silently wrong weights: a `.ckpt` is MindSpore's own
+protobuf format with its CRC-32 trailer (protos/tessel/v1/mindspore_checkpoint.proto), which MindSpore's
+load_checkpoint reads; a `.safetensors`, and the sliced or redundancy-free files whose layouts need metadata, are
+safetensors with a SHA-256 of every tensor's name, dtype, shape and bytes. tessel reads MindSpore's .ckpt and
+safetensors files too. Parameters are saved under their MindSpore names ("dense_relu_sequential.0.weight",
+optimizer slots as "moments.<name>").
 
 `export(net, *inputs, file_name, file_format="ONNX")` writes a self-contained ONNX model (parameters as
 initializers) that runs in plain onnxruntime.
@@ -260,10 +261,15 @@ def write_checkpoint(
     metadata: dict[str, str] | None = None,
     strings: dict[str, str] | None = None,
 ) -> None:
-    """Write named arrays (and named strings, kept in the header) as a checksummed safetensors checkpoint,
-    atomically."""
+    """Write named arrays (and named strings) as a checkpoint, atomically: a `.ckpt` without tessel's metadata (a
+    plain save) in MindSpore's protobuf format with its CRC-32 trailer, which MindSpore's load_checkpoint reads;
+    anything else (a `.safetensors` name, sliced or redundancy-free files, whose layouts need metadata) as
+    safetensors with a SHA-256."""
     from safetensors.numpy import save
 
+    if path.endswith(".ckpt") and not metadata:
+        atomic_write(path, _mindspore_protobuf(tensors, strings or {}))
+        return
     metadata = {
         **(metadata or {}),
         "format": FORMAT,
@@ -468,6 +474,43 @@ def _read_mindspore_protobuf(data: bytes, path: str) -> tuple[dict[str, np.ndarr
     if strings:
         metadata["strings"] = json.dumps(strings)
     return tensors, metadata
+
+
+_SLICE_BYTES = 512 << 20  # MindSpore writes a larger parameter in slices of this size (SLICE_SIZE, in KiB there)
+
+
+def _mindspore_protobuf(tensors: dict[str, np.ndarray], strings: dict[str, str]) -> bytes:
+    """MindSpore's .ckpt bytes: one Checkpoint message per parameter (per slice of a large one), in order, then
+    b"crc_num" and the CRC-32 of all before it in 10 big-endian bytes (MindSpore's crc_check=True layout)."""
+    import binascii
+
+    from tessel.v1.mindspore_checkpoint_pb2 import MindSporeCheckpoint
+
+    names = {np.dtype(t): name for name, t in _MINDSPORE_TYPES.items()}
+    parts = []
+    for name, array in tensors.items():
+        array = np.asarray(array, order="C")  # (np.ascontiguousarray would make a 0-d array 1-d)
+        if array.dtype not in names:
+            raise ConfigurationError(f"save_checkpoint: {name!r} is {array.dtype}, which a checkpoint cannot hold")
+        content = array.tobytes()
+        for start in range(0, max(len(content), 1), _SLICE_BYTES):
+            message = MindSporeCheckpoint()
+            value = message.value.add()
+            value.tag = name
+            value.tensor.dims.extend(list(array.shape) or [0])  # MindSpore writes a 0-d tensor's dims as [0]
+            value.tensor.tensor_type = names[array.dtype]
+            value.tensor.tensor_content = content[start : start + _SLICE_BYTES]
+            parts.append(message.SerializeToString())
+    for name, text in strings.items():
+        message = MindSporeCheckpoint()
+        value = message.value.add()
+        value.tag = name
+        value.tensor.dims.append(0)
+        value.tensor.tensor_type = "str"
+        value.tensor.tensor_content = np.array(text).tobytes()  # UTF-32, as MindSpore stores a str
+        parts.append(message.SerializeToString())
+    body = b"".join(parts)
+    return body + _CRC_MARK + binascii.crc32(body).to_bytes(10, "big")
 
 
 def _check_mindspore_crc(tensors: dict[str, np.ndarray], metadata: dict[str, str], path: str) -> None:
