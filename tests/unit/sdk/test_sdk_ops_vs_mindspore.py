@@ -38,7 +38,7 @@ def test_logic_on_numbers_and_order_of_bools():
 def test_tensor_max_and_min_with_a_positional_dim_give_values_and_indices():
     values, index = I32.max(0)
     assert values.tolist() == [4, 5, 6] and index.dtype == ms.int64 and index.tolist() == [1, 1, 1]
-    values, index = I32.min(1, True)
+    values, index = I32.min(1, keepdim=True)
     assert values.tolist() == [[1], [4]] and index.tolist() == [[0], [0]]
     assert I32.max(axis=0).tolist() == [4, 5, 6] and int(I32.max().asnumpy()) == 6
 

@@ -489,17 +489,17 @@ class Tensor:
     def mean(self, axis=None, keep_dims: bool = False) -> Tensor:
         return F.mean(self, axis, keep_dims)
 
-    def max(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    def max(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, keepdim: bool = False) -> Any:
         """MindSpore 2.7's two forms: t.max(), t.max(axis=a, keepdims=k) give the values; t.max(dim[, keepdim])
-        (positional) gives (values, int64 indices)."""
+        (dim positional) gives (values, int64 indices)."""
         if dim_keepdim:
-            return C.max(self, *_dim_keepdim("max", dim_keepdim))
+            return C.max(self, *_dim_keepdim("max", dim_keepdim, keepdim))
         return F.amax(self, axis, keepdims)
 
-    def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False) -> Any:
+    def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, keepdim: bool = False) -> Any:
         """As max: t.min(dim[, keepdim]) gives (values, int64 indices), the keyword form the values."""
         if dim_keepdim:
-            return C.min(self, *_dim_keepdim("min", dim_keepdim))
+            return C.min(self, *_dim_keepdim("min", dim_keepdim, keepdim))
         return F.amin(self, axis, keepdims)
 
     def all(self, axis=None, keep_dims: bool = False) -> Tensor:
@@ -824,7 +824,7 @@ def is_tensor(obj: Any) -> bool:
     return isinstance(obj, Tensor)
 
 
-def _dim_keepdim(method: str, given: tuple) -> tuple[Any, bool]:
+def _dim_keepdim(method: str, given: tuple, keepdim: bool) -> tuple[Any, bool]:
     if len(given) > 2:
         raise TypeError(f"Tensor.{method}(dim, keepdim) takes at most 2 positional arguments, got {len(given)}")
-    return given[0], bool(given[1]) if len(given) == 2 else False
+    return given[0], bool(given[1]) if len(given) == 2 else bool(keepdim)
