@@ -494,12 +494,14 @@ class Tensor:
         (dim positional) gives (values, int64 indices)."""
         if dim_keepdim:
             return C.max(self, *_dim_keepdim("max", dim_keepdim, keepdim))
+        _no_keepdim("max", keepdim)
         return F.amax(self, axis, keepdims)
 
     def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, keepdim: bool = False) -> Any:
         """As max: t.min(dim[, keepdim]) gives (values, int64 indices), the keyword form the values."""
         if dim_keepdim:
             return C.min(self, *_dim_keepdim("min", dim_keepdim, keepdim))
+        _no_keepdim("min", keepdim)
         return F.amin(self, axis, keepdims)
 
     def all(self, axis=None, keep_dims: bool = False) -> Tensor:
@@ -822,6 +824,14 @@ def from_numpy(array: np.ndarray) -> Tensor:
 def is_tensor(obj: Any) -> bool:
     """MindSpore's `ms.is_tensor`: whether `obj` is a Tensor (a Parameter is one)."""
     return isinstance(obj, Tensor)
+
+
+def _no_keepdim(method: str, keepdim: bool) -> None:
+    if keepdim:
+        raise TypeError(
+            f"Tensor.{method}: keepdim goes with a positional dim (t.{method}(1, keepdim=True)); with axis= write "
+            "keepdims="
+        )
 
 
 def _dim_keepdim(method: str, given: tuple, keepdim: bool) -> tuple[Any, bool]:
