@@ -497,17 +497,16 @@ class Cell:
         return self._hook_table().add("post", hook_fn, with_kwargs)
 
     def register_backward_hook(self, hook_fn: Callable) -> None:
-        from tessel.common.support import not_supported_yet
-
-        raise not_supported_yet(
-            f"{self.cls_name}.register_backward_hook", "tessel's backward pass is compiled and calls no Python hook"
-        )
+        self._no_backward_hooks("register_backward_hook")
 
     def register_backward_pre_hook(self, hook_fn: Callable) -> None:
+        self._no_backward_hooks("register_backward_pre_hook")
+
+    def _no_backward_hooks(self, method: str) -> None:
         from tessel.common.support import not_supported_yet
 
         raise not_supported_yet(
-            f"{self.cls_name}.register_backward_pre_hook", "tessel's backward pass is compiled and calls no Python hook"
+            f"{self.cls_name}.{method}", "tessel's backward pass is compiled and calls no Python hook"
         )
 
     def _hook_table(self) -> _Hooks:
