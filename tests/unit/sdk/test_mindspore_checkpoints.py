@@ -95,3 +95,17 @@ def test_tessels_ckpt_is_mindsporess_protobuf_format(tmp_path):
     assert values["note"].tensor_type == "str" and values["note"].tensor_content == "hi".encode("utf-32-le")
     loaded = ms.load_checkpoint(str(path))
     assert loaded["note"] == "hi" and int(loaded["epoch_num"].asnumpy()) == 3
+
+
+def test_crc_check_on_a_file_without_a_crc_says_nothing_was_checked(caplog, monkeypatch):
+    """MindSpore's plain.ckpt has no CRC trailer: crc_check=True loads it, as MindSpore does, with a warning."""
+    from tessel.core import options
+
+    monkeypatch.setattr(options, "_logged", set())
+    ms.load_checkpoint(str(DATA / "plain.ckpt"))
+    assert not caplog.records
+    params = ms.load_checkpoint(str(DATA / "plain.ckpt"), crc_check=True)
+    assert "conv.weight" in params and "has no CRC-32 trailer, so nothing was checked" in caplog.text
+    caplog.clear()
+    ms.load_checkpoint(str(DATA / "crc.ckpt"), crc_check=True)  # its CRC was checked: nothing to say
+    assert not caplog.records

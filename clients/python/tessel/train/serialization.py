@@ -338,6 +338,14 @@ def load_checkpoint(
     if filter_prefix or specify_prefix:
         choice_func = None  # MindSpore: either prefix argument overrides choice_func
     tensors, metadata = read_checkpoint(ckpt_file_name)
+    if crc_check and metadata.get(_UNCHECKED):
+        from tessel.common.support import log_once
+
+        log_once(  # MindSpore warns the same way and loads the file
+            f"load_checkpoint.crc:{ckpt_file_name}",
+            f"load_checkpoint({ckpt_file_name!r}, crc_check=True): the file has {metadata[_UNCHECKED]}, so nothing "
+            "was checked (MindSpore saves one with save_checkpoint(..., crc_check=True))",
+        )
     strings = json.loads(metadata.get("strings", "{}"))
     layouts = _json.loads(metadata.get("layouts", "{}"))
     rank = int(metadata["rank"]) if "rank" in metadata else None
@@ -392,8 +400,8 @@ def read_checkpoint(ckpt_file_name: str) -> tuple[dict[str, np.ndarray], dict[st
         raise ConfigurationError(f"checkpoint {path!r} is corrupt: {err}. Re-save it or use another one") from None
     expected = metadata.get("sha256")
     if expected is None:  # another writer's safetensors (MindSpore's): its own CRC, when it has one
-        _check_mindspore_crc(tensors, metadata, path)
-        return tensors, {**metadata, "order": json.dumps(sorted(tensors))}
+        unchecked = "" if _check_mindspore_crc(tensors, metadata, path) else "no crc_num"
+        return tensors, {**metadata, "order": json.dumps(sorted(tensors)), _UNCHECKED: unchecked}
     if _checksum(tensors, json.loads(metadata.get("strings", "{}"))) != expected:
         raise ConfigurationError(
             f"checkpoint {path!r} is corrupt: its tensors do not match the checksum stored when it was saved. "
@@ -415,6 +423,7 @@ _MINDSPORE_TYPES = {
     "Float64": np.float64,
 }
 _CRC_MARK = b"crc_num"  # MindSpore's trailer: the mark, then a 10-byte big-endian CRC-32 of what comes before
+_UNCHECKED = "unchecked"  # read_checkpoint's metadata: why a file written elsewhere had no checksum ("" if it had)
 
 
 def _is_mindspore_protobuf(data: bytes) -> bool:
@@ -432,8 +441,8 @@ def _read_mindspore_protobuf(data: bytes, path: str) -> tuple[dict[str, np.ndarr
 
     from tessel.v1.mindspore_checkpoint_pb2 import MindSporeCheckpoint
 
-    body = data
-    if data[-17:-10] == _CRC_MARK:
+    body, checked = data, data[-17:-10] == _CRC_MARK
+    if checked:
         body = data[:-17]
         if binascii.crc32(body) != int.from_bytes(data[-10:], "big"):
             raise ConfigurationError(
@@ -470,7 +479,7 @@ def _read_mindspore_protobuf(data: bytes, path: str) -> tuple[dict[str, np.ndarr
             )
         shape = () if dims == [0] else tuple(dims)  # MindSpore writes a 0-d tensor's dims as [0]
         tensors[name] = np.frombuffer(content, _MINDSPORE_TYPES[kind]).reshape(shape).copy()
-    metadata = {"order": json.dumps(list(parts))}
+    metadata = {"order": json.dumps(list(parts)), _UNCHECKED: "" if checked else "no CRC-32 trailer"}
     if strings:
         metadata["strings"] = json.dumps(strings)
     return tensors, metadata
@@ -513,12 +522,13 @@ def _mindspore_protobuf(tensors: dict[str, np.ndarray], strings: dict[str, str])
     return body + _CRC_MARK + binascii.crc32(body).to_bytes(10, "big")
 
 
-def _check_mindspore_crc(tensors: dict[str, np.ndarray], metadata: dict[str, str], path: str) -> None:
-    """MindSpore's safetensors CRC: CRC-32 over each name then its bytes, names in sorted order."""
+def _check_mindspore_crc(tensors: dict[str, np.ndarray], metadata: dict[str, str], path: str) -> bool:
+    """MindSpore's safetensors CRC: CRC-32 over each name then its bytes, names in sorted order. False when the
+    file has none to check."""
     import binascii
 
     if "crc_num" not in metadata:
-        return
+        return False
     crc = 0
     for name in sorted(tensors):
         crc = binascii.crc32(tensors[name].tobytes(), binascii.crc32(name.encode(), crc))
@@ -526,6 +536,7 @@ def _check_mindspore_crc(tensors: dict[str, np.ndarray], metadata: dict[str, str
         raise ConfigurationError(
             f"checkpoint {path!r} is corrupt: its crc_num does not match its tensors. Re-save it or use another one"
         )
+    return True
 
 
 def _prefixes(what: str, prefix: Any) -> tuple[str, ...]:
