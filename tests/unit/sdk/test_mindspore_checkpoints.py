@@ -109,3 +109,30 @@ def test_crc_check_on_a_file_without_a_crc_says_nothing_was_checked(caplog, monk
     caplog.clear()
     ms.load_checkpoint(str(DATA / "crc.ckpt"), crc_check=True)  # its CRC was checked: nothing to say
     assert not caplog.records
+
+
+@pytest.mark.parametrize("name", ["sgd", "momentum"])
+def test_training_resumes_from_mindsporess_optimizer_state(name):
+    """MindSpore 2.7.0 trained 2 steps, set a new learning rate and momentum (as a callback would), saved, trained 2
+    more and saved again (make_mindspore_checkpoints.py). tessel, resuming from the first file, lands on the second:
+    the rate, the momentum, the step count and SGD's first-step flags ("stat.*", per parameter) come back."""
+    dense = nn.Dense(3, 2)
+    opt = (
+        nn.SGD(dense.trainable_params(), learning_rate=0.1, momentum=0.9, dampening=0.5)
+        if name == "sgd"
+        else nn.Momentum(dense.trainable_params(), learning_rate=0.1, momentum=0.9)
+    )
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), opt)
+    saved = ms.load_checkpoint(str(DATA / f"{name}_step2.ckpt"))
+    not_loaded, unused = ms.load_param_into_net(step, saved)
+    assert not_loaded == [] and unused == []  # the same names and shapes as MindSpore's
+    assert float(opt.learning_rate) == pytest.approx(0.05) and opt.momentum == pytest.approx(0.8)
+    assert int(opt.global_step.asnumpy()[0]) == 2
+    x = ms.Tensor((np.arange(12).reshape(4, 3) * 0.1).astype(np.float32))
+    y = ms.Tensor(np.ones((4, 2), np.float32))
+    step(x, y)
+    step(x, y)
+    want = ms.load_checkpoint(str(DATA / f"{name}_step4.ckpt"))
+    for param in step.get_parameters():
+        got, expected = param.asnumpy(), want[param.name].asnumpy()
+        np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-7, err_msg=param.name)

@@ -253,3 +253,44 @@ def test_learning_rate_scheduler_changes_a_fixed_rate_as_mindspore(sink):
     assert float(model._optimizer.learning_rate) == 0.5
     with pytest.raises(ConfigurationError, match="must be a fixed number"):
         trained(lambda ps: nn.SGD(ps, [0.1, 0.05, 0.025]), [halve])
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_a_callback_changes_the_momentum_and_rate_as_mindsporess_parameters(sink):
+    """MindSpore's momentum and learning_rate are Parameters: ops.assign (or set_data) in a callback changes them for
+    the next steps (in sink mode, as on MindSpore's devices, from the next sink: here the next epoch). tessel
+    compiles the momentum into the update, so a new value compiles it again."""
+    import tessel.dataset as ds
+    from tessel import ops
+
+    x = np.linspace(-1, 1, 24, dtype=np.float32).reshape(6, 4)
+    y = np.stack([x.sum(1), x[:, 0] - x[:, 3]], 1).astype(np.float32)
+
+    class Change(ms.train.Callback):
+        def on_train_epoch_end(self, run_context):
+            opt = run_context.original_args().optimizer
+            if run_context.original_args().cur_epoch_num == 1:
+                ops.assign(opt.momentum, ms.Tensor(0.5, ms.float32))
+                ops.assign(opt.learning_rate, ms.Tensor(0.05, ms.float32))
+
+    ms.set_seed(0)
+    net = nn.Dense(4, 2)
+    w, b = (p.asnumpy().astype(np.float64) for p in net.trainable_params())
+    model = ms.Model(net, nn.MSELoss(), nn.Momentum(net.trainable_params(), 0.1, 0.9))
+    data = ds.NumpySlicesDataset({"x": x, "y": y}, shuffle=False).batch(2)
+    model.train(2, data, callbacks=[Change()], dataset_sink_mode=sink)
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    for i, (lr, m) in enumerate([(0.1, 0.9)] * 3 + [(0.05, 0.5)] * 3):
+        xb, yb = x[2 * (i % 3) : 2 * (i % 3) + 2].astype(np.float64), y[2 * (i % 3) : 2 * (i % 3) + 2]
+        g = 2 * (xb @ w.T + b - yb) / yb.size
+        vw, vb = m * vw + g.T @ xb, m * vb + g.sum(0)
+        w, b = w - lr * vw, b - lr * vb
+    np.testing.assert_allclose(net.weight.asnumpy(), w, rtol=1e-5)
+    np.testing.assert_allclose(net.bias.asnumpy(), b, rtol=1e-5)
+    opt = model._optimizer
+    assert opt.momentum == pytest.approx(0.5) and float(opt.learning_rate) == pytest.approx(0.05)
+    sgd = nn.SGD(net.trainable_params(), 0.1)  # no momentum: no accumulator to carry one
+    with pytest.raises(NotSupportedYetError, match=r"construct the optimizer with momentum=0\.9"):
+        sgd.momentum.set_data(ms.Tensor(0.9, ms.float32))
+    with pytest.raises(ConfigurationError, match="takes one non-negative number"):
+        opt.momentum = -1.0

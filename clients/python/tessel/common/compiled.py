@@ -309,13 +309,14 @@ def _gather_stored_blocks(graph: Graph, params: Sequence[P.Parameter]) -> Graph:
     return gather_blocks(graph, blocks)
 
 
-# Bumped when a Cell's forward hook is added or removed: hooks run while a graph is traced, so graphs traced
-# before the change are not reused after it (MindSpore's _update_hook_version).
-_hooks_version = [0]
+# Bumped when something a traced graph captured changes: a Cell's forward hook added or removed (hooks run while a
+# graph is traced; MindSpore's _update_hook_version), an optimizer hyper-parameter compiled into its update set anew.
+# Graphs traced before the change are not reused after it.
+_captured_version = [0]
 
 
-def hooks_changed() -> None:
-    _hooks_version[0] += 1
+def captured_changed() -> None:
+    _captured_version[0] += 1
 
 
 class CompiledFunction:
@@ -385,7 +386,7 @@ class CompiledFunction:
             call = Call.of(args, kwargs, self.arg_names, engine().id)
             signature = call.key(not static)
         # Settings the graph depends on are read at every call (cheap): a change builds another entry.
-        settings = (self.key_extra(), partition.plan_settings() if sharded else None, _hooks_version[0])
+        settings = (self.key_extra(), partition.plan_settings() if sharded else None, _captured_version[0])
         for entry in self.entries.get((signature, settings, sharded), ()):
             if all(c.graph_modes() == modes for c, modes in entry.modes):
                 break

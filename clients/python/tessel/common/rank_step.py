@@ -331,8 +331,8 @@ class SinkRunner:
         self.step, self.engine = step, engine()
         self.name = f"sink{next(_datasets)}"
         self.batches_per_epoch, self.columns = self.engine.daemon.open_dataset(self.engine.session, self.name, dataset)
-        first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
-        self.entry, self.call = step.prepare(*first)
+        self.first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
+        self.entry, self.call = step.prepare(*self.first)
         if self.entry.prints:
             from tessel.common.support import not_supported_yet
 
@@ -359,6 +359,9 @@ class SinkRunner:
         recorded, once the Execute has ended)."""
         from tessel.common import parameter as P
 
+        # Asked again each time: what the step compiled in may have changed since (an optimizer's momentum a
+        # callback set), and then another entry runs.
+        self.entry, self.call = self.step.prepare(*self.first)
         eng, entry = self.engine, self.entry
         prog = eng.expand(entry.program(eng, self.call.batch_size()))
         feed: dict[str, np.ndarray] = {}

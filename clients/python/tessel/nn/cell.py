@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from tessel import context
-from tessel.common.compiled import CompiledFunction, arg_names_of, hooks_changed
+from tessel.common.compiled import CompiledFunction, arg_names_of, captured_changed
 from tessel.common.parameter import DEFAULT_NAME, Parameter, ParameterTuple
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import compute_in, current
@@ -622,7 +622,7 @@ class HookHandle:
 
     def remove(self) -> None:
         if self._table.pop(self.handle_id, None) is not None:
-            hooks_changed()
+            captured_changed()
 
 
 class _Hooks:
@@ -639,7 +639,7 @@ class _Hooks:
         self._next += 1
         table = getattr(self, kind)
         table[self._next] = (hook_fn, bool(with_kwargs))
-        hooks_changed()
+        captured_changed()
         return HookHandle(table, self._next)
 
     def before(self, cell: Cell, args: tuple, kwargs: dict) -> tuple[tuple, dict]:

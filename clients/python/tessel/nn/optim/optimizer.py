@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from tessel.common.compiled import CompiledFunction
+from tessel.common.compiled import CompiledFunction, captured_changed
 from tessel.common.dtype import DType
 from tessel.common.initializer import Deferred
 from tessel.common.parameter import Parameter, ParameterTuple
@@ -87,14 +87,14 @@ def _parse_params(
     return params, no_decay, decays.pop() if decays else 0.0
 
 
-class LearningRate(float):
-    """A fixed learning rate, read and set as MindSpore's optimizer.learning_rate Parameter is: `asnumpy()`,
-    `set_data(value)` (a callback changing the rate mid-training). The rate is fed to the update every step, so a new
-    one takes effect at the next step and compiles nothing."""
+class HostNumber(float):
+    """A number an optimizer keeps on the host (its fixed learning rate, its momentum), read and set as MindSpore's
+    Parameter of it is: `asnumpy()`, `set_data(value)` and `ops.assign` (a callback changing it mid-training). The
+    new value takes effect at the next step."""
 
-    def __new__(cls, value: float, optimizer: Any = None):
+    def __new__(cls, value: float, put: Any = None):
         made = super().__new__(cls, value)
-        made._optimizer = optimizer
+        made._put = put
         return made
 
     def asnumpy(self) -> np.ndarray:
@@ -104,14 +104,21 @@ class LearningRate(float):
     def shape(self) -> tuple:
         return ()
 
-    def set_data(self, data: Any, slice_shape: bool = False) -> LearningRate:
-        value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data, np.float64).reshape(-1)
-        if value.size != 1 or not np.isfinite(value[0]) or value[0] < 0:
-            raise ConfigurationError(f"learning_rate.set_data takes one non-negative rate, got {data!r}")
-        if self._optimizer is None:
-            raise ConfigurationError("this learning rate belongs to no optimizer; set optimizer.learning_rate")
-        self._optimizer.learning_rate = LearningRate(float(value[0]), self._optimizer)
-        return self._optimizer.learning_rate
+    @property
+    def dtype(self) -> DType:
+        return DType.float32
+
+    def set_data(self, data: Any, slice_shape: bool = False) -> HostNumber:
+        if self._put is None:
+            raise ConfigurationError("this number belongs to no optimizer; set the optimizer's attribute instead")
+        return self._put(np.asarray(data.asnumpy() if isinstance(data, Tensor) else data))
+
+
+class LearningRate(HostNumber):
+    """A fixed learning rate: fed to the update every step, so a new one compiles nothing."""
+
+    def __new__(cls, value: float, optimizer: Any = None):
+        return super().__new__(cls, value, None if optimizer is None else optimizer._set_rate)
 
 
 def _lr_source(learning_rate: Any) -> Any:
@@ -136,22 +143,26 @@ def _slot_value(p: Parameter, init: float) -> Any:
     return np.full(p.shape, init, p.dtype.numpy)
 
 
-class _GlobalStep(Parameter):
-    """The optimizer's step count as a Parameter: its value is the optimizer's host counter (steps advance on the
-    host, once per update), read when saved and set when loaded."""
+class _StateFace(Parameter):
+    """A Parameter standing for optimizer state that tessel keeps elsewhere (the step count and the rates on the host,
+    SGD's first-step flag as one scalar), so that checkpoints hold MindSpore's names and shapes: saving reads
+    `get()`, loading calls `put(array)`."""
 
-    def __init__(self, optimizer: Optimizer):
-        super().__init__(np.zeros(1, np.int32), "global_step", requires_grad=False)
-        self._optimizer = optimizer
+    def __init__(self, name: str, value: Any, get: Any, put: Any):
+        super().__init__(value, name, requires_grad=False)
+        self._get, self._put = get, put
 
     def asnumpy(self) -> np.ndarray:
-        return np.array([self._optimizer._step], np.int32)
+        return self._get()
 
     def set_data(self, data: Any, slice_shape: bool = False) -> Parameter:
-        value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data).reshape(-1)
-        if value.size != 1:
-            raise ConfigurationError(f"global_step takes one step count, got shape {value.shape}")
-        self._optimizer.__dict__["_step"] = int(value[0])
+        value = np.asarray(data.asnumpy() if isinstance(data, Tensor) else data)
+        if value.shape != tuple(self.shape):
+            raise ConfigurationError(
+                f"{self.name}: the optimizer's value has shape {tuple(self.shape)}, got {value.shape}; was it "
+                "saved from an optimizer built another way (another learning-rate list, other parameters)?"
+            )
+        self._put(value)
         return self
 
 
@@ -166,6 +177,12 @@ class Optimizer(Cell):
     """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
 
     _slot_names: ClassVar[dict[str, str]] = {}  # compiler slot -> MindSpore checkpoint prefix
+    # Hyper-parameters MindSpore keeps as Parameters (saved and loaded; set_data changes them); tessel compiles
+    # them into the update, which a new value rebuilds.
+    _hyper: ClassVar[tuple[str, ...]] = ()
+    # Global (scalar) slots that MindSpore keeps once per parameter (SGD's first-step flag): checkpoints see one
+    # Parameter per parameter, "<slot>.<parameter>", all holding the scalar.
+    _per_parameter_globals: ClassVar[frozenset[str]] = frozenset()
     # MindSpore's optimizers decay every parameter but the beta/gamma ones (decay_filter); its SGD decays them all
     _decay_filtered: ClassVar[bool] = True
 
@@ -189,15 +206,31 @@ class Optimizer(Cell):
         object.__setattr__(self, "_no_decay", frozenset(no_decay))
         self.weight_decay, self.loss_scale = decay, float(loss_scale)
         source = _lr_source(learning_rate)
-        self.learning_rate = LearningRate(source, self) if isinstance(source, float) else source
         self.key = f"optimizer{next(_serials)}"
         self._step = 0
-        self.insert_param_to_cell("global_step", _GlobalStep(self))
+        # MindSpore's checkpoint of an optimizer: global_step, learning_rate (none for a schedule), the
+        # hyper-parameters it keeps as Parameters (momentum), the global slots, then the per-parameter ones.
+        self._params["global_step"] = _StateFace("global_step", np.zeros(1, np.int32), self._step_array, self._set_step)
         self.__dict__["_global_step"] = self._params["global_step"]
+        self.learning_rate = LearningRate(source, self) if isinstance(source, float) else source
+        if not isinstance(source, LearningRateSchedule):
+            rate = np.asarray(source, np.float32)
+            self._params["learning_rate"] = _StateFace("learning_rate", rate, self._rate_array, self._set_rate)
+        for name in self._hyper:
+            put = self._hyper_setter(name)
+            vars(self)[name] = HostNumber(vars(self)[name], put)
+            value = np.asarray(vars(self)[name], np.float32)
+            self._params[name] = _StateFace(name, value, self._hyper_array(name), put)
         # MindSpore scales the weight decay by loss_scale too (Optimizer._preprocess_weight_decay and group decays:
         # weight_decay * self.loss_scale), decays the still-scaled gradients and divides: (S*g + S*wd*p) / S, so
         # g + wd*p whatever S. tessel unscales first and decays by wd.
         self._rule: Rule = self._make_rule(decay)
+        self._globals: dict[str, Parameter] = {}
+        for slot in self._rule.global_slots():
+            glob = Parameter(np.array(slot.init, np.float32), slot.name, False, key=f"{self.key}/{slot.name}")
+            self._globals[slot.name] = glob
+            if slot.name not in self._per_parameter_globals:
+                setattr(self, slot.name, glob)
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
@@ -207,11 +240,8 @@ class Optimizer(Cell):
             ]
             self._slots[slot.name] = made
             setattr(self, prefix, ParameterTuple(made))
-        self._globals: dict[str, Parameter] = {}
-        for slot in self._rule.global_slots():
-            glob = Parameter(np.array(slot.init, np.float32), slot.name, False, key=f"{self.key}/{slot.name}")
-            self._globals[slot.name] = glob
-            setattr(self, slot.name, glob)
+        for name in self._per_parameter_globals & self._globals.keys():
+            setattr(self, name, ParameterTuple(self._flag_faces(name, params)))
         object.__setattr__(
             self,
             "_update",
@@ -222,6 +252,76 @@ class Optimizer(Cell):
 
     def _make_rule(self, weight_decay: float) -> Rule:
         raise NotImplementedError
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # The rate and the hyper-parameters live on the host; their Parameters only carry them to checkpoints.
+        # Assigning a Tensor sets the value through that Parameter, as MindSpore's attribute assignment does.
+        if name == "learning_rate" and not isinstance(value, Tensor):
+            source = _lr_source(value)
+            object.__setattr__(self, name, LearningRate(source, self) if isinstance(source, float) else source)
+        elif name in self._hyper and "_rule" in vars(self) and not isinstance(value, Tensor):
+            self._hyper_setter(name)(np.asarray(value))
+        else:
+            super().__setattr__(name, value)
+
+    # --- the values checkpoints hold (_StateFace) ---------------------------------------------------------------
+    def _step_array(self) -> np.ndarray:
+        return np.array([self._step], np.int32)
+
+    def _set_step(self, value: np.ndarray) -> None:
+        self.__dict__["_step"] = int(value.reshape(-1)[0])
+
+    def _rate_array(self) -> np.ndarray:
+        lr = self.learning_rate
+        return np.asarray(self.learning_rate_at(self._step) if isinstance(lr, LearningRateSchedule) else lr, np.float32)
+
+    def _set_rate(self, value: np.ndarray) -> Any:
+        self.learning_rate = value.astype(np.float64)  # checked by _lr_source, as a rate given to the constructor
+        return self.learning_rate
+
+    def _hyper_array(self, name: str) -> Any:
+        return lambda: np.asarray(vars(self)[name], np.float32)
+
+    def _hyper_setter(self, name: str) -> Any:
+        def put(value: np.ndarray) -> HostNumber:
+            new = float(np.asarray(value, np.float64).reshape(-1)[0]) if np.size(value) == 1 else None
+            if new is None or not np.isfinite(new) or new < 0:
+                raise ConfigurationError(f"{self.cls_name}.{name} takes one non-negative number, got {value!r}")
+            old = vars(self)[name]
+            if np.float32(new) == np.float32(old):
+                return old
+            vars(self)[name] = HostNumber(new, put)
+            rule = self._make_rule(self.weight_decay)
+            if rule.slots() != self._rule.slots() or rule.global_slots() != self._rule.global_slots():
+                vars(self)[name] = old
+                raise NotSupportedYetError(
+                    f"not supported yet: setting {self.cls_name}.{name} from {old} to {np.float32(new)!s}, which "
+                    f"changes the state the optimizer keeps; construct the optimizer with {name}={np.float32(new)!s}"
+                )
+            vars(self)["_rule"] = rule
+            captured_changed()  # the compiled updates hold the old value
+            return vars(self)[name]
+
+        return put
+
+    def _flag_faces(self, name: str, params: Sequence[Parameter]) -> list[Parameter]:
+        """One Parameter per parameter, each reading and setting the global slot `name`."""
+        glob = self._globals[name]
+
+        def put(value: np.ndarray) -> None:
+            if value.size and not np.all(value == value.flat[0]):
+                raise NotSupportedYetError(
+                    f"not supported yet: {self.cls_name}'s {name} differing within one parameter's values; tessel "
+                    f"keeps one {name} for all parameters"
+                )
+            if value.size:
+                glob.set_data(np.array(value.flat[0], np.float32))
+
+        def face(p: Parameter) -> Parameter:
+            get = lambda: np.full(p.shape, glob.asnumpy(), p.dtype.numpy)  # noqa: E731
+            return _StateFace(f"{name}.{p.name}", Deferred.constant(1.0, tuple(p.shape), p.dtype), get, put)
+
+        return [face(p) for p in params]
 
     # --- learning rate ----------------------------------------------------------------------------------------
     @property

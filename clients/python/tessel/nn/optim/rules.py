@@ -41,6 +41,8 @@ class SGD(Optimizer):
     filter; its kernel gets a weight decay of 0)."""
 
     _slot_names: ClassVar[dict[str, str]] = {"accum": "accum"}
+    _hyper: ClassVar[tuple[str, ...]] = ("momentum",)
+    _per_parameter_globals: ClassVar[frozenset[str]] = frozenset({"stat"})
 
     def __init__(
         self,
@@ -61,13 +63,14 @@ class SGD(Optimizer):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
-        return rules.SGD(0.0, weight_decay, self.momentum, self.dampening, self.nesterov)
+        return rules.SGD(0.0, weight_decay, float(self.momentum), self.dampening, self.nesterov)
 
 
 class Momentum(Optimizer):
     """Momentum: v = momentum * v + g; p -= lr * v."""
 
     _slot_names: ClassVar[dict[str, str]] = {"moments": "moments"}
+    _hyper: ClassVar[tuple[str, ...]] = ("momentum",)
 
     def __init__(
         self,
@@ -85,7 +88,7 @@ class Momentum(Optimizer):
         super().__init__(learning_rate, params, weight_decay, loss_scale)
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
-        return rules.Momentum(0.0, weight_decay, self.momentum, self.use_nesterov)
+        return rules.Momentum(0.0, weight_decay, float(self.momentum), self.use_nesterov)
 
 
 _ADAM_OPTIONS = {
