@@ -32,10 +32,17 @@ def _saved(tmp_path, world: int) -> dict[int, list[str]]:
 @pytest.mark.parametrize(
     "phase, writers",
     [
-        # 2 x 2: w1, w2 and their moments are cut in 2 pieces, each held by 2 ranks; global_step by all 4
-        ("semi", {"w1": 2, "w2": 2, "moments.w1": 2, "moments.w2": 2, "global_step": 1}),
+        # 2 x 2: w1, w2 and their moments are cut in 2 pieces, each held by 2 ranks; the optimizer's numbers
+        # (global_step, learning_rate, momentum) by all 4
+        (
+            "semi",
+            {"w1": 2, "w2": 2, "moments.w1": 2, "moments.w2": 2, "global_step": 1, "learning_rate": 1, "momentum": 1},
+        ),
         # data parallel: every value is held by all 4 ranks
-        ("dp", {"w1": 1, "w2": 1, "moments.w1": 1, "moments.w2": 1, "global_step": 1}),
+        (
+            "dp",
+            {"w1": 1, "w2": 1, "moments.w1": 1, "moments.w2": 1, "global_step": 1, "learning_rate": 1, "momentum": 1},
+        ),
     ],
 )
 def test_each_piece_is_written_once_and_every_rank_loads_back_what_it_held(tmp_path, phase, writers):
@@ -46,7 +53,7 @@ def test_each_piece_is_written_once_and_every_rank_loads_back_what_it_held(tmp_p
     assert counts == writers, saved
     assert all(saved.values()), saved  # the shares go round: no rank writes nothing here
     for rank in range(4):
-        assert f"redundancy {phase} ok on rank {rank} of 4: 5 values back" in rank_log(tmp_path, rank).read_text()
+        assert f"redundancy {phase} ok on rank {rank} of 4: 7 values back" in rank_log(tmp_path, rank).read_text()
     if phase == "semi":  # on one device: a share alone is an error; the 4 shares merge into the whole values
         single, merge = (
             subprocess.run(
@@ -62,7 +69,7 @@ def test_each_piece_is_written_once_and_every_rank_loads_back_what_it_held(tmp_p
         assert "single refused: load_param_into_net: this checkpoint holds rank 1's share of a 4-rank job" in (
             single.stdout
         ), single.stdout
-        assert merge.returncode == 0 and "merge ok: 5 values" in merge.stdout, merge.stdout + merge.stderr[-3000:]
+        assert merge.returncode == 0 and "merge ok: 7 values" in merge.stdout, merge.stdout + merge.stderr[-3000:]
 
 
 @pytest.mark.parametrize(

@@ -119,7 +119,7 @@ def gather(named: Sequence[tuple[str, Any]]) -> dict[str, np.ndarray]:
             out[name] = contiguous(value.asnumpy() if hasattr(value, "asnumpy") else value)
             continue
         shape = value.layout.local_shape(tuple(value.shape))
-        local = np.ascontiguousarray(value.asnumpy() if value.held else np.zeros(shape, value.dtype.numpy))
+        local = np.asarray(value.asnumpy() if value.held else np.zeros(shape, value.dtype.numpy), order="C")
         everyone = comm_func.all_gather_into_tensor(local.reshape(-1))[0].asnumpy()
         pieces = [piece.reshape(local.shape) for piece in np.split(everyone, world)]
         if holders is not None:  # the pieces of the first stage holding it (stages hold layout.mesh.size ranks)
@@ -358,7 +358,7 @@ def load_without_redundancy(
         entry = parameter_dict.get(param.name)
         value = np.zeros(local, param.dtype.numpy)
         if entry is not None:
-            value = np.ascontiguousarray(local_array(entry), dtype=param.dtype.numpy)
+            value = np.asarray(local_array(entry), dtype=param.dtype.numpy, order="C")  # 0-d stays 0-d
         if len(groups) == 1:
             got = comm_func.broadcast(value, source[0]).asnumpy()
         else:
