@@ -416,13 +416,22 @@ class DaemonCore:
         timeline: bool = False,
         progress: Callable[[int, dict[str, np.ndarray]], None] | None = None,
         cancelled: Callable[[], bool] | None = None,
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return fetched tensors, per-repetition collected values
         (stacked on dim 0), per-instruction timings and (with `timeline`) every instruction's wall-clock span.
         `progress(repetition, collected)` is called as each repetition ends, with that repetition's values.
+        Before repetition i, row i of each `per_repetition` array is stored under its name.
         Between repetitions it stops when the job has failed, or when `cancelled()` (the caller went away) is true."""
         session = self.session(session_id)
         collect = list(collect)
+        per_repetition = per_repetition or {}
+        for name, rows in per_repetition.items():
+            if rows.ndim == 0 or len(rows) != max(1, repeat):
+                raise ConfigurationError(
+                    f"Execute: per_repetition {name!r} has shape {rows.shape}, not one row for each of the "
+                    f"{max(1, repeat)} repetitions"
+                )
         events: list[daemon_pb2.TimelineEvent] = []
         with session.lock:
             session.check_alive()
@@ -437,6 +446,8 @@ class DaemonCore:
                     session.check_alive()
                     if cancelled is not None and cancelled():
                         raise TesselError(f"Execute on {session.describe()} was cancelled by its caller")
+                    for name, rows in per_repetition.items():  # an array, 0-d ones too (rows[i] would be a scalar)
+                        session.tensors[name] = rows[repetition : repetition + 1].reshape(rows.shape[1:])
                     if timeline:
                         _record(session, steps, repetition, events, elapsed)
                     elif timings:

@@ -205,6 +205,7 @@ def _unpack(request) -> dict:
         "feed": {t.name: from_proto(t.tensor, t.name) for t in request.feed},
         "collect": list(request.collect),
         "timeline": request.timeline,
+        "per_repetition": {t.name: from_proto(t.tensor, t.name) for t in request.per_repetition},
     }
 
 

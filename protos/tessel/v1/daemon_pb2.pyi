@@ -249,7 +249,7 @@ class Program(_message.Message):
     def __init__(self, instructions: _Optional[_Iterable[_Union[Instruction, _Mapping]]] = ...) -> None: ...
 
 class ExecuteRequest(_message.Message):
-    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed", "collect", "timeline")
+    __slots__ = ("session_id", "program", "repeat", "fetch", "timings", "feed", "collect", "timeline", "per_repetition")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     REPEAT_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +258,7 @@ class ExecuteRequest(_message.Message):
     FEED_FIELD_NUMBER: _ClassVar[int]
     COLLECT_FIELD_NUMBER: _ClassVar[int]
     TIMELINE_FIELD_NUMBER: _ClassVar[int]
+    PER_REPETITION_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     program: Program
     repeat: int
@@ -266,7 +267,8 @@ class ExecuteRequest(_message.Message):
     feed: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
     collect: _containers.RepeatedScalarFieldContainer[str]
     timeline: bool
-    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., collect: _Optional[_Iterable[str]] = ..., timeline: _Optional[bool] = ...) -> None: ...
+    per_repetition: _containers.RepeatedCompositeFieldContainer[_common_pb2.NamedTensor]
+    def __init__(self, session_id: _Optional[str] = ..., program: _Optional[_Union[Program, _Mapping]] = ..., repeat: _Optional[int] = ..., fetch: _Optional[_Iterable[str]] = ..., timings: _Optional[bool] = ..., feed: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ..., collect: _Optional[_Iterable[str]] = ..., timeline: _Optional[bool] = ..., per_repetition: _Optional[_Iterable[_Union[_common_pb2.NamedTensor, _Mapping]]] = ...) -> None: ...
 
 class InstructionTiming(_message.Message):
     __slots__ = ("index", "kind", "seconds")

@@ -1,8 +1,8 @@
 """Run under `tessel run -n N dp_train.py MODE`: data-parallel training through the SDK, checked on every rank
 against a float64 numpy reference of 1-rank training on the N-times global batch.
 
-MODE: model (Model.train, feed mode), sink (Model.train, dataset_sink_mode=True), loop (custom loop:
-value_and_grad + DistributedGradReducer + optimizer), pynative (the custom loop in PYNATIVE_MODE), sum
+MODE: model (Model.train, feed mode), sink (Model.train, dataset_sink_mode=True, a per-step learning-rate list), loop
+(custom loop: value_and_grad + DistributedGradReducer + optimizer), pynative (the custom loop in PYNATIVE_MODE), sum
 (gradients_mean=False: the reference gets the sum of the N ranks' gradients), amp (Model.train at amp_level O2 with a
 fixed loss scale of 128: float16 compute, so the reference is met to float16's rounding, 2e-3 relative), lossscale
 (Model.train with DynamicLossScaleManager(2**10): TrainOneStepWithLossScaleCell traced as one program, its overflow
@@ -23,6 +23,8 @@ from tessel.train import LossMonitor
 
 MODE = sys.argv[1]
 IN, HIDDEN, OUT, PER_RANK, STEPS, LR, MOMENTUM = 12, 16, 5, 4, 20, 0.1, 0.9
+# sink mode: a per-step list, which the daemons must apply step by step within the sink
+RATES = [LR * (1 - 0.03 * s) for s in range(STEPS)] if MODE == "sink" else [LR] * STEPS
 
 if MODE == "pynative":
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -94,7 +96,7 @@ def reference():
         grads = {"w1": x.T @ dz, "b1": dz.sum(0), "w2": h.T @ dlogits, "b2": dlogits.sum(0)}
         for k in p:
             v[k] = MOMENTUM * v[k] + grads[k]
-            p[k] = p[k] - LR * v[k]
+            p[k] = p[k] - RATES[step] * v[k]
     return p, losses
 
 
@@ -104,7 +106,7 @@ def dataset():
 
 net = Net()
 loss_fn = nn.CrossEntropyLoss()
-optimizer = nn.Momentum(net.trainable_params(), LR, MOMENTUM)
+optimizer = nn.Momentum(net.trainable_params(), RATES if MODE == "sink" else LR, MOMENTUM)
 losses = []
 if MODE in ("model", "sink", "sum", "amp", "lossscale", "augment"):
 

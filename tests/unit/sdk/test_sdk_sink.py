@@ -72,7 +72,7 @@ def test_sink_mode_reports_each_steps_loss_while_the_epoch_still_runs():
     core = engine().daemon.core
     execute, gate, running, seen = core.execute, threading.Event(), threading.Event(), []
 
-    def gated(*args):
+    def gated(*args, **options):
         *head, progress = args
 
         def held(repetition, collected):
@@ -82,7 +82,7 @@ def test_sink_mode_reports_each_steps_loss_while_the_epoch_still_runs():
 
         running.set()
         try:
-            return execute(*head, held)
+            return execute(*head, held, **options)
         finally:
             running.clear()
 

@@ -366,8 +366,14 @@ class SinkRunner:
         prog = eng.expand(entry.program(eng, self.call.batch_size()))
         feed: dict[str, np.ndarray] = {}
         P.stage(eng, entry.params, feed)
+        rows: dict[str, np.ndarray] = {}  # inputs that differ from step to step (a per-step learning rate)
         for name, feeder in entry.feeders.items():
-            feed[name] = feeder()
+            ahead = getattr(feeder, "ahead", None)
+            values = ahead(steps) if ahead is not None else None
+            if values is None:
+                feed[name] = feeder()
+            else:
+                rows[name] = values
         self.step.before_run(feed)
         loss = entry.host_names[-1]  # the unscaled loss: a scaled step returns (scaled loss, loss)
         batch = daemon_pb2.Instruction(
@@ -376,10 +382,14 @@ class SinkRunner:
         program = daemon_pb2.Program(instructions=[batch, *prog.instructions])
         eng.runtime.check()
         if profiler.active() is not None:
-            result = profiler.execute(eng.daemon, eng.session, program, repeat=steps, feed=feed, collect=[loss])
+            result = profiler.execute(
+                eng.daemon, eng.session, program, repeat=steps, feed=feed, collect=[loss], per_repetition=rows
+            )
             losses = iter(np.asarray(result.collected[loss]).reshape(steps, -1)[:, 0])
         else:
-            reports = eng.daemon.execute_steps(eng.session, program, steps, feed=feed, collect=[loss])
+            reports = eng.daemon.execute_steps(
+                eng.session, program, steps, feed=feed, collect=[loss], per_repetition=rows
+            )
             losses = (np.asarray(report[loss]).reshape(-1)[0] for report in reports)
         P.updated_on_device(entry.assigned)
         ran = 0

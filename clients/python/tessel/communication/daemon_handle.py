@@ -141,9 +141,11 @@ class DaemonHandle(ABC):
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
         timeline: bool = False,
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Result:
         """Store `feed`, run `program` `repeat` times; return `fetch`ed values, per-repetition `collect`ed values,
-        (with `timings`) per-instruction timings and (with `timeline`) daemon_pb2.TimelineEvents."""
+        (with `timings`) per-instruction timings and (with `timeline`) daemon_pb2.TimelineEvents. Each
+        `per_repetition` array has one row per repetition, stored under its name before that repetition."""
 
     @abstractmethod
     def execute_steps(
@@ -153,9 +155,11 @@ class DaemonHandle(ABC):
         repeat: int,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         """Store `feed`, run `program` `repeat` times, yielding each repetition's `collect`ed values as soon as it
-        has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened."""
+        has ended (sink mode's per-step losses, while the epoch still runs); an error raises where it happened.
+        `per_repetition` as in execute."""
 
     @abstractmethod
     def load(self, session_id: str) -> tuple[float, float]:
@@ -248,11 +252,15 @@ class LocalDaemon(DaemonHandle):
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
         timeline: bool = False,
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Result:
         # Feeds are borrowed for the call (the daemon never writes into them); fetched values are copied because
         # they may be live buffers the next step overwrites in place.
         feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
-        result = self.core.execute(session_id, program, repeat, fetch, timings, feed, collect, timeline)
+        rows = {k: np.asarray(v) for k, v in (per_repetition or {}).items()}
+        result = self.core.execute(
+            session_id, program, repeat, fetch, timings, feed, collect, timeline, per_repetition=rows
+        )
         return result._replace(fetched={k: v.copy() for k, v in result.fetched.items()})
 
     def execute_steps(
@@ -262,14 +270,18 @@ class LocalDaemon(DaemonHandle):
         repeat: int,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         feed = {k: np.asarray(v) for k, v in (feed or {}).items()}
+        rows = {k: np.asarray(v) for k, v in (per_repetition or {}).items()}
         done = object()
         events: queue.SimpleQueue = queue.SimpleQueue()
 
         def run() -> None:
             try:
-                self.core.execute(session_id, program, repeat, (), False, feed, collect, False, _put_to(events))
+                self.core.execute(
+                    session_id, program, repeat, (), False, feed, collect, False, _put_to(events), per_repetition=rows
+                )
             except BaseException as exc:  # raised in the caller's thread, below
                 events.put(exc)
             events.put(done)
@@ -404,6 +416,7 @@ class RemoteDaemon(DaemonHandle):
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
         timeline: bool = False,
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Result:
         feed = dict(feed or {})
         large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
@@ -419,6 +432,7 @@ class RemoteDaemon(DaemonHandle):
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in (feed or {}).items()],
             collect=list(collect),
             timeline=timeline,
+            per_repetition=_named_tensors(per_repetition),
         )
         reply = self.local.execute(request) if self.local is not None else self.client.Execute(request)
         return _result(reply)
@@ -430,6 +444,7 @@ class RemoteDaemon(DaemonHandle):
         repeat: int,
         feed: dict[str, np.ndarray] | None = None,
         collect: Sequence[str] = (),
+        per_repetition: dict[str, np.ndarray] | None = None,
     ) -> Iterator[dict[str, np.ndarray]]:
         feed = dict(feed or {})
         large = {k: v for k, v in feed.items() if np.asarray(v).nbytes > REQUEST_CHUNK_BYTES // 4}
@@ -442,6 +457,7 @@ class RemoteDaemon(DaemonHandle):
             repeat=repeat,
             feed=[common_pb2.NamedTensor(name=k, tensor=to_proto(v)) for k, v in feed.items()],
             collect=list(collect),
+            per_repetition=_named_tensors(per_repetition),
         )
         for progress in self.client.replies("ExecuteStream", request):
             if not progress.HasField("done"):  # `count` repetitions, each name's values stacked on dim 0
@@ -484,3 +500,7 @@ def _result(reply: daemon_pb2.ExecuteReply) -> Result:
 def _put_to(events: queue.SimpleQueue):
     """A DaemonCore.execute progress callback that queues each repetition's values (the core hands over copies)."""
     return lambda _repetition, collected: events.put(collected)
+
+
+def _named_tensors(values: dict[str, np.ndarray] | None) -> list[common_pb2.NamedTensor]:
+    return [common_pb2.NamedTensor(name=k, tensor=to_proto(np.asarray(v))) for k, v in (values or {}).items()]

@@ -91,7 +91,9 @@ class SimulatedDaemon(LocalDaemon):
         super().compile_segment(session_id, name, onnx_model, state)
         self.compiled += 1
 
-    def execute(self, session_id, program, repeat=1, fetch=(), timings=False, feed=None, collect=()):
+    def execute(
+        self, session_id, program, repeat=1, fetch=(), timings=False, feed=None, collect=(), per_repetition=None
+    ):
         print(
             f"tessel simulation (sim level 0): rank {self.rank} of a {self.world}-rank world planned and compiled "
             f"{self.compiled} segment(s); stopping before the first run",

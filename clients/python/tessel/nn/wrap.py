@@ -109,7 +109,7 @@ class FusedTrainStep:
             local=[p.key for p in opt.parameters if p.layerwise_parallel],
         )
         self._partition_state = program.state
-        trace.feeders[opt.lr_key] = opt._lr_feed
+        trace.feeders[opt.lr_key] = opt.rate_feed()
         trace.after_run.append(opt._advance)
         return rename_inputs(program.graph, opt.rename_map()), opt.slot_parameters()
 

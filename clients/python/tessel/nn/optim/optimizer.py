@@ -143,6 +143,20 @@ def _slot_value(p: Parameter, init: float) -> Any:
     return np.full(p.shape, init, p.dtype.numpy)
 
 
+class _RateFeed:
+    """An optimizer's learning-rate input: the next update's rate, or (`ahead`, sink mode) each of the next updates'
+    rates where they differ."""
+
+    def __init__(self, optimizer: Optimizer):
+        self.optimizer = optimizer
+
+    def __call__(self) -> np.ndarray:
+        return self.optimizer._lr_feed()
+
+    def ahead(self, steps: int) -> np.ndarray | None:
+        return self.optimizer._lr_ahead(steps)
+
+
 class _StateFace(Parameter):
     """A Parameter standing for optimizer state that tessel keeps elsewhere (the step count and the rates on the host,
     SGD's first-step flag as one scalar), so that checkpoints hold MindSpore's names and shapes: saving reads
@@ -341,15 +355,12 @@ class Optimizer(Cell):
     def get_lr(self) -> Tensor:
         return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
 
+    def rate_feed(self) -> _RateFeed:
+        """The learning-rate input of a compiled update (see _RateFeed)."""
+        return _RateFeed(self)
+
     def _lr_feed(self) -> np.ndarray:
-        lr = self.learning_rate
-        if isinstance(lr, np.ndarray) and self._step >= len(lr):
-            # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an error
-            raise ConfigurationError(
-                f"{self.cls_name}'s learning_rate list has {len(lr)} per-step values, but update {self._step + 1} "
-                "is about to run; give one value per step of the whole training (e.g. nn.piecewise_constant_lr or "
-                "nn.cosine_decay_lr over total_step = epochs * steps per epoch), or a LearningRateSchedule"
-            )
+        self._check_rate_list(self._step + 1)
         # The same (read-only) array while the rate stays the same: the daemon then need not bind it again.
         value = self.learning_rate_at(self._step)
         cached = self.__dict__.get("_lr_cached")
@@ -358,6 +369,25 @@ class Optimizer(Cell):
             array.flags.writeable = False
             cached = self.__dict__["_lr_cached"] = (value, array)
         return cached[1]
+
+    def _lr_ahead(self, steps: int) -> np.ndarray | None:
+        """The rates of the next `steps` updates, one per update, for a sink-mode Execute that runs them all; None
+        where one rate serves them all (then `_lr_feed` gives it)."""
+        if not isinstance(self.learning_rate, (np.ndarray, LearningRateSchedule)):
+            return None
+        self._check_rate_list(self._step + steps)
+        rates = np.array([self.learning_rate_at(self._step + k) for k in range(steps)], np.float32)
+        return None if np.all(rates == rates[0]) else rates
+
+    def _check_rate_list(self, updates: int) -> None:
+        lr = self.learning_rate
+        if isinstance(lr, np.ndarray) and updates > len(lr):
+            # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an error
+            raise ConfigurationError(
+                f"{self.cls_name}'s learning_rate list has {len(lr)} per-step values, but update {len(lr) + 1} "
+                "is about to run; give one value per step of the whole training (e.g. nn.piecewise_constant_lr or "
+                "nn.cosine_decay_lr over total_step = epochs * steps per epoch), or a LearningRateSchedule"
+            )
 
     def _advance(self) -> None:
         self.__dict__["_step"] += 1  # once per step: skip Cell.__setattr__
@@ -422,7 +452,7 @@ class Optimizer(Cell):
     def _emit(self, gradients: Sequence[Any]) -> Any:
         """Add the update of every parameter (and slot) to the current trace."""
         trace = current()
-        lr = trace.run_input(self.lr_key, (), DType.float32, self._lr_feed)
+        lr = trace.run_input(self.lr_key, (), DType.float32, self.rate_feed())
         if self._advance not in trace.after_run:
             trace.after_run.append(self._advance)
         glob = {name: trace.param(p) for name, p in self._globals.items()}
