@@ -93,7 +93,8 @@ class Rescale(Transform):
 
 @register
 class Normalize(Transform):
-    """`(x - mean) / std` per channel in float32; `is_hwc` says whether channels are last (HWC) or first (CHW)."""
+    """`(x - mean) / std` per channel in float32; `is_hwc` says whether channels are last (HWC) or first (CHW).
+    Leading axes (a batch of images) are kept, as MindSpore."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], is_hwc: bool = True):
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
@@ -110,8 +111,10 @@ class Normalize(Transform):
         self._params = {"mean": mean, "std": std, "is_hwc": self.is_hwc}
 
     def apply_rows(self, x: np.ndarray, rng: RowRandom) -> np.ndarray:
-        _check_image(self, x)
-        channels = 1 if x.ndim == 3 else x.shape[-1] if self.is_hwc else x.shape[1]
+        # MindSpore 2.7.0 normalizes <H, W> and any <..., H, W, C> (or <..., C, H, W>): batched images too.
+        if x.ndim < 3 or x.dtype.kind not in "uifb":
+            raise self.reject(x, "numeric images <H, W>, <..., H, W, C> or <..., C, H, W>", "map it over images")
+        channels = 1 if x.ndim == 3 else x.shape[-1] if self.is_hwc else x.shape[-3]
         mean, std = self.mean, self.std
         if len(mean) == 1 and channels > 1:  # MindSpore copies one mean/std to every channel
             mean, std = np.repeat(mean, channels), np.repeat(std, channels)
@@ -122,7 +125,7 @@ class Normalize(Transform):
                 f"{len(self.mean)} channel(s) in {layout} layout to match mean/std",
                 "give one mean/std per channel or set is_hwc to the image layout",
             )
-        if x.ndim == 4 and not self.is_hwc:
+        if x.ndim > 3 and not self.is_hwc:
             mean, std = mean[:, None, None], std[:, None, None]
         out = np.subtract(x, mean, out=_float32_result(x), dtype=np.float32)
         out /= std

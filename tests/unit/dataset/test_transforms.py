@@ -57,12 +57,34 @@ def test_normalize_channel_count_and_rank_errors():
     np.testing.assert_allclose(one, (IMAGES.astype(np.float32) - 0.5) / 2.0)
     with pytest.raises(ConfigurationError, match="2 channel"):
         rowwise(ds.vision.Normalize((0.5, 0.5), (0.5, 0.5)), IMAGES)
-    with pytest.raises(ConfigurationError, match=r"<H, W> or <H, W, C>.*rows of shape \(4, 9, 7, 3\)"):
-        rowwise(ds.vision.Normalize((0.5,) * 3, (0.5,) * 3), IMAGES[None].repeat(4, 0).swapaxes(0, 1))
+    with pytest.raises(ConfigurationError, match=r"<H, W>, <..., H, W, C>.*rows of shape \(4,\)"):
+        ds.vision.Normalize((0.5,), (0.5,))(np.zeros(4, np.uint8))
     with pytest.raises(ConfigurationError, match=r"std values in \(0, 255\]"):
         ds.vision.Normalize((0.5,), (0.0,))
     with pytest.raises(ConfigurationError, match=r"mean values must be in \[0, 255\]"):
         ds.vision.Normalize((-1.0,), (1.0,))
+
+
+def test_normalize_takes_batched_images_as_mindspore():
+    """MindSpore 2.7.0 normalizes <..., H, W, C> and (is_hwc=False) <..., C, H, W>: eagerly and after batch();
+    np.arange images of shape (2, 4, 5, 3) give (0 - 121) / 70 = -1.7285714 first, as float64 here."""
+    mean, std = [121.0, 115.0, 100.0], [70.0, 68.0, 71.0]
+    images = np.arange(120, dtype=np.uint8).reshape(2, 4, 5, 3)
+    expected = (images - np.float64(mean)) / np.float64(std)
+    for batched, is_hwc in [(images, True), (images[None], True), (images.transpose(0, 3, 1, 2), False)]:
+        out = ds.vision.Normalize(mean, std, is_hwc=is_hwc)(np.ascontiguousarray(batched))
+        want = expected if is_hwc else expected.transpose(0, 3, 1, 2)
+        assert out.dtype == np.float32 and out.shape == batched.shape
+        np.testing.assert_allclose(out.reshape(want.shape), want, rtol=1e-6)
+    data = ds.NumpySlicesDataset({"im": np.ones((4, 4, 5, 3), np.uint8)}, shuffle=False).batch(2)
+    first = next(data.map(ds.vision.Normalize(mean, std), "im").create_tuple_iterator(output_numpy=True))[0]
+    assert first.shape == (2, 4, 5, 3)
+    np.testing.assert_allclose(first[0, 0, 0], (1 - np.float64(mean)) / np.float64(std), rtol=1e-6)
+    with pytest.raises(ConfigurationError, match="3 channel"):  # MindSpore: channels 2, size of mean 3
+        ds.vision.Normalize(mean, std)(np.ones((2, 4, 5, 2), np.uint8))
+    with pytest.raises(ConfigurationError, match="<H, W> or <H, W, C>"):  # HWC2CHW stays per image in MindSpore
+        ds.vision.HWC2CHW()(images)
+    np.testing.assert_allclose(ds.vision.Rescale(0.5, 1.0)(images), images * 0.5 + 1.0)  # any rank, as MindSpore
 
 
 def test_resize_truncates_the_long_side_as_mindspore_and_uint8_halves_up():
