@@ -150,7 +150,7 @@ class Dataset:
         raise NotImplementedError
 
     def _num_rows(self) -> int:
-        """Rows (batches, after batch) per epoch; -1 for an endless pipeline."""
+        """Rows (batches, after batch) per epoch; an endless repeat counts one pass of what it repeats."""
         raise NotImplementedError
 
     def _signature(self) -> str:

@@ -155,8 +155,6 @@ class BatchDataset(Dataset):
 
     def _num_rows(self) -> int:
         rows = self.children[0]._num_rows()
-        if rows < 0:
-            return rows
         return rows // self.batch_size if self.drop_remainder else -(-rows // self.batch_size)
 
     def _signature(self) -> str:
@@ -233,8 +231,10 @@ class RepeatDataset(Dataset):
         return self.children[0].get_col_names()
 
     def _num_rows(self) -> int:
+        # An endless repeat counts one pass, as MindSpore 2.7.0's get_dataset_size (10 rows .repeat() gives 10,
+        # .repeat().batch(3) 4): what Model.train takes as the steps of an epoch that runs on endlessly.
         rows = self.children[0]._num_rows()
-        return -1 if self.count is None or rows < 0 else rows * self.count
+        return rows if self.count is None else rows * self.count
 
     def _signature(self) -> str:
         return str(self.count)
@@ -263,7 +263,7 @@ class TakeDataset(Dataset):
 
     def _num_rows(self) -> int:
         rows = self.children[0]._num_rows()
-        return rows if self.count == -1 else self.count if rows < 0 else min(rows, self.count)
+        return rows if self.count == -1 else min(rows, self.count)
 
     def _signature(self) -> str:
         return str(self.count)
@@ -291,7 +291,7 @@ class SkipDataset(Dataset):
 
     def _num_rows(self) -> int:
         rows = self.children[0]._num_rows()
-        return rows if rows < 0 else max(0, rows - self.count)
+        return max(0, rows - self.count)
 
     def _signature(self) -> str:
         return str(self.count)
@@ -376,8 +376,7 @@ class ZipDataset(Dataset):
         return list(self._names)
 
     def _num_rows(self) -> int:
-        sizes = [c._num_rows() for c in self.children if c._num_rows() >= 0]
-        return min(sizes) if sizes else -1
+        return min(c._num_rows() for c in self.children)
 
     def _signature(self) -> str:
         return ""
@@ -422,8 +421,7 @@ class ConcatDataset(Dataset):
         return self.children[0].get_col_names()
 
     def _num_rows(self) -> int:
-        sizes = [c._num_rows() for c in self.children]
-        return -1 if min(sizes) < 0 else sum(sizes)
+        return sum(c._num_rows() for c in self.children)
 
     def _signature(self) -> str:
         return ""
