@@ -427,6 +427,25 @@ class ConcatDataset(Dataset):
         return ""
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
+        first: dict[str, tuple[int, np.ndarray]] = {}  # column -> (dataset index, one block's values)
         for i, child in enumerate(self.children):
             for block in child._iter_blocks(ctx):
+                for name in self.get_col_names():
+                    self._check_same_kind(name, *first.setdefault(name, (i, block[name])), i, block[name])
                 yield {**block, ROW_ID: tag_ids(block[ROW_ID], i)}
+
+    @staticmethod
+    def _check_same_kind(name: str, i: int, a: np.ndarray, j: int, b: np.ndarray) -> None:
+        """MindSpore 2.7.0's rule: a column keeps its element type and rank across the datasets concatenated (rows
+        of one rank may differ in shape). Checked as rows arrive, since only then are the types known."""
+        if a.dtype != b.dtype:
+            raise ConfigurationError(
+                f"concat: column '{name}' is {a.dtype} in dataset {i} and {b.dtype} in dataset {j}; the datasets "
+                f"concatenated need the same column types — cast one side, e.g. "
+                f".map(transforms.TypeCast(ms.{a.dtype}), '{name}')"
+            )
+        if a.ndim != b.ndim:
+            raise ConfigurationError(
+                f"concat: column '{name}' has rows of rank {a.ndim - 1} in dataset {i} and {b.ndim - 1} in dataset "
+                f"{j}; the datasets concatenated need rows of the same rank — reshape one side with map()"
+            )

@@ -118,6 +118,23 @@ def test_project_rename_zip_concat():
     assert column(joined) == [0, 1, 2, 0, 1] and joined.get_dataset_size() == 5
 
 
+def test_concat_refuses_other_column_types_or_ranks_as_mindspore():
+    """MindSpore 2.7.0: RuntimeError "Concat: the data types ... should be the same, but got: int32 and float32"
+    (and int32 and int64), "the data tensor rank ... should be the same"; rows of one rank may differ in shape."""
+    ints = ds.NumpySlicesDataset({"x": np.arange(3, dtype=np.int32)}, shuffle=False)
+    for other in (np.array([0.5, 1.5], np.float32), np.arange(2, dtype=np.int64)):
+        mixed = ints.concat(ds.NumpySlicesDataset({"x": other}, shuffle=False))
+        with pytest.raises(
+            ConfigurationError, match=f"'x' is int32 in dataset 0 and {other.dtype} in dataset 1.*TypeCast"
+        ):
+            column(mixed)
+    pairs = ds.NumpySlicesDataset({"x": np.zeros((3, 2), np.int32)}, shuffle=False)
+    with pytest.raises(ConfigurationError, match="rows of rank 1 in dataset 0 and 0 in dataset 1"):
+        column(pairs.concat(ds.NumpySlicesDataset({"x": np.zeros(2, np.int32)}, shuffle=False)))
+    wider = pairs.concat(ds.NumpySlicesDataset({"x": np.zeros((2, 3), np.int32)}, shuffle=False))
+    assert column(wider) == [[0, 0]] * 3 + [[0, 0, 0]] * 2
+
+
 def test_operations_name_missing_or_colliding_columns():
     with pytest.raises(ConfigurationError, match=r"input_columns \['image'\] not found; the dataset's columns are"):
         numbers(3).map(ds.vision.HWC2CHW(), "image")
