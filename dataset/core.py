@@ -257,11 +257,12 @@ class Dataset:
         return self._num_rows()
 
     def get_batch_size(self) -> int:
+        """The batch size of the nearest batch() (1 if none); through zip and concat, that of the last dataset."""
         from tessel.dataset.ops import BatchDataset
 
         node: Dataset = self
         while node.children and not isinstance(node, BatchDataset):
-            node = node.children[0]
+            node = node.children[-1]  # zip and concat: the last dataset's, as MindSpore 2.7.0 measures
         return node.batch_size if isinstance(node, BatchDataset) else 1
 
     def get_repeat_count(self) -> int:

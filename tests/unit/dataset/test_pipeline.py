@@ -135,6 +135,17 @@ def test_concat_refuses_other_column_types_or_ranks_as_mindspore():
     assert column(wider) == [[0, 0]] * 3 + [[0, 0, 0]] * 2
 
 
+def test_batch_size_through_zip_and_concat_is_the_last_datasets():
+    """MindSpore 2.7.0 measured get_batch_size(): zip of batch(3), batch(4) gives 4; of batch(4), batch(3) 3; of
+    batch(3) and an unbatched one 1; of (batch(3), batch(4)) zipped after an unbatched one 4; concat of batch(3) and
+    batch(4) 4."""
+    b = lambda name, size: ds.NumpySlicesDataset({name: np.arange(10)}, shuffle=False).batch(size)  # noqa: E731
+    plain = ds.NumpySlicesDataset({"p": np.arange(10)}, shuffle=False)
+    got = [ds.zip((b("a", 3), b("b", 4))), ds.zip((b("a", 4), b("b", 3))), ds.zip((b("a", 3), plain))]
+    got += [ds.zip((plain, ds.zip((b("a", 3), b("b", 4))))), b("a", 3).concat(b("a", 4))]
+    assert [d.get_batch_size() for d in got] == [4, 3, 1, 4, 4]
+
+
 def test_operations_name_missing_or_colliding_columns():
     with pytest.raises(ConfigurationError, match=r"input_columns \['image'\] not found; the dataset's columns are"):
         numbers(3).map(ds.vision.HWC2CHW(), "image")
