@@ -64,6 +64,16 @@ def keyword_options(
             )
 
 
+def check_type(value: Any, types: type | tuple[type, ...], call: str, argument: str) -> None:
+    """TypeError, as MindSpore's argument checks raise, when `value` is not one of `types`. A bool passes only where
+    bool is listed (MindSpore refuses True for a number, and 1 for a bool)."""
+    types = types if isinstance(types, tuple) else (types,)
+    if isinstance(value, types) and (bool in types or not isinstance(value, bool)):
+        return
+    names = " or ".join(t.__name__ for t in types)
+    raise TypeError(f"{call}: {argument} must be of type {names}, got {type(value).__name__} {value!r}")
+
+
 def _same(value: Any, off: Any) -> bool:
     if value is None or off is None:
         return value is off

@@ -24,7 +24,7 @@ import numpy as np
 
 from tessel.core import hooks
 from tessel.core.errors import ConfigurationError
-from tessel.core.options import keyword_options, log_once, not_supported_yet
+from tessel.core.options import check_type, keyword_options, log_once, not_supported_yet
 from tessel.dataset import config
 from tessel.dataset.sampling import random_stream, salt_of, stream_key
 
@@ -185,6 +185,11 @@ class Dataset:
         MindSpore's worker options change nothing here (see map); per_batch_map and pad_info are not supported yet."""
         from tessel.dataset.ops import BatchDataset
 
+        if callable(batch_size):
+            raise not_supported_yet("Dataset.batch(batch_size=<callable>)", "give the batch size as an int")
+        if not isinstance(batch_size, (int, np.integer)):  # MindSpore 2.7.0: TypeError for batch(2.0)
+            raise TypeError(f"Dataset.batch: batch_size must be an int, got {type(batch_size).__name__} {batch_size!r}")
+        check_type(drop_remainder, bool, "Dataset.batch", "drop_remainder")
         check_workers("Dataset.batch", num_parallel_workers)
         keyword_options("Dataset.batch", options, WORKER_HINTS, _BATCH_UNSUPPORTED)
         return BatchDataset(self, batch_size, drop_remainder)

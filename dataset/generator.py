@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.options import keyword_options, not_supported_yet
+from tessel.core.options import check_type, keyword_options, not_supported_yet
 from tessel.dataset.core import ROW_ID, WORKER_HINTS, Block, Dataset, EpochContext, block_rows, check_workers
 from tessel.dataset.ops import column_list
 from tessel.dataset.sampling import ShardShares, check_sampling_args, sharded_rows, sharded_size
@@ -69,6 +69,7 @@ class GeneratorDataset(Dataset):
                     f"{where}: {len(column_types)} column_types for {len(self.column_names)} columns; give one each"
                 )
             self.column_types = [resolve_dtype(t, where) for t in column_types]
+        check_type(shuffle, (bool, type(None)), where, "shuffle")
         self.source = source
         self.random_access = hasattr(source, "__getitem__") and hasattr(source, "__len__")
         self.num_shards, self.shard_id = check_sampling_args(where, num_samples, num_shards, shard_id)

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from tessel.core.errors import ConfigurationError
-from tessel.core.options import keyword_options
+from tessel.core.options import check_type, keyword_options
 from tessel.dataset.core import (
     ROW_ID,
     SOURCE_UNSUPPORTED,
@@ -67,8 +67,7 @@ class MappableSource(Dataset):
         super().__init__()
         if sampler is not None:
             raise ConfigurationError(f"{where}: sampler= is not supported; use shuffle/num_samples/num_shards/shard_id")
-        if shuffle is not None and not isinstance(shuffle, bool):
-            raise ConfigurationError(f"{where}: shuffle must be True, False or None, got {shuffle!r}")
+        check_type(shuffle, (bool, type(None)), where, "shuffle")
         self.num_shards, self.shard_id = check_sampling_args(where, num_samples, num_shards, shard_id)
         self.num_samples = num_samples or None
         self.shuffle_flag = True if shuffle is None else shuffle
@@ -247,7 +246,7 @@ def _slices_columns(data: Any, column_names: Any, where: str) -> dict[str, np.nd
     elif isinstance(data, (list, np.ndarray)):
         names, arrays = ["column_0"], [np.asarray(data)]
     else:
-        raise ConfigurationError(
+        raise TypeError(
             f"{where}: data must be a dict, tuple, list or numpy array (sliced along axis 0), got {type(data).__name__}"
         )
     if column_names is not None:

@@ -188,8 +188,8 @@ def resolve_dtype(data_type: Any, where: str) -> np.dtype:
     if not isinstance(name, str):
         name = getattr(data_type, "name", None) or str(data_type)
     key = name.strip().lower().rsplit(".", 1)[-1]
-    if key not in _DTYPE_NAMES:
-        raise ConfigurationError(
+    if key not in _DTYPE_NAMES:  # a TypeError, as MindSpore 2.7.0's TypeCast(5) and TypeCast("foo")
+        raise TypeError(
             f"{where}: cannot resolve data type {data_type!r} to a numpy dtype; use one of {sorted(_DTYPE_NAMES)} "
             f"(e.g. ms.int32, np.int32 or 'int32')"
         )

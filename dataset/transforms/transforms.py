@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import check_type
 from tessel.dataset.sampling import RowRandom
 from tessel.dataset.transforms.base import Transform, as_operations, register, resolve_dtype
 
@@ -68,6 +69,11 @@ class Compose(Transform):
     """Apply transforms in order; inside `map` it is the same as passing the list (it is flattened there)."""
 
     def __init__(self, transforms: list[Any]):
+        # MindSpore 2.7.0's TypeErrors: a list (not a tuple, not one transform) of transforms or callables
+        check_type(transforms, list, "transforms.Compose", "transforms")
+        for i, op in enumerate(transforms):
+            if not callable(op):
+                raise TypeError(f"transforms.Compose: transforms[{i}] = {op!r} is neither a transform nor a callable")
         self.transforms = as_operations(transforms, "transforms.Compose")
         self._params = {"transforms": self.transforms}
 

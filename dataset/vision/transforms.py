@@ -13,12 +13,14 @@ Random transforms draw their parameters per row from the pipeline's seeded strea
 from __future__ import annotations
 
 import enum
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from tessel.core.errors import ConfigurationError
+from tessel.core.options import check_type
 from tessel.dataset.sampling import RowRandom
 from tessel.dataset.transforms.base import Transform, register, resolve_dtype
 
@@ -79,6 +81,8 @@ class Rescale(Transform):
     """`x * rescale + shift` in float32 (uint8 pixels to [0, 1] with Rescale(1.0 / 255.0, 0))."""
 
     def __init__(self, rescale: float, shift: float):
+        check_type(rescale, numbers.Number, "vision.Rescale", "rescale")
+        check_type(shift, numbers.Number, "vision.Rescale", "shift")
         self.rescale, self.shift = np.float32(rescale), np.float32(shift)
         self._params = {"rescale": float(rescale), "shift": float(shift)}
 
@@ -97,6 +101,11 @@ class Normalize(Transform):
     Leading axes (a batch of images) are kept, as MindSpore."""
 
     def __init__(self, mean: Sequence[float], std: Sequence[float], is_hwc: bool = True):
+        for name, values in (("mean", mean), ("std", std)):  # MindSpore 2.7.0's types: a list or tuple of numbers
+            check_type(values, (list, tuple), "vision.Normalize", name)
+            for i, value in enumerate(values):
+                check_type(value, (int, float), "vision.Normalize", f"{name}[{i}]")
+        check_type(is_hwc, bool, "vision.Normalize", "is_hwc")
         mean, std = tuple(float(m) for m in mean), tuple(float(s) for s in std)
         if not mean or len(mean) != len(std):
             raise ConfigurationError(

@@ -77,5 +77,33 @@ def test_bad_seed_and_sampler_arguments(mnist_dir):
         ds.config.set_seed(-1)
     with pytest.raises(ConfigurationError, match="sampler= is not supported"):
         ds.MnistDataset(mnist_dir[0], sampler=object())
-    with pytest.raises(ConfigurationError, match="shuffle must be True, False or None"):
+    with pytest.raises(TypeError, match="shuffle must be of type bool or NoneType, got str 'yes'"):
         ds.MnistDataset(mnist_dir[0], shuffle="yes")
+
+
+def test_arguments_of_the_wrong_type_are_type_errors_as_mindspore():
+    """MindSpore 2.7.0 raises TypeError for each of these (its argument type checks), not ValueError."""
+    data = ds.NumpySlicesDataset({"x": np.arange(4)}, shuffle=False)
+    image_ops = ds.vision.HWC2CHW()
+    for call in [
+        lambda: ds.transforms.TypeCast(5),
+        lambda: ds.transforms.TypeCast("foo"),
+        lambda: ds.transforms.Compose([1, 2]),
+        lambda: ds.transforms.Compose(image_ops),
+        lambda: ds.transforms.Compose((image_ops,)),
+        lambda: data.batch(2.0),
+        lambda: data.batch(2, drop_remainder=1),
+        lambda: ds.NumpySlicesDataset(5),
+        lambda: ds.NumpySlicesDataset([1, 2], shuffle="yes"),
+        lambda: ds.GeneratorDataset([(1,)], ["a"], shuffle="yes"),
+        lambda: ds.vision.Rescale("a", 0),
+        lambda: ds.vision.Rescale(1.0, "a"),
+        lambda: ds.vision.Rescale(True, 0),
+        lambda: ds.vision.Normalize([1.0], [1.0], is_hwc="yes"),
+        lambda: ds.vision.Normalize([1.0], [1.0], is_hwc=1),
+        lambda: ds.vision.Normalize(np.array([1.0]), [1.0]),
+        lambda: ds.vision.Normalize(["a"], [1.0]),
+    ]:
+        with pytest.raises(TypeError):
+            call()
+    assert ds.vision.Normalize((1.0,), (2.0,)).params()["is_hwc"] is True  # tuples are fine, as in MindSpore

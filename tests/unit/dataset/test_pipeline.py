@@ -211,7 +211,7 @@ def test_numpy_slices_inputs_and_errors():
     assert named.get_col_names() == ["b"]
     with pytest.raises(ConfigurationError, match="'b' has 2 rows but 'a' has 3"):
         ds.NumpySlicesDataset({"a": np.arange(3), "b": np.arange(2)})
-    with pytest.raises(ConfigurationError, match="must be a dict, tuple, list or numpy array"):
+    with pytest.raises(TypeError, match="must be a dict, tuple, list or numpy array"):
         ds.NumpySlicesDataset(5)
 
 

@@ -238,7 +238,7 @@ def test_type_cast_accepts_numpy_names_and_framework_dtypes(data_type):
 def test_type_cast_accepts_the_sdk_dtype_enum():
     dtypes = pytest.importorskip("tessel.compiler.dtypes")
     assert resolve_dtype(dtypes.DType.float16, "test") == np.float16
-    with pytest.raises(ConfigurationError, match="cannot resolve data type 'bfloat16'"):
+    with pytest.raises(TypeError, match="cannot resolve data type 'bfloat16'"):
         ds.transforms.TypeCast("bfloat16")
 
 
