@@ -68,6 +68,12 @@ class GeneratorDataset(Dataset):
                 raise ConfigurationError(
                     f"{where}: {len(column_types)} column_types for {len(self.column_names)} columns; give one each"
                 )
+            if any(isinstance(t, (str, type, np.dtype)) for t in column_types):
+                raise not_supported_yet(
+                    f"{where}(column_types={column_types!r})",
+                    "column_types takes MindSpore dtypes (MindSpore 2.7.0 raises NotImplementedError for numpy types "
+                    "and names too); use e.g. ms.int32",
+                )
             self.column_types = [resolve_dtype(t, where) for t in column_types]
         check_type(shuffle, (bool, type(None)), where, "shuffle")
         self.source = source
@@ -124,18 +130,24 @@ class GeneratorDataset(Dataset):
             yield count, self._as_row(item)
 
     def _as_row(self, item: Any) -> tuple[np.ndarray, ...]:
-        # MindSpore's _convert_row: a tuple or a list is one value per column, anything else one column; bytes are
-        # a uint8 array, a Tensor its numpy value
+        # MindSpore's _convert_row: a tuple or a list is one value per column, anything else one column; a Tensor
+        # is its numpy value, anything else np.array(value) (bytes are numpy bytes_, dtype S: MindSpore 2.7.0 gives
+        # S2 for b"ab")
         values = tuple(item) if isinstance(item, (tuple, list)) else (item,)
         if len(values) != len(self.column_names):
             raise ConfigurationError(
                 f"GeneratorDataset: the source yields {len(values)} value(s) per row but column_names has "
                 f"{len(self.column_names)}: {self.column_names}; yield a tuple with one value per column"
             )
-        values = tuple(_column_value(v) for v in values)
-        if self.column_types is None:
-            return tuple(np.asarray(v) for v in values)
-        return tuple(np.asarray(v, dtype=t) for v, t in zip(values, self.column_types))
+        row = tuple(np.asarray(_column_value(v)) for v in values)
+        for name, value, dtype in zip(self.column_names, row, self.column_types or ()):
+            if value.dtype != dtype:  # MindSpore 2.7.0 checks column_types, it does not cast (a Python int is int64)
+                raise ConfigurationError(
+                    f"GeneratorDataset: column '{name}' is declared {dtype} in column_types but the source returned "
+                    f"{value.dtype}; return {dtype} values (e.g. np.{dtype}(x)) or cast with "
+                    f".map(transforms.TypeCast(ms.{dtype}), '{name}')"
+                )
+        return row
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
         ids: list[int] = []
@@ -162,6 +174,4 @@ class GeneratorDataset(Dataset):
 
 
 def _column_value(value: Any) -> Any:
-    if isinstance(value, bytes):
-        return np.frombuffer(value, np.uint8)
     return value.asnumpy() if hasattr(value, "asnumpy") else value

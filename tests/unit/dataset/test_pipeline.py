@@ -227,7 +227,8 @@ def test_generator_sources_and_their_errors():
     assert column(data, "sq") == [0, 1, 4, 9, 16, 25] and data.get_dataset_size() == 6
     iterable = ds.GeneratorDataset(lambda: iter([(1,), (2,)]), "v", num_samples=1)
     assert column(iterable, "v") == [1] and iterable.get_dataset_size() == 1
-    typed = ds.GeneratorDataset([(1.7,)], ["v"], column_types=[np.int32])
+    dtypes = pytest.importorskip("tessel.compiler.dtypes")  # column_types takes MindSpore's dtypes (ms.int32)
+    typed = ds.GeneratorDataset([(np.int32(1),)], ["v"], column_types=[dtypes.DType.int32])
     assert next(typed.create_tuple_iterator(output_numpy=True))[0].dtype == np.int32
     with pytest.raises(ConfigurationError, match="column_names is required"):
         ds.GeneratorDataset(Squares())
@@ -235,12 +236,30 @@ def test_generator_sources_and_their_errors():
         ds.GeneratorDataset(lambda: iter([]), ["v"], shuffle=True)
     with pytest.raises(ConfigurationError, match="yields 2 value"):
         column(ds.GeneratorDataset(Squares(), ["only"]), "only")
-    # MindSpore's _convert_row: a list is one value per column too; bytes are uint8; a Tensor its value
+    # MindSpore's _convert_row: a list is one value per column too; a Tensor its value; bytes np.array(b"ab"), which
+    # MindSpore 2.7.0 gives as dtype S2 (not uint8)
     listed = ds.GeneratorDataset(lambda: iter([[np.array([i]), np.int64(i), b"ab"] for i in range(2)]), ["a", "b", "c"])
     rows = list(listed.create_tuple_iterator(output_numpy=True))
-    assert [r[1].tolist() for r in rows] == [0, 1] and rows[0][2].dtype == np.uint8 and rows[0][2].tolist() == [97, 98]
+    assert [r[1].tolist() for r in rows] == [0, 1] and rows[0][2].dtype == np.dtype("S2") and rows[0][2] == b"ab"
     with pytest.raises(ConfigurationError, match="yields 3 value"):
         column(ds.GeneratorDataset(lambda: iter([[1, 2, 3]]), ["v"]), "v")
+
+
+def test_generator_column_types_are_checked_not_cast():
+    """MindSpore 2.7.0 does not cast to column_types: a returned int32 for ms.int64, a Python int (int64) for
+    ms.int32 or a Python float (float64) for ms.float32 is a RuntimeError; numpy types or names there raise
+    NotImplementedError, even when they match."""
+    ms = pytest.importorskip("tessel.compiler.dtypes").DType
+    rows = lambda *values: ds.GeneratorDataset(lambda: ((v,) for v in values), ["a"], column_types=[ms.int64])  # noqa: E731
+    assert [int(r[0]) for r in rows(1, 2).create_tuple_iterator(output_numpy=True)] == [1, 2]
+    with pytest.raises(ConfigurationError, match="'a' is declared int64 in column_types but the source returned int32"):
+        list(rows(np.int32(1)))
+    floats = ds.GeneratorDataset(lambda: iter([(1.5,)]), ["f"], column_types=[ms.float32])
+    with pytest.raises(ConfigurationError, match=r"declared float32 .* returned float64"):
+        floats.output_types()
+    for numpy_type in (np.int64, np.dtype(np.int64), "int64"):
+        with pytest.raises(NotImplementedError, match="column_types takes MindSpore dtypes"):
+            ds.GeneratorDataset(lambda: iter([(1,)]), ["a"], column_types=[numpy_type])
 
 
 def test_arrow_files_are_mapped_and_sharded_like_any_source(tmp_path: Path):
