@@ -166,16 +166,18 @@ class Dataset:
         operations: Any,
         input_columns: str | Sequence[str] | None = None,
         output_columns: str | Sequence[str] | None = None,
+        column_order: Sequence[str] | None = None,
         num_parallel_workers: int | None = None,
         **options: Any,
     ) -> Dataset:
         """Apply transforms to `input_columns` (default: the first column) of every row. The rows come out the same
         whatever MindSpore's worker options say (num_parallel_workers, python_multiprocessing, max_rowsize): tessel
-        maps rows in the process that reads them; cache, callbacks and offload are not supported yet."""
+        maps rows in the process that reads them; cache, callbacks and offload are not supported yet. The arguments
+        are in MindSpore 2.7.0's order, column_order (dropped: use project()) fourth."""
         from tessel.dataset.ops import MapDataset
 
         check_workers("Dataset.map", num_parallel_workers)
-        keyword_options("Dataset.map", options, WORKER_HINTS, _MAP_UNSUPPORTED)
+        keyword_options("Dataset.map", {**options, "column_order": column_order}, WORKER_HINTS, _MAP_UNSUPPORTED)
         return MapDataset(self, operations, input_columns, output_columns)
 
     def batch(
@@ -239,6 +241,11 @@ class Dataset:
     def padded_batch(self, batch_size: Any, *args: Any, **kwargs: Any) -> Dataset:
         raise not_supported_yet("Dataset.padded_batch", "pad rows to one shape with map() before batch()")
 
+    def bucket_batch_by_length(self, column_names: Any, bucket_boundaries: Any, *args: Any, **kwargs: Any) -> Dataset:
+        raise not_supported_yet(
+            "Dataset.bucket_batch_by_length", "pad rows to one length with map() and batch() them, or sort them first"
+        )
+
     def zip(self, datasets: Dataset | Sequence[Dataset]) -> Dataset:
         """Rows side by side with those of `datasets` (column names must differ); as long as the shortest."""
         from tessel.dataset.ops import ZipDataset
@@ -278,10 +285,30 @@ class Dataset:
             node = node.children[0]
         return (node.count or -1) if isinstance(node, RepeatDataset) else 1
 
-    def output_shapes(self) -> list[list[int]]:
+    def output_shapes(self, estimate: bool = False) -> list[list[int]]:
         """Shape of each output column of one row (of one batch, once batched); [] when the pipeline yields no rows,
-        as MindSpore."""
-        return [list(a.shape) for a in self._first_row()]
+        as MindSpore. With `estimate`, one pass over the pipeline: a dimension that differs between rows is None
+        (MindSpore 2.7.0: a last, shorter batch of 10 rows in threes gives [[None]])."""
+        check_type(estimate, bool, "Dataset.output_shapes", "estimate")
+        if not estimate:
+            return [list(a.shape) for a in self._first_row()]
+        shapes: list[list[int | None]] = []
+        for row in self._iter_rows(self._next_epoch, self.get_col_names()):
+            if not shapes:
+                shapes = [list(a.shape) for a in row]
+            for name, shape, array in zip(self.get_col_names(), shapes, row):
+                if len(shape) != array.ndim:
+                    raise ConfigurationError(
+                        f"Dataset.output_shapes(estimate=True): column '{name}' has rows of rank {len(shape)} and "
+                        f"{array.ndim}; every row of a column needs one rank (MindSpore's rule) — reshape with map()"
+                    )
+                shape[:] = [d if d == n else None for d, n in zip(shape, array.shape)]
+        return shapes
+
+    def num_classes(self) -> None:
+        """None: MindSpore 2.7.0 counts classes only for folder-per-class sources (ImageFolderDataset and the like),
+        which tessel does not have; for its other sources, MNIST included, it gives None too."""
+        return None
 
     def output_types(self) -> list[np.dtype]:
         """Element type of each output column ([] when the pipeline yields no rows)."""

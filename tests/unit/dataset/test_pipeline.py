@@ -191,6 +191,25 @@ def test_metadata_queries():
     assert empty.output_shapes() == [] and empty.output_types() == []  # MindSpore 2.7.0 gives [] too
 
 
+def test_map_arguments_num_classes_and_estimated_shapes_as_mindspore():
+    """MindSpore 2.7.0: map(operations, input_columns, output_columns, column_order, num_parallel_workers), so a fifth
+    positional argument is num_parallel_workers and a fourth other than None is the dropped column_order;
+    num_classes() is None for these sources; output_shapes(estimate=True) gives None for a dimension that varies
+    ([[None]] for 10 rows in threes; [[None], [2]] for generator rows of lengths 1..3 beside a fixed column) and
+    refuses rows of another rank."""
+    assert column(numbers(3).map(lambda a: a, ["x"], ["x"], None, 2)) == [0, 1, 2]
+    with pytest.raises(NotSupportedYetError, match="column_order"):
+        numbers(3).map(lambda a: a, ["x"], ["x"], ["x"])
+    assert numbers(3).num_classes() is None
+    assert numbers(10).project("x").batch(3).output_shapes(estimate=True) == [[None]]
+    assert numbers(10).project("x").batch(3).output_shapes() == [[3]]
+    varying = ds.GeneratorDataset(lambda: ((np.zeros(i + 1), np.zeros(2)) for i in range(3)), ["a", "b"])
+    assert varying.output_shapes(estimate=True) == [[None], [2]]
+    ragged = ds.GeneratorDataset(lambda: iter([(np.zeros(2),), (np.zeros((2, 3)),)]), ["a"])
+    with pytest.raises(ConfigurationError, match="rows of rank 1 and 2"):
+        ragged.output_shapes(estimate=True)
+
+
 def test_a_python_function_in_map_gets_a_0d_array_for_a_scalar_column():
     """MindSpore 2.7.0 hands a pyfunc a 0-d numpy.ndarray per scalar value, not a numpy scalar."""
     seen = []
@@ -296,7 +315,8 @@ def test_mindspore_names_tessel_lacks_are_not_supported_yet_not_attribute_errors
     # core/options.py: a MindSpore API tessel does not map raises NotSupportedYetError naming it, never AttributeError
     for get in (lambda: ds.ImageFolderDataset, lambda: ds.DistributedSampler, lambda: ds.vision.Decode,
                 lambda: numbers(2).filter(lambda x: True), lambda: numbers(2).split([1, 1]),
-                lambda: numbers(2).padded_batch(2)):  # fmt: skip
+                lambda: numbers(2).padded_batch(2),
+                lambda: numbers(2).bucket_batch_by_length(["x"], [2], [1, 2])):  # fmt: skip
         with pytest.raises(NotSupportedYetError, match="not supported yet"):
             get()
     with pytest.raises(AttributeError):
