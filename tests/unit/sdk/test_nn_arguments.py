@@ -241,6 +241,58 @@ def test_layer_norm_begin_axes_and_epsilon_are_honoured():
     close(run(both, x), (x64 - mean) / np.sqrt(var + 1e-7), rtol=1e-4, atol=1e-5)
 
 
+def _group_norm_float64(x: np.ndarray, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """GroupNorm without affine in float64, and 1/sqrt(var + 1e-5) per group."""
+    g = x.astype(np.float64).reshape(x.shape[0], groups, -1)
+    centered = g - g.mean(2, keepdims=True)
+    rstd = 1 / np.sqrt((centered**2).mean(2, keepdims=True) + 1e-5)
+    return (centered * rstd).reshape(x.shape), rstd
+
+
+def test_group_norm_is_exact_on_a_large_mean_with_a_small_spread():
+    """MindSpore 2.7.0 is within 1.2e-7 of float64 here (its CPU kernel accumulates in float64); a float32 mean of
+    1000 + 0.01 * noise is off by an ulp of 1000, which once divided by the spread was an error of 1.2e-2."""
+    x = (np.random.RandomState(0).randn(2, 4, 4096) * 0.01 + 1000).astype(np.float32)
+    weights = np.random.RandomState(1).randn(*x.shape)
+    cell = nn.GroupNorm(2, 4)
+    _, (dx, (dgamma, dbeta)) = ms.value_and_grad(
+        lambda t: (cell(t) * ms.Tensor(weights.astype(np.float32))).sum(), 0, cell.trainable_params()
+    )(ms.Tensor(x))
+    normed, rstd = _group_norm_float64(x, 2)
+    np.testing.assert_allclose(cell(ms.Tensor(x)).asnumpy(), normed, atol=2e-6)
+    w = weights.reshape(2, 2, -1)
+    xhat = normed.reshape(w.shape)
+    want_dx = rstd * (w - w.mean(2, keepdims=True) - xhat * (w * xhat).mean(2, keepdims=True))
+    np.testing.assert_allclose(dx.asnumpy(), want_dx.reshape(x.shape), rtol=1e-4, atol=1e-3)  # |dx| up to ~400
+    np.testing.assert_allclose(dgamma.asnumpy(), (weights * normed).sum((0, 2)), atol=1e-3)
+    np.testing.assert_allclose(dbeta.asnumpy(), weights.sum((0, 2)), atol=1e-3)
+
+
+def test_norm_cells_take_float16_inputs_with_float32_parameters():
+    """MindSpore 2.7.0: LayerNorm((3,)), GroupNorm(2, 4) and BatchNorm2d(4) (train and eval) on a float16 input with
+    their default float32 parameters give Float16 outputs, and float32 gradients for the parameters (LayerNorm and
+    GroupNorm cast gamma and beta to the input's dtype); the values are float16 roundings of the float64 ones."""
+    x16 = np.random.RandomState(0).randn(2, 4, 3, 3).astype(np.float16)
+    x = x16.astype(np.float64)
+    ln_mean, ln_var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    bn_mean, bn_var = x.mean((0, 2, 3), keepdims=True), x.var((0, 2, 3), keepdims=True)
+    train_bn, eval_bn = nn.BatchNorm2d(4).set_train(True), nn.BatchNorm2d(4).set_train(False)
+    cases = [
+        (nn.LayerNorm((3,)), (x - ln_mean) / np.sqrt(ln_var + 1e-7)),
+        (nn.GroupNorm(2, 4), _group_norm_float64(x, 2)[0]),
+        (train_bn, (x - bn_mean) / np.sqrt(bn_var + 1e-5)),
+        (eval_bn, x / np.sqrt(1 + 1e-5)),
+    ]
+    for cell, want in cases:
+        got = cell(ms.Tensor(x16))
+        assert got.dtype == ms.float16, cell
+        np.testing.assert_allclose(got.asnumpy().astype(np.float64), want, rtol=2e-3, atol=2e-3, err_msg=repr(cell))
+        grads = ms.grad(lambda t, c=cell: c(t).astype(ms.float32).sum(), None, cell.trainable_params())(ms.Tensor(x16))
+        assert [g.dtype for g in grads] == [ms.float32, ms.float32], cell
+    assert train_bn.moving_mean.dtype == ms.float32  # two training calls: 0.9 * (0.1 * mean) + 0.1 * mean
+    np.testing.assert_allclose(train_bn.moving_mean.asnumpy(), 0.19 * bn_mean.ravel(), atol=1e-6)
+
+
 # --- 4. optimizers ---------------------------------------------------------------------------------------------------
 
 

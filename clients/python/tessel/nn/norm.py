@@ -39,16 +39,20 @@ class LayerNorm(Cell):
         require_float(self, x)
         from tessel.common.tracing import apply_op
 
+        # MindSpore casts gamma and beta to the input's dtype, and a float16 input gives a float16 output; the
+        # statistics are taken in float32 at least
+        wide = x if x.dtype.itemsize >= 4 else F.cast(x, DType.float32)
+        gamma, beta = (F.cast(F.cast(p, x.dtype), wide.dtype) for p in (self.gamma, self.beta))
         y, _, _ = apply_op(
             "LayerNorm",
-            x,
-            self.gamma,
-            self.beta,
+            wide,
+            gamma,
+            beta,
             begin_norm_axis=self.begin_norm_axis,
             begin_params_axis=self.begin_params_axis,
             epsilon=self.epsilon,
         )
-        return y
+        return F.cast(y, x.dtype)
 
     def extend_repr(self) -> str:
         return f"normalized_shape={self.normalized_shape}, epsilon={self.epsilon}"
@@ -86,13 +90,20 @@ class GroupNorm(Cell):
         shape = tuple(x.shape)
         if len(shape) < 2 or shape[1] != self.num_channels:
             raise ConfigurationError(f"GroupNorm: expects input (N, {self.num_channels}, ...), got shape {shape}")
-        grouped = F.reshape(x, (shape[0], self.num_groups, -1))
-        mean = F.mean(grouped, 2, True)
-        centered = grouped - mean
+        # The statistics are taken in float32 at least (MindSpore's CPU kernel takes them in float64); gamma and beta
+        # are cast to the input's dtype and the output has it, as MindSpore's
+        wide = x if x.dtype.itemsize >= 4 else F.cast(x, DType.float32)
+        grouped = F.reshape(wide, (shape[0], self.num_groups, -1))
+        centered = grouped - F.mean(grouped, 2, True)
+        # Subtract the residuals' mean too (corrected two-pass): the float32 mean of an input like 1000 + 0.01 * noise
+        # is off by about an ulp of 1000, a large error against a spread of 0.01, while the residuals are small enough
+        # for their mean to be close to exact
+        centered = centered - F.mean(centered, 2, True)
         var = F.mean(F.square(centered), 2, True)
         normed = F.reshape(centered / F.sqrt(var + self.eps), shape)
         view = (1, self.num_channels) + (1,) * (len(shape) - 2)
-        return normed * F.reshape(self.gamma, view) + F.reshape(self.beta, view)
+        gamma, beta = (F.reshape(F.cast(F.cast(p, x.dtype), wide.dtype), view) for p in (self.gamma, self.beta))
+        return F.cast(normed * gamma + beta, x.dtype)
 
     def extend_repr(self) -> str:
         return f"num_groups={self.num_groups}, num_channels={self.num_channels}, eps={self.eps}, affine={self.affine}"
@@ -143,9 +154,14 @@ class _BatchNorm(Cell):
                 f"got shape {tuple(x.shape)}"
             )
         training = self.training if self.use_batch_statistics is None else self.use_batch_statistics
-        return F.batch_norm(
-            x, self.moving_mean, self.moving_variance, self.gamma, self.beta, training, 1.0 - self.momentum, self.eps
+        dtype = self.moving_mean.dtype
+        # MindSpore's BatchNorm takes a float16 input with float32 parameters and statistics and gives a float16
+        # output: run it in the parameters' dtype
+        wide = F.cast(x, dtype) if x.dtype.itemsize < dtype.itemsize else x
+        y = F.batch_norm(
+            wide, self.moving_mean, self.moving_variance, self.gamma, self.beta, training, 1.0 - self.momentum, self.eps
         )
+        return F.cast(y, x.dtype)
 
     def extend_repr(self) -> str:
         return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
