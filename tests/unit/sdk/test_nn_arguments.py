@@ -130,6 +130,36 @@ def test_dropout_dtype_is_logged_once_as_having_no_effect(caplog):
     ]
 
 
+def test_dropout_keep_prob_and_p_as_mindspore():
+    """MindSpore 2.7.0: p wins over keep_prob (Dropout(keep_prob=0.8, p=0.3) zeroes 30%); .p is None when only
+    keep_prob was given and .keep_prob keeps its value (0.5 by default); the repr shows whichever decides; keep_prob=1
+    makes it the identity even with p given; keep_prob must be a float and p a float or an int, bools refused."""
+    x = ms.Tensor(np.ones((400, 500), np.float32))
+
+    def zero_fraction(cell):
+        return float((cell.set_train(True)(x).asnumpy() == 0).mean())
+
+    cases = [
+        (nn.Dropout(), None, 0.5, "keep_prob=0.5", 0.5),
+        (nn.Dropout(0.9), None, 0.9, "keep_prob=0.9", 0.1),
+        (nn.Dropout(p=0.3), 0.3, 0.5, "p=0.3", 0.3),
+        (nn.Dropout(keep_prob=0.8, p=0.3), 0.3, 0.8, "p=0.3", 0.3),
+        (nn.Dropout(keep_prob=1.0, p=0.3), 0.3, 1.0, "p=0.3", 0.0),
+        (nn.Dropout(keep_prob=0.8, p=0), 0, 0.8, "p=0", 0.0),
+    ]
+    for cell, p, keep_prob, shown, zeros in cases:
+        assert (cell.p, cell.keep_prob, cell.extend_repr()) == (p, keep_prob, shown)
+        assert zero_fraction(cell) == pytest.approx(zeros, abs=0.01), shown
+    with pytest.raises(TypeError, match="keep_prob must be a float, got 1"):
+        nn.Dropout(keep_prob=1)
+    with pytest.raises(TypeError, match="p must be a float or an int, got True"):
+        nn.Dropout(p=True)
+    with pytest.raises(ConfigurationError, match=r"keep_prob must be in \(0, 1\], got 0.0"):
+        nn.Dropout(keep_prob=0.0)
+    with pytest.raises(ConfigurationError, match=r"p must be in \[0, 1\), got 1.0"):
+        nn.Dropout(keep_prob=0.5, p=1.0)
+
+
 # --- 2. mint.nn activations ------------------------------------------------------------------------------------------
 
 

@@ -118,15 +118,23 @@ class Identity(Cell):
 
 
 class Dropout(Cell):
-    """Zero elements with probability p (= 1 - keep_prob) while training; the identity in eval mode."""
+    """Zero elements with probability p while training (or 1 - keep_prob when p is None); the identity in eval mode.
 
-    def __init__(self, keep_prob: float | None = None, p: float | None = None, dtype: Any = DType.float32):
+    As MindSpore's: p wins when both are given; `.p` is None when only keep_prob was, and `.keep_prob` keeps its
+    value (0.5 by default) either way."""
+
+    def __init__(self, keep_prob: float = 0.5, p: float | None = None, dtype: Any = DType.float32):
         super().__init__()
-        if keep_prob is not None and p is not None:
-            raise ConfigurationError("Dropout: give either keep_prob or p, not both")
-        p = 1.0 - keep_prob if keep_prob is not None else (0.5 if p is None else p)
-        if not 0.0 <= p < 1.0:
-            raise ConfigurationError(f"Dropout: p must be in [0, 1) (keep_prob in (0, 1]), got p={p}")
+        if p is None:
+            if not isinstance(keep_prob, float):
+                raise TypeError(f"Dropout: keep_prob must be a float, got {keep_prob!r}; e.g. keep_prob=0.9, or p=0.1")
+            if not 0.0 < keep_prob <= 1.0:
+                raise ConfigurationError(f"Dropout: keep_prob must be in (0, 1], got {keep_prob}")
+        else:
+            if isinstance(p, bool) or not isinstance(p, (int, float)):
+                raise TypeError(f"Dropout: p must be a float or an int, got {p!r}; e.g. p=0.1")
+            if not 0.0 <= p < 1.0:
+                raise ConfigurationError(f"Dropout: p must be in [0, 1), got {p}")
         if to_dtype(dtype) != DType.float32:
             log_once(
                 "Dropout.dtype",
@@ -136,17 +144,19 @@ class Dropout(Cell):
             )
         from tessel.common import seed
 
-        self.p, self.seed = float(p), seed.next_op_seed()
+        self.p, self.keep_prob, self.seed = p, keep_prob, seed.next_op_seed()
 
     def construct(self, x):
-        if not self.training or self.p == 0.0:
+        # MindSpore's test, keep_prob == 1 included even when p is given
+        if not self.training or self.keep_prob == 1 or self.p == 0:
             return x
+        rate = 1.0 - self.keep_prob if self.p is None else float(self.p)
         trace = current()
         seed = self.seed if trace is None else trace.call_seed(self, self.seed)  # a new mask per call in a graph
-        return F.dropout(x, self.p, training=True, seed=seed)
+        return F.dropout(x, rate, training=True, seed=seed)
 
     def extend_repr(self) -> str:
-        return f"p={self.p}"
+        return f"keep_prob={self.keep_prob}" if self.p is None else f"p={self.p}"
 
 
 class Embedding(Cell):
