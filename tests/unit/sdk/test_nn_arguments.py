@@ -258,6 +258,30 @@ def test_batch_norm_affine_false_freezes_gamma_and_beta():
     assert all(p.requires_grad for p in nn.BatchNorm1d(3).trainable_params())
 
 
+def test_batch_norm_parameter_names_as_mindspore(tmp_path):
+    """MindSpore 2.7.0 names a top-level BatchNorm's statistics by their Parameter names, 'mean' and 'variance', and
+    nested ones by attribute path ('bn.moving_mean'), in get_parameters, parameters_and_names, parameters_dict and a
+    checkpoint alike."""
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.bn = nn.BatchNorm2d(2)
+
+    for cls in (nn.BatchNorm1d, nn.BatchNorm2d):
+        top = cls(2)
+        assert [p.name for p in top.get_parameters()] == ["mean", "variance", "gamma", "beta"]
+        assert [(n, p.name) for n, p in top.parameters_and_names()][:2] == [
+            ("moving_mean", "mean"),
+            ("moving_variance", "variance"),
+        ]
+        ms.save_checkpoint(top, str(tmp_path / "top.ckpt"))
+        assert list(ms.load_checkpoint(str(tmp_path / "top.ckpt"))) == ["mean", "variance", "gamma", "beta"]
+    nested = ["bn.moving_mean", "bn.moving_variance", "bn.gamma", "bn.beta"]
+    assert list(Net().parameters_dict()) == nested
+    assert [p.name for p in nn.SequentialCell([nn.BatchNorm2d(2)]).get_parameters()] == ["0." + n[3:] for n in nested]
+
+
 def test_layer_norm_begin_axes_and_epsilon_are_honoured():
     x = rand(2, 3, 4) * 3
     norm = nn.LayerNorm((4,), begin_norm_axis=1, begin_params_axis=-1, epsilon=1e-2)

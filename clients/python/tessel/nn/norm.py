@@ -139,10 +139,11 @@ class _BatchNorm(Cell):
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         self.use_batch_statistics = use_batch_statistics
         shape = (num_features,)
-        # MindSpore's order (nn/layer/normalization.py): the moving statistics first, so get_parameters() and a
-        # checkpoint list them before gamma and beta
-        self.moving_mean = make_parameter(moving_mean_init, shape, dtype, "moving_mean", requires_grad=False)
-        self.moving_variance = make_parameter(moving_var_init, shape, dtype, "moving_variance", requires_grad=False)
+        # MindSpore's order and names (nn/layer/normalization.py): the moving statistics first, so get_parameters()
+        # and a checkpoint list them before gamma and beta, named "mean" and "variance" (what a top-level BatchNorm's
+        # names stay; a nested one's are its attribute paths, "bn.moving_mean")
+        self.moving_mean = make_parameter(moving_mean_init, shape, dtype, "mean", requires_grad=False)
+        self.moving_variance = make_parameter(moving_var_init, shape, dtype, "variance", requires_grad=False)
         self.gamma = make_parameter(gamma_init, shape, dtype, "gamma", requires_grad=affine)
         self.beta = make_parameter(beta_init, shape, dtype, "beta", requires_grad=affine)
 
