@@ -105,6 +105,24 @@ def test_tensor_takes_mindspores_other_arguments_and_refuses_a_device_placement(
         ms.Tensor([1], dtpye=ms.float32)
 
 
+def test_pooling_cells_take_a_one_element_tuple_as_its_element():
+    """MindSpore 2.7.0 on arange(16).reshape(1, 1, 4, 4): MaxPool2d((2,), 2) and MaxPool2d(2, (2,)) give
+    [5, 7, 13, 15], MaxPool2d((2,), (1,)) [5, 6, 7, 9, 10, 11, 13, 14, 15], AvgPool2d((2,), 2) and AvgPool2d(2, (2,))
+    [2.5, 4.5, 10.5, 12.5]; a three-element kernel_size is an error."""
+    x = ms.Tensor(np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4))
+    cases = [
+        (nn.MaxPool2d((2,), 2), [5, 7, 13, 15]),
+        (nn.MaxPool2d(2, (2,)), [5, 7, 13, 15]),
+        (nn.MaxPool2d((2,), (1,)), [5, 6, 7, 9, 10, 11, 13, 14, 15]),
+        (nn.AvgPool2d((2,), 2), [2.5, 4.5, 10.5, 12.5]),
+        (nn.AvgPool2d(2, (2,)), [2.5, 4.5, 10.5, 12.5]),
+    ]
+    for cell, want in cases:
+        np.testing.assert_allclose(cell(x).asnumpy().ravel(), want)
+    with pytest.raises(ConfigurationError, match=r"kernel_size must be a positive int or a pair of them"):
+        nn.MaxPool2d((2, 2, 2), 2)
+
+
 def test_pooling_cells_refuse_the_options_they_lack():
     nn.MaxPool2d(2, 2, dilation=1, return_indices=False, ceil_mode=False)
     x = ms.Tensor(np.arange(1, 17, dtype=np.float32).reshape(1, 1, 4, 4))

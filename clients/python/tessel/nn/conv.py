@@ -103,7 +103,9 @@ class _Pool2d(Cell):
         name = type(self).__name__
         check_data_format(f"nn.{name}", data_format)
         keyword_options(name, options, unsupported=self._unsupported)
-        self.kernel_size, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
+        # MindSpore's pooling cells take a one-element tuple as its element: MaxPool2d((2,), (2,)) is MaxPool2d(2, 2)
+        unwrap = lambda v: v[0] if isinstance(v, tuple) and len(v) == 1 else v  # noqa: E731
+        self.kernel_size, self.stride = _pair(unwrap(kernel_size), "kernel_size"), _pair(unwrap(stride), "stride")
         self.pad_mode, self.padding = _pad_mode(pad_mode, padding), padding
         self.options = options
 
