@@ -105,13 +105,103 @@ def test_softmax_over_several_axes_is_refused():
         nn.Softmax(axis=(0, 1))
 
 
-def test_get_activation_none_and_caller_name():
+def test_get_activation_takes_mindspores_names_exactly():
+    """MindSpore 2.7.0: get_activation('ReLU'), 'softplus', 'swish' and 'leaky_relu' are KeyErrors "The 'name' must be
+    in [...], but got ReLU." ("For 'Dense', the" with prim_name; Dense(activation=...) passes none);
+    get_activation('threshold') is a TypeError (nn.Threshold needs arguments); 'prelu', 'rrelu', 'fast_gelu' and the
+    like are activations tessel lacks."""
     assert nn.get_activation(None) is None
-    assert isinstance(nn.get_activation("leaky_relu"), nn.LeakyReLU)
-    with pytest.raises(ConfigurationError, match="Dense: unknown activation 'swishy'"):
+    assert isinstance(nn.get_activation("leakyrelu"), nn.LeakyReLU)
+    for name in ("ReLU", "softplus", "swish", "leaky_relu", "reluu"):
+        with pytest.raises(
+            KeyError, match=rf"^\"The 'name' must be in \['softmin', 'softmax', .*, but got {name}\.\"$"
+        ):
+            nn.get_activation(name)
+    with pytest.raises(KeyError, match=r"For 'Dense', the 'name' must be in .*, but got swishy\."):
         nn.get_activation("swishy", prim_name="Dense")
-    with pytest.raises(ConfigurationError, match="Dense: unknown activation 'reluu'"):
-        nn.Dense(3, 2, activation="reluu")
+    with pytest.raises(KeyError, match=r"^\"The 'name' must be in .*, but got ReLU\.\"$"):
+        nn.Dense(3, 2, activation="ReLU")
+    with pytest.raises(TypeError, match=r"get_activation\('threshold'\) fails in MindSpore 2.7.0 as well"):
+        nn.get_activation("threshold")
+    for name in ("prelu", "preluExt", "rrelu", "fast_gelu", "softmax2d", "logsoftmaxExt"):
+        with pytest.raises(NotSupportedYetError, match=rf"activation '{name}' .*pass one of \['softmin', "):
+            nn.Dense(3, 2, activation=name)
+
+
+@pytest.mark.parametrize(
+    "cell, want, want_grad",
+    [
+        (
+            nn.get_activation("softsign"),
+            [-0.666667, -0.5, -0.333333, 0.0, 0.230769, 0.333333, 0.5, 0.6],
+            [0.111111, 0.5, 1.333333, 4.0, 2.95858, 2.666667, 1.75, 1.28],
+        ),
+        (
+            nn.get_activation("tanhshrink"),
+            [-1.035972, -0.238406, -0.037883, 0.0, 0.008687, 0.037883, 0.238406, 0.594852],
+            [0.929349, 1.160051, 0.640657, 0.0, 0.424315, 1.281314, 4.06018, 6.554347],
+        ),
+        (
+            nn.get_activation("hardtanh"),
+            [-1.0, -1.0, -0.5, 0.0, 0.3, 0.5, 1.0, 1.0],
+            [0.0, 1.0, 3.0, 4.0, 5.0, 6.0, 3.5, 0.0],
+        ),
+        (
+            nn.get_activation("softshrink"),
+            [-1.5, -0.5, 0.0, 0.0, 0.0, 0.0, 0.5, 1.0],
+            [1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 7.0, 8.0],
+        ),
+        (
+            nn.get_activation("hshrink"),
+            [-2.0, -1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.5],
+            [1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 7.0, 8.0],
+        ),
+        (
+            nn.get_activation("logsigmoid"),
+            [-2.126928, -1.313261, -0.974077, -0.693147, -0.554355, -0.474077, -0.313261, -0.201413],
+            [0.880797, 1.462117, 1.867378, 2.0, 2.127786, 2.265244, 1.882588, 1.459404],
+        ),
+        (
+            nn.get_activation("softmin"),
+            [0.502848, 0.184987, 0.112201, 0.068053, 0.050415, 0.041276, 0.025035, 0.015185],
+            [0.642687, 0.051444, -0.080998, -0.117181, -0.137225, -0.153626, -0.118214, -0.086885],
+        ),
+        (nn.Hardtanh(-0.5, 1.5), [-0.5, -0.5, -0.5, 0.0, 0.3, 0.5, 1.0, 1.5], [0.0, 0.0, 1.5, 4.0, 5.0, 6.0, 7.0, 4.0]),
+        (nn.SoftShrink(1.0), [-1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5], [1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 8.0]),
+        (nn.HShrink(0.3), [-2.0, -1.0, -0.5, 0.0, 0.0, 0.5, 1.0, 1.5], [1.0, 2.0, 3.0, 0.0, 0.0, 6.0, 7.0, 8.0]),
+        (
+            nn.Softmin(0),
+            [0.502848, 0.184987, 0.112201, 0.068053, 0.050415, 0.041276, 0.025035, 0.015185],
+            [0.642687, 0.051444, -0.080998, -0.117181, -0.137225, -0.153626, -0.118214, -0.086885],
+        ),
+    ],
+)
+def test_shrink_sign_and_hardtanh_activations_match_mindspore(cell, want, want_grad):
+    """MindSpore 2.7.0's outputs and gradients of sum(cell(x) * [1..8]) on x = [-2, -1, -0.5, 0, 0.3, 0.5, 1, 1.5]:
+    the bounds of Hardtanh take half the slope, those of SoftShrink and HShrink none."""
+    x = ms.Tensor(np.array([-2, -1, -0.5, 0, 0.3, 0.5, 1, 1.5], np.float32))
+    weights = ms.Tensor(np.arange(1, 9, dtype=np.float32))
+    close(cell(x).asnumpy(), want, atol=3e-6)
+    close(ms.grad(lambda t: (cell(t) * weights).sum())(x).asnumpy(), want_grad, atol=3e-6)
+
+
+def test_new_activation_cells_check_their_arguments_as_mindspore():
+    """MindSpore 2.7.0: Hardtanh(1.0, -1.0) and Hardtanh(1.0, 1.0) are ValueErrors, SoftShrink(-1.0) an error (a
+    RuntimeError at the call), HShrink(-0.5) the identity, Softmin((0,)) Softmin(0), Softmin(1.5) a TypeError."""
+    for low, high in ((1.0, -1.0), (1.0, 1.0)):
+        with pytest.raises(
+            ConfigurationError, match=f"Hardtanh: min_val must be less than max_val, got {low} and {high}"
+        ):
+            nn.Hardtanh(low, high)
+    with pytest.raises(ConfigurationError, match=r"SoftShrink: lambd must be >= 0, got -1\.0"):
+        nn.SoftShrink(-1.0)
+    x = np.array([-2.0, -0.7, 0.3, 1.5])
+    close(run(nn.HShrink(-0.5), x), x)
+    close(run(nn.Softmin((0,)), x), softmax(-x, 0))
+    with pytest.raises(TypeError, match="Softmin: axis must be an int"):
+        nn.Softmin(1.5)
+    with pytest.raises(NotSupportedYetError, match=r"Softmin\(axis=\(0, 1\)\)"):
+        nn.Softmin((0, 1))
 
 
 def test_identity_takes_and_ignores_any_argument_as_mindspore_documents():

@@ -75,7 +75,7 @@ class Dense(Cell):
         self.weight = make_parameter(weight_init, (out_channels, in_channels), dtype, "weight")
         bias_init = Uniform(1.0 / math.sqrt(in_channels)) if bias_init is None else bias_init
         self.bias = make_parameter(bias_init, (out_channels,), dtype, "bias") if has_bias else None
-        self.activation = get_activation(activation, "Dense") if isinstance(activation, str) else activation
+        self.activation = get_activation(activation) if isinstance(activation, str) else activation
         self.matmul = primitive.MatMul(transpose_b=True)
         self.bias_add = primitive.BiasAdd()
 
@@ -256,15 +256,21 @@ def _int_axis(name: str, value: Any) -> int:
     return value
 
 
-def _check_softmax_axis(cell: Cell) -> None:
-    axis = cell.axis
-    if isinstance(axis, (tuple, list)):
-        if len(axis) != 1:
-            raise not_supported_yet(
-                f"mindspore.nn.Softmax(axis={axis!r})", "tessel's softmax runs over one axis; pass a single int"
-            )
-        axis = axis[0]
-    object.__setattr__(cell, "axis", _int_axis("Softmax", axis))
+def _one_axis(name: str):
+    """The check of nn.`name`'s axis: an int or a one-element tuple of it (a longer tuple is not supported yet)."""
+
+    def check(cell: Cell) -> None:
+        axis = cell.axis
+        if isinstance(axis, (tuple, list)):
+            if len(axis) != 1:
+                raise not_supported_yet(
+                    f"mindspore.nn.{name}(axis={axis!r})",
+                    f"tessel's {name.lower()} runs over one axis; pass a single int",
+                )
+            axis = axis[0]
+        object.__setattr__(cell, "axis", _int_axis(name, axis))
+
+    return check
 
 
 ReLU = _activation_cell("ReLU", lambda c, x: F.relu(x), "max(x, 0).")
@@ -283,7 +289,7 @@ LeakyReLU = _activation_cell(
     "LeakyReLU", lambda c, x: F.leaky_relu(x, c.alpha), "x where x >= 0, else alpha * x.", _check_alpha, alpha=0.2
 )
 Softmax = _activation_cell(
-    "Softmax", lambda c, x: F.softmax(x, c.axis), "softmax over axis.", _check_softmax_axis, axis=-1
+    "Softmax", lambda c, x: F.softmax(x, c.axis), "softmax over axis.", _one_axis("Softmax"), axis=-1
 )
 LogSoftmax = _activation_cell(
     "LogSoftmax",
@@ -306,32 +312,104 @@ Mish = _activation_cell("Mish", lambda c, x: C.mish(x), "x * tanh(softplus(x))."
 HSwish = _activation_cell("HSwish", lambda c, x: C.hardswish(x), "x * relu6(x + 3) / 6.")
 HSigmoid = _activation_cell("HSigmoid", lambda c, x: C.hardsigmoid(x), "relu6(x + 3) / 6.")
 
+
+def _check_hardtanh(cell: Cell) -> None:
+    if not cell.min_val < cell.max_val:
+        raise ConfigurationError(f"Hardtanh: min_val must be less than max_val, got {cell.min_val} and {cell.max_val}")
+
+
+def _check_lambd(cell: Cell) -> None:
+    if cell.lambd < 0:
+        raise ConfigurationError(f"{cell.cls_name}: lambd must be >= 0, got {cell.lambd}")
+
+
+def _soft_shrink(x, lambd: float):
+    return F.select(F.greater(x, lambd), x - lambd, F.select(F.less(x, -lambd), x + lambd, F.zeros_like(x)))
+
+
+Softsign = _activation_cell("Softsign", lambda c, x: x / (1 + F.abs(x)), "x / (1 + |x|).")
+Tanhshrink = _activation_cell("Tanhshrink", lambda c, x: x - F.tanh(x), "x - tanh x.")
+# MindSpore's formula, log(1 / (1 + e^-x)): -inf below about -88 in float32, as MindSpore's
+LogSigmoid = _activation_cell(
+    "LogSigmoid", lambda c, x: F.log(F.reciprocal(1 + F.exp(-x))), "log(sigmoid x), as log(1 / (1 + e^-x))."
+)
+# maximum and minimum, not clamp's selects: MindSpore's gradient is halved at x == min_val or max_val
+Hardtanh = _activation_cell(
+    "Hardtanh",
+    lambda c, x: F.minimum(F.maximum(x, c.min_val), c.max_val),
+    "x limited to [min_val, max_val].",
+    _check_hardtanh,
+    min_val=-1.0,
+    max_val=1.0,
+)
+SoftShrink = _activation_cell(
+    "SoftShrink",
+    lambda c, x: _soft_shrink(x, c.lambd),
+    "x - lambd where x > lambd, x + lambd where x < -lambd, else 0.",
+    _check_lambd,
+    lambd=0.5,
+)
+HShrink = _activation_cell(
+    "HShrink",
+    lambda c, x: F.select(F.greater(F.abs(x), c.lambd), x, F.zeros_like(x)),
+    "x where |x| > lambd, else 0.",
+    lambd=0.5,
+)
+Softmin = _activation_cell(
+    "Softmin", lambda c, x: F.softmax(-x, c.axis), "softmax of -x over axis.", _one_axis("Softmin"), axis=-1
+)
+
+# MindSpore 2.7.0's nn.get_activation names (nn/layer/activation.py _activation), case and underscores as they are
 _ACTIVATIONS = {
-    "elu": ELU,
-    "hsigmoid": HSigmoid,
-    "hswish": HSwish,
-    "mish": Mish,
-    "softplus": Softplus,
+    "softmin": Softmin,
+    "softmax": Softmax,
+    "softmax2d": None,
+    "logsoftmax": LogSoftmax,
+    "logsoftmaxExt": None,
     "relu": ReLU,
     "relu6": ReLU6,
-    "sigmoid": Sigmoid,
-    "tanh": Tanh,
-    "gelu": GELU,
+    "rrelu": None,
     "silu": SiLU,
-    "swish": SiLU,
+    "tanh": Tanh,
+    "tanhshrink": Tanhshrink,
+    "hardtanh": Hardtanh,
+    "gelu": GELU,
+    "fast_gelu": None,
+    "elu": ELU,
+    "sigmoid": Sigmoid,
+    "softsign": Softsign,
+    "prelu": None,
+    "preluExt": None,
     "leakyrelu": LeakyReLU,
-    "softmax": Softmax,
-    "logsoftmax": LogSoftmax,
+    "hswish": HSwish,
+    "hsigmoid": HSigmoid,
+    "logsigmoid": LogSigmoid,
+    "softshrink": SoftShrink,
+    "hshrink": HShrink,
+    "threshold": None,
+    "mish": Mish,
 }
 
 
 def get_activation(name: str | None, prim_name: str | None = None) -> Cell | None:
-    """The activation cell called `name` ("relu", "gelu", ...); None for None, as MindSpore's. `prim_name` names the
-    caller in the error for an unknown name."""
+    """The activation cell called `name` ("relu", "gelu", ...), one of MindSpore's names exactly (a KeyError
+    otherwise, as MindSpore's); None for None. `prim_name` names the caller in the error."""
     if name is None:
         return None
-    key = name.lower().replace("_", "") if isinstance(name, str) else None
-    if key not in _ACTIVATIONS:
-        where = f"{prim_name}: " if prim_name else ""
-        raise ConfigurationError(f"{where}unknown activation {name!r}; use one of {sorted(_ACTIVATIONS)}")
-    return _ACTIVATIONS[key]()
+    prefix = f"For '{prim_name}', the" if prim_name else "The"
+    if not isinstance(name, str) or name not in _ACTIVATIONS:
+        raise KeyError(f"{prefix} 'name' must be in {list(_ACTIVATIONS)}, but got {name}.")
+    if name == "threshold":
+        # MindSpore's get_activation calls nn.Threshold() without its required threshold and value
+        raise TypeError(
+            "get_activation('threshold') fails in MindSpore 2.7.0 as well: nn.Threshold needs its threshold and "
+            "value arguments; pass an activation Cell instead"
+        )
+    cell = _ACTIVATIONS[name]
+    if cell is None:
+        raise not_supported_yet(
+            f"activation {name!r} (mindspore.nn.get_activation, Dense(activation=...))",
+            "tessel lacks this activation; pass one of "
+            f"{[key for key, value in _ACTIVATIONS.items() if value is not None]} or a Cell of your own",
+        )
+    return cell()
