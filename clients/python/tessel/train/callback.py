@@ -135,7 +135,7 @@ def entered(callbacks: list[Callback]) -> Iterator[list[Callback]]:
 
 
 def loss_value(outputs: Any) -> float | None:
-    """The scalar loss in net_outputs (the first output, averaged), as LossMonitor reads it."""
+    """The scalar loss in net_outputs (the first output, averaged), as the progress bar shows it."""
     if isinstance(outputs, (tuple, list)) and outputs and isinstance(outputs[0], Tensor):
         outputs = outputs[0]
     if isinstance(outputs, Tensor):
@@ -143,9 +143,19 @@ def loss_value(outputs: Any) -> float | None:
     return float(outputs) if isinstance(outputs, (int, float, np.number)) else None
 
 
+def _printed_loss(outputs: Any) -> Any:
+    """MindSpore's _handle_loss, what LossMonitor prints: a Tensor's mean as a Python float, but from a tuple or list
+    (a loss-scale cell's (loss, overflow, scale)) its first Tensor as it is, printed as a Tensor prints; anything
+    else unchanged."""
+    if isinstance(outputs, (tuple, list)):
+        return outputs[0] if outputs and isinstance(outputs[0], Tensor) else outputs
+    return float(np.mean(outputs.asnumpy())) if isinstance(outputs, Tensor) else outputs
+
+
 class LossMonitor(Callback):
     """Print "epoch: E step: S, loss is L" every per_print_times steps; a NaN or Inf loss stops training with an
-    error naming the epoch and step (MindSpore's behaviour)."""
+    error naming the epoch and step. As MindSpore's, L is the mean of a Tensor output as a Python float, or the first
+    Tensor of a tuple output printed as a Tensor (which is not checked for NaN)."""
 
     def __init__(self, per_print_times: int = 1):
         if isinstance(per_print_times, bool) or not isinstance(per_print_times, int) or per_print_times < 0:
@@ -154,12 +164,15 @@ class LossMonitor(Callback):
 
     def step_end(self, run_context: RunContext) -> None:
         cb = run_context.original_args()
-        loss = loss_value(cb.net_outputs)
+        loss = _printed_loss(cb.net_outputs)
         epoch = cb.get("cur_epoch_num", 1)
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
-        if loss is not None and not np.isfinite(loss):
-            # MindSpore raises ValueError; ConfigurationError is one (divergence usually means bad hyper-parameters).
-            raise ConfigurationError(f"epoch: {epoch} step: {step_in_epoch}. Invalid loss, terminating training.")
+        if isinstance(loss, float) and not np.isfinite(loss):
+            # MindSpore's ValueError and text; ConfigurationError is one (divergence usually means bad hyper-parameters)
+            raise ConfigurationError(
+                f"In epoch: {epoch} step: {step_in_epoch}, loss is NAN or INF, training process cannot continue, "
+                "terminating training."
+            )
         # a new run counts its steps from 0 again: MindSpore steps the last print back until it is behind
         while self._per_print_times and cb.cur_step_num <= self._last_print_time:
             self._last_print_time -= max(self._per_print_times, cb.batch_num if cb.get("dataset_sink_mode") else 1)
@@ -267,7 +280,9 @@ def _no_hook(run_context: RunContext) -> None:
 
 class History(Callback):
     """As MindSpore's: .epoch is {"epoch": [numbers]} (reset as a run begins) and .history holds, per epoch end,
-    "net_output" (the first output, averaged) and every metric in cb_params.metrics."""
+    "net_output" and every metric in cb_params.metrics. net_output is the mean of a Tensor output, or of the first
+    Tensor of a tuple output, as a numpy scalar of its dtype (np.float32 for a float32 loss); other outputs as they
+    are."""
 
     def __init__(self):
         self.history: dict[str, list] = {}
@@ -281,7 +296,12 @@ class History(Callback):
         if self.epoch is None:
             self.epoch = {"epoch": []}
         self.epoch["epoch"].append(cb.get("cur_epoch_num", 1))
-        current = {"net_output": loss_value(cb.get("net_outputs")), **(cb.get("metrics") or {})}
+        output = cb.get("net_outputs")
+        if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
+            output = output[0]
+        if isinstance(output, Tensor):
+            output = np.mean(output.asnumpy())
+        current = {"net_output": output, **(cb.get("metrics") or {})}
         for key, value in current.items():
             self.history.setdefault(key, []).append(value)
 
