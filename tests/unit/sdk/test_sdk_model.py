@@ -164,7 +164,7 @@ def test_model_checkpoint_saves_every_n_steps_and_keeps_the_newest(tmp_path):
     assert train.ModelCheckpoint("net", str(tmp_path)).prefix == "net_2"
     with pytest.raises(ConfigurationError, match="can't all be 0"):
         train.CheckpointConfig(save_checkpoint_steps=0, keep_checkpoint_max=0)
-    assert train.CheckpointConfig(save_checkpoint_steps=0).keep_checkpoint_max == 5  # saved at the end only
+    assert train.CheckpointConfig(save_checkpoint_steps=0).keep_checkpoint_max == 5
     assert train.CheckpointConfig(keep_checkpoint_max=0).keep_checkpoint_max == 1
 
 
@@ -263,3 +263,47 @@ def test_loss_monitor_and_history_read_a_tuple_output_as_mindspore(capsys):
     assert re.fullmatch(r"epoch: 1 step: 2, loss is \d\.\d{1,7}", lines[1])
     (last,) = history.history["net_output"]
     assert type(last) is np.float32 and last == outputs[-1].asnumpy()
+
+
+def test_model_checkpoint_reused_across_train_calls_counts_from_its_save_at_the_end(tmp_path):
+    # MindSpore 2.7.0 (10 steps an epoch, save_checkpoint_steps=3): train(1) writes u-1_3, _6, _9, _10; train(2) with
+    # the same callback then u-2_3, _6, _9, _10 (the save at the end, step 10, is the last save step 13 counts from)
+    _, model = make()
+    checkpoint = train.ModelCheckpoint("u", str(tmp_path), train.CheckpointConfig(3, keep_checkpoint_max=10))
+    model.train(1, dataset(), callbacks=[checkpoint])
+    model.train(2, dataset(), callbacks=[checkpoint])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"u-1_{s}.ckpt" for s in (3, 6, 9, 10)] + [f"u-2_{s}.ckpt" for s in (3, 6, 9, 10)]
+    )
+
+
+def test_model_checkpoint_prefix_rules_follow_mindspore(tmp_path):
+    # MindSpore 2.7.0 on this directory: p -> p_1 (.safetensors counts), k -> k ("_breakpoint.ckpt" does not),
+    # q -> q_4, r -> r_1, s -> s, t -> t (.txt does not), v -> v_8, also with format="safetensors"
+    for name in ["p-1_1.safetensors", "k-1_1_breakpoint.ckpt", "q_3-1_1.safetensors", "r-1_1.ckpt",
+                 "r_2-1_1_breakpoint.ckpt", "s_x-1.ckpt", "t-1_1.txt", "v_7-1_1.ckpt"]:  # fmt: skip
+        (tmp_path / name).touch()
+    prefixes = {p: train.ModelCheckpoint(p, str(tmp_path)).prefix for p in "pkqrstv"}
+    assert prefixes == {"p": "p_1", "k": "k", "q": "q_4", "r": "r_1", "s": "s", "t": "t", "v": "v_8"}
+    config = train.CheckpointConfig(format="safetensors")
+    assert train.ModelCheckpoint("v", str(tmp_path), config).prefix == "v_8"
+
+
+def test_keep_checkpoint_max_counts_the_directory_files_of_the_prefix(tmp_path):
+    # MindSpore 2.7.0, two callbacks of prefix z (every step, keep 3; every 2 steps, keep 2), 4 steps, with z-0_0.ckpt
+    # and z-9_9_breakpoint.ckpt put there after they were made: z-1_3.ckpt, z-1_4.ckpt, z-9_9_breakpoint.ckpt remain
+    _, model = make()
+    every_step = train.ModelCheckpoint("z", str(tmp_path), train.CheckpointConfig(1, keep_checkpoint_max=3))
+    every_two = train.ModelCheckpoint("z", str(tmp_path), train.CheckpointConfig(2, keep_checkpoint_max=2))
+    for name in ["z-9_9_breakpoint.ckpt", "z-0_0.ckpt"]:
+        (tmp_path / name).touch()
+    model.train(1, dataset(batch=10), callbacks=[every_step, every_two])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["z-1_3.ckpt", "z-1_4.ckpt", "z-9_9_breakpoint.ckpt"]
+
+
+def test_checkpoint_config_of_no_steps_and_no_seconds_saves_nothing(tmp_path):
+    # MindSpore 2.7.0: CheckpointConfig(save_checkpoint_steps=0) over a whole train call writes no file
+    _, model = make()
+    checkpoint = train.ModelCheckpoint("e", str(tmp_path), train.CheckpointConfig(save_checkpoint_steps=0))
+    model.train(1, dataset(), callbacks=[checkpoint])
+    assert list(tmp_path.iterdir()) == []

@@ -346,7 +346,7 @@ class CheckpointConfig:
         if not save_checkpoint_steps and not save_checkpoint_seconds and not keep_checkpoint_max:
             raise ConfigurationError(
                 "CheckpointConfig: save_checkpoint_steps, save_checkpoint_seconds and keep_checkpoint_max can't all "
-                "be 0 (with steps and seconds 0, the checkpoint is saved once, at the end of training)"
+                "be 0; set save_checkpoint_steps (or save_checkpoint_seconds) to say when to save"
             )
         if save_checkpoint_steps:  # MindSpore: steps, when set, replace seconds (which then read None)
             save_checkpoint_seconds = None
@@ -385,25 +385,38 @@ _CHECKPOINT_UNSUPPORTED = {
 }
 
 
-def _unused_prefix(directory: str, prefix: str, extension: str) -> str:
+def _unused_prefix(directory: str, prefix: str) -> str:
     """MindSpore's _chg_ckpt_file_name_if_same_exist: `prefix`, or "<prefix>_<n>" one past the highest n the
-    directory's checkpoints of this prefix use ("<prefix>-..." counts as 0), so a rerun does not overwrite them."""
+    directory's checkpoints of this prefix use ("<prefix>-..." counts as 0), so a rerun does not overwrite them.
+    Checkpoints are .ckpt and .safetensors files, whatever the format saved, except "..._breakpoint.ckpt"."""
     if not os.path.isdir(directory):
         return prefix
     suffix = 0
     for name in os.listdir(directory):
         ext = os.path.splitext(name)[1]
-        if ext != f".{extension}" or not name.startswith(prefix) or len(name) <= len(prefix):
+        if ext not in (".ckpt", ".safetensors") or name.endswith("_breakpoint.ckpt"):
+            continue
+        if not name.startswith(prefix) or len(name) <= len(prefix) or name[len(prefix)].isalpha():
             continue
         rest = name[len(prefix) :]
-        if rest[0].isalpha():
-            continue
         dash = rest.find("-")
         if dash == 0:
             suffix = max(suffix, 1)
         elif dash > 0 and rest[1:dash].isdigit():
             suffix = max(suffix, int(rest[1:dash]) + 1)
     return f"{prefix}_{suffix}" if suffix else prefix
+
+
+def _checkpoints_of(directory: str, prefix: str, extension: str) -> list[str]:
+    """MindSpore's CheckpointManager.update_ckpoint_filelist: the directory's "<prefix>-<no letters>.<extension>"
+    files, whichever callback wrote them; only these count against keep_checkpoint_max and may be removed."""
+    found = []
+    for name in os.listdir(directory):
+        if not name.startswith(f"{prefix}-") or os.path.splitext(name)[1] != f".{extension}":
+            continue
+        if not any(char.isalpha() for char in name[len(prefix) : -len(extension) - 1]):
+            found.append(os.path.join(directory, name))
+    return found
 
 
 def _check_append_info(append_info: Any) -> list:
@@ -427,43 +440,60 @@ def _check_append_info(append_info: Any) -> list:
 
 class ModelCheckpoint(Callback):
     """Save "<prefix>-<epoch>_<step>.ckpt" into `directory` every save_checkpoint_steps steps (else every
-    save_checkpoint_seconds; and at the end), keeping the newest keep_checkpoint_max files. As MindSpore's: where
-    the directory already holds checkpoints of this prefix, the prefix becomes "<prefix>_1" (then _2, ...), and a
-    step saves once save_checkpoint_steps steps passed since the last save (steps counted over the train call, as
-    MindSpore's cur_step_num, from 0 also in a run resumed at initial_epoch)."""
+    save_checkpoint_seconds; and at the end; with both 0, never, as MindSpore's), keeping the newest
+    keep_checkpoint_max files. As MindSpore's: where the directory already holds checkpoints of this prefix, the
+    prefix becomes "<prefix>_1" (then _2, ...); a step saves once save_checkpoint_steps steps passed since the last
+    save, the one at the end of training included (steps counted over the train call, as MindSpore's cur_step_num,
+    from 0 also in a run resumed at initial_epoch); keep_checkpoint_max counts the directory's
+    "<prefix>-<epoch>_<step>" files, whoever wrote them."""
 
     def __init__(self, prefix: str = "CKP", directory: str | None = None, config: CheckpointConfig | None = None):
         if not isinstance(prefix, str) or not re.fullmatch(r"[\w.-]+", prefix):
             raise ConfigurationError(f"ModelCheckpoint: prefix {prefix!r} must be letters, digits, '_', '-', '.'")
         self.directory = os.path.abspath(directory or ".")
         self.config = config or CheckpointConfig()
-        self.prefix = _unused_prefix(self.directory, prefix, self.config.format)
-        self._saved: list[str] = []
-        self._last_step, self._last_time = -1, time.monotonic()
-        self._last_triggered = 0  # the step of the last save by steps
+        self.prefix = _unused_prefix(self.directory, prefix)
+        self._last_time = time.monotonic()
+        self._last_triggered_step = 0  # the step of the last save, kept across train calls as MindSpore's
         self.latest_ckpt_file_name = ""
 
     def on_train_step_end(self, run_context: RunContext) -> None:
-        cb = run_context.original_args()
-        steps, seconds = self.config.save_checkpoint_steps, self.config.save_checkpoint_seconds
-        if steps:
-            due = cb.cur_step_num >= self._last_triggered + steps
-        else:
-            due = bool(seconds) and time.monotonic() - self._last_time >= seconds
-        if due:
-            self._save(cb)
-            self._last_triggered = cb.cur_step_num
+        self._save(run_context.original_args(), at_end=False)
 
     def on_train_end(self, run_context: RunContext) -> None:
-        cb = run_context.original_args()
-        if cb.cur_step_num != self._last_step:
-            self._save(cb)
+        self._save(run_context.original_args(), at_end=True)
 
-    def _save(self, cb: CallbackParam) -> None:
+    def _due(self, cb: CallbackParam, at_end: bool) -> bool:
+        """MindSpore's _check_save_ckpt: by steps, or else by seconds; the end of training saves in either case."""
+        steps, seconds = self.config.save_checkpoint_steps, self.config.save_checkpoint_seconds
+        if steps:
+            return at_end or cb.cur_step_num >= self._last_triggered_step + steps
+        if seconds:
+            now = time.monotonic()
+            if at_end or now - self._last_time > seconds:
+                self._last_time = now
+                return True
+        return False
+
+    def _save(self, cb: CallbackParam, at_end: bool) -> None:
+        """MindSpore's _save_ckpt: nothing where this step was saved already; else, when due, the oldest of the
+        directory's checkpoints of this prefix goes if keep_checkpoint_max of them are there, then this one is
+        written."""
+        from tessel.common.support import logger
         from tessel.train.serialization import save_checkpoint
 
+        if cb.cur_step_num == self._last_triggered_step or not self._due(cb, at_end):
+            return
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
         name = f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.{self.config.format}"
+        if os.path.isdir(self.directory):
+            kept = _checkpoints_of(self.directory, self.prefix, self.config.format)
+            try:
+                if len(kept) >= self.config.keep_checkpoint_max:
+                    os.remove(min(kept, key=os.path.getmtime))
+            except OSError as error:  # another writer removed it first; MindSpore warns and goes on saving
+                logger.warning("ModelCheckpoint: could not remove the oldest checkpoint of %s: %s", self.prefix, error)
+        self._last_triggered_step = cb.cur_step_num
         path = os.path.join(self.directory, name)
         network = self.config.saved_network or cb.train_network
         appended: dict = {}
@@ -479,11 +509,4 @@ class ModelCheckpoint(Callback):
             append_dict=appended,
             remove_redundancy=self.config.remove_redundancy,
         )
-        self._last_step, self._last_time, self.latest_ckpt_file_name = cb.cur_step_num, time.monotonic(), path
-        if path in self._saved:
-            self._saved.remove(path)
-        self._saved.append(path)
-        while self.config.keep_checkpoint_max and len(self._saved) > self.config.keep_checkpoint_max:
-            old = self._saved.pop(0)
-            if os.path.exists(old):
-                os.remove(old)
+        self.latest_ckpt_file_name = path
