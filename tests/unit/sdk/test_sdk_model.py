@@ -185,8 +185,6 @@ def test_sink_size_makes_epochs_of_that_many_steps():
 
 def test_misuse_is_a_clear_error():
     net = nn.Dense(6, 3)
-    with pytest.raises(ConfigurationError, match=r"Model\.train needs an optimizer"):
-        ms.Model(net, nn.CrossEntropyLoss()).train(1, dataset())
     with pytest.raises(ConfigurationError, match=r"Model\.eval needs metrics"):
         ms.Model(net, nn.CrossEntropyLoss()).eval(dataset())
     with pytest.raises(ConfigurationError, match="epoch must be an int >= 1"):
@@ -307,3 +305,41 @@ def test_checkpoint_config_of_no_steps_and_no_seconds_saves_nothing(tmp_path):
     checkpoint = train.ModelCheckpoint("e", str(tmp_path), train.CheckpointConfig(save_checkpoint_steps=0))
     model.train(1, dataset(), callbacks=[checkpoint])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_model_without_optimizer_runs_its_network_each_step_as_mindspore():
+    # MindSpore 2.7.0: Model(Wrap(TrainOneStepCell(...))) trains (LossMonitor "loss is 1.1870627", net_outputs the
+    # cell's (loss, 2 * loss)); Model(net, loss_fn) runs WithLossCell each step and leaves the parameters as they were
+    net = nn.Dense(6, 3)
+
+    class Wrap(nn.Cell):
+        def __init__(self, step):
+            super().__init__()
+            self.step = step
+
+        def construct(self, data, label):
+            loss = self.step(data, label)
+            return loss, loss * 2
+
+    optimizer = nn.Momentum(net.trainable_params(), 0.1, 0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(net, nn.CrossEntropyLoss()), optimizer)
+    model, outputs = ms.Model(Wrap(step)), []
+    keep = train.LambdaCallback(on_train_step_end=lambda rc: outputs.append(rc.original_args().net_outputs))
+    model.train(2, dataset(batch=10), callbacks=[keep])
+    assert model.train_network is model.predict_network and len(outputs) == 8
+    assert all(2 * loss.asnumpy() == double.asnumpy() for loss, double in outputs)
+    assert outputs[-1][0].asnumpy() < outputs[0][0].asnumpy()  # it trained
+    before = [p.asnumpy().copy() for p in net.trainable_params()]
+    model = ms.Model(net, nn.CrossEntropyLoss())
+    model.train(1, dataset(batch=10), callbacks=[keep])
+    assert isinstance(model.train_network, nn.WithLossCell) and len(outputs) == 12
+    for p, old in zip(net.trainable_params(), before):
+        np.testing.assert_array_equal(p.asnumpy(), old)
+
+
+def test_metrics_without_loss_fn_or_eval_network_is_mindspores_value_error():
+    # MindSpore 2.7.0: Model(net, metrics={"mae"}) raises this ValueError as it is made (also for a WithLossCell)
+    with pytest.raises(ValueError, match=r"^If `metrics` is set, `eval_network` must not be None\. Do not set"):
+        ms.Model(nn.Dense(6, 3), metrics={"mae"})
+    with pytest.raises(ValueError, match=r"automatically build an evaluation network with `network` and `loss_fn`\.$"):
+        ms.Model(nn.WithLossCell(nn.Dense(6, 3), nn.MSELoss()), metrics={"mae"})

@@ -84,13 +84,15 @@ class Model:
             raise ConfigurationError("Model: eval_indexes needs eval_network and 3 indexes (loss, prediction, label)")
         self._network, self._loss_fn, self._optimizer = network, loss_fn, optimizer
         self._metrics = get_metrics(metrics)
+        if self._metrics and eval_network is None and loss_fn is None:  # MindSpore's check and text
+            raise ConfigurationError(_NO_EVAL_NETWORK)
         self._eval_network, self._eval_indexes = eval_network, eval_indexes
         self._train_network = self._build_train_network()
         self._sink_runners: dict[int, tuple[Any, ...]] = {}
 
-    def _build_train_network(self) -> Cell | None:
-        if self._optimizer is None:
-            return self._network if isinstance(self._network, TrainOneStepCell) else None
+    def _build_train_network(self) -> Cell:
+        if self._optimizer is None:  # MindSpore's: each step runs the network (with the loss), which updates nothing
+            return WithLossCell(self._network, self._loss_fn) if self._loss_fn is not None else self._network
         if self._amp_level != "O0" or self._amp_options:  # as MindSpore: amp.build_train_network
             from tessel import amp
 
@@ -101,7 +103,7 @@ class Model:
         return TrainOneStepCell(loss_net, self._optimizer)
 
     @property
-    def train_network(self) -> Cell | None:
+    def train_network(self) -> Cell:
         return self._train_network
 
     @property
@@ -122,11 +124,9 @@ class Model:
         sink_size: int = -1,
         initial_epoch: int = 0,
     ) -> None:
-        """Train for `epoch` epochs (from initial_epoch), one compiled fused step per batch."""
-        if self._train_network is None:
-            raise ConfigurationError(
-                "Model.train needs an optimizer: Model(net, loss_fn, optimizer) or Model(TrainOneStepCell(...))"
-            )
+        """Train for `epoch` epochs (from initial_epoch), one compiled fused step per batch. As MindSpore's, a Model
+        without an optimizer runs its network (with loss_fn, if given) on each batch: a custom train cell updates
+        the parameters itself, and net_outputs is what it returns."""
         _positive_int("epoch", epoch)
         _positive_int("initial_epoch", initial_epoch, 0)
         if initial_epoch >= epoch:
@@ -242,11 +242,6 @@ class Model:
                 f"For 'infer_train_layout', the argument 'sink_size' must be -1 or positive, but got sink_size "
                 f"{sink_size}."
             )
-        if self._train_network is None:
-            raise ConfigurationError(
-                "Model.infer_train_layout needs the train network: Model(net, loss_fn, optimizer) or "
-                "Model(TrainOneStepCell(...))"
-            )
         first = next(iter(train_dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self._train_network.set_train(True)
         self._train_network._compile(tuple(first), {})
@@ -309,21 +304,17 @@ class Model:
                 cb["cur_step_num"] += 1
                 for hook in hooks:
                     hook.on_eval_step_begin(run_context)
-                if indexes == "network":  # tessel's extension: no loss at all, the network's output is the prediction
-                    outputs = net(*batch[:-1])
-                    updates = {"loss": (), "other": (outputs, batch[-1])}
+                outputs = net(*batch)
+                found = outputs if isinstance(outputs, tuple) else (outputs,)
+                if indexes is None:  # MindSpore: no eval_indexes, every metric gets every output
+                    updates = {"loss": found, "other": found}
                 else:
-                    outputs = net(*batch)
-                    found = outputs if isinstance(outputs, tuple) else (outputs,)
-                    if indexes is None:  # MindSpore: no eval_indexes, every metric gets every output
-                        updates = {"loss": found, "other": found}
-                    else:
-                        if len(found) < 3:
-                            raise ConfigurationError(
-                                f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
-                                f"{list(indexes)} pick (loss, prediction, label) from at least 3"
-                            )
-                        updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
+                    if len(found) < 3:
+                        raise ConfigurationError(
+                            f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
+                            f"{list(indexes)} pick (loss, prediction, label) from at least 3"
+                        )
+                    updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
                 cb["net_outputs"] = outputs
                 for hook in hooks:
                     hook.on_eval_step_end(run_context)
@@ -339,23 +330,26 @@ class Model:
             return cb["metrics"]
 
     def _evaluator(self) -> tuple[Cell, Any]:
-        """The eval network and how its outputs feed the metrics: eval_indexes (loss, prediction, label), None
-        (every metric gets every output), or "network" (no loss: the network's output and the label)."""
+        """The eval network and how its outputs feed the metrics: eval_indexes (loss, prediction, label), or None
+        (every metric gets every output)."""
         if self._eval_network is not None:
             return self._eval_network, None if self._eval_indexes is None else tuple(self._eval_indexes)
-        if self._loss_fn is not None:  # O2 / O3 ran the network in float16: its outputs enter the loss as float32
-            return WithEvalCell(self._network, self._loss_fn, self._amp_level in ("O2", "O3")), (0, 1, 2)
-        if isinstance(self._network, WithLossCell):
-            return WithEvalCell(self._network.backbone_network, self._network._loss_fn), (0, 1, 2)
-        if any(isinstance(m, Loss) for m in self._metrics.values()):
-            raise ConfigurationError("Model.eval: the 'loss' metric needs loss_fn or an eval_network")
-        return self._network, "network"
+        # O2 / O3 ran the network in float16: its outputs enter the loss as float32
+        return WithEvalCell(self._network, self._loss_fn, self._amp_level in ("O2", "O3")), (0, 1, 2)
 
     def predict(self, *predict_data: Any) -> Any:
         """network(*predict_data) in inference mode."""
         self._network.set_train(False)
         return self._network(*predict_data)
 
+
+_NO_EVAL_NETWORK = (
+    "If `metrics` is set, `eval_network` must not be None. Do not set `metrics` if you don't want an evaluation.\n"
+    "If evaluation is required, you need to specify `eval_network`, which will be used in the framework to evaluate "
+    "the model.\nFor the simple scenarios with one data, one label and one logits, `eval_network` is optional, and "
+    "then you can set `eval_network` or `loss_fn`. For the latter case, framework will automatically build an "
+    "evaluation network with `network` and `loss_fn`."
+)
 
 _LAYOUT_MODES = (context.ParallelMode.SEMI_AUTO_PARALLEL, context.ParallelMode.AUTO_PARALLEL)
 
