@@ -369,3 +369,43 @@ def test_time_monitor_data_time_adds_the_fetch_time_per_step(capsys):
         train.TimeMonitor(data_time=1)
     with pytest.raises(NotSupportedYetError, match=r"TimeMonitor\(data_time=True\) with dataset_sink_mode=True"):
         model.train(1, dataset(), callbacks=[train.TimeMonitor(data_time=True)], dataset_sink_mode=True)
+
+
+def test_cb_params_hold_the_batch_the_callbacks_and_initial_step_as_mindspore():
+    # MindSpore 2.7.0: train_dataset_element is None at on_train_begin, then from each on_train_step_begin the step's
+    # batch as a list of Tensors (the last one at on_train_end); initial_step is None; list_callback holds the
+    # callbacks. In eval: eval_dataset_element likewise, list_callback, network; metric values are np.float64
+    seen = []
+
+    class Look(train.Callback):
+        def on_train_begin(self, rc):
+            cb = rc.original_args()
+            seen.append(("begin", cb.train_dataset_element, cb.initial_step, self in cb.list_callback))
+
+        def on_train_step_begin(self, rc):
+            element = rc.original_args().train_dataset_element
+            seen.append(("step", [type(t) for t in element], [t.asnumpy() for t in element]))
+
+        def on_train_end(self, rc):
+            seen.append(("end", rc.original_args().train_dataset_element[1].asnumpy()))
+
+        def on_eval_begin(self, rc):
+            cb = rc.original_args()
+            seen.append(("eval", cb.get("eval_dataset_element"), cb.list_callback == [self], cb.network is net))
+
+        def on_eval_step_end(self, rc):
+            seen.append(("eval step", rc.original_args().eval_dataset_element[0].asnumpy()))
+
+    net, model = make(metrics={"accuracy", "loss"})
+    model.train(1, dataset(batch=20), callbacks=[Look()])
+    assert seen[0] == ("begin", None, None, True) and len(seen) == 4
+    for (_, types, arrays), start in zip(seen[1:3], (0, 20)):
+        assert types == [ms.Tensor, ms.Tensor]
+        np.testing.assert_array_equal(arrays[0], DATA[start : start + 20])
+        np.testing.assert_array_equal(arrays[1], LABELS[start : start + 20])
+    np.testing.assert_array_equal(seen[3][1], LABELS[20:])
+    seen.clear()
+    result = model.eval(dataset(batch=40), callbacks=[Look()])
+    assert seen[0] == ("eval", None, True, True)
+    np.testing.assert_array_equal(seen[1][1], DATA)
+    assert {name: type(value) for name, value in result.items()} == {"accuracy": np.float64, "loss": np.float64}

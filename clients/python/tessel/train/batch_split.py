@@ -156,8 +156,9 @@ class BatchSplitter:
             busy = max(0.0, (run_s - self.last[0]) - (blocked_s - self.last[1]))
             _unreported[self.engine.runtime.job_id] = (busy, self.samples)
 
-    def counted(self, steps: Iterator[Callable]) -> Iterator[Callable]:
-        """`steps`, counting the samples this rank processes in them (reported with the next ask)."""
+    def counted(self, steps: Iterator[tuple[Any, Callable]]) -> Iterator[tuple[Any, Callable]]:
+        """`steps` (each a batch and its thunk), counting the samples this rank processes in them (reported with the
+        next ask)."""
         share = self.split[self.rank]
         for step in steps:
             self.samples += share

@@ -149,7 +149,7 @@ class Accuracy(_Builtin):
     def eval(self) -> float:
         if not self._total:
             raise ConfigurationError("Accuracy.eval: no samples; call update() first")
-        return self._correct / self._total
+        return np.float64(self._correct / self._total)  # MindSpore's type
 
 
 class TopKCategoricalAccuracy(Accuracy):
@@ -210,7 +210,7 @@ class Loss(_Builtin):
     def eval(self) -> float:
         if not self._count:
             raise ConfigurationError("Loss.eval: no batches; call update() first")
-        return self._sum / self._count
+        return np.float64(self._sum / self._count)  # MindSpore's type
 
 
 class MAE(_Builtin):
@@ -237,7 +237,7 @@ class MAE(_Builtin):
     def eval(self) -> float:
         if not self._count:
             raise ConfigurationError(f"{type(self).__name__}.eval: no samples; call update() first")
-        return self._sum / self._count
+        return np.float64(self._sum / self._count)  # MindSpore's type
 
 
 class MSE(MAE):

@@ -157,6 +157,8 @@ class Model:
             cur_step_num=0,
             net_outputs=None,
             train_dataset=train_dataset,
+            train_dataset_element=None,
+            initial_step=None,  # MindSpore's: set only where a failed run is resumed at a step
             dataset_sink_mode=dataset_sink_mode,
             mode="train",
             parallel_mode=context.get_auto_parallel_context("parallel_mode"),
@@ -174,6 +176,7 @@ class Model:
             epochs = (_fed_steps(step, batches) for _ in numbers)
         try:
             with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks, entered(run_callbacks):
+                cb["list_callback"] = run_callbacks
                 _run_epochs(epochs, numbers, cb, run_callbacks)
         finally:
             if split is not None:
@@ -287,6 +290,7 @@ class Model:
         net.set_train(False)
         cb = CallbackParam(
             eval_network=net,
+            network=self._network,
             valid_dataset=valid_dataset,
             batch_num=valid_dataset.get_dataset_size(),
             mode="eval",
@@ -295,6 +299,7 @@ class Model:
             dataset_sink_mode=dataset_sink_mode,
         )
         run_context, hooks = RunContext(cb), as_callbacks(callbacks)
+        cb["list_callback"] = hooks
         with entered(hooks):
             for hook in hooks:
                 hook.on_eval_begin(run_context)
@@ -302,6 +307,7 @@ class Model:
                 hook.on_eval_epoch_begin(run_context)
             for batch in next(_epochs(valid_dataset)):
                 cb["cur_step_num"] += 1
+                cb["eval_dataset_element"] = [Tensor._wrap(column) for column in batch]
                 for hook in hooks:
                     hook.on_eval_step_begin(run_context)
                 outputs = net(*batch)
@@ -418,18 +424,21 @@ def _fed_steps(step, batches: Iterator[Iterator]) -> Iterator:
         recorder = profiler.active()
         if recorder is not None:
             recorder.data_loading(start, time.time_ns(), batch)
-        yield lambda batch=batch: step(*batch)
+        yield batch, lambda batch=batch: step(*batch)
 
 
 def _sunk_steps(runner: rank_step.SinkRunner, steps: int) -> Iterator:
-    """One epoch in sink mode: a single Execute on the daemon, each step's loss as the daemon reports it."""
+    """One epoch in sink mode: a single Execute on the daemon, each step's loss as the daemon reports it (the batch,
+    which the daemon read, is not known here)."""
     for loss in runner.run(steps):
-        yield lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
+        yield None, lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
 
 
 def _run_epochs(epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list) -> None:
-    """The training loop proper: each epoch yields one thunk per step (running the step, or reading the loss a sunk
-    epoch already computed on the daemon), with the callbacks around it."""
+    """The training loop proper: each epoch yields per step its batch (None where the daemon read it) and a thunk
+    (running the step, or reading the loss a sunk epoch already computed on the daemon), with the callbacks around
+    it. As MindSpore's, cb_params.train_dataset_element is the step's batch, a list of Tensors, from its
+    on_train_step_begin on."""
     run_context = RunContext(cb)
     for callback in callbacks:
         callback.on_train_begin(run_context)
@@ -437,8 +446,10 @@ def _run_epochs(epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, c
         cb["cur_epoch_num"] = number
         for callback in callbacks:
             callback.on_train_epoch_begin(run_context)
-        for run_step in steps:
+        for batch, run_step in steps:
             cb["cur_step_num"] += 1
+            if batch is not None:
+                cb["train_dataset_element"] = [Tensor._wrap(column) for column in batch]
             for callback in callbacks:
                 callback.on_train_step_begin(run_context)
             cb["net_outputs"] = run_step()
