@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tessel.common.dtype import DType
+from tessel.common.tracing import compute_dtype
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import _positive, make_parameter, require_float
@@ -155,7 +156,8 @@ class _BatchNorm(Cell):
                 f"got shape {tuple(x.shape)}"
             )
         training = self.training if self.use_batch_statistics is None else self.use_batch_statistics
-        dtype = self.moving_mean.dtype
+        # the dtype the parameters enter the op in (to_float's, under amp), which the input must share
+        dtype = compute_dtype() or self.gamma.dtype
         # MindSpore's BatchNorm takes a float16 input with float32 parameters and statistics and gives a float16
         # output: run it in the parameters' dtype
         wide = F.cast(x, dtype) if x.dtype.itemsize < dtype.itemsize else x
