@@ -27,18 +27,61 @@ from tessel.compiler import GradientError, SymbolicTensor, apply, apply_all
 from tessel.core.errors import ConfigurationError
 
 
+def _tensor_leaves(out: Any) -> list:
+    """The tensors of an output, at any depth of tuples and lists."""
+    if isinstance(out, (tuple, list)):
+        return [leaf for part in out for leaf in _tensor_leaves(part)]
+    return [out] if isinstance(out, Tensor) else []
+
+
 def _sum_outputs(out: Any) -> Any:
-    """The scalar whose gradient MindSpore takes for a function with several outputs: the sum of them all."""
+    """The scalar whose gradient MindSpore takes for a function with several outputs: the sum of them all, nested
+    ones included (MindSpore 2.7.0: ((a * b, a.sum()), b * 2.0) gives a the gradient b + 1)."""
     from tessel.ops import functional as F
 
-    leaves = [o for o in (out if isinstance(out, (tuple, list)) else (out,)) if isinstance(o, Tensor)]
-    floats = [o for o in leaves if o.dtype.is_float]
+    floats = [o for o in _tensor_leaves(out) if o.dtype.is_float]
     if not floats:
         raise GradientError("the function returns no float tensor to differentiate")
     total = F.sum(floats[0])
     for o in floats[1:]:
         total = total + F.sum(o)
     return total
+
+
+def _weighted_outputs(out: Any, sens: Any) -> Any:
+    """The scalar whose gradient is the gradient of `out` seeded with `sens`, a tuple or list shaped like `out`:
+    the sum of each float output times its sensitivity (which itself takes no gradient)."""
+    from tessel.ops import functional as F
+
+    pairs = []
+
+    def pair(o: Any, s: Any) -> None:
+        if isinstance(o, (tuple, list)) and isinstance(s, (tuple, list)) and len(o) == len(s):
+            for o_part, s_part in zip(o, s):
+                pair(o_part, s_part)
+        elif isinstance(o, Tensor) and isinstance(s, Tensor):
+            pairs.append((o, s))
+        else:
+            raise ConfigurationError(
+                f"GradOperation(sens_param=True): the sens {_structure(s)} does not match the outputs "
+                f"{_structure(out)}; pass one sens Tensor per output, nested as the outputs are"
+            )
+
+    pair(out, sens)
+    terms = [F.sum(o * F.stop_gradient(s)) for o, s in pairs if o.dtype.is_float]
+    if not terms:
+        raise GradientError("the function returns no float tensor to differentiate")
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def _structure(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        inner = ", ".join(_structure(v) for v in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return "Tensor" if isinstance(value, Tensor) else type(value).__name__
 
 
 class _AllPositions(tuple):
@@ -63,6 +106,11 @@ class _GradFunction:
     ):
         if positions is None and weights is None:
             raise ConfigurationError("value_and_grad/grad: grad_position and weights cannot both be None")
+        # MindSpore 2.7.0 refuses a negative position when the function is made, with a ValueError
+        if isinstance(positions, int) and positions < 0:
+            raise ValueError("grad_position must be >= 0.")
+        if isinstance(positions, (tuple, list)) and any(p < 0 for p in positions):
+            raise ValueError("The element in grad_position must be >= 0.")
         if not isinstance(return_ids, bool):
             raise ConfigurationError(f"value_and_grad/grad: return_ids must be a bool, got {return_ids!r}")
         self.return_ids = return_ids
@@ -78,13 +126,17 @@ class _GradFunction:
         name = getattr(fn, "__name__", type(fn).__name__)
         self.compiled = CompiledFunction(self._emit, f"grad_{name}", device_result=True, arg_names=names)
 
-    def __call__(self, *args: Any) -> Any:
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # keyword arguments travel as trailing positional values plus their names, in call order: MindSpore numbers
+        # them after the positional arguments in that order for grad_position (f(x, c=z, b=y): position 1 is c)
+        values = (*args, *kwargs.values())
+        keywords = {"keywords": tuple(kwargs)} if kwargs else {}
         if current() is not None:
-            value, grads = self._emit(*args)
+            value, grads = self._emit(*values, **keywords)
         else:
-            value, grads = self.compiled(*args)
+            value, grads = self.compiled(*values, **keywords)
         if self.return_ids:
-            grads = self._with_ids(grads, len(args) - self.sens_param)
+            grads = self._with_ids(grads, len(values) - self.sens_param)
         return self.layout(value, grads)
 
     def _with_ids(self, grads: Any, count: int) -> Any:
@@ -113,27 +165,39 @@ class _GradFunction:
             return tuple(range(count))
         positions = (self.positions,) if isinstance(self.positions, int) else tuple(self.positions)
         for p in positions:
-            if not -count <= p < count:
+            if p >= count:
                 raise ConfigurationError(f"grad_position {p} is out of range for a call with {count} argument(s)")
-        return tuple(p % count for p in positions)
+        return positions
 
-    def _emit(self, *args: Any) -> tuple[Any, Any]:
+    def _emit(self, *values: Any, keywords: tuple[str, ...] = ()) -> tuple[Any, Any]:
+        """Trace fn and its gradients. `values` are the positional arguments (the sens last, with sens_param), then
+        the values of the keyword arguments named by `keywords`."""
         trace = current()
+        args = values[: len(values) - len(keywords)]
+        named = dict(zip(keywords, values[len(args) :]))
         sens = None
         if self.sens_param:
             args, sens = args[:-1], args[-1]
-        positions = self._positions(len(args))
-        inputs = [_symbolic(trace, args[i], f"argument {i}") for i in positions]
+        candidates = (*args, *named.values())
+        positions = self._positions(len(candidates))
+        inputs = [_symbolic(trace, candidates[i], f"argument {i}") for i in positions]
         # an integer or bool input (labels, indices) has a zero gradient of its own dtype, as in MindSpore
         differentiable = [x for x in inputs if x.dtype.is_float]
         # a weight this graph assigned already: its current value is what the forward reads and is differentiated
         wrt = differentiable + [_current(trace, w) for w in self.weights or ()]
         with trace.gradient_forward():
-            out = self.fn(*args)
+            out = self.fn(*args, **named)
         if self.has_aux:
             if not isinstance(out, (tuple, list)) or not out:
                 raise ConfigurationError("has_aux=True: the function must return (loss, aux, ...)")
             loss = out[0]
+        elif isinstance(sens, (tuple, list)):  # one sensitivity per output
+            loss, sens = _weighted_outputs(out, sens), None
+        elif sens is not None and not isinstance(out, Tensor):
+            raise ConfigurationError(
+                f"GradOperation(sens_param=True): the function returns {_structure(out)}, so the sens must be a "
+                "tuple with one Tensor per output, nested as the outputs are, not one Tensor"
+            )
         else:
             loss = out if isinstance(out, Tensor) else _sum_outputs(out)
         loss_sym = _symbolic(trace, loss, "the loss")

@@ -60,6 +60,66 @@ def test_several_outputs_without_aux_are_summed():
     np.testing.assert_allclose(dx.asnumpy(), 2 + 2 * X, rtol=1e-5)
 
 
+def test_nested_outputs_are_all_summed():
+    """MindSpore 2.7.0 gives ((a * b, a.sum()), b * 2.0) at a = [1, -2, 3], b = [0.5, 4, -1] the gradients
+    a: [1.5, 5, 0], b: [3, 0, 5]; [[a * b], (a.sum(), [b * 3.0])] gives b: [4, 1, 6]."""
+    a, b = ms.Tensor(np.array([[1.0, -2.0, 3.0]], np.float32)), ms.Tensor(np.array([[0.5, 4.0, -1.0]], np.float32))
+    da, db = ms.grad(lambda a, b: ((a * b, a.sum()), b * 2.0), (0, 1))(a, b)
+    assert da.asnumpy().tolist() == [[1.5, 5.0, 0.0]] and db.asnumpy().tolist() == [[3.0, 0.0, 5.0]]
+    ((_, total), _), (da, db) = ms.value_and_grad(lambda a, b: ((a * b, a.sum()), b * 2.0), (0, 1))(a, b)
+    assert total.asnumpy() == 2.0 and da.asnumpy().tolist() == [[1.5, 5.0, 0.0]]
+    da, db = ms.grad(lambda a, b: [[a * b], (a.sum(), [b * 3.0])], (0, 1))(a, b)
+    assert da.asnumpy().tolist() == [[1.5, 5.0, 0.0]] and db.asnumpy().tolist() == [[4.0, 1.0, 6.0]]
+
+
+def test_stop_gradient_of_a_tuple_stops_each_tensor():
+    """MindSpore 2.7.0: stop_gradient((x, y)) is a tuple of the two; a list (nested too) keeps its structure;
+    grad of (stop_gradient((a * b, b))[0] * b + a * b).sum() is a: [0.5, 4, -1], b: [1.5, -10, 0]."""
+    a, b = ms.Tensor(np.array([[1.0, -2.0, 3.0]], np.float32)), ms.Tensor(np.array([[0.5, 4.0, -1.0]], np.float32))
+    stopped = ops.stop_gradient((a, b))
+    assert isinstance(stopped, tuple) and stopped[1].asnumpy().tolist() == [[0.5, 4.0, -1.0]]
+    nested = ops.stop_gradient([a, (b, 3.0)])
+    assert isinstance(nested, list) and isinstance(nested[1], tuple) and nested[1][1] == 3.0
+    da, db = ms.grad(lambda a, b: (ops.stop_gradient((a * b, b))[0] * b + a * b).sum(), (0, 1))(a, b)
+    assert da.asnumpy().tolist() == [[0.5, 4.0, -1.0]] and db.asnumpy().tolist() == [[1.5, -10.0, 0.0]]
+
+
+def test_a_tuple_sens_seeds_each_output():
+    """MindSpore 2.7.0: GradOperation(get_all=True, sens_param=True) of (a * b, (a - b).sum()) with sens
+    (ones, 2.0) gives a: [2.5, 6, 1], b: [-1, -4, 1]; nested outputs take nested sens alike."""
+    a, b = ms.Tensor(np.array([[1.0, -2.0, 3.0]], np.float32)), ms.Tensor(np.array([[0.5, 4.0, -1.0]], np.float32))
+    sens = (ms.Tensor(np.ones((1, 3), np.float32)), ms.Tensor(np.array(2.0, np.float32)))
+    grad_op = ops.GradOperation(get_all=True, sens_param=True)
+    da, db = grad_op(lambda a, b: (a * b, (a - b).sum()))(a, b, sens)
+    assert da.asnumpy().tolist() == [[2.5, 6.0, 1.0]] and db.asnumpy().tolist() == [[-1.0, -4.0, 1.0]]
+    third = ms.Tensor(np.array([[1.0, 2.0, 3.0]], np.float32))
+    da, db = grad_op(lambda a, b: ((a * b, (a - b).sum()), b * 3.0))(a, b, (sens, third))
+    assert da.asnumpy().tolist() == [[2.5, 6.0, 1.0]] and db.asnumpy().tolist() == [[2.0, 2.0, 10.0]]
+    with pytest.raises(ConfigurationError, match="does not match the outputs"):
+        grad_op(lambda a, b: (a * b, (a - b).sum()))(a, b, sens[:1])
+    with pytest.raises(ConfigurationError, match="the sens must be a tuple"):
+        grad_op(lambda a, b: (a * b, a - b))(a, b, sens[0])
+
+
+def test_keyword_arguments_count_after_the_positional_ones():
+    """MindSpore 2.7.0 numbers keyword arguments after the positional ones, in call order: for
+    f(a, b, c) = (2ab + 3ca).sum() called f(x, c=z, b=y), position 1 is c (3x) and position 2 is b (2x)."""
+    x, y, z = (ms.Tensor(np.array(v, np.float32)) for v in ([1.0, -2.0], [0.5, 4.0], [10.0, 20.0]))
+
+    def f(a, b, c):
+        return (a * b * 2.0 + c * 3.0 * a).sum()
+
+    dx, dc, db = ms.grad(f, (0, 1, 2))(x, c=z, b=y)
+    assert dx.asnumpy().tolist() == [31.0, 68.0] and dc.asnumpy().tolist() == [3.0, -6.0]
+    assert db.asnumpy().tolist() == [2.0, -4.0]
+    value, dc = ms.value_and_grad(f, 1)(x, c=z, b=y)
+    assert value.asnumpy() == f(x, y, z).asnumpy() and dc.asnumpy().tolist() == [3.0, -6.0]
+    assert ms.grad(f)(c=z, b=y, a=x).asnumpy().tolist() == [3.0, -6.0]  # position 0 is c, the first passed
+    sens = ms.Tensor(np.ones(2, np.float32))
+    da, db = ops.GradOperation(get_all=True, sens_param=True)(lambda a, b: a * b)(x, sens, b=y)
+    assert da.asnumpy().tolist() == [0.5, 4.0] and db.asnumpy().tolist() == [1.0, -2.0]
+
+
 def test_grad_operation_forms_and_sens():
     net = nn.Dense(2, 3, weight_init="ones", bias_init="zeros")
     x = ms.Tensor(X)
@@ -103,6 +163,11 @@ def test_bad_requests_are_clear_errors():
         ms.grad(f, grad_position=5)(ms.Tensor(X), ms.Tensor(Y))
     with pytest.raises(ConfigurationError, match="weights must be Parameters"):
         ms.value_and_grad(f, None, [ms.Tensor(X)])
+    # MindSpore 2.7.0 refuses a negative position when the function is made, with these ValueErrors
+    with pytest.raises(ValueError, match=r"^grad_position must be >= 0\.$"):
+        ms.grad(f, -1)
+    with pytest.raises(ValueError, match=r"^The element in grad_position must be >= 0\.$"):
+        ms.value_and_grad(f, (0, -1))
 
 
 def test_integer_inputs_have_zero_gradients():

@@ -57,7 +57,15 @@ def logical_not(input: Any) -> Tensor:
     return apply_op("LogicalNot", _as_bool(input))
 
 
-stop_gradient = _unary("StopGradient", "x, with no gradient flowing back through it.")
+def stop_gradient(value: Any) -> Any:
+    """value with no gradient flowing back through it. A tuple or list, nested too, keeps its structure with each
+    Tensor in it stopped, and anything not a Tensor comes back as it is (MindSpore 2.7.0: stop_gradient((x, y)) is
+    a tuple of two Tensors, stop_gradient(3.0) is 3.0)."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(stop_gradient(v) for v in value)
+    return apply_op("StopGradient", value) if isinstance(value, Tensor) else value
+
+
 zeros_like = _unary("ZerosLike", "Zeros of x's shape and dtype.")
 ones_like = _unary("OnesLike", "Ones of x's shape and dtype.")
 
