@@ -395,6 +395,54 @@ def test_ops_follow_mindspores_signatures_and_outputs():
     assert mask.dtype == ms.float32  # CPU/GPU: the mask has x's dtype
 
 
+# inspect.signature of mindspore.ops.<name> in MindSpore 2.7.0: (parameter, kind) in order, kind "*" for
+# keyword-only; the names tessel had differently before (logsumexp took axis/keep_dims, isclose x1/x2, ...)
+MINDSPORE_SIGNATURES = {
+    "binary_cross_entropy_with_logits": "input target weight pos_weight reduction",
+    "div": "input other *rounding_mode",
+    "floor_div": "x y",
+    "gelu": "input approximate",
+    "hardsigmoid": "input",
+    "hardswish": "input",
+    "isclose": "input other rtol atol equal_nan",
+    "logsumexp": "input dim keepdim",
+    "mean": "x axis keep_dims",
+    "mish": "x",
+    "ones": "shape dtype",
+    "ones_like": "input *dtype",
+    "select": "condition input other",
+    "sqrt": "x",
+    "stop_gradient": "value",
+    "true_divide": "dividend divisor",
+    "zeros_like": "input *dtype",
+}
+
+
+@pytest.mark.parametrize("name", sorted(MINDSPORE_SIGNATURES))
+def test_ops_parameters_have_mindspores_names_and_order(name):
+    parameters = inspect.signature(getattr(ops, name)).parameters.values()
+    found = " ".join(("*" if p.kind == p.KEYWORD_ONLY else "") + p.name for p in parameters)
+    assert found == MINDSPORE_SIGNATURES[name]
+
+
+def test_ops_take_mindspores_keywords():
+    """MindSpore 2.7.0: logsumexp([[1, -2, 3]], dim=1, keepdim=True) is [[3.132845]]; zeros_like(x, dtype=int8) is
+    Int8 zeros; isclose(input=, other=, rtol=0.1, atol=4.0, equal_nan=True) of [1, -2, 3] and [0.5, 4, -1] is
+    [True, False, True]; mint.sqrt keeps mint's input."""
+    x, y = t(np.array([[1.0, -2.0, 3.0]], np.float32)), t(np.array([[0.5, 4.0, -1.0]], np.float32))
+    np.testing.assert_allclose(ops.logsumexp(x, dim=1, keepdim=True).asnumpy(), [[3.1328452]], rtol=1e-6)
+    zeros = ops.zeros_like(x, dtype=ms.int8)
+    assert zeros.dtype == ms.int8 and zeros.asnumpy().tolist() == [[0, 0, 0]]
+    assert ops.ones_like(x, dtype=ms.float16).dtype == ms.float16
+    close = ops.isclose(input=x, other=y, rtol=0.1, atol=4.0, equal_nan=True)
+    assert close.asnumpy().tolist() == [[True, False, True]]
+    chosen = ops.select(condition=t([True, False]), input=t([1.0, 2.0]), other=t([3.0, 4.0]))
+    assert chosen.asnumpy().tolist() == [1.0, 4.0]
+    assert ms.mint.sqrt(input=t(np.float32(4.0))).asnumpy() == 2.0
+    with pytest.raises(TypeError):
+        ops.div(x, y, "floor")  # rounding_mode is keyword-only, as MindSpore's
+
+
 def test_conv2d_takes_mindspores_four_element_stride_and_dilation():
     x, w = rand(1, 2, 9, 9).astype(np.float32), rand(3, 2, 3, 3).astype(np.float32)
     four = ops.Conv2D(3, 3, stride=(1, 1, 2, 2), dilation=(1, 1, 2, 2))(t(x), t(w))

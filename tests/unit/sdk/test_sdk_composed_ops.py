@@ -62,7 +62,7 @@ def test_reductions_and_index_patterns_match_numpy(mode):
     big = np.array([[1000.0, 1000.0, -1000.0], [-np.inf, 0.0, 1.0]], np.float32)
     want = np.log(np.exp(big.astype(np.float64) - big.max(1, keepdims=True)).sum(1)) + big.max(1)
     np.testing.assert_allclose(run(mode, lambda t: ops.logsumexp(t, 1), big), want, rtol=1e-6)
-    assert run(mode, lambda t: ops.logsumexp(t, 0, keep_dims=True), A).shape == (1, 4)
+    assert run(mode, lambda t: ops.logsumexp(t, 0, keepdim=True), A).shape == (1, 4)
     np.testing.assert_allclose(
         run(mode, lambda t: ops.cumsum(t, 1), A), np.cumsum(A.astype(np.float64), 1), rtol=1e-5, atol=1e-6
     )

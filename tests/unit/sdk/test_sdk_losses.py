@@ -146,7 +146,7 @@ def test_shape_mismatches_that_would_broadcast_are_errors():
 
     logits = ms.Tensor(np.array([[0.5], [-1.0], [2.0]], np.float32))
     labels = ms.Tensor(np.array([1.0, 0.0, 1.0], np.float32))
-    with pytest.raises(ConfigurationError, match=r"logits \(3, 1\) and label \(3,\) must have the same shape"):
+    with pytest.raises(ConfigurationError, match=r"input \(3, 1\) and target \(3,\) must have the same shape"):
         nn.BCEWithLogitsLoss()(logits, labels)
     scores = ms.Tensor(np.random.default_rng(0).standard_normal((4, 4)).astype(np.float32))
     with pytest.raises(ConfigurationError, match=r"float target holds class probabilities .* pass an int target"):

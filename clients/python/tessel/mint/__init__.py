@@ -35,7 +35,6 @@ neg = F.neg
 negative = F.neg
 exp = F.exp
 log = F.log
-sqrt = F.sqrt
 rsqrt = F.rsqrt
 square = F.square
 sin = F.sin
@@ -71,6 +70,11 @@ def ge(input: Any, other: Any) -> Tensor:
 
 
 greater_equal = ge
+
+
+def sqrt(input: Any) -> Tensor:
+    """sqrt(input), element-wise (mint names the argument input, ops.sqrt x)."""
+    return F.sqrt(input)
 
 
 def round(input: Any, *, decimals: int = 0) -> Tensor:

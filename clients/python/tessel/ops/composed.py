@@ -187,18 +187,18 @@ def elu(input_x: Any, alpha: float = 1.0) -> Tensor:
     return F.select(positive, input_x, expm1(F.select(positive, F.zeros_like(input_x), input_x)) * float(alpha))
 
 
-def mish(input: Any) -> Tensor:
+def mish(x: Any) -> Tensor:
     """x * tanh(softplus(x))."""
-    return input * tanh(softplus(input))
+    return x * tanh(softplus(x))
 
 
 def _keep_int(function):
     """An integer input computed in float32 and truncated back, as MindSpore's kernels give integers."""
 
-    def on(x: Any) -> Tensor:
-        if F.dtype_of(x).is_float:
-            return function(x)
-        return F.cast(function(F.cast(x, DType.float32)), F.dtype_of(x))
+    def on(input: Any) -> Tensor:
+        if F.dtype_of(input).is_float:
+            return function(input)
+        return F.cast(function(F.cast(input, DType.float32)), F.dtype_of(input))
 
     on.__name__, on.__doc__ = function.__name__, function.__doc__
     return on
@@ -234,12 +234,13 @@ def addcdiv(input: Any, tensor1: Any, tensor2: Any, value: Any = 1) -> Tensor:
     return input + tensor1 / tensor2 * value
 
 
-def isclose(x1: Any, x2: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
-    """|x1 - x2| <= atol + rtol * |x2| element-wise (bool); equal infinities are close; NaNs only with equal_nan."""
-    close = F.less_equal(F.abs(x1 - x2), atol + rtol * F.abs(x2))
-    close = F.logical_or(close, F.equal(x1, x2))
+def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|input - other| <= atol + rtol * |other| element-wise (bool); equal infinities are close; NaNs only with
+    equal_nan."""
+    close = F.less_equal(F.abs(input - other), atol + rtol * F.abs(other))
+    close = F.logical_or(close, F.equal(input, other))
     if equal_nan:
-        close = F.logical_or(close, F.logical_and(F.isnan(x1), F.isnan(x2)))
+        close = F.logical_or(close, F.logical_and(F.isnan(input), F.isnan(other)))
     return close
 
 
@@ -264,12 +265,12 @@ def masked_fill(input_x: Any, mask: Any, value: Any) -> Tensor:
 # --- reductions ------------------------------------------------------------------------------------------------
 
 
-def logsumexp(input: Any, axis: Any, keep_dims: bool = False) -> Tensor:
-    """log(sum(e^x)) over `axis`, computed from the maximum so that it neither overflows nor underflows."""
-    top = F.stop_gradient(F.amax(input, axis, True))
+def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
+    """log(sum(e^x)) over `dim`, computed from the maximum so that it neither overflows nor underflows."""
+    top = F.stop_gradient(F.amax(input, dim, True))
     top = F.select(F.isfinite(top), top, F.zeros_like(top))
-    out = F.log(F.sum(F.exp(input - top), axis, True)) + top
-    return out if keep_dims else F.squeeze(out, axis)
+    out = F.log(F.sum(F.exp(input - top), dim, True)) + top
+    return out if keepdim else F.squeeze(out, dim)
 
 
 def _ddof(ddof: Any, who: str) -> int:

@@ -39,7 +39,6 @@ abs = _unary("Abs", "|x|, element-wise.")
 neg = _unary("Neg", "-x, element-wise.")
 exp = _unary("Exp", "e^x, element-wise.")
 log = _unary("Log", "ln x, element-wise.")
-sqrt = _unary("Sqrt", "sqrt(x), element-wise.")
 rsqrt = _unary("Rsqrt", "1 / sqrt(x), element-wise.")
 square = _unary("Square", "x², element-wise.")
 sin = _unary("Sin", "sin x, element-wise.")
@@ -50,6 +49,11 @@ ceil = _unary("Ceil", "ceil x, element-wise.")
 round = _unary("Round", "x rounded half to even, element-wise.")
 sign = _unary("Sign", "sign x, element-wise.")
 reciprocal = _unary("Reciprocal", "1 / x, element-wise.")
+
+
+def sqrt(x: Any) -> Tensor:
+    """sqrt(x), element-wise."""
+    return apply_op("Sqrt", x)
 
 
 def logical_not(input: Any) -> Tensor:
@@ -66,8 +70,17 @@ def stop_gradient(value: Any) -> Any:
     return apply_op("StopGradient", value) if isinstance(value, Tensor) else value
 
 
-zeros_like = _unary("ZerosLike", "Zeros of x's shape and dtype.")
-ones_like = _unary("OnesLike", "Ones of x's shape and dtype.")
+def zeros_like(input: Any, *, dtype: Any = None) -> Tensor:
+    """Zeros of input's shape, of input's dtype unless `dtype` is given."""
+    out = apply_op("ZerosLike", input)
+    return out if dtype is None else cast(out, dtype)
+
+
+def ones_like(input: Any, *, dtype: Any = None) -> Tensor:
+    """Ones of input's shape, of input's dtype unless `dtype` is given."""
+    out = apply_op("OnesLike", input)
+    return out if dtype is None else cast(out, dtype)
+
 
 add = _binary("Add", "x + y with broadcasting.")
 sub = _binary("Sub", "x - y with broadcasting.")
@@ -139,7 +152,7 @@ def dtype_of(x: Any) -> DType:
     return to_dtype(type(x))
 
 
-def div(input: Any, other: Any, rounding_mode: str | None = None) -> Tensor:
+def div(input: Any, other: Any, *, rounding_mode: str | None = None) -> Tensor:
     """input / other (MindSpore `ops.div`): rounding_mode None is true division (integers divide as float32);
     'floor' rounds the quotient down and 'trunc' towards zero, both keeping integer inputs integer."""
     if rounding_mode == "floor":
@@ -161,7 +174,9 @@ def div(input: Any, other: Any, rounding_mode: str | None = None) -> Tensor:
     return apply_op("Div", input, other)
 
 
-true_divide = div
+def true_divide(dividend: Any, divisor: Any) -> Tensor:
+    """dividend / divisor, true division (integers divide as float32), as div without a rounding_mode."""
+    return div(dividend, divisor)
 
 
 def floor_divide(input: Any, other: Any) -> Tensor:
@@ -174,7 +189,9 @@ def floor_divide(input: Any, other: Any) -> Tensor:
     return cast(apply_op("Floor", apply_op("Div", _in_float64(input), _in_float64(other))), out)
 
 
-floor_div = floor_divide
+def floor_div(x: Any, y: Any) -> Tensor:
+    """floor(x / y), as floor_divide (MindSpore names this form's arguments x and y)."""
+    return floor_divide(x, y)
 
 
 def remainder(input: Any, other: Any) -> Tensor:
@@ -331,8 +348,8 @@ def sum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None
     return apply_op("ReduceSum", source, axis=_axis(dim), keep_dims=bool(keepdim))
 
 
-def mean(input: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
-    return apply_op("ReduceMean", input, axis=_axis(axis), keep_dims=bool(keep_dims))
+def mean(x: Any, axis: Any = None, keep_dims: bool = False) -> Tensor:
+    return apply_op("ReduceMean", x, axis=_axis(axis), keep_dims=bool(keep_dims))
 
 
 def amax(input: Any, axis: Any = None, keepdims: bool = False) -> Tensor:
@@ -531,8 +548,8 @@ def _value_dtype(value: Any) -> DType:
     return to_dtype(np.asarray(value).dtype)
 
 
-def select(cond: Any, x: Any, y: Any) -> Tensor:
-    return apply_op("Select", cond, x, y)
+def select(condition: Any, input: Any, other: Any) -> Tensor:
+    return apply_op("Select", condition, input, other)
 
 
 def where(condition: Any, input: Any, other: Any) -> Tensor:
@@ -551,8 +568,8 @@ def zeros(size: Any, dtype: Any = None) -> Tensor:
     return _filled(size, 0, dtype)
 
 
-def ones(size: Any, dtype: Any = None) -> Tensor:
-    return _filled(size, 1, dtype)
+def ones(shape: Any, dtype: Any = None) -> Tensor:
+    return _filled(shape, 1, dtype)
 
 
 def full(size: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:

@@ -63,10 +63,10 @@ def silu(input: Any) -> Tensor:
     return apply_op("Mul", input, apply_op("Sigmoid", input))
 
 
-def gelu(input_x: Any, approximate: str = "none") -> Tensor:
+def gelu(input: Any, approximate: str = "none") -> Tensor:
     if approximate not in ("none", "tanh"):
         raise ConfigurationError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
-    return apply_op("GELU", input_x, approximate=approximate)
+    return apply_op("GELU", input, approximate=approximate)
 
 
 def leaky_relu(input: Any, alpha: float = 0.2) -> Tensor:
@@ -450,18 +450,18 @@ def l1_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
 
 
 def binary_cross_entropy_with_logits(
-    logits: Any, label: Any, weight: Any = None, pos_weight: Any = None, reduction: str = "mean"
+    input: Any, target: Any, weight: Any = None, pos_weight: Any = None, reduction: str = "mean"
 ) -> Tensor:
     """Sigmoid cross-entropy, computed stably: (1 - y) x + log(1 + exp(-x)) (pos_weight scales the y terms). The
     second term is Softplus(-x), stable at both ends, whose gradient is -sigmoid(-x) everywhere; written as
     log(1 + exp(-|x|)) + max(-x, 0) it had the wrong gradient at x = 0 (Abs and Maximum's tie: -1, not -0.5)."""
-    shapes = tuple(getattr(logits, "shape", ())), tuple(getattr(label, "shape", ()))
+    shapes = tuple(getattr(input, "shape", ())), tuple(getattr(target, "shape", ()))
     if shapes[0] != shapes[1]:  # MindSpore's BCEWithLogitsLoss infer: the two must be equal, not broadcast
         raise ConfigurationError(
-            f"binary_cross_entropy_with_logits: logits {shapes[0]} and label {shapes[1]} must have the same shape "
+            f"binary_cross_entropy_with_logits: input {shapes[0]} and target {shapes[1]} must have the same shape "
             "(a (N, 1) output against (N,) labels would broadcast to (N, N)); reshape one to the other's shape"
         )
-    x = logits
+    x, label = input, target
     softplus_neg = apply_op("Softplus", apply_op("Neg", x))  # log(1 + exp(-x))
     if pos_weight is None:
         per = (1.0 - label) * x + softplus_neg
