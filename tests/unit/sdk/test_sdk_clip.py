@@ -63,3 +63,16 @@ def test_clip_errors_name_the_rule():
         ops.clip_by_norm(ms.Tensor(np.array([np.inf, 1.0], np.float32)), 1.0, error_if_nonfinite=True)
     with pytest.raises(NotSupportedYetError, match="error_if_nonfinite=True inside a graph"):
         ms.jit(lambda t: ops.clip_by_norm(t, 1.0, error_if_nonfinite=True))(ms.Tensor(X))
+
+
+def test_clip_by_norm_gradient_where_it_does_not_clip_is_the_upstream_one():
+    """MindSpore 2.7.0: grad of (clip_by_norm(x, 1.0) * [1, 2, 3]).sum() at x = 0 is [1, 2, 3] (x comes back
+    unchanged), for norm_type 2, 1 and inf; at x = [1, 0, 2] with max_norm 1 it is [-0.17889, 0.89443, 0.08944]."""
+    weights = ms.Tensor(np.array([1.0, 2.0, 3.0], np.float32))
+    zero = ms.Tensor(np.zeros(3, np.float32))
+    for norm_type in (2.0, 1.0, float("inf")):
+        grad = ms.grad(lambda a, p=norm_type: (ops.clip_by_norm(a, 1.0, p) * weights).sum())(zero)
+        assert grad.asnumpy().tolist() == [1.0, 2.0, 3.0]
+    x = ms.Tensor(np.array([1.0, 0.0, 2.0], np.float32))
+    clipped = ms.grad(lambda a: (ops.clip_by_norm(a, 1.0) * weights).sum())(x)
+    np.testing.assert_allclose(clipped.asnumpy(), [-0.17889, 0.89443, 0.08944], atol=1e-5)

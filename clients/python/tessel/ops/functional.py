@@ -273,21 +273,28 @@ def clip_by_global_norm(x: Any, clip_norm: float = 1.0, use_norm: Any = None) ->
     return tuple(cast(t * float(clip_norm) / norm, t.dtype) for t in tensors)
 
 
-def clip_by_norm(x: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Any:
-    """x (a Tensor, or a tuple or list of them) scaled by max_norm / (total norm + 1e-6) when that is below 1; the
-    total norm is the norm of the tensors' own norms (MindSpore's ops.clip_by_norm, whose norm of order p is
-    (sum x^p)^(1/p), taken here the same way; order inf is the largest |x|)."""
-    tensors = _clip_tensors(x, "clip_by_norm")
-    p = float(norm_type)
+def _total_norm(tensors: list, p: float) -> Tensor:
+    """The norm of order p of the tensors' own norms, each (sum x^p)^(1/p) as MindSpore's; order inf is the largest
+    |x|."""
     if p == float("inf"):
         norms = [amax(abs(t)) for t in tensors]
         total = norms[0]
         for part in norms[1:]:
             total = maximum(total, part)
-    else:
-        norms = [cast(pow(sum(pow(t, p)), 1.0 / p), t.dtype) for t in tensors]
-        stacked = stack(norms)
-        total = cast(pow(sum(pow(stacked, p)), 1.0 / p), stacked.dtype)
+        return total
+    norms = [cast(pow(sum(pow(t, p)), 1.0 / p), t.dtype) for t in tensors]
+    stacked = stack(norms)
+    return cast(pow(sum(pow(stacked, p)), 1.0 / p), stacked.dtype)
+
+
+def clip_by_norm(x: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfinite: bool = False) -> Any:
+    """x (a Tensor, or a tuple or list of them) scaled by max_norm / (total norm + 1e-6) when that is below 1, else
+    x itself (MindSpore's ops.clip_by_norm). Where x is not clipped its gradient is the upstream one, as MindSpore
+    2.7.0's (at x = 0 too: the norm's infinite slope at 0 must not meet that branch's zero gradient, which would be
+    NaN, so the norm on the gradient path is taken of ones there)."""
+    tensors = _clip_tensors(x, "clip_by_norm")
+    p = float(norm_type)
+    total = _total_norm([stop_gradient(t) for t in tensors], p)
     if error_if_nonfinite:
         if current() is not None:
             raise NotSupportedYetError(
@@ -296,8 +303,10 @@ def clip_by_norm(x: Any, max_norm: float, norm_type: float = 2.0, error_if_nonfi
             )
         if not np.isfinite(total.asnumpy()).all():
             raise RuntimeError(f"clip_by_norm: the total norm of order {norm_type} of the input is not finite")
-    coef = minimum(float(max_norm) / (total + 1e-6), 1.0)  # x * 1.0 is x: MindSpore leaves x as it is there
-    clipped = [t * cast(coef, t.dtype) for t in tensors]
+    clipping = less(float(max_norm) / (total + 1e-6), 1.0)
+    norm = _total_norm([select(clipping, t, ones_like(t)) for t in tensors], p)
+    coef = float(max_norm) / (norm + 1e-6)
+    clipped = [select(clipping, t * cast(coef, t.dtype), t) for t in tensors]
     return clipped[0] if isinstance(x, Tensor) else type(x)(clipped)
 
 
