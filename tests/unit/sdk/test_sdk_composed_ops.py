@@ -192,6 +192,28 @@ def test_statistics_and_norms_match_numpy(mode):
     np.testing.assert_allclose(run(mode, ops.cosine_similarity, A, B), want, rtol=1e-5)
 
 
+def test_integer_trace_and_norm_have_mindspores_dtypes():
+    """MindSpore 2.7.0: trace of arange(9) as int8/int32/uint8 is 12 of that dtype; norm of int32 [0, 1, 2, 3] is
+    float32 3.7416575 (ord None or 2, int64 and int8 alike), of [[0, 1], [2, 3]] along dim 1 float32 [1, 3.6055512];
+    the matrix inf norm stays int32 (5) and the 1 norm is int64 (4)."""
+    square = np.arange(9).reshape(3, 3)
+    for dtype, want in ((np.int8, ms.int8), (np.int32, ms.int32), (np.uint8, ms.uint8)):
+        out = ops.trace(ms.Tensor(square.astype(dtype)))
+        assert out.dtype == want and out.asnumpy() == 12
+    vector, matrix = ms.Tensor(np.arange(4, dtype=np.int32)), ms.Tensor(np.arange(4, dtype=np.int32).reshape(2, 2))
+    for out in (ops.norm(vector), ops.norm(vector, 2), ops.norm(ms.Tensor(np.arange(4, dtype=np.int64)))):
+        assert out.dtype == ms.float32
+        np.testing.assert_allclose(out.asnumpy(), np.sqrt(14.0), rtol=1e-6)
+    by_row = ops.norm(matrix, dim=1)
+    assert by_row.dtype == ms.float32
+    np.testing.assert_allclose(by_row.asnumpy(), [1.0, np.sqrt(13.0)], rtol=1e-6)
+    assert ops.norm(matrix, "fro").dtype == ms.float32
+    infinity = ops.norm(matrix, float("inf"))
+    assert infinity.dtype == ms.int32 and infinity.asnumpy() == 5
+    one = ops.norm(matrix, 1)
+    assert one.dtype == ms.int64 and one.asnumpy() == 4
+
+
 def test_norm_errors_say_what_is_missing():
     from tessel.core.errors import NotSupportedYetError
 

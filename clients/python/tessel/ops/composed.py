@@ -331,8 +331,11 @@ def _vector_norm(x: Any, ord: Any, dim: Any, keepdim: bool) -> Tensor:
 def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
     """Vector norms (dim an int, or None with ord None: all elements) and matrix norms (dim two ints, or None on a
     2-D input with ord given): ord None/2/inf/-inf/0/p for vectors; 'fro', 1, -1, inf, -inf for matrices ('nuc',
-    2 and -2 need singular values: not supported yet)."""
+    2 and -2 need singular values: not supported yet). The square-root norms (ord None, 2, 'fro') of an integer
+    input are float32, as MindSpore 2.7.0's (norm of int32 [0, 1, 2, 3] is float32 3.7416575)."""
     x = A if dtype is None else F.cast(A, dtype)
+    if F.dtype_of(x).is_int and (ord is None or ord == 2 or ord == "fro"):
+        x = F.cast(x, DType.float32)
     shape = _shape(x, "norm")
     if dim is None and ord is None:
         return _vector_norm(x, None, None, keepdim)
@@ -356,6 +359,8 @@ def norm(A: Any, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dty
         summed, kept = (rows, cols) if ord in (1, -1) else (cols, rows)
         sums = F.sum(F.abs(x), summed, True)
         out = (F.amax if ord in (1, float("inf")) else F.amin)(sums, kept, True)
+        if ord in (float("inf"), float("-inf")) and F.dtype_of(x).is_int:
+            out = F.cast(out, F.dtype_of(x))  # MindSpore 2.7.0: int32 for inf and -inf, int64 for 1 and -1
         return out if keepdim else F.squeeze(out, (rows, cols))
     from tessel.common.support import not_supported_yet
 
@@ -389,11 +394,13 @@ def cumsum(x: Any, axis: int, dtype: Any = None) -> Tensor:
 
 
 def trace(input: Any) -> Tensor:
-    """The sum of the main diagonal of a 2-D tensor."""
+    """The sum of the main diagonal of a 2-D tensor, of the input's dtype (MindSpore 2.7.0: an int8 or int32 trace
+    stays int8 or int32, where a plain sum would widen it to int64)."""
     shape = _shape(input, "trace")
     if len(shape) != 2:
         raise ConfigurationError(f"ops.trace: input must be 2-D, got shape {shape}")
-    return F.sum(input * _constant(np.eye(*shape, dtype=input.dtype.numpy)))
+    total = F.sum(input * _constant(np.eye(*shape, dtype=input.dtype.numpy)))
+    return F.cast(total, input.dtype) if input.dtype.is_int else total
 
 
 def numel(input: Any) -> int:
