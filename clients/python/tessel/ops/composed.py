@@ -266,9 +266,10 @@ def masked_fill(input_x: Any, mask: Any, value: Any) -> Tensor:
 
 
 def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
-    """log(sum(e^x)) over `dim`, computed from the maximum so that it neither overflows nor underflows."""
+    """log(sum(e^(x - max))) + max over `dim`, MindSpore's documented formula, which neither overflows nor
+    underflows. As there, a slice whose maximum is infinite gives NaN (MindSpore 2.7.0: [-inf, -inf] and [inf, 1]
+    are both nan)."""
     top = F.stop_gradient(F.amax(input, dim, True))
-    top = F.select(F.isfinite(top), top, F.zeros_like(top))
     out = F.log(F.sum(F.exp(input - top), dim, True)) + top
     return out if keepdim else F.squeeze(out, dim)
 
