@@ -24,7 +24,7 @@ from tessel.compiler import registry
 from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import Graph, Node, Value
-from tessel.compiler.optimizers import Optimizer
+from tessel.compiler.optimizers import UNGROUPED, Optimizer, ParameterGroups
 from tessel.compiler.rank_rewrite import Rewriter, fold_value_free
 from tessel.compiler.shapes import is_static, numel
 from tessel.compiler.train_step import TrainProgram, build_train_step
@@ -309,7 +309,7 @@ def data_parallel_train_step(
     *,
     mean: bool = True,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-    no_weight_decay: frozenset[str] = frozenset(),
+    groups: ParameterGroups = UNGROUPED,
     gradient_weight: float = 1.0,
 ) -> TrainProgram:
     """build_train_step with the gradients of `params` all-reduced over `group` (mean: divided by its size,
@@ -322,5 +322,5 @@ def data_parallel_train_step(
     if gradient_weight != 1.0:
         forward = weigh_gradients(forward, gradient_weight)
     mirrored = mirror_parameters(forward, params, group, mean=mean)
-    program = build_train_step(mirrored, params, optimizer, no_weight_decay)
+    program = build_train_step(mirrored, params, optimizer, groups)
     return dataclasses.replace(program, graph=bucket_allreduce(program.graph, bucket_bytes))

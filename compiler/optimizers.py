@@ -18,7 +18,9 @@ An optimizer is a frozen dataclass, so it is part of a train step's identity (an
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from tessel.compiler.builder import SymbolicTensor, apply
 
@@ -34,6 +36,44 @@ class Slot:
 
 
 @dataclass(frozen=True)
+class ParameterGroups:
+    """What MindSpore's parameter groups set per parameter, by name: a weight decay other than the optimizer's
+    (`decays`, 0 for none), and which learning rate it takes (`rates`: its index into the learning-rate input, which
+    then holds `rate_count` rates, one per group; none: one scalar rate for every parameter)."""
+
+    decays: tuple[tuple[str, float], ...] = ()
+    rates: tuple[tuple[str, int], ...] = ()
+    rate_count: int = 0
+
+    @staticmethod
+    def of(decays: Mapping[str, float], rates: Mapping[str, int] | None = None, rate_count: int = 0):
+        return ParameterGroups(tuple(sorted(decays.items())), tuple(sorted((rates or {}).items())), rate_count)
+
+    @cached_property
+    def _decay_of(self) -> dict[str, float]:
+        return dict(self.decays)
+
+    @cached_property
+    def _rate_of(self) -> dict[str, int]:
+        return dict(self.rates)
+
+    @property
+    def rate_shape(self) -> tuple[int, ...]:
+        """The learning-rate input's shape."""
+        return (self.rate_count,) if self.rate_count else ()
+
+    def decay(self, name: str, default: float) -> float:
+        return self._decay_of.get(name, default)
+
+    def rate(self, lr: T, name: str) -> T:
+        """Parameter `name`'s learning rate, from the learning-rate input `lr`."""
+        return lr[self._rate_of[name]] if self.rate_count else lr
+
+
+UNGROUPED = ParameterGroups()  # every parameter: the optimizer's weight decay and its one learning rate
+
+
+@dataclass(frozen=True)
 class Optimizer:
     """Base class. `update` returns the new parameter and new slot values; `update_globals` the new globals."""
 
@@ -46,7 +86,8 @@ class Optimizer:
     def global_slots(self) -> tuple[Slot, ...]:
         return ()
 
-    def update(self, p: T, g: T, slots: dict[str, T], glob: dict[str, T], lr: T, decay: bool) -> tuple[T, dict]:
+    def update(self, p: T, g: T, slots: dict[str, T], glob: dict[str, T], lr: T, decay: float) -> tuple[T, dict]:
+        """`decay`: this parameter's weight decay (the rule's `weight_decay`, another of its parameter group, or 0)."""
         raise NotImplementedError
 
     def update_globals(self, glob: dict[str, T]) -> dict[str, T]:
@@ -57,12 +98,13 @@ class Optimizer:
         the backward pass with lr instead of 1, so the gradients arrive already times lr (`update_scaled`)."""
         return False
 
-    def update_scaled(self, p: T, lr_g: T, lr: T, decay: bool) -> T:
+    def update_scaled(self, p: T, lr_g: T, lr: T, decay: float) -> T:
         """The new parameter from lr * g, for an optimizer that folds_learning_rate."""
         raise NotImplementedError
 
-    def _decayed(self, p: T, g: T, decay: bool) -> T:
-        return g + self.weight_decay * p if decay and self.weight_decay else g
+    @staticmethod
+    def _decayed(p: T, g: T, decay: float) -> T:
+        return g + decay * p if decay else g
 
 
 @dataclass(frozen=True)
@@ -92,8 +134,8 @@ class SGD(Optimizer):
         return not self.momentum
 
     def update_scaled(self, p, lr_g, lr, decay):
-        if decay and self.weight_decay:
-            lr_g = lr_g + (lr * self.weight_decay) * p
+        if decay:
+            lr_g = lr_g + (lr * decay) * p
         return p - lr_g
 
     def update_globals(self, glob):
@@ -166,6 +208,6 @@ class AdamWeightDecay(Optimizer):
     def update(self, p, g, slots, glob, lr, decay):
         m, v = _moments(self, g, slots)
         step = m / (apply("Sqrt", v) + self.eps)
-        if decay and self.weight_decay:
-            step = step + self.weight_decay * p
+        if decay:
+            step = step + decay * p
         return p - lr * step, {"moment1": m, "moment2": v}

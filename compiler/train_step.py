@@ -38,7 +38,7 @@ from tessel.compiler.optimizer_parallel import (
     regather_for_backward,
     start_reductions_early,
 )
-from tessel.compiler.optimizers import Optimizer
+from tessel.compiler.optimizers import UNGROUPED, Optimizer, ParameterGroups
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 LEARNING_RATE = "learning_rate"
@@ -69,7 +69,7 @@ def build_train_step(
     forward: Graph,
     params: Sequence[str],
     optimizer: Optimizer,
-    no_weight_decay: frozenset[str] = frozenset(),
+    groups: ParameterGroups = UNGROUPED,
     deferred_gradients: bool = False,
     shards: Mapping[str, ParamShard] | None = None,
 ) -> TrainProgram:
@@ -89,10 +89,11 @@ def build_train_step(
     """
     shards = dict(shards or {})
     builder = GraphBuilder.extend(forward)
-    lr = builder.add_input(LEARNING_RATE, (), DType.float32)
+    lr = builder.add_input(LEARNING_RATE, groups.rate_shape, DType.float32)
     values = [forward.input(n) for n in params]
     loss = SymbolicTensor(builder, forward.outputs[0])
-    fold = optimizer.folds_learning_rate() and _full_precision(forward)
+    # one rate for all: plain SGD seeds the backward pass with it (see compiler/optimizers.py)
+    fold = optimizer.folds_learning_rate() and _full_precision(forward) and not groups.rate_count
     sens = apply("OnesLike", loss) * lr.astype(loss.dtype) if fold else None
     reductions: set[Value] = set()
     if deferred_gradients:
@@ -129,7 +130,7 @@ def build_train_step(
         for slot in optimizer.slots():
             slots[slot.name] = builder.add_input(f"{name}/{slot.name}", p.shape, value.dtype)
             state.append(StateSpec(f"{name}/{slot.name}", _static(p.shape, name), value.dtype, slot.init))
-        rate, decay = lr.astype(value.dtype), name not in no_weight_decay
+        rate, decay = groups.rate(lr, name).astype(value.dtype), groups.decay(name, optimizer.weight_decay)
         if fold:
             new_p, new_slots = optimizer.update_scaled(p, g, rate, decay), {}
         else:

@@ -49,7 +49,7 @@ def test_data_parallel_over_tcp_equals_one_rank(tmp_path):
     _check(_run(tmp_path, 2, "dp_train.py", "model", env={"TESSEL_TRANSPORT": "tcp"}), "model")
 
 
-@pytest.mark.parametrize("mode", ["sink", "loop", "pynative", "sum", "lossscale", "augment"])
+@pytest.mark.parametrize("mode", ["sink", "loop", "pynative", "sum", "lossscale", "augment", "groups"])
 def test_sink_custom_loop_pynative_and_sum_modes_match_the_reference(tmp_path, mode):
     _check(_run(tmp_path, 3, "dp_train.py", mode), mode)
 

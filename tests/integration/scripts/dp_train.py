@@ -7,7 +7,8 @@ MODE: model (Model.train, feed mode), sink (Model.train, dataset_sink_mode=True,
 fixed loss scale of 128: float16 compute, so the reference is met to float16's rounding, 2e-3 relative), lossscale
 (Model.train with DynamicLossScaleManager(2**10): TrainOneStepWithLossScaleCell traced as one program, its overflow
 check on the all-reduced gradients), augment (sink mode over a shuffled source whose rows are flipped at random: the
-reference trains on what one device's pipeline yields, so each rank must flip each of its rows as one device does).
+reference trains on what one device's pipeline yields, so each rank must flip each of its rows as one device does),
+groups (Model.train with a parameter group of its own learning rate and weight decay).
 Prints `dp <mode> ok on rank r of n: relative error E, losses L0 ... L19`; any mismatch raises.
 """
 
@@ -25,6 +26,7 @@ MODE = sys.argv[1]
 IN, HIDDEN, OUT, PER_RANK, STEPS, LR, MOMENTUM = 12, 16, 5, 4, 20, 0.1, 0.9
 # sink mode: a per-step list, which the daemons must apply step by step within the sink
 RATES = [LR * (1 - 0.03 * s) for s in range(STEPS)] if MODE == "sink" else [LR] * STEPS
+GROUP_LR, GROUP_DECAY = 0.05, 0.01  # groups mode: w1 and b1 in a parameter group of their own rate and decay
 
 if MODE == "pynative":
     ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -95,8 +97,10 @@ def reference():
         dz = dlogits @ p["w2"].T * (z > 0)
         grads = {"w1": x.T @ dz, "b1": dz.sum(0), "w2": h.T @ dlogits, "b2": dlogits.sum(0)}
         for k in p:
-            v[k] = MOMENTUM * v[k] + grads[k]
-            p[k] = p[k] - RATES[step] * v[k]
+            grouped = MODE == "groups" and k in ("w1", "b1")
+            rate, decay = (GROUP_LR, GROUP_DECAY) if grouped else (RATES[step], 0.0)
+            v[k] = MOMENTUM * v[k] + grads[k] + decay * p[k]
+            p[k] = p[k] - rate * v[k]
     return p, losses
 
 
@@ -107,8 +111,11 @@ def dataset():
 net = Net()
 loss_fn = nn.CrossEntropyLoss()
 optimizer = nn.Momentum(net.trainable_params(), RATES if MODE == "sink" else LR, MOMENTUM)
+if MODE == "groups":
+    own = {"params": [net.w1, net.b1], "lr": GROUP_LR, "weight_decay": GROUP_DECAY}
+    optimizer = nn.Momentum([own, {"params": [net.w2, net.b2]}], LR, MOMENTUM)
 losses = []
-if MODE in ("model", "sink", "sum", "amp", "lossscale", "augment"):
+if MODE in ("model", "sink", "sum", "amp", "lossscale", "augment", "groups"):
 
     class Record(LossMonitor):
         def on_train_step_end(self, run_context):

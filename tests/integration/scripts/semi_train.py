@@ -4,7 +4,8 @@ against a float64 numpy reference of 1-rank training on the global batch.
 
 IMPORT: data_parallel (full_batch=False: each rank's dataset shard is its slice of the batch), full_batch
 (every rank reads the whole global batch) or full_batch_sink (the same in dataset sink mode: the daemon reads the
-batches and keeps of the labels, which the loss reads data parallel, only its rows). Prints `semi <import> ok on
+batches and keeps of the labels, which the loss reads data parallel, only its rows; w1 in a parameter group of its
+own weight decay and per-step rates). Prints `semi <import> ok on
 rank r of n: loss error E`.
 """
 
@@ -22,6 +23,8 @@ IMPORT = sys.argv[1]
 SINK = IMPORT == "full_batch_sink"
 WHOLE = IMPORT in ("full_batch", "full_batch_sink")
 IN, HIDDEN, OUT, GLOBAL_BATCH, STEPS, LR = 8, 16, 4, 8, 6, 0.5
+# sink mode: w1 in a parameter group of its own weight decay and per-step rates (each step of a sink its own)
+W1_RATES, W1_DECAY = [0.25 * (1 - 0.05 * s) for s in range(STEPS)], 0.02
 
 init()
 rank, world = get_rank(), get_group_size()
@@ -68,7 +71,8 @@ def reference():
         losses.append(-np.log(prob[np.arange(GLOBAL_BATCH), y]).mean())
         dlogits = (prob - np.eye(OUT)[y]) / GLOBAL_BATCH
         dh = dlogits @ p["w2"].T * (h > 0)
-        p = {"w1": p["w1"] - LR * (x.T @ dh), "w2": p["w2"] - LR * (h.T @ dlogits)}
+        g1 = x.T @ dh + (W1_DECAY * p["w1"] if SINK else 0.0)
+        p = {"w1": p["w1"] - (W1_RATES[step] if SINK else LR) * g1, "w2": p["w2"] - LR * (h.T @ dlogits)}
     return losses
 
 
@@ -89,7 +93,9 @@ class Record(LossMonitor):
         losses.append(float(run_context.original_args().net_outputs.asnumpy()))
 
 
-model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=nn.SGD(net.trainable_params(), LR))
+groups = [{"params": [net.w1], "lr": W1_RATES, "weight_decay": W1_DECAY}, {"params": [net.w2], "lr": LR}]
+optimizer = nn.SGD(groups if SINK else net.trainable_params(), [LR] * STEPS if SINK else LR)
+model = ms.Model(net, loss_fn=nn.CrossEntropyLoss(), optimizer=optimizer)
 model.train(1, dataset(), callbacks=[Record(1)], dataset_sink_mode=SINK)
 if SINK:  # the labels arrive sliced: the daemon stores only this rank's rows of each batch it reads
     (*_, runner), *_ = model._sink_runners.values()

@@ -105,8 +105,8 @@ def test_weight_decay_skips_normalisation_parameters_and_groups_choose():
     opt = nn.SGD([{"params": [a], "weight_decay": 0.5}, {"params": [c]}], learning_rate=1.0)
     opt((ms.Tensor(np.zeros(2, np.float32)),) * 2)
     assert a.asnumpy().tolist() == [0.5, 0.5] and c.asnumpy().tolist() == [1.0, 1.0]
-    with pytest.raises(ConfigurationError, match="per-group 'lr'"):
-        nn.SGD([{"params": [a], "lr": 0.1}], learning_rate=1.0)
+    with pytest.raises(KeyError, match="the key in group params must be one of"):  # MindSpore's KeyError
+        nn.SGD([{"params": [a], "momentum": 0.1}], learning_rate=1.0)
     with pytest.raises(ConfigurationError, match="updates 2 parameters but got 1 gradients"):
         opt((ms.Tensor(np.zeros(2, np.float32)),))
 
@@ -323,3 +323,78 @@ def test_sink_mode_gives_each_step_its_own_rate(rate):
     if rate == "list":
         with pytest.raises(ConfigurationError, match="has 12 per-step values, but update 13 is about to run"):
             trained(True, epochs=3)
+
+
+# MindSpore 2.7.0's weights after 3 steps (Dense(3, 2), weight arange(6) * 0.1, bias [0.5, -0.5], MSELoss on
+# x = arange(12) * 0.1, y = 1) and its get_lr() after them, for parameter groups with rates and weight decays of their
+# own; lists 4 long (MindSpore's get_lr gathers the rate of update 4)
+GROUPS = {
+    "momentum_fixed": (
+        lambda d: nn.Momentum(
+            [{"params": [d.weight], "lr": 0.2, "weight_decay": 0.01}, {"params": [d.bias], "weight_decay": 0.05}],
+            0.1,
+            0.9,
+        ),
+        [[0.082155474, 0.20953217, 0.33690888], [0.46347278, 0.63714027, 0.81080782]],
+        [0.62808871, -0.11321858],
+        [0.2, 0.1],
+    ),
+    "momentum_lists": (
+        lambda d: nn.Momentum(
+            [{"params": [d.weight], "lr": [0.3, 0.2, 0.1, 0.1]}, {"params": [d.bias]}], [0.1, 0.1, 0.05, 0.05], 0.9
+        ),
+        [[0.072696313, 0.19749951, 0.32230276], [0.45181051, 0.61750084, 0.78319138]],
+        [0.60826606, -0.21254785],
+        [0.1, 0.05],
+    ),
+    "adam_groups": (
+        lambda d: nn.Adam(
+            [{"params": [d.weight], "lr": 0.05, "weight_decay": 0.1}, {"params": [d.bias], "lr": 0.01}], 0.02
+        ),
+        [[0.12610762, 0.22855492, 0.33022285], [0.44421858, 0.54589635, 0.64670587]],
+        [0.52902371, -0.47018844],
+        [0.05, 0.01],
+    ),
+    "sgd_schedule": (
+        lambda d: nn.SGD([{"params": [d.weight], "lr": nn.ExponentialDecayLR(0.2, 0.5, 1)}, {"params": [d.bias]}], 0.1),
+        [[0.030058378, 0.13970943, 0.24936047], [0.36343011, 0.48880813, 0.61418611]],
+        [0.57490039, -0.30148426],
+        [0.025, 0.1],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPS))
+@pytest.mark.parametrize("sink", [False, True])
+def test_parameter_groups_with_their_own_rates_and_weight_decays_train_as_mindspore(case, sink):
+    import tessel.dataset as ds
+
+    make, weight, bias, rates = GROUPS[case]
+    dense = nn.Dense(3, 2)
+    dense.weight.set_data(ms.Tensor((np.arange(6).reshape(2, 3) * 0.1).astype(np.float32)))
+    dense.bias.set_data(ms.Tensor(np.array([0.5, -0.5], np.float32)))
+    opt = make(dense)
+    x = (np.arange(12).reshape(4, 3) * 0.1).astype(np.float32)
+    data = ds.NumpySlicesDataset({"x": np.stack([x] * 3), "y": np.ones((3, 4, 2), np.float32)}, shuffle=False)
+    ms.Model(dense, nn.MSELoss(), opt).train(1, data, dataset_sink_mode=sink)
+    np.testing.assert_allclose(dense.weight.asnumpy(), weight, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(dense.bias.asnumpy(), bias, rtol=1e-5, atol=1e-7)
+    assert [float(rate.asnumpy()) for rate in opt.get_lr()] == pytest.approx(rates)  # one per parameter
+    own = opt.get_lr_parameter(dense.weight)
+    if case == "sgd_schedule":
+        assert isinstance(own, nn.ExponentialDecayLR)
+    else:
+        assert own.name == "learning_rate_group_0" and any(own is p for p in opt.get_parameters())  # saved
+
+
+def test_a_group_rate_is_saved_loaded_and_checked_as_mindsporess():
+    dense = nn.Dense(3, 2)
+    opt = nn.Momentum([{"params": [dense.weight], "lr": 0.2}, {"params": [dense.bias]}], 0.1, 0.9)
+    names = [p.name for p in opt.get_parameters() if "learning_rate" in p.name]
+    assert sorted(names) == ["learning_rate", "learning_rate_group_0"]  # MindSpore 2.7.0's checkpoint keys
+    ms.load_param_into_net(opt, {"learning_rate_group_0": ms.Parameter(ms.Tensor(np.float32(0.05)), "x")})
+    assert float(opt.get_lr_parameter(dense.weight).asnumpy()) == pytest.approx(0.05)
+    with pytest.raises(ValueError, match="dynamic learning rate in group must be the same size"):
+        nn.Momentum([{"params": [dense.weight], "lr": [0.1, 0.2]}, {"params": [dense.bias]}], [0.1] * 3, 0.9)
+    with pytest.raises(RuntimeError, match="the bias parameter already exists"):
+        nn.Momentum([{"params": [dense.bias]}, {"params": [dense.bias]}], 0.1, 0.9)

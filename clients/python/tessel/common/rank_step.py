@@ -114,10 +114,11 @@ def shard_config():
 
 
 def parallel_train_program(
-    graph, trace, keys: Sequence[str], rule, no_decay, fixed: Callable[[], dict], exclude=(), fusion=None, local=()
+    graph, trace, keys: Sequence[str], rule, groups, fixed: Callable[[], dict], exclude=(), fusion=None, local=()
 ):
     """(TrainProgram, RankPartition or None, {key: ParamShard}) for the current parallel mode (see the module
-    docstring); `fixed()` gives the layouts of parameters an earlier plan of this job sliced; `exclude` names the
+    docstring); `groups` is what the optimizer's parameter groups set per parameter (compiler ParameterGroups);
+    `fixed()` gives the layouts of parameters an earlier plan of this job sliced; `exclude` names the
     parameters optimizer parallel must leave whole (Parameter(parallel_optimizer=False)). With optimizer parallel
     on, the shards say which parameters this rank reduce-scatters and updates a block of (compiler/
     optimizer_parallel.py). `fusion` maps a parameter key to its comm_fusion index: only gradients of one index
@@ -136,7 +137,7 @@ def parallel_train_program(
         local = frozenset(local)
         mirrored = [k for k in keys if k not in local]
         forward = set_fusion(mirror_parameters(graph, mirrored, tuple(range(world)), mean=mean), fusion or {})
-        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude) | local)
+        program, shards = _sharded_step(forward, keys, rule, groups, config, frozenset(exclude) | local)
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), None, shards
     if world > 1 and mode in (_PARALLEL.SEMI_AUTO_PARALLEL, _PARALLEL.AUTO_PARALLEL):
         try:
@@ -165,14 +166,14 @@ def parallel_train_program(
                     "parameters and state already). Fix: set_auto_parallel_context(enable_parallel_optimizer=False) "
                     "under pipeline parallel",
                 )
-            program = build_train_step(part.graph, keys, rule, no_decay, deferred_gradients=True)
+            program = build_train_step(part.graph, keys, rule, groups, deferred_gradients=True)
             piped = pipeline.train_stage(program.graph, graph, part, trace, keys, where)
             held = set(piped.parameters)
             program = dataclasses.replace(program, state=tuple(s for s in program.state if s.name in held))
             return _with_graph(program, bucket_allreduce(piped.graph, bucket_bytes())), part, {}
         forward = sync_in_fp32(part.graph) if context.get_auto_parallel_context("gradient_fp32_sync") else part.graph
         forward = set_fusion(forward, fusion or {})
-        program, shards = _sharded_step(forward, keys, rule, no_decay, config, frozenset(exclude))
+        program, shards = _sharded_step(forward, keys, rule, groups, config, frozenset(exclude))
         return _with_graph(program, bucket_allreduce(program.graph, bucket_bytes())), part, shards
     if config is not None and world > 1:
         log_once(
@@ -181,10 +182,10 @@ def parallel_train_program(
             "replicated parameter to shard; optimizer parallel applies under DATA_PARALLEL, SEMI_AUTO_PARALLEL "
             "and AUTO_PARALLEL",
         )
-    return build_train_step(graph, keys, rule, no_decay), None, {}
+    return build_train_step(graph, keys, rule, groups), None, {}
 
 
-def _sharded_step(forward, keys, rule, no_decay, config, exclude) -> tuple[TrainProgram, dict]:
+def _sharded_step(forward, keys, rule, groups, config, exclude) -> tuple[TrainProgram, dict]:
     """build_train_step with this rank's optimizer-parallel shards (none when `config` is None)."""
     shards = {}
     if config is not None:
@@ -193,7 +194,7 @@ def _sharded_step(forward, keys, rule, no_decay, config, exclude) -> tuple[Train
 
         shards = plan_shards(forward, keys, config, get_rank(), exclude)
         forward = shard_forward(forward, shards)
-    return build_train_step(forward, keys, rule, no_decay, shards=shards), shards
+    return build_train_step(forward, keys, rule, groups, shards=shards), shards
 
 
 def global_inputs(inputs: Sequence[Any]) -> tuple | None:

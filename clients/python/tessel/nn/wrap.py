@@ -102,7 +102,7 @@ class FusedTrainStep:
             trace,
             keys,
             opt._rule,
-            opt.no_decay_keys,
+            opt.groups,
             lambda: _sliced(opt.parameters),
             whole,
             {p.key: p.comm_fusion for p in opt.parameters},

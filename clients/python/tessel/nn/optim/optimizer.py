@@ -23,6 +23,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import current
 from tessel.compiler import SymbolicTensor, apply
 from tessel.compiler.optimizers import Optimizer as Rule
+from tessel.compiler.optimizers import ParameterGroups
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.nn.cell import Cell
 from tessel.nn.optim.learning_rate import LearningRateSchedule
@@ -37,23 +38,28 @@ def _decay_filter(p: Parameter) -> bool:
 
 def _parse_params(
     parameters: Any, weight_decay: float, filtered: bool = True
-) -> tuple[list[Parameter], set[str], float]:
-    """(parameters, names of those without decay, the weight decay) from a list or MindSpore parameter groups.
-    `filtered`: a plain list leaves normalisation scales and shifts undecayed (MindSpore's decay_filter, which
-    SGD does not apply)."""
+) -> tuple[list[Parameter], dict[str, float], list[tuple[int, Any, list[str]]]]:
+    """(parameters, each one's weight decay by key, the groups with a learning rate of their own as (group number,
+    rate, keys)) from a list or MindSpore parameter groups. `filtered`: a plain list leaves normalisation scales and
+    shifts undecayed (MindSpore's decay_filter, which SGD does not apply); a group's weight decay applies to all of
+    its parameters, as MindSpore's."""
     items = list(parameters)
     if not items:
         raise ConfigurationError("the optimizer got an empty parameter list; pass net.trainable_params()")
+    default = float(weight_decay)
     if not isinstance(items[0], dict):
         bad = [type(p).__name__ for p in items if not isinstance(p, Parameter)]
         if bad:
             raise ConfigurationError(f"optimizer parameters must be Parameters, got {bad}")
-        return items, {p.key for p in items if filtered and not _decay_filter(p)}, float(weight_decay)
-    params, no_decay, decays, order = [], set(), {float(weight_decay)} - {0.0}, None
-    for group in items:
-        unknown = set(group) - {"params", "weight_decay", "order_params", "grad_centralization"}
-        if unknown:
-            raise ConfigurationError(f"parameter group keys {sorted(unknown)} are not supported (per-group 'lr')")
+        return items, {p.key: default if not filtered or _decay_filter(p) else 0.0 for p in items}, []
+    params, decays, rates, order = [], {}, [], None
+    for number, group in enumerate(items):
+        unknown = set(group) - {"params", "lr", "weight_decay", "order_params", "grad_centralization"}
+        if unknown:  # MindSpore's _check_group_params
+            raise KeyError(
+                "For 'Optimizer', the key in group params must be one of in ['params', 'lr', 'weight_decay', "
+                f"'order_params', 'grad_centralization'], but got {sorted(unknown)}."
+            )
         if group.get("grad_centralization", False) is not False:
             from tessel.common.support import not_supported_yet
 
@@ -69,14 +75,24 @@ def _parse_params(
                 )
             order = list(group["order_params"])
             continue
+        members = list(group["params"])
+        bad = [type(p).__name__ for p in members if not isinstance(p, Parameter)]
+        if bad:
+            raise TypeError(f"For 'Optimizer', the element in group parameters must be Parameter type, but got {bad}")
+        seen = {p.key for p in params}
+        again = [p.name for p in members if p.key in seen]
+        if again:
+            raise RuntimeError(
+                f"For 'Optimizer', the {again[0]} parameter already exists, it does not support repeated setting. "
+                "Please check whether the optimizer parameter has been set multiple times."
+            )
+        params += members
         decay = float(group.get("weight_decay", weight_decay))
-        params += list(group["params"])
-        if decay == 0.0:
-            no_decay.update(p.key for p in group["params"])
-        else:
-            decays.add(decay)
-    if len(decays) > 1:
-        raise ConfigurationError(f"parameter groups use different nonzero weight decays {sorted(decays)}; use one")
+        if decay < 0:
+            raise ConfigurationError(f"a parameter group's weight_decay must be >= 0, got {decay}")
+        decays.update((p.key, decay) for p in members)
+        if "lr" in group:
+            rates.append((number, group["lr"], [p.key for p in members]))
     if order is not None:  # MindSpore's _order_and_adjust_group_params: the same parameters, in this order
         if len(order) != len(params) or {id(p) for p in order} != {id(p) for p in params}:
             raise ConfigurationError(
@@ -84,7 +100,17 @@ def _parse_params(
                 f"got {len(order)} that are not the same"
             )
         params = order
-    return params, no_decay, decays.pop() if decays else 0.0
+    return params, decays, rates
+
+
+def _rate_at(source: Any, step: int) -> float:
+    """The rate of update `step` (0-based) from a fixed rate, a per-step list (its last value past its end) or a
+    schedule."""
+    if isinstance(source, LearningRateSchedule):
+        return float(source.lr_at(step))
+    if isinstance(source, np.ndarray):
+        return float(source[min(step, len(source) - 1)])
+    return float(source)
 
 
 class HostNumber(float):
@@ -213,23 +239,33 @@ class Optimizer(Cell):
                 f"{type(self).__name__}: a weight_decay that is a Cell (a dynamic weight decay) is not supported yet; "
                 "give a number"
             )
-        params, no_decay, decay = _parse_params(parameters, weight_decay, self._decay_filtered)
+        decay = float(weight_decay)
         if decay < 0 or loss_scale <= 0:
             raise ConfigurationError(f"weight_decay must be >= 0 and loss_scale > 0, got {decay}, {loss_scale}")
+        params, decays, rates = _parse_params(parameters, decay, self._decay_filtered)
         self.parameters = ParameterTuple(params)
-        object.__setattr__(self, "_no_decay", frozenset(no_decay))
         self.weight_decay, self.loss_scale = decay, float(loss_scale)
         source = _lr_source(learning_rate)
         self.key = f"optimizer{next(_serials)}"
         self._step = 0
-        # MindSpore's checkpoint of an optimizer: global_step, learning_rate (none for a schedule), the
-        # hyper-parameters it keeps as Parameters (momentum), the global slots, then the per-parameter ones.
+        # MindSpore's checkpoint of an optimizer: global_step, learning_rate (none for a schedule), each group's
+        # own learning_rate_group_<n>, the hyper-parameters it keeps as Parameters (momentum), the global slots,
+        # then the per-parameter ones.
         self._params["global_step"] = _StateFace("global_step", np.zeros(1, np.int32), self._step_array, self._set_step)
         self.__dict__["_global_step"] = self._params["global_step"]
         self.learning_rate = LearningRate(source, self) if isinstance(source, float) else source
         if not isinstance(source, LearningRateSchedule):
             rate = np.asarray(source, np.float32)
             self._params["learning_rate"] = _StateFace("learning_rate", rate, self._rate_array, self._set_rate)
+        self._group_rates: list[list] = []  # [name, rate] of each group with a learning rate of its own
+        rate_of = {}
+        for number, group_rate, keys in rates:
+            self._add_group_rate(f"learning_rate_group_{number}", group_rate, source)
+            rate_of.update((key, len(self._group_rates)) for key in keys)
+        count = 1 + len(self._group_rates) if self._group_rates else 0
+        self.__dict__["_groups"] = ParameterGroups.of(
+            {key: d for key, d in decays.items() if d != decay}, {p.key: 0 for p in params} | rate_of, count
+        )
         for name in self._hyper:
             put = self._hyper_setter(name)
             vars(self)[name] = HostNumber(vars(self)[name], put)
@@ -344,16 +380,65 @@ class Optimizer(Cell):
 
     def learning_rate_at(self, step: int) -> float:
         """The learning rate used by update number `step` (0-based). Past the end of a per-step list this reads
-        its last value; an update there is refused (`_lr_feed`)."""
-        lr = self.learning_rate
-        if isinstance(lr, LearningRateSchedule):
-            return float(lr.lr_at(step))
-        if isinstance(lr, np.ndarray):
-            return float(lr[min(step, len(lr) - 1)])
-        return lr
+        its last value; an update there is refused (`_lr_feed`). With parameter groups of their own rates: the
+        optimizer's learning_rate, which the other groups take."""
+        return _rate_at(self.learning_rate, step)
 
-    def get_lr(self) -> Tensor:
-        return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
+    @property
+    def groups(self) -> ParameterGroups:
+        """What the parameter groups set per parameter key: weight decays and learning rates."""
+        return self.__dict__["_groups"]
+
+    def get_lr(self) -> Tensor | tuple[Tensor, ...]:
+        """The current step's learning rate; with groups of their own rates, one per parameter (MindSpore's)."""
+        if not self._group_rates:
+            return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
+        rates = self._rates_at(self._step)
+        return tuple(Tensor._wrap(np.array(rates[self._rate_index(p)], np.float32)) for p in self.parameters)
+
+    def get_lr_parameter(self, param: Parameter | list[Parameter]) -> Any:
+        """The learning rate of `param` (a Parameter or a list of them): the Parameter a checkpoint holds it in, or
+        its LearningRateSchedule (MindSpore's get_lr_parameter)."""
+        if isinstance(param, Parameter):
+            return self._rate_source(self._rate_index(param))
+        if isinstance(param, list):
+            return [self._rate_source(self._rate_index(p)) for p in param]
+        raise TypeError(f"For 'get_lr_parameter', the 'param' must be 'Parameter' or 'list' type, but got {param!r}")
+
+    def _rate_index(self, param: Parameter) -> int:
+        if not any(param is p for p in self.parameters):
+            raise ConfigurationError(f"get_lr_parameter: {param.name!r} is not a parameter of this {self.cls_name}")
+        return self.groups._rate_of.get(param.key, 0)
+
+    def _rate_source(self, index: int) -> Any:
+        """The Parameter (or schedule) of rate `index`: 0 the optimizer's learning_rate, i the i-th group's."""
+        if index == 0:
+            lr = self.learning_rate
+            return lr if isinstance(lr, LearningRateSchedule) else self._params["learning_rate"]
+        name, rate = self._group_rates[index - 1]
+        return rate if isinstance(rate, LearningRateSchedule) else self._params[name]
+
+    def _rates_at(self, step: int) -> list[float]:
+        """Each rate of update `step`: the optimizer's, then each group's of its own."""
+        return [self.learning_rate_at(step)] + [_rate_at(rate, step) for _, rate in self._group_rates]
+
+    def _add_group_rate(self, name: str, rate: Any, default: Any) -> None:
+        rate = _lr_source(rate)
+        if isinstance(rate, np.ndarray) and isinstance(default, np.ndarray) and len(rate) != len(default):
+            raise ValueError(  # MindSpore's _parse_group_params
+                "For 'Optimizer', the Tensor type dynamic learning rate in group must be the same size as the "
+                "argument 'learning_rate'."
+            )
+        entry = [name, rate]
+        self._group_rates.append(entry)
+        if isinstance(rate, LearningRateSchedule):
+            return
+
+        def put(value: np.ndarray) -> None:
+            entry[1] = _lr_source(value.astype(np.float64))
+
+        get = lambda: np.asarray(entry[1], np.float32)  # noqa: E731
+        self._params[name] = _StateFace(name, np.asarray(rate, np.float32), get, put)
 
     def rate_feed(self) -> _RateFeed:
         """The learning-rate input of a compiled update (see _RateFeed)."""
@@ -361,8 +446,8 @@ class Optimizer(Cell):
 
     def _lr_feed(self) -> np.ndarray:
         self._check_rate_list(self._step + 1)
-        # The same (read-only) array while the rate stays the same: the daemon then need not bind it again.
-        value = self.learning_rate_at(self._step)
+        # The same (read-only) array while the rates stay the same: the daemon then need not bind it again.
+        value = tuple(self._rates_at(self._step)) if self._group_rates else self.learning_rate_at(self._step)
         cached = self.__dict__.get("_lr_cached")
         if cached is None or cached[0] != value:
             array = np.array(value, np.float32)
@@ -371,23 +456,29 @@ class Optimizer(Cell):
         return cached[1]
 
     def _lr_ahead(self, steps: int) -> np.ndarray | None:
-        """The rates of the next `steps` updates, one per update, for a sink-mode Execute that runs them all; None
-        where one rate serves them all (then `_lr_feed` gives it)."""
-        if not isinstance(self.learning_rate, (np.ndarray, LearningRateSchedule)):
+        """The rates of the next `steps` updates, one row per update, for a sink-mode Execute that runs them all;
+        None where one rate (row) serves them all (then `_lr_feed` gives it)."""
+        sources = [self.learning_rate] + [rate for _, rate in self._group_rates]
+        if not any(isinstance(rate, (np.ndarray, LearningRateSchedule)) for rate in sources):
             return None
         self._check_rate_list(self._step + steps)
-        rates = np.array([self.learning_rate_at(self._step + k) for k in range(steps)], np.float32)
+        if self._group_rates:
+            rates = np.array([self._rates_at(self._step + k) for k in range(steps)], np.float32)
+        else:
+            rates = np.array([self.learning_rate_at(self._step + k) for k in range(steps)], np.float32)
         return None if np.all(rates == rates[0]) else rates
 
     def _check_rate_list(self, updates: int) -> None:
-        lr = self.learning_rate
-        if isinstance(lr, np.ndarray) and updates > len(lr):
-            # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an error
-            raise ConfigurationError(
-                f"{self.cls_name}'s learning_rate list has {len(lr)} per-step values, but update {len(lr) + 1} "
-                "is about to run; give one value per step of the whole training (e.g. nn.piecewise_constant_lr or "
-                "nn.cosine_decay_lr over total_step = epochs * steps per epoch), or a LearningRateSchedule"
-            )
+        for rate in [self.learning_rate] + [rate for _, rate in self._group_rates]:
+            if isinstance(rate, np.ndarray) and updates > len(rate):
+                # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an
+                # error
+                raise ConfigurationError(
+                    f"{self.cls_name}'s learning_rate list has {len(rate)} per-step values, but update "
+                    f"{len(rate) + 1} is about to run; give one value per step of the whole training (e.g. "
+                    "nn.piecewise_constant_lr or nn.cosine_decay_lr over total_step = epochs * steps per epoch), or "
+                    "a LearningRateSchedule"
+                )
 
     def _advance(self) -> None:
         self.__dict__["_step"] += 1  # once per step: skip Cell.__setattr__
@@ -408,10 +499,6 @@ class Optimizer(Cell):
         mapping = {"learning_rate": self.lr_key}
         mapping.update({f"optimizer/{name}": p.key for name, p in self._globals.items()})
         return mapping
-
-    @property
-    def no_decay_keys(self) -> frozenset[str]:
-        return self._no_decay
 
     # --- applying an update ----------------------------------------------------------------------------------
     def __call__(self, gradients: Sequence[Any]) -> Any:
@@ -452,7 +539,8 @@ class Optimizer(Cell):
     def _emit(self, gradients: Sequence[Any]) -> Any:
         """Add the update of every parameter (and slot) to the current trace."""
         trace = current()
-        lr = trace.run_input(self.lr_key, (), DType.float32, self.rate_feed())
+        groups = self.groups
+        lr = trace.run_input(self.lr_key, groups.rate_shape, DType.float32, self.rate_feed())
         if self._advance not in trace.after_run:
             trace.after_run.append(self._advance)
         glob = {name: trace.param(p) for name, p in self._globals.items()}
@@ -463,8 +551,8 @@ class Optimizer(Cell):
             if self.loss_scale != 1.0:
                 g_sym = g_sym * (1.0 / self.loss_scale)
             slots = {name: trace.param(made[i]) for name, made in self._slots.items()}
-            decay = p.key not in self._no_decay
-            new_p, new_slots = self._rule.update(p_sym, g_sym.astype(p.dtype), slots, glob, lr.astype(p.dtype), decay)
+            decay, rate = groups.decay(p.key, self.weight_decay), groups.rate(lr, p.key).astype(p.dtype)
+            new_p, new_slots = self._rule.update(p_sym, g_sym.astype(p.dtype), slots, glob, rate, decay)
             _assign(trace, p_sym, new_p)
             for name, value in new_slots.items():
                 _assign(trace, slots[name], value)
