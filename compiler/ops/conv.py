@@ -167,12 +167,21 @@ def _lower_backprop_input(ctx, node, inputs, outputs):
     ctx.add("ConvTranspose", inputs, outputs, **attrs)
 
 
+def _backprop_input_grad(c):
+    """Conv2DBackpropInput is Conv2D's transpose: <g, convT(dy, w)> = <conv(g, w), dy>, so d(dy) = Conv2D(g, w) and
+    dw = Conv2DBackpropFilter(dy, g), with the output's pads made explicit (as Conv2D's own gradient passes them)."""
+    dy, w = c.inputs
+    pads, _ = _conv_geometry(c.outputs[0].value, w.value, c.attrs)
+    attrs = _explicit(c.attrs, pads)
+    return op("Conv2D", c.g, w, **attrs), op("Conv2DBackpropFilter", dy, c.g, filter_shape=w.shape, **attrs)
+
+
 register(
     "Conv2DBackpropInput",
     infer=_infer_backprop_input,
     sharding=_conv_sharding("noHW,ocyx->nchw", "HWyxhw", "input_shape"),
     lower=_lower_backprop_input,
-    grad=None,
+    grad=_backprop_input_grad,
     cost=_conv_cost,
     attrs={**_CONV_ATTRS, "input_shape": REQUIRED},
     num_inputs=2,

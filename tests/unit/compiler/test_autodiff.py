@@ -80,20 +80,20 @@ def test_sens_seeds_the_loss_cotangent():
 
 
 def test_an_op_without_gradient_is_a_clear_error_and_stop_gradient_is_not():
-    def f(dy, w):
-        return apply("Conv2DBackpropInput", dy, w, input_shape=(1, 1, 4, 4)).sum()
+    def f(dy, x):
+        return apply("Conv2DBackpropFilter", dy, x, filter_shape=(1, 1, 3, 3)).sum()
 
-    graph = trace(f, TensorSpec((1, 1, 2, 2)), TensorSpec((1, 1, 3, 3))).graph
+    graph = trace(f, TensorSpec((1, 1, 2, 2)), TensorSpec((1, 1, 4, 4))).graph
     with pytest.raises(
-        GradientError, match=r"op Conv2DBackpropInput \(created at .*test_autodiff.py:\d+\) has no gradient"
+        GradientError, match=r"op Conv2DBackpropFilter \(created at .*test_autodiff.py:\d+\) has no gradient"
     ):
-        grad_graph(graph, ["w"])
+        grad_graph(graph, ["x"])
     stopped = trace(
-        lambda dy, w: f(dy, apply("StopGradient", w)) + (w * w).sum(),
+        lambda dy, x: f(dy, apply("StopGradient", x)) + (x * x).sum(),
         TensorSpec((1, 1, 2, 2)),
-        TensorSpec((1, 1, 3, 3)),
+        TensorSpec((1, 1, 4, 4)),
     ).graph
-    grad_graph(stopped, ["w"])  # the gradient path avoids the op: no error
+    grad_graph(stopped, ["x"])  # the gradient path avoids the op: no error
 
 
 def test_composite_network_matches_central_differences():

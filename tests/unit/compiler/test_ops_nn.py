@@ -173,6 +173,45 @@ def test_conv2d_forward_and_gradients(attrs, pads):
     check_grad("Conv2D", [x, w], attrs, fn, dtype=np.float32, rtol=1e-3, atol=1e-3)  # no float64 Conv in ORT
 
 
+def conv2d_transpose(dy, w, x_shape, stride, pads, dilation, group):
+    """Conv2D's adjoint in x: each dy element spreads its kernel window back onto the padded x, then the pads go."""
+    top, bottom, left, right = pads
+    n, c, h, wd = x_shape
+    padded = np.zeros((n, c, h + top + bottom, wd + left + right), dtype=np.result_type(dy, w))
+    oc, cg, kh, kw = w.shape
+    oh, ow = dy.shape[2:]
+    per_group = oc // group
+    for o in range(oc):
+        g = o // per_group
+        for i in range(kh):
+            for j in range(kw):
+                rows = slice(i * dilation[0], i * dilation[0] + (oh - 1) * stride[0] + 1, stride[0])
+                cols = slice(j * dilation[1], j * dilation[1] + (ow - 1) * stride[1] + 1, stride[1])
+                padded[:, g * cg : (g + 1) * cg, rows, cols] += np.einsum("nhw,c->nchw", dy[:, o], w[o, :, i, j])
+    return padded[:, :, top : top + h, left : left + wd]
+
+
+@pytest.mark.parametrize(
+    "attrs,pads,x_shape",
+    [
+        ({"stride": 2, "pad_mode": "same"}, (0, 1, 0, 1), (2, 4, 6, 5)),
+        ({"stride": 2, "pad_mode": "pad", "pad": (1, 0, 2, 1), "dilation": 2}, (1, 0, 2, 1), (2, 4, 7, 6)),
+        ({"group": 2, "stride": 3}, (0, 0, 0, 0), (2, 4, 8, 7)),
+    ],
+)
+def test_conv2d_backprop_input_forward_and_gradients(attrs, pads, x_shape):
+    """Conv2DBackpropInput (what nn.Conv2dTranspose runs) against Conv2D's adjoint, and its own gradients with
+    respect to dy and the weight (Conv2D and Conv2DBackpropFilter)."""
+    group = attrs.get("group", 1)
+    stride, dilation = (attrs.get("stride", 1),) * 2, (attrs.get("dilation", 1),) * 2
+    w = rand(4, 4 // group, 3, 2)
+    dy = rand(*conv2d(np.zeros(x_shape), w, stride, pads, dilation, group).shape)
+    attrs = {**attrs, "input_shape": x_shape}
+    fn = lambda dy, w: conv2d_transpose(dy, w, x_shape, stride, pads, dilation, group)  # noqa: E731
+    check_forward("Conv2DBackpropInput", [dy, w], attrs, fn, rtol=1e-4, atol=1e-4)
+    check_grad("Conv2DBackpropInput", [dy, w], attrs, fn, dtype=np.float32, rtol=1e-3, atol=1e-3)
+
+
 def pool(x, k, s, pads, reduce, include_pad=False):
     fill = -np.inf if reduce is np.max else 0.0
     padded = np.pad(x, ((0, 0), (0, 0), pads[:2], pads[2:]), constant_values=fill)
