@@ -11,12 +11,14 @@ from tessel.common.support import unsupported_names
 from tessel.nn import utils
 from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
-from tessel.nn.conv import AvgPool2d, Conv2d, MaxPool2d
+from tessel.nn.conv import AvgPool2d, Conv1d, Conv1dTranspose, Conv2d, Conv2dTranspose, MaxPool2d
 from tessel.nn.layers import (
     ELU,
     GELU,
     Dense,
     Dropout,
+    Dropout1d,
+    Dropout2d,
     Embedding,
     Flatten,
     Hardtanh,
@@ -39,6 +41,7 @@ from tessel.nn.layers import (
     Softsign,
     Tanh,
     Tanhshrink,
+    Unflatten,
     get_activation,
 )
 from tessel.nn.loss import (
@@ -58,6 +61,14 @@ from tessel.nn.loss import (
 from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
+from tessel.nn.pooling import (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    MaxPool1d,
+)
 from tessel.nn.wrap import (
     DistributedGradReducer,
     DynamicLossScaleUpdateCell,
@@ -105,6 +116,18 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AdaptiveAvgPool1d",
+    "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool1d",
+    "AdaptiveMaxPool2d",
+    "AvgPool1d",
+    "Conv1d",
+    "Conv1dTranspose",
+    "Conv2dTranspose",
+    "Dropout1d",
+    "Dropout2d",
+    "MaxPool1d",
+    "Unflatten",
     "GroupNorm",
     "Softplus",
     "Mish",

@@ -1,4 +1,5 @@
-"""Basic layers: Dense, Flatten, Dropout, Embedding, Identity and the activation cells, with MindSpore's defaults
+"""Basic layers: Dense, Flatten, Unflatten, Dropout, Dropout1d/2d, Embedding, Identity and the activation cells, with
+MindSpore's defaults
 (Dense: weight HeUniform(sqrt(5)), bias Uniform(1/sqrt(in_channels)); "normal" = Normal(sigma=0.01))."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tessel.nn.cell import Cell
 from tessel.ops import composed as C
 from tessel.ops import functional as F
 from tessel.ops import primitive
+from tessel.ops.nn_functional import channel_dropout, check_channel_p
 
 
 def require_float(cell: Cell, x: Any, name: str = "x") -> None:
@@ -157,6 +159,66 @@ class Dropout(Cell):
 
     def extend_repr(self) -> str:
         return f"keep_prob={self.keep_prob}" if self.p is None else f"p={self.p}"
+
+
+class _ChannelDropout(Cell):
+    """Zero whole channels with probability p while training (MindSpore's Dropout2D: one draw per (n, c), the kept
+    channels scaled by 1 / (1 - p)); the identity in eval mode or when p is 0."""
+
+    def __init__(self, p: float = 0.5):
+        super().__init__()
+        from tessel.common import seed
+
+        self.p, self.seed = check_channel_p(self.cls_name, p), seed.next_op_seed()
+
+    def _drop(self, x):
+        trace = current()
+        seed = self.seed if trace is None else trace.call_seed(self, self.seed)  # a new mask per call in a graph
+        return channel_dropout(x, self.p, seed=seed)
+
+    def extend_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class Dropout1d(_ChannelDropout):
+    """Channel dropout of an (N, C, L) or (C, L) input (a (C, L) input is one sample)."""
+
+    def construct(self, x):
+        if not self.training or self.p == 0:
+            return x
+        if len(x.shape) == 2:
+            return F.squeeze(self._drop(F.expand_dims(x, 0)), 0)
+        if len(x.shape) != 3:
+            raise ConfigurationError(f"Dropout1d: the input must be 2-D (C, L) or 3-D (N, C, L), got {x.shape}")
+        return self._drop(x)
+
+
+class Dropout2d(_ChannelDropout):
+    """Channel dropout of an (N, C, H, W) input."""
+
+    def construct(self, x):
+        if not self.training or self.p == 0:
+            return x
+        if len(x.shape) != 4:
+            raise ConfigurationError(f"Dropout2d: the input must be 4-D (N, C, H, W), got shape {x.shape}")
+        return self._drop(x)
+
+
+class Unflatten(Cell):
+    """Split dim `axis` into `unflattened_size` (a tuple or list; one entry may be -1): MindSpore's nn.Unflatten."""
+
+    def __init__(self, axis: int, unflattened_size: Any):
+        super().__init__()
+        if isinstance(axis, bool) or not isinstance(axis, int):
+            raise TypeError(f"Unflatten: axis must be an int, got {axis!r}")
+        if not isinstance(unflattened_size, (tuple, list)):
+            raise TypeError(f"Unflatten: unflattened_size must be a tuple or list, got {unflattened_size!r}")
+        self.axis, self.unflattened_size = axis, tuple(unflattened_size)
+
+    def construct(self, input_x):
+        shape = tuple(input_x.shape)
+        axis = self.axis % len(shape)
+        return F.reshape(input_x, (*shape[:axis], *self.unflattened_size, *shape[axis + 1 :]))
 
 
 class Embedding(Cell):

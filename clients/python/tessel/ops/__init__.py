@@ -9,6 +9,7 @@ from tessel.common.mindspore_names import OPS
 from tessel.common.support import unsupported_names
 from tessel.communication.comm_func import ReduceOp
 from tessel.ops import functional
+from tessel.ops.adaptive import adaptive_avg_pool2d, adaptive_max_pool2d
 from tessel.ops.comm import AllGather, AllReduce, AlltoAll, Broadcast, NeighborExchange, ReduceScatter
 from tessel.ops.composed import *  # noqa: F403 - composed functional forms are ops.<name> too
 from tessel.ops.composed import max, min  # shadow builtins: named explicitly
@@ -40,5 +41,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["AllGather", "AllReduce", "AlltoAll", "Broadcast", "NeighborExchange", "NeighborExchangeV2", "Primitive"]
+__all__ += ["adaptive_avg_pool2d", "adaptive_max_pool2d"]
 __all__ += ["ReduceOp", "ReduceScatter", "functional"]
 __all__ += ["abs", "all", "any", "max", "min", "pow", "round", "sum"]

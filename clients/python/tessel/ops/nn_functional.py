@@ -25,6 +25,8 @@ __all__ = [
     "cross_entropy",
     "dense",
     "dropout",
+    "dropout1d",
+    "dropout2d",
     "gelu",
     "l1_loss",
     "layer_norm",
@@ -134,6 +136,53 @@ def dropout(input: Any, p: float = 0.5, training: bool = True, seed: int | None 
         return eager_dropout(input, p, _seed.next_stream() if seed is None else seeded_stream(int(seed)))
     op_seed = _seed.next_op_seed() if seed is None else int(seed)
     return apply_op("Dropout", input, p=float(p), seed=op_seed, training=True)[0]
+
+
+def check_channel_p(where: str, p: Any) -> float:
+    """MindSpore's rule for the channel dropouts' p: a float (an int is a TypeError) in [0, 1]."""
+    if isinstance(p, bool) or not isinstance(p, float):
+        raise TypeError(f"{where}: p must be a float, got {p!r}; e.g. p=0.5")
+    if not 0.0 <= p <= 1.0:
+        raise ConfigurationError(f"{where}: p must be a number in [0, 1], got {p}")
+    return p
+
+
+def channel_dropout(input: Any, p: float, seed: int | None = None) -> Tensor:
+    """Zero whole channels (dim 1 of (N, C, ...)) with probability p and scale the rest by 1 / (1 - p): MindSpore's
+    Dropout2D, whose mask is one draw per (n, c). p = 1 zeroes everything, as MindSpore's."""
+    if p == 1.0:
+        return apply_op("ZerosLike", input)
+    ndim = len(input.shape)
+    first = ((None, None) + (0,) * (ndim - 2), (None, None) + (1,) * (ndim - 2))
+    one_per_channel = apply_op("StridedSlice", input, begin=first[0], end=first[1], strides=(1,) * ndim)
+    return input * dropout(apply_op("OnesLike", one_per_channel), p, training=True, seed=seed)
+
+
+def _check_rank(where: str, input: Any, ranks: tuple[int, ...]) -> None:
+    if len(input.shape) not in ranks:
+        forms = " or ".join(f"{r}-D" for r in ranks)
+        raise ConfigurationError(f"{where}: the input must be {forms}, got shape {tuple(input.shape)}")
+
+
+def dropout1d(input: Any, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero whole channels of an (N, C, L) or (C, L) input with probability p while training (MindSpore's
+    ops.dropout1d); the kept channels are scaled by 1 / (1 - p)."""
+    check_channel_p("ops.dropout1d", p)
+    _check_rank("ops.dropout1d", input, (2, 3))
+    if not training:
+        return input
+    if len(input.shape) == 2:  # MindSpore treats (C, L) as one sample's channels
+        batch = apply_op("ExpandDims", input, axis=0)
+        return apply_op("Squeeze", channel_dropout(batch, p), axis=(0,))
+    return channel_dropout(input, p)
+
+
+def dropout2d(input: Any, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero whole channels of an (N, C, H, W) input with probability p while training (MindSpore's ops.dropout2d);
+    the kept channels are scaled by 1 / (1 - p)."""
+    check_channel_p("ops.dropout2d", p)
+    _check_rank("ops.dropout2d", input, (4,))
+    return channel_dropout(input, p) if training else input
 
 
 def bias_add(input_x: Any, bias: Any) -> Tensor:
