@@ -98,7 +98,7 @@ def test_argument_checks_are_mindspores():
     with pytest.raises(TypeError, match="output_size"):
         nn.AdaptiveAvgPool1d((3,))
     with pytest.raises(ConfigurationError, match="output_size"):
-        nn.AdaptiveAvgPool2d((2, 3, 4))(ms.Tensor(rand(2, 3, 6, 6)))
+        nn.AdaptiveAvgPool2d((2, 3, 4))  # MindSpore 2.7.0 refuses it at construction
     with pytest.raises(NotSupportedYetError, match="return_indices"):
         nn.AdaptiveMaxPool2d(2, return_indices=True)
     with pytest.raises(TypeError, match="float"):

@@ -12,7 +12,7 @@ from tessel.nn.cell import Cell
 from tessel.nn.conv import _int_arg
 from tessel.ops import composed as C
 from tessel.ops import functional as F
-from tessel.ops.adaptive import adaptive_avg_pool2d, adaptive_max_pool2d
+from tessel.ops.adaptive import adaptive_avg_pool2d, adaptive_max_pool2d, check_output_size
 from tessel.ops.nn_functional import pool2d
 
 
@@ -169,6 +169,7 @@ class AdaptiveAvgPool2d(Cell):
 
     def __init__(self, output_size: Any):
         super().__init__()
+        check_output_size("AdaptiveAvgPool2d", output_size)
         self.output_size = output_size
 
     def construct(self, input):
@@ -183,6 +184,7 @@ class AdaptiveMaxPool2d(Cell):
         super().__init__()
         if return_indices:
             raise not_supported_yet("AdaptiveMaxPool2d(return_indices=True)", "it returns the maxima only")
+        check_output_size("AdaptiveMaxPool2d", output_size)
         self.output_size, self.return_indices = output_size, return_indices
 
     def construct(self, input):

@@ -31,13 +31,19 @@ def _output_size(where: str, x: Any, output_size: Any) -> tuple[int, int]:
     shape = tuple(x.shape)
     if len(shape) not in (3, 4):
         raise ConfigurationError(f"{where}: the input must be 3-D (C, H, W) or 4-D (N, C, H, W), got shape {shape}")
+    return tuple(size if v is None else v for v, size in zip(check_output_size(where, output_size), shape[-2:]))
+
+
+def check_output_size(where: str, output_size: Any) -> tuple:
+    """output_size as an (h, w) pair: an int > 0 or a pair of them, None entries allowed (MindSpore checks it when
+    the cell is built)."""
     pair = (output_size, output_size) if isinstance(output_size, int) else tuple(output_size)
     if len(pair) != 2 or not all(v is None or (isinstance(v, int) and v > 0) for v in pair):
         raise ConfigurationError(
             f"{where}: output_size must be an int > 0 or an (h, w) pair of them (None keeps the input's size), "
             f"got {output_size!r}"
         )
-    return tuple(size if v is None else v for v, size in zip(pair, shape[-2:]))
+    return pair
 
 
 def _swap_last(x: Any) -> Tensor:
