@@ -238,7 +238,19 @@ def _lower_segment_sum(ctx, node, inputs, outputs):
     out = node.outputs[0]
     zeros = ctx.full(out.shape, 0, out.dtype)
     ids = ctx.add1("Unsqueeze", [ctx.cast(inputs[1], node.inputs[1].dtype, DType.int64), ctx.ints([-1])])
-    ctx.add("ScatterND", [zeros, ids, inputs[0]], outputs, reduction="add")
+    _scatter_add(ctx, "ScatterND", [zeros, ids, inputs[0]], outputs, out.dtype)
+
+
+def _scatter_add(ctx, onnx_op: str, inputs: list[str], outputs: list[str], dtype: DType, **attrs) -> None:
+    """ONNX `onnx_op` with reduction add over (data, indices, updates); in float32 for float16 data, which ONNX
+    Runtime's CPU kernels do not add (a float16 gradient of Gather, cross-entropy or max pooling)."""
+    if dtype != DType.float16:
+        ctx.add(onnx_op, inputs, outputs, reduction="add", **attrs)
+        return
+    data, indices, updates = inputs
+    wide = [ctx.cast(data, dtype, DType.float32), indices, ctx.cast(updates, dtype, DType.float32)]
+    summed = ctx.add1(onnx_op, wide, reduction="add", **attrs)
+    ctx.add("Cast", [summed], outputs, to=dtype.onnx)
 
 
 def _segment_sum_sharding(node: Node) -> ShardingSpec:
@@ -322,7 +334,9 @@ register(
     "ScatterAdd",
     infer=_infer_scatter_add,
     sharding=_scatter_add_sharding,
-    lower=lambda ctx, node, i, o: ctx.add("ScatterElements", i, o, axis=_axis_of(node), reduction="add"),
+    lower=lambda ctx, node, i, o: _scatter_add(
+        ctx, "ScatterElements", i, o, node.outputs[0].dtype, axis=_axis_of(node)
+    ),
     grad=lambda c: (c.g, None, op("GatherElements", c.g, c.inputs[1], axis=c.attrs["axis"])),
     attrs={"axis": 0},
     num_inputs=3,

@@ -278,3 +278,24 @@ def test_model_amp_levels_train_with_loss_scale_managers():
     for a, b in zip(plain, default):
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4)  # no step overflowed: the same training
     assert all(np.isfinite(w).all() for w in fixed)
+
+
+def test_float16_gradients_that_scatter_are_float16_as_mindsporess():
+    """Gather, indexing, cross-entropy and max pooling differentiate by adding into zeros (ScatterElements /
+    ScatterND with reduction add), which ONNX Runtime's CPU kernels do not do in float16: tessel adds in float32.
+    MindSpore 2.7.0 returns these gradients in Float16; here they equal the float32 gradients to float16's rounding."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 5)).astype(np.float32)
+    image = rng.standard_normal((1, 2, 4, 4)).astype(np.float32)
+    labels, rows = ms.Tensor(np.array([0, 2, 4, 1], np.int32)), ms.Tensor(np.array([0, 2, 2], np.int32))
+    cases = [
+        (lambda a: ops.cross_entropy(a, labels), x),
+        (lambda a: (ops.gather(a, rows, 0) * 3).sum(), x),
+        (lambda a: a[rows].sum(), x),
+        (lambda a: ops.max_pool2d(a, 2, 2).sum(), image),
+    ]
+    for fn, value in cases:
+        half = ms.grad(fn)(ms.Tensor(value.astype(np.float16)))
+        full = ms.grad(fn)(ms.Tensor(value))
+        assert half.dtype == DType.float16
+        np.testing.assert_allclose(half.asnumpy().astype(np.float32), full.asnumpy(), rtol=2e-3, atol=2e-3)

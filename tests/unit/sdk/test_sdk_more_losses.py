@@ -87,6 +87,14 @@ def test_bce_clamps_the_logarithms_as_mindspore_and_takes_an_elementwise_weight(
     # MindSpore 2.7.0 CPU: [27.631021, 27.631021, -0., -0.] (log of at least 1e-12)
     certain = nn.BCELoss(reduction="none")(ms.Tensor(np.float32([0, 1, 0, 1])), ms.Tensor(np.float32([1, 0, 0, 1])))
     np.testing.assert_allclose(certain.asnumpy(), [27.631021, 27.631021, 0, 0], rtol=1e-6)
+    # MindSpore 2.7.0 CPU at x = [1, 0, 1e-13, 0], y = [0, 1, 1, 0]: [27.631021, 27.631021, 27.535711, 0] (it adds 1e-12
+    # to the logarithms' arguments), and the gradient of the sum [1e12, -1e12, -1e12, 0]: (x - y) / max(x(1 - x), 1e-12)
+    x, y = ms.Tensor(np.float32([1, 0, 1e-13, 0])), ms.Tensor(np.float32([0, 1, 1, 0]))
+    np.testing.assert_allclose(
+        ops.binary_cross_entropy(x, y, reduction="none").asnumpy(), [27.631021, 27.631021, 27.535711, 0], rtol=1e-6
+    )
+    slope = ms.grad(lambda a: ops.binary_cross_entropy(a, y, reduction="sum"))(x)
+    np.testing.assert_allclose(slope.asnumpy(), [1e12, -1e12, -1e12, 0], rtol=1e-6)
     weight = np.array([[1.0, 2.0, 0.5], [0.0, 3.0, 1.0]], np.float32)
     out = nn.BCELoss(ms.Tensor(weight), "sum")(ms.Tensor(P), ms.Tensor(T)).asnumpy()
     np.testing.assert_allclose(out, (reference("BCELoss()", "none") * weight).sum(), rtol=1e-6)

@@ -232,7 +232,7 @@ def conv2d(
         stride=stride,
         dilation=dilation,
         pad_mode=pad_mode,
-        pad=_window_pads(padding, "ops.conv2d", (4,)),  # MindSpore's forms: an int or (top, bottom, left, right)
+        pad=_window_pads(padding, "ops.conv2d", (2,)),  # MindSpore's forms: an int or (top/bottom, left/right)
         group=int(groups),
     )
     return out if bias is None else apply_op("BiasAdd", out, bias)

@@ -155,7 +155,7 @@ def _torch_padding(padding: Any, where: str) -> tuple[str, Any]:
             raise ConfigurationError(f"{where}: padding must be 'valid', 'same', an int or two ints, got {padding!r}")
         return padding, 0
     pad_h, pad_w = _pair(padding, "padding")
-    return ("pad", (pad_h, pad_h, pad_w, pad_w)) if pad_h or pad_w else ("valid", 0)
+    return ("pad", (pad_h, pad_w)) if pad_h or pad_w else ("valid", 0)
 
 
 def conv2d(
