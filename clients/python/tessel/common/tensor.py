@@ -459,19 +459,54 @@ class Tensor:
     def bool(self) -> Tensor:
         return F.cast(self, DType.bool_)
 
-    def reshape(self, *shape) -> Tensor:
-        return F.reshape(self, _varargs(shape))
+    def double(self) -> Tensor:
+        return F.cast(self, DType.float64)
+
+    def fill(self, value: Any) -> Tensor:
+        """A tensor of this one's shape and dtype holding `value` (an int tensor truncates 2.5 to 2, as MindSpore)."""
+        if isinstance(value, Tensor):
+            return F.cast(F.broadcast_to(value, self.shape), self.dtype)
+        return F.fill(self.dtype, self.shape, value)
+
+    def reshape(self, *dims, shape: Any = None) -> Tensor:
+        """reshape(*shape), reshape(shape) or reshape(shape=shape)."""
+        return F.reshape(self, _either("reshape", shape=shape, dims=_varargs(dims) or None))
 
     view = reshape
 
-    def transpose(self, *perm) -> Tensor:
+    def transpose(self, *perm, dim0: Any = None, dim1: Any = None) -> Tensor:
+        """MindSpore 2.7's two forms: two ints (or dim0=, dim1=) swap those two dims, whatever the rank (a 2-D
+        x.transpose(0, 1) is its transpose); otherwise the arguments are the full permutation (x.transpose(0, 2, 1),
+        x.transpose((0, 2, 1))), and none reverses the dims."""
+        if dim0 is not None or dim1 is not None:
+            if perm or dim0 is None or dim1 is None:
+                raise TypeError(
+                    "Tensor.transpose: give both dim0= and dim1= and nothing else, e.g. x.transpose(dim0=0, dim1=1)"
+                )
+            perm = (dim0, dim1)
+        if len(perm) == 2 and all(_is_int(d) for d in perm):
+            if not all(-self.ndim <= d < self.ndim for d in perm):
+                raise ConfigurationError(f"Tensor.transpose{tuple(perm)}: dims must lie in [-{self.ndim}, {self.ndim})")
+            order = list(range(self.ndim))
+            order[perm[0]], order[perm[1]] = order[perm[1]], order[perm[0]]
+            return F.transpose(self, order)
         perm = _varargs(perm)
         return F.transpose(self, perm or tuple(reversed(range(self.ndim))))
 
     def permute(self, *perm) -> Tensor:
         return F.transpose(self, _varargs(perm))
 
-    def flatten(self, order: str = "C", *, start_dim: int = 0, end_dim: int = -1) -> Tensor:
+    def flatten(self, *order_or_dims: Any, order: str = "C", start_dim: int = 0, end_dim: int = -1) -> Tensor:
+        """MindSpore 2.7's two forms: flatten(start_dim=0, end_dim=-1) (x.flatten(1), x.flatten(1, 2)) and
+        flatten(order='C', *, start_dim=0, end_dim=-1) (x.flatten('F'))."""
+        if order_or_dims and isinstance(order_or_dims[0], str):
+            if len(order_or_dims) > 1:
+                raise TypeError("Tensor.flatten(order): give start_dim= and end_dim= by keyword after the order")
+            order = order_or_dims[0]
+        elif order_or_dims:
+            if len(order_or_dims) > 2:
+                raise TypeError(f"Tensor.flatten(start_dim, end_dim) takes at most 2 dims, got {order_or_dims}")
+            start_dim, end_dim = (*order_or_dims, end_dim)[:2]
         return F.flatten(self, order, start_dim=start_dim, end_dim=end_dim)
 
     def squeeze(self, axis=None) -> Tensor:
@@ -483,38 +518,41 @@ class Tensor:
     def unsqueeze(self, dim: int) -> Tensor:
         return F.expand_dims(self, dim)
 
-    def sum(self, axis=None, dtype=None, keepdims: bool = False) -> Tensor:
-        return F.sum(self, axis, keepdims, dtype=dtype)
+    def sum(self, axis=None, dtype=None, keepdims: bool = False, *, dim=None, keepdim: bool = False) -> Tensor:
+        """MindSpore 2.7's two forms: sum(dim=None, keepdim=False, *, dtype=None) and sum(axis=None, dtype=None,
+        keepdims=False); a bool second argument is keepdim (a.sum(1, True)), a dtype the dtype (a.sum(1, ms.int8))."""
+        if isinstance(dtype, bool):
+            dtype, keepdim = None, dtype
+        return F.sum(self, _either("sum", axis=axis, dim=dim), keepdims or keepdim, dtype=dtype)
 
-    def mean(self, axis=None, keep_dims: bool = False) -> Tensor:
-        return F.mean(self, axis, keep_dims)
+    def mean(self, axis=None, keep_dims: bool = False, *, dim=None, keepdim: bool = False, dtype=None) -> Tensor:
+        """mean(dim=None, keepdim=False, *, dtype=None) or mean(axis=None, keep_dims=False); with dtype the input
+        is cast first."""
+        source = self if dtype is None else F.cast(self, dtype)
+        return F.mean(source, _either("mean", axis=axis, dim=dim), keep_dims or keepdim)
 
-    def max(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, keepdim: bool = False) -> Any:
+    def max(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, dim=None, keepdim: bool = False) -> Any:
         """MindSpore 2.7's two forms: t.max(), t.max(axis=a, keepdims=k) give the values; t.max(dim[, keepdim])
-        (dim positional) gives (values, int64 indices)."""
-        if dim_keepdim:
-            return C.max(self, *_dim_keepdim("max", dim_keepdim, keepdim))
-        _no_keepdim("max", keepdim)
-        return F.amax(self, axis, keepdims)
+        and t.max(dim=d, keepdim=k) give (values, int64 indices). Along one dim the gradient goes to the returned
+        index only, as MindSpore's ArgMaxWithValue (ties are not shared)."""
+        return _extremum(self, "max", dim_keepdim, axis, keepdims, dim, keepdim)
 
-    def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, keepdim: bool = False) -> Any:
-        """As max: t.min(dim[, keepdim]) gives (values, int64 indices), the keyword form the values."""
-        if dim_keepdim:
-            return C.min(self, *_dim_keepdim("min", dim_keepdim, keepdim))
-        _no_keepdim("min", keepdim)
-        return F.amin(self, axis, keepdims)
+    def min(self, *dim_keepdim: Any, axis: Any = None, keepdims: bool = False, dim=None, keepdim: bool = False) -> Any:
+        """As max: t.min(dim[, keepdim]) gives (values, int64 indices), the axis= form the values."""
+        return _extremum(self, "min", dim_keepdim, axis, keepdims, dim, keepdim)
 
-    def all(self, axis=None, keep_dims: bool = False) -> Tensor:
-        return F.all(self, axis, keep_dims)
+    def all(self, axis=None, keep_dims: bool = False, *, dim=None, keepdim: bool = False) -> Tensor:
+        return F.all(self, _either("all", axis=axis, dim=dim), keep_dims or keepdim)
 
-    def any(self, axis=None, keep_dims: bool = False) -> Tensor:
-        return F.any(self, axis, keep_dims)
+    def any(self, axis=None, keep_dims: bool = False, *, dim=None, keepdim: bool = False) -> Tensor:
+        return F.any(self, _either("any", axis=axis, dim=dim), keep_dims or keepdim)
 
-    def argmax(self, axis=None, keepdims: bool = False) -> Tensor:
-        return F.argmax(self, axis, keepdims)
+    def argmax(self, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool = False) -> Tensor:
+        return F.argmax(self, _either("argmax", axis=axis, dim=dim), keepdims or keepdim)
 
-    def argmin(self, axis=None, keepdims: bool = False) -> Tensor:
-        return F.argmin(self, axis, keepdims)
+    def argmin(self, axis=None, keepdims: bool = False, *, dim=None, keepdim: bool = False) -> Tensor:
+        """int32, in both forms (MindSpore 2.7 measured: a.argmin(dim=1) is int32 too)."""
+        return F.argmin(self, _either("argmin", axis=axis, dim=dim), keepdims or keepdim)
 
     def abs(self) -> Tensor:
         return apply_op("Abs", self)
@@ -534,8 +572,8 @@ class Tensor:
     def neg(self) -> Tensor:
         return apply_op("Neg", self)
 
-    def matmul(self, other) -> Tensor:
-        return F.matmul(self, other)
+    def matmul(self, tensor2) -> Tensor:
+        return F.matmul(self, tensor2)
 
     def clip(self, min=None, max=None) -> Tensor:
         return F.clamp(self, min, max)
@@ -558,7 +596,16 @@ class Tensor:
     def pow(self, exponent) -> Tensor:
         return F.pow(self, exponent)
 
-    def gather(self, input_indices, axis, batch_dims: int = 0) -> Tensor:
+    def gather(self, input_indices=None, axis=None, batch_dims: int = 0, *, dim=None, index=None) -> Tensor:
+        """MindSpore 2.7's two forms: gather(dim, index) (an int then a Tensor, or dim=, index=) picks
+        input[..., index[i][j], ...] along dim (torch.gather); gather(input_indices, axis, batch_dims=0) takes
+        whole slices along axis."""
+        if dim is None and index is None and _is_int(input_indices) and isinstance(axis, Tensor):
+            return F.gather_elements(self, int(input_indices), axis)
+        if dim is not None or index is not None:
+            if dim is None or index is None or input_indices is not None or axis is not None:
+                raise TypeError("Tensor.gather: give gather(dim, index) or gather(input_indices, axis), not a mix")
+            return F.gather_elements(self, int(dim), index)
         return F.gather(self, input_indices, axis, batch_dims)
 
     def chunk(self, chunks: int, axis: int = 0) -> tuple:
@@ -595,21 +642,28 @@ class Tensor:
     def topk(self, k: int, dim: Any = None, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
         return C.topk(self, k, dim, largest, sorted)
 
-    def sort(self, axis: int = -1, descending: bool = False) -> tuple[Tensor, Tensor]:
-        return C.sort(self, axis, descending)
+    def sort(self, axis=None, descending: bool = False, *, dim=None, stable: bool = False) -> tuple[Tensor, Tensor]:
+        """sort(dim=-1, descending=False, stable=False) or sort(axis=-1, descending=False); the sort is always
+        stable, which stable=False allows."""
+        return C.sort(self, _dim_or_last("sort", axis, dim, stable), descending)
 
-    def argsort(self, axis: int = -1, descending: bool = False) -> Tensor:
-        return C.argsort(self, axis, descending)
+    def argsort(self, axis=None, descending: bool = False, *, dim=None, stable: bool = False) -> Tensor:
+        return C.argsort(self, _dim_or_last("argsort", axis, dim, stable), descending)
 
     def masked_fill(self, mask: Any, value: Any) -> Tensor:
         return C.masked_fill(self, mask, value)
 
-    def cumsum(self, axis: int | None = None, dtype: Any = None) -> Tensor:
-        """Running sums along `axis`; over the flattened tensor when axis is None."""
+    def cumsum(self, axis: int | None = None, dtype: Any = None, *, dim: int | None = None) -> Tensor:
+        """Running sums along `axis` (or dim=); over the flattened tensor when both are None. bool, uint8, int8 and
+        int16 inputs sum as int32 unless dtype says otherwise (MindSpore 2.7.0 measured)."""
+        axis = _either("cumsum", axis=axis, dim=dim)
+        if dtype is None and self.dtype in (DType.bool_, DType.uint8, DType.int8, DType.int16):
+            dtype = DType.int32
         return C.cumsum(F.reshape(self, (-1,)) if axis is None else self, 0 if axis is None else axis, dtype)
 
-    def tile(self, reps: Any) -> Tensor:
-        return C.tile(self, reps)
+    def tile(self, reps: Any = None, *, dims: Any = None) -> Tensor:
+        """tile(dims) or tile(reps): MindSpore 2.7 takes both names."""
+        return C.tile(self, _either("tile", reps=reps, dims=dims))
 
     def flip(self, dims: Any) -> Tensor:
         return C.flip(self, dims)
@@ -626,7 +680,11 @@ class Tensor:
     def narrow(self, axis: int, start: int, length: int) -> Tensor:
         return C.narrow(self, axis, start, length)
 
-    def index_select(self, axis: int, index: Any) -> Tensor:
+    def index_select(self, axis: int | None = None, index: Any = None, *, dim: int | None = None) -> Tensor:
+        """index_select(dim, index) or index_select(axis, index), also by keyword."""
+        axis = _either("index_select", axis=axis, dim=dim)
+        if axis is None or index is None:
+            raise TypeError("Tensor.index_select needs a dim and an index, e.g. x.index_select(0, index)")
         return C.index_select(self, axis, index)
 
     def lerp(self, end: Any, weight: Any) -> Tensor:
@@ -644,11 +702,19 @@ class Tensor:
     def log1p(self) -> Tensor:
         return C.log1p(self)
 
-    def std(self, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
-        return C.std(self, axis, ddof, keepdims)
+    def std(self, axis=None, ddof=0, keepdims: bool = False, *, dim=None, correction=None, keepdim=False) -> Tensor:
+        """std(dim=None, *, correction=0, keepdim=False) or std(axis=None, ddof=0, keepdims=False): MindSpore
+        2.7's std divides by N - correction with correction 0 unless given (a.std(dim=1) measured so)."""
+        if correction is not None:
+            ddof = correction
+        return C.std(self, _either("std", axis=axis, dim=dim), ddof, keepdims or keepdim)
 
-    def var(self, axis: Any = None, ddof: Any = 0, keepdims: bool = False) -> Tensor:
-        return C.var(self, axis, ddof, keepdims)
+    def var(self, axis=None, ddof=0, keepdims: bool = False, *, dim=None, correction=None, keepdim=False) -> Tensor:
+        """var(dim=None, *, correction=1, keepdim=False) or var(axis=None, ddof=0, keepdims=False): the new form
+        (any of dim=, correction=, keepdim=) divides by N - 1 by default, the old one by N."""
+        if correction is not None or dim is not None or keepdim:
+            ddof = 1 if correction is None else correction
+        return C.var(self, _either("var", axis=axis, dim=dim), ddof, keepdims or keepdim)
 
     def norm(self, ord: Any = None, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
         return C.norm(self, ord, dim, keepdim, dtype=dtype)
@@ -829,9 +895,44 @@ def is_tensor(obj: Any) -> bool:
 def _no_keepdim(method: str, keepdim: bool) -> None:
     if keepdim:
         raise TypeError(
-            f"Tensor.{method}: keepdim goes with a positional dim (t.{method}(1, keepdim=True)); with axis= write "
-            "keepdims="
+            f"Tensor.{method}: keepdim goes with a dim (t.{method}(1, keepdim=True) or t.{method}(dim=1, "
+            "keepdim=True)); with axis= write keepdims="
         )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _dim_or_last(method: str, axis: Any, dim: Any, stable: bool) -> Any:
+    if not isinstance(stable, bool):
+        raise TypeError(f"Tensor.{method}: stable must be a bool, got {stable!r}")
+    given = _either(method, axis=axis, dim=dim)
+    return -1 if given is None else given
+
+
+def _extremum(x: Tensor, method: str, dim_keepdim: tuple, axis: Any, keepdims: bool, dim: Any, keepdim: bool) -> Any:
+    """Tensor.max / Tensor.min: (values, int64 indices) along a dim given positionally or as dim=; the values
+    along an int axis= read at the returned index (C.max), so the gradient goes there as in MindSpore."""
+    reduce = C.max if method == "max" else C.min
+    if dim_keepdim or dim is not None:
+        if dim is not None:
+            dim_keepdim = (dim, *dim_keepdim)
+        if axis is not None:
+            raise TypeError(f"Tensor.{method}: give dim or axis=, not both")
+        return reduce(x, *_dim_keepdim(method, dim_keepdim, keepdim))
+    _no_keepdim(method, keepdim)
+    if _is_int(axis) and x.ndim:
+        return reduce(x, int(axis), keepdims)[0]
+    return (F.amax if method == "max" else F.amin)(x, axis, keepdims)
+
+
+def _either(method: str, **named: Any) -> Any:
+    """The one of MindSpore 2.7's two spellings of an argument (dim= or axis=, ...) that was given, or None."""
+    given = {name: value for name, value in named.items() if value is not None}
+    if len(given) > 1:
+        raise TypeError(f"Tensor.{method}: give one of {' or '.join(f'{n}=' for n in given)}, not both")
+    return next(iter(given.values()), None)
 
 
 def _dim_keepdim(method: str, given: tuple, keepdim: bool) -> tuple[Any, bool]:

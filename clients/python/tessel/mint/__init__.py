@@ -25,6 +25,7 @@ from tessel.mint import nn as nn
 from tessel.mint import optim as optim
 from tessel.mint import special as special
 from tessel.mint._names import MINT
+from tessel.ops import composed as C
 from tessel.ops import functional as F
 
 _WHY = "tessel has no mapping for it yet; use the tessel.ops equivalent if there is one"
@@ -190,23 +191,24 @@ def argmin(input: Any, dim: int | None = None, keepdim: bool = False) -> Tensor:
     return F._arg("Argmin", input, dim, keepdim)
 
 
-def _extreme(values, indices, elementwise, input: Any, dim: Any, keepdim: bool, other: Any) -> Any:
+def _extreme(values, along, elementwise, input: Any, dim: Any, keepdim: bool, other: Any) -> Any:
     if other is not None or isinstance(dim, Tensor):
         return elementwise(input, dim if other is None else other)
     if dim is None:
         return values(input)
-    return values(input, dim, keepdim), indices(input, dim, keepdim)
+    return along(input, dim, keepdim)
 
 
 def max(input: Any, dim: Any = None, keepdim: bool = False, *, other: Any = None) -> Any:
-    """max(input): the maximum; max(input, dim, keepdim=False): (values, int64 indices); max(input, other): the
+    """max(input): the maximum; max(input, dim, keepdim=False): (values, int64 indices), the gradient going to the
+    returned index only (MindSpore's ArgMaxWithValue, so equal maxima do not share it); max(input, other): the
     element-wise maximum."""
-    return _extreme(F.amax, F.argmax, F.maximum, input, dim, keepdim, other)
+    return _extreme(F.amax, C.max, F.maximum, input, dim, keepdim, other)
 
 
 def min(input: Any, dim: Any = None, keepdim: bool = False, *, other: Any = None) -> Any:
-    """min(input), min(input, dim, keepdim=False) -> (values, indices), min(input, other)."""
-    return _extreme(F.amin, argmin, F.minimum, input, dim, keepdim, other)
+    """min(input), min(input, dim, keepdim=False) -> (values, indices), min(input, other), as max."""
+    return _extreme(F.amin, C.min, F.minimum, input, dim, keepdim, other)
 
 
 # --- shapes ---------------------------------------------------------------------------------------------------------
