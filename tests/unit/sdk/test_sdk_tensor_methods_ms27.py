@@ -195,3 +195,23 @@ def test_double_and_fill():
     check(a.fill(2.5), ms.float32, np.full((3, 4), 2.5))
     check(a.fill(ms.Tensor(2.5)), ms.float32, np.full((3, 4), 2.5))
     check(ms.Tensor(np.array([1, 2], np.int32)).fill(2.5), ms.int32, [2, 2])
+
+
+def test_int_and_bool_inputs_that_mindspore_promotes():
+    """MindSpore 2.7.0: mint.sqrt / mint.reciprocal / Tensor.sqrt of int or bool are float32; mint.round of an int
+    is the input; mint.nn.functional.relu keeps an int dtype and gives a bool input back."""
+    ints = ms.Tensor(np.array([4, 2], np.int32))
+    flags = ms.Tensor(np.array([True, False]))
+    check(mint.sqrt(ints), ms.float32, [2.0, 1.4142135381698608])
+    check(ints.sqrt(), ms.float32, [2.0, 1.4142135381698608])
+    check(mint.sqrt(flags), ms.float32, [1.0, 0.0])
+    check(mint.sqrt(ms.Tensor(np.array([4, 2], np.uint8))), ms.float32, [2.0, 1.4142135381698608])
+    check(mint.reciprocal(ints), ms.float32, [0.25, 0.5])
+    check(mint.reciprocal(flags), ms.float32, [1.0, np.inf])
+    signed = ms.Tensor(np.array([4, -2], np.int32))
+    check(mint.round(signed), ms.int32, [4, -2])
+    check(mint.round(ms.Tensor(np.array([4, -2], np.int64))), ms.int64, [4, -2])
+    check(mint.nn.functional.relu(signed), ms.int32, [4, 0])
+    check(mint.nn.functional.relu(ms.Tensor(np.array([4, -2], np.int8))), ms.int8, [4, 0])
+    check(mint.nn.functional.relu(flags), ms.bool_, [True, False])
+    check(ms.jit(lambda t: mint.nn.functional.relu(t) + mint.round(t))(signed), ms.int32, [8, -2])

@@ -564,7 +564,8 @@ class Tensor:
         return apply_op("Log", self)
 
     def sqrt(self) -> Tensor:
-        return apply_op("Sqrt", self)
+        """An int or bool tensor's square root is float32, as MindSpore 2.7's."""
+        return apply_op("Sqrt", self if self.dtype.is_float else F.cast(self, DType.float32))
 
     def square(self) -> Tensor:
         return apply_op("Square", self)

@@ -44,7 +44,6 @@ erf = F.erf
 floor = F.floor
 ceil = F.ceil
 sign = F.sign
-reciprocal = F.reciprocal
 logical_not = F.logical_not
 logical_and = F.logical_and
 logical_or = F.logical_or
@@ -73,13 +72,25 @@ def ge(input: Any, other: Any) -> Tensor:
 greater_equal = ge
 
 
+def _as_float(input: Any) -> Any:
+    """An int or bool input as float32, as MindSpore 2.7's mint.sqrt and mint.reciprocal promote it."""
+    return F.cast(input, DType.float32) if _integer(input) else input
+
+
 def sqrt(input: Any) -> Tensor:
-    """sqrt(input), element-wise (mint names the argument input, ops.sqrt x)."""
-    return F.sqrt(input)
+    """sqrt(input), element-wise (mint names the argument input, ops.sqrt x); int and bool give float32."""
+    return F.sqrt(_as_float(input))
+
+
+def reciprocal(input: Any) -> Tensor:
+    """1 / input, element-wise; int and bool give float32 (1 / False is inf)."""
+    return F.reciprocal(_as_float(input))
 
 
 def round(input: Any, *, decimals: int = 0) -> Tensor:
-    """Round half to even, to `decimals` decimal places."""
+    """Round half to even, to `decimals` decimal places; an int tensor is already round and comes back as it is."""
+    if not decimals and _integer(input):
+        return input
     if not decimals:
         return F.round(input)
     scale = 10.0**decimals

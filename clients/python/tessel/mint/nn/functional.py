@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from tessel.common.dtype import DType
 from tessel.common.support import not_supported_yet, unsupported_names
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op
@@ -32,7 +33,13 @@ def _no_inplace(name: str, inplace: bool, module: str = "mindspore.mint.nn.funct
 
 
 def relu(input: Any, inplace: bool = False) -> Tensor:
+    """max(input, 0); an int tensor keeps its dtype and a bool one comes back as it is, as MindSpore 2.7's."""
     _no_inplace("relu", inplace)
+    dtype = ops.dtype_of(input)
+    if dtype == DType.bool_:
+        return input
+    if dtype.is_int:
+        return ops.maximum(input, ops.zeros_like(input))
     return ops.relu(input)
 
 
