@@ -394,6 +394,18 @@ def test_a_group_rate_is_saved_loaded_and_checked_as_mindsporess():
     assert sorted(names) == ["learning_rate", "learning_rate_group_0"]  # MindSpore 2.7.0's checkpoint keys
     ms.load_param_into_net(opt, {"learning_rate_group_0": ms.Parameter(ms.Tensor(np.float32(0.05)), "x")})
     assert float(opt.get_lr_parameter(dense.weight).asnumpy()) == pytest.approx(0.05)
+    # MindSpore 2.7.0: fixed rates come from get_lr() as their Parameters (ops.assign on one changes it); with every
+    # group at its own rate there is no default learning_rate to save
+    assert [p.name for p in opt.get_lr()] == ["learning_rate_group_0", "learning_rate"]
+    ms.ops.assign(opt.get_lr()[1], ms.Tensor(0.02, ms.float32))
+    assert float(opt.learning_rate) == pytest.approx(0.02)
+    both = nn.Momentum([{"params": [dense.weight], "lr": 0.2}, {"params": [dense.bias], "lr": 0.3}], 0.1, 0.9)
+    names = sorted(p.name for p in both.get_parameters() if "learning_rate" in p.name)
+    assert names == ["learning_rate_group_0", "learning_rate_group_1"]
+    from tessel.nn.dynamic_lr import piecewise_constant_lr  # MindSpore's module paths
+    from tessel.nn.learning_rate_schedule import LearningRateSchedule
+
+    assert issubclass(nn.WarmUpLR, LearningRateSchedule) and piecewise_constant_lr is nn.piecewise_constant_lr
     with pytest.raises(ValueError, match="dynamic learning rate in group must be the same size"):
         nn.Momentum([{"params": [dense.weight], "lr": [0.1, 0.2]}, {"params": [dense.bias]}], [0.1] * 3, 0.9)
     with pytest.raises(RuntimeError, match="the bias parameter already exists"):

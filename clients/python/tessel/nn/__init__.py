@@ -8,7 +8,7 @@
 from tessel.common.mindspore_names import NN
 from tessel.common.parameter import Parameter, ParameterTuple
 from tessel.common.support import unsupported_names
-from tessel.nn import utils
+from tessel.nn import dynamic_lr, learning_rate_schedule, utils
 from tessel.nn.cell import Cell
 from tessel.nn.container import CellList, SequentialCell
 from tessel.nn.conv import AvgPool2d, Conv1d, Conv1dTranspose, Conv2d, Conv2dTranspose, MaxPool2d
@@ -192,5 +192,7 @@ __all__ = [
     "Softsign",
     "Tanhshrink",
     "utils",
+    "dynamic_lr",
+    "learning_rate_schedule",
     *_optim_names,
 ]

@@ -262,6 +262,8 @@ class Optimizer(Cell):
         for number, group_rate, keys in rates:
             self._add_group_rate(f"learning_rate_group_{number}", group_rate, source)
             rate_of.update((key, len(self._group_rates)) for key in keys)
+        if rates and len(rate_of) == len(params):  # every group has its own: MindSpore stores no default rate
+            self._params.pop("learning_rate", None)
         count = 1 + len(self._group_rates) if self._group_rates else 0
         self.__dict__["_groups"] = ParameterGroups.of(
             {key: d for key, d in decays.items() if d != decay}, {p.key: 0 for p in params} | rate_of, count
@@ -389,12 +391,18 @@ class Optimizer(Cell):
         """What the parameter groups set per parameter key: weight decays and learning rates."""
         return self.__dict__["_groups"]
 
-    def get_lr(self) -> Tensor | tuple[Tensor, ...]:
-        """The current step's learning rate; with groups of their own rates, one per parameter (MindSpore's)."""
-        if not self._group_rates:
-            return Tensor._wrap(np.array(self.learning_rate_at(self._step), np.float32))
+    def get_lr(self) -> Any:
+        """The current step's learning rate; with groups of their own rates, one per parameter (MindSpore's). Fixed
+        rates come as the Parameters that hold them (ops.assign on one changes the rate, as in MindSpore); where any
+        rate is a list or a schedule, as this step's values."""
+        indices = [self._rate_index(p) for p in self.parameters] if self._group_rates else [0]
+        sources = [self.learning_rate] + [rate for _, rate in self._group_rates]
+        if not any(isinstance(rate, (np.ndarray, LearningRateSchedule)) for rate in sources):
+            faces = tuple(self._rate_source(i) for i in indices)
+            return faces if self._group_rates else faces[0]
         rates = self._rates_at(self._step)
-        return tuple(Tensor._wrap(np.array(rates[self._rate_index(p)], np.float32)) for p in self.parameters)
+        values = tuple(Tensor._wrap(np.array(rates[i], np.float32)) for i in indices)
+        return values if self._group_rates else values[0]
 
     def get_lr_parameter(self, param: Parameter | list[Parameter]) -> Any:
         """The learning rate of `param` (a Parameter or a list of them): the Parameter a checkpoint holds it in, or
