@@ -410,3 +410,20 @@ def test_a_group_rate_is_saved_loaded_and_checked_as_mindsporess():
         nn.Momentum([{"params": [dense.weight], "lr": [0.1, 0.2]}, {"params": [dense.bias]}], [0.1] * 3, 0.9)
     with pytest.raises(RuntimeError, match="the bias parameter already exists"):
         nn.Momentum([{"params": [dense.bias]}, {"params": [dense.bias]}], 0.1, 0.9)
+
+
+def test_sgd_without_momentum_saves_mindsporess_accumulators():
+    """MindSpore 2.7.0's SGD(momentum=0) saves accum.* (zeros) and stat.* (ones, still after a step): the same keys
+    and values, so neither side leaves a name unloaded."""
+    dense = nn.Dense(3, 2)
+    opt = nn.SGD(dense.trainable_params(), 0.1)
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), opt)
+    step(ms.Tensor(np.ones((2, 3), np.float32)), ms.Tensor(np.zeros((2, 2), np.float32)))
+    state = {p.name: p.asnumpy() for p in opt.get_parameters()}
+    assert sorted(state) == sorted(
+        ["weight", "bias", "global_step", "learning_rate", "momentum"]
+        + [f"{kind}.{name}" for kind in ("accum", "stat") for name in ("weight", "bias")]
+    )
+    assert not state["accum.weight"].any() and (state["stat.bias"] == 1).all() and state["stat.weight"].shape == (2, 3)
+    ms.load_param_into_net(opt, {"accum.weight": ms.Tensor(np.ones((2, 3), np.float32))})  # nothing reads it
+    assert not opt.accum[0].asnumpy().any()

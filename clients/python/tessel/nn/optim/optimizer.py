@@ -206,6 +206,17 @@ class _StateFace(Parameter):
         return self
 
 
+def inert_faces(prefix: str, params: Sequence[Parameter], value: Any) -> list[Parameter]:
+    """Per parameter, "<prefix>.<name>": state MindSpore's optimizer keeps that no update of this one reads (SGD's
+    accumulators without momentum), saved as `value()` everywhere; a value loaded into it is not used."""
+
+    def face(p: Parameter) -> Parameter:
+        get = lambda: np.full(p.shape, value(), p.dtype.numpy)  # noqa: E731
+        return _StateFace(f"{prefix}.{p.name}", Deferred.constant(0.0, tuple(p.shape), p.dtype), get, lambda v: None)
+
+    return [face(p) for p in params]
+
+
 def _assign(trace: Any, target: Any, value: Any) -> None:
     """target = value, or where the trace gates updates (an overflowing loss-scaled step) the old value when the gate
     is false."""

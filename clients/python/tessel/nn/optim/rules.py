@@ -15,10 +15,11 @@ from __future__ import annotations
 import logging
 from typing import Any, ClassVar
 
+from tessel.common.parameter import ParameterTuple
 from tessel.common.support import keyword_options, log_once, not_supported_yet
 from tessel.compiler import optimizers as rules
 from tessel.core.errors import ConfigurationError
-from tessel.nn.optim.optimizer import Optimizer
+from tessel.nn.optim.optimizer import Optimizer, inert_faces
 
 # Hyper-parameters are set (through vars) before Optimizer.__init__, which builds the rule from them.
 
@@ -61,6 +62,12 @@ class SGD(Optimizer):
             raise ConfigurationError(f"SGD: dampening must be >= 0, got {dampening}")
         vars(self).update(momentum=float(momentum), dampening=float(dampening), nesterov=nesterov)
         super().__init__(learning_rate, params, weight_decay, loss_scale)
+        if not momentum:
+            # MindSpore's SGD keeps accum.* and stat.* whatever its momentum; without one neither enters an update
+            # nor changes (measured on MindSpore 2.7.0: zeros and ones after a step, and dampening changes nothing),
+            # so checkpoints carry them as MindSpore writes them and a value loaded into them changes nothing either
+            for prefix, value in (("accum", lambda: 0.0), ("stat", lambda: 1.0)):
+                setattr(self, prefix, ParameterTuple(inert_faces(prefix, self.parameters, value)))
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
         return rules.SGD(0.0, weight_decay, float(self.momentum), self.dampening, self.nesterov)
