@@ -427,11 +427,14 @@ class ConcatDataset(Dataset):
         return ""
 
     def _iter_blocks(self, ctx: EpochContext) -> Iterator[Block]:
-        first: dict[str, tuple[int, np.ndarray]] = {}  # column -> (dataset index, one block's values)
+        # column -> (dataset index, an empty array of its first block's dtype and rank: no block is kept alive)
+        first: dict[str, tuple[int, np.ndarray]] = {}
         for i, child in enumerate(self.children):
             for block in child._iter_blocks(ctx):
                 for name in self.get_col_names():
-                    self._check_same_kind(name, *first.setdefault(name, (i, block[name])), i, block[name])
+                    values = block[name]
+                    kind = first.setdefault(name, (i, np.empty((0, *values.shape[1:]), values.dtype)))
+                    self._check_same_kind(name, *kind, i, values)
                 yield {**block, ROW_ID: tag_ids(block[ROW_ID], i)}
 
     @staticmethod

@@ -427,3 +427,23 @@ def test_sgd_without_momentum_saves_mindsporess_accumulators():
     assert not state["accum.weight"].any() and (state["stat.bias"] == 1).all() and state["stat.weight"].shape == (2, 3)
     ms.load_param_into_net(opt, {"accum.weight": ms.Tensor(np.ones((2, 3), np.float32))})  # nothing reads it
     assert not opt.accum[0].asnumpy().any()
+
+
+def test_rates_kept_by_a_callback_read_the_optimizer_and_follow_its_kind():
+    dense = nn.Dense(3, 2)
+    opt = nn.Momentum(dense.trainable_params(), 0.1, 0.9)
+    rate, momentum = opt.learning_rate, opt.momentum  # as MindSpore's Parameters, they read the values in force
+    ms.ops.assign(rate, ms.Tensor(np.float32(0.5)))
+    momentum.set_data(ms.Tensor(np.float32(0.5)))
+    assert float(rate.asnumpy()) == 0.5 and float(momentum.asnumpy()) == 0.5
+    opt.learning_rate = [0.1, 0.2, 0.3]  # another kind of rate: the Parameter checkpoints hold follows it
+    assert opt.get_lr_parameter(dense.weight).shape == (3,)
+    opt.learning_rate = nn.ExponentialDecayLR(0.1, 0.9, 1)
+    assert "learning_rate" not in [p.name for p in opt.get_parameters()]
+    # every group at its own rate: the default list is read by nothing and limits nothing
+    own = nn.Momentum([{"params": dense.trainable_params(), "lr": 0.01}], learning_rate=[0.1, 0.1], momentum=0.9)
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), own)
+    for _ in range(3):
+        step(ms.Tensor(np.ones((2, 3), np.float32)), ms.Tensor(np.zeros((2, 2), np.float32)))
+    with pytest.raises(ValueError, match="must be the same size"):  # two group lists of other lengths
+        nn.Momentum([{"params": [dense.weight], "lr": [0.1] * 3}, {"params": [dense.bias], "lr": [0.1] * 5}], 0.1, 0.9)

@@ -215,3 +215,12 @@ def test_int_and_bool_inputs_that_mindspore_promotes():
     check(mint.nn.functional.relu(ms.Tensor(np.array([4, -2], np.int8))), ms.int8, [4, 0])
     check(mint.nn.functional.relu(flags), ms.bool_, [True, False])
     check(ms.jit(lambda t: mint.nn.functional.relu(t) + mint.round(t))(signed), ms.int32, [8, -2])
+
+
+def test_gather_with_a_positional_dim_and_index_keyword_and_reshape_without_a_shape():
+    x = ms.Tensor(np.array([[1.0, 2.0, 3.0], [4.0, 6.0, 8.0]], np.float32))
+    picked = x.gather(1, index=ms.Tensor(np.array([[0, 2], [1, 0]], np.int64)))
+    assert picked.asnumpy().tolist() == [[1.0, 3.0], [6.0, 4.0]]  # MindSpore 2.7.0's output
+    assert ms.Tensor(np.array([5.0], np.float32)).reshape(()).shape == ()
+    with pytest.raises(TypeError, match=r"Tensor.reshape\(\) missing its shape"):  # MindSpore: a TypeError too
+        x.reshape()

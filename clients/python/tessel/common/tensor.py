@@ -470,7 +470,10 @@ class Tensor:
 
     def reshape(self, *dims, shape: Any = None) -> Tensor:
         """reshape(*shape), reshape(shape) or reshape(shape=shape)."""
-        return F.reshape(self, _either("reshape", shape=shape, dims=_varargs(dims) or None))
+        target = _either("reshape", shape=shape, dims=_varargs(dims) if dims else None)  # x.reshape(()): 0-d
+        if target is None:
+            raise TypeError("Tensor.reshape() missing its shape: give x.reshape(2, 3), x.reshape((2, 3)) or shape=")
+        return F.reshape(self, target)
 
     view = reshape
 
@@ -603,6 +606,8 @@ class Tensor:
         whole slices along axis."""
         if dim is None and index is None and _is_int(input_indices) and isinstance(axis, Tensor):
             return F.gather_elements(self, int(input_indices), axis)
+        if dim is None and index is not None and _is_int(input_indices) and axis is None:  # gather(1, index=...)
+            return F.gather_elements(self, int(input_indices), index)
         if dim is not None or index is not None:
             if dim is None or index is None or input_indices is not None or axis is not None:
                 raise TypeError("Tensor.gather: give gather(dim, index) or gather(input_indices, axis), not a mix")

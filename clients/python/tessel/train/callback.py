@@ -510,7 +510,9 @@ class ModelCheckpoint(Callback):
         step_in_epoch = (cb.cur_step_num - 1) % cb.batch_num + 1
         name = f"{self.prefix}-{cb.cur_epoch_num}_{step_in_epoch}.{self.config.format}"
         if os.path.isdir(self.directory):
-            kept = _checkpoints_of(self.directory, self.prefix, self.config.format)
+            # a file of this very name is overwritten, not added: it does not count towards keep_checkpoint_max
+            target = os.path.join(self.directory, name)
+            kept = [f for f in _checkpoints_of(self.directory, self.prefix, self.config.format) if f != target]
             try:
                 if len(kept) >= self.config.keep_checkpoint_max:
                     os.remove(min(kept, key=os.path.getmtime))

@@ -118,13 +118,14 @@ class HostNumber(float):
     Parameter of it is: `asnumpy()`, `set_data(value)` and `ops.assign` (a callback changing it mid-training). The
     new value takes effect at the next step."""
 
-    def __new__(cls, value: float, put: Any = None):
+    def __new__(cls, value: float, put: Any = None, get: Any = None):
         made = super().__new__(cls, value)
-        made._put = put
+        made._put, made._get = put, get
         return made
 
     def asnumpy(self) -> np.ndarray:
-        return np.array(float(self), np.float32)
+        """The optimizer's value now (as a Parameter kept by a callback reads it), this number's where it has none."""
+        return np.array(float(self) if self._get is None else self._get(), np.float32)
 
     @property
     def shape(self) -> tuple:
@@ -144,7 +145,9 @@ class LearningRate(HostNumber):
     """A fixed learning rate: fed to the update every step, so a new one compiles nothing."""
 
     def __new__(cls, value: float, optimizer: Any = None):
-        return super().__new__(cls, value, None if optimizer is None else optimizer._set_rate)
+        if optimizer is None:
+            return super().__new__(cls, value)
+        return super().__new__(cls, value, optimizer._set_rate, lambda: optimizer.learning_rate_at(optimizer._step))
 
 
 def _lr_source(learning_rate: Any) -> Any:
@@ -265,23 +268,21 @@ class Optimizer(Cell):
         self._params["global_step"] = _StateFace("global_step", np.zeros(1, np.int32), self._step_array, self._set_step)
         self.__dict__["_global_step"] = self._params["global_step"]
         self.learning_rate = LearningRate(source, self) if isinstance(source, float) else source
-        if not isinstance(source, LearningRateSchedule):
-            rate = np.asarray(source, np.float32)
-            self._params["learning_rate"] = _StateFace("learning_rate", rate, self._rate_array, self._set_rate)
         self._group_rates: list[list] = []  # [name, rate] of each group with a learning rate of its own
         rate_of = {}
         for number, group_rate, keys in rates:
             self._add_group_rate(f"learning_rate_group_{number}", group_rate, source)
             rate_of.update((key, len(self._group_rates)) for key in keys)
-        if rates and len(rate_of) == len(params):  # every group has its own: MindSpore stores no default rate
-            self._params.pop("learning_rate", None)
+        # the default rate is read unless every group has its own (MindSpore then stores no learning_rate)
+        self.__dict__["_default_read"] = not rates or len(rate_of) < len(params)
+        self._rate_face(source)
         count = 1 + len(self._group_rates) if self._group_rates else 0
-        self.__dict__["_groups"] = ParameterGroups.of(
-            {key: d for key, d in decays.items() if d != decay}, {p.key: 0 for p in params} | rate_of, count
-        )
+        rate_of = {p.key: 0 for p in params} | rate_of if count else {}
+        own_decays = {key: d for key, d in decays.items() if d != decay}
+        self.__dict__["_groups"] = ParameterGroups.of(own_decays, rate_of, count)
         for name in self._hyper:
             put = self._hyper_setter(name)
-            vars(self)[name] = HostNumber(vars(self)[name], put)
+            vars(self)[name] = HostNumber(vars(self)[name], put, lambda name=name: float(vars(self)[name]))
             value = np.asarray(vars(self)[name], np.float32)
             self._params[name] = _StateFace(name, value, self._hyper_array(name), put)
         # MindSpore scales the weight decay by loss_scale too (Optimizer._preprocess_weight_decay and group decays:
@@ -322,6 +323,8 @@ class Optimizer(Cell):
         if name == "learning_rate" and not isinstance(value, Tensor):
             source = _lr_source(value)
             object.__setattr__(self, name, LearningRate(source, self) if isinstance(source, float) else source)
+            if "_groups" in vars(self):  # a rate of another kind: its Parameter follows (none for a schedule)
+                self._rate_face(source)
         elif name in self._hyper and "_rule" in vars(self) and not isinstance(value, Tensor):
             self._hyper_setter(name)(np.asarray(value))
         else:
@@ -338,6 +341,18 @@ class Optimizer(Cell):
         lr = self.learning_rate
         return np.asarray(self.learning_rate_at(self._step) if isinstance(lr, LearningRateSchedule) else lr, np.float32)
 
+    def _rate_face(self, source: Any) -> None:
+        """The learning_rate Parameter checkpoints hold, of the rate's shape (none for a schedule, or where no
+        parameter reads the default rate)."""
+        face = self._params.get("learning_rate")
+        wanted = self._default_read and not isinstance(source, LearningRateSchedule)
+        rate = np.asarray(source, np.float32) if wanted else None
+        if face is not None and rate is not None and tuple(face.shape) == rate.shape:
+            return  # the same kind of rate: the Parameter reads it already (and a load iterating over it goes on)
+        self._params.pop("learning_rate", None)
+        if wanted:
+            self._params["learning_rate"] = _StateFace("learning_rate", rate, self._rate_array, self._set_rate)
+
     def _set_rate(self, value: np.ndarray) -> Any:
         self.learning_rate = value.astype(np.float64)  # checked by _lr_source, as a rate given to the constructor
         return self.learning_rate
@@ -346,6 +361,9 @@ class Optimizer(Cell):
         return lambda: np.asarray(vars(self)[name], np.float32)
 
     def _hyper_setter(self, name: str) -> Any:
+        def live() -> float:
+            return float(vars(self)[name])
+
         def put(value: np.ndarray) -> HostNumber:
             new = float(np.asarray(value, np.float64).reshape(-1)[0]) if np.size(value) == 1 else None
             if new is None or not np.isfinite(new) or new < 0:
@@ -353,7 +371,7 @@ class Optimizer(Cell):
             old = vars(self)[name]
             if np.float32(new) == np.float32(old):
                 return old
-            vars(self)[name] = HostNumber(new, put)
+            vars(self)[name] = HostNumber(new, put, live)
             rule = self._make_rule(self.weight_decay)
             if rule.slots() != self._rule.slots() or rule.global_slots() != self._rule.global_slots():
                 vars(self)[name] = old
@@ -443,7 +461,8 @@ class Optimizer(Cell):
 
     def _add_group_rate(self, name: str, rate: Any, default: Any) -> None:
         rate = _lr_source(rate)
-        if isinstance(rate, np.ndarray) and isinstance(default, np.ndarray) and len(rate) != len(default):
+        lists = [r for r in [default] + [r for _, r in self._group_rates] if isinstance(r, np.ndarray)]
+        if isinstance(rate, np.ndarray) and lists and len(rate) != len(lists[0]):
             raise ValueError(  # MindSpore's _parse_group_params
                 "For 'Optimizer', the Tensor type dynamic learning rate in group must be the same size as the "
                 "argument 'learning_rate'."
@@ -488,12 +507,13 @@ class Optimizer(Cell):
         return None if np.all(rates == rates[0]) else rates
 
     def _check_rate_list(self, updates: int) -> None:
-        for rate in [self.learning_rate] + [rate for _, rate in self._group_rates]:
+        named = [("learning_rate", self.learning_rate)] if self._default_read else []
+        for name, rate in named + [tuple(entry) for entry in self._group_rates]:
             if isinstance(rate, np.ndarray) and updates > len(rate):
                 # MindSpore gathers the step's rate from the list, and on CPU and GPU an index past the end is an
                 # error
                 raise ConfigurationError(
-                    f"{self.cls_name}'s learning_rate list has {len(rate)} per-step values, but update "
+                    f"{self.cls_name}'s {name} list has {len(rate)} per-step values, but update "
                     f"{len(rate) + 1} is about to run; give one value per step of the whole training (e.g. "
                     "nn.piecewise_constant_lr or nn.cosine_decay_lr over total_step = epochs * steps per epoch), or "
                     "a LearningRateSchedule"
