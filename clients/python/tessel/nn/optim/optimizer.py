@@ -282,9 +282,10 @@ class Optimizer(Cell):
         self.__dict__["_groups"] = ParameterGroups.of(own_decays, rate_of, count)
         for name in self._hyper:
             put = self._hyper_setter(name)
-            vars(self)[name] = HostNumber(vars(self)[name], put, lambda name=name: float(vars(self)[name]))
-            value = np.asarray(vars(self)[name], np.float32)
-            self._params[name] = _StateFace(name, value, self._hyper_array(name), put)
+            live = self._hyper_value(name)
+            vars(self)[name] = HostNumber(vars(self)[name], put, live)
+            value = np.asarray(live(), np.float32)
+            self._params[name] = _StateFace(name, value, lambda live=live: np.asarray(live(), np.float32), put)
         # MindSpore scales the weight decay by loss_scale too (Optimizer._preprocess_weight_decay and group decays:
         # weight_decay * self.loss_scale), decays the still-scaled gradients and divides: (S*g + S*wd*p) / S, so
         # g + wd*p whatever S. tessel unscales first and decays by wd.
@@ -338,8 +339,7 @@ class Optimizer(Cell):
         self.__dict__["_step"] = int(value.reshape(-1)[0])
 
     def _rate_array(self) -> np.ndarray:
-        lr = self.learning_rate
-        return np.asarray(self.learning_rate_at(self._step) if isinstance(lr, LearningRateSchedule) else lr, np.float32)
+        return np.asarray(self.learning_rate, np.float32)  # a fixed rate or a list: a schedule has no Parameter
 
     def _rate_face(self, source: Any) -> None:
         """The learning_rate Parameter checkpoints hold, of the rate's shape (none for a schedule, or where no
@@ -357,13 +357,11 @@ class Optimizer(Cell):
         self.learning_rate = value.astype(np.float64)  # checked by _lr_source, as a rate given to the constructor
         return self.learning_rate
 
-    def _hyper_array(self, name: str) -> Any:
-        return lambda: np.asarray(vars(self)[name], np.float32)
+    def _hyper_value(self, name: str) -> Any:
+        """A reader of hyper-parameter `name`'s value in force."""
+        return lambda: float(vars(self)[name])
 
     def _hyper_setter(self, name: str) -> Any:
-        def live() -> float:
-            return float(vars(self)[name])
-
         def put(value: np.ndarray) -> HostNumber:
             new = float(np.asarray(value, np.float64).reshape(-1)[0]) if np.size(value) == 1 else None
             if new is None or not np.isfinite(new) or new < 0:
@@ -371,7 +369,7 @@ class Optimizer(Cell):
             old = vars(self)[name]
             if np.float32(new) == np.float32(old):
                 return old
-            vars(self)[name] = HostNumber(new, put, live)
+            vars(self)[name] = HostNumber(new, put, self._hyper_value(name))
             rule = self._make_rule(self.weight_decay)
             if rule.slots() != self._rule.slots() or rule.global_slots() != self._rule.global_slots():
                 vars(self)[name] = old
