@@ -87,6 +87,19 @@ def test_repeat_and_collect_return_every_repetition(core):
     core.close_session(sid)
 
 
+def test_per_repetition_rows_are_stored_before_each_repetition_and_checked(core):
+    """Sink mode's per-step learning rate: row i of a per_repetition array is stored before repetition i."""
+    sid = core.open_session("rows", 0, 1, [])
+    program = _program({"copy": daemon_pb2.CopyOp(source="rate", target="seen")})
+    rows = np.array([0.1, 0.05, 0.025], np.float32)
+    result = core.execute(sid, program, repeat=3, collect=["seen"], per_repetition={"rate": rows})
+    np.testing.assert_array_equal(result.collected["seen"], rows)
+    assert result.collected["seen"][0].shape == ()  # a row of a 1-D array is 0-d, not a numpy scalar
+    with pytest.raises(ConfigurationError, match=r"per_repetition 'rate' has shape \(2,\), not one row for each"):
+        core.execute(sid, program, repeat=3, per_repetition={"rate": rows[:2]})
+    core.close_session(sid)
+
+
 def _two_output_model() -> bytes:
     """x (3, 4) -> a = 2 x (3, 4), b = x summed over rows (4,): two static outputs for one bucket."""
     from onnx import TensorProto, helper
