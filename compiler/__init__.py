@@ -17,7 +17,7 @@ from tessel.compiler.buckets import (
     mirror_parameters,
     plan_buckets,
 )
-from tessel.compiler.builder import GraphBuilder, SymbolicTensor, apply, apply_all
+from tessel.compiler.builder import AS_BOOL, GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType, as_dtype, promote
 from tessel.compiler.eager import EagerExecutor
 from tessel.compiler.errors import GradientError, ShapeInferenceError, TraceError
@@ -33,6 +33,7 @@ from tessel.compiler.tracer import TensorSpec, Trace, Traced, current_trace_buil
 from tessel.compiler.train_step import StateSpec, TrainProgram, TrainStep, build_train_step
 
 __all__ = [
+    "AS_BOOL",
     "DEFAULT_BUCKET_BYTES",
     "OPSET",
     "REQUIRED",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,9 @@ class GraphBuilder:
         self.nodes: list[Node] = []
         self.recompute: Recompute | None = None
         self._constants: dict[tuple, Value] = {}
+        # Computes a value recorded so far, for Python code that reads it while it is traced (a PYNATIVE_MODE
+        # gradient function runs its Python at every call, as MindSpore's does); None where nothing can (a graph).
+        self.reader: Callable[[Value], np.ndarray] | None = None
 
     @classmethod
     def extend(cls, graph: Graph) -> GraphBuilder:
@@ -85,6 +88,20 @@ class GraphBuilder:
                 kept.append(node)
                 needed.update(node.inputs)
         return Graph(tuple(self.inputs), tuple(reversed(kept)), tuple(outputs), name or self.name)
+
+    def readout(self, value: Value) -> Graph:
+        """The graph computing `value` from the nodes recorded so far, without their side effects: an Assign passes
+        its value on, so that reading a value in Python writes no parameter (the traced graph does, once)."""
+        needed, kept = {value}, []
+        for node in reversed(self.nodes):
+            if not any(o in needed for o in node.outputs):
+                continue
+            if registry.get(node.op).side_effect:
+                node = Node("Depend", node.inputs[1:], registry.get("Depend").bind({}), node.outputs, node.source)
+            kept.append(node)
+            needed.update(node.inputs)
+        inputs = tuple(v for v in self.inputs if v in needed)
+        return Graph(inputs, tuple(reversed(kept)), (value,), f"{self.name}/read")
 
 
 class SymbolicTensor:
@@ -199,27 +216,34 @@ class SymbolicTensor:
         dtype = as_dtype(dtype)
         return self if dtype == self.dtype else apply("Cast", self, dtype=dtype)
 
-    # A graph cannot branch on or read a value it has not computed yet.
+    # A graph cannot branch on or read a value it has not computed yet; a trace with a reader computes it now.
+    def read(self, what: str) -> np.ndarray:
+        """The value, for Python code that reads it: `what` says how, for the error where it cannot be read."""
+        if self.builder.reader is None:
+            raise _data_dependent(self, what)
+        return self.builder.reader(self.value)
+
     def __bool__(self):
-        raise _data_dependent(self, "used as a Python bool (if/while/and/or/not)")
+        return bool(self.read(AS_BOOL))
 
     def __int__(self):
-        raise _data_dependent(self, "converted with int()")
+        return int(self.read("converted with int()").item())
 
     def __float__(self):
-        raise _data_dependent(self, "converted with float()")
+        return float(self.read("converted with float()").item())
 
     def __index__(self):
-        raise _data_dependent(self, "used as a Python index")
+        return int(self.read("used as a Python index").item())
 
     def __array__(self, dtype=None, copy=None):
-        raise _data_dependent(self, "converted to a numpy array")
+        array = self.read("converted to a numpy array")
+        return array if dtype is None else array.astype(dtype)
 
     def item(self):
-        raise _data_dependent(self, "read with .item()")
+        return self.read("read with .item()").item()
 
     def asnumpy(self):
-        raise _data_dependent(self, "read with .asnumpy()")
+        return self.read("read with .asnumpy()")
 
     def __len__(self) -> int:
         if not self.shape or not isinstance(self.shape[0], int):
@@ -238,12 +262,17 @@ def _ndim(x: Any) -> int:
     return x.ndim if isinstance(x, SymbolicTensor) else np.ndim(x)
 
 
+AS_BOOL = "used as a Python bool (if/while/and/or/not)"
+
+
 def _data_dependent(tensor: SymbolicTensor, what: str) -> TraceError:
     where = user_location(with_code=True) or "an unknown location"
     return TraceError(
         f"a traced tensor {tensor.value.type!r} was {what} at {where}. In graph mode a tensor's value is known "
         "only when the graph runs, so Python control flow cannot depend on it. Fix: choose element-wise with "
-        "ops.Select (where), make the condition depend on shapes or Python values, or run in PYNATIVE_MODE."
+        "ops.Select (where), make the condition depend on shapes or Python values, or run it in PYNATIVE_MODE "
+        "from a gradient function (value_and_grad, grad, GradOperation), whose Python runs at every call there "
+        "(outside ms.jit; Model and TrainOneStepCell compile their step once)."
     )
 
 

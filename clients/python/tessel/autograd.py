@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from tessel import context
 from tessel.common.compiled import CompiledFunction, arg_names_of
 from tessel.common.parameter import Parameter
 from tessel.common.tensor import Tensor
@@ -124,7 +125,9 @@ class _GradFunction:
 
         names = arg_names_of(fn.construct if isinstance(fn, Cell) else fn)
         name = getattr(fn, "__name__", type(fn).__name__)
-        self.compiled = CompiledFunction(self._emit, f"grad_{name}", device_result=True, arg_names=names)
+        self.compiled = CompiledFunction(
+            self._emit, f"grad_{name}", device_result=True, arg_names=names, python_each_call=_pynative
+        )
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # keyword arguments travel as trailing positional values plus their names, in call order: MindSpore numbers
@@ -220,6 +223,11 @@ class _GradFunction:
             structured = (input_grads, weight_grads)
         value = tuple(out) if isinstance(out, list) else out
         return value, structured
+
+
+def _pynative() -> bool:
+    """MindSpore's PYNATIVE_MODE runs a gradient function's Python at every call."""
+    return context.get_context("mode") == context.PYNATIVE_MODE
 
 
 def _current(trace, weight: Parameter) -> SymbolicTensor:

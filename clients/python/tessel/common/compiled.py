@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +30,7 @@ from tessel.common.tracing import SdkTrace
 from tessel.compiler import Graph, Node, Value, expand_gradients, registry
 from tessel.compiler.ir import Attrs
 from tessel.compiler.tracer import OutputTree, flatten
-from tessel.core.errors import ConfigurationError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 BATCH = "N"
 
@@ -160,12 +161,20 @@ def arg_names_of(fn: Callable) -> list[str]:
 
 
 def trace_call(
-    fn: Callable, call: Call, name: str, symbolic: bool, params_first=(), specs: Sequence | None = None
+    fn: Callable,
+    call: Call,
+    name: str,
+    symbolic: bool,
+    params_first=(),
+    specs: Sequence | None = None,
+    reads: PythonReads | None = None,
 ) -> tuple[Graph, OutputTree, SdkTrace]:
     """Trace fn on symbolic tensors shaped like `call`'s tensor leaves (or like `specs`, (shape, dtype) per leaf);
-    Python values pass through."""
+    Python values pass through. With `reads`, Python code can read the traced tensors' values (see PythonReads)."""
     specs = call.specs(symbolic) if specs is None else specs
     with SdkTrace(name) as tr:
+        if reads is not None:
+            tr.builder.reader = lambda value: reads(tr, value)
         for p in params_first:
             tr.param(p)
         leaves = [
@@ -175,6 +184,42 @@ def trace_call(
         args, kwargs = call.tree.unflatten(leaves)
         graph, out_tree = tr.build(fn(*args, **kwargs), with_prints=True)
     return graph, out_tree, tr
+
+
+class PythonReads:
+    """The values a PYNATIVE_MODE gradient function's Python reads from its traced tensors (`if loss > 0:`,
+    `print(loss)`, `loss.item()`), computed when read: the graph traced so far runs up to the value, on this call's
+    inputs and without its parameter writes, which the whole graph makes once when it runs."""
+
+    def __init__(self, call: Call, name: str):
+        self.call, self.name = call, name
+        self.known: dict[Value, np.ndarray] = {}  # a value read twice in one trace is computed once
+
+    def __call__(self, tr: SdkTrace, value: Value) -> np.ndarray:
+        found = self.known.get(value)
+        if found is None:
+            found = self.known[value] = self._compute(tr, value)
+        return found
+
+    def _compute(self, tr: SdkTrace, value: Value) -> np.ndarray:
+        if value in tr.builder.inputs:  # an argument, a Parameter or a fed input: its value is here already
+            if value.name in self.call.names:
+                return host_array(self.call.leaves[self.call.names.index(value.name)])
+            params = {p.key: p for p in tr.parameters()}
+            if value.name in params:
+                return params[value.name].asnumpy()
+            return np.asarray(tr.feeders[value.name]())
+        graph = tr.builder.readout(value)
+        random = sorted({n.op for n in graph.nodes if registry.get(n.op).random})
+        if random:
+            raise NotSupportedYetError(
+                f"reading in Python a value computed from a random op ({', '.join(random)}) inside a PYNATIVE_MODE "
+                "gradient function is not supported yet: computing it ahead of the graph would draw other random "
+                "numbers than the graph does. Fix: return the value as an extra output (value_and_grad(..., "
+                "has_aux=True)) and read it after the call."
+            )
+        entry = make_entry(graph, OutputTree("leaf"), tr, self.call, f"{self.name}/read", False, readout=True)
+        return entry.run(self.call).asnumpy()
 
 
 def count_leaves(tree: OutputTree) -> int:
@@ -267,11 +312,13 @@ def make_entry(
     name: str,
     device_result: bool,
     extra_params: Sequence[P.Parameter] = (),
+    readout: bool = False,
 ) -> Entry:
-    """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part)."""
-    graph = _gather_stored_blocks(expand_gradients(graph), (*tr.parameters(), *extra_params))
+    """Compile-ready entry: outputs named per segment; with device_result the result is (host part, device part).
+    A `readout` (PythonReads) has no ops.Print outputs and no after-run hooks."""
+    graph = _gather_stored_blocks(_expanded(graph), (*tr.parameters(), *extra_params))
     seg = f"{name}:{graph.hash[:12]}"
-    n_prints = len(tr.print_values)
+    n_prints = 0 if readout else len(tr.print_values)
     n_host = count_leaves(out_tree.children[0]) if device_result else len(graph.outputs) - n_prints
     host_names = [f"{seg}/out{i}" for i in range(n_host)]
     device_names = [f"{seg}/dev{i}" for i in range(len(graph.outputs) - n_host - n_prints)]
@@ -285,7 +332,7 @@ def make_entry(
         params=[p for key, p in by_key.items() if key in input_names],
         assigned=[by_key[s] for s in state if s in by_key],
         feeders={k: f for k, f in tr.feeders.items() if k in input_names},
-        after_run=list(tr.after_run),
+        after_run=[] if readout else list(tr.after_run),
         host_names=host_names,
         device_names=device_names,
         device_types=[(v.shape, v.dtype) for v in graph.outputs[n_host : len(graph.outputs) - n_prints]],
@@ -293,8 +340,25 @@ def make_entry(
         batch_outputs=any(BATCH in v.shape for v in graph.outputs),
         modes=tr.modes(),
         print_names=print_names,
-        prints=list(tr.prints),
+        prints=[] if readout else list(tr.prints),
     )
+
+
+# Traced graph hash -> the graph with its gradients expanded: a PYNATIVE gradient function traces again at every
+# call (CompiledFunction.python_each_call) and differentiates only a graph it has not seen.
+_EXPANDED: OrderedDict[str, Graph] = OrderedDict()
+_EXPANDED_KEPT = 64
+
+
+def _expanded(graph: Graph) -> Graph:
+    found = _EXPANDED.get(graph.hash)
+    if found is None:
+        found = _EXPANDED[graph.hash] = expand_gradients(graph)
+        if len(_EXPANDED) > _EXPANDED_KEPT:
+            _EXPANDED.popitem(last=False)
+    else:
+        _EXPANDED.move_to_end(graph.hash)
+    return found
 
 
 def _gather_stored_blocks(graph: Graph, params: Sequence[P.Parameter]) -> Graph:
@@ -337,8 +401,13 @@ class CompiledFunction:
         symbolic_batch: bool = True,
         transform: Callable | None = None,
         partition: bool = True,
+        python_each_call: Callable[[], bool] = lambda: False,
     ):
         self.fn, self.name = fn, name
+        # When python_each_call() is true, fn's Python runs at every call, reading traced values where it asks
+        # (PythonReads), and the graph it traced runs: MindSpore's PYNATIVE_MODE gradient functions. Not under the
+        # parallel pass, which plans one graph for every step.
+        self.python_each_call = python_each_call
         # Under SEMI_AUTO/AUTO over several ranks the traced graph goes through the parallel pass (off for a
         # transform that partitions by itself: the fused train step).
         self.partition = partition
@@ -365,12 +434,31 @@ class CompiledFunction:
             arg_names=self.arg_names,
             transform=transform,
             partition=self.partition,
+            python_each_call=self.python_each_call,
         )
         made.static = self.static
         return made
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.python_each_call() and not (self.partition and partition.active()):
+            return self._run_python(args, kwargs)
         entry, call = self.entry(args, kwargs)
+        return entry.run(call)
+
+    def _run_python(self, args: tuple, kwargs: dict) -> Any:
+        """Trace fn on this call's exact shapes with its values readable, then run the graph (compiled once per
+        graph: the daemon keeps a segment by its graph's hash)."""
+        call = Call.of(args, kwargs, self.arg_names, engine().id)
+        reads = PythonReads(call, self.name)
+        params = tuple(self.params_first())
+        graph, out_tree, tr = trace_call(self.fn, call, self.name, symbolic=False, params_first=params, reads=reads)
+        extra = ()
+        if self.transform is not None:
+            graph, extra = self.transform(graph, tr)
+        entry = make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
+        from tessel.common.rank_step import broadcast_parameters
+
+        broadcast_parameters(entry.params)
         return entry.run(call)
 
     def entry(self, args: tuple, kwargs: dict) -> tuple[Entry, Call]:

@@ -21,7 +21,7 @@ from tessel.common.dtype import DType, default_dtype_of, ms_name, to_dtype
 from tessel.common.support import keyword_options
 from tessel.common.symbol import Symbol, is_dynamic_shape, split_shape
 from tessel.common.tracing import apply_op, current
-from tessel.compiler import SymbolicTensor, TraceError, as_dtype
+from tessel.compiler import AS_BOOL, SymbolicTensor, TraceError, as_dtype
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 
@@ -49,6 +49,16 @@ class SymbolicDim(str):
         return self._unknown()
 
     __index__ = __int__
+
+
+def _printable(sym: SymbolicTensor) -> np.ndarray | None:
+    """A traced tensor's value for print(), where its trace can compute it now (see SymbolicTensor.read)."""
+    if sym.builder.reader is None:
+        return None
+    try:
+        return sym.read("printed")
+    except NotSupportedYetError:
+        return None
 
 
 def _user_shape(shape: tuple) -> tuple:
@@ -213,12 +223,12 @@ class Tensor:
                 return value
             self._materialize(value)
             return self._array
-        return self._sym.asnumpy()  # raises TraceError: values of traced tensors do not exist yet
+        return self._sym.asnumpy()  # computed now in a PYNATIVE gradient function's trace; a graph's raises
 
     numpy = asnumpy
 
     def item(self) -> Any:
-        return self.asnumpy().item() if self._sym is None else self._sym.item()
+        return self._host("read with .item()").item()
 
     def tolist(self) -> Any:
         return self.asnumpy().tolist()
@@ -227,29 +237,31 @@ class Tensor:
         return Tensor._wrap(np.array(self.asnumpy())) if self._sym is None else self
 
     def __array__(self, dtype=None, copy=None):
-        array = self.asnumpy() if self._sym is None else self._sym.__array__()
+        array = self._host("converted to a numpy array")
         return array if dtype is None else array.astype(dtype)
 
     def __bool__(self) -> bool:
-        return bool(self._sym) if self._sym is not None else bool(self.asnumpy())
+        return bool(self._host(AS_BOOL))
 
     def __int__(self) -> int:
-        return int(self._sym) if self._sym is not None else int(self._one_value("int"))
+        return int(self._one_value("int"))
 
     def __float__(self) -> float:
-        return float(self._sym) if self._sym is not None else float(self._one_value("float"))
+        return float(self._one_value("float"))
 
     def __index__(self) -> int:
-        if self._sym is not None:
-            return self._sym.__index__()
         value = self._one_value("index")
         if value.dtype.kind not in "iub":  # MindSpore: only an integer tensor is an index
             raise ConfigurationError(f"a {ms_name(self.dtype)} tensor is no index; only integer tensors are")
         return int(value)
 
+    def _host(self, what: str) -> np.ndarray:
+        """The value, for Python code that reads it; `what` says how, for the error where a graph is traced."""
+        return self.asnumpy() if self._sym is None else self._sym.read(what)
+
     def _one_value(self, what: str) -> np.ndarray:
         """The value of a tensor of one element (shape () or (1,), ...), as MindSpore's scalar conversions take."""
-        array = self.asnumpy()
+        array = self._host(f"converted with {what}()" if what != "index" else "used as a Python index")
         if array.size != 1:
             raise ConfigurationError(
                 f"{what}() of a tensor of shape {array.shape}: only a tensor of one element has one"
@@ -268,13 +280,15 @@ class Tensor:
 
     def __repr__(self) -> str:
         head = f"Tensor(shape={list(self.shape)}, dtype={ms_name(self.dtype)}, value="
-        if self._sym is not None:
+        value = self.asnumpy() if self._sym is None else _printable(self._sym)
+        if value is None:
             return head + " <traced>)"
-        text = np.array2string(self.asnumpy(), separator=", ")
+        text = np.array2string(value, separator=", ")
         return head + (f" {text})" if self.ndim <= 1 else f"\n{text})")
 
     def __str__(self) -> str:
-        return repr(self) if self._sym is not None else str(self.asnumpy())
+        value = self.asnumpy() if self._sym is None else _printable(self._sym)
+        return repr(self) if value is None else str(value)
 
     __hash__ = object.__hash__
 
