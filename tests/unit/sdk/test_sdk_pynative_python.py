@@ -177,3 +177,16 @@ def test_graph_mode_and_jit_still_compile_once_and_name_the_line(pynative):
     ms.set_context(mode=ms.GRAPH_MODE)
     with pytest.raises(TraceError, match=r"`if y.sum\(\) > 0:"):
         ms.value_and_grad(net, 0, net.trainable_params())(ms.Tensor(X1))
+
+
+def test_a_python_number_new_at_every_call_is_seen_and_named_once_graphs_pile_up(pynative, caplog):
+    dense = nn.Dense(3, 2)
+    x = ms.Tensor(X1)
+    g = ms.grad(lambda x, k: (dense(x) * k).sum())
+    with caplog.at_level("WARNING", logger="tessel"):
+        grads = [g(x, 0.5 * i).asnumpy() for i in range(18)]
+    np.testing.assert_allclose(grads[4], 4 * grads[1], rtol=1e-6)  # each call's own number, not the first's
+    warned = [r.getMessage() for r in caplog.records if "different graphs" in r.getMessage()]
+    assert len(warned) == 1 and "Pass it as a Tensor argument" in warned[0]
+    grads = [g(x, ms.Tensor(np.float32(0.5 * i))).asnumpy() for i in range(3)]  # the fix: one graph
+    np.testing.assert_allclose(grads[2], 2 * grads[1], rtol=1e-6)

@@ -408,6 +408,7 @@ class CompiledFunction:
         # (PythonReads), and the graph it traced runs: MindSpore's PYNATIVE_MODE gradient functions. Not under the
         # parallel pass, which plans one graph for every step.
         self.python_each_call = python_each_call
+        self._graphs_traced: set[str] = set()  # python_each_call: the distinct graphs seen, up to _MANY_GRAPHS
         # Under SEMI_AUTO/AUTO over several ranks the traced graph goes through the parallel pass (off for a
         # transform that partitions by itself: the fused train step).
         self.partition = partition
@@ -456,10 +457,25 @@ class CompiledFunction:
         if self.transform is not None:
             graph, extra = self.transform(graph, tr)
         entry = make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
+        self._count_graph(entry.segment[0])
         from tessel.common.rank_step import broadcast_parameters
 
         broadcast_parameters(entry.params)
         return entry.run(call)
+
+    def _count_graph(self, segment: str) -> None:
+        """Warn once when the calls trace many different graphs: each new one is compiled (and kept) anew, which a
+        Python number computed afresh at every call (a mixup weight, a float schedule) causes."""
+        if len(self._graphs_traced) > _MANY_GRAPHS or segment in self._graphs_traced:
+            return
+        self._graphs_traced.add(segment)
+        if len(self._graphs_traced) > _MANY_GRAPHS:
+            log_once(
+                f"many_graphs.{self.name}",
+                f"{self.name}: its calls traced {_MANY_GRAPHS + 1} different graphs, each compiled anew; a Python "
+                "number that changes from call to call is a constant of the graph. Pass it as a Tensor argument "
+                "(ms.Tensor(value)) so that one graph serves every call.",
+            )
 
     def entry(self, args: tuple, kwargs: dict) -> tuple[Entry, Call]:
         """The compiled entry for this call's signature and cell modes (traced and compiled on first use)."""
@@ -515,6 +531,9 @@ class CompiledFunction:
         if sharded:
             return partition.make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
         return make_entry(graph, out_tree, tr, call, self.name, self.device_result, extra)
+
+
+_MANY_GRAPHS = 16  # distinct graphs of one python_each_call function before it warns
 
 
 def _check_choice(call: str, name: str, value: Any, choices: tuple) -> None:
