@@ -69,6 +69,7 @@ from tessel.nn.pooling import (
     AvgPool1d,
     MaxPool1d,
 )
+from tessel.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
 from tessel.nn.wrap import (
     DistributedGradReducer,
     DynamicLossScaleUpdateCell,
@@ -184,6 +185,12 @@ __all__ = [
     "WithEvalCell",
     "WithLossCell",
     "get_activation",
+    "GRU",
+    "GRUCell",
+    "LSTM",
+    "LSTMCell",
+    "RNN",
+    "RNNCell",
     "Hardtanh",
     "HShrink",
     "LogSigmoid",
