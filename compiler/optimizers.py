@@ -8,6 +8,13 @@ AdamWeightDecay where it is decoupled):
 - Momentum: v = momentum * v + g; p -= lr * (g + momentum * v) with nesterov, else lr * v
 - Adam:  m, v moving averages; p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)
 - AdamWeightDecay: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)  (no bias correction, as in MindSpore)
+- RMSProp: ms = decay * ms + (1 - decay) * g^2 (ms starts at 1); mom = momentum * mom + lr * g / sqrt(ms + eps);
+           p -= mom. Centered: mg = decay * mg + (1 - decay) * g, and sqrt(ms - mg^2 + eps) in the denominator
+- Adagrad: accum += g^2 (accum starts at `accum`); p -= lr * g / sqrt(accum)
+- Adadelta: accum = rho * accum + (1 - rho) * g^2; u = sqrt(accum_update + eps) / sqrt(accum + eps) * g;
+            accum_update = rho * accum_update + (1 - rho) * u^2; p -= lr * u
+- ProximalAdagrad: accum += g^2; a = lr / sqrt(accum); v = p - a * g;
+                   p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
 
 Plain SGD (no momentum) folds the learning rate into the backward pass: the train step seeds it with lr, so
 every gradient comes out times lr from the small tensors it is computed from, and the update is one subtraction
@@ -211,3 +218,80 @@ class AdamWeightDecay(Optimizer):
         if decay:
             step = step + decay * p
         return p - lr * step, {"moment1": m, "moment2": v}
+
+
+@dataclass(frozen=True)
+class RMSProp(Optimizer):
+    learning_rate: float = 0.1
+    decay: float = 0.9
+    momentum: float = 0.0
+    epsilon: float = 1e-10
+    centered: bool = False
+
+    def slots(self):
+        # MindSpore starts the mean square at 1 (its mean_square is cloned with init='ones')
+        kept = (Slot("mean_square", 1.0), Slot("moment"))
+        return (Slot("mean_grad"), *kept) if self.centered else kept
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        ms = self.decay * slots["mean_square"] + (1.0 - self.decay) * g * g
+        new = {"mean_square": ms}
+        if self.centered:
+            mg = self.decay * slots["mean_grad"] + (1.0 - self.decay) * g
+            ms, new["mean_grad"] = ms - mg * mg, mg
+        new["moment"] = self.momentum * slots["moment"] + lr * g / apply("Sqrt", ms + self.epsilon)
+        return p - new["moment"], new
+
+
+@dataclass(frozen=True)
+class Adagrad(Optimizer):
+    learning_rate: float = 1e-3
+    accum: float = 0.1
+
+    def slots(self):
+        return (Slot("accum", self.accum),)
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        accum = slots["accum"] + g * g
+        return p - lr * g / apply("Sqrt", accum), {"accum": accum}
+
+
+@dataclass(frozen=True)
+class Adadelta(Optimizer):
+    learning_rate: float = 1.0
+    rho: float = 0.9
+    epsilon: float = 1e-6
+
+    def slots(self):
+        return (Slot("accum"), Slot("accum_update"))
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        accum = self.rho * slots["accum"] + (1.0 - self.rho) * g * g
+        step = apply("Sqrt", slots["accum_update"] + self.epsilon) / apply("Sqrt", accum + self.epsilon) * g
+        accum_update = self.rho * slots["accum_update"] + (1.0 - self.rho) * step * step
+        return p - lr * step, {"accum": accum, "accum_update": accum_update}
+
+
+@dataclass(frozen=True)
+class ProximalAdagrad(Optimizer):
+    learning_rate: float = 1e-3
+    accum: float = 0.1
+    l1: float = 0.0
+    l2: float = 0.0
+
+    def slots(self):
+        return (Slot("accum", self.accum),)
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        accum = slots["accum"] + g * g
+        rate = lr / apply("Sqrt", accum)
+        moved = p - rate * g
+        if self.l1:
+            moved = apply("Sign", moved) * apply("ReLU", apply("Abs", moved) - rate * self.l1)
+        if self.l2:
+            moved = moved / (1.0 + rate * self.l2)
+        return moved, {"accum": accum}

@@ -17,10 +17,12 @@ from tessel.nn.optim.learning_rate import (
     warmup_lr,
 )
 from tessel.nn.optim.optimizer import Optimizer
-from tessel.nn.optim.rules import SGD, Adam, AdamWeightDecay, Momentum
+from tessel.nn.optim.rules import SGD, Adadelta, Adagrad, Adam, AdamWeightDecay, Momentum, ProximalAdagrad, RMSProp
 
 __all__ = [
     "SGD",
+    "Adadelta",
+    "Adagrad",
     "Adam",
     "AdamWeightDecay",
     "CosineDecayLR",
@@ -31,6 +33,8 @@ __all__ = [
     "NaturalExpDecayLR",
     "Optimizer",
     "PolynomialDecayLR",
+    "ProximalAdagrad",
+    "RMSProp",
     "WarmUpLR",
     "cosine_decay_lr",
     "exponential_decay_lr",

@@ -228,7 +228,7 @@ def _assign(trace: Any, target: Any, value: Any) -> None:
 
 
 class Optimizer(Cell):
-    """Base class of SGD, Momentum, Adam, AdamWeightDecay. Subclasses build `self._rule` (a compiler rule)."""
+    """Base class of the optimizers in rules.py. Subclasses build `self._rule` (a compiler rule)."""
 
     _slot_names: ClassVar[dict[str, str]] = {}  # compiler slot -> MindSpore checkpoint prefix
     # Hyper-parameters MindSpore keeps as Parameters (saved and loaded; set_data changes them); tessel compiles
@@ -246,7 +246,8 @@ class Optimizer(Cell):
             raise NotSupportedYetError(
                 f"{type(self).__name__}: an optimizer of your own (a subclass of nn.Optimizer with its own construct) "
                 "is not supported yet; tessel compiles the update rules of its optimizers (SGD, Momentum, Adam, "
-                "AdamWeightDecay); meanwhile update the parameters with ops.assign in your training step"
+                "AdamWeightDecay, RMSProp, Adagrad, Adadelta, ProximalAdagrad); meanwhile update the parameters with "
+                "ops.assign in your training step"
             )
         if isinstance(weight_decay, Cell):
             raise NotSupportedYetError(
