@@ -15,6 +15,8 @@ AdamWeightDecay where it is decoupled):
             accum_update = rho * accum_update + (1 - rho) * u^2; p -= lr * u
 - ProximalAdagrad: accum += g^2; a = lr / sqrt(accum); v = p - a * g;
                    p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
+- Rprop: f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, min, max)
+         (step_size = lr on the first step); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
 
 Plain SGD (no momentum) folds the learning rate into the backward pass: the train step seeds it with lr, so
 every gradient comes out times lr from the small tensors it is computed from, and the update is one subtraction
@@ -295,3 +297,33 @@ class ProximalAdagrad(Optimizer):
         if self.l2:
             moved = moved / (1.0 + rate * self.l2)
         return moved, {"accum": accum}
+
+
+@dataclass(frozen=True)
+class Rprop(Optimizer):
+    learning_rate: float = 0.1
+    etaminus: float = 0.5
+    etaplus: float = 1.2
+    step_size_min: float = 1e-6
+    step_size_max: float = 50.0
+
+    def slots(self):
+        return (Slot("prev"), Slot("step_size"))
+
+    def global_slots(self):
+        return (Slot("step"),)  # updates done: the first one starts every step size at the learning rate
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        later = _like(apply("Minimum", glob["step"], 1.0), g)  # 0 on the first step, then 1
+        size = later * slots["step_size"] + (1.0 - later) * lr
+        agree, one = apply("Sign", g * slots["prev"]), apply("OnesLike", g)
+        factor = apply(
+            "Select", agree > 0.0, one * self.etaplus, apply("Select", agree < 0.0, one * self.etaminus, one)
+        )
+        size = apply("Minimum", apply("Maximum", size * factor, self.step_size_min), self.step_size_max)
+        g = apply("Select", agree < 0.0, apply("ZerosLike", g), g)  # a sign change: no step, and none remembered
+        return p - apply("Sign", g) * size, {"prev": g, "step_size": size}
+
+    def update_globals(self, glob):
+        return {"step": glob["step"] + 1.0}

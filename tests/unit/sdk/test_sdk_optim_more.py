@@ -1,4 +1,4 @@
-"""RMSProp, Adagrad, Adadelta and ProximalAdagrad against MindSpore 2.7.0 (CPU).
+"""RMSProp, Adagrad, Adadelta, ProximalAdagrad and Rprop against MindSpore 2.7.0 (CPU).
 
 The expected weights are MindSpore 2.7.0's printed output after 3 nn.TrainOneStepCell steps in GRAPH_MODE, made by
 tests/unit/sdk/data/make_mindspore_optimizers.py (run with MindSpore's python): Dense(3, 2) with weight
@@ -34,6 +34,11 @@ CASES = {
     "proximal_adagrad_l1_l2": lambda d: nn.ProximalAdagrad(
         d.trainable_params(), accum=0.2, learning_rate=0.1, l1=0.05, l2=0.1, weight_decay=0.01
     ),
+    "rprop": lambda d: nn.Rprop(d.trainable_params(), 0.01),
+    "rprop_schedule_decay": lambda d: nn.Rprop(
+        d.trainable_params(), nn.ExponentialDecayLR(0.05, 0.5, 1), (0.3, 1.5), (1e-3, 0.04), weight_decay=0.1
+    ),
+    "rprop_groups": lambda d: nn.Rprop([{"params": [d.weight], "lr": 0.02}, {"params": [d.bias]}], 0.05),
 }
 
 # MindSpore 2.7.0 gives these weights and biases after the 3 steps
@@ -78,6 +83,18 @@ MINDSPORE = {
         [[0.0174481273, 0.126113191, 0.234254912], [0.342529148, 0.467739731, 0.587378144]],
         [0.576946557, -0.287474722],
     ),
+    "rprop": (
+        [[0.0364000015, 0.136399999, 0.236400008], [0.336400002, 0.436399996, 0.53640002]],
+        [0.53640002, -0.46360001],
+    ),
+    "rprop_schedule_decay": (
+        [[0.0799999982, 0.180000007, 0.280000001], [0.419999987, 0.519999981, 0.620000064]],
+        [0.620000064, -0.380000025],
+    ),
+    "rprop_groups": (
+        [[0.072800003, 0.172800004, 0.272799999], [0.372800022, 0.472800016, 0.572799981]],
+        [0.682000041, -0.317999989],
+    ),
 }
 
 # MindSpore 2.7.0's checkpoint keys of the optimizer's state, besides weight, bias, global_step and learning_rate
@@ -90,6 +107,7 @@ STATE_KEYS = {
     "Adagrad": ["accum.bias", "accum.weight"],
     "Adadelta": ["accum.bias", "accum.weight", "accum_update.bias", "accum_update.weight"],
     "ProximalAdagrad": ["accum.bias", "accum.weight"],
+    "Rprop": ["prev.bias", "prev.weight", "step_size.bias", "step_size.weight"],
 }
 
 
@@ -165,3 +183,29 @@ def test_adagrad_without_slot_updates_is_refused():
     are those of update_slots=True), against its documentation: tessel follows neither and says so."""
     with pytest.raises(NotSupportedYetError, match=r"update_slots=False.*use update_slots=True"):
         nn.Adagrad(_dense().trainable_params(), update_slots=False)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_rprop_resumed_from_a_checkpoint_continues_as_mindspore(sink, tmp_path):
+    """Rprop starts its step sizes at the learning rate on the first update only, which MindSpore reads from
+    global_step: a run resumed from a checkpoint after one step goes on with the saved step sizes (not its own
+    learning rate, here another) and ends where MindSpore's three steps do (also in sink mode, where the steps run
+    on the daemon)."""
+    import tessel.dataset as ds
+
+    dense = _dense()
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), CASES["rprop"](dense))
+    step(ms.Tensor(X), ms.Tensor(Y))
+    path = str(tmp_path / "rprop.ckpt")
+    ms.save_checkpoint(step, path)
+    resumed = _dense()
+    opt = nn.Rprop(resumed.trainable_params(), 0.5)
+    saved = ms.load_checkpoint(path)
+    del saved["learning_rate"]
+    ms.load_param_into_net(resumed, saved)
+    ms.load_param_into_net(opt, saved)
+    data = ds.NumpySlicesDataset({"x": np.stack([X] * 2), "y": np.stack([Y] * 2)}, shuffle=False)
+    ms.Model(resumed, nn.MSELoss(), opt).train(1, data, dataset_sink_mode=sink)
+    weight, bias = MINDSPORE["rprop"]
+    np.testing.assert_allclose(resumed.weight.asnumpy(), weight, rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(resumed.bias.asnumpy(), bias, rtol=2e-6, atol=1e-7)

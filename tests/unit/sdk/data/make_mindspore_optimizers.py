@@ -36,6 +36,16 @@ CASES = {
     "proximal_adagrad_l1_l2": lambda d: nn.ProximalAdagrad(
         d.trainable_params(), accum=0.2, learning_rate=0.1, l1=0.05, l2=0.1, weight_decay=0.01
     ),
+    "rprop": lambda d: nn.Rprop(d.trainable_params(), 0.01),
+    "rprop_schedule_decay": lambda d: nn.Rprop(
+        d.trainable_params(), nn.ExponentialDecayLR(0.05, 0.5, 1), (0.3, 1.5), (1e-3, 0.04), weight_decay=0.1
+    ),
+    "rprop_groups": lambda d: nn.Rprop([{"params": [d.weight], "lr": 0.02}, {"params": [d.bias]}], 0.05),
+    "asgd": lambda d: nn.ASGD(d.trainable_params(), 0.1),
+    "asgd_t0": lambda d: nn.ASGD(d.trainable_params(), 0.1, lambd=0.1, alpha=0.5, t0=1.0),
+    "asgd_schedule": lambda d: nn.ASGD(
+        d.trainable_params(), nn.ExponentialDecayLR(0.2, 0.5, 1), lambd=0.05, t0=0.0, weight_decay=0.1
+    ),
     "ftrl": lambda d: nn.FTRL(d.trainable_params(), learning_rate=0.1),
     "ftrl_l1_l2": lambda d: nn.FTRL(d.trainable_params(), 0.2, 0.1, lr_power=-0.7, l1=0.05, l2=0.1),
 }
@@ -58,6 +68,8 @@ def run(name):
     weight, bias = ([float(f"{v:.9g}") for v in p.asnumpy().reshape(-1)] for p in (dense.weight, dense.bias))
     print(f'    "{name}": ([{weight[:3]}, {weight[3:]}], {bias}),')
     print(f"    # {name} keys: {keys}")
+    if name.startswith("asgd"):
+        print("    # state", {k: v.asnumpy().tolist() for k, v in ms.load_checkpoint(path).items() if "_" in k})
 
 
 if __name__ == "__main__":

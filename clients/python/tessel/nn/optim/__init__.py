@@ -17,7 +17,17 @@ from tessel.nn.optim.learning_rate import (
     warmup_lr,
 )
 from tessel.nn.optim.optimizer import Optimizer
-from tessel.nn.optim.rules import SGD, Adadelta, Adagrad, Adam, AdamWeightDecay, Momentum, ProximalAdagrad, RMSProp
+from tessel.nn.optim.rules import (
+    SGD,
+    Adadelta,
+    Adagrad,
+    Adam,
+    AdamWeightDecay,
+    Momentum,
+    ProximalAdagrad,
+    RMSProp,
+    Rprop,
+)
 
 __all__ = [
     "SGD",
@@ -35,6 +45,7 @@ __all__ = [
     "PolynomialDecayLR",
     "ProximalAdagrad",
     "RMSProp",
+    "Rprop",
     "WarmUpLR",
     "cosine_decay_lr",
     "exponential_decay_lr",

@@ -237,6 +237,9 @@ class Optimizer(Cell):
     # Global (scalar) slots that MindSpore keeps once per parameter (SGD's first-step flag): checkpoints see one
     # Parameter per parameter, "<slot>.<parameter>", all holding the scalar.
     _per_parameter_globals: ClassVar[frozenset[str]] = frozenset()
+    # Global slots MindSpore has no Parameter for (Rprop's count of updates, which MindSpore reads from global_step):
+    # not saved; loading global_step sets them.
+    _step_globals: ClassVar[frozenset[str]] = frozenset()
     # MindSpore's optimizers decay every parameter but the beta/gamma ones (decay_filter); its SGD decays them all
     _decay_filtered: ClassVar[bool] = True
 
@@ -245,9 +248,8 @@ class Optimizer(Cell):
         if type(self)._make_rule is Optimizer._make_rule:
             raise NotSupportedYetError(
                 f"{type(self).__name__}: an optimizer of your own (a subclass of nn.Optimizer with its own construct) "
-                "is not supported yet; tessel compiles the update rules of its optimizers (SGD, Momentum, Adam, "
-                "AdamWeightDecay, RMSProp, Adagrad, Adadelta, ProximalAdagrad); meanwhile update the parameters with "
-                "ops.assign in your training step"
+                "is not supported yet; tessel compiles the update rules of its own optimizers (tessel.nn.optim.rules); "
+                "meanwhile update the parameters with ops.assign in your training step"
             )
         if isinstance(weight_decay, Cell):
             raise NotSupportedYetError(
@@ -295,7 +297,7 @@ class Optimizer(Cell):
         for slot in self._rule.global_slots():
             glob = Parameter(np.array(slot.init, np.float32), slot.name, False, key=f"{self.key}/{slot.name}")
             self._globals[slot.name] = glob
-            if slot.name not in self._per_parameter_globals:
+            if slot.name not in self._per_parameter_globals | self._step_globals:
                 setattr(self, slot.name, glob)
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
@@ -338,6 +340,8 @@ class Optimizer(Cell):
 
     def _set_step(self, value: np.ndarray) -> None:
         self.__dict__["_step"] = int(value.reshape(-1)[0])
+        for name in self._step_globals:
+            self._globals[name].set_data(np.array(self._step, np.float32))
 
     def _rate_array(self) -> np.ndarray:
         return np.asarray(self.learning_rate, np.float32)  # a fixed rate or a list: a schedule has no Parameter

@@ -11,6 +11,8 @@
 - Adagrad:  accum += g^2 (accum starts at `accum`); p -= lr * g / sqrt(accum)
 - Adadelta: accum = rho * accum + (1 - rho) * g^2; u = sqrt(accum_update + eps) / sqrt(accum + eps) * g;
             accum_update = rho * accum_update + (1 - rho) * u^2; p -= lr * u
+- Rprop:    f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, *step_sizes)
+            (it starts at lr); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
 - ProximalAdagrad: accum += g^2; a = lr / sqrt(accum); v = p - a * g; p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
 Weight decay (except AdamWeightDecay's) adds weight_decay * p to the gradient of every parameter whose name
 contains neither "beta" nor "gamma" (MindSpore's default filter), or of the parameter groups that ask for it.
@@ -315,3 +317,39 @@ class ProximalAdagrad(Optimizer):
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
         return rules.ProximalAdagrad(0.0, weight_decay, self.accum_init, self.l1, self.l2)
+
+
+class Rprop(Optimizer):
+    """Resilient backpropagation (MindSpore's: every step size starts at the learning rate of the first update)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"prev": "prev", "step_size": "step_size"}
+    _step_globals: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any = 0.1,
+        etas: tuple[float, float] = (0.5, 1.2),
+        step_sizes: tuple[float, float] = (1e-6, 50.0),
+        weight_decay: float = 0.0,
+    ):
+        for name, pair in (("etas", etas), ("step_sizes", step_sizes)):  # MindSpore's checks and errors
+            if not isinstance(pair, tuple):
+                raise TypeError(f"For Rprop, {name} must be a tuple, but got {type(pair)}.")
+            if len(pair) != 2:
+                raise ValueError(f"For Rprop, {name} must be a tuple with the size of 2, but got {len(pair)}.")
+        if step_sizes[0] > step_sizes[1]:
+            raise ValueError(
+                "For Rprop, maximal step size should not be less than minimal step size, but got "
+                f"{step_sizes[0]} > {step_sizes[1]}."
+            )
+        if not 0.0 < etas[0] < 1.0:
+            raise ValueError(f"For 'Rprop', the 'etaminus' must be in range (0.0, 1.0), but got {etas[0]}")
+        _floats("Rprop", etaplus=etas[1], min_step_sizes=step_sizes[0], max_step_sizes=step_sizes[1])
+        if etas[1] <= 1.0:
+            raise ValueError(f"For Rprop, etaplus must be greater than 1.0, but got etaplus {etas[1]}.")
+        vars(self).update(etaminus=etas[0], etaplus=etas[1], step_size_min=step_sizes[0], step_size_max=step_sizes[1])
+        super().__init__(learning_rate, params, weight_decay)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.Rprop(0.0, weight_decay, self.etaminus, self.etaplus, self.step_size_min, self.step_size_max)
