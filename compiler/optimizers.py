@@ -17,6 +17,9 @@ AdamWeightDecay where it is decoupled):
                    p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
 - Rprop: f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, min, max)
          (step_size = lr on the first step); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
+- ASGD:  p = p * (1 - lambd * eta) - eta * g; ax += (p - ax) * mu (ax = p where mu = 1); then for update t (from 1)
+         eta = lr / (1 + lambd * lr * t)^alpha and mu = 1 / max(1, t - t0). eta and mu are one number per parameter
+         (eta = lr on the first update, mu = 1), computed in float32 as MindSpore's
 
 Plain SGD (no momentum) folds the learning rate into the backward pass: the train step seeds it with lr, so
 every gradient comes out times lr from the small tensors it is computed from, and the update is one subtraction
@@ -38,10 +41,12 @@ T = SymbolicTensor
 
 @dataclass(frozen=True)
 class Slot:
-    """One piece of optimizer state: per parameter (shaped like it) or global (a float32 scalar)."""
+    """One piece of optimizer state: per parameter (shaped like it, or with `scalar` one float32 number) or global
+    (a float32 scalar)."""
 
     name: str
     init: float = 0.0
+    scalar: bool = False
 
 
 @dataclass(frozen=True)
@@ -324,6 +329,36 @@ class Rprop(Optimizer):
         size = apply("Minimum", apply("Maximum", size * factor, self.step_size_min), self.step_size_max)
         g = apply("Select", agree < 0.0, apply("ZerosLike", g), g)  # a sign change: no step, and none remembered
         return p - apply("Sign", g) * size, {"prev": g, "step_size": size}
+
+    def update_globals(self, glob):
+        return {"step": glob["step"] + 1.0}
+
+
+@dataclass(frozen=True)
+class ASGD(Optimizer):
+    learning_rate: float = 0.1
+    lambd: float = 1e-4
+    alpha: float = 0.75
+    t0: float = 1e6
+
+    def slots(self):
+        return (Slot("ax"), Slot("eta", 0.0, True), Slot("mu", 1.0, True))
+
+    def global_slots(self):
+        return (Slot("step"),)  # updates done: the first one takes eta from the learning rate
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = _like(self._decayed(p, g, decay), glob["step"])
+        lr = _like(lr, glob["step"])
+        later = apply("Minimum", glob["step"], 1.0)  # 0 on the first update, then 1
+        eta, mu = later * slots["eta"] + (1.0 - later) * lr, slots["mu"]
+        new = _like(p, eta) * (1.0 - self.lambd * eta) - eta * g
+        ax = slots["ax"]
+        ax = apply("Select", mu == 1.0, _like(new, ax), ax + _like((new - _like(ax, new)) * mu, ax))
+        t = glob["step"] + 1.0
+        eta = lr / (1.0 + self.lambd * lr * t) ** self.alpha
+        mu = 1.0 / apply("Maximum", t - self.t0, 1.0)
+        return _like(new, p), {"ax": ax, "eta": eta, "mu": mu}
 
     def update_globals(self, glob):
         return {"step": glob["step"] + 1.0}

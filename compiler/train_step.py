@@ -128,8 +128,9 @@ def build_train_step(
         p = whole if shard is None or shard.weights_sharded else local_block(whole, shard)
         slots = {}
         for slot in optimizer.slots():
-            slots[slot.name] = builder.add_input(f"{name}/{slot.name}", p.shape, value.dtype)
-            state.append(StateSpec(f"{name}/{slot.name}", _static(p.shape, name), value.dtype, slot.init))
+            shape, dtype = ((), DType.float32) if slot.scalar else (p.shape, value.dtype)
+            slots[slot.name] = builder.add_input(f"{name}/{slot.name}", shape, dtype)
+            state.append(StateSpec(f"{name}/{slot.name}", _static(shape, name), dtype, slot.init))
         rate, decay = groups.rate(lr, name).astype(value.dtype), groups.decay(name, optimizer.weight_decay)
         if fold:
             new_p, new_slots = optimizer.update_scaled(p, g, rate, decay), {}

@@ -1,4 +1,4 @@
-"""RMSProp, Adagrad, Adadelta, ProximalAdagrad and Rprop against MindSpore 2.7.0 (CPU).
+"""RMSProp, Adagrad, Adadelta, ProximalAdagrad, Rprop and ASGD against MindSpore 2.7.0 (CPU).
 
 The expected weights are MindSpore 2.7.0's printed output after 3 nn.TrainOneStepCell steps in GRAPH_MODE, made by
 tests/unit/sdk/data/make_mindspore_optimizers.py (run with MindSpore's python): Dense(3, 2) with weight
@@ -39,6 +39,11 @@ CASES = {
         d.trainable_params(), nn.ExponentialDecayLR(0.05, 0.5, 1), (0.3, 1.5), (1e-3, 0.04), weight_decay=0.1
     ),
     "rprop_groups": lambda d: nn.Rprop([{"params": [d.weight], "lr": 0.02}, {"params": [d.bias]}], 0.05),
+    "asgd": lambda d: nn.ASGD(d.trainable_params(), 0.1),
+    "asgd_t0": lambda d: nn.ASGD(d.trainable_params(), 0.1, lambd=0.1, alpha=0.5, t0=1.0),
+    "asgd_schedule": lambda d: nn.ASGD(
+        d.trainable_params(), nn.ExponentialDecayLR(0.2, 0.5, 1), lambd=0.05, t0=0.0, weight_decay=0.1
+    ),
 }
 
 # MindSpore 2.7.0 gives these weights and biases after the 3 steps
@@ -95,6 +100,18 @@ MINDSPORE = {
         [[0.072800003, 0.172800004, 0.272799999], [0.372800022, 0.472800016, 0.572799981]],
         [0.682000041, -0.317999989],
     ),
+    "asgd": (
+        [[0.024174761, 0.132081464, 0.239988148], [0.350205958, 0.471008569, 0.591811121]],
+        [0.579081953, -0.291928858],
+    ),
+    "asgd_t0": (
+        [[0.0247651357, 0.129793331, 0.234821528], [0.341244191, 0.458840549, 0.576436877]],
+        [0.565059841, -0.279702514],
+    ),
+    "asgd_schedule": (
+        [[0.0354794748, 0.140362695, 0.245245919], [0.344236314, 0.46747303, 0.590709746]],
+        [0.585279942, -0.158289731],
+    ),
 }
 
 # MindSpore 2.7.0's checkpoint keys of the optimizer's state, besides weight, bias, global_step and learning_rate
@@ -108,6 +125,7 @@ STATE_KEYS = {
     "Adadelta": ["accum.bias", "accum.weight", "accum_update.bias", "accum_update.weight"],
     "ProximalAdagrad": ["accum.bias", "accum.weight"],
     "Rprop": ["prev.bias", "prev.weight", "step_size.bias", "step_size.weight"],
+    "ASGD": ["ax_.bias", "ax_.weight", "eta_bias", "eta_weight", "mu_bias", "mu_weight"],
 }
 
 
@@ -209,3 +227,18 @@ def test_rprop_resumed_from_a_checkpoint_continues_as_mindspore(sink, tmp_path):
     weight, bias = MINDSPORE["rprop"]
     np.testing.assert_allclose(resumed.weight.asnumpy(), weight, rtol=2e-6, atol=1e-7)
     np.testing.assert_allclose(resumed.bias.asnumpy(), bias, rtol=2e-6, atol=1e-7)
+
+
+def test_asgd_keeps_mindsporess_scalar_state():
+    """MindSpore 2.7.0's ASGD state after the 3 steps of asgd_schedule: eta_<name> and mu_<name> are one float32
+    number per parameter (eta from the last update's rate and step, mu = 1 / max(1, 3 - t0))."""
+    dense = _dense()
+    opt = CASES["asgd_schedule"](dense)
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), opt)
+    for _ in range(3):
+        step(ms.Tensor(X), ms.Tensor(Y))
+    state = {p.name: p.asnumpy() for p in opt.get_parameters()}
+    assert state["eta_weight"].shape == () and state["mu_bias"].dtype == np.float32
+    np.testing.assert_allclose([state["eta_weight"], state["eta_bias"]], 0.049720581620931625, rtol=1e-7)
+    np.testing.assert_allclose([state["mu_weight"], state["mu_bias"]], 0.3333333432674408, rtol=1e-7)
+    np.testing.assert_allclose(state["ax_.bias"], [0.5808390974998474, -0.17989343404769897], rtol=1e-6)

@@ -18,6 +18,7 @@ from tessel.nn.optim.learning_rate import (
 )
 from tessel.nn.optim.optimizer import Optimizer
 from tessel.nn.optim.rules import (
+    ASGD,
     SGD,
     Adadelta,
     Adagrad,
@@ -30,6 +31,7 @@ from tessel.nn.optim.rules import (
 )
 
 __all__ = [
+    "ASGD",
     "SGD",
     "Adadelta",
     "Adagrad",

@@ -164,12 +164,14 @@ def _lr_source(learning_rate: Any) -> Any:
     return float(values) if values.ndim == 0 else values
 
 
-def _slot_value(p: Parameter, init: float) -> Any:
+def _slot_value(p: Parameter, slot: Any) -> Any:
     """A moment slot's start: a constant like the parameter; not drawn yet when the parameter is not either (a
-    rank then allocates only its slice)."""
+    rank then allocates only its slice). A scalar slot: one float32 number."""
+    if slot.scalar:
+        return np.array(slot.init, np.float32)
     if p.has_init:
-        return Deferred.constant(init, p.shape, p.dtype)
-    return np.full(p.shape, init, p.dtype.numpy)
+        return Deferred.constant(slot.init, p.shape, p.dtype)
+    return np.full(p.shape, slot.init, p.dtype.numpy)
 
 
 class _RateFeed:
@@ -302,12 +304,13 @@ class Optimizer(Cell):
         self._slots: dict[str, list[Parameter]] = {}
         for slot in self._rule.slots():
             prefix = self._slot_names.get(slot.name, slot.name)
+            # a name with {} in it is the whole checkpoint name of the parameter's slot (ASGD's "eta_{}")
+            named, attribute = (prefix, slot.name) if "{}" in prefix else (prefix + ".{}", prefix)
             made = [
-                Parameter(_slot_value(p, slot.init), f"{prefix}.{p.name}", False, key=f"{p.key}/{slot.name}")
-                for p in params
+                Parameter(_slot_value(p, slot), named.format(p.name), False, key=f"{p.key}/{slot.name}") for p in params
             ]
             self._slots[slot.name] = made
-            setattr(self, prefix, ParameterTuple(made))
+            setattr(self, attribute, ParameterTuple(made))
         for name in self._per_parameter_globals & self._globals.keys():
             setattr(self, name, ParameterTuple(self._flag_faces(name, params)))
         object.__setattr__(

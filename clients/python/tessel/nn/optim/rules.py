@@ -13,6 +13,8 @@
             accum_update = rho * accum_update + (1 - rho) * u^2; p -= lr * u
 - Rprop:    f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, *step_sizes)
             (it starts at lr); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
+- ASGD:     p = p * (1 - lambd * eta) - eta * g; ax += (p - ax) * mu (ax = p where mu = 1); then, for update t,
+            eta = lr / (1 + lambd * lr * t)^alpha (lr on the first update) and mu = 1 / max(1, t - t0)
 - ProximalAdagrad: accum += g^2; a = lr / sqrt(accum); v = p - a * g; p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
 Weight decay (except AdamWeightDecay's) adds weight_decay * p to the gradient of every parameter whose name
 contains neither "beta" nor "gamma" (MindSpore's default filter), or of the parameter groups that ask for it.
@@ -353,3 +355,27 @@ class Rprop(Optimizer):
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
         return rules.Rprop(0.0, weight_decay, self.etaminus, self.etaplus, self.step_size_min, self.step_size_max)
+
+
+class ASGD(Optimizer):
+    """Averaged SGD (MindSpore's: eta and mu are one number per parameter, saved as eta_<name> and mu_<name>; ax is
+    the average)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"ax": "ax_", "eta": "eta_{}", "mu": "mu_{}"}
+    _step_globals: ClassVar[frozenset[str]] = frozenset({"step"})
+
+    def __init__(
+        self,
+        params: Any,
+        learning_rate: Any = 0.1,
+        lambd: float = 1e-4,
+        alpha: float = 0.75,
+        t0: float = 1e6,
+        weight_decay: float = 0.0,
+    ):
+        _floats("ASGD", lambd=lambd, alpha=alpha, t0=t0)
+        vars(self).update(lambd=lambd, alpha=alpha, t0=t0)
+        super().__init__(learning_rate, params, weight_decay)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.ASGD(0.0, weight_decay, self.lambd, self.alpha, self.t0)
