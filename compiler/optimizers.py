@@ -17,6 +17,8 @@ AdamWeightDecay where it is decoupled):
                    p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
 - Rprop: f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, min, max)
          (step_size = lr on the first step); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
+- FTRL:  n = accum + g^2; linear += g - (n^-lr_power - accum^-lr_power) / lr * p; accum = n;
+         p = (sign(linear) * l1 - linear) / (n^-lr_power / lr + 2 * l2) where |linear| > l1, else 0
 - ASGD:  p = p * (1 - lambd * eta) - eta * g; ax += (p - ax) * mu (ax = p where mu = 1); then for update t (from 1)
          eta = lr / (1 + lambd * lr * t)^alpha and mu = 1 / max(1, t - t0). eta and mu are one number per parameter
          (eta = lr on the first update, mu = 1), computed in float32 as MindSpore's
@@ -362,3 +364,26 @@ class ASGD(Optimizer):
 
     def update_globals(self, glob):
         return {"step": glob["step"] + 1.0}
+
+
+@dataclass(frozen=True)
+class FTRL(Optimizer):
+    learning_rate: float = 1e-3
+    initial_accum: float = 0.1
+    lr_power: float = -0.5
+    l1: float = 0.0
+    l2: float = 0.0
+
+    def slots(self):
+        return (Slot("moments", self.initial_accum), Slot("linear"))
+
+    def update(self, p, g, slots, glob, lr, decay):
+        g = self._decayed(p, g, decay)
+        accum = slots["moments"] + g * g
+        power, old_power = accum**-self.lr_power, slots["moments"] ** -self.lr_power
+        linear = slots["linear"] + g - (power - old_power) / lr * p
+        # sign(linear) * l1 as documented; MindSpore's CPU kernel takes +l1 wherever linear is not 0
+        shrunk = apply("Sign", linear) * self.l1 - linear if self.l1 else -linear
+        quadratic = power / lr + 2.0 * self.l2 if self.l2 else power / lr
+        new = apply("Select", apply("Abs", linear) > self.l1, shrunk / quadratic, apply("ZerosLike", p))
+        return new, {"moments": accum, "linear": linear}

@@ -1,4 +1,4 @@
-"""RMSProp, Adagrad, Adadelta, ProximalAdagrad, Rprop and ASGD against MindSpore 2.7.0 (CPU).
+"""RMSProp, Adagrad, Adadelta, ProximalAdagrad, Rprop, ASGD and FTRL against MindSpore 2.7.0 (CPU).
 
 The expected weights are MindSpore 2.7.0's printed output after 3 nn.TrainOneStepCell steps in GRAPH_MODE, made by
 tests/unit/sdk/data/make_mindspore_optimizers.py (run with MindSpore's python): Dense(3, 2) with weight
@@ -43,6 +43,10 @@ CASES = {
     "asgd_t0": lambda d: nn.ASGD(d.trainable_params(), 0.1, lambd=0.1, alpha=0.5, t0=1.0),
     "asgd_schedule": lambda d: nn.ASGD(
         d.trainable_params(), nn.ExponentialDecayLR(0.2, 0.5, 1), lambd=0.05, t0=0.0, weight_decay=0.1
+    ),
+    "ftrl": lambda d: nn.FTRL(d.trainable_params(), learning_rate=0.1),
+    "ftrl_l2": lambda d: nn.FTRL(
+        [{"params": [d.weight], "weight_decay": 0.1}, {"params": [d.bias]}], 0.2, 0.1, lr_power=-0.7, l2=0.1
     ),
 }
 
@@ -112,6 +116,14 @@ MINDSPORE = {
         [[0.0354794748, 0.140362695, 0.245245919], [0.344236314, 0.46747303, 0.590709746]],
         [0.585279942, -0.158289731],
     ),
+    "ftrl": (
+        [[0.135964781, 0.162939385, 0.192921326], [0.224457264, 0.300959766, 0.384509146]],
+        [0.351618141, -0.106083117],
+    ),
+    "ftrl_l2": (
+        [[0.137179881, 0.158776373, 0.179405659], [0.203129426, 0.26248157, 0.330510348]],
+        [0.316898257, -0.121536881],
+    ),
 }
 
 # MindSpore 2.7.0's checkpoint keys of the optimizer's state, besides weight, bias, global_step and learning_rate
@@ -126,6 +138,7 @@ STATE_KEYS = {
     "ProximalAdagrad": ["accum.bias", "accum.weight"],
     "Rprop": ["prev.bias", "prev.weight", "step_size.bias", "step_size.weight"],
     "ASGD": ["ax_.bias", "ax_.weight", "eta_bias", "eta_weight", "mu_bias", "mu_weight"],
+    "FTRL": ["linear.bias", "linear.weight", "moments.bias", "moments.weight"],
 }
 
 
@@ -242,3 +255,39 @@ def test_asgd_keeps_mindsporess_scalar_state():
     np.testing.assert_allclose([state["eta_weight"], state["eta_bias"]], 0.049720581620931625, rtol=1e-7)
     np.testing.assert_allclose([state["mu_weight"], state["mu_bias"]], 0.3333333432674408, rtol=1e-7)
     np.testing.assert_allclose(state["ax_.bias"], [0.5808390974998474, -0.17989343404769897], rtol=1e-6)
+
+
+def test_ftrl_with_l1_follows_its_documented_formula():
+    """With l1 > 0 MindSpore 2.7.0's CPU ApplyFtrl takes +l1 wherever linear is not 0, not sign(linear) * l1 as its
+    documentation (and FTRL) has: its weights after the 3 steps of FTRL(params, 0.2, 0.1, lr_power=-0.7, l1=0.05,
+    l2=0.1) are those of that slip (make_mindspore_optimizers.py, ftrl_l1_l2). tessel follows the documentation:
+    expected values from numpy float64."""
+    initial, lr, power, l1, l2 = 0.2, 0.1, -0.7, 0.05, 0.1
+    x, y = X.astype(np.float64), Y.astype(np.float64)
+    params = [np.arange(6).reshape(2, 3) * 0.1, np.array([0.5, -0.5])]
+    accums, linears = [np.full_like(p, initial) for p in params], [np.zeros_like(p) for p in params]
+    for _ in range(3):
+        residual = 2 * (x @ params[0].T + params[1] - y) / y.size
+        for i, g in enumerate([residual.T @ x, residual.sum(0)]):
+            new = accums[i] + g * g
+            linears[i] += g - (new**-power - accums[i] ** -power) / lr * params[i]
+            accums[i] = new
+            shrunk = (np.sign(linears[i]) * l1 - linears[i]) / (new**-power / lr + 2 * l2)
+            params[i] = np.where(np.abs(linears[i]) > l1, shrunk, 0.0)
+    dense = _dense()
+    opt = nn.FTRL(dense.trainable_params(), initial, lr, lr_power=power, l1=l1, l2=l2)
+    step = nn.TrainOneStepCell(nn.WithLossCell(dense, nn.MSELoss()), opt)
+    for _ in range(3):
+        step(ms.Tensor(X), ms.Tensor(Y))
+    np.testing.assert_allclose(dense.weight.asnumpy(), params[0], rtol=2e-6, atol=1e-7)
+    np.testing.assert_allclose(dense.bias.asnumpy(), params[1], rtol=2e-6, atol=1e-7)
+
+
+def test_ftrl_takes_one_fixed_learning_rate_as_mindspore():
+    dense = _dense()
+    with pytest.raises(ValueError, match="dynamic learning rate and group learning rate are currently not supported"):
+        nn.FTRL(dense.trainable_params(), learning_rate=nn.ExponentialDecayLR(0.1, 0.5, 1))
+    with pytest.raises(ValueError, match="group learning rate"):
+        nn.FTRL([{"params": [dense.weight], "lr": 0.1}, {"params": [dense.bias]}])
+    with pytest.raises(ValueError, match="'lr_power' must be <= 0"):
+        nn.FTRL(dense.trainable_params(), lr_power=0.5)

@@ -5,8 +5,9 @@ Each case: Dense(3, 2) with weight arange(6) * 0.1 and bias [0.5, -0.5], MSELoss
 and y = 1, three nn.TrainOneStepCell steps in GRAPH_MODE on CPU.
 
 adagrad_no_slots shows that MindSpore's CPU kernel updates the accumulator even with update_slots=False (its weights
-are those of update_slots=True), which tessel therefore refuses. The ftrl cases are kept for the day tessel has FTRL:
-without l1 they match ApplyFtrl's documented formula in float64; with l1 > 0 they do not (not yet understood).
+are those of update_slots=True), which tessel therefore refuses. With l1 > 0 MindSpore's CPU
+ApplyFtrl takes +l1 wherever linear is not 0 (where its documentation has sign(linear) * l1): ftrl_l1_l2 shows it, and
+tessel follows the documentation there.
 """
 
 import os
@@ -47,6 +48,9 @@ CASES = {
         d.trainable_params(), nn.ExponentialDecayLR(0.2, 0.5, 1), lambd=0.05, t0=0.0, weight_decay=0.1
     ),
     "ftrl": lambda d: nn.FTRL(d.trainable_params(), learning_rate=0.1),
+    "ftrl_l2": lambda d: nn.FTRL(
+        [{"params": [d.weight], "weight_decay": 0.1}, {"params": [d.bias]}], 0.2, 0.1, lr_power=-0.7, l2=0.1
+    ),
     "ftrl_l1_l2": lambda d: nn.FTRL(d.trainable_params(), 0.2, 0.1, lr_power=-0.7, l1=0.05, l2=0.1),
 }
 

@@ -19,6 +19,7 @@ from tessel.nn.optim.learning_rate import (
 from tessel.nn.optim.optimizer import Optimizer
 from tessel.nn.optim.rules import (
     ASGD,
+    FTRL,
     SGD,
     Adadelta,
     Adagrad,
@@ -32,6 +33,7 @@ from tessel.nn.optim.rules import (
 
 __all__ = [
     "ASGD",
+    "FTRL",
     "SGD",
     "Adadelta",
     "Adagrad",

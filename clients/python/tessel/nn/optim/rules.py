@@ -13,6 +13,8 @@
             accum_update = rho * accum_update + (1 - rho) * u^2; p -= lr * u
 - Rprop:    f = etaplus, etaminus or 1 as g * prev > 0, < 0 or 0; step_size = clip(step_size * f, *step_sizes)
             (it starts at lr); g' = 0 where f = etaminus, else g; p -= sign(g') * step_size; prev = g'
+- FTRL:     n = accum + g^2; linear += g - (n^-lr_power - accum^-lr_power) / lr * p; accum = n;
+            p = (sign(linear) * l1 - linear) / (n^-lr_power / lr + 2 * l2) where |linear| > l1, else 0
 - ASGD:     p = p * (1 - lambd * eta) - eta * g; ax += (p - ax) * mu (ax = p where mu = 1); then, for update t,
             eta = lr / (1 + lambd * lr * t)^alpha (lr on the first update) and mu = 1 / max(1, t - t0)
 - ProximalAdagrad: accum += g^2; a = lr / sqrt(accum); v = p - a * g; p = sign(v) * max(|v| - a * l1, 0) / (1 + a * l2)
@@ -379,3 +381,43 @@ class ASGD(Optimizer):
 
     def _make_rule(self, weight_decay: float) -> rules.Optimizer:
         return rules.ASGD(0.0, weight_decay, self.lambd, self.alpha, self.t0)
+
+
+class FTRL(Optimizer):
+    """Follow-the-regularized-leader (MindSpore's FTRL on dense gradients). Its weight decay, unlike the other
+    optimizers', also decays the parameters named beta or gamma (MindSpore's FTRL sets every decay flag)."""
+
+    _slot_names: ClassVar[dict[str, str]] = {"moments": "moments", "linear": "linear"}
+    _decay_filtered: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        params: Any,
+        initial_accum: float = 0.1,
+        learning_rate: float = 0.001,
+        lr_power: float = -0.5,
+        l1: float = 0.0,
+        l2: float = 0.0,
+        use_locking: bool = False,
+        loss_scale: float = 1.0,
+        weight_decay: float = 0.0,
+    ):
+        items = list(params)
+        if not isinstance(learning_rate, (float, int)) or any(isinstance(g, dict) and "lr" in g for g in items):
+            raise ValueError(  # MindSpore's check, before its type checks
+                "For 'FTRL', dynamic learning rate and group learning rate are currently not supported in FTRL, "
+                "they should all be false."
+            )
+        _floats("FTRL", initial_accum=initial_accum, learning_rate=learning_rate, lr_power=lr_power, l1=l1, l2=l2)
+        _non_negative("FTRL", initial_accum=initial_accum, l1=l1, l2=l2)
+        if learning_rate <= 0:
+            raise ValueError(f"For 'FTRL', the 'learning_rate' must be > 0, but got {learning_rate}")
+        if lr_power > 0:
+            raise ValueError(f"For 'FTRL', the 'lr_power' must be <= 0, but got {lr_power}")
+        _bools("FTRL", use_locking=use_locking)
+        _no_locking("FTRL", use_locking)
+        vars(self).update(initial_accum=initial_accum, lr_power=lr_power, l1=l1, l2=l2)
+        super().__init__(learning_rate, items, weight_decay, loss_scale)
+
+    def _make_rule(self, weight_decay: float) -> rules.Optimizer:
+        return rules.FTRL(0.0, weight_decay, self.initial_accum, self.lr_power, self.l1, self.l2)
