@@ -7,7 +7,8 @@ and y = 1, three nn.TrainOneStepCell steps in GRAPH_MODE on CPU.
 adagrad_no_slots shows that MindSpore's CPU kernel updates the accumulator even with update_slots=False (its weights
 are those of update_slots=True), which tessel therefore refuses. With l1 > 0 MindSpore's CPU
 ApplyFtrl takes +l1 wherever linear is not 0 (where its documentation has sign(linear) * l1): ftrl_l1_l2 shows it, and
-tessel follows the documentation there.
+tessel follows the documentation there. LazyAdam on these dense
+gradients gives nn.Adam's weights bit for bit (the same arguments to Adam print the same numbers).
 """
 
 import os
@@ -46,6 +47,10 @@ CASES = {
     "asgd_t0": lambda d: nn.ASGD(d.trainable_params(), 0.1, lambd=0.1, alpha=0.5, t0=1.0),
     "asgd_schedule": lambda d: nn.ASGD(
         d.trainable_params(), nn.ExponentialDecayLR(0.2, 0.5, 1), lambd=0.05, t0=0.0, weight_decay=0.1
+    ),
+    "lazy_adam": lambda d: nn.LazyAdam(d.trainable_params(), 0.05, weight_decay=0.01, use_nesterov=True),
+    "lazy_adam_groups": lambda d: nn.LazyAdam(
+        [{"params": [d.weight], "lr": 0.05}, {"params": [d.bias]}], nn.ExponentialDecayLR(0.1, 0.5, 1)
     ),
     "ftrl": lambda d: nn.FTRL(d.trainable_params(), learning_rate=0.1),
     "ftrl_l2": lambda d: nn.FTRL(
