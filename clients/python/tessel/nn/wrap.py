@@ -162,6 +162,8 @@ class FusedTrainStep:
                         "optimizer_weight_shard_size=-1 (hsdp(shard_size=-1))"
                     )
             for q in slots:
+                if len(q.shape) < len(p.shape):  # a slot of one number per parameter (ASGD's eta_): never cut
+                    continue
                 if block is not None or layout is not None:
                     q.place(block if block is not None else layout, eng.id)
             stored = block if shard is not None and shard.weights_sharded else layout
