@@ -5,6 +5,7 @@ ops.Print, nn.MAELoss and lazy_inline, each against MindSpore 2.7's documented b
 from __future__ import annotations
 
 import logging
+import sys
 
 import numpy as np
 import pytest
@@ -324,6 +325,56 @@ def test_print_in_a_value_and_grad_step_prints_the_value_it_was_given(capsys):
     loss, grads = ms.value_and_grad(net, None, net.trainable_params())(ms.Tensor(np.array([1.0, 2.0], np.float32)))
     assert float(loss.asnumpy()) == 3.0 and grads[0].asnumpy().tolist() == [1.0, 2.0]
     assert capsys.readouterr().out == "y\nTensor(shape=[2], dtype=Float32, value= [1., 2.])\n"
+
+
+def test_python_print_of_traced_tensors_runs_at_every_run_as_mindspores_graph_mode(capsys):
+    # MindSpore 2.7.0 GRAPH_MODE, print("y is", y, "shape", y.shape) in construct, called with 0s then 1s:
+    # y is / Tensor(shape=[3], ... [0 0 0]) / shape / (3) at every call, each item on its own line.
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.w = ms.Parameter(ms.Tensor(np.ones(3, np.float32)), "w")
+
+        def construct(self, x):
+            y = x * 2
+            print("y is", y, "shape", y.shape)
+            print("w", self.w)  # a Parameter prints the value it holds when the graph runs
+            print("to stderr", file=sys.stderr)  # not stdout: Python's print, when traced
+            return (y * self.w).sum()
+
+    net = Net()
+    for step in range(2):
+        net(ms.Tensor(np.full(3, step, np.float32)))
+        assert capsys.readouterr().out == (
+            f"y is\nTensor(shape=[3], dtype=Float32, value= [{2 * step}., {2 * step}., {2 * step}.])\nshape\n(3,)\n"
+            "w\nTensor(shape=[3], dtype=Float32, value= [1., 1., 1.])\n"
+        )
+    net.w.set_data(np.full(3, 5.0, np.float32))
+    net(ms.Tensor(np.zeros(3, np.float32)))
+    assert "w\nTensor(shape=[3], dtype=Float32, value= [5., 5., 5.])\n" in capsys.readouterr().out
+
+
+def test_python_print_in_a_sink_mode_network_is_named_once_and_ops_print_refused(caplog):
+    class Net(nn.Cell):
+        def __init__(self, use_ops_print):
+            super().__init__()
+            self.dense, self.use_ops_print = nn.Dense(2, 1), use_ops_print
+
+        def construct(self, x):
+            y = self.dense(x)
+            (ops.Print() if self.use_ops_print else print)("y", y)
+            return y
+
+    data = ds.NumpySlicesDataset(
+        {"x": np.ones((4, 2), np.float32), "y": np.zeros((4, 1), np.float32)}, shuffle=False
+    ).batch(2)
+    with caplog.at_level(logging.WARNING, logger="tessel"):
+        net = Net(use_ops_print=False)
+        ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1)).train(1, data, dataset_sink_mode=True)
+    assert any("prints nothing in sink mode" in r.getMessage() for r in caplog.records)
+    net = Net(use_ops_print=True)
+    with pytest.raises(NotSupportedYetError, match=r"ops\.Print in a network Model\.train runs in sink mode"):
+        ms.Model(net, nn.MSELoss(), nn.SGD(net.trainable_params(), 0.1)).train(1, data, dataset_sink_mode=True)
 
 
 # --- losses -----------------------------------------------------------------------------------------------------------

@@ -247,7 +247,7 @@ class Entry:
     batch_outputs: bool = False  # some output's shape follows the batch size
     modes: tuple = ()  # (cell, Cell.graph_modes()) at trace time; the entry serves calls in the same modes
     print_names: list[str] = field(default_factory=list)  # outputs holding the tensors ops.Print printed
-    prints: list = field(default_factory=list)  # each Print call's items: ("text", str) | ("tensor", index)
+    prints: list = field(default_factory=list)  # each Print call (tracing.PrintCall)
     absent_prints: set[int] = field(default_factory=set)  # printed tensors this rank does not compute (pipeline)
     input_slices: dict[str, Callable[[np.ndarray], np.ndarray]] = field(default_factory=dict)  # full_batch: cut here
     programs: dict = field(default_factory=dict)
@@ -293,10 +293,10 @@ class Entry:
 
     def print_fetched(self, fetched: dict) -> None:
         """What the run's ops.Print calls printed (after the run, in call order)."""
-        for items in self.prints:
-            if any(kind == "tensor" and ref in self.absent_prints for kind, ref in items):
+        for call in self.prints:
+            if any(kind == "tensor" and ref in self.absent_prints for kind, ref in call.items):
                 continue  # another pipeline stage computes it
-            for kind, ref in items:
+            for kind, ref in call.items:
                 print(Tensor.__repr__(Tensor._wrap(fetched[self.print_names[ref]])) if kind == "tensor" else ref)
 
 

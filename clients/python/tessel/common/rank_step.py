@@ -334,12 +334,18 @@ class SinkRunner:
         self.batches_per_epoch, self.columns = self.engine.daemon.open_dataset(self.engine.session, self.name, dataset)
         self.first = next(iter(dataset.create_tuple_iterator(num_epochs=1, output_numpy=True)))
         self.entry, self.call = step.prepare(*self.first)
-        if self.entry.prints:
+        if any(not call.python for call in self.entry.prints):
             from tessel.common.support import not_supported_yet
 
             raise not_supported_yet(
                 "ops.Print in a network Model.train runs in sink mode",
                 "sink mode runs many steps per call and returns only their losses; use dataset_sink_mode=False",
+            )
+        if self.entry.prints:
+            log_once(
+                "sink.print",
+                "print() of tensors in the network prints nothing in sink mode, which runs many steps per call and "
+                "returns only their losses; use dataset_sink_mode=False to see them every step",
             )
         names = [name for name, _ in sorted(self.entry.data, key=lambda item: item[1])]
         from tessel.parallel import pipeline

@@ -7,8 +7,10 @@ Each Parameter read while tracing becomes one graph input named by its store key
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import dataclasses
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
@@ -81,10 +83,11 @@ class SdkTrace:
         self.cell_paths: dict[int, str] = {}
         # ops.Print inside the trace: each call's items (text, or the index of a printed tensor in print_values);
         # the values become extra outputs of the compiled graph, printed after each run (see compiled.Entry).
-        self.prints: list[list[tuple[str, Any]]] = []
+        self.prints: list[PrintCall] = []
         self.print_values: list[SymbolicTensor] = []
 
     def __enter__(self) -> SdkTrace:
+        _route_print()
         self.trace.__enter__()
         if not hasattr(_local, "stack"):
             _local.stack = []
@@ -291,18 +294,19 @@ class SdkTrace:
             return np.asarray(x, dtype=default_dtype_of(x))
         return x
 
-    def print_call(self, args: tuple) -> None:
-        """Record ops.Print(*args): strings and numbers as text, Tensors as values printed after each run."""
+    def print_call(self, args: tuple, python: bool = False) -> None:
+        """Record ops.Print(*args), or with `python` a print() call: strings and numbers as text, Tensors and
+        Parameters as the values they hold when the graph runs, printed after each run."""
         from tessel.common.tensor import Tensor
 
         items: list[tuple[str, Any]] = []
         for arg in args:
-            if isinstance(arg, Tensor) and arg._sym is not None:
+            if _runs_in_graph(arg):
                 items.append(("tensor", len(self.print_values)))
                 self.print_values.append(self.to_symbolic(arg))
             else:
                 items.append(("text", Tensor.__repr__(arg) if isinstance(arg, Tensor) else str(arg)))
-        self.prints.append(items)
+        self.prints.append(PrintCall(items, python))
 
     def build(self, outputs: Any, with_prints: bool = False) -> tuple[Graph, OutputTree]:
         """The graph of `outputs` (nested tuples/lists/dicts of Tensors or numbers) and their nesting; with
@@ -320,6 +324,56 @@ class SdkTrace:
             else:
                 raise TraceError(f"a traced function returned {type(leaf).__name__}; return tensors or numbers")
         return self.builder.build(values), tree
+
+
+class PrintCall(NamedTuple):
+    """One print of a traced graph: its items, ("text", str) or ("tensor", index into print_values), and whether
+    Python's print() made it (MindSpore's graph mode runs it as ops.Print)."""
+
+    items: list[tuple[str, Any]]
+    python: bool
+
+
+def _runs_in_graph(arg: Any) -> bool:
+    """A traced Tensor or a Parameter: its value is the graph's, known when it runs."""
+    from tessel.common.parameter import Parameter
+    from tessel.common.tensor import Tensor
+
+    return isinstance(arg, Parameter) or (isinstance(arg, Tensor) and arg._sym is not None)
+
+
+_builtin_print = builtins.print
+
+
+def _print(*args: Any, sep: str | None = " ", end: str | None = "\n", file: Any = None, flush: bool = False) -> None:
+    """builtins.print once a graph was traced: inside a graph-mode trace a print() of traced tensors runs as
+    ops.Print does, at every run of the graph with the values it computes, as MindSpore's graph mode runs it; a
+    trace that computes values when read (a PYNATIVE gradient function's) and every other print are Python's."""
+    trace = current()
+    if trace is not None:
+        _refuse_batch_dims(args)
+        to_stdout = file is None or file is sys.stdout
+        if to_stdout and trace.builder.reader is None and any(map(_runs_in_graph, args)):
+            trace.print_call(args, python=True)
+            return
+    _builtin_print(*args, sep=sep, end=end, file=file, flush=flush)
+
+
+def _refuse_batch_dims(value: Any) -> None:
+    """A printed shape with the symbolic batch dim of a graph traced for any batch size raises as comparing it
+    does, so that the graph is traced again with the call's sizes and the real shape prints."""
+    from tessel.common.tensor import SymbolicDim
+
+    if isinstance(value, SymbolicDim):
+        value._unknown()
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            _refuse_batch_dims(item)
+
+
+def _route_print() -> None:
+    if builtins.print is _builtin_print:
+        builtins.print = _print
 
 
 def _tensor_of(symbolic: SymbolicTensor) -> Any:

@@ -595,7 +595,8 @@ class Print(Primitive):
     cell, `jit`, `value_and_grad`, a TrainOneStepCell) the printed tensors become outputs of the graph, and the rank
     prints them (in call order) once each run returns: a rank prints what it computed (its slice of a sliced
     tensor; under pipeline parallel, only on the stage that runs the op). Model.train's sink mode, which runs many
-    steps per call, refuses it (NotSupportedYetError); use dataset_sink_mode=False.
+    steps per call, refuses it (NotSupportedYetError); use dataset_sink_mode=False. Python's print() of traced
+    tensors inside a graph runs as this op does (MindSpore's graph mode); in sink mode it prints nothing, said once.
 
         >>> ops.Print()("out is:", ms.Tensor([1.0, 2.0]))
         out is:
