@@ -91,20 +91,7 @@ class GroupNorm(Cell):
         shape = tuple(x.shape)
         if len(shape) < 2 or shape[1] != self.num_channels:
             raise ConfigurationError(f"GroupNorm: expects input (N, {self.num_channels}, ...), got shape {shape}")
-        # The statistics are taken in float32 at least (MindSpore's CPU kernel takes them in float64); gamma and beta
-        # are cast to the input's dtype and the output has it, as MindSpore's
-        wide = x if x.dtype.itemsize >= 4 else F.cast(x, DType.float32)
-        grouped = F.reshape(wide, (shape[0], self.num_groups, -1))
-        centered = grouped - F.mean(grouped, 2, True)
-        # Subtract the residuals' mean too (corrected two-pass): the float32 mean of an input like 1000 + 0.01 * noise
-        # is off by about an ulp of 1000, a large error against a spread of 0.01, while the residuals are small enough
-        # for their mean to be close to exact
-        centered = centered - F.mean(centered, 2, True)
-        var = F.mean(F.square(centered), 2, True)
-        normed = F.reshape(centered / F.sqrt(var + self.eps), shape)
-        view = (1, self.num_channels) + (1,) * (len(shape) - 2)
-        gamma, beta = (F.reshape(F.cast(F.cast(p, x.dtype), wide.dtype), view) for p in (self.gamma, self.beta))
-        return F.cast(normed * gamma + beta, x.dtype)
+        return F.group_norm(x, self.num_groups, self.gamma, self.beta, self.eps)
 
     def extend_repr(self) -> str:
         return f"num_groups={self.num_groups}, num_channels={self.num_channels}, eps={self.eps}, affine={self.affine}"

@@ -28,6 +28,7 @@ __all__ = [
     "dropout1d",
     "dropout2d",
     "gelu",
+    "group_norm",
     "l1_loss",
     "layer_norm",
     "leaky_relu",
@@ -363,6 +364,35 @@ def batch_norm(
     assign(running_mean, new_mean)
     assign(running_var, new_var)
     return y
+
+
+def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-5) -> Tensor:
+    """Normalise each of `num_groups` channel groups of an (N, C, *) input over its channels and positions (biased
+    variance, eps inside the square root), then scale by weight and shift by bias per channel (MindSpore's)."""
+    from tessel.ops.functional import cast, mean, reshape, sqrt, square
+
+    shape = tuple(input.shape)
+    if len(shape) < 2 or shape[1] % num_groups:
+        raise ConfigurationError(
+            f"group_norm: expects an (N, C, ...) input whose C divides by num_groups={num_groups}, got shape {shape}"
+        )
+    # The statistics are taken in float32 at least (MindSpore's CPU kernel takes them in float64); weight and bias
+    # are cast to the input's dtype and the output has it, as MindSpore's
+    wide = input if input.dtype.itemsize >= 4 else cast(input, DType.float32)
+    grouped = reshape(wide, (shape[0], num_groups, -1))
+    centered = grouped - mean(grouped, 2, True)
+    # Subtract the residuals' mean too (corrected two-pass): the float32 mean of an input like 1000 + 0.01 * noise
+    # is off by about an ulp of 1000, a large error against a spread of 0.01, while the residuals are small enough
+    # for their mean to be close to exact
+    centered = centered - mean(centered, 2, True)
+    var = mean(square(centered), 2, True)
+    out = reshape(centered / sqrt(var + eps), shape)
+    view = (1, shape[1]) + (1,) * (len(shape) - 2)
+    if weight is not None:
+        out = out * reshape(cast(cast(weight, input.dtype), wide.dtype), view)
+    if bias is not None:
+        out = out + reshape(cast(cast(bias, input.dtype), wide.dtype), view)
+    return cast(out, input.dtype)
 
 
 # --- losses ---------------------------------------------------------------------------------------------------------
