@@ -18,6 +18,7 @@ from tessel.common.tensor import Tensor
 from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN_FUNCTIONAL
+from tessel.ops import adaptive
 from tessel.ops import functional as ops
 from tessel.ops.nn_functional import pool2d
 
@@ -175,6 +176,14 @@ def conv2d(
     return ops.conv2d(input, weight, bias, stride, pad_mode, pads, dilation, groups)
 
 
+def check_max_pool2d(dilation: Any, ceil_mode: bool, return_indices: bool) -> None:
+    if _pair(dilation, "dilation") != (1, 1) or ceil_mode or return_indices:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.max_pool2d with dilation, ceil_mode or return_indices",
+            "tessel's MaxPool has none of them",
+        )
+
+
 def max_pool2d(
     input: Any,
     kernel_size: Any,
@@ -185,13 +194,17 @@ def max_pool2d(
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Tensor:
-    if _pair(dilation, "dilation") != (1, 1) or ceil_mode or return_indices:
-        raise not_supported_yet(
-            "mindspore.mint.nn.functional.max_pool2d with dilation, ceil_mode or return_indices",
-            "tessel's MaxPool has none of them",
-        )
+    check_max_pool2d(dilation, ceil_mode, return_indices)
     pad_mode, pads = _torch_padding(padding, "mint.nn.functional.max_pool2d")
     return pool2d("MaxPool", input, kernel_size, stride, pads, pad_mode, "mint.nn.functional.max_pool2d")
+
+
+def check_avg_pool2d(ceil_mode: bool, divisor_override: Any) -> None:
+    if ceil_mode or divisor_override is not None:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.avg_pool2d with ceil_mode or divisor_override",
+            "tessel's AvgPool has neither",
+        )
 
 
 def avg_pool2d(
@@ -203,16 +216,114 @@ def avg_pool2d(
     count_include_pad: bool = True,
     divisor_override: int | None = None,
 ) -> Tensor:
-    if ceil_mode or divisor_override is not None:
-        raise not_supported_yet(
-            "mindspore.mint.nn.functional.avg_pool2d with ceil_mode or divisor_override",
-            "tessel's AvgPool has neither",
-        )
+    check_avg_pool2d(ceil_mode, divisor_override)
     pad_mode, pads = _torch_padding(padding, "mint.nn.functional.avg_pool2d")
     where = "mint.nn.functional.avg_pool2d"
     return pool2d(
         "AvgPool", input, kernel_size, stride, pads, pad_mode, where, count_include_pad=bool(count_include_pad)
     )
+
+
+def conv1d(
+    input: Any, weight: Any, bias: Any = None, stride: Any = 1, padding: Any = 0, dilation: Any = 1, groups: int = 1
+) -> Tensor:
+    """1-D convolution of (N, C, L) input with (out, in/groups, k) weights: conv2d over (N, C, 1, L)."""
+    if not isinstance(padding, str):
+        padding = (0, _single(padding, "padding"))
+    out = conv2d(
+        ops.expand_dims(input, 2),
+        ops.expand_dims(weight, 2),
+        bias,
+        (1, _single(stride, "stride")),
+        padding,
+        (1, _single(dilation, "dilation")),
+        groups,
+    )
+    return ops.squeeze(out, 2)
+
+
+def _single(value: Any, name: str) -> int:
+    values = (value,) if isinstance(value, int) else tuple(value)
+    if len(values) != 1:
+        raise ConfigurationError(f"mint.nn.functional: {name} must be an int or one int, got {value!r}")
+    return int(values[0])
+
+
+def batch_norm(
+    input: Any,
+    running_mean: Any,
+    running_var: Any,
+    weight: Any = None,
+    bias: Any = None,
+    training: bool = False,
+    momentum: float = 0.1,
+    eps: float = 1e-05,
+) -> Tensor:
+    """Batch normalisation over channel dim 1 of (N, C, ...) inputs. Training normalises by the batch statistics and
+    updates running_mean / running_var (Parameters, when given) as (1 - momentum) * running + momentum * batch, the
+    variance unbiased; otherwise it normalises by the running statistics."""
+    channels = input.shape[1]
+    ones, zeros = ops.ones((channels,), input.dtype), ops.zeros((channels,), input.dtype)
+    weight = ones if weight is None else weight
+    bias = zeros if bias is None else bias
+    if training and running_mean is None:
+        return apply_op("BatchNorm", input, weight, bias, zeros, ones, is_training=True, epsilon=eps)[0]
+    return ops.batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+def group_norm(input: Any, num_groups: int, weight: Any = None, bias: Any = None, eps: float = 1e-05) -> Tensor:
+    return ops.group_norm(input, num_groups, weight, bias, eps)
+
+
+def embedding(
+    input: Any,
+    weight: Any,
+    padding_idx: int | None = None,
+    max_norm: float | None = None,
+    norm_type: float = 2.0,
+    scale_grad_by_freq: bool = False,
+) -> Tensor:
+    """The rows of weight at the integer ids in input; positions whose id is padding_idx get no gradient."""
+    if max_norm is not None or scale_grad_by_freq:
+        raise not_supported_yet(
+            "mindspore.mint.nn.functional.embedding with max_norm or scale_grad_by_freq",
+            "tessel neither renormalises rows nor scales the gradient by id frequency; drop them",
+        )
+    if not ops.dtype_of(input).is_int:
+        raise ConfigurationError("mint.nn.functional.embedding: input must be an int tensor of ids")
+    out = ops.gather(weight, input, 0)
+    if padding_idx is None:
+        return out
+    padding_idx = padding_idx % weight.shape[0]
+    padded = ops.expand_dims(ops.equal(input, padding_idx), -1)
+    return ops.select(ops.broadcast_to(padded, out.shape), ops.stop_gradient(out), out)
+
+
+def adaptive_avg_pool1d(input: Any, output_size: int) -> Tensor:
+    """The mean of each of output_size bins of the last dim of a 2-D or 3-D input."""
+    return ops.squeeze(adaptive_avg_pool2d(ops.expand_dims(input, -2), (1, output_size)), -2)
+
+
+def adaptive_avg_pool2d(input: Any, output_size: Any) -> Tensor:
+    return adaptive.adaptive_avg_pool2d(input, output_size)
+
+
+def check_adaptive_max(name: str, return_indices: bool) -> None:
+    if return_indices:
+        raise not_supported_yet(
+            f"mindspore.mint.nn.{name}(return_indices=True)", "tessel returns the maxima only; drop return_indices"
+        )
+
+
+def adaptive_max_pool1d(input: Any, output_size: int, return_indices: bool = False) -> Tensor:
+    """The maximum of each of output_size bins of the last dim of a 2-D or 3-D input."""
+    check_adaptive_max("functional.adaptive_max_pool1d", return_indices)
+    return ops.squeeze(adaptive.adaptive_max_pool2d(ops.expand_dims(input, -2), (1, output_size)), -2)
+
+
+def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Tensor:
+    check_adaptive_max("functional.adaptive_max_pool2d", return_indices)
+    return adaptive.adaptive_max_pool2d(input, output_size)
 
 
 __getattr__ = unsupported_names("mindspore.mint.nn.functional", MINT_NN_FUNCTIONAL, _WHY)
