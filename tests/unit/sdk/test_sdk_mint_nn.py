@@ -8,18 +8,21 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 import tessel as ms
-from tessel import mint
+from tessel import mint, nn
 from tessel.core.errors import ConfigurationError, NotSupportedYetError
 from tessel.mint.nn import functional as F
 
 REFERENCE = np.load(Path(__file__).parent / "data" / "mindspore_mint_nn.npz")
 CASES = json.loads(str(REFERENCE["cases"]))
+CALLS = json.loads(str(REFERENCE["calls"]))
+INPUTS = {key[len("calls/") :]: REFERENCE[key] for key in REFERENCE.files if key.startswith("calls/")}
 MODES = {"pynative": ms.PYNATIVE_MODE, "graph": ms.GRAPH_MODE}
 
 
@@ -154,3 +157,51 @@ def test_what_tessel_cannot_do_is_refused():
         mint.nn.AdaptiveMaxPool2d(2, return_indices=True)
     with pytest.raises(ConfigurationError, match="4-D input"):
         mint.nn.BatchNorm2d(3)(ms.Tensor(np.ones((2, 3, 4), np.float32)))
+
+
+class _Call(nn.Cell):
+    """The generator's call text on the inputs, as a cell (so GRAPH_MODE traces it); a cell call's cell is built
+    here, outside the traced construct."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        match = re.fullmatch(r"(mint\.nn\.\w+\(.*?\))\((.*)\)", text)
+        scope = {"mint": mint, **{k: ms.Tensor(v) for k, v in INPUTS.items()}}
+        self.inner = eval(match[1], scope) if match else None
+        self.text = f"({match[2]},)" if match else text
+
+    def construct(self, *values):
+        scope = {"F": F, "mint": mint, **dict(zip(INPUTS, values))}
+        return eval(self.text, scope) if self.inner is None else self.inner(*eval(self.text, scope))
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("call", CALLS, ids=[c[0] for c in CALLS])
+def test_activation_or_loss_matches_mindspore(call, mode):
+    name, text, wrt, _ = call
+    ms.set_context(mode=MODES[mode])
+    cell, tensors = _Call(text), [ms.Tensor(v) for v in INPUTS.values()]
+    _close(cell(*tensors), name, "y")
+    r = ms.Tensor(REFERENCE[f"{name}/r"])
+    positions = (
+        tuple(list(INPUTS).index(v) for v in ("x", "w") if v in wrt) if wrt == "xw" else (list(INPUTS).index(wrt),)
+    )
+    grads = ms.grad(lambda *values: (cell(*values) * r).sum(), grad_position=positions)(*tensors)
+    for position, grad in zip(positions, grads if isinstance(grads, tuple) else (grads,)):
+        _close(grad, name, f"d{list(INPUTS)[position]}")
+
+
+def test_activation_and_loss_arguments_are_mints():
+    """MindSpore 2.7.0's: PReLU's weight (num_parameters,) filled with init; inplace=True is refused (tessel
+    never overwrites inputs); glu needs an even dim."""
+    prelu = mint.nn.PReLU(3, 0.2)
+    assert [p.name for p in prelu.get_parameters()] == ["weight"]
+    np.testing.assert_array_equal(prelu.weight.asnumpy(), np.full(3, 0.2, np.float32))
+    with pytest.raises(NotSupportedYetError, match="inplace=True"):
+        mint.nn.ELU(inplace=True)
+    with pytest.raises(NotSupportedYetError, match="inplace=True"):
+        F.threshold(ms.Tensor(INPUTS["x"]), 0.0, 0.0, inplace=True)
+    with pytest.raises(ConfigurationError, match="odd length"):
+        F.glu(ms.Tensor(INPUTS["x"]), 1)
+    with pytest.raises(ConfigurationError, match="reduction"):
+        mint.nn.SmoothL1Loss(reduction="batchmean")

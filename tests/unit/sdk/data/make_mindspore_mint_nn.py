@@ -21,7 +21,7 @@ import sys
 
 import mindspore as ms
 import numpy as np
-from mindspore import mint, ops  # noqa: F401 - the constructor texts name mint
+from mindspore import mint, ops
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_seed(0)
@@ -65,6 +65,93 @@ CASES = [
     ("adaptive_max1d", "mint.nn.AdaptiveMaxPool1d(3)", (2, 3, 7), "f"),
     ("adaptive_max2d", "mint.nn.AdaptiveMaxPool2d((2, 3))", (2, 3, 5, 7), "f"),
 ]
+
+
+# Functions and activation / loss cells: (name, mint call on the inputs of _inputs, the inputs differentiated, a
+# reference written with MindSpore's CPU ops where its CPU build has no kernel for the mint call, else None)
+CALLS = [
+    ("elu", "F.elu(x, 0.7)", "x", "ops.select(x > 0, x, 0.7 * (ops.exp(x) - 1))"),
+    ("elu_cell", "mint.nn.ELU(alpha=0.7)(x)", "x", "ops.select(x > 0, x, 0.7 * (ops.exp(x) - 1))"),
+    ("selu", "F.selu(x)", "x", "1.0507009873554805 * ops.select(x > 0, x, 1.6732632423543772 * (ops.exp(x) - 1))"),
+    (
+        "selu_cell",
+        "mint.nn.SELU()(x)",
+        "x",
+        "1.0507009873554805 * ops.select(x > 0, x, 1.6732632423543772 * (ops.exp(x) - 1))",
+    ),
+    ("mish", "F.mish(x)", "x", "x * ops.tanh(ops.log(1 + ops.exp(x)))"),
+    ("mish_cell", "mint.nn.Mish()(x)", "x", "x * ops.tanh(ops.log(1 + ops.exp(x)))"),
+    ("glu", "F.glu(x)", "x", None),
+    ("glu_cell", "mint.nn.GLU(dim=1)(e)", "e", None),
+    ("hardtanh", "F.hardtanh(x, -1.5, 0.5)", "x", "ops.clamp(x, -1.5, 0.5)"),
+    ("hardtanh_cell", "mint.nn.Hardtanh()(x)", "x", "ops.clamp(x, -1.0, 1.0)"),
+    ("hardswish", "F.hardswish(x)", "x", None),
+    ("hardswish_cell", "mint.nn.Hardswish()(x)", "x", None),
+    ("hardsigmoid", "F.hardsigmoid(x)", "x", None),
+    ("hardsigmoid_cell", "mint.nn.Hardsigmoid()(x)", "x", None),
+    ("hardshrink", "F.hardshrink(x, 0.7)", "x", None),
+    ("hardshrink_cell", "mint.nn.Hardshrink()(x)", "x", None),
+    ("softshrink", "F.softshrink(x, 0.7)", "x", None),
+    ("softshrink_cell", "mint.nn.Softshrink()(x)", "x", None),
+    ("softplus", "F.softplus(x, 2, 3)", "x", "ops.select(2 * x > 3, x, ops.log(1 + ops.exp(2 * x)) / 2)"),
+    ("logsigmoid", "F.logsigmoid(x)", "x", "ops.log(ops.sigmoid(x))"),
+    ("logsigmoid_cell", "mint.nn.LogSigmoid()(x)", "x", "ops.log(ops.sigmoid(x))"),
+    ("threshold", "F.threshold(x, 0.1, 2.0)", "x", "ops.select(x > 0.1, x, ops.ones_like(x) * 2.0)"),
+    ("threshold_cell", "mint.nn.Threshold(0.1, 2.0)(x)", "x", "ops.select(x > 0.1, x, ops.ones_like(x) * 2.0)"),
+    ("prelu", "F.prelu(x, w)", "xw", None),
+    ("prelu_cell", "mint.nn.PReLU(3, 0.2)(x)", "x", None),
+    ("kl_div", "F.kl_div(x, p)", "x", "(p * (ops.log(p) - x)).mean()"),
+    ("kl_div_batchmean", "F.kl_div(x, p, 'batchmean')", "x", "(p * (ops.log(p) - x)).sum() / 2"),
+    ("kl_div_log_target", "F.kl_div(x, lp, 'sum', True)", "x", "(ops.exp(lp) * (lp - x)).sum()"),
+    ("kl_div_cell", "mint.nn.KLDivLoss(reduction='none')(x, p)", "x", "p * (ops.log(p) - x)"),
+    ("smooth_l1", "F.smooth_l1_loss(x, t)", "x", None),
+    ("smooth_l1_cell", "mint.nn.SmoothL1Loss(reduction='sum', beta=0.5)(x, t)", "x", None),
+    ("bce", "F.binary_cross_entropy(p, q)", "p", None),
+    ("bce_cell", "mint.nn.BCELoss(weight=q, reduction='none')(p, q)", "p", None),
+    ("soft_margin", "F.soft_margin_loss(x, s)", "x", "ops.log(1 + ops.exp(-s * x)).mean()"),
+    ("soft_margin_cell", "mint.nn.SoftMarginLoss(reduction='sum')(x, s)", "x", "ops.log(1 + ops.exp(-s * x)).sum()"),
+]
+
+
+def _inputs(rng) -> dict:
+    """x normal with scale 2 (beyond hardswish's -3..3 too), e (2, 4, 3), p and q probabilities, lp log
+    probabilities, t targets, s signs, w PReLU's per-channel slopes."""
+    return {
+        "x": (2 * rng.standard_normal((2, 3, 4))).astype(np.float32),
+        "e": rng.standard_normal((2, 4, 3)).astype(np.float32),
+        "p": rng.uniform(0.05, 0.95, (2, 3, 4)).astype(np.float32),
+        "q": rng.uniform(0.05, 0.95, (2, 3, 4)).astype(np.float32),
+        "lp": np.log(rng.uniform(0.05, 0.95, (2, 3, 4))).astype(np.float32),
+        "t": rng.standard_normal((2, 3, 4)).astype(np.float32),
+        "s": rng.choice([-1.0, 1.0], (2, 3, 4)).astype(np.float32),
+        "w": rng.uniform(0.1, 0.5, (3,)).astype(np.float32),
+    }
+
+
+def _calls(rng, arrays: dict) -> None:
+    inputs = _inputs(rng)
+    for key, value in inputs.items():
+        arrays[f"calls/{key}"] = value
+    names = list(inputs)
+    for name, call, wrt, reference in CALLS:
+        text = call if reference is None else reference
+        positions = tuple(names.index(v) for v in wrt)  # one-letter input names
+
+        def forward(*values, text=text):
+            return eval(text, {"F": mint.nn.functional, "mint": mint, "ops": ops, **dict(zip(names, values))})
+
+        tensors = [ms.Tensor(inputs[n]) for n in names]
+        y = forward(*tensors)
+        r = rng.standard_normal(y.shape).astype(np.float32)
+
+        def loss(*values, r=r, forward=forward):
+            return (forward(*values) * ms.Tensor(r)).sum()
+
+        grads = ms.grad(loss, grad_position=positions)(*tensors)
+        grads = grads if isinstance(grads, tuple) else (grads,)
+        arrays[f"{name}/y"], arrays[f"{name}/r"] = y.asnumpy(), r
+        for position, grad in zip(positions, grads):
+            arrays[f"{name}/d{names[position]}"] = grad.asnumpy()
 
 
 def _conv(cell, p, x, training):
@@ -231,7 +318,9 @@ def main(out_dir: str) -> None:
                 for key, value in _running_stats(cell, x, params).items():
                     params[key] = np.asarray(value, arrays[f"{name}/p.{key}"].dtype)
                     arrays[f"{name}/after.{key}"] = params[key]
+    _calls(rng, arrays)
     arrays["cases"] = np.array(json.dumps(CASES))
+    arrays["calls"] = np.array(json.dumps(CALLS))
     np.savez_compressed(f"{out_dir}/mindspore_mint_nn.npz", **arrays)
     print(len(CASES), "cases,", len(arrays), "arrays")
 

@@ -19,8 +19,9 @@ from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN_FUNCTIONAL
 from tessel.ops import adaptive
+from tessel.ops import composed as C
 from tessel.ops import functional as ops
-from tessel.ops.nn_functional import pool2d
+from tessel.ops.nn_functional import pool2d, reduce_loss
 
 _WHY = "tessel has no mapping for it yet; use the tessel.ops equivalent if there is one"
 
@@ -324,6 +325,114 @@ def adaptive_max_pool1d(input: Any, output_size: int, return_indices: bool = Fal
 def adaptive_max_pool2d(input: Any, output_size: Any, return_indices: bool = False) -> Tensor:
     check_adaptive_max("functional.adaptive_max_pool2d", return_indices)
     return adaptive.adaptive_max_pool2d(input, output_size)
+
+
+# --- activations and losses -------------------------------------------------------------------------------------
+
+# SELU's constants (Klambauer et al.), as MindSpore's
+_SELU_ALPHA, _SELU_SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946
+
+
+def elu(input: Any, alpha: float = 1.0, inplace: bool = False) -> Tensor:
+    """x where x > 0, alpha * (e^x - 1) elsewhere."""
+    _no_inplace("elu", inplace)
+    return C.elu(input, alpha)
+
+
+def selu(input: Any) -> Tensor:
+    """scale * elu(x, alpha) with SELU's fixed scale and alpha."""
+    return C.elu(input, _SELU_ALPHA) * _SELU_SCALE
+
+
+def mish(input: Any) -> Tensor:
+    return C.mish(input)
+
+
+def glu(input: Any, dim: int = -1) -> Tensor:
+    """a * sigmoid(b) for the two halves a, b of `input` along dim (whose length must be even)."""
+    size = input.shape[dim]
+    if size % 2:
+        raise ConfigurationError(f"mint.nn.functional.glu: dim {dim} has odd length {size}; it must split in halves")
+    first, second = ops.split(input, size // 2, dim)
+    return first * ops.sigmoid(second)
+
+
+def hardtanh(input: Any, min_val: float = -1.0, max_val: float = 1.0, inplace: bool = False) -> Tensor:
+    """input limited to [min_val, max_val]."""
+    _no_inplace("hardtanh", inplace)
+    if min_val > max_val:
+        raise ConfigurationError(f"mint.nn.functional.hardtanh: min_val {min_val} must not exceed max_val {max_val}")
+    return ops.minimum(ops.maximum(input, float(min_val)), float(max_val))
+
+
+def hardswish(input: Any) -> Tensor:
+    return C.hardswish(input)
+
+
+def hardsigmoid(input: Any) -> Tensor:
+    return C.hardsigmoid(input)
+
+
+def hardshrink(input: Any, lambd: float = 0.5) -> Tensor:
+    """x where |x| > lambd, else 0."""
+    return ops.select(ops.greater(ops.abs(input), float(lambd)), input, ops.zeros_like(input))
+
+
+def softshrink(input: Any, lambd: float = 0.5) -> Tensor:
+    """x - lambd where x > lambd, x + lambd where x < -lambd, else 0."""
+    if lambd < 0:
+        raise ConfigurationError(f"mint.nn.functional.softshrink: lambd must be >= 0, got {lambd}")
+    lambd = float(lambd)
+    inner = ops.select(ops.less(input, -lambd), input + lambd, ops.zeros_like(input))
+    return ops.select(ops.greater(input, lambd), input - lambd, inner)
+
+
+def softplus(input: Any, beta: float = 1, threshold: float = 20) -> Tensor:
+    return C.softplus(input, beta, threshold)
+
+
+def logsigmoid(input: Any) -> Tensor:
+    """log(sigmoid(x)), as -softplus(-x): finite for large negative x."""
+    return -C.softplus(-input)
+
+
+def threshold(input: Any, threshold: float, value: float, inplace: bool = False) -> Tensor:
+    """x where x > threshold, else value."""
+    _no_inplace("threshold", inplace)
+    return ops.select(ops.greater(input, float(threshold)), input, ops.zeros_like(input) + value)
+
+
+def prelu(input: Any, weight: Any) -> Tensor:
+    """x where x > 0, else weight * x, weight holding one slope or one per channel (dim 1)."""
+    shape = tuple(input.shape)
+    if len(shape) >= 2 and weight.shape[0] != 1:
+        weight = ops.reshape(weight, (1, -1) + (1,) * (len(shape) - 2))
+    return ops.select(ops.greater(input, 0.0), input, input * weight)
+
+
+def kl_div(input: Any, target: Any, reduction: str = "mean", log_target: bool = False) -> Tensor:
+    """target * (log target - input) for log-probabilities `input` (exp(target) * (target - input) when target is
+    a log-probability too); reduction 'mean' over every element, 'batchmean' the sum over the batch size, 'sum',
+    'none'."""
+    if not log_target:
+        return C.kl_div(input, target, reduction)
+    if reduction not in ("none", "mean", "batchmean", "sum"):
+        raise ConfigurationError(f"kl_div: reduction must be 'none', 'mean', 'batchmean' or 'sum', got {reduction!r}")
+    per = ops.exp(target) * (target - input)
+    return ops.sum(per) / float(input.shape[0]) if reduction == "batchmean" else reduce_loss(per, reduction)
+
+
+def smooth_l1_loss(input: Any, target: Any, reduction: str = "mean", beta: float = 1.0) -> Tensor:
+    return C.smooth_l1_loss(input, target, beta, reduction)
+
+
+def binary_cross_entropy(input: Any, target: Any, weight: Any = None, reduction: str = "mean") -> Tensor:
+    return C.binary_cross_entropy(input, target, weight, reduction)
+
+
+def soft_margin_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor:
+    """log(1 + e^(-target * input)), reduced."""
+    return reduce_loss(C.softplus(-target * input), reduction)
 
 
 __getattr__ = unsupported_names("mindspore.mint.nn.functional", MINT_NN_FUNCTIONAL, _WHY)
