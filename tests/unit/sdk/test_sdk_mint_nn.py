@@ -205,3 +205,32 @@ def test_activation_and_loss_arguments_are_mints():
         F.glu(ms.Tensor(INPUTS["x"]), 1)
     with pytest.raises(ConfigurationError, match="reduction"):
         mint.nn.SmoothL1Loss(reduction="batchmean")
+
+
+@pytest.mark.parametrize("shape", [(4, 16, 3, 3), (16, 3, 3)])
+def test_dropout2d_zeroes_whole_channels(shape):
+    """MindSpore 2.7.0's mint.nn.Dropout2d / functional.dropout2d: each channel of an (N, C, H, W) or unbatched
+    (C, H, W) input is zeroed with probability p, the others scaled by 1 / (1 - p); eval mode is the identity."""
+    x = ms.Tensor(np.ones(shape, np.float32))
+    cell = mint.nn.Dropout2d(0.5)
+    cell.set_train()
+    for y in (cell(x).asnumpy(), F.dropout2d(x, 0.5).asnumpy()):
+        per_channel = y.reshape(-1, 9)
+        assert set(np.unique(per_channel)) <= {0.0, 2.0} and (per_channel == per_channel[:, :1]).all()
+        assert 0 < (per_channel[:, 0] == 0).sum() < per_channel.shape[0]
+    cell.set_train(False)
+    assert (cell(x).asnumpy() == 1).all() and (F.dropout2d(x, 0.5, False).asnumpy() == 1).all()
+
+
+def test_pad_arguments_are_checked():
+    v = ms.Tensor(INPUTS["v"])
+    with pytest.raises(ConfigurationError, match="mode"):
+        F.pad(v, (1, 1), mode="edge")
+    with pytest.raises(ConfigurationError, match="value"):
+        F.pad(v, (1, 1), mode="reflect", value=1.0)
+    with pytest.raises(ConfigurationError, match="reflect"):
+        F.pad(v, (5, 5), mode="reflect")  # reflect pads must be shorter than the dim (5)
+    with pytest.raises(ConfigurationError, match="4 ints"):
+        mint.nn.ZeroPad2d((1, 2))
+    with pytest.raises(NotSupportedYetError, match="p=3"):
+        F.normalize(v, 3.0)

@@ -109,13 +109,42 @@ CALLS = [
     ("bce", "F.binary_cross_entropy(p, q)", "p", None),
     ("bce_cell", "mint.nn.BCELoss(weight=q, reduction='none')(p, q)", "p", None),
     ("soft_margin", "F.soft_margin_loss(x, s)", "x", "ops.log(1 + ops.exp(-s * x)).mean()"),
+    ("pad_constant", "F.pad(v, (1, 2, 0, 1), value=0.5)", "v", "ops.pad(v, (1, 2, 0, 1), value=0.5)"),
+    ("pad_crop", "F.pad(v, (-1, 2, 1, -2))", "v", "ops.pad(v, (-1, 2, 1, -2))"),
+    ("pad_reflect", "F.pad(v, (2, 1, 3, 0), mode='reflect')", "v", "ops.pad(v, (2, 1, 3, 0), mode='reflect')"),
+    ("pad_replicate", "F.pad(v, (2, 3, 1, 4), 'replicate')", "v", "ops.pad(v, (2, 3, 1, 4), mode='replicate')"),
+    ("pad_circular", "F.pad(v, (2, 1, 1, 3), 'circular')", "v", None),
+    ("zeropad2d", "mint.nn.ZeroPad2d((1, 0, 2, 1))(v)", "v", "ops.pad(v, (1, 0, 2, 1))"),
+    ("constantpad1d", "mint.nn.ConstantPad1d(2, -1.5)(x)", "x", "ops.pad(x, (2, 2), value=-1.5)"),
+    (
+        "constantpad3d",
+        "mint.nn.ConstantPad3d((1, 0, 0, 1, 1, 1), 2.0)(v)",
+        "v",
+        "ops.pad(v, (1, 0, 0, 1, 1, 1), value=2.0)",
+    ),
+    ("reflectionpad1d", "mint.nn.ReflectionPad1d(3)(x)", "x", "ops.pad(x, (3, 3), mode='reflect')"),
+    ("reflectionpad2d", "mint.nn.ReflectionPad2d((1, 2, 3, 1))(v)", "v", "ops.pad(v, (1, 2, 3, 1), mode='reflect')"),
+    ("replicationpad2d", "mint.nn.ReplicationPad2d(2)(v)", "v", "ops.pad(v, (2, 2, 2, 2), mode='replicate')"),
+    (
+        "replicationpad3d",
+        "mint.nn.ReplicationPad3d((1, 1, 0, 2, 1, 0))(z)",
+        "z",
+        "ops.pad(z, (1, 1, 0, 2, 1, 0), mode='replicate')",
+    ),
+    ("pixel_shuffle", "F.pixel_shuffle(u, 2)", "u", None),
+    ("pixel_shuffle_cell", "mint.nn.PixelShuffle(2)(u)", "u", None),
+    ("normalize", "F.normalize(v)", "v", "v / ops.maximum(ops.sqrt((v * v).sum(1, keepdims=True)), 1e-12)"),
+    ("normalize_p1", "F.normalize(v, 1.0, -1)", "v", "v / ops.maximum(ops.abs(v).sum(-1, keepdims=True), 1e-12)"),
+    ("avg_pool1d", "F.avg_pool1d(x, 3, 2, 1)", "x", "ops.avg_pool1d(x, 3, 2, 1)"),
+    ("avg_pool1d_cell", "mint.nn.AvgPool1d(2, count_include_pad=False)(x)", "x", "ops.avg_pool1d(x, 2, 2)"),
     ("soft_margin_cell", "mint.nn.SoftMarginLoss(reduction='sum')(x, s)", "x", "ops.log(1 + ops.exp(-s * x)).sum()"),
 ]
 
 
 def _inputs(rng) -> dict:
     """x normal with scale 2 (beyond hardswish's -3..3 too), e (2, 4, 3), p and q probabilities, lp log
-    probabilities, t targets, s signs, w PReLU's per-channel slopes."""
+    probabilities, t targets, s signs, w PReLU's per-channel slopes, v (2, 3, 4, 5), u (2, 8, 2, 3) and z
+    (1, 2, 3, 4, 5) normal."""
     return {
         "x": (2 * rng.standard_normal((2, 3, 4))).astype(np.float32),
         "e": rng.standard_normal((2, 4, 3)).astype(np.float32),
@@ -125,6 +154,9 @@ def _inputs(rng) -> dict:
         "t": rng.standard_normal((2, 3, 4)).astype(np.float32),
         "s": rng.choice([-1.0, 1.0], (2, 3, 4)).astype(np.float32),
         "w": rng.uniform(0.1, 0.5, (3,)).astype(np.float32),
+        "v": rng.standard_normal((2, 3, 4, 5)).astype(np.float32),
+        "u": rng.standard_normal((2, 8, 2, 3)).astype(np.float32),
+        "z": rng.standard_normal((1, 2, 3, 4, 5)).astype(np.float32),
     }
 
 

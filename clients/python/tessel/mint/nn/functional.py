@@ -435,5 +435,109 @@ def soft_margin_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor
     return reduce_loss(C.softplus(-target * input), reduction)
 
 
+# --- padding, reshuffling, normalising -------------------------------------------------------------------------
+
+_PAD_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+def _pad_indices(mode: str, size: int, before: int, after: int) -> np.ndarray:
+    """The source position of each output position along a dim padded by `mode` (reflect, replicate, circular)."""
+    positions = np.arange(-before, size + after)
+    if mode == "replicate":
+        return np.clip(positions, 0, size - 1)
+    if mode == "circular":
+        return positions % size
+    period = 2 * (size - 1)  # reflect: mirrored at the edges, the edges themselves not repeated
+    folded = np.abs(positions) % period if period else np.zeros_like(positions)
+    return np.where(folded < size, folded, period - folded)
+
+
+def pad(input: Any, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> Tensor:
+    """Pad the last len(pad) // 2 dims: pad is (last_before, last_after, second_last_before, ...) as PyTorch's;
+    'constant' fills with value (0 when None), 'reflect' mirrors without repeating the edge, 'replicate' repeats
+    the edge, 'circular' wraps around. Negative constant pads crop."""
+    where = "mint.nn.functional.pad"
+    if mode not in _PAD_MODES:
+        raise ConfigurationError(f"{where}: mode must be one of {_PAD_MODES}, got {mode!r}")
+    pads = tuple(pad)
+    if len(pads) % 2 or len(pads) // 2 > len(input.shape) or not all(isinstance(p, int) for p in pads):
+        raise ConfigurationError(f"{where}: pad must be an even number of ints, at most 2 per dim, got {pad!r}")
+    if mode != "constant" and value is not None:
+        raise ConfigurationError(f"{where}: value is only for mode='constant', got value={value!r} with {mode!r}")
+    ndim = len(input.shape)
+    pairs = [(0, 0)] * ndim
+    for i in range(len(pads) // 2):
+        pairs[ndim - 1 - i] = (pads[2 * i], pads[2 * i + 1])
+    if mode == "constant":
+        grown = tuple((max(b, 0), max(a, 0)) for b, a in pairs)
+        out = apply_op("Pad", input, paddings=grown, value=float(value or 0.0)) if any(map(any, grown)) else input
+        if not any(b < 0 or a < 0 for b, a in pairs):
+            return out
+        begin = tuple(-b if b < 0 else None for b, _ in pairs)
+        end = tuple(a if a < 0 else None for _, a in pairs)
+        return apply_op("StridedSlice", out, begin=begin, end=end, strides=(1,) * ndim)
+    out = input
+    for axis, (before, after) in enumerate(pairs):
+        if before or after:
+            size = input.shape[axis]
+            if min(before, after) < 0 or (mode == "reflect" and max(before, after) >= size):
+                raise ConfigurationError(
+                    f"{where}: {mode} pads must be >= 0 (and < the dim's size {size} for reflect), got {pad!r}"
+                )
+            index = Tensor(_pad_indices(mode, size, before, after).astype(np.int32))
+            out = ops.gather(out, index, axis)
+    return out
+
+
+def pixel_shuffle(input: Any, upscale_factor: int) -> Tensor:
+    """(*, C * r^2, H, W) to (*, C, H * r, W * r): each block of r^2 channels becomes an r x r patch."""
+    r = int(upscale_factor)
+    *batch, channels, height, width = input.shape
+    if channels % (r * r):
+        raise ConfigurationError(f"pixel_shuffle: channels {channels} must divide by upscale_factor^2 = {r * r}")
+    lead = len(batch)
+    out = ops.reshape(input, (*batch, channels // (r * r), r, r, height, width))
+    perm = (*range(lead), lead, lead + 3, lead + 1, lead + 4, lead + 2)
+    return ops.reshape(ops.transpose(out, perm), (*batch, channels // (r * r), height * r, width * r))
+
+
+def normalize(input: Any, p: float = 2.0, dim: int = 1, eps: float = 1e-12) -> Tensor:
+    """input / max(||input||_p along dim, eps)."""
+    if p == 2.0:
+        norm = ops.sqrt(ops.sum(ops.square(input), dim, True))
+    elif p == 1.0:
+        norm = ops.sum(ops.abs(input), dim, True)
+    else:
+        raise not_supported_yet(
+            f"mindspore.mint.nn.functional.normalize(p={p})", "tessel normalises by the 1- and 2-norms; pass p=1 or 2"
+        )
+    return input / ops.maximum(norm, float(eps))
+
+
+def avg_pool1d(
+    input: Any,
+    kernel_size: Any,
+    stride: Any = None,
+    padding: Any = 0,
+    ceil_mode: bool = False,
+    count_include_pad: bool = True,
+) -> Tensor:
+    """The mean of each kernel_size window of the last dim of an (N, C, L) input."""
+    kernel = _single(kernel_size, "kernel_size")
+    stride = kernel if stride is None else _single(stride, "stride")
+    x = ops.expand_dims(input, -2)
+    return ops.squeeze(
+        avg_pool2d(x, (1, kernel), (1, stride), (0, _single(padding, "padding")), ceil_mode, count_include_pad), -2
+    )
+
+
+def dropout2d(input: Any, p: float = 0.5, training: bool = True) -> Tensor:
+    """Zero whole channels of an (N, C, H, W) or unbatched (C, H, W) input with probability p while training, the
+    kept ones scaled by 1 / (1 - p)."""
+    if len(input.shape) == 3:
+        return ops.squeeze(ops.dropout2d(ops.expand_dims(input, 0), p, training), 0)
+    return ops.dropout2d(input, p, training)
+
+
 __getattr__ = unsupported_names("mindspore.mint.nn.functional", MINT_NN_FUNCTIONAL, _WHY)
 __all__ = sorted(name for name in MINT_NN_FUNCTIONAL if name in globals())

@@ -28,13 +28,18 @@ __all__ = [
     "AdaptiveAvgPool2d",
     "AdaptiveMaxPool1d",
     "AdaptiveMaxPool2d",
+    "AvgPool1d",
     "AvgPool2d",
     "BCELoss",
     "BatchNorm1d",
     "BatchNorm2d",
     "BatchNorm3d",
+    "ConstantPad1d",
+    "ConstantPad2d",
+    "ConstantPad3d",
     "Conv1d",
     "Conv2d",
+    "Dropout2d",
     "Embedding",
     "GroupNorm",
     "Hardshrink",
@@ -47,10 +52,20 @@ __all__ = [
     "MaxPool2d",
     "Mish",
     "PReLU",
+    "PixelShuffle",
+    "ReflectionPad1d",
+    "ReflectionPad2d",
+    "ReflectionPad3d",
+    "ReplicationPad1d",
+    "ReplicationPad2d",
+    "ReplicationPad3d",
     "SmoothL1Loss",
     "SoftMarginLoss",
     "Softshrink",
     "Threshold",
+    "ZeroPad1d",
+    "ZeroPad2d",
+    "ZeroPad3d",
 ]
 
 
@@ -625,3 +640,133 @@ class SoftMarginLoss(_Loss):
 
     def construct(self, input, target):
         return functional.soft_margin_loss(input, target, self.reduction)
+
+
+class _Pad(_nn.Cell):
+    """Pads of mint's padding cells: an int for every side, or (left, right[, top, bottom[, front, back]])."""
+
+    _mode, _dims = "constant", 1
+
+    def __init__(self, padding: Any, value: float | None = None):
+        super().__init__()
+        sides = 2 * self._dims
+        pads = (padding,) * sides if isinstance(padding, int) else tuple(padding)
+        if len(pads) != sides or not all(isinstance(p, int) for p in pads):
+            raise ConfigurationError(
+                f"mint.nn.{self.cls_name}: padding must be an int or {sides} ints, got {padding!r}"
+            )
+        self.padding, self.value = pads, value
+
+    def construct(self, input):
+        return functional.pad(input, self.padding, self._mode, self.value)
+
+    def extend_repr(self) -> str:
+        return f"padding={self.padding}"
+
+
+class _ConstantPad(_Pad):
+    def __init__(self, padding: Any, value: float):
+        super().__init__(padding, float(value))
+
+
+class _ZeroPad(_Pad):
+    def __init__(self, padding: Any):
+        super().__init__(padding, 0.0)
+
+
+class _ReflectionPad(_Pad):
+    _mode = "reflect"
+
+    def __init__(self, padding: Any):
+        super().__init__(padding)
+
+
+class _ReplicationPad(_Pad):
+    _mode = "replicate"
+
+    def __init__(self, padding: Any):
+        super().__init__(padding)
+
+
+class ConstantPad1d(_ConstantPad):
+    _dims = 1
+
+
+class ConstantPad2d(_ConstantPad):
+    _dims = 2
+
+
+class ConstantPad3d(_ConstantPad):
+    _dims = 3
+
+
+class ZeroPad1d(_ZeroPad):
+    _dims = 1
+
+
+class ZeroPad2d(_ZeroPad):
+    _dims = 2
+
+
+class ZeroPad3d(_ZeroPad):
+    _dims = 3
+
+
+class ReflectionPad1d(_ReflectionPad):
+    _dims = 1
+
+
+class ReflectionPad2d(_ReflectionPad):
+    _dims = 2
+
+
+class ReflectionPad3d(_ReflectionPad):
+    _dims = 3
+
+
+class ReplicationPad1d(_ReplicationPad):
+    _dims = 1
+
+
+class ReplicationPad2d(_ReplicationPad):
+    _dims = 2
+
+
+class ReplicationPad3d(_ReplicationPad):
+    _dims = 3
+
+
+class PixelShuffle(_Function):
+    _fn, _args = "pixel_shuffle", ("upscale_factor",)
+
+    def __init__(self, upscale_factor: int):
+        super().__init__(upscale_factor=upscale_factor)
+
+
+class AvgPool1d(_nn.Cell):
+    """The mean of each kernel_size window of the last dim of (N, C, L) inputs."""
+
+    def __init__(
+        self,
+        kernel_size: Any,
+        stride: Any = None,
+        padding: Any = 0,
+        ceil_mode: bool = False,
+        count_include_pad: bool = True,
+    ):
+        super().__init__()
+        functional.check_avg_pool2d(ceil_mode, None)
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+        self.ceil_mode, self.count_include_pad = ceil_mode, count_include_pad
+
+    def construct(self, input):
+        return functional.avg_pool1d(input, self.kernel_size, self.stride, self.padding, False, self.count_include_pad)
+
+
+class Dropout2d(_nn.Dropout2d):
+    """Zero whole channels of (N, C, H, W) or unbatched (C, H, W) inputs with probability p while training."""
+
+    def construct(self, x):
+        if len(x.shape) == 3:
+            return F.squeeze(super().construct(F.expand_dims(x, 0)), 0)
+        return super().construct(x)
