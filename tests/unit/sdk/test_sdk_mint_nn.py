@@ -86,6 +86,7 @@ def test_cell_matches_mindspore(case, mode):
     ("mint.nn.Conv2d(16, 32, 3)", 16 * 9),
     ("mint.nn.Conv2d(16, 32, (3, 5), groups=4)", 4 * 15),
     ("mint.nn.Conv1d(16, 32, 5)", 16 * 5),
+    ("mint.nn.ConvTranspose2d(16, 32, 3)", 32 * 9),  # fan_in of the (in, out / groups, kH, kW) weight: out * kH * kW
 ])  # fmt: skip
 def test_conv_initialisation_is_mints(ctor, fan_in):
     """MindSpore 2.7.0's mint.nn.Conv2d / Conv1d: weight HeUniform(sqrt(5)) and bias Uniform(1 / sqrt(fan_in)), both
@@ -234,3 +235,25 @@ def test_pad_arguments_are_checked():
         mint.nn.ZeroPad2d((1, 2))
     with pytest.raises(NotSupportedYetError, match="p=3"):
         F.normalize(v, 3.0)
+
+
+def test_conv_transpose2d_output_size_picks_the_output_padding():
+    """PyTorch's rule, as mint's: output_size selects output_padding = size - ((H - 1) * stride - 2 * padding +
+    dilation * (k - 1) + 1) (here 1 row and 1 column, as the case with output_padding=1)."""
+    cell = _build("convtranspose2d", "mint.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1)")
+    x = ms.Tensor(REFERENCE["convtranspose2d/x"])
+    _close(cell(x, output_size=(8, 10)), "convtranspose2d", "train.y")
+
+
+def test_interpolate_arguments_are_mints():
+    """MindSpore 2.7.0's interpolate: one of size and scale_factor, align_corners only with the linear modes,
+    bilinear by size only; the modes tessel lacks are refused."""
+    v = ms.Tensor(INPUTS["v"])
+    with pytest.raises(ConfigurationError, match="exactly one"):
+        F.interpolate(v)
+    with pytest.raises(ConfigurationError, match="align_corners"):
+        F.interpolate(v, size=(2, 2), align_corners=True)
+    with pytest.raises(ConfigurationError, match="scale_factor"):
+        F.interpolate(v, scale_factor=2.0, mode="bilinear")
+    with pytest.raises(NotSupportedYetError, match="bicubic"):
+        F.interpolate(v, size=(2, 2), mode="bicubic")

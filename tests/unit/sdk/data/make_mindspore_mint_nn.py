@@ -40,6 +40,13 @@ CASES = [
     ("conv1d_pad", "mint.nn.Conv1d(3, 4, 3, padding=1)", (2, 3, 9), "f"),
     ("conv1d_groups", "mint.nn.Conv1d(4, 6, 2, stride=2, dilation=2, groups=2)", (2, 4, 11), "f"),
     ("conv1d_same", "mint.nn.Conv1d(3, 4, 4, padding='same', bias=False)", (2, 3, 9), "f"),
+    ("convtranspose2d", "mint.nn.ConvTranspose2d(3, 4, 3, stride=2, padding=1, output_padding=1)", (2, 3, 4, 5), "f"),
+    (
+        "convtranspose2d_groups",
+        "mint.nn.ConvTranspose2d(4, 6, (3, 2), stride=(2, 3), padding=(0, 1), groups=2, dilation=(1, 2), bias=False)",
+        (2, 4, 3, 4),
+        "f",
+    ),
     ("bn1d_2d", "mint.nn.BatchNorm1d(3)", (5, 3), "f"),
     ("bn1d_3d", "mint.nn.BatchNorm1d(3, eps=1e-3, momentum=0.3)", (4, 3, 5), "f"),
     ("bn2d", "mint.nn.BatchNorm2d(3)", (4, 3, 2, 3), "f"),
@@ -69,6 +76,9 @@ CASES = [
 
 # Functions and activation / loss cells: (name, mint call on the inputs of _inputs, the inputs differentiated, a
 # reference written with MindSpore's CPU ops where its CPU build has no kernel for the mint call, else None)
+# mish as x * tanh(softplus(x)) with tanh(log(1 + e^x)) = ((1 + e^x)^2 - 1) / ((1 + e^x)^2 + 1): MindSpore 2.7.0's
+# CPU Tanh is off by 6e-5 relative near 4.7 (tanh(4.7326) gives 0.999909, float64 0.999845)
+MISH = "x * ((1 + ops.exp(x)) ** 2 - 1) / ((1 + ops.exp(x)) ** 2 + 1)"
 CALLS = [
     ("elu", "F.elu(x, 0.7)", "x", "ops.select(x > 0, x, 0.7 * (ops.exp(x) - 1))"),
     ("elu_cell", "mint.nn.ELU(alpha=0.7)(x)", "x", "ops.select(x > 0, x, 0.7 * (ops.exp(x) - 1))"),
@@ -79,8 +89,8 @@ CALLS = [
         "x",
         "1.0507009873554805 * ops.select(x > 0, x, 1.6732632423543772 * (ops.exp(x) - 1))",
     ),
-    ("mish", "F.mish(x)", "x", "x * ops.tanh(ops.log(1 + ops.exp(x)))"),
-    ("mish_cell", "mint.nn.Mish()(x)", "x", "x * ops.tanh(ops.log(1 + ops.exp(x)))"),
+    ("mish", "F.mish(x)", "x", MISH),
+    ("mish_cell", "mint.nn.Mish()(x)", "x", MISH),
     ("glu", "F.glu(x)", "x", None),
     ("glu_cell", "mint.nn.GLU(dim=1)(e)", "e", None),
     ("hardtanh", "F.hardtanh(x, -1.5, 0.5)", "x", "ops.clamp(x, -1.5, 0.5)"),
@@ -137,6 +147,36 @@ CALLS = [
     ("normalize_p1", "F.normalize(v, 1.0, -1)", "v", "v / ops.maximum(ops.abs(v).sum(-1, keepdims=True), 1e-12)"),
     ("avg_pool1d", "F.avg_pool1d(x, 3, 2, 1)", "x", "ops.avg_pool1d(x, 3, 2, 1)"),
     ("avg_pool1d_cell", "mint.nn.AvgPool1d(2, count_include_pad=False)(x)", "x", "ops.avg_pool1d(x, 2, 2)"),
+    ("interpolate_nearest_scale", "F.interpolate(v, scale_factor=(1.5, 0.7))", "v", None),
+    ("interpolate_nearest_size", "F.interpolate(v, size=(7, 3))", "v", None),
+    ("interpolate_nearest_1d", "F.interpolate(x, size=7)", "x", None),
+    ("interpolate_nearest_3d", "F.interpolate(z, scale_factor=2.0)", "z", None),
+    (
+        "interpolate_bilinear",
+        "F.interpolate(v, size=(6, 8), mode='bilinear')",
+        "v",
+        "ops.ResizeBilinearV2(False, True)(v, (6, 8))",
+    ),
+    (
+        "interpolate_bilinear_corners",
+        "F.interpolate(v, size=(3, 9), mode='bilinear', align_corners=True)",
+        "v",
+        "ops.ResizeBilinearV2(True, False)(v, (3, 9))",
+    ),
+    (
+        "interpolate_linear",
+        "F.interpolate(x, size=7, mode='linear')",
+        "x",
+        "ops.ResizeBilinearV2(False, True)(x.expand_dims(2), (1, 7)).squeeze(2)",
+    ),
+    ("upsample_cell", "mint.nn.Upsample(scale_factor=2.0)(v)", "v", None),
+    ("upsampling_nearest2d_cell", "mint.nn.UpsamplingNearest2d(size=(5, 7))(v)", "v", None),
+    (
+        "upsampling_bilinear2d_cell",
+        "mint.nn.UpsamplingBilinear2d(size=(6, 8))(v)",
+        "v",
+        "ops.ResizeBilinearV2(True, False)(v, (6, 8))",
+    ),
     ("soft_margin_cell", "mint.nn.SoftMarginLoss(reduction='sum')(x, s)", "x", "ops.log(1 + ops.exp(-s * x)).sum()"),
 ]
 
@@ -200,6 +240,28 @@ def _conv(cell, p, x, training):
     if "bias" in p:
         y = y + p["bias"].reshape(1, -1, 1, 1)
     return y.squeeze(2) if one_d else y
+
+
+def _conv_transpose(cell, p, x, training):
+    """Conv2DTranspose (Conv2D's input gradient) with PyTorch's output size, output_padding included."""
+    sizes = [
+        (n - 1) * s - 2 * pad + d * (k - 1) + extra + 1
+        for n, k, s, pad, d, extra in zip(
+            x.shape[2:], cell.kernel_size, cell.stride, cell.padding, cell.dilation, cell.output_padding
+        )
+    ]
+    (ph, pw), weight = cell.padding, p["weight"]
+    conv = ops.Conv2DTranspose(
+        cell.in_channels,  # the out_channel of the Conv2D whose input gradient this is
+        tuple(weight.shape[2:]),
+        pad_mode="pad",
+        pad=(ph, ph, pw, pw),
+        stride=cell.stride,
+        dilation=cell.dilation,
+        group=cell.groups,
+    )
+    y = conv(x, weight, (x.shape[0], cell.out_channels, *sizes))
+    return y + p["bias"].reshape(1, -1, 1, 1) if "bias" in p else y
 
 
 def _batch_norm(cell, p, x, training):
@@ -268,6 +330,7 @@ REFERENCES = {
     "EmbeddingExt": _embedding,
     "Conv1d": _conv,
     "Conv2d": _conv,
+    "ConvTranspose2d": _conv_transpose,
     "BatchNorm1d": _batch_norm,
     "BatchNorm2d": _batch_norm,
     "BatchNorm3d": _batch_norm,

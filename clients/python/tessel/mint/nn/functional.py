@@ -435,6 +435,126 @@ def soft_margin_loss(input: Any, target: Any, reduction: str = "mean") -> Tensor
     return reduce_loss(C.softplus(-target * input), reduction)
 
 
+def _transposed_size(size: int, kernel: int, stride: int, padding: int, dilation: int, extra: int) -> int:
+    return (size - 1) * stride - 2 * padding + dilation * (kernel - 1) + extra + 1
+
+
+def conv_transpose2d(
+    input: Any,
+    weight: Any,
+    bias: Any = None,
+    stride: Any = 1,
+    padding: Any = 0,
+    output_padding: Any = 0,
+    groups: int = 1,
+    dilation: Any = 1,
+) -> Tensor:
+    """2-D transposed convolution (the input gradient of conv2d) of (N, C_in, H, W) input with (C_in, C_out / groups,
+    kH, kW) weights; output size (H - 1) * stride - 2 * padding + dilation * (kH - 1) + output_padding + 1."""
+    stride, padding = _pair(stride, "stride"), _pair(padding, "padding")
+    dilation, extra = _pair(dilation, "dilation"), _pair(output_padding, "output_padding")
+    if not all(0 <= e < max(s, d) for e, s, d in zip(extra, stride, dilation)):
+        raise ConfigurationError(
+            f"mint.nn.functional.conv_transpose2d: output_padding {extra} must be smaller than stride {stride} or "
+            f"dilation {dilation}"
+        )
+    n, _, *hw = input.shape
+    sizes = [_transposed_size(*args) for args in zip(hw, weight.shape[2:], stride, padding, dilation, extra)]
+    out = apply_op(
+        "Conv2DBackpropInput",
+        input,
+        weight,
+        input_shape=(n, weight.shape[1] * groups, *sizes),
+        stride=stride,
+        dilation=dilation,
+        pad_mode="pad",
+        pad=(padding[0], padding[0], padding[1], padding[1]),
+        group=groups,
+    )
+    return out if bias is None else ops.bias_add(out, bias)
+
+
+# --- interpolation --------------------------------------------------------------------------------------------------
+
+_LINEAR_MODES = {"linear": 3, "bilinear": 4}
+
+
+def _resize_sizes(input: Any, size: Any, scale_factor: Any, spatial: int) -> tuple[list[int], list[float | None]]:
+    """The output sizes and, where scale_factor gave them, the scales that map output positions back (1 / factor)."""
+    shape = input.shape[2:]
+    if (size is None) == (scale_factor is None):
+        raise ConfigurationError("mint.nn.functional.interpolate: give exactly one of size and scale_factor")
+    if size is not None:
+        sizes = [size] * spatial if isinstance(size, int) else list(size)
+        if len(sizes) != spatial:
+            raise ConfigurationError(f"interpolate: size needs {spatial} ints for a {len(input.shape)}-D input")
+        return [int(v) for v in sizes], [None] * spatial
+    factors = [scale_factor] * spatial if isinstance(scale_factor, (int, float)) else list(scale_factor)
+    if len(factors) != spatial:
+        raise ConfigurationError(f"interpolate: scale_factor needs {spatial} numbers for a {len(input.shape)}-D input")
+    return [int(np.floor(n * float(f))) for n, f in zip(shape, factors)], [1.0 / float(f) for f in factors]
+
+
+def _along(x: Any, axis: int, index: np.ndarray) -> Tensor:
+    return ops.gather(x, Tensor(index.astype(np.int32)), axis)
+
+
+def interpolate(
+    input: Any,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    """Resize the spatial dims (all after N, C): 'nearest' (3-D to 5-D input: source floor(dst * in / out)),
+    'linear' (3-D) and 'bilinear' (4-D, by size only, as MindSpore's), with align_corners as PyTorch's."""
+    where = "mint.nn.functional.interpolate"
+    if mode not in ("nearest", *_LINEAR_MODES):
+        raise not_supported_yet(
+            f"{where}(mode={mode!r})", "tessel interpolates with 'nearest', 'linear' and 'bilinear'; use one of them"
+        )
+    if mode == "nearest" and align_corners is not None:
+        raise ConfigurationError(f"{where}: align_corners is for the linear modes only, got it with mode='nearest'")
+    if mode == "bilinear" and scale_factor is not None:
+        raise ConfigurationError(f"{where}: mode='bilinear' takes size, not scale_factor (MindSpore's rule)")
+    ndim = len(input.shape)
+    if ndim not in (3, 4, 5) or _LINEAR_MODES.get(mode, ndim) != ndim:
+        raise ConfigurationError(f"{where}: mode={mode!r} does not take a {ndim}-D input")
+    sizes, scales = _resize_sizes(input, size, scale_factor, ndim - 2)
+    if recompute_scale_factor:
+        scales = [None] * len(scales)
+    out = input
+    for axis, (n_in, n_out, scale) in enumerate(zip(input.shape[2:], sizes, scales), start=2):
+        dst = np.arange(n_out, dtype=np.float32)
+        ratio = np.float32(n_in / n_out if scale is None else scale)
+        if mode == "nearest":
+            out = _along(out, axis, np.minimum(np.floor(dst * ratio), n_in - 1))
+            continue
+        if align_corners:
+            src = dst * np.float32((n_in - 1) / (n_out - 1)) if n_out > 1 else np.zeros_like(dst)
+        else:
+            src = np.maximum((dst + np.float32(0.5)) * ratio - np.float32(0.5), 0)
+        low = np.minimum(np.floor(src), n_in - 1)
+        high = np.minimum(low + 1, n_in - 1)
+        view = [1] * ndim
+        view[axis] = n_out
+        weight = Tensor((src - low).astype(input.dtype.numpy).reshape(view))
+        out = _along(out, axis, low) * (1 - weight) + _along(out, axis, high) * weight
+    return out
+
+
+def upsample(
+    input: Any,
+    size: Any = None,
+    scale_factor: Any = None,
+    mode: str = "nearest",
+    align_corners: bool | None = None,
+    recompute_scale_factor: bool | None = None,
+) -> Tensor:
+    return interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
 # --- padding, reshuffling, normalising -------------------------------------------------------------------------
 
 _PAD_MODES = ("constant", "reflect", "replicate", "circular")

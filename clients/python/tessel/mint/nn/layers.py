@@ -39,6 +39,7 @@ __all__ = [
     "ConstantPad3d",
     "Conv1d",
     "Conv2d",
+    "ConvTranspose2d",
     "Dropout2d",
     "Embedding",
     "GroupNorm",
@@ -63,6 +64,9 @@ __all__ = [
     "SoftMarginLoss",
     "Softshrink",
     "Threshold",
+    "Upsample",
+    "UpsamplingBilinear2d",
+    "UpsamplingNearest2d",
     "ZeroPad1d",
     "ZeroPad2d",
     "ZeroPad3d",
@@ -770,3 +774,99 @@ class Dropout2d(_nn.Dropout2d):
         if len(x.shape) == 3:
             return F.squeeze(super().construct(F.expand_dims(x, 0)), 0)
         return super().construct(x)
+
+
+class ConvTranspose2d(_nn.Cell):
+    """2-D transposed convolution of (N, C, H, W) inputs; weight (in_channels, out_channels / groups, kH, kW) from
+    HeUniform(sqrt(5)) and bias from Uniform(1 / sqrt(fan_in)), fan_in = out_channels / groups * kH * kW, as
+    MindSpore's mint.nn.ConvTranspose2d."""
+
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size: Any,
+        stride: Any = 1,
+        padding: Any = 0,
+        output_padding: Any = 0,
+        groups: int = 1,
+        bias: bool = True,
+        dilation: Any = 1,
+        padding_mode: str = "zeros",
+        dtype: Any = None,
+    ):
+        super().__init__()
+        _padding_mode("ConvTranspose2d", padding_mode)
+        for name, value in (("in_channels", in_channels), ("out_channels", out_channels)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or value % groups:
+                raise ConfigurationError(f"mint.nn.ConvTranspose2d: {name} must be an int >= 1 dividing by groups")
+        self.kernel_size = _tuple(kernel_size, 2, "kernel_size", "ConvTranspose2d")
+        self.stride = _tuple(stride, 2, "stride", "ConvTranspose2d")
+        self.padding = _tuple(padding, 2, "padding", "ConvTranspose2d")
+        self.output_padding = _tuple(output_padding, 2, "output_padding", "ConvTranspose2d")
+        self.dilation = _tuple(dilation, 2, "dilation", "ConvTranspose2d")
+        self.in_channels, self.out_channels, self.groups, self.padding_mode = in_channels, out_channels, groups, "zeros"
+        dtype = dtype or DType.float32
+        shape = (in_channels, out_channels // groups, *self.kernel_size)
+        self.weight = make_parameter(HeUniform(math.sqrt(5)), shape, dtype, "weight")
+        bound = 1.0 / math.sqrt(math.prod(shape[1:]))
+        self.bias = make_parameter(Uniform(bound), (out_channels,), dtype, "bias") if bias else None
+
+    def construct(self, input, output_size=None):
+        require_float(self, input)
+        extra = self.output_padding
+        if output_size is not None:
+            wanted = tuple(output_size)[-2:]
+            least = [
+                functional._transposed_size(*args, 0)
+                for args in zip(input.shape[2:], self.kernel_size, self.stride, self.padding, self.dilation)
+            ]
+            extra = tuple(w - n for w, n in zip(wanted, least))
+        return functional.conv_transpose2d(
+            input, self.weight, self.bias, self.stride, self.padding, extra, self.groups, self.dilation
+        )
+
+
+class Upsample(_nn.Cell):
+    """mint.nn.functional.interpolate with the cell's size or scale_factor, mode and align_corners."""
+
+    def __init__(
+        self,
+        size: Any = None,
+        scale_factor: Any = None,
+        mode: str = "nearest",
+        align_corners: bool | None = None,
+        recompute_scale_factor: bool | None = None,
+    ):
+        super().__init__()
+        self.size, self.scale_factor, self.mode = size, scale_factor, mode
+        self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+    def construct(self, input):
+        return functional.interpolate(
+            input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+        )
+
+
+class UpsamplingNearest2d(Upsample):
+    """Nearest-neighbour resizing of (N, C, H, W) inputs to size or by scale_factor."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None):
+        super().__init__(size, scale_factor)
+
+
+class UpsamplingBilinear2d(_nn.Cell):
+    """Bilinear resizing of (N, C, H, W) inputs with the corners aligned, to size or by scale_factor (the output
+    size floor(in * scale_factor))."""
+
+    def __init__(self, size: Any = None, scale_factor: Any = None):
+        super().__init__()
+        self.size, self.scale_factor = size, scale_factor
+
+    def construct(self, input):
+        size = self.size
+        if self.scale_factor is not None:  # with aligned corners only the output size matters
+            size, _ = functional._resize_sizes(input, None, self.scale_factor, 2)
+            if self.size is not None:
+                raise ConfigurationError("mint.nn.UpsamplingBilinear2d: give size or scale_factor, not both")
+        return functional.interpolate(input, size, None, "bilinear", True)
