@@ -257,3 +257,27 @@ def test_interpolate_arguments_are_mints():
         F.interpolate(v, scale_factor=2.0, mode="bilinear")
     with pytest.raises(NotSupportedYetError, match="bicubic"):
         F.interpolate(v, size=(2, 2), mode="bicubic")
+
+
+@pytest.mark.parametrize("fn, signature", [
+    (F.max_pool2d, "(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False)"),
+    (F.conv_transpose2d, "(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1)"),
+    (
+        F.batch_norm,
+        "(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-05)",
+    ),
+    (F.pad, "(input, pad, mode='constant', value=None)"),
+    (
+        F.interpolate,
+        "(input, size=None, scale_factor=None, mode='nearest', align_corners=None, recompute_scale_factor=None)",
+    ),
+    (F.kl_div, "(input, target, reduction='mean', log_target=False)"),
+    (F.smooth_l1_loss, "(input, target, reduction='mean', beta=1.0)"),
+])  # fmt: skip
+def test_functional_signatures_are_mints(fn, signature):
+    """inspect.signature on MindSpore 2.7.0's mint.nn.functional (max_pool2d's ceil_mode is positional there)."""
+    import inspect
+
+    sig = inspect.signature(fn)
+    params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
+    assert str(sig.replace(parameters=params, return_annotation=sig.empty)) == signature

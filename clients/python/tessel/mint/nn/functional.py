@@ -191,7 +191,6 @@ def max_pool2d(
     stride: Any = None,
     padding: Any = 0,
     dilation: Any = 1,
-    *,
     ceil_mode: bool = False,
     return_indices: bool = False,
 ) -> Tensor:
