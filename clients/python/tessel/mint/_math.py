@@ -1,0 +1,395 @@
+"""mint's element-wise functions, reductions, orderings and matrix products, composed from `tessel.ops`.
+
+Each keeps mint's PyTorch-style arguments (`input`, `dim`, `keepdim`, keyword-only `dtype`, `correction`, `alpha`)
+and the dtypes MindSpore 2.7.0 gives (integer and bool inputs of log2, exp2, logsumexp become float32; prod sums
+nothing but still widens integers to int64; float_power computes in float64). Many of these functions are
+Ascend-only kernels in MindSpore 2.7.0; their results follow MindSpore's documented formulas, checked against numpy.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+from typing import Any
+
+import numpy as np
+
+from tessel.common.dtype import DType
+from tessel.common.tensor import Tensor
+from tessel.core.errors import ConfigurationError
+from tessel.ops import composed as C
+from tessel.ops import functional as F
+
+
+def _integer(x: Any) -> bool:
+    dtype = F.dtype_of(x)
+    return dtype.is_int or dtype == DType.bool_
+
+
+def _float(input: Any) -> Any:
+    """An int or bool input as float32, as mint's log2, exp2, logsumexp, ... promote it."""
+    return F.cast(input, DType.float32) if _integer(input) else input
+
+
+# --- element-wise ---------------------------------------------------------------------------------------------------
+
+
+def log1p(input: Any) -> Tensor:
+    """ln(1 + input), exact for small inputs too."""
+    return C.log1p(_float(input))
+
+
+def expm1(input: Any) -> Tensor:
+    """e^input - 1, exact for small inputs too."""
+    return C.expm1(_float(input))
+
+
+def log2(input: Any) -> Tensor:
+    """log base 2, element-wise; int and bool give float32."""
+    return F.log(_float(input)) * (1.0 / math.log(2.0))
+
+
+def log10(input: Any) -> Tensor:
+    """log base 10, element-wise; int and bool give float32."""
+    return F.log(_float(input)) * (1.0 / math.log(10.0))
+
+
+def exp2(input: Any) -> Tensor:
+    """2 ** input, element-wise; int and bool give float32."""
+    return F.pow(2.0, _float(input))
+
+
+def tan(input: Any) -> Tensor:
+    """sin / cos, element-wise (MindSpore 2.7.0's CPU Tan refuses integer inputs; they give float32 here)."""
+    x = _float(input)
+    return F.sin(x) / F.cos(x)
+
+
+def sinh(input: Any) -> Tensor:
+    """(e^x - e^-x) / 2 from expm1, so small x keep their digits."""
+    x = _float(input)
+    return (C.expm1(x) - C.expm1(-x)) * 0.5
+
+
+def cosh(input: Any) -> Tensor:
+    """(e^x + e^-x) / 2."""
+    x = _float(input)
+    return (F.exp(x) + F.exp(-x)) * 0.5
+
+
+def trunc(input: Any) -> Tensor:
+    """input rounded toward zero; integers come back as they are."""
+    if _integer(input):
+        return input
+    return F.select(F.less(input, 0.0), F.ceil(input), F.floor(input))
+
+
+fix = trunc
+
+
+def frac(input: Any) -> Tensor:
+    """input - trunc(input), the fractional part with input's sign."""
+    return input - trunc(input)
+
+
+def isinf(input: Any) -> Tensor:
+    """Whether each element is +inf or -inf (bool); integers never are."""
+    return F.zeros_like(input, dtype=DType.bool_) if _integer(input) else C.isinf(input)
+
+
+def isneginf(input: Any) -> Tensor:
+    """Whether each element is -inf (bool)."""
+    return F.logical_and(isinf(input), F.less(input, 0))
+
+
+def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """|input - other| <= atol + rtol * |other| element-wise (bool)."""
+    return C.isclose(input, other, rtol, atol, equal_nan)
+
+
+def allclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
+    """Whether every element is close (a 0-D bool tensor, as MindSpore 2.7.0's mint.allclose)."""
+    return F.all(C.isclose(input, other, rtol, atol, equal_nan))
+
+
+def equal(input: Any, other: Any) -> bool:
+    """Whether input and other have the same shape and elements (a Python bool, as torch.equal)."""
+    if tuple(input.shape) != tuple(other.shape):
+        return False
+    return builtins.bool(F.all(F.equal(input, other)).asnumpy())
+
+
+def logical_xor(input: Any, other: Any) -> Tensor:
+    """input xor other, element-wise (bool); numbers are true where non-zero."""
+    return C.logical_xor(input, other)
+
+
+def lerp(input: Any, end: Any, weight: Any) -> Tensor:
+    """input + weight * (end - input)."""
+    return C.lerp(input, end, weight)
+
+
+def addcmul(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    """input + value * tensor1 * tensor2."""
+    return C.addcmul(input, tensor1, tensor2, value)
+
+
+def addcdiv(input: Any, tensor1: Any, tensor2: Any, *, value: Any = 1) -> Tensor:
+    """input + value * tensor1 / tensor2."""
+    return C.addcdiv(input, tensor1, tensor2, value)
+
+
+def xlogy(input: Any, other: Any) -> Tensor:
+    """input * ln(other), 0 where input is 0 (even where other is 0 too)."""
+    x, y = _float(input), _float(other)
+    zero = F.equal(x, 0.0)
+    safe = F.select(F.logical_and(zero, F.logical_not(F.isnan(y))), F.ones_like(y), y)
+    return F.select(F.logical_and(zero, F.logical_not(F.isnan(y))), F.zeros_like(x * safe), x * F.log(safe))
+
+
+def logaddexp(input: Any, other: Any) -> Tensor:
+    """ln(e^input + e^other), from the larger operand so that neither overflows."""
+    x, y = _float(input), _float(other)
+    top = F.maximum(x, y)
+    return top + C.log1p(F.exp(-F.abs(x - y)))
+
+
+def logaddexp2(input: Any, other: Any) -> Tensor:
+    """log2(2^input + 2^other), from the larger operand."""
+    x, y = _float(input), _float(other)
+    top = F.maximum(x, y)
+    return top + C.log1p(F.pow(2.0, -F.abs(x - y))) * (1.0 / math.log(2.0))
+
+
+def sinc(input: Any) -> Tensor:
+    """sin(pi x) / (pi x), 1 at x = 0."""
+    x = _float(input)
+    zero = F.equal(x, 0.0)
+    scaled = F.select(zero, F.ones_like(x), x) * math.pi
+    return F.select(zero, F.ones_like(x), F.sin(scaled) / scaled)
+
+
+def float_power(input: Any, exponent: Any) -> Tensor:
+    """input ** exponent computed in float64 (MindSpore 2.7.0: float64 for float32 and int32 inputs alike)."""
+    base = F.cast(input, DType.float64) if isinstance(input, Tensor) else float(input)
+    power = F.cast(exponent, DType.float64) if isinstance(exponent, Tensor) else float(exponent)
+    return F.pow(base, power)
+
+
+def fmod(input: Any, other: Any) -> Tensor:
+    """input - trunc(input / other) * other: the remainder with input's sign (remainder's follows other)."""
+    r = F.floor_mod(input, other)
+    flipped = F.logical_and(F.not_equal(r, 0), F.not_equal(F.less(r, 0), F.less(input, 0)))
+    return F.select(flipped, r - other, r)
+
+
+def nan_to_num(input: Any, nan: Any = None, posinf: Any = None, neginf: Any = None) -> Tensor:
+    """NaN as `nan` (0), +inf as `posinf` and -inf as `neginf` (the dtype's largest and lowest by default)."""
+    if _integer(input):
+        return input
+    finfo = np.finfo(input.dtype.numpy)
+    inf = C.isinf(input)
+    out = C.masked_fill(input, F.isnan(input), 0.0 if nan is None else float(nan))
+    out = C.masked_fill(out, F.logical_and(inf, F.greater(input, 0.0)), finfo.max if posinf is None else posinf)
+    return C.masked_fill(out, F.logical_and(inf, F.less(input, 0.0)), finfo.min if neginf is None else neginf)
+
+
+# --- reductions -----------------------------------------------------------------------------------------------------
+
+
+def all(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Whether every element over `dim` (all dims when None) is non-zero (bool)."""
+    return F.all(input, dim, keepdim)
+
+
+def any(input: Any, dim: Any = None, keepdim: bool = False) -> Tensor:
+    """Whether any element over `dim` (all dims when None) is non-zero (bool)."""
+    return F.any(input, dim, keepdim)
+
+
+def _product(input: Any, dim: int) -> Tensor:
+    """The product along `dim` (kept, length 1), multiplied out slice by slice so that zeros and their gradients
+    are exact (a product of exp(sum(log)) would not be)."""
+    parts = F.split(input, 1, dim) if input.shape[dim] > 1 else (input,)
+    out = parts[0]
+    for part in parts[1:]:
+        out = out * part
+    return out
+
+
+def prod(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The product over `dim` (every element when None); integer and bool inputs give int64 unless `dtype` says
+    (MindSpore 2.7.0: prod of int32 and of bool is int64)."""
+    if dtype is None and _integer(input):
+        dtype = DType.int64
+    x = input if dtype is None else F.cast(input, dtype)
+    if dim is None:
+        return F.reshape(_product(F.reshape(x, (-1,)), 0), ())
+    dim = C._dim(int(dim), F._ndim(x), "mint.prod")
+    out = _product(x, dim)
+    return out if keepdim else F.squeeze(out, dim)
+
+
+def cumsum(input: Any, dim: int, dtype: Any = None) -> Tensor:
+    """Running sums along `dim`, of input's dtype unless `dtype` says."""
+    return C.cumsum(input, dim, dtype)
+
+
+def cumprod(input: Any, dim: int, dtype: Any = None) -> Tensor:
+    """Running products along `dim`, of input's dtype unless `dtype` says (MindSpore 2.7.0: int32 stays int32)."""
+    x = input if dtype is None else F.cast(input, dtype)
+    dim = C._dim(int(dim), F._ndim(x), "mint.cumprod")
+    if x.shape[dim] <= 1:
+        return x
+    parts = list(F.split(x, 1, dim))
+    for k in range(1, len(parts)):
+        parts[k] = parts[k - 1] * parts[k]
+    return F.concat(parts, dim)
+
+
+def _moments(input: Any, dim: Any, correction: Any, keepdim: bool) -> tuple[Tensor, Tensor]:
+    """(variance dividing by max(0, N - correction), mean) over `dim`."""
+    if isinstance(correction, bool) or not isinstance(correction, int):
+        raise ConfigurationError(f"mint.var: correction must be an int, got {correction!r}")
+    shape = C._shape(input, "mint.var")
+    dims = None if dim is None else C._dims(dim)
+    n = builtins.max(C._count(shape, dims) - correction, 0)
+    mean = F.mean(input, dims, True)
+    variance = F.sum(F.square(input - mean), dims, keepdim) / float(n)
+    return variance, (mean if keepdim else F.mean(input, dims, False))
+
+
+def var(input: Any, dim: Any = None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """The variance over `dim` (all dims when None), dividing by N - correction (Bessel's, 1, by default)."""
+    return _moments(input, dim, correction, keepdim)[0]
+
+
+def std(input: Any, dim: Any = None, *, correction: int = 1, keepdim: bool = False) -> Tensor:
+    """The standard deviation over `dim`, dividing by N - correction."""
+    return F.sqrt(_moments(input, dim, correction, keepdim)[0])
+
+
+def var_mean(input: Any, dim: Any = None, *, correction: int = 1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """(variance, mean) over `dim`."""
+    return _moments(input, dim, correction, keepdim)
+
+
+def std_mean(input: Any, dim: Any = None, *, correction: int = 1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """(standard deviation, mean) over `dim`."""
+    variance, mean = _moments(input, dim, correction, keepdim)
+    return F.sqrt(variance), mean
+
+
+def logsumexp(input: Any, dim: Any, keepdim: bool = False) -> Tensor:
+    """ln(sum(e^input)) over `dim`, from the maximum; int and bool give float32."""
+    return C.logsumexp(_float(input), dim, keepdim)
+
+
+def count_nonzero(input: Any, dim: Any = None) -> Tensor:
+    """The number of non-zero elements over `dim` (all dims when None), int64."""
+    return F.sum(F.cast(F.not_equal(input, 0), DType.int64), dim)
+
+
+def nansum(input: Any, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The sum over `dim` with NaNs counted as 0; integer and bool inputs sum as int64 unless `dtype` says."""
+    if dtype is None and _integer(input):
+        dtype = DType.int64
+    x = input if dtype is None else F.cast(input, dtype)
+    if F.dtype_of(x).is_float:
+        x = F.select(F.isnan(x), F.zeros_like(x), x)
+    return F.sum(x, dim, keepdim)
+
+
+def trace(input: Any) -> Tensor:
+    """The sum of the main diagonal of a 2-D tensor; integer and bool inputs give int64."""
+    return C.trace(F.cast(input, DType.int64) if _integer(input) else input)
+
+
+# --- ordering -------------------------------------------------------------------------------------------------------
+
+
+def sort(input: Any, *, dim: int = -1, descending: bool = False, stable: bool = False) -> tuple[Tensor, Tensor]:
+    """(sorted values, int64 indices) along `dim`; equal elements keep their order (a stable sort either way)."""
+    values, index = C.sort(input, dim, bool(descending))
+    return values, F.cast(index, DType.int64)
+
+
+def argsort(input: Any, dim: int = -1, descending: bool = False, stable: bool = False) -> Tensor:
+    """The int64 indices that sort input along `dim` (stably)."""
+    return sort(input, dim=dim, descending=descending, stable=stable)[1]
+
+
+def topk(input: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool = True) -> tuple[Tensor, Tensor]:
+    """(values, int64 indices) of the k largest (largest=False: smallest) elements along `dim`, in order (sorted=False
+    may return any order; these come sorted)."""
+    values, index = C.topk(input, k, dim, largest, sorted)
+    return values, F.cast(index, DType.int64)
+
+
+# --- matrix products ------------------------------------------------------------------------------------------------
+
+
+def _scaled(value: Any, scale: Any) -> Any:
+    return value if scale == 1 else value * scale
+
+
+def _plus(input: Any, product: Any, beta: Any, alpha: Any) -> Tensor:
+    """beta * input + alpha * product; beta 0 ignores input (its NaNs too), as torch and mint."""
+    if beta == 0:
+        shape = np.broadcast_shapes(C._shape(input, "mint.addmm"), C._shape(product, "mint.addmm"))
+        return F.broadcast_to(_scaled(product, alpha), shape)
+    return _scaled(input, beta) + _scaled(product, alpha)
+
+
+def outer(input: Any, vec2: Any) -> Tensor:
+    """The outer product of two 1-D tensors."""
+    return C.outer(input, vec2)
+
+
+def dot(input: Any, other: Any) -> Tensor:
+    """The inner product of two 1-D tensors (0-D)."""
+    if F._ndim(input) != 1 or F._ndim(other) != 1:
+        raise ConfigurationError(f"mint.dot: both inputs must be 1-D, got ranks {F._ndim(input)} and {F._ndim(other)}")
+    return F.sum(input * other)
+
+
+def mv(input: Any, vec: Any) -> Tensor:
+    """The product of a 2-D matrix and a 1-D vector."""
+    if F._ndim(input) != 2 or F._ndim(vec) != 1:
+        raise ConfigurationError(f"mint.mv: input must be 2-D and vec 1-D, got ranks {F._ndim(input)}, {F._ndim(vec)}")
+    return F.matmul(input, vec)
+
+
+def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """beta * input + alpha * (mat1 @ mat2) for 2-D mat1 and mat2."""
+    return _plus(input, C.mm(mat1, mat2), beta, alpha)
+
+
+def addmv(input: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """beta * input + alpha * (mat @ vec)."""
+    return _plus(input, mv(mat, vec), beta, alpha)
+
+
+def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """beta * input + alpha * (batch1 @ batch2), batch by batch (3-D batches)."""
+    return _plus(input, F.bmm(batch1, batch2), beta, alpha)
+
+
+def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
+    """beta * input + alpha * the sum over the batch of batch1[i] @ batch2[i]."""
+    return _plus(input, F.sum(F.bmm(batch1, batch2), 0), beta, alpha)
+
+
+def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:
+    """The cross product of 3-vectors along `dim` (None: the first dim of length 3)."""
+    shape = C._shape(input, "mint.cross")
+    if dim is None:
+        dim = next((d for d, n in enumerate(shape) if n == 3), None)
+        if dim is None:
+            raise ConfigurationError(f"mint.cross: no dim of length 3 in shape {shape}; give dim")
+    dim = C._dim(int(dim), len(shape), "mint.cross")
+    if shape[dim] != 3:
+        raise ConfigurationError(f"mint.cross: dim {dim} must have length 3, got shape {shape}")
+    a = [F.gather(input, C._constant(np.array([k], np.int64)), dim) for k in range(3)]
+    b = [F.gather(other, C._constant(np.array([k], np.int64)), dim) for k in range(3)]
+    return F.concat([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]], dim)
