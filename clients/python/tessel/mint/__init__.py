@@ -25,22 +25,18 @@ from tessel.mint import nn as nn
 from tessel.mint import optim as optim
 from tessel.mint import special as special
 from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the names of MINT defined here
-    addbmm,
     addcdiv,
     addcmul,
-    addmm,
-    addmv,
     all,
     allclose,
     any,
     argsort,
-    baddbmm,
     cosh,
     count_nonzero,
-    cross,
+    cummax,
+    cummin,
     cumprod,
     cumsum,
-    dot,
     equal,
     exp2,
     expm1,
@@ -51,6 +47,8 @@ from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the n
     isclose,
     isinf,
     isneginf,
+    item,
+    kthvalue,
     lerp,
     log1p,
     log2,
@@ -59,11 +57,12 @@ from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the n
     logaddexp2,
     logical_xor,
     logsumexp,
-    mv,
+    median,
     nan_to_num,
     nansum,
-    outer,
+    norm,
     prod,
+    searchsorted,
     sinc,
     sinh,
     sort,
@@ -78,6 +77,7 @@ from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the n
     xlogy,
 )
 from tessel.mint._names import MINT
+from tessel.mint._products import addbmm, addmm, addmv, baddbmm, cross, dot, einsum, mv, outer  # noqa: F401 - as above
 from tessel.mint._shapes import (  # noqa: F401 - re-exported, as above
     arange,
     clone,

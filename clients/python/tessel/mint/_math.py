@@ -1,8 +1,8 @@
-"""mint's element-wise functions, reductions, orderings and matrix products, composed from `tessel.ops`.
+"""mint's element-wise functions, reductions and orderings, composed from `tessel.ops`.
 
-Each keeps mint's PyTorch-style arguments (`input`, `dim`, `keepdim`, keyword-only `dtype`, `correction`, `alpha`)
-and the dtypes MindSpore 2.7.0 gives (integer and bool inputs of log2, exp2, logsumexp become float32; prod sums
-nothing but still widens integers to int64; float_power computes in float64). Many of these functions are
+Each keeps mint's PyTorch-style arguments (`input`, `dim`, `keepdim`, keyword-only `dtype` and `correction`) and
+the dtypes MindSpore 2.7.0 gives (integer and bool inputs of log2, exp2 and logsumexp become float32; prod widens
+them to int64; float_power computes in float64; sort, argsort and topk give int64 indices). Many of these functions are
 Ascend-only kernels in MindSpore 2.7.0; their results follow MindSpore's documented formulas, checked against numpy.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tessel.common.dtype import DType
+from tessel.common.support import not_supported_yet
 from tessel.common.tensor import Tensor
 from tessel.core.errors import ConfigurationError
 from tessel.ops import composed as C
@@ -107,13 +108,15 @@ def isclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, eq
     return C.isclose(input, other, rtol, atol, equal_nan)
 
 
-def allclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> Tensor:
-    """Whether every element is close (a 0-D bool tensor, as MindSpore 2.7.0's mint.allclose)."""
-    return F.all(C.isclose(input, other, rtol, atol, equal_nan))
+def allclose(input: Any, other: Any, rtol: float = 1e-05, atol: float = 1e-08, equal_nan: bool = False) -> bool:
+    """Whether every element is close, a Python bool (MindSpore 2.7.0's mint.allclose ends in .item()), so it runs
+    eagerly only."""
+    return builtins.bool(F.all(C.isclose(input, other, rtol, atol, equal_nan)).asnumpy())
 
 
 def equal(input: Any, other: Any) -> bool:
-    """Whether input and other have the same shape and elements (a Python bool, as torch.equal)."""
+    """Whether input and other have the same shape and elements, a Python bool (MindSpore 2.7.0's mint.equal ends in
+    .item()), so it runs eagerly only."""
     if tuple(input.shape) != tuple(other.shape):
         return False
     return builtins.bool(F.all(F.equal(input, other)).asnumpy())
@@ -326,70 +329,102 @@ def topk(input: Any, k: int, dim: int = -1, largest: bool = True, sorted: bool =
     return values, F.cast(index, DType.int64)
 
 
-# --- matrix products ------------------------------------------------------------------------------------------------
+def item(input: Any) -> Any:
+    """The value of a one-element tensor as a Python number (eagerly only)."""
+    return input.asnumpy().item()
 
 
-def _scaled(value: Any, scale: Any) -> Any:
-    return value if scale == 1 else value * scale
+def _sorted_along(input: Any, dim: int) -> tuple[Tensor, Tensor]:
+    values, index = C.sort(input, dim, False)
+    return values, F.cast(index, DType.int64)
 
 
-def _plus(input: Any, product: Any, beta: Any, alpha: Any) -> Tensor:
-    """beta * input + alpha * product; beta 0 ignores input (its NaNs too), as torch and mint."""
-    if beta == 0:
-        shape = np.broadcast_shapes(C._shape(input, "mint.addmm"), C._shape(product, "mint.addmm"))
-        return F.broadcast_to(_scaled(product, alpha), shape)
-    return _scaled(input, beta) + _scaled(product, alpha)
+def _pick(values: Tensor, index: Tensor, dim: int, position: int, keepdim: bool) -> tuple[Tensor, Tensor]:
+    at = C._constant(np.array([position], np.int64))
+    picked, where = F.gather(values, at, dim), F.gather(index, at, dim)
+    return (picked, where) if keepdim else (F.squeeze(picked, dim), F.squeeze(where, dim))
 
 
-def outer(input: Any, vec2: Any) -> Tensor:
-    """The outer product of two 1-D tensors."""
-    return C.outer(input, vec2)
-
-
-def dot(input: Any, other: Any) -> Tensor:
-    """The inner product of two 1-D tensors (0-D)."""
-    if F._ndim(input) != 1 or F._ndim(other) != 1:
-        raise ConfigurationError(f"mint.dot: both inputs must be 1-D, got ranks {F._ndim(input)} and {F._ndim(other)}")
-    return F.sum(input * other)
-
-
-def mv(input: Any, vec: Any) -> Tensor:
-    """The product of a 2-D matrix and a 1-D vector."""
-    if F._ndim(input) != 2 or F._ndim(vec) != 1:
-        raise ConfigurationError(f"mint.mv: input must be 2-D and vec 1-D, got ranks {F._ndim(input)}, {F._ndim(vec)}")
-    return F.matmul(input, vec)
-
-
-def addmm(input: Any, mat1: Any, mat2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    """beta * input + alpha * (mat1 @ mat2) for 2-D mat1 and mat2."""
-    return _plus(input, C.mm(mat1, mat2), beta, alpha)
-
-
-def addmv(input: Any, mat: Any, vec: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    """beta * input + alpha * (mat @ vec)."""
-    return _plus(input, mv(mat, vec), beta, alpha)
-
-
-def baddbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    """beta * input + alpha * (batch1 @ batch2), batch by batch (3-D batches)."""
-    return _plus(input, F.bmm(batch1, batch2), beta, alpha)
-
-
-def addbmm(input: Any, batch1: Any, batch2: Any, *, beta: Any = 1, alpha: Any = 1) -> Tensor:
-    """beta * input + alpha * the sum over the batch of batch1[i] @ batch2[i]."""
-    return _plus(input, F.sum(F.bmm(batch1, batch2), 0), beta, alpha)
-
-
-def cross(input: Any, other: Any, dim: int | None = None) -> Tensor:
-    """The cross product of 3-vectors along `dim` (None: the first dim of length 3)."""
-    shape = C._shape(input, "mint.cross")
+def median(input: Any, dim: int | None = None, keepdim: bool = False) -> Any:
+    """The lower median of all elements (dim None), or (values, int64 indices) of the lower medians along `dim`."""
     if dim is None:
-        dim = next((d for d, n in enumerate(shape) if n == 3), None)
-        if dim is None:
-            raise ConfigurationError(f"mint.cross: no dim of length 3 in shape {shape}; give dim")
-    dim = C._dim(int(dim), len(shape), "mint.cross")
-    if shape[dim] != 3:
-        raise ConfigurationError(f"mint.cross: dim {dim} must have length 3, got shape {shape}")
-    a = [F.gather(input, C._constant(np.array([k], np.int64)), dim) for k in range(3)]
-    b = [F.gather(other, C._constant(np.array([k], np.int64)), dim) for k in range(3)]
-    return F.concat([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]], dim)
+        flat = F.reshape(input, (-1,))
+        values, index = _sorted_along(flat, 0)
+        return F.reshape(_pick(values, index, 0, (int(flat.shape[0]) - 1) // 2, True)[0], ())
+    dim = C._dim(int(dim), F._ndim(input), "mint.median")
+    values, index = _sorted_along(input, dim)
+    return _pick(values, index, dim, (int(input.shape[dim]) - 1) // 2, keepdim)
+
+
+def kthvalue(input: Any, k: int, dim: int = -1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """(values, int64 indices) of the k-th smallest elements along `dim` (k counts from 1)."""
+    dim = C._dim(int(dim), F._ndim(input), "mint.kthvalue")
+    if not 1 <= k <= input.shape[dim]:
+        raise ConfigurationError(f"mint.kthvalue: k must be in [1, {input.shape[dim]}], got {k}")
+    values, index = _sorted_along(input, dim)
+    return _pick(values, index, dim, int(k) - 1, keepdim)
+
+
+def _running(input: Any, dim: int, better) -> tuple[Tensor, Tensor]:
+    """(running extremum, int64 index of it) along `dim`; a later equal element takes over the index (torch's
+    cummax and cummin); the values are read at the indices, so the gradient goes to those elements."""
+    dim = C._dim(int(dim), F._ndim(input), "mint.cummax")
+    size = int(input.shape[dim])
+    parts = F.split(input, 1, dim) if size > 1 else (input,)
+    best, where = parts[0], F.zeros_like(parts[0], dtype=DType.int64)
+    indices = [where]
+    for k in range(1, size):
+        take = F.logical_not(better(best, parts[k]))
+        best = F.select(take, parts[k], best)
+        where = F.select(take, F.full(tuple(where.shape), k, dtype=DType.int64), where)
+        indices.append(where)
+    index = F.concat(indices, dim) if size > 1 else where
+    return F.gather_elements(input, dim, index), index
+
+
+def cummax(input: Any, dim: int) -> tuple[Tensor, Tensor]:
+    """(running maxima, their int64 indices) along `dim`."""
+    return _running(input, dim, F.greater)
+
+
+def cummin(input: Any, dim: int) -> tuple[Tensor, Tensor]:
+    """(running minima, their int64 indices) along `dim`."""
+    return _running(input, dim, F.less)
+
+
+def searchsorted(
+    sorted_sequence: Any,
+    values: Any,
+    *,
+    out_int32: bool = False,
+    right: bool = False,
+    side: str | None = None,
+    sorter: Any = None,
+) -> Tensor:
+    """For each value, the index in the sorted last dim of sorted_sequence where it would be inserted: before equal
+    elements (right=False, side 'left') or after them; int64 (int32 with out_int32)."""
+    if side not in (None, "left", "right") or (side == "left" and right):
+        raise ConfigurationError(
+            f"mint.searchsorted: side must be None, 'left' or 'right' and agree with right, got {side!r}"
+        )
+    right = right or side == "right"
+    sequence = sorted_sequence if sorter is None else F.gather_elements(sorted_sequence, -1, sorter)
+    below = F.less_equal if right else F.less
+    if isinstance(values, Tensor):
+        counts = below(F.expand_dims(sequence, -2), F.expand_dims(values, -1))
+    else:
+        counts = below(sequence, values)
+    return F.cast(F.sum(F.cast(counts, DType.int64), -1), DType.int32 if out_int32 else DType.int64)
+
+
+def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Tensor:
+    """The p-norm of input's elements over `dim` (all dims when None), as a vector: p 'fro' or 2 the square root of
+    the sum of squares, inf / -inf the largest / smallest |x|, 0 the count of non-zeros, other p (sum |x|^p)^(1/p).
+    Integer inputs give float32. ('nuc' needs singular values: not supported yet.)"""
+    x = _float(input if dtype is None else F.cast(input, dtype))
+    if p == "nuc":
+        raise not_supported_yet("mindspore.mint.norm(p='nuc')", "it needs singular values")
+    if isinstance(p, str) and p != "fro":
+        raise ConfigurationError(f"mint.norm: p must be a number, 'fro' or 'nuc', got {p!r}")
+    dims = None if dim is None else tuple(C._dims(dim))
+    return C._vector_norm(x, None if p == "fro" else p, dims, keepdim)
