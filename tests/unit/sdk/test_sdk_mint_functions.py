@@ -14,10 +14,30 @@ import pytest
 
 import tessel as ms
 from tessel import mint
+from tessel.core.errors import NotSupportedYetError
 
 MS = np.load(Path(__file__).parent / "data" / "mindspore_mint.npz")
 CASES = json.loads(str(MS["cases"]))
 INPUTS = {key[3:]: MS[key] for key in MS.files if key.startswith("in/")}
+
+
+def _scatter_add(a, dim, index, src):
+    """a with src added at index along dim (numpy's add.at over the index's own positions)."""
+    out = a.copy()
+    for position in np.ndindex(index.shape):
+        target = list(position)
+        target[dim] = index[position]
+        out[tuple(target)] += src[position]
+    return out
+
+
+def _scatter(a, dim, index, src):
+    out = a.copy()
+    for position in np.ndindex(index.shape):
+        target = list(position)
+        target[dim] = index[position]
+        out[tuple(target)] = src[position]
+    return out
 
 
 def _last_index(a, axis, better_or_equal):
@@ -155,6 +175,12 @@ NUMPY = {
         ("int32", "int64"),
     ),
     "searchsorted_int32": (lambda d: np.searchsorted(d["o"], d["h"]), "int32"),  # MindSpore 2.7.0's CPU kernel fails
+    "repeat_interleave": (lambda d: np.repeat(d["m"].ravel(), 2), "float32"),
+    "repeat_interleave_dim": (lambda d: np.repeat(d["m"], (1, 0, 2), -1), "float32"),
+    "repeat_interleave_tensor": (lambda d: np.repeat(d["i"], (2, 1), 0), "int32"),
+    "scatter_add": (lambda d: _scatter_add(d["m"], 1, d["si"], d["n"]), "float32"),
+    "scatter_add_dim0": (lambda d: _scatter_add(d["a"], 0, d["sj"], d["k"][:, :4]), "float32"),
+    "scatter": (lambda d: _scatter(d["m"], 0, d["su"], d["n"]), "float32"),  # MindSpore's CPU kernel wants src's shape
     "cummax": (
         lambda d: (np.maximum.accumulate(d["u"], 1), _last_index(d["u"], 1, np.greater_equal)),
         ("float32", "int64"),
@@ -163,7 +189,8 @@ NUMPY = {
 # MindSpore 2.7.0's CPU kernels compute log1p, expm1 and xlogy naively: log1p(1e-7) and expm1(1e-7) give
 # 1.1920929e-07, xlogy(0, 0) and xlogy(0, -1e-6) give nan (torch and MindSpore's documentation: 1e-07 and 0); its
 # SearchSorted CPU kernel ignores right=True (searchsorted([1, 2, 3, 3, 5], 3, right=True) gives 2, not 4); its
-# cumprod gradient is nan where the input has a zero (it divides by the input). tessel keeps the documented values;
+# cumprod gradient is nan where the input has a zero (it divides by the input); its mint.index_add adds into its
+# input in place, so a later case reading that input sees it changed. tessel keeps the documented values;
 # these cases compare with numpy (and central differences) instead.
 QUIRKS = {
     "log1p": (lambda d: np.log1p(d["s"]), "float32"),
@@ -175,6 +202,7 @@ QUIRKS = {
         "int64",
     ),
     "cumprod_zero": (lambda d: np.cumprod(d["u"], 1), "float32"),
+    "index_add_repeat": (lambda d: d["a"] + np.array([[0.0], [1.0], [0.0]]) * (d["a"][0] + d["a"][1]), "float32"),
 }
 NUMPY.update(QUIRKS)
 EAGER_ONLY = ("equal", "allclose", "item")  # mint's return Python values (.item()), so they cannot trace
@@ -271,3 +299,15 @@ def test_gradients_are_mindspores(case, mode):
     got = _tuple(grad(*(tensors[n] for n in names)))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-5)
+
+
+def test_empty_and_empty_like_give_the_shape_and_dtype():
+    """MindSpore 2.7.0 documents float32 for empty without dtype and input's dtype for empty_like (its CPU build
+    cannot run them: "Create device context failed ... Ascend"); the values are unspecified there, zeros here."""
+    assert mint.empty(2, 3).shape == (2, 3) and mint.empty(2, 3).dtype == ms.float32
+    assert mint.empty((4,), dtype=ms.int32).dtype == ms.int32
+    like = mint.empty_like(ms.Tensor(INPUTS["i"]))
+    assert like.shape == (2, 3) and like.dtype == ms.int32
+    assert mint.empty_like(ms.Tensor(INPUTS["i"]), dtype=ms.float16).dtype == ms.float16
+    with pytest.raises(NotSupportedYetError, match=r"mint\.empty\(device='Ascend'\)"):
+        mint.empty(2, device="Ascend")

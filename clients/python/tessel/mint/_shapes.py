@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 
 from tessel.common.dtype import DType, to_dtype
+from tessel.common.support import not_supported_yet
 from tessel.common.tensor import Tensor
+from tessel.common.tracing import apply_op
 from tessel.core.errors import ConfigurationError
 from tessel.ops import composed as C
 from tessel.ops import functional as F
@@ -172,3 +174,79 @@ def diff(input: Any, n: int = 1, dim: int = -1, prepend: Any = None, append: Any
         later, earlier = C.narrow(out, dim, 1, size - 1), C.narrow(out, dim, 0, size - 1)
         out = C.logical_xor(later, earlier) if F.dtype_of(out) == DType.bool_ else later - earlier
     return out
+
+
+def _no_device(device: Any, who: str) -> None:
+    if device is not None:
+        raise not_supported_yet(f"mindspore.mint.{who}(device={device!r})", "leave device None: tessel places tensors")
+
+
+def empty(*size: Any, dtype: Any = None, device: Any = None) -> Tensor:
+    """A tensor of shape `size` (ints or one sequence), float32 unless `dtype` says; its contents are unspecified
+    in MindSpore, and zeros here."""
+    _no_device(device, "empty")
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list)) else tuple(size)
+    return F.zeros(shape, dtype or DType.float32)
+
+
+def empty_like(input: Any, *, dtype: Any = None, device: Any = None) -> Tensor:
+    """A tensor of input's shape and dtype (or `dtype`); its contents are unspecified in MindSpore, and zeros here."""
+    _no_device(device, "empty_like")
+    return F.zeros_like(input, dtype=dtype)
+
+
+def repeat_interleave(input: Any, repeats: Any, dim: int | None = None, *, output_size: int | None = None) -> Tensor:
+    """Each element repeated `repeats` times (an int, or one count per element) along `dim` (the flattened input
+    when None). The counts must be known when tracing: a Tensor of them is read eagerly."""
+    x = F.reshape(input, (-1,)) if dim is None else input
+    axis = 0 if dim is None else C._dim(int(dim), F._ndim(x), "mint.repeat_interleave")
+    counts = np.asarray(repeats.asnumpy() if isinstance(repeats, Tensor) else repeats, np.int64).reshape(-1)
+    size = C._shape(x, "mint.repeat_interleave")[axis]
+    if counts.size not in (1, size) or (counts < 0).any():
+        raise ConfigurationError(f"mint.repeat_interleave: repeats must be one count >= 0 or {size} of them")
+    index = np.repeat(np.arange(size, dtype=np.int64), np.broadcast_to(counts, (size,)))
+    if output_size is not None and output_size != index.size:
+        raise ConfigurationError(f"mint.repeat_interleave: output_size {output_size} is not the total {index.size}")
+    return F.gather(x, C._constant(index), axis)
+
+
+def scatter_add(input: Any, dim: int, index: Any, src: Any) -> Tensor:
+    """input with src[i][j] added at input[index[i][j]][j] (dim 0), ...; repeated indices add up. src may be larger
+    than index: its leading part is used."""
+    dim = C._dim(int(dim), F._ndim(input), "mint.scatter_add")
+    return apply_op("ScatterAdd", input, index, _leading(src, index, input.dtype), axis=dim)
+
+
+def _leading(src: Any, index: Any, dtype: DType) -> Tensor:
+    """src cut to index's shape (a number: filled to it), as the scatters read it."""
+    if not isinstance(src, Tensor):
+        return F.full(C._shape(index, "mint.scatter"), src, dtype=dtype)
+    wanted, shape = C._shape(index, "mint.scatter"), C._shape(src, "mint.scatter")
+    for axis, (n, have) in enumerate(zip(wanted, shape)):
+        if n != have:
+            src = C.narrow(src, axis, 0, n)
+    return src
+
+
+def scatter(input: Any, dim: int, index: Any, src: Any) -> Tensor:
+    """input with input[index[i][j]][j] = src[i][j] (dim 0), ...; src a tensor or a number. Where an index repeats,
+    MindSpore and torch leave which of the values lands undefined; here their mean lands (the value itself when src
+    is a number, as MindSpore 2.7.0 gives)."""
+    dim = C._dim(int(dim), F._ndim(input), "mint.scatter")
+    values = _leading(src, index, input.dtype)
+    zeros = F.zeros_like(input)
+    hits = apply_op("ScatterAdd", zeros, index, F.ones_like(values), axis=dim)
+    landed = apply_op("ScatterAdd", zeros, index, values, axis=dim)
+    hit = F.greater(hits, 0)
+    mean = F.cast(landed / F.select(hit, hits, F.ones_like(hits)), input.dtype)
+    return F.select(hit, mean, input)
+
+
+def index_add(input: Any, dim: int, index: Any, source: Any, *, alpha: Any = 1) -> Tensor:
+    """input with alpha * source's slices along `dim` added at the 1-D `index` positions (repeats add up)."""
+    dim = C._dim(int(dim), F._ndim(input), "mint.index_add")
+    shape = C._shape(source, "mint.index_add")
+    view = [1] * len(shape)
+    view[dim] = -1
+    spread = F.broadcast_to(F.reshape(F.cast(index, DType.int64), tuple(view)), shape)
+    return apply_op("ScatterAdd", input, spread, source if alpha == 1 else source * alpha, axis=dim)

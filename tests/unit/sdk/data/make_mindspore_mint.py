@@ -39,6 +39,9 @@ INPUTS = {
     "u": np.array([[1.0, 0.0, 2.0, -1.0], [3.0, 0.5, 0.0, 2.0]], np.float32),
     "o": np.array([1.0, 2.0, 3.0, 3.0, 5.0], np.float32),
     "h": np.array([[3.0, 0.0, 6.0], [1.0, 2.0, 2.0]], np.float32),
+    "si": np.array([[0, 0, 2], [1, 2, 1], [2, 2, 2]], np.int64),
+    "sj": np.array([[0, 1, 2, 0], [2, 2, 1, 0], [0, 0, 0, 0]], np.int64),
+    "su": np.array([[2, 0, 1], [0, 2, 0]], np.int64),
     "sr": np.array([[0.0, 1.0, 2.0, 3.0], [-1.0, 0.0, 2.0, 4.0]], np.float32),
     "nanny": np.array([[1.0, np.nan, 2.0], [3.0, 4.0, np.nan]], np.float32),
 }
@@ -224,6 +227,15 @@ CASES = [
     ("searchsorted_rows", "mint.searchsorted(sr, h[:, :2], side='right')", ""),
     ("item", "mint.item(x[0, 0, 0])", ""),
     ("nansum_nan", "mint.nansum(nanny)", ""),
+    ("repeat_interleave", "mint.repeat_interleave(m, 2)", "m"),
+    ("repeat_interleave_dim", "mint.repeat_interleave(m, (1, 0, 2), dim=-1)", "m"),
+    ("repeat_interleave_tensor", "mint.repeat_interleave(i, ms.Tensor([2, 1]), 0)", ""),
+    ("scatter_add", "mint.scatter_add(m, 1, si, n)", "m n"),
+    ("scatter_add_dim0", "mint.scatter_add(a, 0, sj, k[:, :4])", "a"),
+    ("scatter", "mint.scatter(m, 0, su, n)", "m n"),
+    ("scatter_value", "mint.scatter(m, 1, su, 2.5)", "m"),
+    ("index_add", "mint.index_add(a, 1, ms.Tensor([3, 0], ms.int32), c[:3, :2], alpha=2)", "a"),
+    ("index_add_repeat", "mint.index_add(a, 0, ms.Tensor([1, 1], ms.int32), a[:2])", "a"),
 ]
 
 
