@@ -106,6 +106,7 @@ from tessel.mint._shapes import (  # noqa: F401 - re-exported, as above
     triu,
     unbind,
 )
+from tessel.mint._trig import acos, acosh, asin, asinh, atan, atan2, atanh
 from tessel.ops import composed as C
 from tessel.ops import functional as F
 
@@ -421,6 +422,8 @@ def full_like(input: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:
     base = F.zeros_like(_like(input, dtype))
     return F.cast(F.add(base, fill_value), base.dtype)
 
+
+arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh = acos, acosh, asin, asinh, atan, atan2, atanh
 
 __getattr__ = unsupported_names("mindspore.mint", MINT, _WHY)
 __all__ = sorted({name for name in MINT if name in globals()} | {"distributed", "linalg", "nn", "optim", "special"})
