@@ -14,7 +14,7 @@ import pytest
 
 import tessel as ms
 from tessel import mint
-from tessel.core.errors import NotSupportedYetError
+from tessel.core.errors import ConfigurationError, NotSupportedYetError
 
 MS = np.load(Path(__file__).parent / "data" / "mindspore_mint.npz")
 CASES = json.loads(str(MS["cases"]))
@@ -190,6 +190,13 @@ NUMPY = {
     "acosh": (lambda d: np.arccosh(d["ac"]), "float32"),
     "arccosh": (lambda d: np.arccosh(d["p"] + 1), "float32"),
     "asin_int": (lambda d: np.arcsin(d["b"].astype(np.float64)), "float32"),
+    "bitwise_or": (lambda d: np.bitwise_or(d["i"], d["bi"]), "int32"),
+    "bitwise_xor": (lambda d: np.bitwise_xor(d["i"], d["bi"]), "int32"),
+    "bitwise_xor_scalar": (lambda d: np.bitwise_xor(d["bi"], np.int32(6)), "int32"),
+    "bitwise_not": (lambda d: np.invert(d["bi"]), "int32"),
+    "bitwise_not_int64": (lambda d: np.invert(d["j"]), "int64"),
+    "bitwise_not_bool": (lambda d: np.invert(d["b"]), "bool"),
+    "bitwise_uint8": (lambda d: np.bitwise_or(d["ub"], d["ub"][::-1]), "uint8"),
     "repeat_interleave": (lambda d: np.repeat(d["m"].ravel(), 2), "float32"),
     "repeat_interleave_dim": (lambda d: np.repeat(d["m"], (1, 0, 2), -1), "float32"),
     "repeat_interleave_tensor": (lambda d: np.repeat(d["i"], (2, 1), 0), "int32"),
@@ -314,6 +321,18 @@ def test_gradients_are_mindspores(case, mode):
     got = _tuple(grad(*(tensors[n] for n in names)))
     for g, w in zip(got, want):
         np.testing.assert_allclose(g.asnumpy(), w, rtol=1e-5, atol=1e-5)
+
+
+def test_bitwise_functions_refuse_what_they_cannot_do_exactly():
+    """MindSpore 2.7.0 refuses float operands; and/or/xor of int64 may not fit float64, where tessel computes them."""
+    with pytest.raises(ConfigurationError, match="bool or integer"):
+        mint.bitwise_and(ms.Tensor(INPUTS["x"]), ms.Tensor(INPUTS["y"]))
+    with pytest.raises(NotSupportedYetError, match=r"mint\.bitwise_or of int64.*cast them to int32"):
+        mint.bitwise_or(ms.Tensor(INPUTS["j"]), ms.Tensor(INPUTS["j"]))
+
+
+def test_conv2d_is_the_functional_one():
+    assert mint.conv2d is mint.nn.functional.conv2d  # as in MindSpore 2.7.0
 
 
 def test_empty_and_empty_like_give_the_shape_and_dtype():

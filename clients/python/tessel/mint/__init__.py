@@ -24,6 +24,7 @@ from tessel.mint import linalg as linalg
 from tessel.mint import nn as nn
 from tessel.mint import optim as optim
 from tessel.mint import special as special
+from tessel.mint._bits import bitwise_and, bitwise_not, bitwise_or, bitwise_xor  # noqa: F401 - as below
 from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the names of MINT defined here
     addcdiv,
     addcmul,
@@ -423,6 +424,7 @@ def full_like(input: Any, fill_value: Any, *, dtype: Any = None) -> Tensor:
     return F.cast(F.add(base, fill_value), base.dtype)
 
 
+conv2d = nn.functional.conv2d  # MindSpore 2.7.0's mint.conv2d is mint.nn.functional.conv2d
 arccos, arccosh, arcsin, arcsinh, arctan, arctan2, arctanh = acos, acosh, asin, asinh, atan, atan2, atanh
 
 __getattr__ = unsupported_names("mindspore.mint", MINT, _WHY)
