@@ -45,6 +45,7 @@ from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the n
     float_power,
     fmod,
     frac,
+    histc,
     isclose,
     isinf,
     isneginf,
@@ -78,7 +79,18 @@ from tessel.mint._math import (  # noqa: F401 - re-exported: __all__ lists the n
     xlogy,
 )
 from tessel.mint._names import MINT
-from tessel.mint._products import addbmm, addmm, addmv, baddbmm, cross, dot, einsum, mv, outer  # noqa: F401 - as above
+from tessel.mint._products import (  # noqa: F401 - as above
+    addbmm,
+    addmm,
+    addmv,
+    baddbmm,
+    cdist,
+    cross,
+    dot,
+    einsum,
+    mv,
+    outer,
+)
 from tessel.mint._shapes import (  # noqa: F401 - re-exported, as above
     arange,
     clone,

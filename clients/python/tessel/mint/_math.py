@@ -428,3 +428,25 @@ def norm(input: Any, p: Any = "fro", dim: Any = None, keepdim: bool = False, *, 
         raise ConfigurationError(f"mint.norm: p must be a number, 'fro' or 'nuc', got {p!r}")
     dims = None if dim is None else tuple(C._dims(dim))
     return C._vector_norm(x, None if p == "fro" else p, dims, keepdim)
+
+
+def histc(input: Any, bins: int = 100, min: Any = 0, max: Any = 0) -> Tensor:
+    """Counts of input's elements in `bins` equal bins over [min, max] (the data's own range when min equals max,
+    both 0 by default), of input's dtype; elements outside are ignored, and max itself falls in the last bin."""
+    if isinstance(bins, bool) or not isinstance(bins, int) or bins < 1:
+        raise ConfigurationError(f"mint.histc: bins must be an int >= 1, got {bins!r}")
+    if min > max:
+        raise ConfigurationError(f"mint.histc: min {min} must not exceed max {max}")
+    x = F.cast(F.reshape(input, (-1,)), DType.float32)
+    if min == max:
+        low, high = F.amin(x), F.amax(x)
+        same = F.equal(low, high)  # one value: the bins span [value - 1, value + 1], as torch
+        low, high = F.select(same, low - 1.0, low), F.select(same, high + 1.0, high)
+    else:
+        low, high = float(min), float(max)
+    inside = F.logical_and(F.greater_equal(x, low), F.less_equal(x, high))
+    position = F.floor((x - low) * float(bins) / (high - low))
+    position = F.minimum(position, float(bins - 1))
+    edges = C._constant(np.arange(bins, dtype=np.float32))
+    hits = F.logical_and(F.expand_dims(inside, 0), F.equal(F.expand_dims(position, 0), F.expand_dims(edges, 1)))
+    return F.cast(F.sum(F.cast(hits, DType.float32), 1), F.dtype_of(input))

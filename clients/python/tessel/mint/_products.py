@@ -156,3 +156,27 @@ def einsum(equation: str, *operands: Any) -> Tensor:
         x, term = _einsum_pair(x, term, *pairs[k], set(later))
     order = [term.index(c) for c in output]
     return F.transpose(x, order) if order != list(range(len(order))) else x
+
+
+_CDIST_MODES = ("use_mm_for_euclid_dist_if_necessary", "use_mm_for_euclid_dist", "donot_use_mm_for_euclid_dist")
+
+
+def cdist(x1: Any, x2: Any, p: float = 2.0, compute_mode: str = "use_mm_for_euclid_dist_if_necessary") -> Tensor:
+    """The p-norm distances between the rows of x1 (..., P, M) and of x2 (..., R, M): (..., P, R). Every mode
+    computes the differences directly (the matmul form is torch's speed-up for large inputs, not another value).
+    The gradient at a zero distance is 0, as torch's."""
+    if compute_mode not in _CDIST_MODES:
+        raise ConfigurationError(f"mint.cdist: compute_mode must be one of {_CDIST_MODES}, got {compute_mode!r}")
+    if isinstance(p, bool) or not isinstance(p, (int, float)) or p < 0:
+        raise ConfigurationError(f"mint.cdist: p must be a number >= 0, got {p!r}")
+    d = F.abs(F.expand_dims(x1, -2) - F.expand_dims(x2, -3))
+    if p == 0:
+        return F.sum(F.cast(F.not_equal(d, 0.0), d.dtype), -1)
+    if p == float("inf"):
+        return F.amax(d, -1)
+    if p == 1:
+        return F.sum(d, -1)
+    total = F.sum(F.square(d) if p == 2 else F.pow(d, float(p)), -1)
+    positive = F.greater(total, 0.0)
+    root = F.sqrt if p == 2 else (lambda t: F.pow(t, 1.0 / p))
+    return F.select(positive, root(F.select(positive, total, F.ones_like(total))), F.zeros_like(total))
