@@ -348,3 +348,49 @@ def test_empty_and_empty_like_give_the_shape_and_dtype():
     assert mint.empty_like(ms.Tensor(INPUTS["i"]), dtype=ms.float16).dtype == ms.float16
     with pytest.raises(NotSupportedYetError, match=r"mint\.empty\(device='Ascend'\)"):
         mint.empty(2, device="Ascend")
+
+
+def _draws(x):
+    return (
+        mint.rand(2000) + x,
+        mint.randn(2000),
+        mint.randint(3, 7, (2000,)),
+        mint.randperm(8),
+        mint.bernoulli(mint.full_like(x, 0.3)),
+        mint.normal(x, 2.0),
+    )
+
+
+@pytest.mark.parametrize("mode", ["pynative", "jit"])
+def test_random_functions_draw_the_documented_distributions(mode):
+    """MindSpore 2.7.0's CPU build runs none of them (RandExt, Randn, RandInt, ... are Ascend kernels); its
+    documentation gives float32 for rand, randn and normal, int64 for randint and randperm, input's dtype for
+    bernoulli and the *_like forms."""
+    ms.set_seed(5)
+    x = ms.Tensor(np.zeros(2000, np.float32))
+    draws = ms.jit(_draws)(x) if mode == "jit" else _draws(x)
+    uniform, gauss, integers, permutation, coins, scaled = (d.asnumpy() for d in draws)
+    assert [d.dtype for d in draws] == [ms.float32, ms.float32, ms.int64, ms.int64, ms.float32, ms.float32]
+    assert uniform.min() >= 0.0 and uniform.max() < 1.0 and abs(uniform.mean() - 0.5) < 0.03
+    assert abs(gauss.mean()) < 0.1 and abs(gauss.std() - 1.0) < 0.1 and abs(scaled.std() - 2.0) < 0.2
+    assert set(integers.tolist()) == {3, 4, 5, 6}
+    assert sorted(permutation.tolist()) == list(range(8))
+    assert set(coins.tolist()) == {0.0, 1.0} and abs(coins.mean() - 0.3) < 0.05
+    again = ms.jit(_draws)(x) if mode == "jit" else _draws(x)
+    assert not np.array_equal(again[0].asnumpy(), uniform)  # each call draws new numbers
+
+
+def test_random_functions_repeat_after_set_seed_and_take_mints_arguments():
+    ms.set_seed(7)
+    first = mint.rand(3, 4).asnumpy()
+    ms.set_seed(7)
+    assert np.array_equal(mint.rand((3, 4)).asnumpy(), first)
+    assert mint.rand(2, dtype=ms.float16).dtype == ms.float16
+    assert mint.randn_like(ms.Tensor(INPUTS["x"])).shape == (2, 3, 4)
+    assert mint.rand_like(ms.Tensor(INPUTS["x"]), dtype=ms.float16).dtype == ms.float16
+    assert mint.randint(5, (2, 2)).shape == (2, 2)
+    assert mint.randint_like(ms.Tensor(INPUTS["i"]), -2, 2).dtype == ms.int32
+    assert mint.normal(1.0, 2.0, (3,)).shape == (3,)
+    assert mint.randperm(4, dtype=ms.int32).dtype == ms.int32
+    with pytest.raises(NotSupportedYetError, match=r"mint\.rand\(generator=\.\.\.\)"):
+        mint.rand(2, generator=object())

@@ -91,6 +91,17 @@ from tessel.mint._products import (  # noqa: F401 - as above
     mv,
     outer,
 )
+from tessel.mint._random import (  # noqa: F401 - as above
+    bernoulli,
+    normal,
+    rand,
+    rand_like,
+    randint,
+    randint_like,
+    randn,
+    randn_like,
+    randperm,
+)
 from tessel.mint._shapes import (  # noqa: F401 - re-exported, as above
     arange,
     clone,
