@@ -394,3 +394,18 @@ def test_random_functions_repeat_after_set_seed_and_take_mints_arguments():
     assert mint.randperm(4, dtype=ms.int32).dtype == ms.int32
     with pytest.raises(NotSupportedYetError, match=r"mint\.rand\(generator=\.\.\.\)"):
         mint.rand(2, generator=object())
+
+
+@pytest.mark.parametrize("replacement", [False, True])
+def test_multinomial_draws_in_proportion_to_the_weights(replacement):
+    """MindSpore 2.7.0 documents int64 indices of shape (rows, num_samples); its CPU build cannot run it."""
+    ms.set_seed(2)
+    weights = ms.Tensor(np.array([[1.0, 0.0, 3.0, 6.0], [0.0, 0.0, 1.0, 1.0]], np.float32))
+    first = np.concatenate([mint.multinomial(weights, 1, replacement).asnumpy() for _ in range(2000)], 1)
+    assert first.dtype == np.int64 and first.shape == (2, 2000)
+    np.testing.assert_allclose(np.bincount(first[0], minlength=4) / 2000, [0.1, 0.0, 0.3, 0.6], atol=0.04)
+    np.testing.assert_allclose(np.bincount(first[1], minlength=4) / 2000, [0.0, 0.0, 0.5, 0.5], atol=0.04)
+    traced = ms.jit(lambda w: mint.multinomial(w, 2, replacement))(weights).asnumpy()
+    assert traced.shape == (2, 2) and set(traced[1].tolist()) <= {2, 3}
+    if not replacement:  # without replacement the two draws differ
+        assert traced[1].tolist() in ([2, 3], [3, 2])

@@ -93,6 +93,7 @@ from tessel.mint._products import (  # noqa: F401 - as above
 )
 from tessel.mint._random import (  # noqa: F401 - as above
     bernoulli,
+    multinomial,
     normal,
     rand,
     rand_like,

@@ -1,4 +1,4 @@
-"""mint's random functions (`rand`, `randn`, `randint`, `randperm`, `normal`, `bernoulli` and the `*_like` forms).
+"""mint's random functions: `rand`, `randn`, `randint`, `randperm`, `normal`, `bernoulli`, `multinomial`, `*_like`.
 
 They draw as tessel's other random op, dropout: eagerly from the next stream of `set_seed` (so a run after
 `set_seed(s)` draws the same numbers), and in a traced function from Dropout ops, whose keep masks are fair coin
@@ -142,3 +142,27 @@ def bernoulli(input: Any, *, generator: Any = None) -> Tensor:
     """1 with probability input, else 0, element-wise, of input's dtype."""
     _no_generator(generator, "bernoulli")
     return F.cast(F.less(_uniform(tuple(input.shape)), F.cast(input, DType.float32)), input.dtype)
+
+
+def multinomial(input: Any, num_samples: int, replacement: bool = False, *, generator: Any = None) -> Tensor:
+    """int64 indices drawn from each row of the non-negative weights `input` (1-D or 2-D; they need not sum to 1):
+    without replacement the num_samples largest of log(weight) + Gumbel noise (which is drawing one by one without
+    putting back), with replacement the positions of uniform numbers in the running sums of the weights."""
+    _no_generator(generator, "multinomial")
+    shape = C._shape(input, "mint.multinomial")
+    if len(shape) not in (1, 2) or isinstance(num_samples, bool) or not isinstance(num_samples, int):
+        raise ConfigurationError(f"mint.multinomial: input must be 1-D or 2-D and num_samples an int, got {shape}")
+    if num_samples < 1 or (not replacement and num_samples > shape[-1]):
+        raise ConfigurationError(
+            f"mint.multinomial: num_samples {num_samples} must be in [1, {shape[-1]}] without replacement"
+        )
+    weights = F.cast(input, DType.float32)
+    if not replacement:
+        gumbel = -F.log(-F.log(1.0 - _uniform(shape)))  # 1 - u lies in (0, 1]
+        return F.cast(C.topk(F.log(weights) + gumbel, num_samples, -1)[1], DType.int64)
+    running = C.cumsum(weights, -1)
+    total = F.gather(running, C._constant(np.array([shape[-1] - 1], np.int64)), len(shape) - 1)
+    targets = _uniform((*shape[:-1], num_samples)) * total
+    below = F.less_equal(F.expand_dims(running, -2), F.expand_dims(targets, -1))
+    index = F.sum(F.cast(below, DType.int64), -1)
+    return F.minimum(index, shape[-1] - 1)
