@@ -70,6 +70,14 @@ from tessel.nn.pooling import (
     MaxPool1d,
 )
 from tessel.nn.rnn import GRU, LSTM, RNN, GRUCell, LSTMCell, RNNCell
+from tessel.nn.transformer import (
+    MultiheadAttention,
+    Transformer,
+    TransformerDecoder,
+    TransformerDecoderLayer,
+    TransformerEncoder,
+    TransformerEncoderLayer,
+)
 from tessel.nn.wrap import (
     DistributedGradReducer,
     DynamicLossScaleUpdateCell,
@@ -166,6 +174,12 @@ __all__ = [
     "MAELoss",
     "MSELoss",
     "MaxPool2d",
+    "MultiheadAttention",
+    "Transformer",
+    "TransformerDecoder",
+    "TransformerDecoderLayer",
+    "TransformerEncoder",
+    "TransformerEncoderLayer",
     "MicroBatchInterleaved",
     "PipelineCell",
     "PipelineGradReducer",
