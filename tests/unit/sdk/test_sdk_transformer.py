@@ -175,3 +175,19 @@ def test_small_encoder_classifier_trains():
     train.set_train(True)
     losses = [float(train(ms.Tensor(x), ms.Tensor(y)).asnumpy()) for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
+
+
+def test_initial_values_are_mindspores():
+    """MindSpore 2.7.0: a TransformerEncoder's layers are copies of one new layer (equal values, measured), and
+    nn.Transformer draws every parameter of more than one dim again from XavierUniform, U(-b, b) with
+    b = sqrt(6 / (fan_in + fan_out))."""
+    encoder = nn.TransformerEncoder(nn.TransformerEncoderLayer(8, 2, 16), 2)
+    first, second = (encoder.layers[i].self_attn.in_proj_weight.asnumpy() for i in (0, 1))
+    np.testing.assert_array_equal(first, second)
+    model = nn.Transformer(16, 2, 1, 1, 64)
+    for p in model.trainable_params():
+        values = p.asnumpy()
+        if p.ndim > 1:
+            bound = np.sqrt(6.0 / sum(p.shape))
+            assert np.max(np.abs(values)) <= bound and np.max(np.abs(values)) > 0.8 * bound, p.name
+    assert not model.encoder.layers[0].self_attn.in_proj_bias.asnumpy().any()  # zeros, as MindSpore's
