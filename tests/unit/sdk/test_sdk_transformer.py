@@ -191,3 +191,15 @@ def test_initial_values_are_mindspores():
             bound = np.sqrt(6.0 / sum(p.shape))
             assert np.max(np.abs(values)) <= bound and np.max(np.abs(values)) > 0.8 * bound, p.name
     assert not model.encoder.layers[0].self_attn.in_proj_bias.asnumpy().any()  # zeros, as MindSpore's
+
+
+def test_mindspore_checkpoint_loads():
+    """transformer_encoder.ckpt, saved by MindSpore 2.7.0 from a batch-first 2-layer gelu TransformerEncoder with a
+    final LayerNorm and its own initial values, loads into tessel's with every parameter matched, and gives
+    MindSpore's output on the stored input."""
+    layer = nn.TransformerEncoderLayer(8, 2, 16, activation="gelu", batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, nn.LayerNorm((8,), epsilon=1e-5))
+    encoder.set_train(False)
+    checkpoint = ms.load_checkpoint(str(Path(__file__).parent / "data" / "transformer_encoder.ckpt"))
+    assert ms.load_param_into_net(encoder, checkpoint) == ([], [])
+    _assert_close(encoder(ms.Tensor(REFERENCE["ckpt.x"])).asnumpy(), REFERENCE["ckpt.y"], "encoder output")

@@ -7,6 +7,9 @@ random inputs. Stored per case: the parameters ("<case>.<name>"), the inputs ("<
 float input whose name starts with "x" ("<case>.dx.<input>") and each parameter ("<case>.d.<name>"). "cases" holds
 the case list as JSON: (name, nn class, constructor arguments, positional inputs, keyword inputs, keyword values).
 An encoder case's constructor arguments are those of its TransformerEncoderLayer plus num_layers and has_norm.
+
+It also saves transformer_encoder.ckpt, a batch-first 2-layer TransformerEncoder (d_model 8, 2 heads, feed-forward
+16, gelu, final LayerNorm) with MindSpore's own initial values, and stores an input "ckpt.x" and its output "ckpt.y".
 """
 
 import json
@@ -249,6 +252,13 @@ def main(directory):
         out.update({f"{name}.dx.{k}": g.asnumpy() for k, g in zip(diff, dxs)})
         out.update({f"{name}.d.{p.name}": g.asnumpy() for p, g in zip(weights, dweights)})
         print(name, [r.shape for r in results], flush=True)
+    ms.set_seed(5)
+    layer = nn.TransformerEncoderLayer(E, H, 16, activation="gelu", batch_first=True)
+    encoder = nn.TransformerEncoder(layer, 2, nn.LayerNorm((E,), epsilon=1e-5))
+    encoder.set_train(False)
+    ms.save_checkpoint(encoder, f"{directory}/transformer_encoder.ckpt")
+    out["ckpt.x"] = np.random.default_rng(5).standard_normal((N, L, E)).astype(np.float32)
+    out["ckpt.y"] = encoder(ms.Tensor(out["ckpt.x"])).asnumpy()
     np.savez_compressed(f"{directory}/mindspore_transformer.npz", **out)
 
 
