@@ -124,6 +124,8 @@ def test_mask_dtypes_are_checked():
         )
     with pytest.raises(ValueError, match="attn_mask"):
         attention(x, x, x, attn_mask=ms.Tensor(np.zeros((4, 5), bool)))
+    with pytest.raises(ValueError, match="kdim and vdim"):
+        nn.MultiheadAttention(8, 2, kdim=4)(x, x, x)
 
 
 def test_dropout_applies_in_training_only():

@@ -192,6 +192,11 @@ class MultiheadAttention(Cell):
             )
         if attn_mask is not None and attn_mask.ndim not in (2, 3):
             raise ValueError(f"The `attn_mask` must be `None`, 2-D or 3-D, but got `attn_mask` with{attn_mask.ndim}D.")
+        if key.shape[-1] != self.kdim or value.shape[-1] != self.vdim:
+            raise ValueError(
+                f"MultiheadAttention: `key` and `value` must have {self.kdim} and {self.vdim} features (kdim and "
+                f"vdim), got shapes {key.shape} and {value.shape}"
+            )
         if self._qkv_same_embed_dim and key.shape != value.shape:
             raise ValueError(f"The shape of `key` {key.shape} does not match `value` {value.shape}.")
         return query.ndim == 3
