@@ -7,7 +7,7 @@ import math
 from tessel.compiler.builder import apply as op
 from tessel.compiler.dtypes import DType
 from tessel.compiler.ir import TensorType
-from tessel.compiler.ops.common import lower_as, per_element_cost, require, require_float
+from tessel.compiler.ops.common import ZERO_GRAD, lower_as, per_element_cost, require, require_float
 from tessel.compiler.registry import register
 from tessel.compiler.shapes import format_shape, normalize_axis
 from tessel.compiler.sharding import along_axis, einsum, pointwise
@@ -166,6 +166,23 @@ register(
     num_inputs=1,
     random=True,
     doc="Dropout(x, p=0.5, seed=0, training=True) -> (y, keep_mask) in training, (y,) otherwise.",
+)
+
+
+# RandomUniformLike(x): float32 numbers uniform in [0, 1), shaped like x (mint.rand and the random functions built
+# on it). As Dropout's masks, ONNX Runtime draws them from a generator seeded by `seed` that goes on from run to run.
+register(
+    "RandomUniformLike",
+    infer=lambda types, attrs: (TensorType(types[0].shape, DType.float32),),
+    sharding=pointwise,
+    lower=lambda ctx, node, inputs, outputs: ctx.add(
+        "RandomUniformLike", inputs, outputs, dtype=1, low=0.0, high=1.0, seed=float(node.attrs["seed"])
+    ),
+    grad=ZERO_GRAD,
+    attrs={"seed": 0},
+    num_inputs=1,
+    random=True,
+    doc="RandomUniformLike(x, seed=0): float32 uniform numbers in [0, 1) shaped like x, new at every run.",
 )
 
 

@@ -1,10 +1,9 @@
 """mint's random functions: `rand`, `randn`, `randint`, `randperm`, `normal`, `bernoulli`, `multinomial`, `*_like`.
 
 They draw as tessel's other random op, dropout: eagerly from the next stream of `set_seed` (so a run after
-`set_seed(s)` draws the same numbers), and in a traced function from Dropout ops, whose keep masks are fair coin
-flips: 24 of them make a float32 uniform in [0, 1), as a float32 generator's 24 random bits do. The numbers are
-MindSpore's in distribution, shape, dtype and range, not bit for bit. tessel has no `Generator`: `generator` must be
-None.
+`set_seed(s)` draws the same numbers), and in a traced function from RandomUniformLike ops seeded in creation order,
+new numbers at every run. The numbers are MindSpore's in distribution, shape, dtype and range, not bit for bit.
+tessel has no `Generator`: `generator` must be None.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ from tessel.common.tracing import apply_op, current
 from tessel.core.errors import ConfigurationError
 from tessel.ops import composed as C
 from tessel.ops import functional as F
-
-_BITS = 24  # a float32's significand: the uniform's resolution is 2^-24
 
 
 def _no_generator(generator: Any, who: str) -> None:
@@ -44,13 +41,7 @@ def _uniform(shape: tuple[int, ...]) -> Tensor:
     """float32 uniform numbers in [0, 1)."""
     if current() is None:
         return Tensor._wrap(_seed.next_stream().random(shape, dtype=np.float32))
-    ones = F.ones(shape, DType.float32)
-    total = None
-    for k in range(_BITS):
-        keep = apply_op("Dropout", ones, p=0.5, seed=_seed.next_op_seed(), training=True)[1]
-        bit = F.cast(keep, DType.float32) * float(2.0 ** -(k + 1))
-        total = bit if total is None else total + bit
-    return total
+    return apply_op("RandomUniformLike", F.zeros(shape, DType.float32), seed=_seed.next_op_seed())
 
 
 def _normal(shape: tuple[int, ...]) -> Tensor:
