@@ -33,6 +33,7 @@ from tessel.train.metrics import (
     rearrange_inputs,
 )
 from tessel.train.model import Model
+from tessel.train.plateau import EarlyStopping, ReduceLROnPlateau
 from tessel.train.progress import ProgressBar
 from tessel.train.serialization import export, load_checkpoint, load_param_into_net, save_checkpoint
 
@@ -45,6 +46,7 @@ __all__ = [
     "CheckpointConfig",
     "ConfusionMatrix",
     "DynamicLossScaleManager",
+    "EarlyStopping",
     "Fbeta",
     "FixedLossScaleManager",
     "History",
@@ -59,6 +61,7 @@ __all__ = [
     "Precision",
     "ProgressBar",
     "Recall",
+    "ReduceLROnPlateau",
     "RunContext",
     "TimeMonitor",
     "Top1CategoricalAccuracy",
