@@ -214,3 +214,15 @@ def test_a_vector_monitor_is_mindspores_value_error():
 def test_both_are_exported_where_mindspore_has_them():
     assert ms.EarlyStopping is ms.train.EarlyStopping
     assert ms.ReduceLROnPlateau is ms.train.ReduceLROnPlateau
+
+
+def test_verbose_prints_mindspores_lines(capsys):
+    drive(EarlyStopping(patience=2, restore_best_weights=True, verbose=True), "eval_loss", [1.0, 0.8, 0.85, 0.9])
+    drive(ReduceLROnPlateau(patience=1, factor=0.5, min_lr=0.03, verbose=True), "eval_loss", [1.0, 1.0, 1.0, 1.0])
+    # MindSpore 2.7.0 gives these four lines
+    assert capsys.readouterr().out.splitlines() == [
+        "Restoring model weights from the end of the best epoch.",
+        "Epoch 00004: early stopping",
+        "Epoch 00002: ReduceLROnPlateau reducing learning rate to 0.05.",
+        "Epoch 00003: ReduceLROnPlateau reducing learning rate to 0.03.",
+    ]

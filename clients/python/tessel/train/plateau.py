@@ -223,9 +223,9 @@ class ReduceLROnPlateau(_PlateauWatch):
             if self.wait >= self.patience:
                 lr = np.float32(rate)
                 if lr > np.float32(self.min_lr):
-                    new_lr = max(lr * np.float32(self.factor), np.float32(self.min_lr))
+                    new_lr = max(lr * np.float32(self.factor), self.min_lr)  # printed as MindSpore prints it
                     rate.set_data(np.array(new_lr, np.float32))
                     if self.verbose:
                         epoch = cb_params.cur_epoch_num
-                        print(f"Epoch {epoch:05d}: ReduceLROnPlateau reducing learning rate to {new_lr}.")
+                        print(f"Epoch {epoch:05d}: ReduceLROnPlateau reducing learning rate to {new_lr!s}.")
                 self.cooldown_counter, self.wait = self.cooldown, 0
