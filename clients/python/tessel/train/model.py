@@ -127,6 +127,51 @@ class Model:
         """Train for `epoch` epochs (from initial_epoch), one compiled fused step per batch. As MindSpore's, a Model
         without an optimizer runs its network (with loss_fn, if given) on each batch: a custom train cell updates
         the parameters itself, and net_outputs is what it returns."""
+        self._train(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, None)
+
+    def fit(
+        self,
+        epoch: int,
+        train_dataset: Any,
+        valid_dataset: Any = None,
+        valid_frequency: int | list = 1,
+        callbacks: Any = None,
+        dataset_sink_mode: bool = False,
+        valid_dataset_sink_mode: bool = False,
+        sink_size: int = -1,
+        initial_epoch: int = 0,
+    ) -> None:
+        """Train as `train` does and evaluate on valid_dataset at the end of every `valid_frequency`-th epoch (an
+        int) or of the epochs listed (a list), before the callbacks' on_train_epoch_end: they then find the metrics
+        and "eval_loss" in cb_params.eval_results (EarlyStopping, ReduceLROnPlateau monitor them): the mean loss
+        over the pass, where MindSpore 2.7.0's is the last batch's (it makes a new Loss metric at every batch). As
+        MindSpore's, the evaluation runs the callbacks' eval hooks, except those of tessel's own callbacks other
+        than TimeMonitor. Batches are fed one step at a time either way of valid_dataset_sink_mode."""
+        for name, value in (
+            ("dataset_sink_mode", dataset_sink_mode),
+            ("valid_dataset_sink_mode", valid_dataset_sink_mode),
+        ):
+            if not isinstance(value, bool):
+                raise TypeError(f"For 'Model.fit', '{name}' must be a bool, but got {type(value).__name__}")
+        if isinstance(valid_frequency, bool) or not isinstance(valid_frequency, (int, list)):
+            raise TypeError(
+                "For 'Model.fit', the type of 'valid_frequency' must be a list or an integer, but got type "
+                f"{type(valid_frequency)}."
+            )
+        if isinstance(valid_frequency, int):
+            _positive_int("valid_frequency", valid_frequency)
+        if valid_dataset is not None:
+            _check_dataset(valid_dataset)
+            if not self._metrics:
+                raise ValueError(
+                    "For 'Model.fit', if valid_dataset is not None, the model argument 'metrics' can not be None or "
+                    "empty, you should set the argument 'metrics' for model."
+                )
+        valid = None if valid_dataset is None else (valid_dataset, valid_frequency)
+        self._train(epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, valid)
+
+    def _train(self, epoch, train_dataset, callbacks, dataset_sink_mode, sink_size, initial_epoch, valid) -> None:
+        """train and fit: `valid` is fit's (valid_dataset, valid_frequency), or None."""
         _positive_int("epoch", epoch)
         _positive_int("initial_epoch", initial_epoch, 0)
         if initial_epoch >= epoch:
@@ -177,7 +222,8 @@ class Model:
         try:
             with terminal_progress(_rank(), as_callbacks(callbacks)) as run_callbacks, entered(run_callbacks):
                 cb["list_callback"] = run_callbacks
-                _run_epochs(epochs, numbers, cb, run_callbacks)
+                evaluate = None if valid is None else lambda: self._eval_in_fit(valid, cb, run_callbacks)
+                _run_epochs(epochs, numbers, cb, run_callbacks, evaluate)
         finally:
             if split is not None:
                 rank_step.set_gradient_weight(None)
@@ -298,42 +344,75 @@ class Model:
             net_outputs=None,
             dataset_sink_mode=dataset_sink_mode,
         )
-        run_context, hooks = RunContext(cb), as_callbacks(callbacks)
+        hooks = as_callbacks(callbacks)
         cb["list_callback"] = hooks
         with entered(hooks):
+            return self._eval_pass(valid_dataset, hooks, cb, net, indexes, eval_loss=False)
+
+    def _eval_in_fit(self, valid: tuple, cb: CallbackParam, callbacks: list) -> None:
+        """fit's evaluation at the end of an epoch (MindSpore's _eval_during_train): on train's cb_params, in eval
+        mode, then back to the training's step count, batch count and outputs."""
+        valid_dataset, frequency = valid
+        number = cb["cur_epoch_num"]
+        if not (number % frequency == 0 if isinstance(frequency, int) else number in frequency):
+            return
+        net, indexes = self._evaluator()
+        kept = {key: cb[key] for key in ("cur_step_num", "batch_num", "dataset_sink_mode", "net_outputs")}
+        cb.update(
+            eval_network=net, valid_dataset=valid_dataset, batch_num=valid_dataset.get_dataset_size(), mode="eval"
+        )
+        cb.update(cur_step_num=0, dataset_sink_mode=False)
+        for metric in self._metrics.values():
+            metric.clear()
+        net.set_train(False)
+        try:
+            self._eval_pass(valid_dataset, [c for c in callbacks if _evaluates(c)], cb, net, indexes, eval_loss=True)
+        finally:
+            cb.update(mode="train", **kept)
+            self._train_network.set_train(True)
+
+    def _eval_pass(self, valid_dataset, hooks: list, cb: CallbackParam, net, indexes, eval_loss: bool) -> dict:
+        """One pass over valid_dataset with the eval hooks; sets cb_params.metrics (and with `eval_loss`, fit's
+        eval_results: the metrics and the mean loss) and returns the metrics."""
+        run_context = RunContext(cb)
+        loss = Loss() if eval_loss else None
+        for hook in hooks:
+            hook.on_eval_begin(run_context)
+        for hook in hooks:
+            hook.on_eval_epoch_begin(run_context)
+        for batch in next(_epochs(valid_dataset)):
+            cb["cur_step_num"] += 1
+            cb["eval_dataset_element"] = [Tensor._wrap(column) for column in batch]
             for hook in hooks:
-                hook.on_eval_begin(run_context)
+                hook.on_eval_step_begin(run_context)
+            outputs = net(*batch)
+            found = outputs if isinstance(outputs, tuple) else (outputs,)
+            if indexes is None:  # MindSpore: no eval_indexes, every metric gets every output
+                updates = {"loss": found, "other": found}
+            else:
+                if len(found) < 3:
+                    raise ConfigurationError(
+                        f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
+                        f"{list(indexes)} pick (loss, prediction, label) from at least 3"
+                    )
+                updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
+            cb["net_outputs"] = outputs
             for hook in hooks:
-                hook.on_eval_epoch_begin(run_context)
-            for batch in next(_epochs(valid_dataset)):
-                cb["cur_step_num"] += 1
-                cb["eval_dataset_element"] = [Tensor._wrap(column) for column in batch]
-                for hook in hooks:
-                    hook.on_eval_step_begin(run_context)
-                outputs = net(*batch)
-                found = outputs if isinstance(outputs, tuple) else (outputs,)
-                if indexes is None:  # MindSpore: no eval_indexes, every metric gets every output
-                    updates = {"loss": found, "other": found}
-                else:
-                    if len(found) < 3:
-                        raise ConfigurationError(
-                            f"Model.eval: the eval network returned {len(found)} output(s), but eval_indexes "
-                            f"{list(indexes)} pick (loss, prediction, label) from at least 3"
-                        )
-                    updates = {"loss": (found[indexes[0]],), "other": (found[indexes[1]], found[indexes[2]])}
-                cb["net_outputs"] = outputs
-                for hook in hooks:
-                    hook.on_eval_step_end(run_context)
-                for metric in self._metrics.values():
-                    metric.update(*updates["loss" if isinstance(metric, Loss) else "other"])
-                if run_context._stop_requested:
-                    break
-            cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
-            for hook in hooks:
-                hook.on_eval_epoch_end(run_context)
-            for hook in hooks:
-                hook.on_eval_end(run_context)
-            return cb["metrics"]
+                hook.on_eval_step_end(run_context)
+            for metric in self._metrics.values():
+                metric.update(*updates["loss" if isinstance(metric, Loss) else "other"])
+            if loss is not None:
+                loss.update(*updates["loss"][:1])
+            if run_context._stop_requested:
+                break
+        cb["metrics"] = {name: metric.eval() for name, metric in self._metrics.items()}
+        if loss is not None:
+            cb["eval_results"] = {**cb["metrics"], "eval_loss": loss.eval()}
+        for hook in hooks:
+            hook.on_eval_epoch_end(run_context)
+        for hook in hooks:
+            hook.on_eval_end(run_context)
+        return cb["metrics"]
 
     def _evaluator(self) -> tuple[Cell, Any]:
         """The eval network and how its outputs feed the metrics: eval_indexes (loss, prediction, label), or None
@@ -434,11 +513,21 @@ def _sunk_steps(runner: rank_step.SinkRunner, steps: int) -> Iterator:
         yield None, lambda loss=loss: Tensor._wrap(np.array(loss, np.float32))
 
 
-def _run_epochs(epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list) -> None:
+def _evaluates(callback: Any) -> bool:
+    """Whether fit's evaluation runs a callback's eval hooks: MindSpore's skips its own callbacks but TimeMonitor."""
+    from tessel.train.callback import TimeMonitor
+
+    return isinstance(callback, TimeMonitor) or not type(callback).__module__.startswith("tessel.")
+
+
+def _run_epochs(
+    epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, callbacks: list, evaluate: Any = None
+) -> None:
     """The training loop proper: each epoch yields per step its batch (None where the daemon read it) and a thunk
     (running the step, or reading the loss a sunk epoch already computed on the daemon), with the callbacks around
     it. As MindSpore's, cb_params.train_dataset_element is the step's batch, a list of Tensors, from its
-    on_train_step_begin on."""
+    on_train_step_begin on. `evaluate` (fit) runs after an epoch's steps, before on_train_epoch_end, and what it
+    put in cb_params (metrics, eval_results) is gone after on_train_epoch_end."""
     run_context = RunContext(cb)
     for callback in callbacks:
         callback.on_train_begin(run_context)
@@ -457,8 +546,12 @@ def _run_epochs(epochs: Iterator[Iterator], numbers: range, cb: CallbackParam, c
                 callback.on_train_step_end(run_context)
             if run_context._stop_requested:
                 break
+        if evaluate is not None:
+            evaluate()
         for callback in callbacks:
             callback.on_train_epoch_end(run_context)
+        cb.pop("metrics", None)
+        cb.pop("eval_results", None)
         if run_context._stop_requested:
             break
     for callback in callbacks:
