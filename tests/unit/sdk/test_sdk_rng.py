@@ -93,3 +93,14 @@ def test_seed_checks():
         ms.set_rng_state([1, 2])
     with pytest.raises(ValueError, match="uint8"):
         ms.set_rng_state(ms.Tensor(np.zeros(16, np.int64)))
+
+
+def test_mint_draws_from_the_default_generator_and_refuses_another():
+    from tessel import mint
+
+    ms.manual_seed(5)
+    first = mint.rand(3, generator=ms.default_generator).asnumpy()
+    ms.manual_seed(5)
+    np.testing.assert_array_equal(mint.rand(3).asnumpy(), first)
+    with pytest.raises(NotSupportedYetError, match=r"mint\.randn\(generator=<a Generator of your own>\)"):
+        mint.randn(3, generator=ms.Generator())

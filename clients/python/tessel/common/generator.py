@@ -66,8 +66,8 @@ def _read_int64(data: bytes, start: int) -> int:
 
 class Generator:
     """A random-number generator's seed and offset (MindSpore's Generator): manual_seed, seed, initial_seed,
-    get_state and set_state. tessel's random functions take no `generator` argument yet: they draw from
-    `default_generator`, whose seed is set_seed's."""
+    get_state and set_state. tessel's random functions draw from `default_generator` (whose seed is set_seed's);
+    mint's take generator=default_generator and refuse another."""
 
     def __init__(self):
         self._seed, self._offset = 0, 0

@@ -3,7 +3,7 @@
 They draw as tessel's other random op, dropout: eagerly from the next stream of `set_seed` (so a run after
 `set_seed(s)` draws the same numbers), and in a traced function from RandomUniformLike ops seeded in creation order,
 new numbers at every run. The numbers are MindSpore's in distribution, shape, dtype and range, not bit for bit.
-tessel has no `Generator`: `generator` must be None.
+`generator` may be None or ms.default_generator (set_seed's state); a Generator of one's own is not supported yet.
 """
 
 from __future__ import annotations
@@ -24,9 +24,13 @@ from tessel.ops import functional as F
 
 
 def _no_generator(generator: Any, who: str) -> None:
-    if generator is not None:
+    """The global generator (None or ms.default_generator, whose state is set_seed's) is the one tessel draws from."""
+    from tessel.common.generator import default_generator
+
+    if generator is not None and generator is not default_generator:
         raise not_supported_yet(
-            f"mindspore.mint.{who}(generator=...)", "tessel has no Generator; seed with ms.set_seed instead"
+            f"mindspore.mint.{who}(generator=<a Generator of your own>)",
+            "tessel's random functions draw from ms.default_generator only; seed it with ms.manual_seed(seed)",
         )
 
 
