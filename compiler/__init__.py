@@ -20,7 +20,7 @@ from tessel.compiler.buckets import (
 from tessel.compiler.builder import AS_BOOL, GraphBuilder, SymbolicTensor, apply, apply_all
 from tessel.compiler.dtypes import DType, as_dtype, promote
 from tessel.compiler.eager import EagerExecutor
-from tessel.compiler.errors import GradientError, ShapeInferenceError, TraceError
+from tessel.compiler.errors import DataDependentError, GradientError, ShapeInferenceError, TraceError
 from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, TensorType, Value
 from tessel.compiler.lower_onnx import OPSET, assign_output_name, model_bytes, output_names, to_onnx
 from tessel.compiler.optimizers import SGD, Adam, AdamWeightDecay, Momentum, Optimizer
@@ -46,6 +46,7 @@ __all__ = [
     "ConstArray",
     "Cost",
     "DType",
+    "DataDependentError",
     "EagerExecutor",
     "GradContext",
     "GradientError",

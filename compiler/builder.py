@@ -16,7 +16,7 @@ import numpy as np
 
 from tessel.compiler import registry
 from tessel.compiler.dtypes import DType, as_dtype, promote, scalar_dtype
-from tessel.compiler.errors import ShapeInferenceError, TraceError
+from tessel.compiler.errors import DataDependentError, ShapeInferenceError, TraceError
 from tessel.compiler.ir import Attrs, ConstArray, Graph, Node, Recompute, TensorType, Value, new_value
 
 
@@ -265,14 +265,14 @@ def _ndim(x: Any) -> int:
 AS_BOOL = "used as a Python bool (if/while/and/or/not)"
 
 
-def _data_dependent(tensor: SymbolicTensor, what: str) -> TraceError:
+def _data_dependent(tensor: SymbolicTensor, what: str) -> DataDependentError:
     where = user_location(with_code=True) or "an unknown location"
-    return TraceError(
+    return DataDependentError(
         f"a traced tensor {tensor.value.type!r} was {what} at {where}. In graph mode a tensor's value is known "
         "only when the graph runs, so Python control flow cannot depend on it. Fix: choose element-wise with "
-        "ops.Select (where), make the condition depend on shapes or Python values, or run it in PYNATIVE_MODE "
-        "from a gradient function (value_and_grad, grad, GradOperation), whose Python runs at every call there "
-        "(outside ms.jit; Model and TrainOneStepCell compile their step once)."
+        "ops.Select (where), make the condition depend on shapes or Python values, or run in PYNATIVE_MODE, where "
+        "gradient functions (value_and_grad, grad, GradOperation) and TrainOneStepCell / Model.train steps in feed "
+        "mode run their Python at every call (ms.jit compiles once in both modes)."
     )
 
 

@@ -13,5 +13,10 @@ class TraceError(ConfigurationError):
     """A traced program did something a graph cannot express, such as branching on a tensor's value."""
 
 
+class DataDependentError(TraceError):
+    """Python code read a traced tensor's value (if/while on it, int(), .item(), .asnumpy()), which a graph being
+    traced does not have yet."""
+
+
 class GradientError(ConfigurationError):
     """A gradient was asked for through an op that has none."""

@@ -17,7 +17,7 @@ from tessel.common.compiled import Call, CompiledFunction, arg_names_of, rename_
 from tessel.common.tensor import Tensor
 from tessel.common.tracing import SdkTrace, current
 from tessel.communication import GlobalComm
-from tessel.compiler import Graph, apply, bucket_allreduce
+from tessel.compiler import DataDependentError, Graph, apply, bucket_allreduce
 from tessel.core.errors import ConfigurationError
 from tessel.nn.cell import Cell
 from tessel.nn.layers import positive_int
@@ -63,8 +63,11 @@ class FusedTrainStep:
     step returns the unscaled loss.
     """
 
-    def __init__(self, network: Cell, optimizer, sens: float = 1.0):
+    def __init__(self, network: Cell, optimizer, sens: float = 1.0, python_step: Any = None):
         self.network, self.optimizer, self.sens = network, optimizer, float(sens)
+        # PYNATIVE_MODE: where the network's Python reads a tensor's value (if loss > 0:), the step runs as
+        # `python_step` does (TrainOneStepCell.construct, step by step), from then on; see __call__.
+        self.python_step, self.python_steps = python_step, False
         self.compiled = CompiledFunction(
             self._forward,
             f"train_{network.cls_name}",
@@ -206,9 +209,28 @@ class FusedTrainStep:
             feed.update(self._partition.slice_feeds(dict(feed)))
 
     def __call__(self, *inputs: Any) -> Tensor:
-        entry, call = self.prepare(*inputs)
+        if self.python_steps:
+            return self.python_step(*inputs)
+        try:
+            entry, call = self.prepare(*inputs)
+        except DataDependentError:
+            if self.python_step is None or not _python_steps_allowed():
+                raise
+            self.python_steps = True  # as MindSpore's PYNATIVE_MODE, whose TrainOneStepCell runs its construct
+            return self.python_step(*inputs)
         out = entry.run(call) if self._partition is None else _run_partitioned(entry, call, self)
         return out[1] if isinstance(out, tuple) else out  # (scaled loss, loss) when sens or micro-batches scale
+
+
+def _python_steps_allowed() -> bool:
+    """A fused step whose network reads tensor values in Python may run step by step instead: in PYNATIVE_MODE,
+    alone or under DATA_PARALLEL without optimizer parallel (the step-by-step form reduces gradients whole)."""
+    ctx = context.get_auto_parallel_context
+    return (
+        context.get_context("mode") == context.PYNATIVE_MODE
+        and ctx("parallel_mode") in (context.ParallelMode.STAND_ALONE, context.ParallelMode.DATA_PARALLEL)
+        and not ctx("enable_parallel_optimizer")
+    )
 
 
 def _sliced(parameters) -> dict:
@@ -312,7 +334,8 @@ class TrainOneStepCell(Cell):
             raise ConfigurationError("TrainOneStepCell: sens can not be 0; use 1.0 (or the loss scale)")
         self.return_grad = return_grad
         self.grad_reducer = DistributedGradReducer(self.weights)
-        object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens))
+        python_step = (lambda *inputs: Cell.__call__(self, *inputs)) if type(self) is TrainOneStepCell else None
+        object.__setattr__(self, "_fused", FusedTrainStep(network, optimizer, self.sens, python_step))
 
     def construct(self, *inputs):
         from tessel.autograd import value_and_grad
