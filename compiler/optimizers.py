@@ -8,6 +8,9 @@ AdamWeightDecay where it is decoupled):
 - Momentum: v = momentum * v + g; p -= lr * (g + momentum * v) with nesterov, else lr * v
 - Adam:  m, v moving averages; p -= lr * sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps)
 - AdamWeightDecay: p -= lr * (m / (sqrt(v) + eps) + weight_decay * p)  (no bias correction, as in MindSpore)
+- TorchAdam (mint.optim's Adam and AdamW, PyTorch's formula): m, v moving averages; at update t (from 1)
+         p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps); AdamW first decays p *= 1 - lr * decay
+         (decoupled), Adam adds decay * p to the gradient. maximize negates the gradient (SGD's too)
 - RMSProp: ms = decay * ms + (1 - decay) * g^2 (ms starts at 1); mom = momentum * mom + lr * g / sqrt(ms + eps);
            p -= mom. Centered: mg = decay * mg + (1 - decay) * g, and sqrt(ms - mg^2 + eps) in the denominator
 - Adagrad: accum += g^2 (accum starts at `accum`); p -= lr * g / sqrt(accum)
@@ -129,6 +132,7 @@ class SGD(Optimizer):
     momentum: float = 0.0
     dampening: float = 0.0
     nesterov: bool = False
+    maximize: bool = False
 
     def slots(self):
         return (Slot("accum"),) if self.momentum else ()
@@ -137,7 +141,7 @@ class SGD(Optimizer):
         return (Slot("stat", 1.0),) if self.momentum else ()
 
     def update(self, p, g, slots, glob, lr, decay):
-        g = self._decayed(p, g, decay)
+        g = self._decayed(p, -g if self.maximize else g, decay)
         if not self.momentum:
             return p - lr * g, {}
         # stat is 1 on the first step only: then the accumulator starts as the gradient itself.
@@ -147,7 +151,7 @@ class SGD(Optimizer):
         return p - lr * step, {"accum": accum}
 
     def folds_learning_rate(self):
-        return not self.momentum
+        return not self.momentum and not self.maximize
 
     def update_scaled(self, p, lr_g, lr, decay):
         if decay:
@@ -227,6 +231,44 @@ class AdamWeightDecay(Optimizer):
         if decay:
             step = step + decay * p
         return p - lr * step, {"moment1": m, "moment2": v}
+
+
+@dataclass(frozen=True)
+class TorchAdam(Optimizer):
+    learning_rate: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    decoupled: bool = False  # AdamW: the weight decay shrinks p instead of joining the gradient
+    maximize: bool = False
+
+    def slots(self):
+        return (Slot("exp_avg"), Slot("exp_avg_sq"))
+
+    def global_slots(self):
+        # 1 - beta^t of the update about to run is (1 - beta) + beta * (1 - beta^(t-1)): kept that way it has no
+        # cancellation in float32 (1 - float32(0.999) is 1.3e-5 off 0.001), so it is PyTorch's float64 value
+        return (Slot("bias_correction1"), Slot("bias_correction2"))
+
+    def update(self, p, g, slots, glob, lr, decay):
+        if self.maximize:
+            g = -g
+        if decay and self.decoupled:
+            p = p - (lr * decay) * p
+        elif decay:
+            g = g + decay * p
+        m = self.beta1 * slots["exp_avg"] + (1.0 - self.beta1) * g
+        v = self.beta2 * slots["exp_avg_sq"] + (1.0 - self.beta2) * g * g
+        bias1, bias2 = self.update_globals(glob).values()
+        step_size = lr / _like(bias1, lr)
+        root_bias = _like(apply("Sqrt", bias2), v)
+        return p - step_size * m / (apply("Sqrt", v) / root_bias + self.eps), {"exp_avg": m, "exp_avg_sq": v}
+
+    def update_globals(self, glob):
+        return {
+            "bias_correction1": (1.0 - self.beta1) + self.beta1 * glob["bias_correction1"],
+            "bias_correction2": (1.0 - self.beta2) + self.beta2 * glob["bias_correction2"],
+        }
 
 
 @dataclass(frozen=True)
