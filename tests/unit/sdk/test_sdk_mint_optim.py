@@ -182,6 +182,17 @@ def test_weights_follow_pytorchs_formulas(name, loop):
     _close(d, reference(**settings))
 
 
+@pytest.mark.parametrize("name", ["adamw_groups", "sgd_maximize", "sgd_decay"])
+def test_model_train_runs_a_mint_optimizer(name):
+    import tessel.dataset as ds
+
+    make, settings = CASES[name]
+    d = _dense()
+    repeat = {"x": np.repeat(X[None], 4, 0).astype(np.float32), "y": np.repeat(Y[None], 4, 0).astype(np.float32)}
+    ms.train.Model(d, nn.MSELoss(), make(d)).train(1, ds.NumpySlicesDataset(repeat, shuffle=False))
+    _close(d, reference(**settings))
+
+
 @pytest.mark.parametrize("loop", ["functional", "train_one_step"])
 @pytest.mark.parametrize("name", sorted(MINDSPORE_ADAM))
 def test_adam_weights_are_mindsporess(name, loop):
