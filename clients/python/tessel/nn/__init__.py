@@ -9,8 +9,9 @@ from tessel.common.mindspore_names import NN
 from tessel.common.parameter import Parameter, ParameterTuple
 from tessel.common.support import unsupported_names
 from tessel.nn import dynamic_lr, learning_rate_schedule, utils
+from tessel.nn.activation import CELU, GLU, OneHot, PReLU, Softmax2d, Threshold
 from tessel.nn.cell import Cell
-from tessel.nn.container import CellList, SequentialCell
+from tessel.nn.container import CellDict, CellList, SequentialCell
 from tessel.nn.conv import AvgPool2d, Conv1d, Conv1dTranspose, Conv2d, Conv2dTranspose, MaxPool2d
 from tessel.nn.layers import (
     ELU,
@@ -58,9 +59,22 @@ from tessel.nn.loss import (
     SmoothL1Loss,
     SoftmaxCrossEntropyWithLogits,
 )
-from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, LayerNorm
+from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
+from tessel.nn.padding import (
+    ConstantPad1d,
+    ConstantPad2d,
+    ConstantPad3d,
+    Pad,
+    PixelShuffle,
+    PixelUnshuffle,
+    ReflectionPad1d,
+    ReflectionPad2d,
+    ReplicationPad1d,
+    ReplicationPad2d,
+    ZeroPad2d,
+)
 from tessel.nn.pooling import (
     AdaptiveAvgPool1d,
     AdaptiveAvgPool2d,
@@ -212,6 +226,26 @@ __all__ = [
     "SoftShrink",
     "Softsign",
     "Tanhshrink",
+    "CELU",
+    "GLU",
+    "OneHot",
+    "PReLU",
+    "Softmax2d",
+    "Threshold",
+    "CellDict",
+    "InstanceNorm1d",
+    "InstanceNorm2d",
+    "ConstantPad1d",
+    "ConstantPad2d",
+    "ConstantPad3d",
+    "Pad",
+    "PixelShuffle",
+    "PixelUnshuffle",
+    "ReflectionPad1d",
+    "ReflectionPad2d",
+    "ReplicationPad1d",
+    "ReplicationPad2d",
+    "ZeroPad2d",
     "utils",
     "dynamic_lr",
     "learning_rate_schedule",

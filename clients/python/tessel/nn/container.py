@@ -1,9 +1,9 @@
-"""Containers: SequentialCell (cells applied in order) and CellList (a list of cells)."""
+"""Containers: SequentialCell (cells applied in order), CellList (a list of cells) and CellDict (cells by key)."""
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from tessel.core.errors import ConfigurationError
@@ -139,3 +139,104 @@ class CellList(Cell):
 
     def construct(self, *inputs):
         raise ConfigurationError("CellList is a container; call its cells, e.g. for cell in self.layers: x = cell(x)")
+
+
+class CellDict(Cell):
+    """Cells held by string keys, as MindSpore's nn.CellDict: children are named by their keys (a network's
+    "blocks" CellDict names its "conv" cell's weight "blocks.conv.weight"). Keys must be strings without "." that
+    are not an attribute of Cell; values must be Cells other than CellDict, CellList or SequentialCell.
+
+    >>> from tessel import nn
+    >>> heads = nn.CellDict({"cls": nn.Dense(8, 10), "box": nn.Dense(8, 4)})
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        if "auto_prefix" in kwargs:  # MindSpore 2.7.0 then reads kwargs["auto_preifx"] (sic) and fails so
+            raise KeyError("auto_preifx")
+        if kwargs:  # MindSpore ignores other keywords ("reserved"); tessel refuses them rather than drop them
+            raise TypeError(f"CellDict takes no keyword arguments, got {sorted(kwargs)}")
+        super().__init__()
+        if len(args) == 1:
+            self.update(args[0])
+
+    def __getitem__(self, key: str) -> Cell:
+        return self._cells[key]
+
+    def __setitem__(self, key: str, cell: Cell) -> None:
+        self._validate_key(key)
+        self._validate_cell_type(cell)
+        _add(self, key, cell)
+
+    def __delitem__(self, key: str) -> None:
+        del self._cells[key]
+
+    def __len__(self) -> int:
+        return len(self._cells)
+
+    def __iter__(self):
+        return iter(self._cells)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._cells
+
+    def _validate_key(self, key: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"For 'CellDict', the type of key should be string but got {type(key).__name__}.")
+        if hasattr(self, key) and key not in self._cells:
+            raise KeyError(f"For 'CellDict', the key can not be same with the attributes of Cell, but got key {key}.")
+        if "." in key:
+            raise KeyError(f"For 'CellDict', key can not contain \".\", but got key {key}")
+        if key == "":
+            raise KeyError("For 'CellDict', key can not be empty string \"\", but got key ")
+
+    def _validate_cell_type(self, cell: Any) -> None:
+        if cell is None:
+            raise TypeError("For 'CellDict', cell can not be None.")
+        if not isinstance(cell, Cell):
+            raise TypeError(f"For 'CellDict', the type of cell should be Cell, but got {type(cell).__name__}.")
+        if isinstance(cell, (CellDict, CellList, SequentialCell)):
+            raise TypeError(
+                "For 'CellDict', the type of cell can not be CellDict, CellList or SequentialCell, "
+                f"but got {type(cell).__name__}."
+            )
+
+    def clear(self) -> None:
+        self._cells.clear()
+
+    def pop(self, key: str) -> Cell:
+        value = self[key]
+        del self[key]
+        return value
+
+    def keys(self):
+        return self._cells.keys()
+
+    def values(self):
+        return self._cells.values()
+
+    def items(self):
+        return self._cells.items()
+
+    def update(self, cells: Any) -> None:
+        """Add or replace cells from a mapping or an iterable of (key, cell) pairs, in their order."""
+        if not isinstance(cells, Iterable):
+            raise TypeError(
+                f"CellDict.update() should be called with an iterable of key-value pairs, got {type(cells).__name__}"
+            )
+        if isinstance(cells, (Mapping, CellDict)):
+            for key, cell in cells.items():
+                self[key] = cell
+            return
+        for index, pair in enumerate(cells):
+            if not isinstance(pair, Iterable):
+                raise TypeError(
+                    f"CellDict update sequence element #{index} should be Iterable; but got {type(pair).__name__}"
+                )
+            if len(pair) != 2:
+                raise ValueError(
+                    f"CellDict update sequence element #{index}, length should be 2; but has length {len(pair)}"
+                )
+            self[pair[0]] = pair[1]
+
+    def construct(self, *inputs):
+        raise NotImplementedError("CellDict is a container; call its cells, e.g. x = self.heads['cls'](x)")

@@ -1,5 +1,5 @@
-"""Normalisation layers: LayerNorm, GroupNorm, BatchNorm1d and BatchNorm2d (MindSpore's names, defaults and momentum:
-moving = momentum * moving + (1 - momentum) * batch, momentum=0.9)."""
+"""Normalisation layers: LayerNorm, GroupNorm, BatchNorm1d/2d and InstanceNorm1d/2d (MindSpore's names, defaults and
+BatchNorm momentum: moving = momentum * moving + (1 - momentum) * batch, momentum=0.9)."""
 
 from __future__ import annotations
 
@@ -167,3 +167,72 @@ class BatchNorm2d(_BatchNorm):
     """Batch normalisation of (N, C, H, W) inputs over N, H and W."""
 
     _ndims = (4,)
+
+
+class _InstanceNorm(Cell):
+    """Normalisation of each sample's each channel over its own spatial dims, then gamma * x + beta per channel.
+
+    MindSpore's parameters and names: moving_mean "mean", moving_variance "variance" (requires_grad False), gamma,
+    beta (requires_grad = affine). The output uses the instance's own statistics in training and in evaluation
+    alike (MindSpore's InstanceNorm kernel, GPU only); tessel leaves the moving statistics at their initial values.
+    """
+
+    _ndim = 0
+
+    def __init__(
+        self,
+        num_features: int,
+        eps: float = 1e-5,
+        momentum: float = 0.1,
+        affine: bool = True,
+        gamma_init: Any = "ones",
+        beta_init: Any = "zeros",
+        dtype: Any = DType.float32,
+    ):
+        super().__init__()
+        for name, value, kinds in (
+            ("num_features", num_features, (int,)),
+            ("eps", eps, (float,)),
+            ("momentum", momentum, (float,)),
+            ("affine", affine, (bool,)),
+        ):
+            if not isinstance(value, kinds) or (kinds == (int,) and isinstance(value, bool)):
+                raise TypeError(
+                    f"For '{self.cls_name}', the type of '{name}' must be {kinds[0].__name__}, got {value!r}."
+                )
+        if num_features < 1:
+            raise ValueError(f"For '{self.cls_name}', the 'num_features' must be at least 1, but got {num_features}.")
+        if not 0.0 <= momentum <= 1.0:
+            raise ValueError(f"For '{self.cls_name}', the 'momentum' must be a number in range [0, 1], got {momentum}.")
+        self.num_features, self.eps, self.momentum = num_features, eps, momentum
+        shape = (num_features,)
+        self.moving_mean = make_parameter("zeros", shape, dtype, "mean", requires_grad=False)
+        self.moving_variance = make_parameter("ones", shape, dtype, "variance", requires_grad=False)
+        self.gamma = make_parameter(gamma_init, shape, dtype, "gamma", requires_grad=affine)
+        self.beta = make_parameter(beta_init, shape, dtype, "beta", requires_grad=affine)
+
+    def construct(self, x):
+        if x.ndim != self._ndim:
+            raise ValueError(f"For '{self.cls_name}', the in_shape must have {self._ndim} dims, but got {x.ndim}.")
+        axes = tuple(range(2, x.ndim))
+        mean = F.mean(x, axes, keep_dims=True)
+        centred = x - mean
+        variance = F.mean(centred * centred, axes, keep_dims=True)
+        per_channel = (1, -1) + (1,) * (x.ndim - 2)
+        scale = F.reshape(self.gamma, per_channel) / F.sqrt(variance + self.eps)
+        return centred * scale + F.reshape(self.beta, per_channel)
+
+    def extend_repr(self) -> str:
+        return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
+
+
+class InstanceNorm1d(_InstanceNorm):
+    """Instance normalisation of (N, C, L) inputs over L."""
+
+    _ndim = 3
+
+
+class InstanceNorm2d(_InstanceNorm):
+    """Instance normalisation of (N, C, H, W) inputs over H and W."""
+
+    _ndim = 4
