@@ -59,6 +59,21 @@ from tessel.nn.loss import (
     SmoothL1Loss,
     SoftmaxCrossEntropyWithLogits,
 )
+from tessel.nn.loss_more import (
+    CosineEmbeddingLoss,
+    DiceLoss,
+    FocalLoss,
+    GaussianNLLLoss,
+    HingeEmbeddingLoss,
+    MarginRankingLoss,
+    MultiClassDiceLoss,
+    MultiLabelSoftMarginLoss,
+    MultiMarginLoss,
+    PoissonNLLLoss,
+    RMSELoss,
+    SoftMarginLoss,
+    TripletMarginLoss,
+)
 from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
@@ -246,6 +261,19 @@ __all__ = [
     "ReplicationPad1d",
     "ReplicationPad2d",
     "ZeroPad2d",
+    "CosineEmbeddingLoss",
+    "DiceLoss",
+    "FocalLoss",
+    "GaussianNLLLoss",
+    "HingeEmbeddingLoss",
+    "MarginRankingLoss",
+    "MultiClassDiceLoss",
+    "MultiLabelSoftMarginLoss",
+    "MultiMarginLoss",
+    "PoissonNLLLoss",
+    "RMSELoss",
+    "SoftMarginLoss",
+    "TripletMarginLoss",
     "utils",
     "dynamic_lr",
     "learning_rate_schedule",

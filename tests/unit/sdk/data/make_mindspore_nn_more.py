@@ -17,6 +17,10 @@ def normal(*shape):
     return rng.standard_normal(shape).astype(np.float32)
 
 
+def sign(*shape):
+    return np.where(rng.standard_normal(shape) > 0, 1.0, -1.0).astype(np.float32)
+
+
 # name: (constructor, inputs); the inputs avoid kinks (x == 0, x == threshold) where gradients are one-sided
 CASES = {
     "prelu_channel": ("nn.PReLU(3, [0.1, 0.2, 0.3])", [normal(2, 3, 4)]),
@@ -38,18 +42,57 @@ CASES = {
     "pad_symmetric": ("nn.Pad(((0, 0), (2, 3), (1, 2)), 'SYMMETRIC')", [normal(2, 3, 4)]),
     "pixelshuffle": ("nn.PixelShuffle(2)", [normal(2, 8, 2, 3)]),
     "pixelunshuffle": ("nn.PixelUnshuffle(2)", [normal(2, 2, 4, 6)]),
+    "rmse": ("nn.RMSELoss()", [normal(3, 4), normal(3, 4)]),
+    "margin_ranking": ("nn.MarginRankingLoss(0.3, 'sum')", [normal(6), normal(6), sign(6)]),
+    "margin_ranking_mean": ("nn.MarginRankingLoss()", [normal(6), normal(6), sign(6)]),
+    "cosine_embedding": ("nn.CosineEmbeddingLoss(0.2)", [normal(5, 3), normal(5, 3), sign(5)]),
+    "cosine_embedding_none": ("nn.CosineEmbeddingLoss(-0.5, 'none')", [normal(5, 3), normal(5, 3), sign(5)]),
+    "multilabel_soft_margin": (
+        "nn.MultiLabelSoftMarginLoss(ms.Tensor(np.array([0.5, 1.0, 2.0, 1.5], np.float32)), 'none')",
+        [normal(3, 4), (normal(3, 4) > 0).astype(np.float32)],
+    ),
+    "multilabel_soft_margin_mean": ("nn.MultiLabelSoftMarginLoss()", [normal(3, 4), rng.random((3, 4), np.float32)]),
+    "multi_margin": ("nn.MultiMarginLoss()", [normal(4, 5), np.array([0, 2, 4, 1], np.int64)]),
+    "multi_margin_p2": (
+        "nn.MultiMarginLoss(p=2, margin=0.7, reduction='sum', weight=ms.Tensor(np.array([1, 2, 3, 4, 5], np.float32)))",
+        [normal(4, 5), np.array([0, 2, 4, 1], np.int64)],
+    ),
+    "hinge_embedding": ("nn.HingeEmbeddingLoss(0.5)", [normal(3, 4), sign(3, 4)], (0,)),
+    "hinge_embedding_none": ("nn.HingeEmbeddingLoss(2, 'none')", [normal(3, 4), sign(3, 4)], (0,)),
+    "poisson_nll": ("nn.PoissonNLLLoss()", [normal(3, 4), rng.random((3, 4), np.float32) * 4]),
+    "poisson_nll_full": (
+        "nn.PoissonNLLLoss(log_input=False, full=True, reduction='sum')",
+        [rng.random((3, 4), np.float32) + 0.1, rng.random((3, 4), np.float32) * 4],
+    ),
+    "gaussian_nll": ("nn.GaussianNLLLoss()", [normal(3, 4), normal(3, 4), rng.random((3, 4), np.float32) + 0.1]),
+    "gaussian_nll_full": (
+        "nn.GaussianNLLLoss(full=True, reduction='none')",
+        [normal(3, 4), normal(3, 4), rng.random(3, np.float32) + 0.1],
+    ),
+    "dice": ("nn.DiceLoss(1e-3)", [rng.random((3, 4), np.float32), (normal(3, 4) > 0).astype(np.float32)]),
+    "multiclass_dice": ("nn.MultiClassDiceLoss()", [normal(3, 4), (normal(3, 4) > 0).astype(np.float32)]),
+    "multiclass_dice_weights": (
+        "nn.MultiClassDiceLoss(ms.Tensor(np.array([[1.0], [2.0], [0.5]], np.float32)), 1, 'sigmoid')",
+        [normal(2, 3, 4), (normal(2, 3, 4) > 0).astype(np.float32)],
+    ),
+    "focal_indices": (
+        "nn.FocalLoss(ms.Tensor(np.array([1.0, 2.0, 0.5], np.float32)), 2.0)",
+        [normal(4, 3, 2), np.array([[[0, 1]], [[2, 2]], [[1, 0]], [[0, 2]]], np.int32)],
+    ),
+    "focal_onehot": (
+        "nn.FocalLoss(gamma=1.5, reduction='sum')",
+        [normal(4, 3), np.eye(3, dtype=np.float32)[[0, 2, 1, 1]]],
+    ),
     "onehot": ("nn.OneHot(axis=0, depth=4, on_value=2.0, off_value=-1.0)", [np.array([0, 3, 1], np.int32)]),
 }
-WEIGHTS = {"prelu_channel": None}
 
 
-def run(name, expr, inputs, mode):
+def run(expr, inputs, floats, mode):
     ms.set_context(mode=mode)
-    cell = eval(expr, {"nn": nn})
+    cell = eval(expr, {"nn": nn, "ms": ms, "np": np})
     tensors = [ms.Tensor(x) for x in inputs]
     out = cell(*tensors)
     result = {"out": out.asnumpy()}
-    floats = tuple(i for i, x in enumerate(inputs) if x.dtype.kind == "f")
     if not floats:
         return result, None
     cot = ms.Tensor(np.random.default_rng(1).standard_normal(out.shape).astype(np.float32))
@@ -71,11 +114,74 @@ def run(name, expr, inputs, mode):
     return result, cot.asnumpy()
 
 
+def _softplus64(x):
+    return np.log1p(np.exp(x))
+
+
+def _triplet64(p, swap, eps, margin, reduction):
+    def distance(a, b):
+        return (np.abs(a - b + eps) ** p).sum(-1) ** (1 / p)
+
+    def loss(x, positive, negative):
+        far = distance(x, negative)
+        if swap:
+            far = np.minimum(far, distance(positive, negative))
+        out = np.maximum(distance(x, positive) - far + margin, 0)
+        return out.mean() if reduction == "mean" else out.sum() if reduction == "sum" else out
+
+    return loss
+
+
+# MindSpore 2.7.0's CPU build has no SoftMarginLoss or TripletMarginLoss kernel: NumPy float64 of the documented
+# formula, gradients by central differences
+NUMPY = {
+    "soft_margin": ("nn.SoftMarginLoss()", [normal(3, 4), sign(3, 4)], lambda x, y: _softplus64(-y * x).mean()),
+    "soft_margin_sum": ("nn.SoftMarginLoss('sum')", [normal(3, 4), sign(3, 4)], lambda x, y: _softplus64(-y * x).sum()),
+    "triplet_margin": (
+        "nn.TripletMarginLoss()",
+        [normal(4, 3), normal(4, 3), normal(4, 3)],
+        _triplet64(2, False, 1e-6, 1.0, "mean"),
+    ),
+    "triplet_margin_p1": (
+        "nn.TripletMarginLoss(p=1, swap=True, margin=2.0, reduction='none')",
+        [normal(4, 3), normal(4, 3), normal(4, 3)],
+        _triplet64(1, True, 1e-6, 2.0, "none"),
+    ),
+}
+
+
+def numpy_case(inputs, loss64):
+    arrays = [x.astype(np.float64) for x in inputs]
+    out = np.asarray(loss64(*arrays))
+    cot = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
+    result = {"out": out.astype(np.float32)}
+    for index, array in enumerate(arrays):
+        grad = np.zeros_like(array)
+        for i in np.ndindex(array.shape):
+            up, down = [a.copy() for a in arrays], [a.copy() for a in arrays]
+            up[index][i] += 1e-6
+            down[index][i] -= 1e-6
+            grad[i] = ((loss64(*up) - loss64(*down)) * cot).sum() / 2e-6
+        result[f"dx{index}"] = grad.astype(np.float32)
+    return result, cot
+
+
 data = {}
-for name, (expr, inputs) in CASES.items():
+for name, (expr, inputs, loss64) in NUMPY.items():
+    eager, cot = numpy_case(inputs, loss64)
+    for key, value in eager.items():
+        data[f"{name}/{key}"] = value
+    data[f"{name}/expr"] = np.array(expr)
+    data[f"{name}/cot"] = cot
+    data[f"{name}/floats"] = np.arange(len(inputs))
+    for i, x in enumerate(inputs):
+        data[f"{name}/x{i}"] = x
+    print(name, "(NumPy)", {k: v.shape for k, v in eager.items()})
+for name, (expr, inputs, *positions) in CASES.items():
+    floats = positions[0] if positions else tuple(i for i, x in enumerate(inputs) if x.dtype.kind == "f")
     try:
-        eager, cot = run(name, expr, inputs, ms.PYNATIVE_MODE)
-        graph, _ = run(name, expr, inputs, ms.GRAPH_MODE)
+        eager, cot = run(expr, inputs, floats, ms.PYNATIVE_MODE)
+        graph, _ = run(expr, inputs, floats, ms.GRAPH_MODE)
     except Exception as error:  # a layer MindSpore's CPU build cannot run is reported, not stored
         print(f"{name}: MindSpore CPU fails: {type(error).__name__}: {str(error)[:200]}")
         continue
@@ -84,6 +190,7 @@ for name, (expr, inputs) in CASES.items():
         assert gap <= 1e-6, (name, key, gap)
         data[f"{name}/{key}"] = value
     data[f"{name}/expr"] = np.array(expr)
+    data[f"{name}/floats"] = np.array(floats, np.int64)
     for i, x in enumerate(inputs):
         data[f"{name}/x{i}"] = x
     if cot is not None:
