@@ -1,9 +1,10 @@
 """tessel.nn's CellDict, PReLU, Threshold, CELU, GLU, Softmax2d, OneHot, InstanceNorm1d/2d, the padding cells,
-nn.Pad and PixelShuffle / PixelUnshuffle against MindSpore 2.7.0's mindspore.nn: outputs and the gradients of
-sum(y * r) with respect to the inputs and the parameters, in PYNATIVE_MODE and GRAPH_MODE (the values are
+nn.Pad, PixelShuffle / PixelUnshuffle, the losses of loss_more.py and the deprecated Tril, Triu, Roll, Norm, Range,
+MatMul, Moments, ClipByNorm cells against MindSpore 2.7.0's mindspore.nn: outputs and the gradients of sum(y * r)
+with respect to the inputs and the parameters, in PYNATIVE_MODE and GRAPH_MODE (the values are
 data/make_mindspore_nn_more.py's, MindSpore 2.7.0 CPU), and MindSpore's argument checks (error type and when).
-InstanceNorm has no kernel in MindSpore's CPU build (ops.InstanceNorm is missing there), so it is checked against
-its documented formula in NumPy float64."""
+Where MindSpore's CPU build has no kernel (InstanceNorm, SoftMarginLoss, TripletMarginLoss, Roll) or a wrong one
+(ClipByNorm with an axis), the reference is the documented formula in NumPy float64."""
 
 from __future__ import annotations
 
@@ -26,6 +27,17 @@ def _close(got, want) -> None:
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
+class Stacked(nn.Cell):
+    """A cell of several outputs as one: its outputs flattened and concatenated."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def construct(self, *xs):
+        return ms.ops.cat([y.reshape(-1) for y in self.cell(*xs)])
+
+
 @pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", CASES)
 def test_cell_matches_mindspore(name, mode):
@@ -33,7 +45,11 @@ def test_cell_matches_mindspore(name, mode):
     cell = eval(str(REFERENCE[f"{name}/expr"]), {"nn": nn, "ms": ms, "np": np})
     inputs = [REFERENCE[key] for key in sorted(k for k in REFERENCE.files if k.startswith(f"{name}/x"))]
     tensors = [ms.Tensor(x) for x in inputs]
-    _close(cell(*tensors), REFERENCE[f"{name}/out"])
+    out = cell(*tensors)
+    if isinstance(out, tuple):  # Moments: (mean, variance), stored as one flat tensor
+        cell = Stacked(cell)
+        out = cell(*tensors)
+    _close(out, REFERENCE[f"{name}/out"])
     floats = tuple(int(i) for i in REFERENCE[f"{name}/floats"])
     if not floats:
         return
@@ -112,6 +128,12 @@ def test_celldict_names_parameters_by_key_as_mindspore():
         (lambda: nn.FocalLoss(weight=[1.0]), TypeError),
         (lambda: nn.PoissonNLLLoss(reduction="x"), ValueError),
         (lambda: nn.MultiClassDiceLoss(activation="gelu"), ValueError),
+        (lambda: nn.Norm(keep_dims=1), TypeError),
+        (lambda: nn.Moments(axis=[1]), TypeError),
+        (lambda: nn.MatMul(1), TypeError),
+        (lambda: nn.Roll(1.5, 0), TypeError),
+        (lambda: nn.Roll([1, 2], [0]), ValueError),
+        (lambda: nn.Range(1, 5, 0), ValueError),
     ],
 )
 def test_constructor_checks_as_mindspore(make, error):
@@ -144,6 +166,8 @@ X = ms.Tensor(np.random.default_rng(0).standard_normal((2, 3, 4)).astype(np.floa
         (nn.SoftMarginLoss("foo"), (X, X), ValueError),  # MindSpore 2.7.0 accepts it until the loss runs
         (nn.MarginRankingLoss(1), (X, X, X), TypeError),
         (nn.DiceLoss(), (X, X[:1]), ValueError),
+        (nn.Tril(), X[0, 0], ValueError),
+        (nn.ClipByNorm(axis=1), (X, 0.5), TypeError),
     ],
 )
 def test_call_checks_as_mindspore(cell, x, error):

@@ -74,6 +74,7 @@ from tessel.nn.loss_more import (
     SoftMarginLoss,
     TripletMarginLoss,
 )
+from tessel.nn.math_cells import ClipByNorm, MatMul, Moments, Norm, Range, Roll, Tril, Triu
 from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
@@ -274,6 +275,14 @@ __all__ = [
     "RMSELoss",
     "SoftMarginLoss",
     "TripletMarginLoss",
+    "ClipByNorm",
+    "MatMul",
+    "Moments",
+    "Norm",
+    "Range",
+    "Roll",
+    "Tril",
+    "Triu",
     "utils",
     "dynamic_lr",
     "learning_rate_schedule",

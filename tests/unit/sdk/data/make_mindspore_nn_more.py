@@ -83,8 +83,32 @@ CASES = {
         "nn.FocalLoss(gamma=1.5, reduction='sum')",
         [normal(4, 3), np.eye(3, dtype=np.float32)[[0, 2, 1, 1]]],
     ),
+    "tril": ("nn.Tril()", [normal(2, 3, 4)]),
+    "triu": ("nn.Triu()", [normal(4, 3)]),
+    "norm_axis": ("nn.Norm(axis=1)", [normal(1, 3, 4)]),
+    "norm_all_keep": ("nn.Norm(keep_dims=True)", [normal(2, 3)]),
+    "range_int": ("nn.Range(5)", []),
+    "range_float": ("nn.Range(1.0, 3, 0.5)", []),
+    "matmul": ("nn.MatMul()", [normal(2, 1, 3, 4), normal(5, 4, 2)]),
+    "matmul_transposed": ("nn.MatMul(True, True)", [normal(4, 3), normal(2, 5, 4)]),
+    "matmul_vector": ("nn.MatMul()", [normal(4), normal(2, 4, 3)]),
+    "matmul_dot": ("nn.MatMul()", [normal(4), normal(4)]),
+    "moments": ("nn.Moments(axis=2)", [normal(1, 3, 4)], (0,)),
+    "moments_all": ("nn.Moments(keep_dims=True)", [normal(2, 3)], (0,)),
+    "clip_by_norm": ("nn.ClipByNorm()", [normal(2, 3), np.array(1.2, np.float32)], (0,)),
     "onehot": ("nn.OneHot(axis=0, depth=4, on_value=2.0, off_value=-1.0)", [np.array([0, 3, 1], np.int32)]),
 }
+
+
+class Stacked(nn.Cell):
+    """A cell of several outputs as one: its outputs flattened and concatenated."""
+
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+
+    def construct(self, *xs):
+        return ms.ops.cat([y.reshape(-1) for y in self.cell(*xs)])
 
 
 def run(expr, inputs, floats, mode):
@@ -92,6 +116,9 @@ def run(expr, inputs, floats, mode):
     cell = eval(expr, {"nn": nn, "ms": ms, "np": np})
     tensors = [ms.Tensor(x) for x in inputs]
     out = cell(*tensors)
+    if isinstance(out, tuple):  # Moments: (mean, variance), stored and differentiated as one stacked tensor
+        cell = Stacked(cell)
+        out = cell(*tensors)
     result = {"out": out.asnumpy()}
     if not floats:
         return result, None
@@ -132,9 +159,22 @@ def _triplet64(p, swap, eps, margin, reduction):
     return loss
 
 
-# MindSpore 2.7.0's CPU build has no SoftMarginLoss or TripletMarginLoss kernel: NumPy float64 of the documented
-# formula, gradients by central differences
+def _clip_by_norm64(x, clip_norm):
+    return x * clip_norm / np.maximum(np.sqrt((x * x).sum(1, keepdims=True)), clip_norm)
+
+
+# MindSpore 2.7.0's CPU build has no SoftMarginLoss, TripletMarginLoss or Roll kernel, and its ClipByNorm kernel with
+# an axis scales every row after the first wrongly (measured: ClipByNorm(axis=1) of [[3, 4, 0], [0, 0, 2]] with
+# clip_norm 1 gives [[0.6, 0.8, 0], [0, 0, 0.5]], not [0, 0, 1]): NumPy float64 of the documented formula, gradients
+# by central differences
 NUMPY = {
+    "roll": ("nn.Roll([1, -2], [0, 2])", [normal(3, 2, 4)], lambda x: np.roll(x, (1, -2), (0, 2))),
+    "clip_by_norm_axis": (
+        "nn.ClipByNorm(axis=1)",
+        [normal(2, 3), np.array(1.2, np.float32)],
+        _clip_by_norm64,
+        (0,),
+    ),
     "soft_margin": ("nn.SoftMarginLoss()", [normal(3, 4), sign(3, 4)], lambda x, y: _softplus64(-y * x).mean()),
     "soft_margin_sum": ("nn.SoftMarginLoss('sum')", [normal(3, 4), sign(3, 4)], lambda x, y: _softplus64(-y * x).sum()),
     "triplet_margin": (
@@ -150,12 +190,13 @@ NUMPY = {
 }
 
 
-def numpy_case(inputs, loss64):
+def numpy_case(inputs, loss64, floats):
     arrays = [x.astype(np.float64) for x in inputs]
     out = np.asarray(loss64(*arrays))
     cot = np.random.default_rng(1).standard_normal(out.shape).astype(np.float32)
     result = {"out": out.astype(np.float32)}
-    for index, array in enumerate(arrays):
+    for index in floats:
+        array = arrays[index]
         grad = np.zeros_like(array)
         for i in np.ndindex(array.shape):
             up, down = [a.copy() for a in arrays], [a.copy() for a in arrays]
@@ -167,13 +208,14 @@ def numpy_case(inputs, loss64):
 
 
 data = {}
-for name, (expr, inputs, loss64) in NUMPY.items():
-    eager, cot = numpy_case(inputs, loss64)
+for name, (expr, inputs, loss64, *positions) in NUMPY.items():
+    floats = positions[0] if positions else tuple(range(len(inputs)))
+    eager, cot = numpy_case(inputs, loss64, floats)
     for key, value in eager.items():
         data[f"{name}/{key}"] = value
     data[f"{name}/expr"] = np.array(expr)
     data[f"{name}/cot"] = cot
-    data[f"{name}/floats"] = np.arange(len(inputs))
+    data[f"{name}/floats"] = np.array(floats, np.int64)
     for i, x in enumerate(inputs):
         data[f"{name}/x{i}"] = x
     print(name, "(NumPy)", {k: v.shape for k, v in eager.items()})
