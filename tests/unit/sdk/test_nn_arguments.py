@@ -108,8 +108,8 @@ def test_softmax_over_several_axes_is_refused():
 def test_get_activation_takes_mindspores_names_exactly():
     """MindSpore 2.7.0: get_activation('ReLU'), 'softplus', 'swish' and 'leaky_relu' are KeyErrors "The 'name' must be
     in [...], but got ReLU." ("For 'Dense', the" with prim_name; Dense(activation=...) passes none);
-    get_activation('threshold') is a TypeError (nn.Threshold needs arguments); 'prelu', 'rrelu', 'fast_gelu' and the
-    like are activations tessel lacks."""
+    get_activation('threshold') is a TypeError (nn.Threshold needs arguments); 'prelu' and 'softmax2d' give PReLU()
+    and Softmax2d(); 'rrelu', 'fast_gelu' and the like are activations tessel lacks."""
     assert nn.get_activation(None) is None
     assert isinstance(nn.get_activation("leakyrelu"), nn.LeakyReLU)
     for name in ("ReLU", "softplus", "swish", "leaky_relu", "reluu"):
@@ -123,7 +123,8 @@ def test_get_activation_takes_mindspores_names_exactly():
         nn.Dense(3, 2, activation="ReLU")
     with pytest.raises(TypeError, match=r"get_activation\('threshold'\) fails in MindSpore 2.7.0 as well"):
         nn.get_activation("threshold")
-    for name in ("prelu", "preluExt", "rrelu", "fast_gelu", "softmax2d", "logsoftmaxExt"):
+    assert isinstance(nn.get_activation("prelu"), nn.PReLU) and isinstance(nn.get_activation("softmax2d"), nn.Softmax2d)
+    for name in ("preluExt", "rrelu", "fast_gelu", "logsoftmaxExt"):
         with pytest.raises(NotSupportedYetError, match=rf"activation '{name}' .*pass one of \['softmin', "):
             nn.Dense(3, 2, activation=name)
 

@@ -17,6 +17,7 @@ from tessel.common.parameter import Parameter
 from tessel.common.support import log_once, not_supported_yet
 from tessel.common.tracing import current
 from tessel.core.errors import ConfigurationError
+from tessel.nn.activation import PReLU, Softmax2d
 from tessel.nn.cell import Cell
 from tessel.ops import composed as C
 from tessel.ops import functional as F
@@ -425,7 +426,7 @@ Softmin = _activation_cell(
 _ACTIVATIONS = {
     "softmin": Softmin,
     "softmax": Softmax,
-    "softmax2d": None,
+    "softmax2d": Softmax2d,
     "logsoftmax": LogSoftmax,
     "logsoftmaxExt": None,
     "relu": ReLU,
@@ -440,7 +441,7 @@ _ACTIVATIONS = {
     "elu": ELU,
     "sigmoid": Sigmoid,
     "softsign": Softsign,
-    "prelu": None,
+    "prelu": PReLU,
     "preluExt": None,
     "leakyrelu": LeakyReLU,
     "hswish": HSwish,
