@@ -115,6 +115,7 @@ def test_celldict_names_parameters_by_key_as_mindspore():
         (lambda: nn.InstanceNorm2d(3, eps=1), TypeError),
         (lambda: nn.InstanceNorm2d(3, momentum=2.0), ValueError),
         (lambda: nn.InstanceNorm2d(3, affine=1), TypeError),
+        (lambda: nn.InstanceNorm2d(3, eps=1.0), ValueError),  # ops.InstanceNorm's epsilon in [0, 1)
         (lambda: nn.MultiMarginLoss(p=3), ValueError),
         (lambda: nn.MultiMarginLoss(margin=1), TypeError),
         (lambda: nn.HingeEmbeddingLoss(reduction="x"), ValueError),
@@ -216,6 +217,9 @@ def test_instance_norm_matches_its_formula_in_numpy(rank, mode):
     for training in (True, False):
         cell.set_train(training)
         np.testing.assert_allclose(cell(ms.Tensor(x)).asnumpy(), want, rtol=1e-5, atol=1e-5)
+    half = cell(ms.Tensor(x.astype(np.float16)))
+    assert half.dtype == ms.float16
+    np.testing.assert_allclose(half.asnumpy(), want, rtol=1e-2, atol=1e-2)
     cot = rng.standard_normal(x.shape)
 
     def loss64(x, gamma, beta):

@@ -204,6 +204,8 @@ class _InstanceNorm(Cell):
             raise ValueError(f"For '{self.cls_name}', the 'num_features' must be at least 1, but got {num_features}.")
         if not 0.0 <= momentum <= 1.0:
             raise ValueError(f"For '{self.cls_name}', the 'momentum' must be a number in range [0, 1], got {momentum}.")
+        if not 0.0 <= eps < 1.0:  # MindSpore's InstanceNorm primitive, built in __init__, checks it
+            raise ValueError(f"For 'InstanceNorm', the 'epsilon' must be in range [0, 1), but got {eps}.")
         self.num_features, self.eps, self.momentum = num_features, eps, momentum
         shape = (num_features,)
         self.moving_mean = make_parameter("zeros", shape, dtype, "mean", requires_grad=False)
@@ -214,13 +216,15 @@ class _InstanceNorm(Cell):
     def construct(self, x):
         if x.ndim != self._ndim:
             raise ValueError(f"For '{self.cls_name}', the in_shape must have {self._ndim} dims, but got {x.ndim}.")
+        dtype = x.dtype
+        x = F.cast(x, self.gamma.dtype)  # a float16 input runs with the float32 parameters, as MindSpore's kernel
         axes = tuple(range(2, x.ndim))
         mean = F.mean(x, axes, keep_dims=True)
         centred = x - mean
         variance = F.mean(centred * centred, axes, keep_dims=True)
         per_channel = (1, -1) + (1,) * (x.ndim - 2)
         scale = F.reshape(self.gamma, per_channel) / F.sqrt(variance + self.eps)
-        return centred * scale + F.reshape(self.beta, per_channel)
+        return F.cast(centred * scale + F.reshape(self.beta, per_channel), dtype)
 
     def extend_repr(self) -> str:
         return f"num_features={self.num_features}, eps={self.eps}, momentum={self.momentum}"
