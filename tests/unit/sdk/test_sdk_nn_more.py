@@ -135,6 +135,8 @@ def test_celldict_names_parameters_by_key_as_mindspore():
         (lambda: nn.Roll(1.5, 0), TypeError),
         (lambda: nn.Roll([1, 2], [0]), ValueError),
         (lambda: nn.Range(1, 5, 0), ValueError),
+        (lambda: nn.ChannelShuffle(0), ValueError),
+        (lambda: nn.ChannelShuffle(2.0), TypeError),
     ],
 )
 def test_constructor_checks_as_mindspore(make, error):
@@ -200,14 +202,14 @@ def _instance_norm64(x, gamma, beta, eps):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-@pytest.mark.parametrize("rank", [3, 4])
+@pytest.mark.parametrize("rank", [3, 4, 5])
 def test_instance_norm_matches_its_formula_in_numpy(rank, mode):
     """NumPy float64 of (x - mean) / sqrt(var + eps) * gamma + beta over each sample's channel: MindSpore 2.7.0's
     CPU build has no InstanceNorm kernel. Same output in train and eval; gradients by central differences."""
     ms.set_context(mode=MODES[mode])
     rng = np.random.default_rng(3)
-    x = rng.standard_normal((2, 3, 4, 3)[:rank]).astype(np.float32)
-    cell = (nn.InstanceNorm1d if rank == 3 else nn.InstanceNorm2d)(3, eps=1e-3)
+    x = rng.standard_normal((2, 3, 4, 3, 2)[:rank]).astype(np.float32)
+    cell = {3: nn.InstanceNorm1d, 4: nn.InstanceNorm2d, 5: nn.InstanceNorm3d}[rank](3, eps=1e-3)
     assert [p.name for p in cell.get_parameters()] == ["mean", "variance", "gamma", "beta"]
     assert [p.name for p in cell.trainable_params()] == ["gamma", "beta"]
     gamma, beta = rng.standard_normal(3).astype(np.float32), rng.standard_normal(3).astype(np.float32)

@@ -75,10 +75,19 @@ from tessel.nn.loss_more import (
     TripletMarginLoss,
 )
 from tessel.nn.math_cells import ClipByNorm, MatMul, Moments, Norm, Range, Roll, Tril, Triu
-from tessel.nn.norm import BatchNorm1d, BatchNorm2d, GroupNorm, InstanceNorm1d, InstanceNorm2d, LayerNorm
+from tessel.nn.norm import (
+    BatchNorm1d,
+    BatchNorm2d,
+    GroupNorm,
+    InstanceNorm1d,
+    InstanceNorm2d,
+    InstanceNorm3d,
+    LayerNorm,
+)
 from tessel.nn.optim import *  # noqa: F403 - optimizers and learning-rate schedules are nn.<name>
 from tessel.nn.optim import __all__ as _optim_names
 from tessel.nn.padding import (
+    ChannelShuffle,
     ConstantPad1d,
     ConstantPad2d,
     ConstantPad3d,
@@ -87,8 +96,10 @@ from tessel.nn.padding import (
     PixelUnshuffle,
     ReflectionPad1d,
     ReflectionPad2d,
+    ReflectionPad3d,
     ReplicationPad1d,
     ReplicationPad2d,
+    ReplicationPad3d,
     ZeroPad2d,
 )
 from tessel.nn.pooling import (
@@ -283,6 +294,10 @@ __all__ = [
     "Roll",
     "Tril",
     "Triu",
+    "ChannelShuffle",
+    "InstanceNorm3d",
+    "ReflectionPad3d",
+    "ReplicationPad3d",
     "utils",
     "dynamic_lr",
     "learning_rate_schedule",

@@ -1,4 +1,4 @@
-"""Normalisation layers: LayerNorm, GroupNorm, BatchNorm1d/2d and InstanceNorm1d/2d (MindSpore's names, defaults and
+"""Normalisation layers: LayerNorm, GroupNorm, BatchNorm1d/2d and InstanceNorm1d/2d/3d (MindSpore's names, defaults and
 BatchNorm momentum: moving = momentum * moving + (1 - momentum) * batch, momentum=0.9)."""
 
 from __future__ import annotations
@@ -240,3 +240,9 @@ class InstanceNorm2d(_InstanceNorm):
     """Instance normalisation of (N, C, H, W) inputs over H and W."""
 
     _ndim = 4
+
+
+class InstanceNorm3d(_InstanceNorm):
+    """Instance normalisation of (N, C, D, H, W) inputs over D, H and W."""
+
+    _ndim = 5

@@ -1,6 +1,7 @@
-"""Padding and pixel-reshuffling cells with MindSpore 2.7.0's nn signatures (nn/layer/padding.py, basic.py Pad,
-image.py PixelShuffle / PixelUnshuffle). Paddings are given PyTorch's way, (last_before, last_after,
-second_last_before, ...), except nn.Pad's ((before, after) per dim, from the first dim)."""
+"""Padding and pixel- or channel-reshuffling cells with MindSpore 2.7.0's nn signatures (nn/layer/padding.py,
+basic.py Pad, image.py PixelShuffle / PixelUnshuffle, channel_shuffle.py ChannelShuffle). Paddings are given
+PyTorch's way, (last_before, last_after, second_last_before, ...), except nn.Pad's ((before, after) per dim, from
+the first dim)."""
 
 from __future__ import annotations
 
@@ -131,6 +132,15 @@ class ReflectionPad2d(_EdgePadNd):
         super().__init__(padding, 2)
 
 
+class ReflectionPad3d(_EdgePadNd):
+    """Mirror-pad the last three dims: padding an int or (left, right, top, bottom, front, back)."""
+
+    _mode = "reflect"
+
+    def __init__(self, padding: Any):
+        super().__init__(padding, 3)
+
+
 class ReplicationPad1d(_EdgePadNd):
     """Pad the last dim by repeating its edge values: padding an int or (left, right)."""
 
@@ -147,6 +157,15 @@ class ReplicationPad2d(_EdgePadNd):
 
     def __init__(self, padding: Any):
         super().__init__(padding, 2)
+
+
+class ReplicationPad3d(_EdgePadNd):
+    """Pad the last three dims by repeating their edge values: padding an int or a tuple of 6."""
+
+    _mode = "replicate"
+
+    def __init__(self, padding: Any):
+        super().__init__(padding, 3)
 
 
 def _symmetric_indices(size: int, before: int, after: int) -> np.ndarray:
@@ -202,6 +221,29 @@ class Pad(Cell):
                 index = _symmetric_indices(x.shape[axis], before, after).astype(np.int32)
                 out = F.gather(out, Tensor(index), axis)
         return out
+
+
+class ChannelShuffle(Cell):
+    """Channels (dim 1) split into `groups` groups and interleaved: (N, g, C / g, ...) transposed to (N, C / g, g,
+    ...), then back to x's shape."""
+
+    def __init__(self, groups: int):
+        super().__init__()
+        if not isinstance(groups, int):
+            raise TypeError(f"For ChannelShuffle, the param `groups` must be int, but got {type(groups)}.")
+        if groups < 1:
+            raise ValueError(f"For ChannelShuffle, the param `groups` must be larger than 0, but got {groups}.")
+        self.groups = groups
+
+    def construct(self, x):
+        if x.ndim < 3 or x.shape[1] % self.groups:
+            raise ValueError(
+                f"For ChannelShuffle, x must have at least 3 dims and channels divisible by groups {self.groups}, "
+                f"got shape {tuple(x.shape)}."
+            )
+        batch, channels = x.shape[0], x.shape[1]
+        out = F.reshape(x, (batch, self.groups, channels // self.groups, -1))
+        return F.reshape(F.transpose(out, (0, 2, 1, 3)), tuple(x.shape))
 
 
 class PixelShuffle(Cell):
