@@ -5,8 +5,9 @@
     >>> logits = layer(mint.flatten(images, start_dim=1))
 
 Where a `tessel.nn` cell already has mint's arguments it is the same class (Flatten, MSELoss, CrossEntropyLoss, ...).
-The convolution, normalisation, embedding and pooling cells (layers.py) take mint's arguments and have its parameter
-names and initialisation. The other names of MindSpore's mint.nn raise NotSupportedYetError.
+The convolution, normalisation, embedding, pooling and upsampling cells (layers.py) take mint's arguments and have
+its parameter names and initialisation; the activations, losses and padding (elementwise.py) call
+mint.nn.functional. The other names of MindSpore's mint.nn raise NotSupportedYetError.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tessel.common.support import unsupported_names
 from tessel.core.errors import ConfigurationError
 from tessel.mint._names import MINT_NN
 from tessel.mint.nn import functional
+from tessel.mint.nn.elementwise import *  # noqa: F403 - the cells of elementwise.__all__
 from tessel.mint.nn.layers import *  # noqa: F403 - the cells of layers.__all__
 
 _WHY = "tessel has no mapping for it yet; use the tessel.nn equivalent if there is one"
