@@ -148,6 +148,8 @@ _NAMES = {
     "default_generator": "tessel.common.generator",
     "seed": "tessel.common.generator",
     "manual_seed": "tessel.common.generator",
+    "run_check": "tessel.common.run_check",
+    "set_deterministic": "tessel.common.run_check",
     "initial_seed": "tessel.common.generator",
     "get_rng_state": "tessel.common.generator",
     "set_rng_state": "tessel.common.generator",

@@ -302,3 +302,18 @@ def test_set_device_is_set_context_of_target_and_id():
         ms.set_device("NPU")
     with pytest.raises(ConfigurationError, match="set_device: device_id must be an int >= 0, got -1"):
         ms.set_device("GPU", -1)
+
+
+def test_run_check_multiplies_and_reports_as_mindspore_and_set_deterministic_is_the_context_option(capsys):
+    ms.run_check()
+    out = capsys.readouterr().out.splitlines()
+    # MindSpore 2.7.0: "MindSpore version:  2.7.0", then the same sentence with its name
+    assert out[0].startswith("tessel version:  ") and out[0].endswith("(MindSpore 2.7.0 API)")
+    assert out[1] == (
+        "The result of multiplication calculation is correct, tessel has been installed on platform [CPU] successfully!"
+    )
+    ms.set_deterministic(False)
+    with pytest.raises(NotSupportedYetError, match="deterministic='ON'"):
+        ms.set_deterministic(True)
+    with pytest.raises(TypeError, match="must be a bool"):
+        ms.set_deterministic("ON")
