@@ -154,6 +154,7 @@ _NAMES = {
     "get_rng_state": "tessel.common.generator",
     "set_rng_state": "tessel.common.generator",
     "jit": "tessel.common.compiled",
+    "jit_class": "tessel.common.compiled",
     "recompute": "tessel.common.recompute",
     "set_context": "tessel.context",
     "get_context": "tessel.context",

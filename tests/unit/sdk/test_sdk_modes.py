@@ -340,3 +340,28 @@ def test_indexed_parts_pickle_and_negative_integer_powers_are_refused():
     assert pickle.loads(pickle.dumps(x[0])).asnumpy().tolist() == [0.0, 1.0, 2.0]
     with pytest.raises(ConfigurationError, match="negative power -1 is not an integer"):
         ms.Tensor(np.array([2, 3])) ** -1
+
+
+def test_jit_class_objects_work_inside_a_graph_and_its_checks_are_mindspores():
+    @ms.jit_class
+    class UserDefinedNet:
+        def __init__(self):
+            self.value = 10
+
+        def func(self, x):
+            return 2 * x
+
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.net = UserDefinedNet()
+
+        def construct(self, x):
+            return self.net.value + self.net.func(x)
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    assert Net()(ms.Tensor(np.float32(5))).asnumpy() == 20  # MindSpore's docstring example: 20
+    with pytest.raises(TypeError, match="can only be used for class type"):
+        ms.jit_class(lambda: None)
+    with pytest.raises(TypeError, match=r"cannot be used for nn\.Cell"):
+        ms.jit_class(Net)

@@ -541,6 +541,25 @@ def _check_choice(call: str, name: str, value: Any, choices: tuple) -> None:
         raise ConfigurationError(f"{call}: {name} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
+def jit_class(cls: type) -> type:
+    """Mark a user-defined class as usable inside compiled functions (MindSpore's jit_class). tessel traces the
+    Python that runs, so any class's attributes and methods work there already; the checks are MindSpore's.
+
+    >>> @ms.jit_class
+    ... class Scale:
+    ...     def __init__(self):
+    ...         self.value = 10
+    """
+    from tessel.nn.cell import Cell
+
+    if not inspect.isclass(cls):
+        raise TypeError(f"Decorator jit_class can only be used for class type, but got {cls}.")
+    if issubclass(cls, Cell):
+        raise TypeError(f"Decorator jit_class is used for user-defined classes and cannot be used for nn.Cell: {cls}.")
+    cls.__ms_class__ = True
+    return cls
+
+
 def jit(
     function: Callable | None = None,
     *,
