@@ -281,3 +281,15 @@ def test_functional_signatures_are_mints(fn, signature):
     sig = inspect.signature(fn)
     params = [p.replace(annotation=p.empty) for p in sig.parameters.values()]
     assert str(sig.replace(parameters=params, return_annotation=sig.empty)) == signature
+
+
+def test_nn_names_that_are_mint_classes_in_mindspore_are_the_same_classes():
+    from tessel import mint
+
+    # MindSpore 2.7.0: nn.Linear is mint.nn.Linear, nn.DropoutExt is mint.nn.Dropout, ... (measured with `is`)
+    pairs = {"Linear": "Linear", "DropoutExt": "Dropout", "EmbeddingExt": "Embedding", "LayerNormExt": "LayerNorm"}
+    pairs.update(MaxPool2dExt="MaxPool2d", AvgPool2dExt="AvgPool2d", PReLUExt="PReLU", L1LossExt="L1Loss")
+    pairs.update(LogSoftmaxExt="LogSoftmax")
+    for nn_name, mint_name in pairs.items():
+        assert getattr(ms.nn, nn_name) is getattr(mint.nn, mint_name), nn_name
+    assert ms.nn.Linear(3, 2).weight.shape == (2, 3)

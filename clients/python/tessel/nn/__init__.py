@@ -156,12 +156,31 @@ _missing = unsupported_names(
 )
 
 
+# MindSpore 2.7's nn names that are its mint.nn classes themselves (nn.Linear is mint.nn.Linear, nn.DropoutExt is
+# mint.nn.Dropout, ...): the same classes here, looked up when asked for (mint.nn imports this module).
+_MINT_CLASSES = {
+    "Linear": "Linear",
+    "DropoutExt": "Dropout",
+    "EmbeddingExt": "Embedding",
+    "LayerNormExt": "LayerNorm",
+    "MaxPool2dExt": "MaxPool2d",
+    "AvgPool2dExt": "AvgPool2d",
+    "PReLUExt": "PReLU",
+    "L1LossExt": "L1Loss",
+    "LogSoftmaxExt": "LogSoftmax",
+}
+
+
 def __getattr__(name: str):
     # MindSpore 1.x kept metrics in nn; they live in tessel.train.metrics.
     if name in _METRICS:
         from tessel.train import metrics
 
         return getattr(metrics, name)
+    if name in _MINT_CLASSES:
+        from tessel.mint import nn as mint_nn
+
+        return getattr(mint_nn, _MINT_CLASSES[name])
     return _missing(name)
 
 
