@@ -515,3 +515,27 @@ def test_embedding_takes_mindspores_dtype_and_pads_a_table_drawn_later():
     with no_init_parameters():
         padded = nn.Embedding(5, 3, padding_idx=2)
     assert padded.embedding_table.asnumpy()[2].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_forward_value_and_grad_gives_mindspores_docstring_result():
+    class Net(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.weight = ms.Parameter(ms.Tensor(np.ones([2, 2]).astype(np.float32)), name="weight")
+            self.matmul = ops.MatMul()
+
+        def construct(self, x):
+            return self.matmul(x, self.weight)
+
+    net = Net()
+    with_loss = nn.WithLossCell(net, nn.SoftmaxCrossEntropyWithLogits())
+    train = nn.ForwardValueAndGrad(with_loss, ms.ParameterTuple(net.trainable_params()), get_all=True, get_by_list=True)
+    ones = ms.Tensor(np.ones([1, 2]).astype(np.float32))
+    loss, ((dx, dlabels), (dweight,)) = train(ones, ones)
+    # MindSpore 2.7.0's docstring: 1.38629436, [[-1, -1]], [[0, 0]], [[-0.5, -0.5], [-0.5, -0.5]]
+    np.testing.assert_allclose(loss.asnumpy(), [1.38629436], rtol=1e-6)
+    np.testing.assert_allclose(dx.asnumpy(), [[-1.0, -1.0]], rtol=1e-6)
+    np.testing.assert_allclose(dlabels.asnumpy(), [[0.0, 0.0]])
+    np.testing.assert_allclose(dweight.asnumpy(), np.full((2, 2), -0.5), rtol=1e-6)
+    with pytest.raises(TypeError, match="'weights' must be Parameters array"):
+        nn.ForwardValueAndGrad(with_loss, get_by_list=True)

@@ -368,6 +368,49 @@ class TrainOneStepCell(Cell):
         return super()._compiled_entry(args, kwargs)
 
 
+class ForwardValueAndGrad(Cell):
+    """The network's output and its gradients in one call (MindSpore's ForwardValueAndGrad): with respect to the
+    first input, every input (get_all), the weights (get_by_list) or both, as GradOperation gives them; with
+    sens_param the last input is the output's sensitivity.
+
+        >>> loss, (input_grads, weight_grads) = nn.ForwardValueAndGrad(net_with_loss, weights, True, True)(x, y)
+    """
+
+    def __init__(
+        self, network: Any, weights: Any = None, get_all: bool = False, get_by_list: bool = False, sens_param=False
+    ):
+        super().__init__(auto_prefix=False)
+        import types
+
+        from tessel.autograd import GradOperation
+
+        if not isinstance(network, (Cell, types.FunctionType, types.MethodType)):
+            raise TypeError(
+                "For 'ForwardValueAndGrad', the argument 'network' must be cell, function type or method type, but "
+                f"got '{type(network)}'"
+            )
+        for name, value in (("get_all", get_all), ("get_by_list", get_by_list)):
+            if not isinstance(value, bool):
+                raise TypeError(
+                    f"For 'ForwardValueAndGrad', the type of '{name}' must be bool, but got '{type(value)}'"
+                )
+        if get_by_list and not isinstance(weights, (tuple, list)):
+            raise TypeError(
+                "For 'ForwardValueAndGrad', when 'get_by_list' is set to True, the argument 'weights' must be "
+                f"Parameters array, but got '{type(weights)}'"
+            )
+        self.network, self.weights = network, weights
+        if isinstance(network, Cell):
+            network.set_grad()
+        self.get_by_list, self.sens_param = get_by_list, sens_param
+        self.grad = GradOperation(get_all=get_all, get_by_list=get_by_list, sens_param=sens_param)
+
+    def construct(self, *inputs):
+        loss = self.network(*(inputs[:-1] if self.sens_param else inputs))
+        grad = self.grad(self.network, self.weights) if self.get_by_list else self.grad(self.network)
+        return loss, grad(*inputs)
+
+
 class DynamicLossScaleUpdateCell(Cell):
     """MindSpore's dynamic loss scale update, run by TrainOneStepWithLossScaleCell: called with the scale Parameter
     and the step's overflow flag, it divides the scale by `scale_factor` (at least 1) after an overflow and multiplies
