@@ -539,3 +539,15 @@ def test_forward_value_and_grad_gives_mindspores_docstring_result():
     np.testing.assert_allclose(dweight.asnumpy(), np.full((2, 2), -0.5), rtol=1e-6)
     with pytest.raises(TypeError, match="'weights' must be Parameters array"):
         nn.ForwardValueAndGrad(with_loss, get_by_list=True)
+
+
+def test_with_grad_cell_gives_the_loss_gradients_of_the_trainable_parameters():
+    net = nn.Dense(3, 2)
+    x, y = ms.Tensor(rand(4, 3)), ms.Tensor(rand(4, 2))
+    grads = nn.WithGradCell(net, nn.MSELoss())(x, y)
+    want = ms.grad(lambda a, b: nn.MSELoss()(net(a), b), None, net.trainable_params())(x, y)
+    assert len(grads) == 2
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got.asnumpy(), expected.asnumpy(), rtol=1e-6)
+    scaled = nn.WithGradCell(net, nn.MSELoss(), sens=ms.Tensor(np.float32(2.0)))(x, y)
+    np.testing.assert_allclose(scaled[0].asnumpy(), 2 * want[0].asnumpy(), rtol=1e-6)

@@ -132,6 +132,7 @@ from tessel.nn.wrap import (
     TrainOneStepCell,
     TrainOneStepWithLossScaleCell,
     WithEvalCell,
+    WithGradCell,
     WithLossCell,
 )
 
@@ -259,6 +260,7 @@ __all__ = [
     "TrainOneStepCell",
     "TrainOneStepWithLossScaleCell",
     "WithEvalCell",
+    "WithGradCell",
     "WithLossCell",
     "get_activation",
     "GRU",

@@ -368,6 +368,30 @@ class TrainOneStepCell(Cell):
         return super()._compiled_entry(args, kwargs)
 
 
+class WithGradCell(Cell):
+    """The gradients of the network's loss with respect to its trainable parameters (MindSpore's WithGradCell): the
+    network's own output is the loss, or with `loss_fn` WithLossCell(network, loss_fn) computes it; `sens` scales
+    the gradients' seed.
+
+        >>> grads = nn.WithGradCell(net, nn.MSELoss())(x, y)
+    """
+
+    def __init__(self, network: Cell, loss_fn: Any = None, sens: Any = None):
+        super().__init__(auto_prefix=False)
+        from tessel.autograd import GradOperation
+        from tessel.common.parameter import ParameterTuple
+
+        self.network, self.loss_fn, self.sens = network, loss_fn, sens
+        self.weights = ParameterTuple(network.trainable_params())
+        self.grad = GradOperation(get_by_list=True, sens_param=sens is not None)
+        self.network_with_loss = network if loss_fn is None else WithLossCell(network, loss_fn)
+        self.network_with_loss.set_train()
+
+    def construct(self, *inputs):
+        grad = self.grad(self.network_with_loss, self.weights)
+        return grad(*inputs) if self.sens is None else grad(*inputs, self.sens)
+
+
 class ForwardValueAndGrad(Cell):
     """The network's output and its gradients in one call (MindSpore's ForwardValueAndGrad): with respect to the
     first input, every input (get_all), the weights (get_by_list) or both, as GradOperation gives them; with
