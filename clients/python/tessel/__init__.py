@@ -174,6 +174,8 @@ _NAMES = {
     "Profiler": "tessel.profiler",
     "save_checkpoint": "tessel.train.serialization",
     "load_checkpoint": "tessel.train.serialization",
+    "ckpt_to_safetensors": "tessel.train.convert",
+    "safetensors_to_ckpt": "tessel.train.convert",
     "load_param_into_net": "tessel.train.serialization",
     "export": "tessel.train.serialization",
     **dict.fromkeys(_DTYPES, "tessel.common.dtype"),
